@@ -1,0 +1,35 @@
+# yolo.c Makefile. Targets by intent: all, test, demo, bench, clean, asan.
+CC      ?= gcc
+CFLAGS  ?= -O3 -march=native
+CFLAGS  += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-function
+LDLIBS  += -ljpeg -lpng -lyaml -lm
+SRC      = yolo.c $(wildcard parts/*.c) $(wildcard yolo.h)
+TESTS    = $(patsubst test/%.c,test/bin/%,$(wildcard test/test_*.c))
+
+all: yolo
+
+yolo: $(SRC)
+	$(CC) $(CFLAGS) -o $@ yolo.c $(LDLIBS)
+
+test/bin/%: test/%.c test/test.h $(SRC)
+	@mkdir -p test/bin
+	$(CC) $(CFLAGS) -DTESTING -o $@ $< $(LDLIBS)
+
+tests: yolo $(TESTS)
+
+test: tests
+	bash test/run.sh
+
+asan: CFLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer
+asan: clean-tests tests
+	ASAN_OPTIONS=detect_leaks=0 bash test/run.sh
+
+clean-tests:
+	rm -rf test/bin
+
+clean: clean-tests
+	rm -f yolo
+
+-include test/emu.mk
+
+.PHONY: all test tests asan clean clean-tests demo bench

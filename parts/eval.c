@@ -1,0 +1,1 @@
+// eval part: being written; inlined into yolo.c when done.

@@ -1,0 +1,1 @@
+// loss part: being written; inlined into yolo.c when done.

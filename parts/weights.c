@@ -1,0 +1,1 @@
+// weights part: being written; inlined into yolo.c when done.

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs every test binary in test/bin (and the emulated CUDA suite when present), sums their
+# "N passed, N failed" lines and ends with the total. Exit status is non-zero on any failure.
+cd "$(dirname "$0")/.." || exit 1
+pass=0; fail=0; crashed=0
+run_one() {
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out"
+    local line
+    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "CRASH  $* exited $rc without a summary line"; fail=$((fail + 1)); return
+    fi
+    pass=$((pass + $(echo "$line" | awk '{print $1}')))
+    fail=$((fail + $(echo "$line" | awk '{print $3}')))
+    if [ "$rc" -ne 0 ] && [ "$(echo "$line" | awk '{print $3}')" = 0 ]; then
+        echo "CRASH  $* exited $rc"; fail=$((fail + 1))
+    fi
+}
+for t in test/bin/test_*; do
+    [ -x "$t" ] || continue
+    echo "== $t"
+    run_one "$t"
+done
+if [ -x test/run_emu.sh ]; then
+    while IFS= read -r line; do
+        echo "$line"
+        case "$line" in
+            [0-9]*" passed, "[0-9]*" failed"*) pass=$((pass + $(echo "$line" | awk '{print $1}')))
+                                            fail=$((fail + $(echo "$line" | awk '{print $3}'))) ;;
+        esac
+    done < <(bash test/run_emu.sh 2>&1; echo "__rc $?")
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
