@@ -5,6 +5,7 @@ CFLAGS  += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-function
 LDLIBS  += -ljpeg -lpng -lyaml -lm
 SRC      = yolo.c $(wildcard parts/*.c) $(wildcard yolo.h)
 TESTS    = $(patsubst test/%.c,test/bin/%,$(wildcard test/test_*.c))
+BENCHES  = $(patsubst test/%.c,test/bin/%,$(wildcard test/bench_*.c))
 
 all: yolo
 
@@ -16,6 +17,10 @@ test/bin/%: test/%.c test/test.h $(SRC)
 	$(CC) $(CFLAGS) -DTESTING -o $@ $< $(LDLIBS)
 
 tests: yolo $(TESTS)
+
+# benchmarks: each test/bench_X.c prints its own figures; never part of make test
+bench: yolo $(BENCHES)
+	for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
 
 test: tests
 	bash test/run.sh
