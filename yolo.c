@@ -141,9 +141,1104 @@ static long arg_int(int argc, char **argv, const char *key, long def) {
     return (long)x;
 }
 
-// ==========================================================================================
-// (the network sections go here)
-// ==========================================================================================
+// ------------------------------------------------------------------------------------------
+// arena: every byte of a step, planned by a dry run of the same schedule
+// ------------------------------------------------------------------------------------------
+/*
+ * The arena is one block of memory. Its size is computed by running the training schedule
+ * (forward, loss, backward) with dry = 1: every arena_alloc/arena_free happens exactly as in a
+ * real step, but no memory is touched, so the high-water mark of the dry run is the exact size
+ * a real step needs. The allocator is first-fit over a fixed table of live blocks, so it is
+ * deterministic and never calls malloc. Each allocation carries a group tag so `yolo plan` can
+ * say where the bytes go.
+ */
+enum { G_PARAMS, G_GRADS, G_OPTIM, G_EMA, G_BUFFERS, G_ACTS, G_BACKWARD, G_SCRATCH, G_LOSS, G_INPUT, G_NGROUPS };
+static const char *const group_names[G_NGROUPS] = {
+    "weights", "gradients", "optimizer state", "EMA", "BN running stats", "activations kept",
+    "backward buffers", "scratch", "loss and assigner", "input staging"};
+
+#define ARENA_MAX_BLOCKS 1024
+#define ARENA_ALIGN 64
+typedef struct { size_t off, size; int group; } ArenaBlock;
+typedef struct {
+    char *base;                     // NULL in a dry run
+    size_t cap;                     // bytes available (SIZE_MAX in a dry run)
+    size_t high;                    // high-water mark: end of the furthest block ever live
+    size_t live[G_NGROUPS];         // bytes live per group now
+    size_t at_high[G_NGROUPS];      // bytes live per group when `high` was last raised
+    size_t peak[G_NGROUPS];         // each group's own peak
+    int n;                          // live blocks, sorted by offset
+    ArenaBlock blk[ARENA_MAX_BLOCKS];
+} Arena;
+
+static int arena_dry(const Arena *a) { return a->base == NULL; }
+
+// arena_alloc: first-fit, 64-byte aligned. Returns a pointer (a fake, never-dereferenced one in
+// a dry run: base address 0 plus the offset, kept in a uintptr_t until the cast).
+static void *arena_alloc(Arena *a, size_t bytes, int group) {
+    size_t size = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    if (size == 0) size = ARENA_ALIGN;
+    size_t off = 0;
+    int at = 0;
+    for (; at < a->n; at++) {
+        if (a->blk[at].off - off >= size) break;
+        off = a->blk[at].off + a->blk[at].size;
+    }
+    if (a->n == ARENA_MAX_BLOCKS) die("arena: more than %d live blocks (raise ARENA_MAX_BLOCKS)", ARENA_MAX_BLOCKS);
+    if (off + size > a->cap)
+        die("arena: plan exceeded (%zu + %zu > %zu bytes): a step allocated more than its dry run did", off, size, a->cap);
+    memmove(&a->blk[at + 1], &a->blk[at], (a->n - at) * sizeof(ArenaBlock));
+    a->blk[at] = (ArenaBlock){off, size, group};
+    a->n++;
+    a->live[group] += size;
+    if (a->live[group] > a->peak[group]) a->peak[group] = a->live[group];
+    if (off + size > a->high) { a->high = off + size; memcpy(a->at_high, a->live, sizeof a->live); }
+    return (void *)((uintptr_t)a->base + off + (a->base ? 0 : ARENA_ALIGN));
+}
+static void arena_free(Arena *a, void *p) {
+    if (!p) return;
+    size_t off = (uintptr_t)p - (uintptr_t)a->base - (a->base ? 0 : ARENA_ALIGN);
+    for (int i = 0; i < a->n; i++)
+        if (a->blk[i].off == off) {
+            a->live[a->blk[i].group] -= a->blk[i].size;
+            memmove(&a->blk[i], &a->blk[i + 1], (a->n - i - 1) * sizeof(ArenaBlock));
+            a->n--;
+            return;
+        }
+    die("arena_free: %p is not a live block", p);
+}
+// arena_zalloc: arena_alloc plus zero fill (skipped in a dry run)
+static void *arena_zalloc(Arena *a, size_t bytes, int group) {
+    void *p = arena_alloc(a, bytes, group);
+    if (!arena_dry(a)) memset(p, 0, bytes);
+    return p;
+}
+#define afloat(a, n, g) ((float *)arena_alloc((a), (size_t)(n) * sizeof(float), (g)))
+#define azfloat(a, n, g) ((float *)arena_zalloc((a), (size_t)(n) * sizeof(float), (g)))
+
+// ------------------------------------------------------------------------------------------
+// CPU ops: GEMM, im2col, BN + SiLU, upsample, max-pool
+// ------------------------------------------------------------------------------------------
+
+// The GEMM packs panels of A (MR rows) and B (NR columns) into per-thread buffers, then runs an
+// MR x NR register-blocked micro-kernel written with GCC vector extensions (AVX-512 / AVX2 /
+// SSE, whatever -march gives). Pack buffers are allocated once (gemm_init), never per call.
+typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+#define GEMM_MR 8
+#define GEMM_NR 32
+#define GEMM_KC 256
+#define GEMM_MC 128
+#define GEMM_NC 512
+#define GEMM_MAX_THREADS 64
+static float *gemm_pack[GEMM_MAX_THREADS];    // per thread: A block (MC x KC) then B block (KC x NC)
+static int gemm_nthreads;
+
+static size_t gemm_workspace_bytes(int nthreads) {
+    return (size_t)nthreads * (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float) + 64 * (size_t)nthreads;
+}
+static void gemm_init(void) {
+    if (gemm_nthreads) return;
+#ifdef _OPENMP
+    gemm_nthreads = omp_get_max_threads();
+#else
+    gemm_nthreads = 1;
+#endif
+    if (gemm_nthreads > GEMM_MAX_THREADS) gemm_nthreads = GEMM_MAX_THREADS;
+    for (int t = 0; t < gemm_nthreads; t++) {
+        gemm_pack[t] = aligned_alloc(64, (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float));
+        if (!gemm_pack[t]) die("out of host memory for GEMM pack buffers");
+    }
+}
+
+// element (i, k) of op(A) and (k, j) of op(B), row-major storage
+#define OPA(i, k) (tA ? A[(size_t)(k) * lda + (i)] : A[(size_t)(i) * lda + (k)])
+#define OPB(k, j) (tB ? B[(size_t)(j) * ldb + (k)] : B[(size_t)(k) * ldb + (j)])
+
+// gemm_kernel: c (MR x NR, row stride ldc) (+)= a_panel (KC x MR, k-major) * b_panel (KC x NR)
+static inline void gemm_kernel(int kc, const float *restrict ap, const float *restrict bp, float *restrict c,
+                               int ldc, int mr, int nr, int add) {
+    vf16 acc[GEMM_MR][2];
+    for (int i = 0; i < GEMM_MR; i++) acc[i][0] = acc[i][1] = (vf16){0};
+    for (int k = 0; k < kc; k++) {
+        vf16 b0 = *(const vf16 *)(bp + k * GEMM_NR), b1 = *(const vf16 *)(bp + k * GEMM_NR + 16);
+        const float *a = ap + k * GEMM_MR;
+        for (int i = 0; i < GEMM_MR; i++) {
+            acc[i][0] += a[i] * b0;
+            acc[i][1] += a[i] * b1;
+        }
+    }
+    if (mr == GEMM_MR && nr == GEMM_NR) {
+        for (int i = 0; i < GEMM_MR; i++) {
+            vf16 *cv0 = (vf16 *)(c + (size_t)i * ldc), *cv1 = (vf16 *)(c + (size_t)i * ldc + 16);
+            if (add) { *cv0 += acc[i][0]; *cv1 += acc[i][1]; }
+            else { *cv0 = acc[i][0]; *cv1 = acc[i][1]; }
+        }
+    } else {
+        float tmp[GEMM_MR][GEMM_NR];
+        memcpy(tmp, acc, sizeof tmp);
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) c[(size_t)i * ldc + j] = (add ? c[(size_t)i * ldc + j] : 0) + tmp[i][j];
+    }
+}
+
+// gemm_cpu: row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C, op = transpose if
+// tX. beta is 0 or 1 in this project (0 never reads C). The CPU twin of the GPU GEMMs.
+static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (beta == 0) for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
+        return;
+    }
+    gemm_init();
+    int mt = (M + GEMM_MC - 1) / GEMM_MC, nt = (N + GEMM_NC - 1) / GEMM_NC;
+    int ntile = mt * nt;
+#pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
+    for (int tile = 0; tile < ntile; tile++) {
+#ifdef _OPENMP
+        float *pa = gemm_pack[omp_get_thread_num()];
+#else
+        float *pa = gemm_pack[0];
+#endif
+        float *pb = pa + GEMM_MC * GEMM_KC;
+        int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
+        int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+        for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
+            int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC;
+            // pack B (kc x nc) into NR-wide panels, zero padded
+            for (int jp = 0; jp < nc; jp += GEMM_NR) {
+                float *dst = pb + (size_t)jp * kc;
+                int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                for (int k = 0; k < kc; k++) {
+                    float *d = dst + k * GEMM_NR;
+                    if (!tB) {
+                        const float *src = B + (size_t)(p0 + k) * ldb + j0 + jp;
+                        for (int j = 0; j < nr; j++) d[j] = src[j];
+                    } else {
+                        for (int j = 0; j < nr; j++) d[j] = B[(size_t)(j0 + jp + j) * ldb + p0 + k];
+                    }
+                    for (int j = nr; j < GEMM_NR; j++) d[j] = 0;
+                }
+            }
+            // pack A (mc x kc) into MR-high panels, zero padded
+            for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                float *dst = pa + (size_t)ip * kc;
+                int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
+                for (int k = 0; k < kc; k++) {
+                    float *d = dst + k * GEMM_MR;
+                    for (int i = 0; i < mr; i++) d[i] = OPA(i0 + ip + i, p0 + k);
+                    for (int i = mr; i < GEMM_MR; i++) d[i] = 0;
+                }
+            }
+            int add = p0 > 0 || beta != 0;
+            for (int jp = 0; jp < nc; jp += GEMM_NR)
+                for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                    int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                    gemm_kernel(kc, pa + (size_t)ip * kc, pb + (size_t)jp * kc, C + (size_t)(i0 + ip) * ldc + j0 + jp,
+                                ldc, mr, nr, add);
+                }
+        }
+    }
+}
+
+// gemm_naive: the same product with plain loops in double; the GEMM's own test reference.
+static void gemm_naive(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                       float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += (double)OPA(i, k) * OPB(k, j);
+            C[(size_t)i * ldc + j] = (float)(s + (beta != 0 ? beta * C[(size_t)i * ldc + j] : 0));
+        }
+}
+
+// im2col: x (C, H, W) -> col (C*K*K, Ho*Wo) for a KxK conv with stride S and padding K/2.
+// Matches PyTorch's Conv2d(padding=k//2) geometry: Ho = (H + 2p - K)/S + 1.
+static void im2col(const float *x, int C, int H, int W, int K, int S, float *col) {
+    int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1;
+#pragma omp parallel for collapse(2) if ((size_t)C * K * K * Ho * Wo > 65536)
+    for (int c = 0; c < C; c++)
+        for (int kk = 0; kk < K * K; kk++) {
+            int ky = kk / K, kx = kk % K;
+            float *dst = col + ((size_t)c * K * K + kk) * Ho * Wo;
+            const float *src = x + (size_t)c * H * W;
+            for (int oy = 0; oy < Ho; oy++) {
+                int iy = oy * S - p + ky;
+                float *d = dst + oy * Wo;
+                if (iy < 0 || iy >= H) { memset(d, 0, Wo * sizeof(float)); continue; }
+                const float *r = src + (size_t)iy * W;
+                for (int ox = 0; ox < Wo; ox++) {
+                    int ix = ox * S - p + kx;
+                    d[ox] = (ix >= 0 && ix < W) ? r[ix] : 0.f;
+                }
+            }
+        }
+}
+
+// col2im: the adjoint of im2col: dx (C, H, W) = sum of col entries into the pixels they read.
+static void col2im(const float *col, int C, int H, int W, int K, int S, float *dx) {
+    int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1;
+#pragma omp parallel for if ((size_t)C * K * K * Ho * Wo > 65536)
+    for (int c = 0; c < C; c++) {
+        float *d = dx + (size_t)c * H * W;
+        memset(d, 0, (size_t)H * W * sizeof(float));
+        for (int kk = 0; kk < K * K; kk++) {
+            int ky = kk / K, kx = kk % K;
+            const float *src = col + ((size_t)c * K * K + kk) * Ho * Wo;
+            for (int oy = 0; oy < Ho; oy++) {
+                int iy = oy * S - p + ky;
+                if (iy < 0 || iy >= H) continue;
+                float *r = d + (size_t)iy * W;
+                const float *s = src + oy * Wo;
+                for (int ox = 0; ox < Wo; ox++) {
+                    int ix = ox * S - p + kx;
+                    if (ix >= 0 && ix < W) r[ix] += s[ox];
+                }
+            }
+        }
+    }
+}
+
+static inline float silu_f(float y) { return y / (1.f + expf(-y)); }
+
+// bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
+// z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
+// pre-BN values (spec/memory.md technique 1).
+static void bn_silu_forward_cpu(const float *z, const float *mean, const float *invstd, const float *gamma,
+                                const float *beta, float *y, int B, int C, int HW) {
+#pragma omp parallel for collapse(2) if ((size_t)B * C * HW > 65536)
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
+            const float *zi = z + ((size_t)b * C + c) * HW;
+            float *yo = y + ((size_t)b * C + c) * HW;
+            for (int i = 0; i < HW; i++) yo[i] = silu_f(zi[i] * sc + sh);
+        }
+}
+
+// upsample2_forward_cpu: nearest-neighbour x2 (nn.Upsample(scale_factor=2)). x (B,C,H,W) -> y (B,C,2H,2W)
+static void upsample2_forward_cpu(const float *x, float *y, int B, int C, int H, int W) {
+    for (size_t bc = 0; bc < (size_t)B * C; bc++)
+        for (int oy = 0; oy < 2 * H; oy++)
+            for (int ox = 0; ox < 2 * W; ox++)
+                y[(bc * 2 * H + oy) * 2 * W + ox] = x[(bc * H + oy / 2) * W + ox / 2];
+}
+
+// upsample2_backward: dx (B,C,H,W) = sum of the 2x2 gradients each input pixel was copied to.
+static void upsample2_backward(const float *dy, float *dx, int B, int C, int H, int W) {
+    for (size_t bc = 0; bc < (size_t)B * C; bc++)
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++) {
+                const float *g = dy + (bc * 2 * H + 2 * y) * 2 * W + 2 * x;
+                dx[(bc * H + y) * W + x] = g[0] + g[1] + g[2 * W] + g[2 * W + 1];
+            }
+}
+
+// maxpool5_forward_cpu: MaxPool2d(5, stride 1, padding 2) with -inf padding (as PyTorch).
+// x, y: (B, C, H, W)
+static void maxpool5_forward_cpu(const float *x, float *y, int B, int C, int H, int W) {
+    for (size_t bc = 0; bc < (size_t)B * C; bc++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                float m = -INFINITY;
+                for (int dy = -2; dy <= 2; dy++)
+                    for (int dx = -2; dx <= 2; dx++) {
+                        int iy = oy + dy, ix = ox + dx;
+                        if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[(bc * H + iy) * W + ix] > m)
+                            m = x[(bc * H + iy) * W + ix];
+                    }
+                y[(bc * H + oy) * W + ox] = m;
+            }
+}
+
+// maxpool5_backward: routes each output gradient to the argmax of its window, found again from
+// x (no stored indices). Ties go to the first maximum in row-major window order, as PyTorch's
+// CPU kernel does. dx (B,C,H,W) is overwritten.
+static void maxpool5_backward(const float *x, const float *dy, float *dx, int B, int C, int H, int W) {
+    memset(dx, 0, (size_t)B * C * H * W * sizeof(float));
+    for (size_t bc = 0; bc < (size_t)B * C; bc++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                float m = -INFINITY;
+                int arg = -1;
+                for (int dy = -2; dy <= 2; dy++)
+                    for (int dx2 = -2; dx2 <= 2; dx2++) {
+                        int iy = oy + dy, ix = ox + dx2;
+                        if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[(bc * H + iy) * W + ix] > m) {
+                            m = x[(bc * H + iy) * W + ix];
+                            arg = iy * W + ix;
+                        }
+                    }
+                if (arg >= 0) dx[bc * H * W + arg] += dy[(bc * H + oy) * W + ox];
+            }
+}
+
+// ------------------------------------------------------------------------------------------
+// model: the YOLOv8 graph as convs and "values"
+// ------------------------------------------------------------------------------------------
+/*
+ * Every tensor of the network is a Value. Only Conv outputs own memory, and what they keep is
+ * the pre-BN convolution output z plus the batch mean and 1/std of each channel; the activated
+ * output SiLU(BN(z)) is recomputed whenever a consumer needs it. Everything else is a view that
+ * is materialised on demand, one image at a time, into scratch:
+ *   V_CONV   SiLU(BN(z)) of a Conv (or the raw output of a Detect 1x1 conv)
+ *   V_SLICE  channels [c0, c0+C) of a Conv (the C2f split)
+ *   V_ADD    a + b (the Bottleneck shortcut)
+ *   V_CAT    channel concat of up to 8 values (C2f, SPPF, neck)
+ *   V_UP     nearest x2 upsample
+ *   V_POOL   5x5 max-pool (SPPF; backward finds the argmax again)
+ *   V_INPUT  the image batch
+ * Gradients flow the same way: a Conv's gradient buffer dA (B, C, H, W) exists only from the
+ * first consumer's backward to the Conv's own backward.
+ */
+enum { V_INPUT, V_CONV, V_SLICE, V_ADD, V_CAT, V_UP, V_POOL };
+#define MAX_CONVS 160
+#define MAX_VALUES 320
+#define MAX_CAT 8
+#define REG_MAX 16
+#define BN_EPS 1e-3f
+#define BN_MOMENTUM 0.03f
+
+typedef struct {
+    int kind, C, H, W;      // output channels and size for the current input size
+    int conv;               // V_CONV, V_SLICE: the conv index
+    int c0;                 // V_SLICE: first channel
+    int n, src[MAX_CAT];    // V_ADD (2), V_CAT (n), V_UP/V_POOL (1): source values
+} Value;
+
+typedef struct {
+    char name[48];          // Ultralytics module path, e.g. "model.2.m.0.cv1" (Detect: "model.22.cv2.0.2")
+    int cin, cout, k, s;    // Conv2d geometry; padding k/2
+    int bn;                 // 1: Conv = Conv2d(no bias) + BN + SiLU; 0: plain Conv2d with bias (Detect output)
+    int in;                 // input value
+    int H, W, Ho, Wo;       // input and output size for the current input size
+    size_t w_off, b_off, g_off;   // offsets into the flat parameter array: weight, bias/beta, gamma
+    size_t rs_off;          // offset into the BN buffer array: running mean, then running var
+    float *z;               // (B, Cout, Ho, Wo) pre-BN output, image stride zstride (Detect: into head)
+    size_t zstride;         // floats between images in z and dA
+    float *mean, *invstd;   // (Cout) statistics used by the last forward
+    float *dA;              // (B, Cout, Ho, Wo) gradient of the output, live during backward only
+} Conv;
+
+// a row of the `yolo info` table, one per yaml layer
+typedef struct { char from[16], module[16]; long params; int value, nrep; } LayerRow;
+
+typedef struct {
+    char scale;             // 'n', 's', 'm', 'l', 'x'
+    int nc;
+    int nconv, nvalue, nexec, nlayer;
+    Conv conv[MAX_CONVS];   // in Ultralytics state_dict order
+    int exec[MAX_CONVS];    // in execution order
+    Value val[MAX_VALUES];
+    LayerRow layer[23];
+    int input;              // value id of the image
+    int head_conv[3][2];    // Detect output convs: [level][0 box, 1 cls]
+    size_t nparams, nbuffers;
+    size_t dfl_off;         // the frozen DFL weight (16 values 0..15) inside params
+    // memory, set by model_alloc
+    int B, H, W;            // batch and input size the arena was planned for
+    float *params, *grads;  // (nparams) flat, state_dict order
+    float *buffers;         // (nbuffers) BN running mean/var
+    float *head[3];         // (B, 64+NC, H_i, W_i) raw Detect maps
+    float *dhead[3];        // same shapes: gradient of the loss w.r.t. the maps
+    const float *x;         // (B, 3, H, W) current input (not owned)
+    int train;              // 1: BN uses batch statistics and updates running stats
+} Model;
+
+typedef struct { char name; double depth, width; int max_ch; } Scale;
+static const Scale scales[] = {
+    {'n', 0.33, 0.25, 1024}, {'s', 0.33, 0.50, 1024}, {'m', 0.67, 0.75, 768}, {'l', 1.00, 1.00, 512}, {'x', 1.00, 1.25, 512},
+};
+
+// scale_find: "yolov8n", "n", "yolov8n.yaml" -> the scale row, or NULL
+static const Scale *scale_find(const char *s) {
+    if (strncmp(s, "yolov8", 6) == 0) s += 6;
+    if (!s[0] || (s[1] && strcmp(s + 1, ".yaml") != 0)) return NULL;
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++)
+        if (scales[i].name == s[0]) return &scales[i];
+    return NULL;
+}
+
+static int value_new(Model *m, int kind, int C) {
+    if (m->nvalue == MAX_VALUES) die("model: too many values");
+    Value *v = &m->val[m->nvalue];
+    memset(v, 0, sizeof *v);
+    v->kind = kind;
+    v->C = C;
+    return m->nvalue++;
+}
+
+// conv_new: declares a conv (in state_dict order) without an input yet; returns its index.
+static int conv_new(Model *m, const char *name, int cin, int cout, int k, int s, int bn) {
+    if (m->nconv == MAX_CONVS) die("model: too many convs");
+    Conv *c = &m->conv[m->nconv];
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->cin = cin; c->cout = cout; c->k = k; c->s = s; c->bn = bn; c->in = -1;
+    c->w_off = m->nparams;
+    m->nparams += (size_t)cout * cin * k * k;
+    if (bn) { c->g_off = m->nparams; m->nparams += cout; }
+    c->b_off = m->nparams;
+    m->nparams += cout;
+    if (bn) { c->rs_off = m->nbuffers; m->nbuffers += 2 * (size_t)cout; }
+    return m->nconv++;
+}
+
+// conv_connect: gives conv ci its input and schedules it; returns its output value.
+static int conv_connect(Model *m, int ci, int in) {
+    Conv *c = &m->conv[ci];
+    if (m->val[in].C != c->cin) die("model: %s expects %d channels, got %d", c->name, c->cin, m->val[in].C);
+    c->in = in;
+    m->exec[m->nexec++] = ci;
+    int v = value_new(m, V_CONV, c->cout);
+    m->val[v].conv = ci;
+    return v;
+}
+static int conv_add(Model *m, const char *name, int in, int cout, int k, int s, int bn) {
+    return conv_connect(m, conv_new(m, name, m->val[in].C, cout, k, s, bn), in);
+}
+static int value_cat(Model *m, int n, const int *src) {
+    int C = 0;
+    for (int i = 0; i < n; i++) C += m->val[src[i]].C;
+    int v = value_new(m, V_CAT, C);
+    m->val[v].n = n;
+    memcpy(m->val[v].src, src, n * sizeof(int));
+    return v;
+}
+static int value_unary(Model *m, int kind, int src) {
+    int v = value_new(m, kind, m->val[src].C);
+    m->val[v].n = 1;
+    m->val[v].src[0] = src;
+    return v;
+}
+
+// c2f_add: C2f(c1, c2, n, shortcut) (ultralytics.nn.modules.block.C2f). cv1 1x1 -> split in
+// halves y0, y1 -> n Bottlenecks on the last piece -> concat [y0, y1, m0 .. m(n-1)] -> cv2 1x1.
+static int c2f_add(Model *m, const char *p, int in, int c2, int n, int shortcut) {
+    char nm[48];
+    int c = c2 / 2;
+    snprintf(nm, sizeof nm, "%s.cv1", p);
+    int cv1 = conv_new(m, nm, m->val[in].C, 2 * c, 1, 1, 1);
+    snprintf(nm, sizeof nm, "%s.cv2", p);
+    int cv2 = conv_new(m, nm, (2 + n) * c, c2, 1, 1, 1);
+    int a = conv_connect(m, cv1, in);
+    int parts[MAX_CAT];
+    if (2 + n > MAX_CAT) die("model: C2f with %d bottlenecks exceeds MAX_CAT", n);
+    for (int h = 0; h < 2; h++) {
+        parts[h] = value_new(m, V_SLICE, c);
+        m->val[parts[h]].conv = m->val[a].conv;
+        m->val[parts[h]].c0 = h * c;
+    }
+    int last = parts[1];
+    for (int i = 0; i < n; i++) {
+        snprintf(nm, sizeof nm, "%s.m.%d.cv1", p, i);
+        int t = conv_add(m, nm, last, c, 3, 1, 1);
+        snprintf(nm, sizeof nm, "%s.m.%d.cv2", p, i);
+        t = conv_add(m, nm, t, c, 3, 1, 1);
+        if (shortcut) {
+            int s = value_new(m, V_ADD, c);
+            m->val[s].n = 2;
+            m->val[s].src[0] = last;
+            m->val[s].src[1] = t;
+            t = s;
+        }
+        parts[2 + i] = last = t;
+    }
+    return conv_connect(m, cv2, value_cat(m, 2 + n, parts));
+}
+
+// sppf_add: SPPF(c1, c2, 5): cv1 1x1 to c1/2, three chained 5x5 max-pools, concat, cv2 1x1.
+static int sppf_add(Model *m, const char *p, int in, int c2) {
+    char nm[48];
+    int c = m->val[in].C / 2;
+    snprintf(nm, sizeof nm, "%s.cv1", p);
+    int cv1 = conv_new(m, nm, m->val[in].C, c, 1, 1, 1);
+    snprintf(nm, sizeof nm, "%s.cv2", p);
+    int cv2 = conv_new(m, nm, 4 * c, c2, 1, 1, 1);
+    int parts[4];
+    parts[0] = conv_connect(m, cv1, in);
+    for (int i = 1; i < 4; i++) parts[i] = value_unary(m, V_POOL, parts[i - 1]);
+    return conv_connect(m, cv2, value_cat(m, 4, parts));
+}
+
+static int ceil8(double x) { return (int)ceil(x / 8.0) * 8; }
+
+// model_build: the YOLOv8 detection graph for a scale and class count (yolov8.yaml; spec 1.2).
+// Shapes are set later by model_shape; memory by model_alloc.
+static void model_build(Model *m, char scale, int nc) {
+    const Scale *sc = NULL;
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++)
+        if (scales[i].name == scale) sc = &scales[i];
+    if (!sc) die("unknown model scale '%c' (use yolov8n, yolov8s, yolov8m, yolov8l or yolov8x)", scale);
+    if (nc < 1 || nc > 10000) die("nc=%d: the number of classes must be 1..10000", nc);
+    memset(m, 0, sizeof *m);
+    m->scale = scale;
+    m->nc = nc;
+#define CH(c) ceil8((c < sc->max_ch ? c : sc->max_ch) * sc->width)
+#define REP(r) ((r) > 1 ? ((int)lround((r) * sc->depth) > 1 ? (int)lround((r) * sc->depth) : 1) : (r))
+    int L[23];
+    long pstart = 0;
+    m->input = value_new(m, V_INPUT, 3);
+    int prev = m->input;
+    // one yaml row: records the table row after the layer is built
+#define ROW(i, fromstr, mod, rep, expr) do { \
+        L[i] = prev = (expr); LayerRow *r_ = &m->layer[i]; \
+        snprintf(r_->from, sizeof r_->from, "%s", fromstr); snprintf(r_->module, sizeof r_->module, "%s", mod); \
+        r_->params = (long)m->nparams - pstart; pstart = (long)m->nparams; r_->value = prev; r_->nrep = rep; } while (0)
+    ROW(0, "-1", "Conv", 1, conv_add(m, "model.0", prev, CH(64), 3, 2, 1));
+    ROW(1, "-1", "Conv", 1, conv_add(m, "model.1", prev, CH(128), 3, 2, 1));
+    ROW(2, "-1", "C2f", REP(3), c2f_add(m, "model.2", prev, CH(128), REP(3), 1));
+    ROW(3, "-1", "Conv", 1, conv_add(m, "model.3", prev, CH(256), 3, 2, 1));
+    ROW(4, "-1", "C2f", REP(6), c2f_add(m, "model.4", prev, CH(256), REP(6), 1));
+    ROW(5, "-1", "Conv", 1, conv_add(m, "model.5", prev, CH(512), 3, 2, 1));
+    ROW(6, "-1", "C2f", REP(6), c2f_add(m, "model.6", prev, CH(512), REP(6), 1));
+    ROW(7, "-1", "Conv", 1, conv_add(m, "model.7", prev, CH(1024), 3, 2, 1));
+    ROW(8, "-1", "C2f", REP(3), c2f_add(m, "model.8", prev, CH(1024), REP(3), 1));
+    ROW(9, "-1", "SPPF", 1, sppf_add(m, "model.9", prev, CH(1024)));
+    ROW(10, "-1", "Upsample", 1, value_unary(m, V_UP, prev));
+    ROW(11, "[-1, 6]", "Concat", 1, value_cat(m, 2, (int[]){prev, L[6]}));
+    ROW(12, "-1", "C2f", REP(3), c2f_add(m, "model.12", prev, CH(512), REP(3), 0));
+    ROW(13, "-1", "Upsample", 1, value_unary(m, V_UP, prev));
+    ROW(14, "[-1, 4]", "Concat", 1, value_cat(m, 2, (int[]){prev, L[4]}));
+    ROW(15, "-1", "C2f", REP(3), c2f_add(m, "model.15", prev, CH(256), REP(3), 0));
+    ROW(16, "-1", "Conv", 1, conv_add(m, "model.16", prev, CH(256), 3, 2, 1));
+    ROW(17, "[-1, 12]", "Concat", 1, value_cat(m, 2, (int[]){prev, L[12]}));
+    ROW(18, "-1", "C2f", REP(3), c2f_add(m, "model.18", prev, CH(512), REP(3), 0));
+    ROW(19, "-1", "Conv", 1, conv_add(m, "model.19", prev, CH(512), 3, 2, 1));
+    ROW(20, "[-1, 9]", "Concat", 1, value_cat(m, 2, (int[]){prev, L[9]}));
+    ROW(21, "-1", "C2f", REP(3), c2f_add(m, "model.21", prev, CH(1024), REP(3), 0));
+    // Detect (legacy v8 head): per level a box branch cv2[i] and a class branch cv3[i]
+    {
+        int ch[3] = {m->val[L[15]].C, m->val[L[18]].C, m->val[L[21]].C}, lv[3] = {L[15], L[18], L[21]};
+        int c2 = 16 > ch[0] / 4 ? 16 : ch[0] / 4;
+        if (c2 < 4 * REG_MAX) c2 = 4 * REG_MAX;
+        int c3 = ch[0] > (nc < 100 ? nc : 100) ? ch[0] : (nc < 100 ? nc : 100);
+        char nm[48];
+        for (int br = 0; br < 2; br++)
+            for (int i = 0; i < 3; i++) {
+                int w = br ? c3 : c2, out = br ? nc : 4 * REG_MAX;
+                snprintf(nm, sizeof nm, "model.22.cv%d.%d.0", 2 + br, i);
+                int t = conv_add(m, nm, lv[i], w, 3, 1, 1);
+                snprintf(nm, sizeof nm, "model.22.cv%d.%d.1", 2 + br, i);
+                t = conv_add(m, nm, t, w, 3, 1, 1);
+                snprintf(nm, sizeof nm, "model.22.cv%d.%d.2", 2 + br, i);
+                conv_add(m, nm, t, out, 1, 1, 0);
+                m->head_conv[i][br] = m->nconv - 1;
+            }
+        m->dfl_off = m->nparams;
+        m->nparams += REG_MAX;
+        LayerRow *r = &m->layer[22];
+        snprintf(r->from, sizeof r->from, "[15, 18, 21]");
+        snprintf(r->module, sizeof r->module, "Detect");
+        r->params = (long)m->nparams - pstart;
+        r->value = -1;
+        r->nrep = 1;
+    }
+    m->nlayer = 23;
+#undef ROW
+#undef CH
+#undef REP
+}
+
+// model_shape: sets every value's and conv's spatial size for input H x W (multiples of 32).
+static void model_shape(Model *m, int H, int W) {
+    if (H % 32 || W % 32 || H <= 0 || W <= 0) die("input size %dx%d must be a positive multiple of 32", H, W);
+    m->val[m->input].H = H;
+    m->val[m->input].W = W;
+    // values are created in topological order, so one pass suffices
+    for (int i = 0; i < m->nvalue; i++) {
+        Value *v = &m->val[i];
+        if (v->kind == V_CONV || v->kind == V_SLICE) {
+            Conv *c = &m->conv[v->conv];
+            const Value *in = &m->val[c->in];
+            c->H = in->H; c->W = in->W;
+            c->Ho = (c->H + 2 * (c->k / 2) - c->k) / c->s + 1;
+            c->Wo = (c->W + 2 * (c->k / 2) - c->k) / c->s + 1;
+            v->H = c->Ho; v->W = c->Wo;
+        } else if (v->kind != V_INPUT) {
+            const Value *s = &m->val[v->src[0]];
+            v->H = s->H * (v->kind == V_UP ? 2 : 1);
+            v->W = s->W * (v->kind == V_UP ? 2 : 1);
+            for (int j = 1; j < v->n; j++)
+                if (m->val[v->src[j]].H != v->H || m->val[v->src[j]].W != v->W)
+                    die("model: concat/add of mismatched sizes");
+        }
+    }
+}
+
+// model_init_params: PyTorch default init (kaiming-uniform a=sqrt(5): U(+-1/sqrt(fan_in)) for
+// weights and biases), BN gamma 1 beta 0, running mean 0 var 1, then Detect.bias_init
+// (box bias 1.0, class bias ln(5 / nc / (640/s)^2)) and the frozen DFL weights 0..15.
+static void model_init_params(Model *m, uint64_t seed) {
+    Rng r;
+    rng_seed(&r, seed);
+    for (int i = 0; i < m->nconv; i++) {
+        Conv *c = &m->conv[i];
+        float bound = 1.f / sqrtf((float)c->cin * c->k * c->k);
+        float *w = m->params + c->w_off;
+        for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++) w[j] = (float)rng_range(&r, -bound, bound);
+        float *b = m->params + c->b_off;
+        for (int j = 0; j < c->cout; j++) b[j] = c->bn ? 0.f : (float)rng_range(&r, -bound, bound);
+        if (c->bn) {
+            for (int j = 0; j < c->cout; j++) m->params[c->g_off + j] = 1.f;
+            for (int j = 0; j < c->cout; j++) m->buffers[c->rs_off + j] = 0.f, m->buffers[c->rs_off + c->cout + j] = 1.f;
+        }
+    }
+    static const int strides[3] = {8, 16, 32};
+    for (int i = 0; i < 3; i++) {
+        Conv *box = &m->conv[m->head_conv[i][0]], *cls = &m->conv[m->head_conv[i][1]];
+        for (int j = 0; j < box->cout; j++) m->params[box->b_off + j] = 1.f;
+        float cb = logf(5.f / m->nc / ((640.f / strides[i]) * (640.f / strides[i])));
+        for (int j = 0; j < cls->cout; j++) m->params[cls->b_off + j] = cb;
+    }
+    for (int k = 0; k < REG_MAX; k++) m->params[m->dfl_off + k] = (float)k;
+}
+
+// model_flops: Ultralytics' GFLOPs figure (thop on a 32x32 input, x2, x(imgsz/32)^2): conv MACs
+// plus 4 per BN output element (spec 1.1). fused=1 leaves out the BN term.
+static double model_flops(Model *m, int imgsz, int fused) {
+    model_shape(m, 32, 32);
+    double macs = 0;
+    for (int i = 0; i < m->nconv; i++) {
+        Conv *c = &m->conv[i];
+        double out = (double)c->cout * c->Ho * c->Wo;
+        macs += out * c->cin * c->k * c->k;
+        if (c->bn && !fused) macs += 4 * out;
+    }
+    macs += 4.0 * REG_MAX * (16 + 4 + 1);   // the DFL 1x1 conv over the 21 anchors of a 32x32 input
+    return 2 * macs * (imgsz / 32.0) * (imgsz / 32.0) / 1e9;
+}
+
+// ------------------------------------------------------------------------------------------
+// model: forward and backward on the CPU
+// ------------------------------------------------------------------------------------------
+
+// conv_act: the activated output of conv c for image b, channels [c0, c0+C), into out (C, Ho, Wo)
+static void conv_act(const Model *m, const Conv *c, int b, int c0, int C, float *out) {
+    int HW = c->Ho * c->Wo;
+    const float *z = c->z + (size_t)b * c->zstride + (size_t)c0 * HW;
+    if (c->bn)
+        bn_silu_forward_cpu(z, c->mean + c0, c->invstd + c0, m->params + c->g_off + c0, m->params + c->b_off + c0,
+                            out, 1, C, HW);
+    else
+        memcpy(out, z, (size_t)C * HW * sizeof(float));
+}
+
+// value_materialize: value vi of image b, (C, H, W), into out. Views recurse into their
+// sources; temporaries come from the arena (and are planned by the dry run like everything).
+static void value_materialize(const Model *m, Arena *a, int vi, int b, float *out) {
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(a);
+    size_t n = (size_t)v->C * v->H * v->W;
+    switch (v->kind) {
+    case V_INPUT:
+        if (!dry) memcpy(out, m->x + (size_t)b * n, n * sizeof(float));
+        break;
+    case V_CONV:
+    case V_SLICE:
+        if (!dry) conv_act(m, &m->conv[v->conv], b, v->kind == V_SLICE ? v->c0 : 0, v->C, out);
+        break;
+    case V_ADD: {
+        value_materialize(m, a, v->src[0], b, out);
+        float *t = afloat(a, n, G_SCRATCH);
+        value_materialize(m, a, v->src[1], b, t);
+        if (!dry) for (size_t i = 0; i < n; i++) out[i] += t[i];
+        arena_free(a, t);
+        break;
+    }
+    case V_CAT: {
+        size_t off = 0;
+        for (int i = 0; i < v->n; i++) {
+            value_materialize(m, a, v->src[i], b, out + off);
+            off += (size_t)m->val[v->src[i]].C * v->H * v->W;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        float *t = afloat(a, (size_t)s->C * s->H * s->W, G_SCRATCH);
+        value_materialize(m, a, v->src[0], b, t);
+        if (!dry) {
+            if (v->kind == V_UP) upsample2_forward_cpu(t, out, 1, s->C, s->H, s->W);
+            else maxpool5_forward_cpu(t, out, 1, s->C, s->H, s->W);
+        }
+        arena_free(a, t);
+        break;
+    }
+    }
+}
+
+// value_backprop: adds g (C, H, W), the gradient w.r.t. value vi of image b, into the gradient
+// buffers of the convs it is made of. A conv's dA (B, C, H, W) is created zeroed on first use.
+static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(a);
+    size_t n = (size_t)v->C * v->H * v->W;
+    switch (v->kind) {
+    case V_INPUT:
+        break;
+    case V_CONV:
+    case V_SLICE: {
+        Conv *c = &m->conv[v->conv];
+        if (!c->dA) c->dA = azfloat(a, (size_t)m->B * c->zstride, G_BACKWARD);
+        if (!dry) {
+            float *d = c->dA + (size_t)b * c->zstride + (size_t)(v->kind == V_SLICE ? v->c0 : 0) * v->H * v->W;
+            for (size_t i = 0; i < n; i++) d[i] += g[i];
+        }
+        break;
+    }
+    case V_ADD:
+        value_backprop(m, a, v->src[0], b, g);
+        value_backprop(m, a, v->src[1], b, g);
+        break;
+    case V_CAT: {
+        size_t off = 0;
+        for (int i = 0; i < v->n; i++) {
+            value_backprop(m, a, v->src[i], b, g + off);
+            off += (size_t)m->val[v->src[i]].C * v->H * v->W;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        size_t ns = (size_t)s->C * s->H * s->W;
+        float *gs = afloat(a, ns, G_SCRATCH);
+        if (v->kind == V_UP) {
+            if (!dry) upsample2_backward(g, gs, 1, s->C, s->H, s->W);
+        } else {
+            float *x = afloat(a, ns, G_SCRATCH);
+            value_materialize(m, a, v->src[0], b, x);
+            if (!dry) maxpool5_backward(x, g, gs, 1, s->C, s->H, s->W);
+            arena_free(a, x);
+        }
+        value_backprop(m, a, v->src[0], b, gs);
+        arena_free(a, gs);
+        break;
+    }
+    }
+}
+
+// conv_forward: z = conv(input) for the whole batch, then BN statistics (train: batch mean and
+// biased variance, running stats updated with the unbiased one, momentum 0.03; eval: running
+// stats). Detect output convs add their bias and keep the result as the head map.
+static void conv_forward(Model *m, Arena *a, Conv *c) {
+    int dry = arena_dry(a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
+    int direct = c->k == 1 && c->s == 1;
+    float *x = afloat(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);             // (Cin, H, W)
+    float *col = direct ? x : afloat(a, (size_t)KK * HWo, G_SCRATCH);          // (Cin*K*K, Ho*Wo)
+    const float *w = m->params + c->w_off;                                      // (Cout, Cin*K*K)
+    for (int b = 0; b < m->B; b++) {
+        value_materialize(m, a, c->in, b, x);
+        if (dry) continue;
+        if (!direct) im2col(x, c->cin, c->H, c->W, c->k, c->s, col);
+        float *z = c->z + (size_t)b * c->zstride;
+        gemm_cpu(0, 0, c->cout, HWo, KK, w, KK, col, HWo, 0.f, z, HWo);
+        if (!c->bn)
+            for (int o = 0; o < c->cout; o++)
+                for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += m->params[c->b_off + o];
+    }
+    if (!direct) arena_free(a, col);
+    arena_free(a, x);
+    if (!c->bn || dry) return;
+    float *rm = m->buffers + c->rs_off, *rv = rm + c->cout;
+    double cnt = (double)m->B * HWo;
+#pragma omp parallel for if (c->cout * cnt > 65536)
+    for (int o = 0; o < c->cout; o++) {
+        if (!m->train) {
+            c->mean[o] = rm[o];
+            c->invstd[o] = 1.f / sqrtf(rv[o] + BN_EPS);
+            continue;
+        }
+        double s = 0, ss = 0;
+        for (int b = 0; b < m->B; b++) {
+            const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
+            for (int i = 0; i < HWo; i++) s += z[i];
+        }
+        double mean = s / cnt;
+        for (int b = 0; b < m->B; b++) {
+            const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
+            for (int i = 0; i < HWo; i++) ss += (z[i] - mean) * (z[i] - mean);
+        }
+        double var = ss / cnt;
+        c->mean[o] = (float)mean;
+        c->invstd[o] = (float)(1.0 / sqrt(var + BN_EPS));
+        rm[o] = (1 - BN_MOMENTUM) * rm[o] + BN_MOMENTUM * (float)mean;
+        rv[o] = (1 - BN_MOMENTUM) * rv[o] + BN_MOMENTUM * (float)(cnt > 1 ? var * cnt / (cnt - 1) : var);
+    }
+}
+
+// conv_backward: from dA (gradient of the activated output) to the weight, gamma/beta (or bias)
+// gradients and, through value_backprop, the gradients of its input. BN and SiLU are recomputed
+// from z. dA is overwritten with dz on the way.
+static void conv_backward(Model *m, Arena *a, Conv *c) {
+    int dry = arena_dry(a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, B = m->B;
+    int direct = c->k == 1 && c->s == 1;
+    int need_dx = m->val[c->in].kind != V_INPUT;
+    if (!c->dA) c->dA = azfloat(a, (size_t)B * c->zstride, G_BACKWARD);  // an output nobody used
+    if (!dry) {
+        double cnt = (double)B * HWo;
+#pragma omp parallel for if (c->cout * cnt > 65536)
+        for (int o = 0; o < c->cout; o++) {
+            if (!c->bn) {
+                double s = 0;
+                for (int b = 0; b < B; b++)
+                    for (int i = 0; i < HWo; i++) s += c->dA[(size_t)b * c->zstride + (size_t)o * HWo + i];
+                m->grads[c->b_off + o] += (float)s;
+                continue;
+            }
+            float gamma = m->params[c->g_off + o], beta = m->params[c->b_off + o];
+            float mean = c->mean[o], istd = c->invstd[o];
+            double sg = 0, sgx = 0;
+            for (int b = 0; b < B; b++) {
+                const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
+                float *d = c->dA + (size_t)b * c->zstride + (size_t)o * HWo;
+                for (int i = 0; i < HWo; i++) {
+                    float xh = (z[i] - mean) * istd, y = gamma * xh + beta;
+                    float s = 1.f / (1.f + expf(-y));
+                    float gy = d[i] * s * (1.f + y * (1.f - s));
+                    d[i] = gy;
+                    sg += gy;
+                    sgx += (double)gy * xh;
+                }
+            }
+            m->grads[c->g_off + o] += (float)sgx;
+            m->grads[c->b_off + o] += (float)sg;
+            float k1 = gamma * istd, mg = m->train ? (float)(sg / cnt) : 0.f, mgx = m->train ? (float)(sgx / cnt) : 0.f;
+            for (int b = 0; b < B; b++) {
+                const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
+                float *d = c->dA + (size_t)b * c->zstride + (size_t)o * HWo;
+                for (int i = 0; i < HWo; i++) d[i] = k1 * (d[i] - mg - (z[i] - mean) * istd * mgx);
+            }
+        }
+    }
+    float *x = afloat(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);
+    float *col = direct ? x : afloat(a, (size_t)KK * HWo, G_SCRATCH);
+    const float *w = m->params + c->w_off;
+    float *gw = m->grads + c->w_off;
+    for (int b = 0; b < B; b++) {
+        const float *dz = c->dA + (size_t)b * c->zstride;     // (Cout, Ho*Wo)
+        value_materialize(m, a, c->in, b, x);
+        if (!dry) {
+            if (!direct) im2col(x, c->cin, c->H, c->W, c->k, c->s, col);
+            gemm_cpu(0, 1, c->cout, KK, HWo, dz, HWo, col, HWo, 1.f, gw, KK);
+            if (need_dx) {
+                gemm_cpu(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, 0.f, col, HWo);
+                if (!direct) col2im(col, c->cin, c->H, c->W, c->k, c->s, x);
+            }
+        }
+        if (need_dx) value_backprop(m, a, c->in, b, x);
+    }
+    if (!direct) arena_free(a, col);
+    arena_free(a, x);
+}
+
+// model_alloc_params: the persistent groups: weights and gradients (flat, state_dict order)
+// and the BN running statistics.
+static void model_alloc_params(Model *m, Arena *a) {
+    m->params = azfloat(a, m->nparams, G_PARAMS);
+    m->grads = azfloat(a, m->nparams, G_GRADS);
+    m->buffers = azfloat(a, m->nbuffers, G_BUFFERS);
+}
+
+// model_forward: the whole network on x (B, 3, H, W) in [0,1]; leaves the three raw Detect
+// maps in m->head. Allocates what backward needs (freed by model_backward, or by model_release
+// after an eval-only forward).
+static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int W) {
+    m->x = x;
+    m->B = B;
+    m->H = H;
+    m->W = W;
+    model_shape(m, H, W);
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        m->head[i] = afloat(a, (size_t)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
+        m->dhead[i] = NULL;
+    }
+    for (int e = 0; e < m->nexec; e++) {
+        Conv *c = &m->conv[m->exec[e]];
+        int HWo = c->Ho * c->Wo;
+        c->dA = NULL;
+        if (c->bn) {
+            c->zstride = (size_t)c->cout * HWo;
+            c->z = afloat(a, (size_t)B * c->zstride, G_ACTS);
+            c->mean = afloat(a, 2 * (size_t)c->cout, G_ACTS);
+            c->invstd = c->mean + c->cout;
+        } else {
+            int lvl = -1, br = 0;
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 2; j++)
+                    if (&m->conv[m->head_conv[i][j]] == c) lvl = i, br = j;
+            c->zstride = (size_t)(REG_MAX * 4 + m->nc) * HWo;
+            c->z = m->head[lvl] + (br ? (size_t)REG_MAX * 4 * HWo : 0);
+            c->mean = c->invstd = NULL;
+        }
+        conv_forward(m, a, c);
+    }
+}
+
+// model_head_grad: allocates the gradient buffers of the three head maps (zeroed); the loss
+// writes them, model_backward consumes and frees them.
+static void model_head_grad(Model *m, Arena *a) {
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        m->dhead[i] = azfloat(a, (size_t)m->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_BACKWARD);
+        for (int j = 0; j < 2; j++) {
+            Conv *c = &m->conv[m->head_conv[i][j]];
+            c->dA = m->dhead[i] + (j ? (size_t)REG_MAX * 4 * box->Ho * box->Wo : 0);
+        }
+    }
+}
+
+// model_backward: gradients of all parameters (accumulated into m->grads) from m->dhead; frees
+// every buffer model_forward and model_head_grad allocated, in reverse order.
+static void model_backward(Model *m, Arena *a) {
+    for (int e = m->nexec - 1; e >= 0; e--) {
+        Conv *c = &m->conv[m->exec[e]];
+        conv_backward(m, a, c);
+        if (c->bn) {
+            arena_free(a, c->dA);
+            arena_free(a, c->mean);
+            arena_free(a, c->z);
+        }
+        c->dA = c->z = c->mean = c->invstd = NULL;
+    }
+    for (int i = 2; i >= 0; i--) {
+        arena_free(a, m->dhead[i]);
+        arena_free(a, m->head[i]);
+        m->dhead[i] = m->head[i] = NULL;
+    }
+}
+
+// model_release: frees what an eval-only forward allocated (no backward).
+static void model_release(Model *m, Arena *a) {
+    for (int e = m->nexec - 1; e >= 0; e--) {
+        Conv *c = &m->conv[m->exec[e]];
+        if (c->bn) {
+            arena_free(a, c->mean);
+            arena_free(a, c->z);
+        }
+        c->z = c->mean = c->invstd = NULL;
+    }
+    for (int i = 2; i >= 0; i--) {
+        arena_free(a, m->head[i]);
+        m->head[i] = NULL;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// planning: the exact bytes of a training step, and `yolo info` / `yolo plan`
+// ------------------------------------------------------------------------------------------
+
+// Plan: what a dry run measured, for one layout.
+typedef struct {
+    size_t total;                   // the arena size: high-water mark of the dry run
+    size_t at_peak[G_NGROUPS];      // bytes of each group live at that peak
+    size_t peak[G_NGROUPS];         // each group's own maximum
+} Plan;
+
+// model_step_schedule: the allocation sequence of one training step (forward, head gradient,
+// backward) on an arena that already holds the persistent groups. Real and dry runs share it.
+static void model_step_schedule(Model *m, Arena *a, const float *x, int B, int H, int W) {
+    model_forward(m, a, x, B, H, W);
+    model_head_grad(m, a);
+    model_backward(m, a);
+}
+
+// model_plan: dry-runs a step for (B, H, W) and reports the arena size and its composition.
+static Plan model_plan(Model *m, int B, int H, int W) {
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->cap = SIZE_MAX;
+    model_alloc_params(m, a);
+    model_step_schedule(m, a, NULL, B, H, W);
+    Plan p = {.total = a->high};
+    memcpy(p.at_peak, a->at_high, sizeof p.at_peak);
+    memcpy(p.peak, a->peak, sizeof p.peak);
+    free(a);
+    return p;
+}
+
+// model_open: builds the model and allocates its arena (one malloc) for a step of (B, H, W);
+// returns the arena, whose high-water mark tests compare against the plan.
+static Arena *model_open(Model *m, char scale, int nc, int B, int H, int W, uint64_t seed) {
+    model_build(m, scale, nc);
+    Plan p = model_plan(m, B, H, W);
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+    if (!a->base) die("cannot allocate the %.1f MiB arena (hint: lower batch or imgsz; see `yolo plan`)", p.total / 1048576.0);
+    a->cap = p.total;
+    model_alloc_params(m, a);
+    model_init_params(m, seed);
+    model_shape(m, H, W);
+    m->B = B;
+    m->H = H;
+    m->W = W;
+    return a;
+}
+
+static void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
+
+static const char *model_args_keys[] = {"model", "nc", "imgsz", "batch", NULL};
+
+// model_from_args: model=yolov8n nc=80 from the command line.
+static void model_from_args(Model *m, int argc, char **argv) {
+    const char *name = arg_get(argc, argv, "model", "yolov8n");
+    const Scale *sc = scale_find(name);
+    if (!sc) die("model=%s: expected yolov8n, yolov8s, yolov8m, yolov8l or yolov8x", name);
+    model_build(m, sc->name, (int)arg_int(argc, argv, "nc", 80));
+}
+
+// cmd_info: `yolo info model=yolov8n nc=80 imgsz=640`: the layer table and totals, counted as
+// Ultralytics counts them (parameters incl. the frozen DFL weight; GFLOPs per spec 1.1).
+static int cmd_info(int argc, char **argv) {
+    arg_check(argc, argv, model_args_keys);
+    Model *m = xmalloc(sizeof(Model));
+    model_from_args(m, argc, argv);
+    int imgsz = (int)arg_int(argc, argv, "imgsz", 640);
+    if (imgsz < 32 || imgsz % 32) die("imgsz=%d: must be a positive multiple of 32", imgsz);
+    model_shape(m, imgsz, imgsz);
+    printf("%4s %14s %3s %10s  %-10s %s\n", "", "from", "n", "params", "module", "output (C, H, W)");
+    for (int i = 0; i < m->nlayer; i++) {
+        LayerRow *r = &m->layer[i];
+        printf("%4d %14s %3d %10ld  %-10s", i, r->from, r->nrep, r->params, r->module);
+        if (r->value >= 0) {
+            Value *v = &m->val[r->value];
+            printf(" (%d, %d, %d)\n", v->C, v->H, v->W);
+        } else {
+            printf(" 3 x (%d, H/s, W/s), s = 8, 16, 32\n", REG_MAX * 4 + m->nc);
+        }
+    }
+    double gf = model_flops(m, imgsz, 0), gff = model_flops(m, imgsz, 1);
+    printf("YOLOv8%c summary: %zu parameters, %zu gradients, %.1f GFLOPs (fused %.1f) at %d\n", m->scale,
+           m->nparams, m->nparams - REG_MAX, gf, gff, imgsz);
+    free(m);
+    return 0;
+}
+
+static void plan_print(const char *title, Plan p, Plan p1, Plan p2) {
+    printf("%s\n", title);
+    for (int g = 0; g < G_NGROUPS; g++)
+        if (p.peak[g]) printf("  %-20s %10.1f MiB at peak   (own max %.1f MiB)\n", group_names[g], p.at_peak[g] / 1048576.0, p.peak[g] / 1048576.0);
+    printf("  %-20s %10.1f MiB\n", "total (one arena)", p.total / 1048576.0);
+    printf("  %-20s %10.2f MiB per image\n", "step memory", ((double)p2.total - p1.total) / 1048576.0);
+}
+
+// cmd_plan: `yolo plan model=... nc=... batch=... imgsz=...`: the exact training-step memory by
+// group for the CPU (FP32) layout and the GPU layout (FP16 activations, FP32 master weights).
+static int cmd_plan(int argc, char **argv) {
+    arg_check(argc, argv, model_args_keys);
+    Model *m = xmalloc(sizeof(Model));
+    model_from_args(m, argc, argv);
+    int imgsz = (int)arg_int(argc, argv, "imgsz", 640), B = (int)arg_int(argc, argv, "batch", 16);
+    if (imgsz < 32 || imgsz % 32) die("imgsz=%d: must be a positive multiple of 32", imgsz);
+    if (B < 1) die("batch=%d: must be >= 1", B);
+    printf("YOLOv8%c nc=%d batch=%d imgsz=%d: %zu parameters\n", m->scale, m->nc, B, imgsz, m->nparams);
+    Plan p = model_plan(m, B, imgsz, imgsz), p1 = model_plan(m, 1, imgsz, imgsz), p2 = model_plan(m, 2, imgsz, imgsz);
+    plan_print("CPU layout (FP32):", p, p1, p2);
+    free(m);
+    return 0;
+}
 
 // ------------------------------------------------------------------------------------------
 // loss: task-aligned assigner, BCE, CIoU, DFL
@@ -173,6 +1268,8 @@ typedef struct { const char *name; int (*fn)(int, char **); const char *help; } 
 
 int main(int argc, char **argv) {
     static const Command cmds[] = {
+        {"info", cmd_info, "layer table and totals: model=yolov8n nc=80 imgsz=640"},
+        {"plan", cmd_plan, "memory plan of a training step: model= nc= batch= imgsz="},
         {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
         {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
     };

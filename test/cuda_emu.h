@@ -1,0 +1,271 @@
+// cuda_emu.h: force-included (g++ -include) when a .cu file is compiled as C++17 on a machine
+// without a GPU (design: ../shared/spec/cuda-on-cpu.md). NVIDIA's own headers supply the types
+// and prototypes; this header turns the device-side language into host C++:
+//   qualifiers -> nothing, __shared__ -> static thread_local (one block runs on one OS thread),
+//   threadIdx/blockIdx/blockDim/gridDim -> fields the fiber scheduler updates on every switch,
+//   __syncthreads and warp collectives -> rendezvous between fibers (test/cuda_emu.cpp),
+//   K<<<g, b, smem, stream>>>(args) -> emu::Launch(...)(args) (rewritten by test/emu_rewrite.sh),
+//   nvcuda::wmma -> fragments where every lane holds the whole tile.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <functional>
+#include <algorithm>
+
+#undef __shared__
+#define __shared__ static thread_local
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __noinline__
+#define __noinline__ __attribute__((noinline))
+#undef __restrict__
+#define __restrict__ __restrict
+
+constexpr int warpSize = 32;
+
+namespace emu {
+
+// ---- scheduler state (defined in cuda_emu.cpp) ----
+struct Fiber;
+extern thread_local uint3 cur_tid;     // threadIdx of the running fiber
+extern thread_local uint3 cur_bid;     // blockIdx of the running block
+extern thread_local dim3 cur_bdim, cur_gdim;
+
+void syncthreads(const char *file, int line);
+int syncthreads_reduce(int op, int pred, const char *file, int line); // op 0 count, 1 and, 2 or
+// warp collective: every lane of mask deposits val/arg; returns this lane's result.
+enum { W_SYNC, W_SHFL, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ADD, W_MINU, W_MAXU, W_MINI,
+       W_MAXI, W_AND, W_OR, W_XOR, W_UNIFORM };
+uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const char *file, int line);
+unsigned active_mask();
+void *dyn_smem();
+[[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// ---- launches ----
+struct LaunchCfg { const char *name, *file; int line; dim3 grid, block; size_t smem; cudaStream_t stream; };
+// run_kernel: checks the configuration as the driver does, then runs (or queues, in async mode)
+// body once per CUDA thread of every block. ptrs are the kernel's pointer arguments, checked to
+// be device memory. Returns the launch error (also recorded for cudaGetLastError).
+cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const void *const *ptrs, const int *pidx, int nptr);
+
+template <class T> struct is_ptr : std::is_pointer<typename std::decay<T>::type> {};
+
+template <class F> struct Launch;
+template <class... P> struct Launch<void (*)(P...)> {
+    void (*fn)(P...);
+    LaunchCfg cfg;
+    Launch(void (*f)(P...), const char *name, const char *file, int line, dim3 g, dim3 b, size_t smem = 0,
+           cudaStream_t s = 0) : fn(f), cfg{name, file, line, g, b, smem, s} {}
+    template <class... A> void operator()(A &&...a) {
+        static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
+        std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
+        const void *ptrs[sizeof...(P) + 1] = {nullptr};
+        int pidx[sizeof...(P) + 1] = {0};
+        int n = 0, i = 0;
+        std::apply([&](auto &...x) { ((collect(x, ptrs, pidx, n, i++)), ...); }, args);
+        auto f = fn;
+        run_kernel(cfg, [f, args]() { std::apply(f, args); }, ptrs, pidx, n);
+    }
+    template <class T> static void collect(const T &x, const void **ptrs, int *pidx, int &n, int i) {
+        if constexpr (std::is_pointer<T>::value) { ptrs[n] = (const void *)x; pidx[n++] = i; }
+        else { (void)x; (void)ptrs; (void)pidx; (void)n; (void)i; }
+    }
+};
+template <class... P> Launch(void (*)(P...), const char *, const char *, int, dim3, dim3, size_t, cudaStream_t) -> Launch<void (*)(P...)>;
+template <class... P> Launch(void (*)(P...), const char *, const char *, int, dim3, dim3, size_t) -> Launch<void (*)(P...)>;
+template <class... P> Launch(void (*)(P...), const char *, const char *, int, dim3, dim3) -> Launch<void (*)(P...)>;
+
+template <class T> static inline uint64_t to_bits(T v) {
+    static_assert(sizeof(T) <= 8, "warp collective on a value wider than 8 bytes");
+    uint64_t u = 0; memcpy(&u, &v, sizeof(T)); return u;
+}
+template <class T> static inline T from_bits(uint64_t u) { T v; memcpy((void *)&v, &u, sizeof(T)); return v; }
+} // namespace emu
+
+#define threadIdx (emu::cur_tid)
+#define blockIdx (emu::cur_bid)
+#define blockDim (emu::cur_bdim)
+#define gridDim (emu::cur_gdim)
+
+// ---- barriers and warp collectives ----
+#define __syncthreads() emu::syncthreads(__FILE__, __LINE__)
+#define __syncthreads_count(p) emu::syncthreads_reduce(0, (p), __FILE__, __LINE__)
+#define __syncthreads_and(p) emu::syncthreads_reduce(1, (p), __FILE__, __LINE__)
+#define __syncthreads_or(p) emu::syncthreads_reduce(2, (p), __FILE__, __LINE__)
+#define __syncwarp(...) emu::warp_op(emu::W_SYNC, emu_mask_or_all(__VA_ARGS__), 0, 0, 32, __FILE__, __LINE__)
+static inline unsigned emu_mask_or_all(unsigned m = 0xffffffffu) { return m; }
+#define __activemask() emu::active_mask()
+#define __shfl_sync(m, v, l, ...) emu_shfl(emu::W_SHFL, (m), (v), (l), __FILE__, __LINE__, ##__VA_ARGS__)
+#define __shfl_up_sync(m, v, d, ...) emu_shfl(emu::W_SHFL_UP, (m), (v), (d), __FILE__, __LINE__, ##__VA_ARGS__)
+#define __shfl_down_sync(m, v, d, ...) emu_shfl(emu::W_SHFL_DOWN, (m), (v), (d), __FILE__, __LINE__, ##__VA_ARGS__)
+#define __shfl_xor_sync(m, v, d, ...) emu_shfl(emu::W_SHFL_XOR, (m), (v), (d), __FILE__, __LINE__, ##__VA_ARGS__)
+template <class T> static inline T emu_shfl(int op, unsigned mask, T v, int arg, const char *file, int line, int width = 32) {
+    return emu::from_bits<T>(emu::warp_op(op, mask, emu::to_bits(v), arg, width, file, line));
+}
+#define __ballot_sync(m, p) ((unsigned)emu::warp_op(emu::W_BALLOT, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__))
+#define __any_sync(m, p) (emu::warp_op(emu::W_BALLOT, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__) != 0)
+#define __all_sync(m, p) ((unsigned)emu::warp_op(emu::W_BALLOT, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__) == (unsigned)(m))
+#define __uni_sync(m, p) (emu::warp_op(emu::W_UNIFORM, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__) != 0)
+static inline unsigned emu_reduce_u(int op, unsigned m, unsigned v, const char *f, int l) { return (unsigned)emu::warp_op(op, m, v, 0, 32, f, l); }
+static inline int emu_reduce_i(int op, unsigned m, int v, const char *f, int l) { return (int)(int64_t)emu::warp_op(op, m, (uint64_t)(int64_t)v, 0, 32, f, l); }
+static inline unsigned emu_reduce_add(unsigned m, unsigned v, const char *f, int l) { return emu_reduce_u(emu::W_ADD, m, v, f, l); }
+static inline int emu_reduce_add(unsigned m, int v, const char *f, int l) { return (int)emu_reduce_u(emu::W_ADD, m, (unsigned)v, f, l); }
+static inline unsigned emu_reduce_min(unsigned m, unsigned v, const char *f, int l) { return emu_reduce_u(emu::W_MINU, m, v, f, l); }
+static inline int emu_reduce_min(unsigned m, int v, const char *f, int l) { return emu_reduce_i(emu::W_MINI, m, v, f, l); }
+static inline unsigned emu_reduce_max(unsigned m, unsigned v, const char *f, int l) { return emu_reduce_u(emu::W_MAXU, m, v, f, l); }
+static inline int emu_reduce_max(unsigned m, int v, const char *f, int l) { return emu_reduce_i(emu::W_MAXI, m, v, f, l); }
+#define __reduce_add_sync(m, v) emu_reduce_add((m), (v), __FILE__, __LINE__)
+#define __reduce_min_sync(m, v) emu_reduce_min((m), (v), __FILE__, __LINE__)
+#define __reduce_max_sync(m, v) emu_reduce_max((m), (v), __FILE__, __LINE__)
+#define __reduce_and_sync(m, v) emu_reduce_u(emu::W_AND, (m), (v), __FILE__, __LINE__)
+#define __reduce_or_sync(m, v) emu_reduce_u(emu::W_OR, (m), (v), __FILE__, __LINE__)
+#define __reduce_xor_sync(m, v) emu_reduce_u(emu::W_XOR, (m), (v), __FILE__, __LINE__)
+#define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+
+// ---- atomics (return the old value, as CUDA's do) ----
+static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+template <class T, class Op> static inline T emu_atomic_cas_loop(T *p, Op op) {
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "atomic size");
+    typedef typename std::conditional<sizeof(T) == 2, uint16_t, typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type>::type U;
+    U *q = (U *)(void *)p, old = __atomic_load_n(q, __ATOMIC_RELAXED), nw;
+    T o;
+    do { memcpy((void *)&o, &old, sizeof(T)); T n = op(o); memcpy(&nw, (void *)&n, sizeof(T)); }
+    while (!__atomic_compare_exchange_n(q, &old, nw, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return o;
+}
+static inline float atomicAdd(float *p, float v) { return emu_atomic_cas_loop(p, [v](float o) { return o + v; }); }
+static inline double atomicAdd(double *p, double v) { return emu_atomic_cas_loop(p, [v](double o) { return o + v; }); }
+static inline __half atomicAdd(__half *p, __half v) { return emu_atomic_cas_loop(p, [v](__half o) { return __float2half(__half2float(o) + __half2float(v)); }); }
+static inline __half2 atomicAdd(__half2 *p, __half2 v) { return emu_atomic_cas_loop(p, [v](__half2 o) { return __hadd2(o, v); }); }
+static inline int atomicSub(int *p, int v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicSub(unsigned *p, unsigned v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
+static inline int atomicMax(int *p, int v) { return emu_atomic_cas_loop(p, [v](int o) { return o > v ? o : v; }); }
+static inline unsigned atomicMax(unsigned *p, unsigned v) { return emu_atomic_cas_loop(p, [v](unsigned o) { return o > v ? o : v; }); }
+static inline int atomicMin(int *p, int v) { return emu_atomic_cas_loop(p, [v](int o) { return o < v ? o : v; }); }
+static inline unsigned atomicMin(unsigned *p, unsigned v) { return emu_atomic_cas_loop(p, [v](unsigned o) { return o < v ? o : v; }); }
+static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicExch(unsigned *p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+static inline float atomicExch(float *p, float v) { return emu_atomic_cas_loop(p, [v](float) { return v; }); }
+static inline int atomicCAS(int *p, int c, int v) { __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return c; }
+static inline unsigned atomicCAS(unsigned *p, unsigned c, unsigned v) { __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return c; }
+static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v) { __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return c; }
+static inline int atomicAnd(int *p, int v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
+static inline int atomicOr(int *p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicAnd(unsigned *p, unsigned v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+
+// ---- device math: computed in float (or double) and rounded once ----
+static inline float __expf(float x) { return expf(x); }
+static inline float __logf(float x) { return logf(x); }
+static inline float __log2f(float x) { return log2f(x); }
+static inline float __powf(float x, float y) { return powf(x, y); }
+static inline float __sinf(float x) { return sinf(x); }
+static inline float __cosf(float x) { return cosf(x); }
+static inline float __tanf(float x) { return tanf(x); }
+static inline float exp10f(float x) { return (float)pow(10.0, (double)x); }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float rsqrtf(float x) { return (float)(1.0 / sqrt((double)x)); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+static inline float __frcp_rn(float x) { return 1.0f / x; }
+static inline float __fsqrt_rn(float x) { return sqrtf(x); }
+static inline float __saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
+static inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
+static inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return i; }
+static inline float __uint_as_float(unsigned i) { float x; memcpy(&x, &i, 4); return x; }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+static inline unsigned __brev(unsigned x) { unsigned r = 0; for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i); return r; }
+static inline int __mul24(int a, int b) { return a * b; }
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
+static inline float __ldg(const float *p) { return *p; }
+template <class T> static inline T __ldg(const T *p) { return *p; }
+// half math the host path of cuda_fp16.hpp lacks
+static inline __half hexp(__half x) { return __float2half(expf(__half2float(x))); }
+static inline __half hlog(__half x) { return __float2half(logf(__half2float(x))); }
+static inline __half hsqrt(__half x) { return __float2half(sqrtf(__half2float(x))); }
+static inline __half hrsqrt(__half x) { return __float2half((float)(1.0 / sqrt((double)__half2float(x)))); }
+static inline __half hrcp(__half x) { return __float2half(1.0f / __half2float(x)); }
+static inline __half2 h2exp(__half2 x) { return __halves2half2(hexp(__low2half(x)), hexp(__high2half(x))); }
+static inline __half2 h2rcp(__half2 x) { return __halves2half2(hrcp(__low2half(x)), hrcp(__high2half(x))); }
+static inline __half2 h2rsqrt(__half2 x) { return __halves2half2(hrsqrt(__low2half(x)), hrsqrt(__high2half(x))); }
+#ifndef min
+using std::min;
+using std::max;
+#endif
+
+// ---- WMMA (nvcuda::wmma): every lane holds the whole tile ----
+namespace nvcuda { namespace wmma {
+struct matrix_a {}; struct matrix_b {}; struct accumulator {};
+struct row_major {}; struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    static constexpr int rows = std::is_same<Use, matrix_b>::value ? K : M;
+    static constexpr int cols = std::is_same<Use, matrix_a>::value ? K : N;
+    enum { num_elements = rows * cols };
+    typedef T element_type;
+    T x[rows * cols];   // logical row-major (rows, cols), the same in every lane
+};
+void warp_check(const void *p, unsigned ldm, unsigned align, const char *what, const char *file, int line);
+template <class U, int M, int N, int K, class T, class L, class V>
+static inline void fill_fragment(fragment<U, M, N, K, T, L> &f, const V &v) {
+    for (int i = 0; i < f.num_elements; i++) f.x[i] = (T)v;
+}
+template <class U, int M, int N, int K, class T, class L, class S>
+static inline void emu_load(fragment<U, M, N, K, T, L> &f, const S *p, unsigned ldm, bool rowmaj, const char *file, int line) {
+    warp_check(p, ldm * sizeof(S), 32, "load_matrix_sync", file, line);
+    typedef fragment<U, M, N, K, T, L> Fr;
+    for (int r = 0; r < Fr::rows; r++)
+        for (int c = 0; c < Fr::cols; c++) f.x[r * Fr::cols + c] = (T)(rowmaj ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]);
+}
+template <class U, int M, int N, int K, class T, class S>
+static inline void emu_load_l(fragment<U, M, N, K, T, row_major> &f, const S *p, unsigned ldm, const char *fl, int ln) { emu_load(f, p, ldm, true, fl, ln); }
+template <class U, int M, int N, int K, class T, class S>
+static inline void emu_load_l(fragment<U, M, N, K, T, col_major> &f, const S *p, unsigned ldm, const char *fl, int ln) { emu_load(f, p, ldm, false, fl, ln); }
+template <int M, int N, int K, class T, class S>
+static inline void emu_load_l(fragment<accumulator, M, N, K, T, void> &f, const S *p, unsigned ldm, layout_t l, const char *fl, int ln) { emu_load(f, p, ldm, l == mem_row_major, fl, ln); }
+#define load_matrix_sync(f, ...) emu_load_l(f, __VA_ARGS__, __FILE__, __LINE__)
+unsigned lane_id();
+template <int M, int N, int K, class T, class S>
+static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l, const char *file, int line) {
+    warp_check(p, ldm * sizeof(S), 32, "store_matrix_sync", file, line);
+    bool rm = l == mem_row_major;
+    // only this lane's share: a tile read back before __syncwarp() is incomplete, as on hardware
+    for (int i = (int)lane_id(); i < M * N; i += 32) {
+        int r = i / N, c = i % N;
+        p[rm ? (size_t)r * ldm + c : (size_t)c * ldm + r] = (S)f.x[i];
+    }
+}
+#define store_matrix_sync(p, ...) emu_store(p, __VA_ARGS__, __FILE__, __LINE__)
+template <int M, int N, int K, class TA, class LA, class LB, class TC, class TD>
+static inline void mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
+                            const fragment<matrix_b, M, N, K, TA, LB> &b, const fragment<accumulator, M, N, K, TC, void> &c) {
+    warp_check(nullptr, 0, 0, "mma_sync", __FILE__, __LINE__);
+    float acc[M * N];
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float s = (float)c.x[i * N + j];
+            for (int k = 0; k < K; k++) s += (float)a.x[i * K + k] * (float)b.x[k * N + j];
+            acc[i * N + j] = s;
+        }
+    for (int i = 0; i < M * N; i++) d.x[i] = (TD)acc[i];
+}
+} } // namespace nvcuda::wmma
