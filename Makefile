@@ -14,9 +14,9 @@ yolo: $(SRC)
 
 test/bin/%: test/%.c test/test.h $(SRC)
 	@mkdir -p test/bin
-	$(CC) $(CFLAGS) -DTESTING -o $@ $< $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-tests: yolo $(TESTS)
+tests: yolo $(TESTS) emu-bins
 
 # benchmarks: each test/bench_X.c prints its own figures; never part of make test
 bench: yolo $(BENCHES)

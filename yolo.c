@@ -510,6 +510,7 @@ typedef struct {
     char name[48];          // Ultralytics module path, e.g. "model.2.m.0.cv1" (Detect: "model.22.cv2.0.2")
     int cin, cout, k, s;    // Conv2d geometry; padding k/2
     int bn;                 // 1: Conv = Conv2d(no bias) + BN + SiLU; 0: plain Conv2d with bias (Detect output)
+    int level, branch;      // Detect output convs: level 0..2 and branch 0 box, 1 cls; else level -1
     int in;                 // input value
     int H, W, Ho, Wo;       // input and output size for the current input size
     size_t w_off, b_off, g_off;   // offsets into the flat parameter array: weight, bias/beta, gamma
@@ -533,6 +534,7 @@ typedef struct {
     LayerRow layer[23];
     int input;              // value id of the image
     int head_conv[3][2];    // Detect output convs: [level][0 box, 1 cls]
+    int has_head;           // 0 for the small graphs the gradient checks build
     size_t nparams, nbuffers;
     size_t dfl_off;         // the frozen DFL weight (16 values 0..15) inside params
     // memory, set by model_alloc
@@ -574,7 +576,7 @@ static int conv_new(Model *m, const char *name, int cin, int cout, int k, int s,
     Conv *c = &m->conv[m->nconv];
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
-    c->cin = cin; c->cout = cout; c->k = k; c->s = s; c->bn = bn; c->in = -1;
+    c->cin = cin; c->cout = cout; c->k = k; c->s = s; c->bn = bn; c->in = -1; c->level = -1;
     c->w_off = m->nparams;
     m->nparams += (size_t)cout * cin * k * k;
     if (bn) { c->g_off = m->nparams; m->nparams += cout; }
@@ -724,9 +726,12 @@ static void model_build(Model *m, char scale, int nc) {
                 snprintf(nm, sizeof nm, "model.22.cv%d.%d.2", 2 + br, i);
                 conv_add(m, nm, t, out, 1, 1, 0);
                 m->head_conv[i][br] = m->nconv - 1;
+                m->conv[m->nconv - 1].level = i;
+                m->conv[m->nconv - 1].branch = br;
             }
         m->dfl_off = m->nparams;
         m->nparams += REG_MAX;
+        m->has_head = 1;
         LayerRow *r = &m->layer[22];
         snprintf(r->from, sizeof r->from, "[15, 18, 21]");
         snprintf(r->module, sizeof r->module, "Detect");
@@ -742,7 +747,7 @@ static void model_build(Model *m, char scale, int nc) {
 
 // model_shape: sets every value's and conv's spatial size for input H x W (multiples of 32).
 static void model_shape(Model *m, int H, int W) {
-    if (H % 32 || W % 32 || H <= 0 || W <= 0) die("input size %dx%d must be a positive multiple of 32", H, W);
+    if (m->has_head && (H % 32 || W % 32 || H <= 0 || W <= 0)) die("input size %dx%d must be a positive multiple of 32", H, W);
     m->val[m->input].H = H;
     m->val[m->input].W = W;
     // values are created in topological order, so one pass suffices
@@ -824,6 +829,38 @@ static void conv_act(const Model *m, const Conv *c, int b, int c0, int C, float 
         memcpy(out, z, (size_t)C * HW * sizeof(float));
 }
 
+#ifdef TESTING
+// pool_hold: test-only record/replay of max-pool window choices, so finite differences of a
+// graph with max-pools stay on one linear piece (see gradcheck in test/test_net.c).
+static struct { int mode; size_t pos, cap; int *idx; } pool_hold;   // mode 0 off, 1 record, 2 replay
+
+static void maxpool5_hold(const float *x, float *y, int C, int H, int W) {
+    size_t n = (size_t)C * H * W;
+    if (pool_hold.pos + n > pool_hold.cap) {
+        if (pool_hold.mode == 2) die("pool_hold: replay past the recording");
+        pool_hold.cap = (pool_hold.pos + n) * 2;
+        pool_hold.idx = realloc(pool_hold.idx, pool_hold.cap * sizeof(int));
+    }
+    int *idx = pool_hold.idx + pool_hold.pos;
+    pool_hold.pos += n;
+    for (int c = 0; c < C; c++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                size_t o = ((size_t)c * H + oy) * W + ox;
+                if (pool_hold.mode == 1) {
+                    float mx = -INFINITY;
+                    for (int dy = -2; dy <= 2; dy++)
+                        for (int dx = -2; dx <= 2; dx++) {
+                            int iy = oy + dy, ix = ox + dx;
+                            if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[((size_t)c * H + iy) * W + ix] > mx)
+                                mx = x[((size_t)c * H + iy) * W + ix], idx[o] = iy * W + ix;
+                        }
+                }
+                y[o] = x[(size_t)c * H * W + idx[o]];
+            }
+}
+#endif
+
 // value_materialize: value vi of image b, (C, H, W), into out. Views recurse into their
 // sources; temporaries come from the arena (and are planned by the dry run like everything).
 static void value_materialize(const Model *m, Arena *a, int vi, int b, float *out) {
@@ -861,6 +898,9 @@ static void value_materialize(const Model *m, Arena *a, int vi, int b, float *ou
         value_materialize(m, a, v->src[0], b, t);
         if (!dry) {
             if (v->kind == V_UP) upsample2_forward_cpu(t, out, 1, s->C, s->H, s->W);
+#ifdef TESTING
+            else if (pool_hold.mode) maxpool5_hold(t, out, s->C, s->H, s->W);
+#endif
             else maxpool5_forward_cpu(t, out, 1, s->C, s->H, s->W);
         }
         arena_free(a, t);
@@ -1051,7 +1091,7 @@ static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int 
     m->H = H;
     m->W = W;
     model_shape(m, H, W);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 && m->has_head; i++) {
         const Conv *box = &m->conv[m->head_conv[i][0]];
         m->head[i] = afloat(a, (size_t)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
         m->dhead[i] = NULL;
@@ -1060,19 +1100,17 @@ static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int 
         Conv *c = &m->conv[m->exec[e]];
         int HWo = c->Ho * c->Wo;
         c->dA = NULL;
-        if (c->bn) {
+        c->mean = c->invstd = NULL;
+        if (c->level >= 0) {   // a Detect output conv writes its channels of the level's map
+            c->zstride = (size_t)(REG_MAX * 4 + m->nc) * HWo;
+            c->z = m->head[c->level] + (c->branch ? (size_t)REG_MAX * 4 * HWo : 0);
+        } else {
             c->zstride = (size_t)c->cout * HWo;
             c->z = afloat(a, (size_t)B * c->zstride, G_ACTS);
+        }
+        if (c->bn) {
             c->mean = afloat(a, 2 * (size_t)c->cout, G_ACTS);
             c->invstd = c->mean + c->cout;
-        } else {
-            int lvl = -1, br = 0;
-            for (int i = 0; i < 3; i++)
-                for (int j = 0; j < 2; j++)
-                    if (&m->conv[m->head_conv[i][j]] == c) lvl = i, br = j;
-            c->zstride = (size_t)(REG_MAX * 4 + m->nc) * HWo;
-            c->z = m->head[lvl] + (br ? (size_t)REG_MAX * 4 * HWo : 0);
-            c->mean = c->invstd = NULL;
         }
         conv_forward(m, a, c);
     }
@@ -1097,14 +1135,14 @@ static void model_backward(Model *m, Arena *a) {
     for (int e = m->nexec - 1; e >= 0; e--) {
         Conv *c = &m->conv[m->exec[e]];
         conv_backward(m, a, c);
-        if (c->bn) {
+        if (c->level < 0) {
             arena_free(a, c->dA);
             arena_free(a, c->mean);
             arena_free(a, c->z);
         }
         c->dA = c->z = c->mean = c->invstd = NULL;
     }
-    for (int i = 2; i >= 0; i--) {
+    for (int i = 2; i >= 0 && m->has_head; i--) {
         arena_free(a, m->dhead[i]);
         arena_free(a, m->head[i]);
         m->dhead[i] = m->head[i] = NULL;
@@ -1115,13 +1153,13 @@ static void model_backward(Model *m, Arena *a) {
 static void model_release(Model *m, Arena *a) {
     for (int e = m->nexec - 1; e >= 0; e--) {
         Conv *c = &m->conv[m->exec[e]];
-        if (c->bn) {
+        if (c->level < 0) {
             arena_free(a, c->mean);
             arena_free(a, c->z);
         }
         c->z = c->mean = c->invstd = NULL;
     }
-    for (int i = 2; i >= 0; i--) {
+    for (int i = 2; i >= 0 && m->has_head; i--) {
         arena_free(a, m->head[i]);
         m->head[i] = NULL;
     }
@@ -1150,8 +1188,10 @@ static void model_step_schedule(Model *m, Arena *a, const float *x, int B, int H
 static Plan model_plan(Model *m, int B, int H, int W) {
     Arena *a = xcalloc(1, sizeof(Arena));
     a->cap = SIZE_MAX;
+    float *keep[3] = {m->params, m->grads, m->buffers};   // a dry run must not lose the real ones
     model_alloc_params(m, a);
     model_step_schedule(m, a, NULL, B, H, W);
+    m->params = keep[0], m->grads = keep[1], m->buffers = keep[2];
     Plan p = {.total = a->high};
     memcpy(p.at_peak, a->at_high, sizeof p.at_peak);
     memcpy(p.peak, a->peak, sizeof p.peak);

@@ -23,14 +23,17 @@ for t in test/bin/test_*; do
     echo "== $t"
     run_one "$t"
 done
-if [ -x test/run_emu.sh ]; then
+if [ -f test/run_emu.sh ]; then
+    echo "== test/run_emu.sh (CUDA kernels under the CPU emulation)"
+    out=$(bash test/run_emu.sh 2>&1); rc=$?
+    printf '%s\n' "$out"
     while IFS= read -r line; do
-        echo "$line"
-        case "$line" in
-            [0-9]*" passed, "[0-9]*" failed"*) pass=$((pass + $(echo "$line" | awk '{print $1}')))
-                                            fail=$((fail + $(echo "$line" | awk '{print $3}'))) ;;
-        esac
-    done < <(bash test/run_emu.sh 2>&1; echo "__rc $?")
+        pass=$((pass + $(echo "$line" | awk '{print $1}')))
+        fail=$((fail + $(echo "$line" | awk '{print $3}')))
+    done < <(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed')
+    if [ "$rc" -ne 0 ] && ! printf '%s\n' "$out" | grep -qE '^[0-9]+ passed, [1-9][0-9]* failed'; then
+        echo "CRASH  test/run_emu.sh exited $rc"; fail=$((fail + 1))
+    fi
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

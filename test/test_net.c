@@ -1,0 +1,366 @@
+// test_net.c: the network. Totals against Ultralytics, the GEMM against plain loops,
+// finite-difference gradient checks of every op and of a whole YOLOv8n, and the arena plan.
+#define TESTING
+#include "../yolo.c"
+#include "test.h"
+#include <malloc.h>
+
+// --- counting heap allocations: the test binary interposes malloc and friends -------------
+extern void *__libc_malloc(size_t), *__libc_calloc(size_t, size_t), *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+static volatile long n_allocs;
+void *malloc(size_t n) { n_allocs++; return __libc_malloc(n); }
+void *calloc(size_t n, size_t s) { n_allocs++; return __libc_calloc(n, s); }
+void *realloc(void *p, size_t n) { n_allocs++; return __libc_realloc(p, n); }
+void *aligned_alloc(size_t al, size_t n) { n_allocs++; return __libc_memalign(al, n); }
+
+// --- helpers ------------------------------------------------------------------------------
+
+// graph_new: an empty model with an input of C channels, for building small test graphs.
+static void graph_new(Model *m, int C) {
+    memset(m, 0, sizeof *m);
+    m->nc = 1;
+    m->input = value_new(m, V_INPUT, C);
+}
+
+// graph_open: allocates the arena of graph m for one forward+backward of (B, C, H, W) with
+// `out` as the graph output, and randomises parameters and BN state.
+static Arena *graph_open(Model *m, int B, int H, int W, Rng *r) {
+    Arena *d = xcalloc(1, sizeof(Arena));
+    d->cap = SIZE_MAX;
+    model_alloc_params(m, d);
+    model_forward(m, d, NULL, B, H, W);
+    model_backward(m, d);
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->cap = d->high + ((size_t)1 << 24);   // graphs also materialise their output in the test
+    a->base = aligned_alloc(64, a->cap);
+    free(d);
+    model_alloc_params(m, a);
+    for (int i = 0; i < m->nconv; i++) {
+        Conv *c = &m->conv[i];
+        float bound = 2.f / sqrtf((float)c->cin * c->k * c->k);   // twice PyTorch's default bound
+        for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++) m->params[c->w_off + j] = (float)rng_range(r, -bound, bound);
+        for (int o = 0; o < c->cout; o++) m->params[c->b_off + o] = (float)rng_range(r, -0.3, 0.3);
+        for (int o = 0; o < c->cout && c->bn; o++) {
+            m->params[c->g_off + o] = (float)rng_range(r, 0.5, 1.5);
+            m->buffers[c->rs_off + o] = (float)rng_range(r, -0.2, 0.2);
+            m->buffers[c->rs_off + c->cout + o] = (float)rng_range(r, 0.5, 2);
+        }
+    }
+    m->B = B; m->H = H; m->W = W;
+    return a;
+}
+
+// graph_f: f = sum(rw * out) over the batch, out = value `out` (or the three head maps when
+// out < 0), in double. With grad = 1 also runs backward (gradients into m->grads, zeroed first).
+static double graph_fabs;   // sum |rw * out| of the last graph_f: the scale of FP32 rounding in f
+static double graph_f(Model *m, Arena *a, int out, const float *x, const float *rw, int grad) {
+    int B = m->B;
+    float *saved_buf = xmalloc(m->nbuffers * sizeof(float) + 1);
+    memcpy(saved_buf, m->buffers, m->nbuffers * sizeof(float));   // keep running stats fixed
+    model_forward(m, a, x, B, m->H, m->W);
+    double f = 0;
+    graph_fabs = 0;
+    if (out >= 0) {
+        Value *v = &m->val[out];
+        size_t n = (size_t)v->C * v->H * v->W;
+        float *o = afloat(a, n, G_SCRATCH);
+        for (int b = 0; b < B; b++) {
+            value_materialize(m, a, out, b, o);
+            for (size_t i = 0; i < n; i++) f += (double)rw[b * n + i] * o[i], graph_fabs += fabs((double)rw[b * n + i] * o[i]);
+        }
+        arena_free(a, o);
+        if (grad) {
+            model_zero_grad(m);
+            for (int b = 0; b < B; b++) value_backprop(m, a, out, b, rw + b * n);
+            model_backward(m, a);
+        } else {
+            model_release(m, a);
+        }
+    } else {
+        size_t off = 0;
+        for (int l = 0; l < 3; l++) {
+            const Conv *c = &m->conv[m->head_conv[l][0]];
+            size_t n = (size_t)B * (4 * REG_MAX + m->nc) * c->Ho * c->Wo;
+            for (size_t i = 0; i < n; i++) f += (double)rw[off + i] * m->head[l][i], graph_fabs += fabs((double)rw[off + i] * m->head[l][i]);
+            off += n;
+        }
+        if (grad) {
+            model_zero_grad(m);
+            model_head_grad(m, a);
+            off = 0;
+            for (int l = 0; l < 3; l++) {
+                const Conv *c = &m->conv[m->head_conv[l][0]];
+                size_t n = (size_t)B * (4 * REG_MAX + m->nc) * c->Ho * c->Wo;
+                memcpy(m->dhead[l], rw + off, n * sizeof(float));
+                off += n;
+            }
+            model_backward(m, a);
+        } else {
+            model_release(m, a);
+        }
+    }
+    memcpy(m->buffers, saved_buf, m->nbuffers * sizeof(float));
+    free(saved_buf);
+    return f;
+}
+
+// gradcheck: for every parameter tensor of every conv (weight, gamma, beta or bias), compares
+// the analytic directional derivative g.d with a fourth-order central difference
+// (8(f(h)-f(-h)) - (f(2h)-f(-2h)))/12h along a random direction d over the whole tensor,
+// h = 1e-2 * max(RMS of the tensor, 0.03): large enough that FP32 rounding in f stays small, while
+// the stencil's O(h^4) truncation is negligible. Max-pools are non-smooth, so the perturbed
+// forwards replay the window choices of the unperturbed one (pool_hold): the difference is then
+// taken on the same linear piece the analytic gradient describes. FP32 forward, f in double.
+// Tolerance: |num - ana| <= tol * (|ana| + |g||d|*1e-3 + 1e-6*sum|rw*out|/h): relative to the
+// derivative, with a floor at the FP32 rounding noise of f divided by the step.
+static void gradcheck(const char *what, Model *m, Arena *a, int out, const float *x, size_t nout, Rng *r, double tol) {
+    float *rw = xmalloc(nout * sizeof(float));
+    for (size_t i = 0; i < nout; i++) rw[i] = (float)rng_normal(r);
+    pool_hold.mode = 1;   // record which window element each max-pool output took
+    pool_hold.pos = 0;
+    graph_f(m, a, out, x, rw, 0);
+    pool_hold.mode = 0;
+    graph_f(m, a, out, x, rw, 1);
+    float *g = xmalloc(m->nparams * sizeof(float));
+    memcpy(g, m->grads, m->nparams * sizeof(float));
+    double worst = 0;
+    int ntensor = 0, bad = 0;
+    for (int i = 0; i < m->nconv; i++) {
+        Conv *c = &m->conv[i];
+        size_t offs[3] = {c->w_off, c->b_off, c->g_off};
+        size_t lens[3] = {(size_t)c->cout * c->cin * c->k * c->k, (size_t)c->cout, (size_t)c->cout};
+        for (int t = 0; t < (c->bn ? 3 : 2); t++) {
+            float *p = m->params + offs[t];
+            size_t n = lens[t];
+            float *d = xmalloc(n * sizeof(float)), *p0 = xmalloc(n * sizeof(float));
+            memcpy(p0, p, n * sizeof(float));
+            double rms = 0, ana = 0, gn = 0, dn = 0;
+            for (size_t j = 0; j < n; j++) rms += (double)p[j] * p[j];
+            rms = fmax(sqrt(rms / n), 0.03);
+            for (size_t j = 0; j < n; j++) {
+                d[j] = (float)rng_normal(r);
+                ana += (double)g[offs[t] + j] * d[j];
+                gn += (double)g[offs[t] + j] * g[offs[t] + j];
+                dn += (double)d[j] * d[j];
+            }
+            double h = 1e-2 * rms, fs[4];
+            static const double steps[4] = {1, -1, 2, -2};
+            for (int q = 0; q < 4; q++) {
+                for (size_t j = 0; j < n; j++) p[j] = p0[j] + (float)(steps[q] * h * d[j]);
+                pool_hold.mode = 2;   // replay the max-pool choices of the unperturbed forward
+                pool_hold.pos = 0;
+                fs[q] = graph_f(m, a, out, x, rw, 0);
+                pool_hold.mode = 0;
+            }
+            memcpy(p, p0, n * sizeof(float));
+            double num = (8 * (fs[0] - fs[1]) - (fs[2] - fs[3])) / (12 * h);
+            // FP32 rounding through many layers leaves up to ~1e-5 * sum|rw*out| of noise in each f
+            double scale = fabs(ana) + sqrt(gn * dn) * 1e-3 + 1e-5 * graph_fabs / h;
+            double err = fabs(num - ana) / scale;
+            if (err > worst) worst = err;
+            if (err > tol) {
+                bad++;
+                if (bad <= 3) printf("      %s %s[%d]: analytic %.6g numeric %.6g\n", what, c->name, t, ana, num);
+            }
+            ntensor++;
+            free(d);
+            free(p0);
+        }
+    }
+    check(bad == 0, "gradcheck %-28s %3d tensors, worst |num-ana|/scale %.2e, tol %.0e", what, ntensor, worst, tol);
+    free(g);
+    free(rw);
+}
+
+// run_graph_check: random input of (B, C, H, W), output value `out`
+static void run_graph_check(const char *what, Model *m, int out, int B, int C, int H, int W, int train, double tol) {
+    Rng r;
+    rng_seed(&r, 1234);
+    Arena *a = graph_open(m, B, H, W, &r);
+    m->train = train;
+    float *x = xmalloc((size_t)B * C * H * W * sizeof(float));
+    for (size_t i = 0; i < (size_t)B * C * H * W; i++) x[i] = (float)rng_range(&r, 0, 1);
+    model_shape(m, H, W);
+    size_t nout = (size_t)B * m->val[out].C * m->val[out].H * m->val[out].W;
+    gradcheck(what, m, a, out, x, nout, &r, tol);
+    free(x);
+    free(a->base);
+    free(a);
+}
+
+// --- tests --------------------------------------------------------------------------------
+
+static void test_totals(void) {
+    // Ultralytics' own figures for nc=80 (spec 1.1, from running its code)
+    static const struct { char s; size_t params; double gflops; } want[] = {
+        {'n', 3157200, 8.9}, {'s', 11166560, 28.8}, {'m', 25902640, 79.3}, {'l', 43691520, 165.7}, {'x', 68229648, 258.5}};
+    Model *m = xmalloc(sizeof(Model));
+    for (int i = 0; i < 5; i++) {
+        model_build(m, want[i].s, 80);
+        check(m->nparams == want[i].params, "yolov8%c params: got %zu want %zu", want[i].s, m->nparams, want[i].params);
+        double gf = model_flops(m, 640, 0);
+        check(fabs(round(gf * 10) / 10 - want[i].gflops) < 1e-9, "yolov8%c GFLOPs@640 (one decimal): got %.3f want %.1f",
+              want[i].s, gf, want[i].gflops);
+    }
+    model_build(m, 'n', 80);
+    check_close("yolov8n GFLOPs@640 unrounded (spec 8.855)", model_flops(m, 640, 0), 8.855, 5e-4);
+    check_close("yolov8n fused GFLOPs@640 (spec 8.744)", model_flops(m, 640, 1), 8.744, 5e-4);
+    free(m);
+}
+
+static void test_gemm(void) {
+    Rng r;
+    rng_seed(&r, 7);
+    int shapes[][3] = {{1, 1, 1}, {7, 33, 5}, {64, 400, 27}, {130, 70, 300}, {16, 1600, 144}, {9, 517, 260}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            for (int beta = 0; beta < 2; beta++) {
+                int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], tA = t & 1, tB = t >> 1;
+                int lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 1, ldc = N + 2;
+                float *A = xmalloc((size_t)(tA ? K : M) * lda * 4), *B = xmalloc((size_t)(tB ? N : K) * ldb * 4);
+                float *C = xmalloc((size_t)M * ldc * 4), *R = xmalloc((size_t)M * ldc * 4);
+                for (size_t i = 0; i < (size_t)(tA ? K : M) * lda; i++) A[i] = (float)rng_normal(&r);
+                for (size_t i = 0; i < (size_t)(tB ? N : K) * ldb; i++) B[i] = (float)rng_normal(&r);
+                for (size_t i = 0; i < (size_t)M * ldc; i++) C[i] = R[i] = (float)rng_normal(&r);
+                gemm_cpu(tA, tB, M, N, K, A, lda, B, ldb, (float)beta, C, ldc);
+                gemm_naive(tA, tB, M, N, K, A, lda, B, ldb, (float)beta, R, ldc);
+                double worst = 0;
+                int ok = 1;
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double sabs = 0;   // sum |a_i b_i| bounds the rounding error of a dot product
+                        for (int k = 0; k < K; k++)
+                            sabs += fabs((double)(tA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                                         (tB ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]));
+                        double e = fabs(C[(size_t)i * ldc + j] - R[(size_t)i * ldc + j]);
+                        double tol = 1e-5 * sabs + 1e-6 + (beta ? 1e-6 * fabs(R[(size_t)i * ldc + j]) : 0);
+                        if (e > tol) ok = 0;
+                        if (e / tol > worst) worst = e / tol;
+                    }
+                check(ok, "gemm M=%d N=%d K=%d tA=%d tB=%d beta=%d: worst err/tol %.3f (tol 1e-5*sum|ab|+1e-6)", M, N, K, tA, tB,
+                      beta, worst);
+                free(A); free(B); free(C); free(R);
+            }
+}
+
+static void test_pool_up(void) {
+    // max-pool with -inf padding: an all-negative map must stay all-negative (zero padding would not)
+    float x[2 * 4 * 5], y[2 * 4 * 5];
+    for (int i = 0; i < 40; i++) x[i] = -1.f - i;
+    maxpool5_forward_cpu(x, y, 1, 2, 4, 5);
+    int ok = 1;
+    for (int i = 0; i < 40; i++) ok &= y[i] < 0;
+    check(ok && y[0] == -1.f && y[20] == -21.f, "maxpool5 pads with -inf: y[0]=%g (want -1), y[20]=%g (want -21)", y[0], y[20]);
+    float u[2 * 8 * 10];
+    upsample2_forward_cpu(x, u, 1, 2, 4, 5);
+    check(u[0] == x[0] && u[1] == x[0] && u[10] == x[0] && u[11] == x[0] && u[2] == x[1] && u[80 + 19] == x[20 + 4],
+          "upsample2 nearest: 2x2 copies of each pixel");
+}
+
+static void test_gradchecks(void) {
+    Model *m = xmalloc(sizeof(Model));
+    static const struct { int k, s; } ks[] = {{1, 1}, {3, 1}, {3, 2}, {1, 2}};
+    char what[64];
+    for (int i = 0; i < 4; i++)
+        for (int train = 1; train >= 0; train--) {
+            graph_new(m, 3);
+            int v = conv_add(m, "c0", m->input, 6, 3, 1, 1);   // gives the tested conv a non-image input
+            v = conv_add(m, "c1", v, 5, ks[i].k, ks[i].s, 1);
+            snprintf(what, sizeof what, "conv k%d s%d BN %s", ks[i].k, ks[i].s, train ? "train" : "eval");
+            run_graph_check(what, m, v, 2, 3, 9, 10, train, 2e-3);
+        }
+    for (int sc = 0; sc < 2; sc++) {
+        graph_new(m, 3);
+        int v = conv_add(m, "c0", m->input, 8, 3, 1, 1);
+        v = c2f_add(m, "c2f", v, 8, 2, sc);
+        snprintf(what, sizeof what, "C2f n=2 shortcut=%d", sc);
+        run_graph_check(what, m, v, 2, 3, 8, 8, 1, 2e-3);
+    }
+    graph_new(m, 3);
+    int v = conv_add(m, "c0", m->input, 8, 3, 1, 1);
+    v = sppf_add(m, "sppf", v, 6);
+    run_graph_check("SPPF k5 (chained max-pools)", m, v, 2, 3, 7, 6, 1, 2e-3);
+
+    graph_new(m, 3);
+    int a = conv_add(m, "a", m->input, 4, 3, 1, 1);
+    int b = conv_add(m, "b", a, 6, 3, 2, 1);
+    int u = value_unary(m, V_UP, b);
+    v = conv_add(m, "c", value_cat(m, 2, (int[]){u, a}), 5, 1, 1, 1);
+    run_graph_check("upsample + concat", m, v, 2, 3, 8, 6, 1, 2e-3);
+
+    graph_new(m, 3);
+    a = conv_add(m, "a", m->input, 4, 3, 1, 1);
+    v = conv_add(m, "head", a, 7, 1, 1, 0);
+    run_graph_check("Detect 1x1 conv with bias", m, v, 2, 3, 6, 6, 1, 2e-3);
+    free(m);
+}
+
+static void test_whole_net(void) {
+    Model *m = xmalloc(sizeof(Model));
+    Rng r;
+    rng_seed(&r, 99);
+    int B = 2, S = 64;
+    Arena *a = model_open(m, 'n', 3, B, S, S, 1);
+    for (int i = 0; i < m->nconv; i++) {   // move BN away from identity so every path matters
+        Conv *c = &m->conv[i];
+        for (int o = 0; o < c->cout && c->bn; o++) {
+            m->params[c->g_off + o] = (float)rng_range(&r, 0.5, 1.5);
+            m->params[c->b_off + o] = (float)rng_range(&r, -0.3, 0.3);
+        }
+    }
+    float *x = xmalloc((size_t)B * 3 * S * S * 4);
+    for (int i = 0; i < B * 3 * S * S; i++) x[i] = (float)rng_range(&r, 0, 1);
+    size_t nout = 0;
+    for (int l = 0; l < 3; l++) nout += (size_t)B * (64 + 3) * (S >> (3 + l)) * (S >> (3 + l));
+    // BN in eval mode here: with only 2x2x2 values per channel at stride 32, train-mode BN makes
+    // f so curved that no FP32 step resolves it. Train-mode BN backward is checked op by op
+    // above, and the whole train-mode network against PyTorch's gradients in test_ref.
+    m->train = 0;
+    gradcheck("YOLOv8n 64x64 B=2 nc=3 (eval BN)", m, a, -1, x, nout, &r, 1e-3);
+
+    // the arena: a real step reaches exactly the planned size, and allocates nothing on the heap
+    Plan p = model_plan(m, B, S, S);
+    a->high = 0;
+    for (int g = 0; g < G_NGROUPS; g++) a->peak[g] = a->live[g];
+    model_zero_grad(m);
+    model_step_schedule(m, a, x, B, S, S);   // warm-up (OpenMP threads start here)
+    long before = n_allocs;
+    model_step_schedule(m, a, x, B, S, S);
+    long after = n_allocs;
+    check(a->high == p.total, "arena high-water %zu bytes == planned %zu", a->high, p.total);
+    check(after == before, "heap allocations during a forward+backward: %ld (want 0)", after - before);
+    check(a->n == 3, "after the step only weights, gradients and BN stats are live: %d blocks", a->n);
+    free(x);
+    free(a->base);
+    free(a);
+    free(m);
+}
+
+static void test_plans(void) {
+    // the plan for other configurations equals the high-water mark of a real step
+    static const struct { char s; int B, S; } cfg[] = {{'n', 1, 96}, {'n', 3, 64}, {'s', 2, 64}};
+    Model *m = xmalloc(sizeof(Model));
+    for (int i = 0; i < 3; i++) {
+        Arena *a = model_open(m, cfg[i].s, 5, cfg[i].B, cfg[i].S, cfg[i].S, 3);
+        float *x = xcalloc((size_t)cfg[i].B * 3 * cfg[i].S * cfg[i].S, 4);
+        m->train = 1;
+        model_step_schedule(m, a, x, cfg[i].B, cfg[i].S, cfg[i].S);
+        check(a->high == a->cap, "yolov8%c B=%d %dx%d: high-water %zu == plan %zu", cfg[i].s, cfg[i].B, cfg[i].S, cfg[i].S,
+              a->high, a->cap);
+        free(x);
+        free(a->base);
+        free(a);
+    }
+    free(m);
+}
+
+int main(void) {
+    test_totals();
+    test_gemm();
+    test_pool_up();
+    test_gradchecks();
+    test_whole_net();
+    test_plans();
+    return test_summary();
+}
