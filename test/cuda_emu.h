@@ -30,14 +30,16 @@
 #define __restrict__ __restrict
 
 constexpr int warpSize = 32;
+// cuda_runtime.h declares these templates only for nvcc
+template <class T> static inline cudaError_t cudaFuncSetAttribute(T *f, cudaFuncAttribute a, int v) { return ::cudaFuncSetAttribute((const void *)f, a, v); }
 
 namespace emu {
 
 // ---- scheduler state (defined in cuda_emu.cpp) ----
 struct Fiber;
-extern thread_local uint3 cur_tid;     // threadIdx of the running fiber
-extern thread_local uint3 cur_bid;     // blockIdx of the running block
-extern thread_local dim3 cur_bdim, cur_gdim;
+inline thread_local uint3 cur_tid;     // threadIdx of the running fiber
+inline thread_local uint3 cur_bid;     // blockIdx of the running block
+inline thread_local uint3 cur_bdim, cur_gdim;   // blockDim, gridDim (uint3: no TLS init wrapper)
 
 void syncthreads(const char *file, int line);
 int syncthreads_reduce(int op, int pred, const char *file, int line); // op 0 count, 1 and, 2 or
@@ -47,10 +49,11 @@ enum { W_SYNC, W_SHFL, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ADD, W_MI
 uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const char *file, int line);
 unsigned active_mask();
 void *dyn_smem();
+void shared_fresh(void *p, size_t n);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // ---- launches ----
-struct LaunchCfg { const char *name, *file; int line; dim3 grid, block; size_t smem; cudaStream_t stream; };
+struct LaunchCfg { const void *fn; const char *name, *file; int line; dim3 grid, block; size_t smem; cudaStream_t stream; };
 // run_kernel: checks the configuration as the driver does, then runs (or queues, in async mode)
 // body once per CUDA thread of every block. ptrs are the kernel's pointer arguments, checked to
 // be device memory. Returns the launch error (also recorded for cudaGetLastError).
@@ -63,7 +66,7 @@ template <class... P> struct Launch<void (*)(P...)> {
     void (*fn)(P...);
     LaunchCfg cfg;
     Launch(void (*f)(P...), const char *name, const char *file, int line, dim3 g, dim3 b, size_t smem = 0,
-           cudaStream_t s = 0) : fn(f), cfg{name, file, line, g, b, smem, s} {}
+           cudaStream_t s = 0) : fn(f), cfg{(const void *)f, name, file, line, g, b, smem, s} {}
     template <class... A> void operator()(A &&...a) {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
         std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
@@ -166,38 +169,38 @@ static inline unsigned atomicAnd(unsigned *p, unsigned v) { return __atomic_fetc
 static inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
 
 // ---- device math: computed in float (or double) and rounded once ----
-static inline float __expf(float x) { return expf(x); }
-static inline float __logf(float x) { return logf(x); }
-static inline float __log2f(float x) { return log2f(x); }
-static inline float __powf(float x, float y) { return powf(x, y); }
-static inline float __sinf(float x) { return sinf(x); }
-static inline float __cosf(float x) { return cosf(x); }
-static inline float __tanf(float x) { return tanf(x); }
-static inline float exp10f(float x) { return (float)pow(10.0, (double)x); }
-static inline float __fdividef(float a, float b) { return a / b; }
-static inline float rsqrtf(float x) { return (float)(1.0 / sqrt((double)x)); }
-static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
-static inline float __frcp_rn(float x) { return 1.0f / x; }
-static inline float __fsqrt_rn(float x) { return sqrtf(x); }
-static inline float __saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
-static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
-static inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
-static inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return i; }
-static inline float __uint_as_float(unsigned i) { float x; memcpy(&x, &i, 4); return x; }
-static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
-static inline int __ffs(int x) { return __builtin_ffs(x); }
-static inline unsigned __brev(unsigned x) { unsigned r = 0; for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i); return r; }
-static inline int __mul24(int a, int b) { return a * b; }
-static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
-static inline float __ldg(const float *p) { return *p; }
-template <class T> static inline T __ldg(const T *p) { return *p; }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __log2f(float x) { return log2f(x); }
+inline float __powf(float x, float y) { return powf(x, y); }
+inline float __sinf(float x) { return sinf(x); }
+inline float __cosf(float x) { return cosf(x); }
+inline float __tanf(float x) { return tanf(x); }
+inline float exp10f(float x) { return (float)pow(10.0, (double)x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return (float)(1.0 / sqrt((double)x)); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return sqrtf(x); }
+inline float __saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
+inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
+inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return i; }
+inline float __uint_as_float(unsigned i) { float x; memcpy(&x, &i, 4); return x; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline unsigned __brev(unsigned x) { unsigned r = 0; for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i); return r; }
+inline int __mul24(int a, int b) { return a * b; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
+inline float __ldg(const float *p) { return *p; }
+template <class T> inline T __ldg(const T *p) { return *p; }
 // half math the host path of cuda_fp16.hpp lacks
 static inline __half hexp(__half x) { return __float2half(expf(__half2float(x))); }
 static inline __half hlog(__half x) { return __float2half(logf(__half2float(x))); }
@@ -249,7 +252,10 @@ static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void>
     warp_check(p, ldm * sizeof(S), 32, "store_matrix_sync", file, line);
     bool rm = l == mem_row_major;
     // only this lane's share: a tile read back before __syncwarp() is incomplete, as on hardware
-    for (int i = (int)lane_id(); i < M * N; i += 32) {
+    // lane L owns elements [L*E, L*E+E), E = M*N/32 (like hardware, a few neighbours per lane);
+    // a lane reading e = lane + 32k or a whole row back needs other lanes' stores
+    const int E = M * N / 32;
+    for (int i = (int)lane_id() * E; i < ((int)lane_id() + 1) * E; i++) {
         int r = i / N, c = i % N;
         p[rm ? (size_t)r * ldm + c : (size_t)c * ldm + r] = (S)f.x[i];
     }

@@ -1,0 +1,757 @@
+// cuda_emu.cpp: the runtime behind test/cuda_emu.h. CUDA threads are fibers (a hand-written
+// x86-64 switch of the callee-saved registers, 64 KB stacks with a guard page); the threads of
+// one block run on one OS thread and blocks run one after another. Also here: device memory with
+// guard pages and poisoning, the runtime API subset, deferred (async) streams and a naive cuBLAS.
+// Environment: EMU_ORDER=forward|reverse|random (thread order between rendezvous), EMU_SEED,
+// EMU_STRICT=1 (a thread returning while others wait at a barrier aborts), EMU_ASYNC=1 (queue work
+// until a synchronisation point), EMU_HOSTTRAP=1 (device memory is PROT_NONE while host code runs).
+#include "cuda_emu.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <map>
+#include <set>
+#include <deque>
+#include <vector>
+#include <string>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#endif
+#if !defined(__x86_64__)
+#error "cuda_emu: the fiber switch is written for x86-64"
+#endif
+
+// ------------------------------------------------------------------------------------------
+// settings
+// ------------------------------------------------------------------------------------------
+static int g_order = -1;       // 0 forward, 1 reverse, 2 random
+static int g_strict = -1, g_async = -1, g_hosttrap = -1;
+static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
+static int env_int(const char *k, int def) { const char *v = getenv(k); return v && *v ? atoi(v) : def; }
+static void settings_init() {
+    if (g_order >= 0) return;
+    const char *o = getenv("EMU_ORDER");
+    g_order = !o || !strcmp(o, "forward") ? 0 : !strcmp(o, "reverse") ? 1 : !strcmp(o, "random") ? 2 : -2;
+    if (g_order == -2) { fprintf(stderr, "EMU_ORDER=%s: expected forward, reverse or random\n", o); exit(2); }
+    if (g_strict < 0) g_strict = env_int("EMU_STRICT", 0);
+    if (g_async < 0) g_async = env_int("EMU_ASYNC", 0);
+    if (g_hosttrap < 0) g_hosttrap = env_int("EMU_HOSTTRAP", 0);
+    g_rng ^= (uint64_t)env_int("EMU_SEED", 1) * 0xbf58476d1ce4e5b9ULL;
+}
+static uint64_t rng_next() { g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17; return g_rng; }
+extern "C" void emu_set_order(int o) { settings_init(); g_order = o; }
+extern "C" void emu_set_strict(int s) { settings_init(); g_strict = s; }
+extern "C" void emu_set_async(int a) { settings_init(); g_async = a; }
+extern "C" void emu_set_hosttrap(int h);
+
+// ------------------------------------------------------------------------------------------
+// fibers and the block scheduler
+// ------------------------------------------------------------------------------------------
+asm(R"(
+.text
+.globl emu_ctx_switch
+.type emu_ctx_switch,@function
+emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_ctx_switch,.-emu_ctx_switch
+.section .note.GNU-stack,"",@progbits
+.text
+)");
+extern "C" void emu_ctx_switch(void **save_sp, void *to_sp);
+
+namespace emu {
+
+enum { F_RUN, F_BAR, F_WARP, F_DONE };
+struct Fiber { void *sp; uint3 tid; int lin, state; const char *file; int line; char *stack; void *fake; };
+struct Warp { unsigned arrived, mask; int op, width; const char *file; int line; uint64_t val[32], res[32]; int arg[32]; };
+struct Block {
+    int n, alive, bar_count, bar_red, bar_op, bar_result; const char *bar_file; int bar_line;
+    Fiber *f; Warp *w; std::function<void()> *body; void *sched_sp;
+};
+static thread_local Block *B;
+static thread_local Fiber *F;
+static thread_local const LaunchCfg *K;       // kernel now running (for messages), null on the host
+static thread_local std::vector<char *> stacks;
+static size_t stack_bytes() {
+#ifdef EMU_ASAN
+    return 512 << 10;
+#else
+    return (size_t)env_int("EMU_STACK_KB", 64) << 10;
+#endif
+}
+static const size_t PAGE = 4096;
+static char *smem_map; static size_t smem_cap = 232448; static char *smem_ptr; static size_t smem_size;
+#ifdef EMU_ASAN
+static thread_local const void *sched_bottom; static thread_local size_t sched_size;
+#endif
+
+static std::string where() {
+    char s[256] = "on the host";
+    if (K && F) snprintf(s, sizeof s, "in kernel %s (launched at %s:%d) block (%u,%u,%u) thread (%u,%u,%u)", K->name, K->file,
+                         K->line, cur_bid.x, cur_bid.y, cur_bid.z, F->tid.x, F->tid.y, F->tid.z);
+    else if (K) snprintf(s, sizeof s, "in kernel %s (launched at %s:%d)", K->name, K->file, K->line);
+    return s;
+}
+void fail(const char *fmt, ...) {
+    va_list ap; va_start(ap, fmt);
+    fprintf(stderr, "EMU ERROR: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n  %s\n", where().c_str());
+    va_end(ap);
+    fflush(stderr); fflush(stdout);
+    abort();
+}
+
+static void to_sched() {
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(F->state == F_DONE ? nullptr : &F->fake, sched_bottom, sched_size);
+#endif
+    emu_ctx_switch(&F->sp, B->sched_sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(F->fake, nullptr, nullptr);
+#endif
+}
+static void fiber_exit();
+extern "C" void emu_fiber_start() {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &sched_bottom, &sched_size);
+#endif
+    (*B->body)();
+    fiber_exit();
+}
+static const char *op_name(int op) {
+    static const char *n[] = {"__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
+                              "__ballot/any/all_sync", "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync",
+                              "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync",
+                              "__reduce_xor_sync", "warp-uniform check"};
+    return op >= 0 && op <= W_UNIFORM ? n[op] : "?";
+}
+static void release_barrier() {
+    for (int i = 0; i < B->n; i++) if (B->f[i].state == F_BAR) B->f[i].state = F_RUN;
+    B->bar_count = 0;
+}
+static void fiber_exit() {
+    F->state = F_DONE;
+    B->alive--;
+    if (B->bar_count > 0) {
+        if (g_strict) fail("thread returned while %d threads wait at __syncthreads (%s:%d): barriers must be reached by every thread (strict mode)",
+                           B->bar_count, B->bar_file, B->bar_line);
+        static int warned;
+        if (!warned++) fprintf(stderr, "EMU WARNING: a thread returned while others wait at __syncthreads (%s:%d) %s\n", B->bar_file, B->bar_line, where().c_str());
+        if (B->bar_count == B->alive) release_barrier();
+    }
+    Warp &w = B->w[F->lin >> 5];
+    if (w.arrived && (w.mask >> (F->lin & 31) & 1))
+        fail("lane %d returned while lanes 0x%08x wait for it in %s (%s:%d)", F->lin & 31, w.arrived, op_name(w.op), w.file, w.line);
+    to_sched();
+    abort();  // a finished fiber is never resumed
+}
+static void yield_run() { F->state = F_RUN; to_sched(); }
+
+void syncthreads(const char *file, int line) { syncthreads_reduce(-1, 0, file, line); }
+int syncthreads_reduce(int op, int pred, const char *file, int line) {
+    if (!B) fail("__syncthreads called outside a kernel");
+    if (B->bar_count == 0) { B->bar_file = file; B->bar_line = line; B->bar_red = op == 1 ? 1 : 0; B->bar_op = op; }
+    else if (g_strict && (B->bar_line != line || strcmp(B->bar_file, file)))
+        fail("threads wait at different __syncthreads: %s:%d and %s:%d (strict mode)", file, line, B->bar_file, B->bar_line);
+    if (op == 0) B->bar_red += pred != 0;
+    else if (op == 1) B->bar_red &= pred != 0;
+    else if (op == 2) B->bar_red |= pred != 0;
+    F->file = file; F->line = line;
+    if (++B->bar_count == B->alive) { B->bar_result = B->bar_red; release_barrier(); yield_run(); return B->bar_result; }
+    F->state = F_BAR;
+    to_sched();
+    return B->bar_result;   // valid until every thread reaches the next barrier, this one included
+}
+} // namespace emu
+
+namespace emu {
+// ---- warp collectives: each lane of mask deposits; the last arrival computes every result ----
+unsigned lane_exist_mask(int warp) {
+    int n = B->n - warp * 32;
+    return n >= 32 ? 0xffffffffu : (1u << n) - 1;
+}
+uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const char *file, int line) {
+    if (!B) fail("%s called outside a kernel", op_name(op));
+    int lane = F->lin & 31, wi = F->lin >> 5;
+    Warp &w = B->w[wi];
+    Fiber *base = B->f + wi * 32;
+    if (!(mask >> lane & 1)) fail("lane %d calls %s (%s:%d) with mask 0x%08x that excludes itself", lane, op_name(op), file, line, mask);
+    if (mask & ~lane_exist_mask(wi))
+        fail("%s (%s:%d) mask 0x%08x names lanes that do not exist (warp %d of a %d-thread block)", op_name(op), file, line, mask, wi, B->n);
+    if (width < 1 || width > 32 || (width & (width - 1))) fail("%s (%s:%d): width %d is not a power of two <= 32", op_name(op), file, line, width);
+    for (int l = 0; l < 32; l++)
+        if ((mask >> l & 1) && base[l].state == F_DONE)
+            fail("%s (%s:%d) waits for lane %d, which has already returned (a GPU would hang or read garbage)", op_name(op), file, line, l);
+    if (w.arrived == 0) { w.mask = mask; w.op = op; w.width = width; w.file = file; w.line = line; }
+    else if (w.mask != mask || w.op != op || w.width != width)
+        fail("divergent warp collectives: lane %d calls %s (%s:%d) mask 0x%08x while lanes 0x%08x wait in %s (%s:%d) mask 0x%08x",
+             lane, op_name(op), file, line, mask, w.arrived, op_name(w.op), w.file, w.line, w.mask);
+    w.val[lane] = val; w.arg[lane] = arg;
+    w.arrived |= 1u << lane;
+    F->file = file; F->line = line;
+    if (w.arrived != mask) { F->state = F_WARP; to_sched(); return w.res[lane]; }
+    unsigned bits = 0;
+    for (int l = 0; l < 32; l++) if ((mask >> l & 1) && w.val[l]) bits |= 1u << l;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1)) continue;
+        int seg = l & ~(width - 1), src = l, a = w.arg[l];
+        uint64_t r = 0;
+        switch (op) {
+        case W_SYNC: break;
+        case W_SHFL: src = seg + (a & (width - 1)); break;
+        case W_SHFL_UP: src = (l - seg) >= a ? l - a : l; break;
+        case W_SHFL_DOWN: src = (l - seg) + a < width ? l + a : l; break;
+        case W_SHFL_XOR: src = l ^ a; if ((src & ~(width - 1)) > seg) src = l; break;
+        case W_BALLOT: r = bits; break;
+        case W_UNIFORM: r = 1; for (int m = 0; m < 32; m++) if ((mask >> m & 1) && w.val[m] != w.val[l]) r = 0; break;
+        default: {
+            uint64_t acc = w.val[l];
+            for (int m = 0; m < 32; m++) {
+                if (!(mask >> m & 1)) continue;
+                uint32_t u = (uint32_t)w.val[m], au = (uint32_t)acc;
+                int32_t si = (int32_t)u, ai = (int32_t)au;
+                if (m == l) continue;
+                switch (op) {
+                case W_ADD: acc = (uint32_t)(au + u); break;
+                case W_MINU: acc = u < au ? u : au; break;
+                case W_MAXU: acc = u > au ? u : au; break;
+                case W_MINI: acc = (uint64_t)(int64_t)(si < ai ? si : ai); break;
+                case W_MAXI: acc = (uint64_t)(int64_t)(si > ai ? si : ai); break;
+                case W_AND: acc = au & u; break;
+                case W_OR: acc = au | u; break;
+                case W_XOR: acc = au ^ u; break;
+                }
+            }
+            r = acc;
+        } }
+        if (op >= W_SHFL && op <= W_SHFL_XOR) {
+            if (!(mask >> src & 1)) fail("%s (%s:%d): lane %d reads lane %d, which is not in mask 0x%08x", op_name(op), file, line, l, src, mask);
+            r = w.val[src];
+        }
+        w.res[l] = r;
+    }
+    for (int l = 0; l < 32; l++) if ((mask >> l & 1) && l != lane) base[l].state = F_RUN;
+    w.arrived = 0;
+    uint64_t mine = w.res[lane];
+    yield_run();
+    return mine;
+}
+unsigned active_mask() {
+    if (!B) fail("__activemask called outside a kernel");
+    int wi = F->lin >> 5; unsigned m = 0;
+    for (int l = 0; l < 32 && wi * 32 + l < B->n; l++) if (B->f[wi * 32 + l].state != F_DONE) m |= 1u << l;
+    return m;
+}
+// shared_fresh: the first thread of a block to reach a static __shared__ declaration fills it with
+// 0xFF (NaN), so a value a missing barrier lets through is never the previous block's.
+static thread_local uint64_t block_serial;
+void shared_fresh(void *p, size_t n) {
+    static thread_local std::map<void *, uint64_t> seen;
+    if (!B) return;
+    uint64_t &s = seen[p];
+    if (s != block_serial) { s = block_serial; memset(p, 0xFF, n); }
+}
+void *dyn_smem() { if (!B) fail("extern __shared__ used outside a kernel"); return smem_ptr; }
+} // namespace emu
+
+namespace nvcuda { namespace wmma {
+unsigned lane_id() { return emu::F ? (unsigned)(emu::F->lin & 31) : 0; }
+// every WMMA call is a full-warp rendezvous with a warp-uniform pointer and ldm (kernel rule 8)
+void warp_check(const void *p, unsigned ldm_bytes, unsigned align, const char *what, const char *file, int line) {
+    if (align && ((uintptr_t)p % align)) emu::fail("%s (%s:%d): pointer %p is not %u-byte aligned", what, file, line, p, align);
+    if (align && ldm_bytes % 16) emu::fail("%s (%s:%d): ldm of %u bytes is not a multiple of 16 bytes", what, file, line, ldm_bytes);
+    uint64_t key = (uint64_t)(uintptr_t)p * 1000003u + ldm_bytes;
+    if (!emu::warp_op(emu::W_UNIFORM, 0xffffffffu, key, 0, 32, file, line))
+        emu::fail("%s (%s:%d): pointer or ldm differs between the lanes of a warp", what, file, line);
+}
+} }
+
+namespace emu {
+static void init_fiber_stack(Fiber &f) {
+    size_t sz = stack_bytes();
+    char *top = f.stack + PAGE + sz;
+#ifdef EMU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(f.stack + PAGE, sz);
+#endif
+    void **sp = (void **)top;
+    *--sp = nullptr;                       // fake return address of emu_fiber_start
+    *--sp = (void *)&emu_fiber_start;      // where emu_ctx_switch's ret goes
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    f.sp = sp;
+}
+static void deadlock() {
+    std::string s;
+    std::map<std::string, int> sites;
+    int done = 0;
+    for (int i = 0; i < B->n; i++) {
+        Fiber &f = B->f[i];
+        if (f.state == F_DONE) { done++; continue; }
+        char k[256];
+        snprintf(k, sizeof k, "%s at %s:%d", f.state == F_BAR ? "__syncthreads" : op_name(B->w[i >> 5].op), f.file, f.line);
+        sites[k]++;
+    }
+    for (auto &kv : sites) { char t[300]; snprintf(t, sizeof t, "\n    %d threads wait in %s", kv.second, kv.first.c_str()); s += t; }
+    F = nullptr;
+    fail("deadlock: no thread can run (a GPU would hang); %d threads returned%s", done, s.c_str());
+}
+static void run_block(std::function<void()> &body, int n) {
+    static thread_local std::vector<Fiber> fibers;
+    static thread_local std::vector<Warp> warps;
+    static thread_local std::vector<int> order;
+    size_t sz = stack_bytes();
+    fibers.resize(n); warps.assign((n + 31) / 32, Warp{}); order.resize(n);
+    while ((int)stacks.size() < n) {
+        char *m = (char *)mmap(nullptr, sz + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) fail("out of memory for fiber stacks");
+        mprotect(m, PAGE, PROT_NONE);
+        stacks.push_back(m);
+    }
+    block_serial++;
+    Block blk = {};
+    blk.n = n; blk.alive = n; blk.f = fibers.data(); blk.w = warps.data(); blk.body = &body;
+    B = &blk;
+    unsigned bx = cur_bdim.x, by = cur_bdim.y;
+    for (int i = 0; i < n; i++) {
+        Fiber &f = fibers[i];
+        f = Fiber{};
+        f.lin = i; f.tid = make_uint3(i % bx, (i / bx) % by, i / (bx * by)); f.state = F_RUN; f.stack = stacks[i];
+        init_fiber_stack(f);
+        order[i] = g_order == 1 ? n - 1 - i : i;
+    }
+    while (blk.alive > 0) {
+        if (g_order == 2)
+            for (int i = n - 1; i > 0; i--) { int j = (int)(rng_next() % (uint64_t)(i + 1)); std::swap(order[i], order[j]); }
+        int progress = 0;
+        for (int k = 0; k < n; k++) {
+            Fiber &f = fibers[order[k]];
+            if (f.state != F_RUN) continue;
+            F = &f; cur_tid = f.tid; progress = 1;
+#ifdef EMU_ASAN
+            void *fake = nullptr;
+            __sanitizer_start_switch_fiber(&fake, f.stack + PAGE, sz);
+            emu_ctx_switch(&blk.sched_sp, f.sp);
+            __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+            emu_ctx_switch(&blk.sched_sp, f.sp);
+#endif
+        }
+        if (!progress) deadlock();
+    }
+    F = nullptr; B = nullptr;
+}
+
+// ------------------------------------------------------------------------------------------
+// device memory: [guard page][data pages, the allocation flush with their end][guard page]
+// ------------------------------------------------------------------------------------------
+struct Alloc { char *map; size_t maplen; char *ptr; size_t size; bool freed; };
+static std::map<uintptr_t, Alloc> allocs;     // by ptr
+static std::set<const void *> pinned;         // cudaMallocHost: host memory the device may use
+static const unsigned char CANARY = 0xA5;
+static int dev_depth;                        // >0 while device memory may be touched
+static void protect(Alloc &a, int prot) { mprotect(a.map + PAGE, a.maplen - 2 * PAGE, prot); }
+struct Dev {   // the device may touch its memory inside this scope (host-trap mode)
+    Dev() { if (dev_depth++ == 0 && g_hosttrap) for (auto &kv : allocs) if (!kv.second.freed) protect(kv.second, PROT_READ | PROT_WRITE); }
+    ~Dev() { if (--dev_depth == 0 && g_hosttrap) for (auto &kv : allocs) if (!kv.second.freed) protect(kv.second, PROT_NONE); }
+};
+static Alloc *find_alloc(const void *p, bool include_freed = false) {
+    auto it = allocs.upper_bound((uintptr_t)p);
+    if (it == allocs.begin()) return nullptr;
+    --it;
+    Alloc &a = it->second;
+    if ((const char *)p >= a.map && (const char *)p < a.map + a.maplen && (include_freed || !a.freed)) return &a;
+    return nullptr;
+}
+// the allocation holding [p, p+n) or a failure naming the overrun
+static Alloc *check_range(const void *p, size_t n, const char *what) {
+    Alloc *a = find_alloc(p, true);
+    if (!a || (const char *)p < a->ptr) fail("%s: %p is not device memory from cudaMalloc", what, p);
+    if (a->freed) fail("%s: %p points into device memory that was already freed", what, p);
+    size_t off = (const char *)p - a->ptr;
+    if (off + n > a->size) fail("%s: %zu bytes at offset %zu overrun the allocation of %zu bytes by %zu bytes", what, n, off, a->size, off + n - a->size);
+    return a;
+}
+static bool is_device(const void *p) { Alloc *a = find_alloc(p, true); return a && (const char *)p >= a->ptr && (const char *)p <= a->ptr + a->size; }
+static void check_canaries(Alloc &a, const char *when) {
+    for (char *q = a.map + PAGE; q < a.ptr; q++)
+        if ((unsigned char)*q != CANARY) fail("%s: write %zu bytes before the start of a %zu-byte allocation at %p", when, (size_t)(a.ptr - q), a.size, (void *)a.ptr);
+    for (char *q = a.ptr + a.size; q < a.map + a.maplen - PAGE; q++)
+        if ((unsigned char)*q != CANARY) fail("%s: write %zu bytes past the end of a %zu-byte allocation at %p", when, (size_t)(q - a.ptr - a.size), a.size, (void *)a.ptr);
+}
+static void check_all_canaries(const char *when) { for (auto &kv : allocs) if (!kv.second.freed) check_canaries(kv.second, when); }
+
+static void segv_handler(int, siginfo_t *si, void *) {
+    const char *a = (const char *)si->si_addr;
+    char msg[512];
+    snprintf(msg, sizeof msg, "invalid memory access at %p", (const void *)a);
+    for (auto &kv : allocs) {
+        Alloc &m = kv.second;
+        if (a < m.map || a >= m.map + m.maplen) continue;
+        if (m.freed) snprintf(msg, sizeof msg, "access at %p to a %zu-byte device allocation that was freed by cudaFree", (const void *)a, m.size);
+        else if (a >= m.ptr && a < m.ptr + m.size) snprintf(msg, sizeof msg, "host code dereferenced device pointer %p (offset %zu of a %zu-byte allocation); copy with cudaMemcpy first", (const void *)a, (size_t)(a - m.ptr), m.size);
+        else if (a < m.ptr) snprintf(msg, sizeof msg, "out-of-bounds access %zu bytes before the start of a %zu-byte device allocation at %p", (size_t)(m.ptr - a), m.size, (void *)m.ptr);
+        else snprintf(msg, sizeof msg, "out-of-bounds access %zu bytes past the end of a %zu-byte device allocation at %p", (size_t)(a - m.ptr - m.size), m.size, (void *)m.ptr);
+    }
+    for (char *s : stacks) if (a >= s && a < s + PAGE) snprintf(msg, sizeof msg, "CUDA thread stack overflow (%zu KB fiber stack; set EMU_STACK_KB)", stack_bytes() >> 10);
+    if (smem_map && a >= smem_map && a < smem_map + smem_cap + 2 * PAGE)
+        snprintf(msg, sizeof msg, "dynamic shared memory access at byte %td of %zu bytes given at launch", a - smem_ptr, smem_size);
+    signal(SIGSEGV, SIG_DFL);
+    signal(SIGBUS, SIG_DFL);
+    fail("%s", msg);
+}
+static void install_handler() {
+    static int done;
+    if (done++) return;
+    settings_init();
+    static char altstack[1 << 16];
+    stack_t ss = {}; ss.ss_sp = altstack; ss.ss_size = sizeof altstack;
+    sigaltstack(&ss, nullptr);
+    struct sigaction sa = {};
+    sa.sa_sigaction = segv_handler; sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigaction(SIGSEGV, &sa, nullptr);
+    sigaction(SIGBUS, &sa, nullptr);
+    smem_map = (char *)mmap(nullptr, smem_cap + 2 * PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    smem_cap = (smem_cap + PAGE - 1) / PAGE * PAGE;
+    mprotect(smem_map + PAGE, smem_cap, PROT_READ | PROT_WRITE);
+}
+
+// ------------------------------------------------------------------------------------------
+// streams: work runs at enqueue, or (async mode) waits in one queue for a synchronisation point
+// ------------------------------------------------------------------------------------------
+static std::deque<std::function<void()>> queue;
+static thread_local cudaError_t last_err = cudaSuccess;
+static void drain() { Dev d; while (!queue.empty()) { auto fn = std::move(queue.front()); queue.pop_front(); fn(); } }
+static void enqueue(std::function<void()> fn) {
+    install_handler();
+    if (g_async) queue.push_back(std::move(fn));
+    else { Dev d; fn(); }
+}
+
+static std::map<const void *, int> max_dyn_smem;   // cudaFuncAttributeMaxDynamicSharedMemorySize
+cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const void *const *ptrs, const int *pidx, int nptr) {
+    install_handler();
+    dim3 g = cfg.grid, b = cfg.block;
+    unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
+    cudaError_t e = cudaSuccess;
+    if (!b.x || !b.y || !b.z || b.x > 1024 || b.y > 1024 || b.z > 64 || nt > 1024 || !g.x || !g.y || !g.z || g.x > 2147483647u ||
+        g.y > 65535 || g.z > 65535) e = cudaErrorInvalidConfiguration;
+    size_t lim = 48 << 10;
+    if (max_dyn_smem.count(cfg.fn)) lim = max_dyn_smem[cfg.fn];
+    if (e == cudaSuccess && cfg.smem > lim) e = cudaErrorInvalidValue;
+    if (e != cudaSuccess) {
+        fprintf(stderr, "EMU: launch of %s at %s:%d rejected (grid %u,%u,%u block %u,%u,%u smem %zu): %s\n", cfg.name, cfg.file, cfg.line,
+                g.x, g.y, g.z, b.x, b.y, b.z, cfg.smem, cudaGetErrorString(e));
+        last_err = e;
+        return e;
+    }
+    for (int i = 0; i < nptr; i++) {
+        Alloc *a = ptrs[i] ? find_alloc(ptrs[i], true) : nullptr;
+        if (a && a->freed) fail("argument %d of kernel %s (launched at %s:%d) points into device memory freed by cudaFree", pidx[i] + 1, cfg.name, cfg.file, cfg.line);
+        if (ptrs[i] && !is_device(ptrs[i]) && !pinned.count(ptrs[i]))
+            fail("argument %d of kernel %s (launched at %s:%d) is %p, which is not device memory (a host pointer?)",
+                 pidx[i] + 1, cfg.name, cfg.file, cfg.line, ptrs[i]);
+    }
+    if (const char *log = getenv("EMU_LAUNCH_LOG")) {   // which kernels a test launched (test/run_emu.sh)
+        static std::set<std::string> logged;
+        if (logged.insert(cfg.name).second) { FILE *f = fopen(log, "a"); if (f) { fprintf(f, "%s\n", cfg.name); fclose(f); } }
+    }
+    LaunchCfg c = cfg;
+    enqueue([c, body]() mutable {
+        K = &c;
+        cur_gdim = make_uint3(c.grid.x, c.grid.y, c.grid.z); cur_bdim = make_uint3(c.block.x, c.block.y, c.block.z);
+        smem_size = c.smem;
+        smem_ptr = smem_map + PAGE + smem_cap - (c.smem + 15) / 16 * 16;
+        int n = (int)(c.block.x * c.block.y * c.block.z);
+        for (unsigned z = 0; z < c.grid.z; z++)
+            for (unsigned y = 0; y < c.grid.y; y++)
+                for (unsigned x = 0; x < c.grid.x; x++) {
+                    cur_bid = make_uint3(x, y, z);
+                    memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
+                    run_block(body, n);
+                }
+        check_all_canaries(c.name);
+        K = nullptr;
+    });
+    return cudaSuccess;
+}
+} // namespace emu
+using namespace emu;
+
+extern "C" void emu_set_hosttrap(int h) {
+    settings_init();
+    if (h == g_hosttrap) return;
+    g_hosttrap = h;
+    if (dev_depth == 0) for (auto &kv : allocs) if (!kv.second.freed) protect(kv.second, h ? PROT_NONE : PROT_READ | PROT_WRITE);
+}
+
+// ------------------------------------------------------------------------------------------
+// runtime API subset (NVIDIA's prototypes, so a signature mismatch is a compile error)
+// ------------------------------------------------------------------------------------------
+static cudaError_t ret(cudaError_t e) { if (e != cudaSuccess) last_err = e; return e; }
+extern "C" {
+cudaError_t cudaMalloc(void **p, size_t size) {
+    install_handler();
+    if (!p) return ret(cudaErrorInvalidValue);
+    size_t data = (size + PAGE - 1) / PAGE * PAGE; if (!data) data = PAGE;
+    size_t len = data + 2 * PAGE;
+    char *m = (char *)mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return ret(cudaErrorMemoryAllocation);
+    mprotect(m + PAGE, data, PROT_READ | PROT_WRITE);
+    Alloc a = {m, len, m + PAGE + data - (size + 15) / 16 * 16, size, false};
+    memset(m + PAGE, CANARY, data);
+    memset(a.ptr, 0xFF, size);   // fresh device memory reads as NaN
+    allocs[(uintptr_t)a.ptr] = a;
+    if (g_hosttrap && dev_depth == 0) protect(allocs[(uintptr_t)a.ptr], PROT_NONE);
+    *p = a.ptr;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    drain();
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end()) fail("cudaFree(%p): not a pointer returned by cudaMalloc", p);
+    if (it->second.freed) fail("cudaFree(%p): double free", p);
+    { Dev d; check_canaries(it->second, "cudaFree"); }
+    it->second.freed = true;
+    mprotect(it->second.map, it->second.maplen, PROT_NONE);   // later use faults as use-after-free
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t size) { *p = malloc(size ? size : 1); pinned.insert(*p); return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation); }
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int) { return cudaMallocHost(p, size); }
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    drain();
+    if (!pinned.erase(p)) fail("cudaFreeHost(%p): not a pointer returned by cudaMallocHost", p);
+    free(p);
+    return cudaSuccess;
+}
+static void check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *what) {
+    bool dd = is_device(dst), sd = is_device(src);
+    if (kind == cudaMemcpyDefault) kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice) : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+    bool wd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice, ws = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (wd && !dd) fail("%s: destination %p is not device memory but the kind says it is", what, dst);
+    if (!wd && dd) fail("%s: destination %p is device memory but the kind says host", what, dst);
+    if (ws && !sd) fail("%s: source %p is not device memory but the kind says it is", what, src);
+    if (!ws && sd) fail("%s: source %p is device memory but the kind says host", what, src);
+    if (dd) check_range(dst, n, what);
+    if (sd) check_range(src, n, what);
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+    install_handler();
+    drain();
+    Dev d;
+    check_copy(dst, src, n, kind, "cudaMemcpy");
+    if (n) memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
+    install_handler();
+    { Dev d; check_copy(dst, src, n, kind, "cudaMemcpyAsync"); }
+    enqueue([=]() { if (n) memmove(dst, src, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int v, size_t n) {
+    install_handler();
+    drain();
+    Dev d;
+    check_range(p, n, "cudaMemset");
+    memset(p, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+    install_handler();
+    { Dev d; check_range(p, n, "cudaMemsetAsync"); }
+    enqueue([=]() { memset(p, v, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { drain(); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { drain(); return cudaSuccess; }
+cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = (cudaStream_t)malloc(16); return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { drain(); free(s); return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)calloc(1, sizeof(double)); return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    enqueue([e]() { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); *(double *)e = t.tv_sec + t.tv_nsec * 1e-9; });
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { drain(); return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)((*(double *)b - *(double *)a) * 1e3); return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { cudaError_t e = last_err; last_err = cudaSuccess; return e; }
+cudaError_t cudaPeekAtLastError(void) { return last_err; }
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { drain(); return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) { *fr = (size_t)16 << 30; *total = (size_t)16 << 30; return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int v) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (v < 0 || v > 232448) return ret(cudaErrorInvalidValue);
+        max_dyn_smem[fn] = (size_t)v;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int) {
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = 48 << 10; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 232448; break;
+    case cudaDevAttrMultiProcessorCount: *v = 4; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = 8; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    default: return ret(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "CUDA emulation on the CPU");
+    p->totalGlobalMem = (size_t)16 << 30; p->sharedMemPerBlock = 48 << 10; p->sharedMemPerBlockOptin = 232448;
+    p->warpSize = 32; p->maxThreadsPerBlock = 1024; p->major = 8; p->minor = 0; p->multiProcessorCount = 4;
+    p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
+    return cudaSuccess;
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    default: return "unknown error (emulation)";
+    }
+}
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    default: return "cudaErrorUnknown";
+    }
+}
+} // extern "C"
+
+// ------------------------------------------------------------------------------------------
+// cuBLAS subset: column-major, FP32 accumulation, host pointer mode, naive loops
+// ------------------------------------------------------------------------------------------
+struct cublasContext { cudaStream_t stream; cublasMath_t math; void *ws; size_t wsbytes; };
+static float load_elem(const void *p, cudaDataType t, size_t i) {
+    if (t == CUDA_R_32F) return ((const float *)p)[i];
+    if (t == CUDA_R_16F) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+static void store_elem(void *p, cudaDataType t, size_t i, float v) {
+    if (t == CUDA_R_32F) ((float *)p)[i] = v;
+    else if (t == CUDA_R_16F) ((__half *)p)[i] = __float2half(v);
+    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+}
+static size_t esize(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+static cublasStatus_t gemm_any(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                               const void *A, cudaDataType at, int lda, long long sa, const void *Bm, cudaDataType bt, int ldb, long long sb,
+                               const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch, cublasComputeType_t comp,
+                               const char *what) {
+    install_handler();
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    bool types_ok = at == bt && (at == CUDA_R_32F || at == CUDA_R_16F || at == CUDA_R_16BF) && (ct == CUDA_R_32F || ct == at) &&
+                    (comp == CUBLAS_COMPUTE_32F || comp == CUBLAS_COMPUTE_32F_PEDANTIC || comp == CUBLAS_COMPUTE_32F_FAST_16F ||
+                     comp == CUBLAS_COMPUTE_32F_FAST_16BF || comp == CUBLAS_COMPUTE_32F_FAST_TF32);
+    if (!types_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
+    bool an = ta == CUBLAS_OP_N, bn = tb == CUBLAS_OP_N;
+    int ar = an ? m : k, ac = an ? k : m, br = bn ? k : n, bc = bn ? n : k;
+    if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, ar) || ldb < std::max(1, br) || ldc < std::max(1, m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (is_device(alpha) || is_device(beta)) fail("%s: alpha/beta are device pointers; only CUBLAS_POINTER_MODE_HOST is emulated", what);
+    if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    {
+        Dev d;
+        auto extent = [&](const void *p, int rows, int cols, int ld, long long stride, size_t es, const char *nm) {
+            if (!rows || !cols) return;
+            char w[96]; snprintf(w, sizeof w, "%s: matrix %s", what, nm);
+            size_t last = (size_t)(batch - 1) * (size_t)stride + (size_t)(cols - 1) * ld + rows;
+            check_range(p, last * es, w);
+        };
+        extent(A, ar, ac, lda, sa, esize(at), "A");
+        extent(Bm, br, bc, ldb, sb, esize(bt), "B");
+        extent(C, m, n, ldc, sc, esize(ct), "C");
+    }
+    enqueue([=]() {
+        std::vector<float> a((size_t)m * k), b((size_t)n * k);   // op(A) row i, op(B) column j: contiguous in l
+        for (int p = 0; p < batch; p++) {
+            const char *Ap = (const char *)A + (size_t)p * sa * esize(at), *Bp = (const char *)Bm + (size_t)p * sb * esize(bt);
+            char *Cp = (char *)C + (size_t)p * sc * esize(ct);
+            for (int i = 0; i < m; i++)
+                for (int l = 0; l < k; l++) a[(size_t)i * k + l] = load_elem(Ap, at, an ? (size_t)i + (size_t)l * lda : (size_t)l + (size_t)i * lda);
+            for (int j = 0; j < n; j++)
+                for (int l = 0; l < k; l++) b[(size_t)j * k + l] = load_elem(Bp, bt, bn ? (size_t)l + (size_t)j * ldb : (size_t)j + (size_t)l * ldb);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    float s = 0;
+                    const float *x = &a[(size_t)i * k], *y = &b[(size_t)j * k];
+                    for (int l = 0; l < k; l++) s += x[l] * y[l];
+                    size_t ci = (size_t)i + (size_t)j * ldc;
+                    float v = al * s;
+                    if (be != 0.0f) v += be * load_elem(Cp, ct, ci);   // beta == 0: C is never read (may hold NaN)
+                    store_elem(Cp, ct, ci, v);
+                }
+        }
+        check_all_canaries(what);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" {
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h) { *h = new cublasContext{nullptr, CUBLAS_DEFAULT_MATH, nullptr, 0}; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) { drain(); delete h; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) { h->stream = s; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasGetStream_v2(cublasHandle_t h, cudaStream_t *s) { *s = h->stream; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *ws, size_t n) {
+    if (ws && n) { Dev d; check_range(ws, n, "cublasSetWorkspace"); }
+    h->ws = ws; h->wsbytes = n; return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) { h->math = mode; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *alpha,
+                              const float *A, int lda, const float *B, int ldb, const float *beta, float *C, int ldc) {
+    return gemm_any(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, beta, C, CUDA_R_32F, ldc, 0, 1, CUBLAS_COMPUTE_32F, "cublasSgemm");
+}
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *alpha,
+                                         const float *A, int lda, long long sa, const float *B, int ldb, long long sb, const float *beta,
+                                         float *C, int ldc, long long sc, int batch) {
+    return gemm_any(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F, ldb, sb, beta, C, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F, "cublasSgemmStridedBatched");
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, const void *beta, void *C,
+                            cudaDataType ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t) {
+    return gemm_any(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1, comp, "cublasGemmEx");
+}
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                                          const void *A, cudaDataType at, int lda, long long sa, const void *B, cudaDataType bt, int ldb,
+                                          long long sb, const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch,
+                                          cublasComputeType_t comp, cublasGemmAlgo_t) {
+    return gemm_any(h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt, ldb, sb, beta, C, ct, ldc, sc, batch, comp, "cublasGemmStridedBatchedEx");
+}
+} // extern "C"

@@ -1,0 +1,66 @@
+# emu.mk: the CUDA-on-CPU emulation (../shared/spec/cuda-on-cpu.md), included by the Makefile.
+#   make emu-bins     emulated build of yolo_kernels.cu + test/kernels_test.c, and the emulator selftest
+#   make test-emu     runs them (test/run_emu.sh: three thread orders, strict, async, host traps)
+#   make emu-asan     the same under -fsanitize=address,undefined
+#   make cuda-check   nvcc device compile for every shipped arch, warnings as errors
+#   make test-gpu     kernels_test.c against the nvcc-built kernels and the real cudart/cuBLAS
+EMU_CUDA     ?= /usr/local/cuda
+EMU_NVCC     ?= $(EMU_CUDA)/bin/nvcc
+EMU_CXX      ?= g++
+EMU_DIR      ?= test/bin/emu
+EMU_OPT      ?= -O2 -g
+EMU_SAN      ?=
+EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include -I. -include test/cuda_emu.h
+EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include
+EMU_LDLIBS    = -ljpeg -lpng -lyaml -lm -fopenmp
+EMU_DEPS      = test/cuda_emu.h test/emu_rewrite.sh
+EMU_ARCHS    ?= 75 80 86 89 90
+EMU_GENCODE   = $(foreach a,$(EMU_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
+EMU_NVFLAGS   = -std=c++17 -O3 $(EMU_GENCODE) -Werror all-warnings -Xptxas -v,-warn-spills,-Werror
+
+EMU_BINS = $(EMU_DIR)/kernels_test $(EMU_DIR)/emu_selftest
+
+emu-bins: $(EMU_BINS)
+
+$(EMU_DIR)/yolo_kernels.cpp: yolo_kernels.cu $(EMU_DEPS)
+	@mkdir -p $(EMU_DIR)
+	bash test/emu_rewrite.sh $< $@
+$(EMU_DIR)/emu_selftest.cpp: test/emu_selftest.cu $(EMU_DEPS)
+	@mkdir -p $(EMU_DIR)
+	bash test/emu_rewrite.sh $< $@
+$(EMU_DIR)/yolo_kernels.o: $(EMU_DIR)/yolo_kernels.cpp yolo.h $(EMU_DEPS)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -c -o $@ $<
+$(EMU_DIR)/emu_selftest.o: $(EMU_DIR)/emu_selftest.cpp test/test.h $(EMU_DEPS)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -Itest -c -o $@ $<
+$(EMU_DIR)/cuda_emu.o: test/cuda_emu.cpp $(EMU_DEPS)
+	@mkdir -p $(EMU_DIR)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -c -o $@ $<
+$(EMU_DIR)/kernels_test.o: test/kernels_test.c yolo.h test/test.h $(SRC)
+	@mkdir -p $(EMU_DIR)
+	$(CC) $(EMU_CFLAGS) -c -o $@ $<
+$(EMU_DIR)/kernels_test: $(EMU_DIR)/kernels_test.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
+	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
+$(EMU_DIR)/emu_selftest: $(EMU_DIR)/emu_selftest.o $(EMU_DIR)/cuda_emu.o
+	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
+
+test-emu: emu-bins
+	EMU_BIN=$(EMU_DIR) bash test/run_emu.sh
+
+emu-asan:
+	$(MAKE) --no-print-directory EMU_DIR=test/bin/emu-asan EMU_OPT="-O1 -g -fno-omit-frame-pointer" \
+	    EMU_SAN="-fsanitize=address,undefined" emu-bins
+	ASAN_OPTIONS=detect_leaks=0 EMU_BIN=test/bin/emu-asan bash test/run_emu.sh
+
+cuda-check:
+	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o /dev/null
+
+test-gpu: test/bin/gpu/kernels_test
+test/bin/gpu/yolo_kernels.o: yolo_kernels.cu yolo.h
+	@mkdir -p test/bin/gpu
+	$(EMU_NVCC) -std=c++17 -O3 $(EMU_GENCODE) -c -o $@ $<
+test/bin/gpu/kernels_test: test/kernels_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
+	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include -c -o test/bin/gpu/kernels_test.o $<
+	$(EMU_CXX) -o $@ test/bin/gpu/kernels_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart -lcublas $(EMU_LDLIBS)
+	@echo "built $@ (run it on a machine with a GPU)"
+
+.PHONY: emu-bins test-emu emu-asan cuda-check test-gpu

@@ -1,0 +1,452 @@
+// emu_selftest.cu: tests of the CUDA-on-CPU emulation itself (test/cuda_emu.*). Correct kernels
+// must give the right answer in every thread order; deliberately broken ones (missing barrier,
+// missing __syncwarp, out-of-bounds write, host pointer, deadlock) must be caught. Negative tests
+// that expect an abort run in a forked child whose stderr is searched for the diagnosis.
+// Built only in the emulation (test/emu.mk); it calls emu_set_* hooks no GPU has.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <mma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <string.h>
+#include <math.h>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <vector>
+#include <string>
+#include "test.h"
+using namespace nvcuda;
+
+extern "C" void emu_set_order(int o);
+extern "C" void emu_set_strict(int s);
+extern "C" void emu_set_async(int a);
+extern "C" void emu_set_hosttrap(int h);
+static const char *order_name[3] = {"forward", "reverse", "random"};
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+static uint64_t rs = 88172645463325252ULL;
+static float frand() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; }
+template <class T> static T *dev_from(const std::vector<T> &h) { T *d; CK(cudaMalloc((void **)&d, h.size() * sizeof(T))); CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); return d; }
+template <class T> static std::vector<T> host_from(const T *d, size_t n) { std::vector<T> h(n); CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost)); return h; }
+
+// runs fn in a child with stderr captured; passes when the child dies and stderr contains needle
+static void expect_abort(const char *what, void (*fn)(), const char *needle) {
+    fflush(stdout); fflush(stderr);
+    int p[2]; if (pipe(p)) abort();
+    pid_t pid = fork();
+    if (pid == 0) { close(p[0]); dup2(p[1], 2); dup2(p[1], 1); fn(); cudaDeviceSynchronize(); fprintf(stderr, "child finished normally\n"); _exit(0); }
+    close(p[1]);
+    std::string out; char buf[4096]; ssize_t r;
+    while ((r = read(p[0], buf, sizeof buf)) > 0) out.append(buf, (size_t)r);
+    close(p[0]);
+    int st; waitpid(pid, &st, 0);
+    bool died = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    size_t at = out.find("EMU ERROR");
+    std::string line = at == std::string::npos ? out.substr(0, 160) : out.substr(at, out.find('\n', at) - at);
+    check(died && out.find(needle) != std::string::npos, "%s: caught (child %s, message has \"%s\"): %s", what,
+          died ? "aborted" : "exited 0", needle, line.c_str());
+}
+
+// ---- barriers ----
+__global__ void block_sum(const float *x, float *out, int n) {
+    __shared__ float s[256];
+    int t = threadIdx.x;
+    float v = 0;
+    for (int i = t; i < n; i += blockDim.x) v += x[i];
+    s[t] = v;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if (t < h) s[t] += s[t + h];
+        __syncthreads();
+    }
+    int cnt = __syncthreads_count(x[t] > 0), any = __syncthreads_or(t == 77), all = __syncthreads_and(t < 1000);
+    if (t == 0) { out[0] = s[0]; out[1] = (float)cnt; out[2] = (float)any; out[3] = (float)all; }
+}
+// neighbour exchange through dynamic shared memory; `barrier` selects the correct version
+__global__ void rotate(const float *x, float *y, int barrier) {
+    extern __shared__ float s[];
+    int t = threadIdx.x, n = blockDim.x;
+    s[t] = x[blockIdx.x * n + t];
+    if (barrier) __syncthreads();
+    y[blockIdx.x * n + t] = s[(t + 1) % n];
+}
+static void test_barriers() {
+    std::vector<float> x(1000);
+    for (auto &v : x) v = frand();
+    double ref = 0; int pos = 0;
+    for (int i = 0; i < 1000; i++) ref += x[i];
+    for (int i = 0; i < 256; i++) pos += x[i] > 0;
+    float *dx = dev_from(x), *dout; CK(cudaMalloc((void **)&dout, 16));
+    for (int o = 0; o < 3; o++) {
+        emu_set_order(o);
+        block_sum<<<1, 256>>>(dx, dout, 1000);
+        auto h = host_from(dout, 4);
+        check(fabs(h[0] - ref) <= 1e-5 * 1000 && h[1] == pos && h[2] == 1 && h[3] == 1,
+              "tree reduction with __syncthreads, %s order: sum %.6f want %.6f (tol 1e-2), count %g want %d, or %g, and %g",
+              order_name[o], h[0], ref, h[1], pos, h[2], h[3]);
+    }
+    int wrong_orders = 0;
+    float *dy; CK(cudaMalloc((void **)&dy, 4 * 1000));
+    for (int barrier = 1; barrier >= 0; barrier--) {
+        wrong_orders = 0;
+        for (int o = 0; o < 3; o++) {
+            emu_set_order(o);
+            rotate<<<4, 250, 250 * sizeof(float)>>>(dx, dy, barrier);
+            auto h = host_from(dy, 1000);
+            int bad = 0;
+            for (int b = 0; b < 4; b++) for (int t = 0; t < 250; t++) bad += memcmp(&h[b * 250 + t], &x[b * 250 + (t + 1) % 250], 4) != 0;
+            wrong_orders += bad > 0;
+        }
+        if (barrier) check(wrong_orders == 0, "shared-memory rotate with __syncthreads: right in all 3 orders (%d wrong)", wrong_orders);
+        else check(wrong_orders > 0, "shared-memory rotate WITHOUT __syncthreads: wrong in %d of 3 orders (must be >= 1)", wrong_orders);
+    }
+    emu_set_order(0);
+    cudaFree(dx); cudaFree(dout); cudaFree(dy);
+}
+
+// ---- warp collectives ----
+__global__ void warp_ops(int *out) {
+    int l = threadIdx.x % 32, w = threadIdx.x / 32;
+    int *o = out + threadIdx.x * 12;
+    o[0] = __shfl_sync(0xffffffffu, l * 10 + w, (l + 5) % 32);
+    o[1] = __shfl_up_sync(0xffffffffu, l, 3);
+    o[2] = __shfl_down_sync(0xffffffffu, l, 3);
+    o[3] = __shfl_xor_sync(0xffffffffu, l, 1);
+    o[4] = __shfl_down_sync(0xffffffffu, l, 2, 8);
+    o[5] = (int)__ballot_sync(0xffffffffu, l % 3 == 0);
+    o[6] = __any_sync(0xffffffffu, l == 31);
+    o[7] = __all_sync(0xffffffffu, l < 31);
+    o[8] = __reduce_add_sync(0xffffffffu, l);
+    o[9] = __reduce_min_sync(0xffffffffu, 100 - l);
+    o[10] = __reduce_max_sync(0xffffffffu, l * (w + 1));
+    float v = (float)l;
+    for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+    o[11] = (int)v;
+}
+// lanes exchange through shared memory; `sync` selects the correct version
+__global__ void warp_exchange(int *out, int sync) {
+    __shared__ int s[64];
+    int t = threadIdx.x;
+    s[t] = t * 7 + 1;
+    if (sync) __syncwarp();
+    out[t] = s[t ^ 31];
+}
+static void test_warps() {
+    int *d; CK(cudaMalloc((void **)&d, 64 * 12 * sizeof(int)));
+    for (int o = 0; o < 3; o++) {
+        emu_set_order(o);
+        warp_ops<<<1, 64>>>(d);
+        auto h = host_from(d, 64 * 12);
+        int bad = 0;
+        unsigned ballot = 0;
+        for (int l = 0; l < 32; l++) if (l % 3 == 0) ballot |= 1u << l;
+        for (int t = 0; t < 64; t++) {
+            int l = t % 32, w = t / 32, *r = &h[t * 12];
+            int want[12] = {((l + 5) % 32) * 10 + w, l >= 3 ? l - 3 : l, l + 3 < 32 ? l + 3 : l, l ^ 1, (l % 8) + 2 < 8 ? l + 2 : l,
+                            (int)ballot, 1, 0, 496, 69, 31 * (w + 1), 496};
+            for (int k = 0; k < 12; k++) bad += r[k] != want[k];
+        }
+        check(!bad, "shfl/up/down/xor/width 8/ballot/any/all/reduce add,min,max/xor-butterfly, %s order: %d of 768 wrong", order_name[o], bad);
+    }
+    for (int sync = 1; sync >= 0; sync--) {
+        int wrong = 0;
+        for (int o = 0; o < 3; o++) {
+            emu_set_order(o);
+            warp_exchange<<<1, 32>>>(d, sync);
+            auto h = host_from(d, 32);
+            int bad = 0;
+            for (int t = 0; t < 32; t++) bad += h[t] != (t ^ 31) * 7 + 1;
+            wrong += bad > 0;
+        }
+        if (sync) check(wrong == 0, "warp exchange through shared memory with __syncwarp: right in all 3 orders (%d wrong)", wrong);
+        else check(wrong > 0, "warp exchange WITHOUT __syncwarp: wrong in %d of 3 orders (must be >= 1)", wrong);
+    }
+    emu_set_order(0);
+    cudaFree(d);
+}
+
+// ---- WMMA ----
+// C (M, N) = A (M, K) B (K, N), row-major halves, one warp per 16x16 tile; M, N, K multiples of 16.
+// `sync` = 0 reads the stored tile back without __syncwarp (broken on purpose).
+__global__ void wmma_gemm(const __half *A, const __half *B, float *C, int M, int N, int K, int sync) {
+    __shared__ __align__(32) float t[16 * 16];
+    int tm = blockIdx.y * 16, tn = blockIdx.x * 16;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+    wmma::fill_fragment(c, 0.0f);
+    for (int k = 0; k < K; k += 16) {
+        wmma::load_matrix_sync(a, A + (size_t)tm * K + k, K);
+        wmma::load_matrix_sync(b, B + (size_t)tn * K + k, K);   // B given as (N, K): column-major (K, N)
+        wmma::mma_sync(c, a, b, c);
+    }
+    wmma::store_matrix_sync(t, c, 16, wmma::mem_row_major);
+    if (sync) __syncwarp();
+    for (int e = threadIdx.x; e < 256; e += 32)
+        if (tm + e / 16 < M) C[(size_t)(tm + e / 16) * N + tn + e % 16] = t[e];
+}
+static void test_wmma() {
+    int M = 32, N = 48, K = 64;
+    std::vector<__half> a(M * K), bt(N * K);
+    std::vector<float> af(M * K), bf(N * K);
+    for (int i = 0; i < M * K; i++) { a[i] = __float2half(frand()); af[i] = __half2float(a[i]); }
+    for (int i = 0; i < N * K; i++) { bt[i] = __float2half(frand()); bf[i] = __half2float(bt[i]); }
+    __half *da = dev_from(a), *db = dev_from(bt);
+    float *dc; CK(cudaMalloc((void **)&dc, 4 * M * N));
+    for (int sync = 1; sync >= 0; sync--) {
+        int wrong = 0; double worst = 0;
+        for (int o = 0; o < 3; o++) {
+            emu_set_order(o);
+            wmma_gemm<<<dim3(N / 16, M / 16), 32>>>(da, db, dc, M, N, K, sync);
+            auto h = host_from(dc, M * N);
+            int bad = 0;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0, sa = 0;
+                    for (int k = 0; k < K; k++) { s += (double)af[i * K + k] * bf[j * K + k]; sa += fabs((double)af[i * K + k] * bf[j * K + k]); }
+                    double d = fabs(h[i * N + j] - s);
+                    if (!(d <= 1e-5 * sa + 1e-6)) bad++;
+                    if (sync && d > worst) worst = d;
+                }
+            wrong += bad > 0;
+        }
+        if (sync) check(wrong == 0, "WMMA 16x16x16 GEMM (32x48x64, A row-major, B col-major) vs naive: right in all 3 orders, worst |diff| %.3g (tol 1e-5*sum|ab|+1e-6)", worst);
+        else check(wrong > 0, "WMMA store_matrix_sync read back WITHOUT __syncwarp: wrong in %d of 3 orders (must be >= 1)", wrong);
+    }
+    emu_set_order(0);
+    cudaFree(da); cudaFree(db); cudaFree(dc);
+}
+
+// ---- atomics ----
+__global__ void atomics(float *f, int *i, unsigned *mx) {
+    atomicAdd(f, 0.5f);
+    atomicAdd(i, 1);
+    atomicMax(mx, blockIdx.x * blockDim.x + threadIdx.x);
+}
+static void test_atomics() {
+    float *f; int *i; unsigned *m;
+    CK(cudaMalloc((void **)&f, 4)); CK(cudaMalloc((void **)&i, 4)); CK(cudaMalloc((void **)&m, 4));
+    CK(cudaMemset(f, 0, 4)); CK(cudaMemset(i, 0, 4)); CK(cudaMemset(m, 0, 4));
+    atomics<<<7, 96>>>(f, i, m);
+    float hf; int hi; unsigned hm;
+    CK(cudaMemcpy(&hf, f, 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(&hi, i, 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(&hm, m, 4, cudaMemcpyDeviceToHost));
+    check(hf == 336.0f && hi == 672 && hm == 671, "atomicAdd float/int, atomicMax over 672 threads: %g %d %u (want 336 672 671, exact)", hf, hi, hm);
+    cudaFree(f); cudaFree(i); cudaFree(m);
+}
+
+
+// ---- device math, __half2 arithmetic and __half atomics on the host path ----
+__global__ void math_half(const float *x, float *y, __half *hsum) {
+    int t = threadIdx.x;
+    float v = x[t], *o = y + t * 6;
+    o[0] = __expf(v);
+    o[1] = rsqrtf(fabsf(v) + 1.0f);
+    o[2] = __saturatef(v);
+    o[3] = (float)__popc(__float_as_uint(v));
+    __half2 h = __floats2half2_rn(v, 2.0f * v);
+    h = __hmul2(h, h);
+    o[4] = __low2float(h) + __high2float(h);
+    o[5] = __half2float(hexp(__float2half(0.5f * v)));
+    atomicAdd(hsum, __float2half(1.0f));
+}
+static void test_math() {
+    std::vector<float> x(64);
+    for (auto &v : x) v = 2 * frand();
+    float *dx = dev_from(x), *dy; CK(cudaMalloc((void **)&dy, 4 * 64 * 6));
+    __half *dh; CK(cudaMalloc((void **)&dh, 2)); CK(cudaMemset(dh, 0, 2));
+    math_half<<<1, 64>>>(dx, dy, dh);
+    auto y = host_from(dy, 64 * 6);
+    auto hs = host_from(dh, 1);
+    double worst = 0;
+    for (int t = 0; t < 64; t++) {
+        float v = x[t], sat = v < 0 ? 0 : v > 1 ? 1 : v;
+        float hl = __half2float(__float2half(v)), hh = __half2float(__float2half(2 * v));
+        float want[6] = {expf(v), 1.0f / sqrtf(fabsf(v) + 1.0f), sat, (float)__builtin_popcount(__float_as_uint(v)),
+                         __half2float(__float2half(hl * hl)) + __half2float(__float2half(hh * hh)), __half2float(__float2half(expf(__half2float(__float2half(0.5f * v)))))};
+        for (int k = 0; k < 6; k++) worst = fmax(worst, fabs(y[t * 6 + k] - want[k]) / fmax(1.0, fabs(want[k])));
+    }
+    check(worst <= 1e-6 && __half2float(hs[0]) == 64.0f, "device math (__expf, rsqrtf, __saturatef, __popc), __half2 multiply, hexp: worst rel diff %.3g (tol 1e-6); __half atomicAdd x64 = %g (want 64)",
+          worst, __half2float(hs[0]));
+    cudaFree(dx); cudaFree(dy); cudaFree(dh);
+}
+
+// ---- launch limits, as the driver rejects them ----
+__global__ void noop(float *p) { if (p && threadIdx.x == 0 && blockIdx.x == 0) p[0] = 1; }
+static void test_limits() {
+    struct { dim3 g, b; size_t smem; cudaError_t want; const char *what; } cases[] = {
+        {dim3(1), dim3(1025), 0, cudaErrorInvalidConfiguration, "block of 1025 threads"},
+        {dim3(1), dim3(32, 33), 0, cudaErrorInvalidConfiguration, "block 32x33 = 1056 threads"},
+        {dim3(1), dim3(1, 1, 65), 0, cudaErrorInvalidConfiguration, "block.z = 65"},
+        {dim3(1, 65536), dim3(32), 0, cudaErrorInvalidConfiguration, "grid.y = 65536"},
+        {dim3(0), dim3(32), 0, cudaErrorInvalidConfiguration, "grid.x = 0"},
+        {dim3(1), dim3(32), 48 * 1024 + 1, cudaErrorInvalidValue, "48 KB + 1 of dynamic shared memory without opt-in"},
+        {dim3(1), dim3(1024), 48 * 1024, cudaSuccess, "1024 threads and 48 KB shared memory (allowed)"},
+    };
+    float *p; CK(cudaMalloc((void **)&p, 4));
+    for (auto &c : cases) {
+        cudaGetLastError();
+        noop<<<c.g, c.b, c.smem>>>(p);
+        cudaError_t e = cudaGetLastError();
+        check(e == c.want, "launch with %s: %s (want %s)", c.what, cudaGetErrorName(e), cudaGetErrorName(c.want));
+    }
+    CK(cudaFuncSetAttribute(noop, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
+    noop<<<1, 32, 96 * 1024>>>(p);
+    cudaError_t e = cudaGetLastError();
+    check(e == cudaSuccess, "96 KB dynamic shared memory after cudaFuncSetAttribute opt-in: %s", cudaGetErrorName(e));
+    cudaFree(p);
+}
+
+// ---- async streams: a result read without synchronising is stale ----
+__global__ void fill(float *p, float v, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = v; }
+static void test_async() {
+    emu_set_async(1);
+    float *d; CK(cudaMalloc((void **)&d, 4 * 100));
+    cudaStream_t s; CK(cudaStreamCreate(&s));
+    float *h; CK(cudaMallocHost((void **)&h, 4 * 100));
+    for (int i = 0; i < 100; i++) h[i] = -1;
+    fill<<<1, 128, 0, s>>>(d, 3.0f, 100);
+    CK(cudaMemcpyAsync(h, d, 400, cudaMemcpyDeviceToHost, s));
+    float before = h[50];
+    CK(cudaStreamSynchronize(s));
+    check(before == -1 && h[50] == 3, "async mode: host copy read before cudaStreamSynchronize is stale (%g, want -1), after it %g (want 3)", before, h[50]);
+    emu_set_async(0);
+    cudaFreeHost(h); cudaStreamDestroy(s); cudaFree(d);
+}
+
+// ---- cuBLAS against naive loops (column-major) ----
+static float to_f(float x) { return x; }
+static float to_f(__half x) { return __half2float(x); }
+static float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> static T from_f(float x);
+template <> float from_f<float>(float x) { return x; }
+template <> __half from_f<__half>(float x) { return __float2half(x); }
+template <> __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <class T> static cudaDataType dtype();
+template <> cudaDataType dtype<float>() { return CUDA_R_32F; }
+template <> cudaDataType dtype<__half>() { return CUDA_R_16F; }
+template <> cudaDataType dtype<__nv_bfloat16>() { return CUDA_R_16BF; }
+// one cuBLAS call (Sgemm when api 0, GemmEx 1, strided batched 2/3) checked against a double loop
+template <class T> static void gemm_case(cublasHandle_t hd, int api, int ta, int tb, int m, int n, int k, int pad, int batch, float beta) {
+    int ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    int lda = ar + pad, ldb = br + pad, ldc = m + pad;
+    long sa = (long)lda * ac + 3, sb = (long)ldb * bc + 5, sc = (long)ldc * n + 7;
+    std::vector<T> A(sa * batch), B(sb * batch);
+    std::vector<float> C(sc * batch);
+    for (auto &v : A) v = from_f<T>(frand());
+    for (auto &v : B) v = from_f<T>(frand());
+    for (auto &v : C) v = beta == 0 ? NAN : frand();   // beta == 0 must never read C
+    T *dA = dev_from(A), *dB = dev_from(B);
+    float *dC = dev_from(C);
+    float alpha = 1.5f;
+    cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasStatus_t st;
+    if (api == 0) st = cublasSgemm(hd, oa, ob, m, n, k, &alpha, (const float *)dA, lda, (const float *)dB, ldb, &beta, dC, ldc);
+    else if (api == 1) st = cublasGemmEx(hd, oa, ob, m, n, k, &alpha, dA, dtype<T>(), lda, dB, dtype<T>(), ldb, &beta, dC, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else if (api == 2) st = cublasSgemmStridedBatched(hd, oa, ob, m, n, k, &alpha, (const float *)dA, lda, sa, (const float *)dB, ldb, sb, &beta, dC, ldc, sc, batch);
+    else st = cublasGemmStridedBatchedEx(hd, oa, ob, m, n, k, &alpha, dA, dtype<T>(), lda, sa, dB, dtype<T>(), ldb, sb, &beta, dC, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    auto got = host_from(dC, C.size());
+    double worst = 0; int bad = 0;
+    for (int p = 0; p < batch; p++)
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double s = 0, sabs = 0;
+                for (int l = 0; l < k; l++) {
+                    double x = to_f(A[p * sa + (ta ? l + (long)i * lda : i + (long)l * lda)]) * (double)to_f(B[p * sb + (tb ? j + (long)l * ldb : l + (long)j * ldb)]);
+                    s += x; sabs += fabs(x);
+                }
+                double c0 = beta == 0 ? 0 : C[p * sc + i + (long)j * ldc];
+                double want = alpha * s + beta * c0, d = fabs(got[p * sc + i + (long)j * ldc] - want);
+                if (!(d <= 1e-5 * (fabs(alpha) * sabs + fabs(beta * c0)) + 1e-6)) bad++;
+                if (!(d <= worst)) worst = d;
+            }
+    static const char *names[] = {"cublasSgemm", "cublasGemmEx", "cublasSgemmStridedBatched", "cublasGemmStridedBatchedEx"};
+    const char *tn = dtype<T>() == CUDA_R_32F ? "fp32" : dtype<T>() == CUDA_R_16F ? "fp16" : "bf16";
+    check(st == CUBLAS_STATUS_SUCCESS && !bad, "%s %s %c%c m=%d n=%d k=%d ld pad %d batch %d beta %g: worst |diff| %.3g (tol 1e-5*sum|terms|+1e-6), %d over",
+          names[api], tn, ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, pad, batch, beta, worst, bad);
+    cudaFree(dA); cudaFree(dB); cudaFree(dC);
+}
+static void test_cublas() {
+    cublasHandle_t h; cublasCreate(&h);
+    cudaStream_t s; CK(cudaStreamCreate(&s));
+    check(cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS && cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS,
+          "cublasSetStream, cublasSetMathMode return success");
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) gemm_case<float>(h, 0, ta, tb, 13, 7, 9, ta + 2 * tb, 1, ta ? 0.0f : 0.5f);
+    gemm_case<float>(h, 2, 1, 0, 5, 6, 11, 1, 3, 0.0f);
+    gemm_case<__half>(h, 1, 0, 1, 17, 9, 33, 2, 1, 0.0f);
+    gemm_case<__nv_bfloat16>(h, 1, 1, 0, 8, 12, 20, 0, 1, 1.0f);
+    gemm_case<__half>(h, 3, 1, 1, 6, 5, 16, 3, 4, 0.0f);
+    gemm_case<__nv_bfloat16>(h, 3, 0, 0, 9, 4, 7, 1, 2, 0.25f);
+    float one = 1, zero = 0, *d; CK(cudaMalloc((void **)&d, 4 * 64));
+    cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, CUDA_R_16F, 4, d, CUDA_R_32F, 4, &zero, d, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    check(st == CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmEx fp16 A with fp32 B: status %d (want NOT_SUPPORTED %d)", (int)st, (int)CUBLAS_STATUS_NOT_SUPPORTED);
+    st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, CUDA_R_16F, 4, d, CUDA_R_16F, 4, &zero, d, CUDA_R_32F, 4, CUBLAS_COMPUTE_16F, CUBLAS_GEMM_DEFAULT);
+    check(st == CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmEx fp16 compute with fp32 C: status %d (want NOT_SUPPORTED)", (int)st);
+    st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, 3, d, 4, &zero, d, 4);
+    check(st == CUBLAS_STATUS_INVALID_VALUE, "cublasSgemm lda=3 < m=4: status %d (want INVALID_VALUE %d)", (int)st, (int)CUBLAS_STATUS_INVALID_VALUE);
+    cudaFree(d); cublasDestroy(h); cudaStreamDestroy(s);
+}
+
+// ---- negative tests: each runs in a forked child and must abort with the right diagnosis ----
+__global__ void write_at(float *p, long i) { if (threadIdx.x == 0) p[i] = 1; }
+static void oob_page() { float *d; cudaMalloc((void **)&d, 4 * 64); write_at<<<1, 32>>>(d, 64 + 8); cudaDeviceSynchronize(); }
+static void oob_slack() { float *d; cudaMalloc((void **)&d, 4 * 3); write_at<<<1, 32>>>(d, 3); cudaDeviceSynchronize(); }
+static void oob_under() { float *d; cudaMalloc((void **)&d, 4 * 8); write_at<<<1, 32>>>(d, -1); cudaDeviceSynchronize(); }
+static void host_ptr_arg() { static float h[64]; write_at<<<1, 32>>>(h, 0); }
+static void host_deref() { emu_set_hosttrap(1); float *d; cudaMalloc((void **)&d, 64); volatile float x = d[0]; (void)x; }
+static void memcpy_overrun() { float *d, h[32]; cudaMalloc((void **)&d, 4 * 16); cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice); }
+static void memcpy_kind() { float *d, h[4]; cudaMalloc((void **)&d, 16); cudaMemcpy(d, h, 16, cudaMemcpyDeviceToHost); }
+static void double_free() { float *d; cudaMalloc((void **)&d, 16); cudaFree(d); cudaFree(d); }
+static void use_after_free() { float *d; cudaMalloc((void **)&d, 16); cudaFree(d); write_at<<<1, 32>>>(d, 0); }
+static void cublas_extent() {
+    cublasHandle_t h; cublasCreate(&h); float *d, one = 1, zero = 0; cudaMalloc((void **)&d, 4 * 16);
+    cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, d, 8, d, 8, &zero, d, 8);
+}
+__global__ void deadlock_kernel(int *p) {
+    if (threadIdx.x % 32 < 16) __syncwarp();
+    else __syncthreads();
+    p[threadIdx.x] = 1;
+}
+static void deadlock() { int *d; cudaMalloc((void **)&d, 4 * 64); deadlock_kernel<<<1, 64>>>(d); cudaDeviceSynchronize(); }
+__global__ void early_return(float *p) {
+    if (threadIdx.x == 5) return;
+    __syncthreads();
+    p[threadIdx.x] = 1;
+}
+static void early_return_strict() { emu_set_strict(1); float *d; cudaMalloc((void **)&d, 4 * 64); early_return<<<1, 64>>>(d); cudaDeviceSynchronize(); }
+__global__ void shfl_exited(int *p) {
+    if (threadIdx.x == 3) return;
+    p[threadIdx.x] = __shfl_sync(0xffffffffu, (int)threadIdx.x, 0);
+}
+static void shfl_after_exit() { int *d; cudaMalloc((void **)&d, 4 * 32); shfl_exited<<<1, 32>>>(d); cudaDeviceSynchronize(); }
+__global__ void smem_over(float *p) { extern __shared__ float s[]; s[threadIdx.x * 64] = 1; __syncthreads(); p[0] = s[0]; }
+static void smem_overrun() { float *d; cudaMalloc((void **)&d, 4); smem_over<<<1, 128, 4096>>>(d); cudaDeviceSynchronize(); }
+
+int main() {
+    test_barriers();
+    test_warps();
+    test_wmma();
+    test_atomics();
+    test_math();
+    test_limits();
+    test_async();
+    test_cublas();
+    expect_abort("out-of-bounds write past a page-sized allocation", oob_page, "out-of-bounds");
+    expect_abort("out-of-bounds write into the alignment slack", oob_slack, "past the end");
+    expect_abort("write before the start of an allocation", oob_under, "before the start");
+    expect_abort("host pointer passed to a kernel", host_ptr_arg, "not device memory");
+    expect_abort("host dereference of device memory (host trap)", host_deref, "host code dereferenced");
+    expect_abort("cudaMemcpy overrunning the allocation", memcpy_overrun, "overrun");
+    expect_abort("cudaMemcpy with the wrong kind", memcpy_kind, "kind");
+    expect_abort("double cudaFree", double_free, "double free");
+    expect_abort("kernel on freed memory", use_after_free, "freed");
+    expect_abort("cuBLAS extents past the allocation", cublas_extent, "overrun");
+    expect_abort("deadlock: half a warp at __syncwarp, half at __syncthreads", deadlock, "deadlock");
+    expect_abort("strict mode: a thread returns before __syncthreads", early_return_strict, "returned while");
+    expect_abort("__shfl_sync waiting for a lane that returned", shfl_after_exit, "returned");
+    expect_abort("dynamic shared memory overrun", smem_overrun, "dynamic shared memory");
+    return test_summary();
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# run_emu.sh: the emulated CUDA suite (../shared/spec/cuda-on-cpu.md). Runs the kernel tests in the
+# three thread orders in strict mode, once in async mode with host traps, and the emulator's
+# selftest; then fails any __global__ kernel of yolo_kernels.cu that no test launched. Every run
+# prints its own "N passed, N failed" line (test/run.sh sums them); exit status non-zero on failure.
+# EMU_BIN selects the build (test/bin/emu, or test/bin/emu-asan for make emu-asan).
+cd "$(dirname "$0")/.." || exit 1
+bin=${EMU_BIN:-test/bin/emu}
+failed=0
+log=$(mktemp); trap 'rm -f "$log"' EXIT
+run() {   # run NAME ENV... -- CMD: one test run; a crash without a summary counts as one failure
+    local name=$1; shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    echo "== $name"
+    local out rc
+    out=$(env "${envs[@]}" EMU_LAUNCH_LOG="$log" "$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | grep -v '^[0-9]* passed, [0-9]* failed'
+    local line; line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    if [ -z "$line" ]; then echo "FAIL  $name crashed (exit $rc) without a summary line"; echo "0 passed, 1 failed"; failed=1; return; fi
+    echo "$line"
+    if [ "$rc" -ne 0 ]; then failed=1; fi
+}
+if [ ! -x "$bin/kernels_test" ] || [ ! -x "$bin/emu_selftest" ]; then
+    echo "FAIL  emulated binaries missing in $bin (make emu-bins)"; echo "0 passed, 1 failed"; exit 1
+fi
+for order in forward reverse random; do
+    run "kernels_test (emulated, $order order, strict)" EMU_ORDER=$order EMU_STRICT=1 -- "$bin/kernels_test"
+done
+run "kernels_test (emulated, async streams, host traps, random order)" EMU_ASYNC=1 EMU_HOSTTRAP=1 EMU_ORDER=random EMU_SEED=7 -- "$bin/kernels_test"
+run "emu_selftest (the emulator's own tests)" EMU_STRICT=0 -- "$bin/emu_selftest"
+
+# every __global__ kernel of yolo_kernels.cu must be launched by some test
+echo "== kernel coverage"
+kernels=$(perl -0ne 'while (/__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+([A-Za-z_]\w*)/g) { print "$1\n" }' yolo_kernels.cu | sort -u)
+launched=$(sed 's/<.*//' "$log" | sort -u)
+missing=$(comm -23 <(printf '%s\n' $kernels) <(printf '%s\n' $launched))
+n=$(printf '%s\n' $kernels | grep -c .)
+if [ -n "$missing" ]; then
+    for k in $missing; do echo "FAIL  kernel $k in yolo_kernels.cu is launched by no test"; done
+    echo "0 passed, 1 failed"; failed=1
+else
+    echo "PASS  all $n __global__ kernels of yolo_kernels.cu launched by a test"
+    echo "1 passed, 0 failed"
+fi
+exit $failed
