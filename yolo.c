@@ -1286,19 +1286,350 @@ static int cmd_plan(int argc, char **argv) {
 #include "parts/loss.c"
 
 // ------------------------------------------------------------------------------------------
+// optimizer, gradient clipping, EMA
+// ------------------------------------------------------------------------------------------
+/*
+ * Ultralytics' three parameter groups (trainer.build_optimizer, spec 3): pg0 every "bias" (BN beta
+ * and the Detect output biases, no decay), pg1 conv weights (decay), pg2 BN gamma (no decay). The
+ * frozen DFL weight is in no group. Parameters live in one flat array, so a group is a list of
+ * segments.
+ */
+enum { PG_BIAS, PG_WEIGHT, PG_BN, PG_N };
+enum { OPT_SGD, OPT_ADAMW };
+
+typedef struct {
+    int kind;                  // OPT_SGD (Nesterov) or OPT_ADAMW (decoupled decay)
+    double lr[PG_N];           // per-group learning rate (set every iteration by the schedule)
+    double momentum;           // SGD momentum / Adam beta1
+    double beta2, eps;         // AdamW
+    double weight_decay;       // applied to PG_WEIGHT only
+    long step;                 // optimizer steps taken (Adam bias correction)
+    float *m, *v;              // (nparams) momentum buffer / Adam moments; v NULL for SGD
+} Optimizer;
+
+// param_group_of: the group of each conv tensor: 0 weight, 1 bias/beta, 2 gamma
+static void model_segments(const Model *m, int conv, size_t off[3], size_t len[3], int pg[3]) {
+    const Conv *c = &m->conv[conv];
+    off[0] = c->w_off; len[0] = (size_t)c->cout * c->cin * c->k * c->k; pg[0] = PG_WEIGHT;
+    off[1] = c->b_off; len[1] = c->cout; pg[1] = PG_BIAS;
+    off[2] = c->g_off; len[2] = c->bn ? (size_t)c->cout : 0; pg[2] = PG_BN;
+}
+
+// grad_clip_norm: torch.nn.utils.clip_grad_norm_(params, max_norm): total L2 norm over all
+// trainable gradients (DFL excluded); scales them by min(1, max_norm / (norm + 1e-6)).
+// Returns the norm before clipping (inf/NaN propagate, so the caller can skip the step).
+static double grad_clip_norm(Model *m, double max_norm) {
+    double ss = 0;
+#pragma omp parallel for reduction(+ : ss)
+    for (size_t i = 0; i < m->dfl_off; i++) ss += (double)m->grads[i] * m->grads[i];
+    for (size_t i = m->dfl_off + REG_MAX; i < m->nparams; i++) ss += (double)m->grads[i] * m->grads[i];
+    double norm = sqrt(ss), coef = max_norm / (norm + 1e-6);
+    if (coef < 1 && isfinite(norm)) {
+        float c = (float)coef;
+#pragma omp parallel for
+        for (size_t i = 0; i < m->nparams; i++) m->grads[i] *= c;
+    }
+    return norm;
+}
+
+// optim_step: one SGD (torch.optim.SGD, nesterov, decay added to the gradient) or AdamW
+// (torch.optim.AdamW: decoupled decay p *= 1 - lr*wd, bias-corrected moments, eps 1e-8) update of
+// every trainable parameter, with the group's lr and decay.
+static void optim_step(Optimizer *o, Model *m) {
+    o->step++;
+    double bc1 = 1 - pow(o->momentum, (double)o->step), bc2 = 1 - pow(o->beta2, (double)o->step);
+    for (int ci = 0; ci < m->nconv; ci++) {
+        size_t off[3], len[3];
+        int pg[3];
+        model_segments(m, ci, off, len, pg);
+        for (int s = 0; s < 3; s++) {
+            float lr = (float)o->lr[pg[s]], wd = pg[s] == PG_WEIGHT ? (float)o->weight_decay : 0.f, mom = (float)o->momentum;
+            float *p = m->params + off[s], *g = m->grads + off[s], *mb = o->m + off[s];
+            if (o->kind == OPT_SGD) {
+                int first = o->step == 1;
+                for (size_t i = 0; i < len[s]; i++) {
+                    float gi = g[i] + wd * p[i];
+                    mb[i] = first ? gi : mom * mb[i] + gi;
+                    p[i] -= lr * (gi + mom * mb[i]);
+                }
+            } else {
+                float *vb = o->v + off[s], b1 = mom, b2 = (float)o->beta2;
+                float step = (float)(o->lr[pg[s]] / bc1), sq = (float)sqrt(bc2), eps = (float)o->eps;
+                for (size_t i = 0; i < len[s]; i++) {
+                    p[i] *= 1 - lr * wd;
+                    mb[i] = b1 * mb[i] + (1 - b1) * g[i];
+                    vb[i] = b2 * vb[i] + (1 - b2) * g[i] * g[i];
+                    p[i] -= step * mb[i] / (sqrtf(vb[i]) / sq + eps);
+                }
+            }
+        }
+    }
+}
+
+// Ema: ModelEMA (utils/torch_utils.py): a copy of the weights and BN running stats,
+// ema = d*ema + (1-d)*model after every optimizer step, d = 0.9999 * (1 - exp(-updates / 2000)).
+typedef struct {
+    float *params, *buffers;   // (nparams), (nbuffers)
+    long updates;
+} Ema;
+
+static void ema_update(Ema *e, const Model *m) {
+    e->updates++;
+    float d = (float)(0.9999 * (1 - exp(-(double)e->updates / 2000.0)));
+#pragma omp parallel for
+    for (size_t i = 0; i < m->nparams; i++) e->params[i] = d * e->params[i] + (1 - d) * m->params[i];
+    for (size_t i = 0; i < m->nbuffers; i++) e->buffers[i] = d * e->buffers[i] + (1 - d) * m->buffers[i];
+}
+
+// ------------------------------------------------------------------------------------------
 // weights: safetensors with Ultralytics state_dict names
 // ------------------------------------------------------------------------------------------
 #include "parts/weights.c"
 
 // ------------------------------------------------------------------------------------------
-// data: yaml, labels, decoding, letterbox, augmentation, loader, synthetic shapes
-// ------------------------------------------------------------------------------------------
-#include "parts/data.c"
-
-// ------------------------------------------------------------------------------------------
 // evaluation: decode, NMS, matching, mAP
 // ------------------------------------------------------------------------------------------
 #include "parts/eval.c"
+
+// ------------------------------------------------------------------------------------------
+// state_dict: the model's tensors under Ultralytics names; `yolo check-ref`
+// ------------------------------------------------------------------------------------------
+
+// StateDict: the ParamRefs of a model (Ultralytics order and names) over given storage, so the
+// same code serves the model, the EMA and checkpoints.
+typedef struct {
+    int n;
+    ParamRef ref[MAX_CONVS * 6 + 1];
+    char names[MAX_CONVS * 6 + 1][64];
+    int64_t nbt;               // num_batches_tracked (one value for every BN)
+} StateDict;
+
+// state_dict_build: entries for params (nparams) and buffers (nbuffers) in module order:
+// Conv: conv.weight, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked;
+// Detect output conv: weight, bias; then model.22.dfl.conv.weight.
+static void state_dict_build(StateDict *sd, const Model *m, float *params, float *buffers) {
+    sd->n = 0;
+#define SD_ADD(fmt, nm, knd, ptr, nd, s0, s1, s2, s3) do { \
+        ParamRef *r_ = &sd->ref[sd->n]; snprintf(sd->names[sd->n], 64, fmt, nm); \
+        *r_ = (ParamRef){.name = sd->names[sd->n], .ndim = nd, .shape = {s0, s1, s2, s3}, .data = ptr, .kind = knd}; \
+        sd->n++; } while (0)
+    for (int i = 0; i < m->nconv; i++) {
+        const Conv *c = &m->conv[i];
+        if (c->bn) {
+            SD_ADD("%s.conv.weight", c->name, PARAM_TRAIN, params + c->w_off, 4, c->cout, c->cin, c->k, c->k);
+            SD_ADD("%s.bn.weight", c->name, PARAM_TRAIN, params + c->g_off, 1, c->cout, 0, 0, 0);
+            SD_ADD("%s.bn.bias", c->name, PARAM_TRAIN, params + c->b_off, 1, c->cout, 0, 0, 0);
+            SD_ADD("%s.bn.running_mean", c->name, PARAM_BUFFER, buffers + c->rs_off, 1, c->cout, 0, 0, 0);
+            SD_ADD("%s.bn.running_var", c->name, PARAM_BUFFER, buffers + c->rs_off + c->cout, 1, c->cout, 0, 0, 0);
+            SD_ADD("%s.bn.num_batches_tracked", c->name, PARAM_COUNT, NULL, 0, 0, 0, 0, 0);
+            sd->ref[sd->n - 1].count = sd->nbt;
+        } else {
+            SD_ADD("%s.weight", c->name, PARAM_TRAIN, params + c->w_off, 4, c->cout, c->cin, c->k, c->k);
+            SD_ADD("%s.bias", c->name, PARAM_TRAIN, params + c->b_off, 1, c->cout, 0, 0, 0);
+        }
+    }
+    SD_ADD("%s", "model.22.dfl.conv.weight", PARAM_TRAIN, params + m->dfl_off, 4, 1, REG_MAX, 1, 1);
+#undef SD_ADD
+}
+
+// rel_diff: max |a - b| over max |b| (the per-tensor relative error used by check-ref)
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        mx = fmax(mx, fabs((double)b[i]));
+    }
+    return d / (mx > 0 ? mx : 1);
+}
+
+// st_tensor: a named float tensor of a fixture, read whole (dies with the file and name if absent)
+static float *st_tensor(SafeTensors *st, const char *name, size_t *numel) {
+    char err[512];
+    const StEntry *e = st_find(st, name);
+    if (!e) die("%s: no tensor '%s'", st->path, name);
+    float *x = xmalloc((size_t)e->numel * sizeof(float) + 4);
+    if (st_read_f32(st, e, x, err, sizeof err)) die("%s", err);
+    if (numel) *numel = (size_t)e->numel;
+    return x;
+}
+
+static int cref_pass, cref_fail;
+static void cref_report(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s  ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok) cref_pass++; else cref_fail++;
+}
+
+// check_ref: compares this implementation with a reference fixture written by
+// test/reference.py (or any implementation with the same tensor names): eval and train head
+// outputs, BN running stats, loss components and assignment, every parameter gradient, and the
+// parameters after one SGD step (clip-norm 10, Nesterov, three groups). FP32 CPU. Returns the
+// number of failed comparisons.
+static int check_ref(const char *path) {
+    char err[512];
+    SafeTensors st;
+    if (st_open(path, &st, err, sizeof err)) die("%s", err);
+    const char *ms = st_meta(&st, "scale"), *mnc = st_meta(&st, "nc"), *mimg = st_meta(&st, "imgsz"), *mb = st_meta(&st, "batch");
+    if (!ms || !mnc || !mimg || !mb) die("%s: metadata needs scale, nc, imgsz and batch", path);
+    int nc = atoi(mnc), S = atoi(mimg), B = atoi(mb);
+    double lr = st_meta(&st, "lr") ? atof(st_meta(&st, "lr")) : 0.01;
+    double mom = st_meta(&st, "momentum") ? atof(st_meta(&st, "momentum")) : 0.937;
+    double wd = st_meta(&st, "weight_decay") ? atof(st_meta(&st, "weight_decay")) : 0.0005;
+    double clip = st_meta(&st, "clip") ? atof(st_meta(&st, "clip")) : 10.0;
+    printf("fixture %s: yolov8%s nc=%d imgsz=%d batch=%d\n", path, ms, nc, S, B);
+
+    Model *m = xmalloc(sizeof(Model));
+    model_build(m, ms[0], nc);
+    int A = loss_num_anchors(S, S);
+    LossConfig lcfg = loss_config_default();
+    size_t loss_bytes = loss_scratch_bytes(B, A, lcfg.max_boxes);
+    Plan p = model_plan(m, B, S, S);
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->cap = p.total + loss_bytes + (size_t)3 * m->nparams * sizeof(float) + 4096;
+    a->base = aligned_alloc(ARENA_ALIGN, (a->cap + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+    model_alloc_params(m, a);
+    StateDict *sd = xcalloc(1, sizeof(StateDict));
+    state_dict_build(sd, m, m->params, m->buffers);
+    if (weights_load_st(&st, sd->ref, sd->n, "", 1, err, sizeof err)) die("%s", err);
+    float *x = st_tensor(&st, "input.images", NULL);
+
+    // 1. eval forward on the initial weights: raw maps and decoded output
+    m->train = 0;
+    model_forward(m, a, x, B, S, S);
+    char nm[64];
+    for (int l = 0; l < 3; l++) {
+        snprintf(nm, sizeof nm, "out.eval_raw.%d", l);
+        size_t n;
+        float *ref = st_tensor(&st, nm, &n);
+        double d = rel_diff(m->head[l], ref, n);
+        cref_report(d <= 1e-4, "eval raw map P%d: max|diff|/max|ref| %.2e (tol 1e-4)", l + 3, d);
+        free(ref);
+    }
+    {
+        size_t n;
+        float *ref = st_tensor(&st, "out.eval", &n), *dec = xmalloc(n * sizeof(float));
+        head_decode((const float *const *)m->head, B, nc, S, S, dec);
+        double d = rel_diff(dec, ref, n);
+        cref_report(d <= 1e-4, "eval decoded (B, 4+nc, A): max|diff|/max|ref| %.2e (tol 1e-4)", d);
+        free(ref);
+        free(dec);
+    }
+    model_release(m, a);
+
+    // 2. train forward: raw maps and the BN running stats it updates
+    m->train = 1;
+    model_forward(m, a, x, B, S, S);
+    for (int l = 0; l < 3; l++) {
+        snprintf(nm, sizeof nm, "out.train.%d", l);
+        size_t n;
+        float *ref = st_tensor(&st, nm, &n);
+        double d = rel_diff(m->head[l], ref, n);
+        cref_report(d <= 1e-4, "train raw map P%d: max|diff|/max|ref| %.2e (tol 1e-4)", l + 3, d);
+        free(ref);
+    }
+    double worst_bn = 0;
+    for (int i = 0; i < sd->n; i++)
+        if (sd->ref[i].kind == PARAM_BUFFER) {
+            snprintf(nm, sizeof nm, "bn_after.%s", sd->ref[i].name);
+            size_t n;
+            float *ref = st_tensor(&st, nm, &n);
+            worst_bn = fmax(worst_bn, rel_diff(sd->ref[i].data, ref, n));
+            free(ref);
+        }
+    cref_report(worst_bn <= 1e-4, "BN running stats after the train forward: worst max|diff|/max|ref| %.2e (tol 1e-4)", worst_bn);
+
+    // 3. loss and assignment
+    size_t nt;
+    float *tb = st_tensor(&st, "targets.batch_idx", &nt), *tc = st_tensor(&st, "targets.cls", NULL);
+    float *tbox = st_tensor(&st, "targets.bboxes", NULL);
+    int *bi = xmalloc((nt + 1) * sizeof(int)), *ci = xmalloc((nt + 1) * sizeof(int));
+    for (size_t i = 0; i < nt; i++) bi[i] = (int)tb[i], ci[i] = (int)tc[i];
+    LossTargets tg = {(int)nt, bi, ci, tbox};
+    model_head_grad(m, a);
+    void *scratch = arena_alloc(a, loss_bytes, G_LOSS);
+    LossOut lo = loss_forward_backward(&lcfg, B, nc, S, S, (const float *const *)m->head, m->dhead, &tg, 1.f, scratch, loss_bytes, 0);
+    arena_free(a, scratch);
+    static const char *const lnames[3] = {"loss.box", "loss.cls", "loss.dfl"};
+    double lgot[3] = {lo.box, lo.cls, lo.dfl};
+    for (int k = 0; k < 3; k++) {
+        float *ref = st_tensor(&st, lnames[k], NULL);
+        double d = fabs(lgot[k] - ref[0]) / fmax(fabs(ref[0]), 1e-12);
+        cref_report(d <= 1e-5, "%s: got %.7g want %.7g, rel diff %.2e (tol 1e-5)", lnames[k], lgot[k], ref[0], d);
+        free(ref);
+    }
+    {
+        const StEntry *e = st_find(&st, "assign.fg_count");
+        int64_t fg = -1;
+        if (!e || st_read_i64(&st, e, &fg, err, sizeof err)) die("%s: assign.fg_count: %s", path, e ? err : "missing");
+        cref_report(fg == lo.n_fg, "assigner foreground anchors: got %d want %lld (identical)", lo.n_fg, (long long)fg);
+        float *ref = st_tensor(&st, "assign.target_scores_sum", NULL);
+        double d = fabs(lo.target_scores_sum - ref[0]) / ref[0];
+        cref_report(d <= 1e-5, "target_scores_sum: got %.7g want %.7g (tol 1e-5 rel)", lo.target_scores_sum, ref[0]);
+        free(ref);
+    }
+
+    // 4. backward: every parameter gradient relative to that tensor's norm
+    model_zero_grad(m);
+    model_backward(m, a);
+    double worst_g = 0;
+    const char *worst_name = "";
+    int ngrad = 0;
+    for (int i = 0; i < sd->n; i++) {
+        if (sd->ref[i].kind != PARAM_TRAIN || strstr(sd->ref[i].name, ".dfl")) continue;
+        snprintf(nm, sizeof nm, "grad.%s", sd->ref[i].name);
+        size_t n;
+        float *ref = st_tensor(&st, nm, &n);
+        const float *g = m->grads + (sd->ref[i].data - m->params);
+        double dn = 0, rn = 0;
+        for (size_t j = 0; j < n; j++) dn += ((double)g[j] - ref[j]) * ((double)g[j] - ref[j]), rn += (double)ref[j] * ref[j];
+        double d = sqrt(dn) / fmax(sqrt(rn), 1e-20);
+        if (d > worst_g) worst_g = d, worst_name = sd->ref[i].name;
+        ngrad++;
+        free(ref);
+    }
+    cref_report(worst_g <= 1e-3, "gradients of %d tensors: worst |g - ref| / |ref| %.2e (%s) (tol 1e-3)", ngrad, worst_g, worst_name);
+
+    // 5. one optimizer step: clip-norm, SGD Nesterov, three groups
+    Optimizer opt = {.kind = OPT_SGD, .lr = {lr, lr, lr}, .momentum = mom, .weight_decay = wd};
+    opt.m = azfloat(a, m->nparams, G_OPTIM);
+    double norm = grad_clip_norm(m, clip);
+    if (st_meta(&st, "grad_norm")) {
+        double rn = atof(st_meta(&st, "grad_norm"));
+        cref_report(fabs(norm - rn) / rn <= 1e-4, "total gradient norm: got %.6g want %.6g (tol 1e-4 rel)", norm, rn);
+    }
+    optim_step(&opt, m);
+    double worst_p = 0;
+    worst_name = "";
+    for (int i = 0; i < sd->n; i++) {
+        if (sd->ref[i].kind != PARAM_TRAIN) continue;
+        snprintf(nm, sizeof nm, "step.%s", sd->ref[i].name);
+        size_t n;
+        float *ref = st_tensor(&st, nm, &n);
+        double d = 0;
+        for (size_t j = 0; j < n; j++) d = fmax(d, fabs((double)sd->ref[i].data[j] - ref[j]));
+        if (d > worst_p) worst_p = d, worst_name = sd->ref[i].name;
+        free(ref);
+    }
+    cref_report(worst_p <= 1e-5, "parameters after one SGD step: worst max|diff| %.2e (%s) (tol 1e-5)", worst_p, worst_name);
+    printf("%d passed, %d failed\n", cref_pass, cref_fail);
+    st_close(&st);
+    free(x); free(tb); free(tc); free(tbox); free(bi); free(ci); free(sd); free(a->base); free(a); free(m);
+    return cref_fail;
+}
+
+static int cmd_check_ref(int argc, char **argv) {
+    if (argc < 3) die("usage: yolo check-ref FIXTURE.safetensors");
+    return check_ref(argv[2]) ? 1 : 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// data: yaml, labels, decoding, letterbox, augmentation, loader, synthetic shapes
+// ------------------------------------------------------------------------------------------
+#include "parts/data.c"
 
 // ------------------------------------------------------------------------------------------
 // main
@@ -1310,6 +1641,7 @@ int main(int argc, char **argv) {
     static const Command cmds[] = {
         {"info", cmd_info, "layer table and totals: model=yolov8n nc=80 imgsz=640"},
         {"plan", cmd_plan, "memory plan of a training step: model= nc= batch= imgsz="},
+        {"check-ref", cmd_check_ref, "compare with a reference fixture: yolo check-ref FILE.safetensors"},
         {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
         {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
     };

@@ -23,6 +23,11 @@ for t in test/bin/test_*; do
     echo "== $t"
     run_one "$t"
 done
+for f in test/fixtures/*.safetensors; do
+    [ -f "$f" ] || continue
+    echo "== ./yolo check-ref $f (against the PyTorch reference)"
+    run_one ./yolo check-ref "$f"
+done
 if [ -f test/run_emu.sh ]; then
     echo "== test/run_emu.sh (CUDA kernels under the CPU emulation)"
     out=$(bash test/run_emu.sh 2>&1); rc=$?
