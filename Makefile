@@ -25,6 +25,18 @@ bench: yolo $(BENCHES)
 test: tests
 	bash test/run.sh
 
+# the input parsers under AddressSanitizer + UBSan: fuzz targets (deterministic mutation runs)
+# and the parser tests; CI runs this
+ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra -Wno-unused-function
+ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights
+
+test/bin/asan/%: test/%.c test/test.h $(SRC)
+	@mkdir -p test/bin/asan
+	$(CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
+
+fuzz-asan: $(ASAN_BINS)
+	for f in $(ASAN_BINS); do echo "== $$f"; ASAN_OPTIONS=detect_leaks=0 $$f || exit 1; done
+
 asan: CFLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer
 asan: clean-tests tests
 	ASAN_OPTIONS=detect_leaks=0 bash test/run.sh
@@ -37,4 +49,4 @@ clean: clean-tests
 
 -include test/emu.mk
 
-.PHONY: all test tests asan clean clean-tests demo bench
+.PHONY: all test tests asan fuzz-asan clean clean-tests demo bench
