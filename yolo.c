@@ -162,6 +162,8 @@ static const char *const group_names[G_NGROUPS] = {
 typedef struct { size_t off, size; int group; } ArenaBlock;
 typedef struct {
     char *base;                     // NULL in a dry run
+    int half;                       // dry run of the GPU layout: activation-sized buffers are FP16
+                                    // and convolutions need no im2col buffer (implicit GEMM)
     size_t cap;                     // bytes available (SIZE_MAX in a dry run)
     size_t high;                    // high-water mark: end of the furthest block ever live
     size_t live[G_NGROUPS];         // bytes live per group now
@@ -215,6 +217,9 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 }
 #define afloat(a, n, g) ((float *)arena_alloc((a), (size_t)(n) * sizeof(float), (g)))
 #define azfloat(a, n, g) ((float *)arena_zalloc((a), (size_t)(n) * sizeof(float), (g)))
+// activation-sized buffers: FP32 on the CPU, FP16 in the GPU layout
+#define aact(a, n, g) ((float *)arena_alloc((a), (size_t)(n) * ((a)->half ? 2 : 4), (g)))
+#define azact(a, n, g) ((float *)arena_zalloc((a), (size_t)(n) * ((a)->half ? 2 : 4), (g)))
 
 // ------------------------------------------------------------------------------------------
 // CPU ops: GEMM, im2col, BN + SiLU, upsample, max-pool
@@ -877,7 +882,7 @@ static void value_materialize(const Model *m, Arena *a, int vi, int b, float *ou
         break;
     case V_ADD: {
         value_materialize(m, a, v->src[0], b, out);
-        float *t = afloat(a, n, G_SCRATCH);
+        float *t = aact(a, n, G_SCRATCH);
         value_materialize(m, a, v->src[1], b, t);
         if (!dry) for (size_t i = 0; i < n; i++) out[i] += t[i];
         arena_free(a, t);
@@ -894,7 +899,7 @@ static void value_materialize(const Model *m, Arena *a, int vi, int b, float *ou
     case V_UP:
     case V_POOL: {
         const Value *s = &m->val[v->src[0]];
-        float *t = afloat(a, (size_t)s->C * s->H * s->W, G_SCRATCH);
+        float *t = aact(a, (size_t)s->C * s->H * s->W, G_SCRATCH);
         value_materialize(m, a, v->src[0], b, t);
         if (!dry) {
             if (v->kind == V_UP) upsample2_forward_cpu(t, out, 1, s->C, s->H, s->W);
@@ -921,7 +926,7 @@ static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
     case V_CONV:
     case V_SLICE: {
         Conv *c = &m->conv[v->conv];
-        if (!c->dA) c->dA = azfloat(a, (size_t)m->B * c->zstride, G_BACKWARD);
+        if (!c->dA) c->dA = azact(a, (size_t)m->B * c->zstride, G_BACKWARD);
         if (!dry) {
             float *d = c->dA + (size_t)b * c->zstride + (size_t)(v->kind == V_SLICE ? v->c0 : 0) * v->H * v->W;
             for (size_t i = 0; i < n; i++) d[i] += g[i];
@@ -944,11 +949,11 @@ static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
     case V_POOL: {
         const Value *s = &m->val[v->src[0]];
         size_t ns = (size_t)s->C * s->H * s->W;
-        float *gs = afloat(a, ns, G_SCRATCH);
+        float *gs = aact(a, ns, G_SCRATCH);
         if (v->kind == V_UP) {
             if (!dry) upsample2_backward(g, gs, 1, s->C, s->H, s->W);
         } else {
-            float *x = afloat(a, ns, G_SCRATCH);
+            float *x = aact(a, ns, G_SCRATCH);
             value_materialize(m, a, v->src[0], b, x);
             if (!dry) maxpool5_backward(x, g, gs, 1, s->C, s->H, s->W);
             arena_free(a, x);
@@ -965,9 +970,9 @@ static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
 // stats). Detect output convs add their bias and keep the result as the head map.
 static void conv_forward(Model *m, Arena *a, Conv *c) {
     int dry = arena_dry(a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
-    int direct = c->k == 1 && c->s == 1;
-    float *x = afloat(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);             // (Cin, H, W)
-    float *col = direct ? x : afloat(a, (size_t)KK * HWo, G_SCRATCH);          // (Cin*K*K, Ho*Wo)
+    int direct = (c->k == 1 && c->s == 1) || a->half;
+    float *x = aact(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);               // (Cin, H, W)
+    float *col = direct ? x : aact(a, (size_t)KK * HWo, G_SCRATCH);            // (Cin*K*K, Ho*Wo)
     const float *w = m->params + c->w_off;                                      // (Cout, Cin*K*K)
     for (int b = 0; b < m->B; b++) {
         value_materialize(m, a, c->in, b, x);
@@ -1014,9 +1019,9 @@ static void conv_forward(Model *m, Arena *a, Conv *c) {
 // from z. dA is overwritten with dz on the way.
 static void conv_backward(Model *m, Arena *a, Conv *c) {
     int dry = arena_dry(a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, B = m->B;
-    int direct = c->k == 1 && c->s == 1;
+    int direct = (c->k == 1 && c->s == 1) || a->half;
     int need_dx = m->val[c->in].kind != V_INPUT;
-    if (!c->dA) c->dA = azfloat(a, (size_t)B * c->zstride, G_BACKWARD);  // an output nobody used
+    if (!c->dA) c->dA = azact(a, (size_t)B * c->zstride, G_BACKWARD);  // an output nobody used
     if (!dry) {
         double cnt = (double)B * HWo;
 #pragma omp parallel for if (c->cout * cnt > 65536)
@@ -1053,8 +1058,8 @@ static void conv_backward(Model *m, Arena *a, Conv *c) {
             }
         }
     }
-    float *x = afloat(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);
-    float *col = direct ? x : afloat(a, (size_t)KK * HWo, G_SCRATCH);
+    float *x = aact(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);
+    float *col = direct ? x : aact(a, (size_t)KK * HWo, G_SCRATCH);
     const float *w = m->params + c->w_off;
     float *gw = m->grads + c->w_off;
     for (int b = 0; b < B; b++) {
@@ -1106,7 +1111,7 @@ static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int 
             c->z = m->head[c->level] + (c->branch ? (size_t)REG_MAX * 4 * HWo : 0);
         } else {
             c->zstride = (size_t)c->cout * HWo;
-            c->z = afloat(a, (size_t)B * c->zstride, G_ACTS);
+            c->z = aact(a, (size_t)B * c->zstride, G_ACTS);
         }
         if (c->bn) {
             c->mean = afloat(a, 2 * (size_t)c->cout, G_ACTS);
@@ -1185,9 +1190,10 @@ static void model_step_schedule(Model *m, Arena *a, const float *x, int B, int H
 }
 
 // model_plan: dry-runs a step for (B, H, W) and reports the arena size and its composition.
-static Plan model_plan(Model *m, int B, int H, int W) {
+static Plan model_plan_layout(Model *m, int B, int H, int W, int half) {
     Arena *a = xcalloc(1, sizeof(Arena));
     a->cap = SIZE_MAX;
+    a->half = half;
     float *keep[3] = {m->params, m->grads, m->buffers};   // a dry run must not lose the real ones
     model_alloc_params(m, a);
     model_step_schedule(m, a, NULL, B, H, W);
@@ -1198,6 +1204,8 @@ static Plan model_plan(Model *m, int B, int H, int W) {
     free(a);
     return p;
 }
+
+static Plan model_plan(Model *m, int B, int H, int W) { return model_plan_layout(m, B, H, W, 0); }
 
 // model_open: builds the model and allocates its arena (one malloc) for a step of (B, H, W);
 // returns the arena, whose high-water mark tests compare against the plan.
@@ -1276,6 +1284,9 @@ static int cmd_plan(int argc, char **argv) {
     printf("YOLOv8%c nc=%d batch=%d imgsz=%d: %zu parameters\n", m->scale, m->nc, B, imgsz, m->nparams);
     Plan p = model_plan(m, B, imgsz, imgsz), p1 = model_plan(m, 1, imgsz, imgsz), p2 = model_plan(m, 2, imgsz, imgsz);
     plan_print("CPU layout (FP32):", p, p1, p2);
+    Plan g = model_plan_layout(m, B, imgsz, imgsz, 1), g1 = model_plan_layout(m, 1, imgsz, imgsz, 1);
+    Plan g2 = model_plan_layout(m, 2, imgsz, imgsz, 1);
+    plan_print("GPU layout (FP16 activations, FP32 master weights, implicit-GEMM convs):", g, g1, g2);
     free(m);
     return 0;
 }
@@ -1632,6 +1643,889 @@ static int cmd_check_ref(int argc, char **argv) {
 #include "parts/data.c"
 
 // ------------------------------------------------------------------------------------------
+// training: the Ultralytics recipe, validation, checkpoints, predict
+// ------------------------------------------------------------------------------------------
+#include <sys/stat.h>
+#include <signal.h>
+#include <unistd.h>
+
+// Config: every setting of `yolo train/val/predict`, with Ultralytics' keys and defaults.
+typedef struct {
+    char data[512], model[512], project[256], name[128], optimizer[16], device[32], cache[16], source[512];
+    int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok;
+    double lr0, lrf, momentum, weight_decay, warmup_epochs, warmup_momentum, warmup_bias_lr, box, cls, dfl, conf, iou;
+    uint64_t seed;
+    AugConfig aug;
+} Config;
+
+static const char *const train_keys[] = {
+    "data", "model", "epochs", "imgsz", "batch", "device", "workers", "optimizer", "lr0", "lrf", "momentum",
+    "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "box", "cls", "dfl", "nbs", "cos_lr",
+    "close_mosaic", "patience", "seed", "amp", "cache", "project", "name", "resume", "accumulate", "max_boxes",
+    "exist_ok", "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
+    "fliplr", "mosaic", "mixup", "conf", "iou", "source", NULL};
+
+static void cfg_str(char *dst, size_t n, int argc, char **argv, const char *key, const char *def) {
+    const char *v = arg_get(argc, argv, key, def);
+    if (strlen(v) >= n) die("%s=%s: value too long", key, v);
+    snprintf(dst, n, "%s", v);
+}
+
+// config_from_args: defaults of cfg/default.yaml, then key=value overrides, then checks that
+// name the offending key.
+static Config config_from_args(int argc, char **argv) {
+    arg_check(argc, argv, train_keys);
+    Config c;
+    memset(&c, 0, sizeof c);
+    cfg_str(c.data, sizeof c.data, argc, argv, "data", "");
+    cfg_str(c.model, sizeof c.model, argc, argv, "model", "yolov8n");
+    cfg_str(c.project, sizeof c.project, argc, argv, "project", "runs");
+    cfg_str(c.name, sizeof c.name, argc, argv, "name", "");
+    cfg_str(c.optimizer, sizeof c.optimizer, argc, argv, "optimizer", "auto");
+    cfg_str(c.device, sizeof c.device, argc, argv, "device", "");
+    cfg_str(c.cache, sizeof c.cache, argc, argv, "cache", "0");
+    cfg_str(c.source, sizeof c.source, argc, argv, "source", "");
+    c.epochs = (int)arg_int(argc, argv, "epochs", 100);
+    c.imgsz = (int)arg_int(argc, argv, "imgsz", 640);
+    c.batch = (int)arg_int(argc, argv, "batch", 16);
+    c.workers = (int)arg_int(argc, argv, "workers", 2);
+    c.nbs = (int)arg_int(argc, argv, "nbs", 64);
+    c.close_mosaic = (int)arg_int(argc, argv, "close_mosaic", 10);
+    c.patience = (int)arg_int(argc, argv, "patience", 100);
+    c.cos_lr = (int)arg_int(argc, argv, "cos_lr", 0);
+    c.amp = (int)arg_int(argc, argv, "amp", 1);
+    c.resume = (int)arg_int(argc, argv, "resume", 0);
+    c.accumulate = (int)arg_int(argc, argv, "accumulate", 0);
+    c.max_boxes = (int)arg_int(argc, argv, "max_boxes", 400);
+    c.exist_ok = (int)arg_int(argc, argv, "exist_ok", 0);
+    c.lr0 = arg_num(argc, argv, "lr0", 0.01);
+    c.lrf = arg_num(argc, argv, "lrf", 0.01);
+    c.momentum = arg_num(argc, argv, "momentum", 0.937);
+    c.weight_decay = arg_num(argc, argv, "weight_decay", 0.0005);
+    c.warmup_epochs = arg_num(argc, argv, "warmup_epochs", 3.0);
+    c.warmup_momentum = arg_num(argc, argv, "warmup_momentum", 0.8);
+    c.warmup_bias_lr = arg_num(argc, argv, "warmup_bias_lr", 0.1);
+    c.box = arg_num(argc, argv, "box", 7.5);
+    c.cls = arg_num(argc, argv, "cls", 0.5);
+    c.dfl = arg_num(argc, argv, "dfl", 1.5);
+    c.conf = arg_num(argc, argv, "conf", -1);
+    c.iou = arg_num(argc, argv, "iou", 0.7);
+    c.seed = (uint64_t)arg_int(argc, argv, "seed", 0);
+    c.aug = aug_defaults();
+    aug_from_args(&c.aug, argc, argv);
+    if (c.imgsz < 32) die("imgsz=%d: must be at least 32", c.imgsz);
+    if (c.imgsz % 32) {
+        int r = (c.imgsz + 31) / 32 * 32;
+        fprintf(stderr, "imgsz=%d is not a multiple of 32 (the largest stride); using %d\n", c.imgsz, r);
+        c.imgsz = r;
+    }
+    if (c.batch < 1) die("batch=%d: must be >= 1 (batch=-1 / AutoBatch needs a GPU memory size; see yolo plan)", c.batch);
+    if (c.epochs < 1) die("epochs=%d: must be >= 1", c.epochs);
+    if (c.workers < 0 || c.workers > 64) die("workers=%d: must be 0..64", c.workers);
+    if (c.max_boxes < 1) die("max_boxes=%d: must be >= 1", c.max_boxes);
+    if (c.nbs < 1) die("nbs=%d: must be >= 1", c.nbs);
+    if (c.accumulate < 0) die("accumulate=%d: must be >= 1 (0 = nbs/batch)", c.accumulate);
+    if (strcmp(c.optimizer, "auto") && strcmp(c.optimizer, "SGD") && strcmp(c.optimizer, "AdamW"))
+        die("optimizer=%s: expected auto, SGD or AdamW", c.optimizer);
+    if (c.device[0] && strcmp(c.device, "cpu")) {
+        if (strchr(c.device, ',')) die("device=%s: multi-GPU training is not supported yet; use one device", c.device);
+        die("device=%s: this build has no CUDA backend yet; use device=cpu", c.device);
+    }
+    if (strcmp(c.cache, "0") && strcmp(c.cache, "ram") && strcmp(c.cache, "False") && strcmp(c.cache, "false"))
+        die("cache=%s: expected ram or 0 (disk caching is not supported)", c.cache);
+    return c;
+}
+
+// Trainer: everything a run holds. All numeric state of the model, optimizer and EMA lives in the arena.
+typedef struct {
+    Config cfg;
+    Model m;
+    Arena *arena;
+    Optimizer opt;
+    Ema ema;
+    StateDict sd, sd_ema;
+    LossConfig lcfg;
+    DataConfig data;
+    Dataset train_ds, val_ds;
+    Loader *train_ld, *val_ld;
+    float *x;                  // (B, 3, H, W) input staging, sized for the largest batch
+    int B, S, nb, accumulate;
+    double wd, initial_lr;
+    Nms nms;
+    Det *dets;                 // (max_det)
+    Evaluator ev;
+    char dir[768];
+    // progress (saved in checkpoints)
+    int epoch;                 // next epoch to run
+    long last_opt_step;
+    double best_fitness;
+    int best_epoch, nan_skips;
+} Trainer;
+
+// lr_lambda: the per-epoch LR factor (LambdaLR of trainer._setup_scheduler).
+static double lr_lambda(const Config *c, int epoch) {
+    if (c->cos_lr) return ((1 - cos(epoch * M_PI / c->epochs)) / 2) * (c->lrf - 1) + 1;
+    return fmax(1 - (double)epoch / c->epochs, 0) * (1 - c->lrf) + c->lrf;
+}
+
+static double interp(double x, double x0, double x1, double y0, double y1) {
+    if (x <= x0) return y0;
+    if (x >= x1) return y1;
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+}
+
+// input_from_batch: uint8 RGB (B, 3, H, W) -> float [0, 1] into the staging buffer
+static void input_from_batch(float *x, const Batch *bt) {
+    size_t n = (size_t)bt->B * 3 * bt->H * bt->W;
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] = bt->img[i] * (1.f / 255.f);
+}
+
+// trainer_step: one forward (+ loss, + backward when train) on the arena. In a dry run (no
+// batch) it makes exactly the allocations of a real one, which is how the plan is computed.
+static LossOut trainer_step(Trainer *t, const Batch *bt, int B, int H, int W, int train) {
+    Model *m = &t->m;
+    Arena *a = t->arena;
+    LossOut lo = {0};
+    m->train = train;
+    model_forward(m, a, t->x, B, H, W);
+    if (train) model_head_grad(m, a);
+    size_t lb = loss_scratch_bytes(B, loss_num_anchors(H, W), t->lcfg.max_boxes);
+    void *scratch = arena_alloc(a, lb, G_LOSS);
+    if (bt) {
+        LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
+        lo = loss_forward_backward(&t->lcfg, B, m->nc, H, W, (const float *const *)m->head, train ? m->dhead : NULL, &tg, 1.f,
+                                   scratch, lb, 0);
+    }
+    arena_free(a, scratch);
+    if (!train) return lo;   // the caller reads m->head, then model_release
+    if (bt && !isfinite(lo.total)) {   // never let a NaN reach the gradients
+        for (int i = 0; i < 3; i++) arena_free(a, m->dhead[i]), m->dhead[i] = NULL;
+        model_release(m, a);
+        return lo;
+    }
+    model_backward(m, a);
+    return lo;
+}
+
+// trainer_alloc: the persistent groups, in a fixed order (the same in the plan and the run).
+static void trainer_alloc(Trainer *t, Arena *a, size_t xfloats, int train) {
+    Model *m = &t->m;
+    model_alloc_params(m, a);
+    if (!train) {   // val / predict: the weights themselves play the EMA's part
+        t->ema.params = m->params;
+        t->ema.buffers = m->buffers;
+        t->x = afloat(a, xfloats, G_INPUT);
+        return;
+    }
+    t->opt.m = azfloat(a, m->nparams, G_OPTIM);
+    t->opt.v = t->opt.kind == OPT_ADAMW ? azfloat(a, m->nparams, G_OPTIM) : NULL;
+    t->ema.params = afloat(a, m->nparams, G_EMA);
+    t->ema.buffers = afloat(a, m->nbuffers, G_EMA);
+    t->x = afloat(a, xfloats, G_INPUT);
+}
+
+// trainer_plan: dry-runs the persistent allocations, a training step at (B, S, S) and a
+// validation step at every validation batch shape; the arena is the largest high-water mark.
+static Plan trainer_plan(Trainer *t, int nshape, const int (*shape)[2], size_t xfloats, int train) {
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->cap = SIZE_MAX;
+    Arena *keep = t->arena;
+    t->arena = a;
+    trainer_alloc(t, a, xfloats, train);
+    if (train) trainer_step(t, NULL, t->B, t->S, t->S, 1);
+    for (int i = 0; i < nshape; i++) {
+        trainer_step(t, NULL, t->B, shape[i][0], shape[i][1], 0);
+        model_release(&t->m, a);
+    }
+    Plan p = {.total = a->high};
+    memcpy(p.at_peak, a->at_high, sizeof p.at_peak);
+    memcpy(p.peak, a->peak, sizeof p.peak);
+    t->arena = keep;
+    free(a);
+    return p;
+}
+
+static void mkdir_p(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') { *p = 0; mkdir(tmp, 0755); *p = '/'; }
+    if (mkdir(tmp, 0755) && errno != EEXIST) die("cannot create directory '%s': %s", tmp, strerror(errno));
+}
+
+// model_load_weights: model= a scale name (random init) or a safetensors file (fine-tuning; a
+// head for a different nc is re-initialised with a message).
+static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed, int build_only) {
+    const Scale *sc = scale_find(spec);
+    char err[1024];
+    if (sc) {
+        if (!build_only) model_init_params(m, seed);
+        return;
+    }
+    int fnc;
+    char fscale;
+    if (weights_infer(spec, &fnc, &fscale, err, sizeof err)) die("model=%s: %s", spec, err);
+    if (build_only) return;
+    model_init_params(m, seed);
+    StateDict *sd = xcalloc(1, sizeof(StateDict));
+    state_dict_build(sd, m, m->params, m->buffers);
+    if (fnc == nc) {
+        if (weights_load(spec, sd->ref, sd->n, err, sizeof err)) die("%s", err);
+    } else {   // load everything except the class branch outputs, which depend on nc
+        Model *src = xmalloc(sizeof(Model));
+        model_build(src, fscale, fnc);
+        Arena *a = xcalloc(1, sizeof(Arena));
+        a->cap = SIZE_MAX;
+        Plan p = model_plan(src, 1, 64, 64);
+        (void)p;
+        src->params = xmalloc(src->nparams * sizeof(float));
+        src->buffers = xmalloc(src->nbuffers * sizeof(float));
+        StateDict *ssd = xcalloc(1, sizeof(StateDict));
+        state_dict_build(ssd, src, src->params, src->buffers);
+        if (weights_load(spec, ssd->ref, ssd->n, err, sizeof err)) die("%s", err);
+        int copied = 0;
+        for (int i = 0; i < sd->n; i++)
+            if (sd->ref[i].data && !(strstr(sd->ref[i].name, "model.22.cv3.") && strstr(sd->ref[i].name, ".2."))) {
+                memcpy(sd->ref[i].data, ssd->ref[i].data, param_numel(&sd->ref[i]) * sizeof(float));
+                copied++;
+            }
+        fprintf(stderr, "model=%s has nc=%d, the data has nc=%d: the class outputs (model.22.cv3.*.2) are re-initialised, "
+                "%d other tensors loaded\n", spec, fnc, nc, copied);
+        free(src->params); free(src->buffers); free(src); free(ssd); free(a);
+    }
+    free(sd);
+}
+
+// model_spec_scale: the scale of model= (name or file)
+static char model_spec_scale(const char *spec, int *file_nc) {
+    const Scale *sc = scale_find(spec);
+    *file_nc = -1;
+    if (sc) return sc->name;
+    char err[1024], s;
+    if (weights_infer(spec, file_nc, &s, err, sizeof err)) die("model=%s: %s", spec, err);
+    return s;
+}
+
+// ckpt_save: the resume checkpoint, model + EMA + optimizer + progress, written atomically (a kill
+// at any moment leaves the previous file intact), and the EMA weights as last/best.safetensors.
+static void trainer_save(Trainer *t, int best) {
+    char path[1024], err[1024], meta[8][64];
+    Model *m = &t->m;
+    int n = 0;
+    StTensor *ts = xcalloc((size_t)t->sd.n * 2 + 8, sizeof(StTensor));
+    char (*names)[80] = xcalloc((size_t)t->sd.n * 2 + 8, 80);
+    const char *pre[2] = {"model.", "ema."};
+    for (int k = 0; k < 2; k++) {
+        StateDict *sd = k ? &t->sd_ema : &t->sd;
+        for (int i = 0; i < sd->n; i++) {
+            if (sd->ref[i].kind == PARAM_COUNT) continue;
+            snprintf(names[n], 80, "%s%s", pre[k], sd->ref[i].name + 6);
+            ts[n] = (StTensor){.name = names[n], .dtype = ST_F32, .ndim = sd->ref[i].ndim, .data = sd->ref[i].data};
+            memcpy(ts[n].shape, sd->ref[i].shape, sizeof sd->ref[i].shape);
+            n++;
+        }
+    }
+    ts[n++] = (StTensor){.name = "optim.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.m};
+    if (t->opt.v) ts[n++] = (StTensor){.name = "optim.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.v};
+    snprintf(meta[0], 64, "%d", t->epoch);
+    snprintf(meta[1], 64, "%ld", t->opt.step);
+    snprintf(meta[2], 64, "%ld", t->ema.updates);
+    snprintf(meta[3], 64, "%ld", t->last_opt_step);
+    snprintf(meta[4], 64, "%.17g", t->best_fitness);
+    snprintf(meta[5], 64, "%d", t->best_epoch);
+    snprintf(meta[6], 64, "%lld", (long long)t->sd.nbt);
+    const char *kv[] = {"epoch", meta[0], "opt_step", meta[1], "ema_updates", meta[2], "last_opt_step", meta[3],
+                        "best_fitness", meta[4], "best_epoch", meta[5], "num_batches_tracked", meta[6], NULL};
+    snprintf(path, sizeof path, "%s/weights/last.ckpt", t->dir);
+    if (st_write(path, ts, n, kv, err, sizeof err)) fprintf(stderr, "warning: checkpoint not saved: %s\n", err);
+    free(ts);
+    free(names);
+    t->sd_ema.nbt = t->sd.nbt;
+    state_dict_build(&t->sd_ema, m, t->ema.params, t->ema.buffers);
+    char scale[2] = {m->scale, 0}, ncs[16];
+    snprintf(ncs, sizeof ncs, "%d", m->nc);
+    const char *wkv[] = {"format", "yolo.c", "scale", scale, "nc", ncs, "epoch", meta[0], NULL};
+    snprintf(path, sizeof path, "%s/weights/last.safetensors", t->dir);
+    if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
+    if (best) {
+        snprintf(path, sizeof path, "%s/weights/best.safetensors", t->dir);
+        if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
+    }
+}
+
+// trainer_resume: restores everything trainer_save wrote.
+static void trainer_resume(Trainer *t) {
+    char path[1024], err[1024];
+    snprintf(path, sizeof path, "%s/weights/last.ckpt", t->dir);
+    SafeTensors st;
+    if (st_open(path, &st, err, sizeof err)) die("resume: %s", err);
+    StateDict *sd = xcalloc(1, sizeof(StateDict));
+    const char *pre[2] = {"model.", "ema."};
+    for (int k = 0; k < 2; k++) {
+        state_dict_build(sd, &t->m, k ? t->ema.params : t->m.params, k ? t->ema.buffers : t->m.buffers);
+        for (int i = 0; i < sd->n; i++) {
+            if (sd->ref[i].kind == PARAM_COUNT) continue;
+            char nm[96];
+            snprintf(nm, sizeof nm, "%s%s", pre[k], sd->ref[i].name + 6);
+            const StEntry *e = st_find(&st, nm);
+            if (!e || e->numel != param_numel(&sd->ref[i])) die("resume: %s: tensor '%s' missing or of the wrong size", path, nm);
+            if (st_read_f32(&st, e, sd->ref[i].data, err, sizeof err)) die("resume: %s", err);
+        }
+    }
+    const StEntry *e = st_find(&st, "optim.m");
+    if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->opt.m, err, sizeof err)) die("resume: %s: optim.m", path);
+    if (t->opt.v) {
+        e = st_find(&st, "optim.v");
+        if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->opt.v, err, sizeof err))
+            die("resume: %s: optim.v missing (was the run started with another optimizer?)", path);
+    }
+    const char *k[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked"};
+    for (int i = 0; i < 7; i++)
+        if (!st_meta(&st, k[i])) die("resume: %s: metadata '%s' missing", path, k[i]);
+    t->epoch = atoi(st_meta(&st, "epoch"));
+    t->opt.step = atol(st_meta(&st, "opt_step"));
+    t->ema.updates = atol(st_meta(&st, "ema_updates"));
+    t->last_opt_step = atol(st_meta(&st, "last_opt_step"));
+    t->best_fitness = atof(st_meta(&st, "best_fitness"));
+    t->best_epoch = atoi(st_meta(&st, "best_epoch"));
+    t->sd.nbt = atoll(st_meta(&st, "num_batches_tracked"));
+    st_close(&st);
+    free(sd);
+    printf("resuming %s from epoch %d\n", path, t->epoch + 1);
+}
+
+// trainer_validate: the EMA in eval mode over the validation set: loss, NMS (conf 0.001, IoU
+// 0.7, multi-label, max_det 300), matching and mAP (spec 5). Runs inside the training arena.
+static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
+    Model *m = &t->m;
+    float *keep_p = m->params, *keep_b = m->buffers;
+    m->params = t->ema.params;
+    m->buffers = t->ema.buffers;
+    evaluator_reset(&t->ev);
+    vloss[0] = vloss[1] = vloss[2] = 0;
+    int nbv = 0;
+    loader_start_epoch(t->val_ld, 0, 0);
+    const Batch *bt;
+    float *gt = xmalloc((size_t)(t->B * t->cfg.max_boxes + 1) * 4 * sizeof(float));
+    int *gc = xmalloc((size_t)(t->B * t->cfg.max_boxes + 1) * sizeof(int));
+    Image pic = {0};
+    while ((bt = loader_next(t->val_ld))) {
+        input_from_batch(t->x, bt);
+        LossOut lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 0);
+        vloss[0] += lo.box, vloss[1] += lo.cls, vloss[2] += lo.dfl;
+        nbv++;
+        if (draw && nbv == 1) {
+            int gw = bt->B < 4 ? bt->B : 4;
+            image_reserve(&pic, gw * bt->W, bt->H);
+            memset(pic.px, 114, (size_t)pic.w * pic.h * 3);
+        }
+        for (int b = 0; b < bt->B; b++) {
+            int n = nms_run_maps(&t->nms, (const float *const *)m->head, b, bt->H, bt->W, t->dets);
+            int M = 0;
+            for (int i = 0; i < bt->n; i++)
+                if (bt->batch_idx[i] == b) {
+                    const float *bx = bt->box + 4 * i;
+                    gt[4 * M + 0] = (bx[0] - bx[2] / 2) * bt->W;
+                    gt[4 * M + 1] = (bx[1] - bx[3] / 2) * bt->H;
+                    gt[4 * M + 2] = (bx[0] + bx[2] / 2) * bt->W;
+                    gt[4 * M + 3] = (bx[1] + bx[3] / 2) * bt->H;
+                    gc[M++] = bt->cls[i];
+                }
+            evaluator_add_image(&t->ev, t->dets, n, gt, gc, M);
+            if (draw && nbv == 1 && b < 4) {   // val_batch0_pred.jpg: the first images with predictions >= 0.25
+                for (int y = 0; y < bt->H; y++)
+                    for (int x = 0; x < bt->W; x++)
+                        for (int c = 0; c < 3; c++)
+                            pic.px[((size_t)y * pic.w + b * bt->W + x) * 3 + c] = bt->img[(((size_t)b * 3 + c) * bt->H + y) * bt->W + x];
+                for (int i = 0; i < n; i++) {
+                    if (t->dets[i].score < 0.25f) continue;
+                    Det *d = &t->dets[i];
+                    static const uint8_t pal[6][3] = {{255, 56, 56}, {56, 56, 255}, {56, 200, 56}, {255, 157, 0}, {200, 0, 200}, {0, 180, 180}};
+                    const uint8_t *cl = pal[d->cls % 6];
+                    image_draw_box(&pic, (int)d->x1 + b * bt->W, (int)d->y1, (int)d->x2 + b * bt->W, (int)d->y2, cl[0], cl[1], cl[2], 1);
+                    char lab[96];
+                    snprintf(lab, sizeof lab, "%s %.2f", t->data.names[d->cls], d->score);
+                    image_draw_label(&pic, (int)d->x1 + b * bt->W, (int)d->y1 - 9, lab, cl[0], cl[1], cl[2]);
+                }
+            }
+        }
+        model_release(m, t->arena);
+    }
+    if (draw && pic.px) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/val_batch0_pred.jpg", t->dir);
+        image_save_jpg(path, &pic, 90);
+        image_free(&pic);
+    }
+    free(gt);
+    free(gc);
+    for (int k = 0; k < 3; k++) vloss[k] /= nbv > 0 ? nbv : 1;
+    m->params = keep_p;
+    m->buffers = keep_b;
+    Metrics mt;
+    evaluator_compute(&t->ev, &mt);
+    return mt;
+}
+
+// plot_results: results.png, one small panel per curve (losses and metrics over epochs).
+static void plot_results(const char *dir, double (*rows)[11], int n) {
+    static const char *titles[10] = {"train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)",
+                                     "metrics/recall(B)", "val/box_loss", "val/cls_loss", "val/dfl_loss",
+                                     "metrics/mAP50(B)", "metrics/mAP50-95(B)"};
+    static const int col[10] = {1, 2, 3, 4, 5, 8, 9, 10, 6, 7};
+    int pw = 240, ph = 180;
+    Image img = image_alloc(5 * pw, 2 * ph);
+    memset(img.px, 255, (size_t)img.w * img.h * 3);
+    for (int k = 0; k < 10; k++) {
+        int ox = (k % 5) * pw, oy = (k / 5) * ph, x0 = ox + 30, x1 = ox + pw - 10, y0 = oy + 20, y1 = oy + ph - 20;
+        image_draw_text(&img, ox + 8, oy + 5, titles[k], 0, 0, 0, 1);
+        image_draw_box(&img, x0, y0, x1, y1, 160, 160, 160, 1);
+        double lo = 1e30, hi = -1e30;
+        for (int i = 0; i < n; i++) lo = fmin(lo, rows[i][col[k]]), hi = fmax(hi, rows[i][col[k]]);
+        if (!(hi > lo)) hi = lo + 1;
+        char lab[32];
+        snprintf(lab, sizeof lab, "%.3g", hi);
+        image_draw_text(&img, ox + 2, y0 + 2, lab, 90, 90, 90, 1);
+        snprintf(lab, sizeof lab, "%.3g", lo);
+        image_draw_text(&img, ox + 2, y1 - 8, lab, 90, 90, 90, 1);
+        for (int i = 1; i < n; i++) {
+            double xa = x0 + (double)(i - 1) / (n - 1) * (x1 - x0), xb = x0 + (double)i / (n - 1) * (x1 - x0);
+            double ya = y1 - (rows[i - 1][col[k]] - lo) / (hi - lo) * (y1 - y0), yb = y1 - (rows[i][col[k]] - lo) / (hi - lo) * (y1 - y0);
+            int steps = (int)fmax(fabs(xb - xa), fabs(yb - ya)) + 1;
+            for (int s = 0; s <= steps; s++) {
+                int px = (int)lround(xa + (xb - xa) * s / steps), py = (int)lround(ya + (yb - ya) * s / steps);
+                image_fill_rect(&img, px, py, px + 2, py + 2, 31, 119, 180);
+            }
+        }
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/results.png", dir);
+    image_save_png(path, &img);
+    image_free(&img);
+}
+
+static int tty_out;
+static int strcmp_ptr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+// train_run: the whole training run (trainer.py _do_train).
+static int train_run(Config cfg) {
+    Trainer *t = xcalloc(1, sizeof(Trainer));
+    t->cfg = cfg;
+    char err[1024];
+    if (!cfg.data[0]) die("train: data= is required (a data.yaml; `yolo shapes out=DIR` makes one)");
+    if (data_yaml_load(cfg.data, &t->data, err, sizeof err)) die("%s", err);
+    int nc = t->data.nc;
+    int file_nc;
+    char scale = model_spec_scale(cfg.model, &file_nc);
+    model_build(&t->m, scale, nc);
+    t->B = cfg.batch;
+    t->S = cfg.imgsz;
+    // output folder runs/train/NAME (NAME2, NAME3, ... when it exists, unless resume/exist_ok)
+    char base[700];
+    snprintf(base, sizeof base, "%s/train/%s", cfg.project, cfg.name[0] ? cfg.name : "train");
+    snprintf(t->dir, sizeof t->dir, "%s", base);
+    struct stat sb;
+    for (int i = 2; !cfg.resume && !cfg.exist_ok && stat(t->dir, &sb) == 0; i++) snprintf(t->dir, sizeof t->dir, "%s%d", base, i);
+    char wdir[800];
+    snprintf(wdir, sizeof wdir, "%s/weights", t->dir);
+    mkdir_p(wdir);
+
+    if (dataset_load(&t->data, 0, &t->train_ds)) die("train: no usable training images in %s", cfg.data);
+    if (dataset_load(&t->data, 1, &t->val_ds)) die("train: no usable validation images in %s", cfg.data);
+    int cache = !strcmp(cfg.cache, "ram");
+    LoaderConfig lc = {.batch = t->B, .imgsz = t->S, .workers = cfg.workers, .max_boxes = cfg.max_boxes, .train = 1,
+                       .cache_ram = cache, .seed = cfg.seed, .aug = cfg.aug};
+    t->train_ld = loader_open(&t->train_ds, &lc);
+    LoaderConfig vc = lc;
+    vc.train = 0;
+    t->val_ld = loader_open(&t->val_ds, &vc);
+    t->nb = loader_batches(t->train_ld);
+
+    // optimizer (trainer.build_optimizer), decay scaling and accumulation
+    t->accumulate = cfg.accumulate ? cfg.accumulate : (int)fmax(lround((double)cfg.nbs / t->B), 1);
+    t->wd = cfg.weight_decay * t->B * t->accumulate / cfg.nbs;
+    double lr = cfg.lr0, mom = cfg.momentum, wbias = cfg.warmup_bias_lr;
+    int kind = OPT_SGD;
+    if (!strcmp(cfg.optimizer, "auto")) {
+        long iters = (long)ceil((double)t->train_ds.n / fmax(t->B, cfg.nbs)) * cfg.epochs;
+        if (iters > 10000) lr = 0.01, mom = 0.9, kind = OPT_SGD;
+        else lr = round(0.002 * 5 / (4 + nc) * 1e6) / 1e6, mom = 0.9, kind = OPT_ADAMW;
+        wbias = 0;
+        printf("optimizer: 'optimizer=auto' found, choosing %s(lr=%g, momentum=%g) from %ld iterations\n",
+               kind == OPT_SGD ? "SGD" : "AdamW", lr, mom, iters);
+    } else if (!strcmp(cfg.optimizer, "AdamW")) {
+        kind = OPT_ADAMW;
+    }
+    t->opt = (Optimizer){.kind = kind, .momentum = mom, .beta2 = 0.999, .eps = 1e-8, .weight_decay = t->wd};
+    t->initial_lr = lr;
+    t->cfg.warmup_bias_lr = wbias;
+    t->lcfg = loss_config_default();
+    t->lcfg.box = (float)cfg.box, t->lcfg.cls = (float)cfg.cls, t->lcfg.dfl = (float)cfg.dfl, t->lcfg.max_boxes = cfg.max_boxes;
+
+    // the memory plan: training step and every validation shape, one arena
+    const Loader *vl = t->val_ld;
+    size_t xfloats = (size_t)t->B * 3 * t->S * t->S;
+    for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->B * 3 * vl->shape[i][0] * vl->shape[i][1]);
+    Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 1);
+    t->arena = xcalloc(1, sizeof(Arena));
+    t->arena->cap = p.total;
+    t->arena->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+    if (!t->arena->base) die("cannot allocate the %.1f MiB arena (see `yolo plan`; lower batch or imgsz)", p.total / 1048576.0);
+    trainer_alloc(t, t->arena, xfloats, 1);
+    printf("memory plan: %.1f MiB in one arena (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, activations %.1f, "
+           "backward %.1f, loss %.1f, input %.1f MiB); nothing is allocated after this\n",
+           p.total / 1048576.0, p.at_peak[G_PARAMS] / 1048576.0, p.at_peak[G_GRADS] / 1048576.0, p.at_peak[G_OPTIM] / 1048576.0,
+           p.at_peak[G_EMA] / 1048576.0, p.at_peak[G_ACTS] / 1048576.0, p.at_peak[G_BACKWARD] / 1048576.0,
+           p.peak[G_LOSS] / 1048576.0, p.at_peak[G_INPUT] / 1048576.0);
+    model_load_weights(&t->m, cfg.model, nc, cfg.seed, 0);
+    memcpy(t->ema.params, t->m.params, t->m.nparams * sizeof(float));
+    memcpy(t->ema.buffers, t->m.buffers, t->m.nbuffers * sizeof(float));
+    t->best_fitness = -1;
+    t->last_opt_step = -1;
+    if (cfg.resume) trainer_resume(t);
+    state_dict_build(&t->sd, &t->m, t->m.params, t->m.buffers);
+    state_dict_build(&t->sd_ema, &t->m, t->ema.params, t->ema.buffers);
+    {   // the NMS buffers must hold the largest validation shape
+        int Amax = head_anchor_count(t->S, t->S);
+        for (int i = 0; i < vl->nbatch; i++) Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
+        nms_init(&t->nms, nms_config_val(), nc, Amax);
+    }
+    t->dets = xmalloc(sizeof(Det) * 300);
+    evaluator_init(&t->ev, nc);
+
+    // args.yaml
+    {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/args.yaml", t->dir);
+        FILE *f = xfopen(path, "w");
+        fprintf(f, "task: detect\nmode: train\nmodel: %s\ndata: %s\nepochs: %d\npatience: %d\nbatch: %d\nimgsz: %d\n"
+                   "workers: %d\nproject: %s\nname: %s\noptimizer: %s\nseed: %llu\ncos_lr: %s\nclose_mosaic: %d\nresume: %s\n"
+                   "amp: false\nlr0: %g\nlrf: %g\nmomentum: %g\nweight_decay: %g\nwarmup_epochs: %g\nwarmup_momentum: %g\n"
+                   "warmup_bias_lr: %g\nbox: %g\ncls: %g\ndfl: %g\nnbs: %d\nhsv_h: %g\nhsv_s: %g\nhsv_v: %g\ndegrees: %g\n"
+                   "translate: %g\nscale: %g\nshear: %g\nperspective: %g\nflipud: %g\nfliplr: %g\nmosaic: %g\nmixup: %g\n"
+                   "cache: %s\nmax_boxes: %d\naccumulate: %d\n",
+                cfg.model, cfg.data, cfg.epochs, cfg.patience, cfg.batch, cfg.imgsz, cfg.workers, cfg.project, t->dir,
+                cfg.optimizer, (unsigned long long)cfg.seed, cfg.cos_lr ? "true" : "false", cfg.close_mosaic,
+                cfg.resume ? "true" : "false", cfg.lr0, cfg.lrf, cfg.momentum, cfg.weight_decay, cfg.warmup_epochs,
+                cfg.warmup_momentum, cfg.warmup_bias_lr, cfg.box, cfg.cls, cfg.dfl, cfg.nbs, cfg.aug.hsv_h, cfg.aug.hsv_s,
+                cfg.aug.hsv_v, cfg.aug.degrees, cfg.aug.translate, cfg.aug.scale, cfg.aug.shear, cfg.aug.perspective,
+                cfg.aug.flipud, cfg.aug.fliplr, cfg.aug.mosaic, cfg.aug.mixup, cache ? "ram" : "false", cfg.max_boxes,
+                t->accumulate);
+        fclose(f);
+    }
+    char csv[1024];
+    snprintf(csv, sizeof csv, "%s/results.csv", t->dir);
+    if (!cfg.resume) {
+        FILE *f = xfopen(csv, "w");
+        fprintf(f, "epoch,time,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision(B),metrics/recall(B),"
+                   "metrics/mAP50(B),metrics/mAP50-95(B),val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2\n");
+        fclose(f);
+    }
+    printf("training yolov8%c nc=%d on %d images (%d val), batch %d, imgsz %d, accumulate %d, weight_decay %g, %d epochs -> %s\n",
+           scale, nc, t->train_ds.n, t->val_ds.n, t->B, t->S, t->accumulate, t->wd, cfg.epochs, t->dir);
+    tty_out = isatty(1);
+    int nw = cfg.warmup_epochs > 0 ? (int)fmax(lround(cfg.warmup_epochs * t->nb), 100) : -1;
+    double t_start = now_sec();
+    double (*rows)[11] = xcalloc((size_t)cfg.epochs, sizeof *rows);
+    int nrows = 0, stop = 0, consecutive_nan = 0;
+    for (int epoch = t->epoch; epoch < cfg.epochs && !stop; epoch++) {
+        double lf = lr_lambda(&cfg, epoch), lrs[PG_N];
+        for (int g = 0; g < PG_N; g++) lrs[g] = t->initial_lr * lf;
+        int closing = epoch >= cfg.epochs - cfg.close_mosaic;
+        if (closing && epoch == cfg.epochs - cfg.close_mosaic) printf("closing dataloader mosaic\n");
+        loader_start_epoch(t->train_ld, epoch, closing);
+        double tl[3] = {0, 0, 0}, t0 = now_sec();
+        int nbatch = 0;
+        const Batch *bt;
+        model_zero_grad(&t->m);
+        while ((bt = loader_next(t->train_ld))) {
+            long ni = (long)nbatch + (long)t->nb * epoch;
+            int accumulate = t->accumulate;
+            if (ni <= nw) {   // warmup: lr, momentum and accumulation ramp up (trainer._do_train)
+                accumulate = (int)fmax(1, lround(interp((double)ni, 0, nw, 1, (double)cfg.nbs / t->B)));
+                for (int g = 0; g < PG_N; g++)
+                    t->opt.lr[g] = interp((double)ni, 0, nw, g == PG_BIAS ? t->cfg.warmup_bias_lr : 0.0, t->initial_lr * lf);
+                if (t->opt.kind == OPT_SGD) t->opt.momentum = interp((double)ni, 0, nw, cfg.warmup_momentum, cfg.momentum);
+            } else {
+                for (int g = 0; g < PG_N; g++) t->opt.lr[g] = lrs[g];
+            }
+            input_from_batch(t->x, bt);
+            LossOut lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 1);
+            if (!isfinite(lo.total)) {
+                t->nan_skips++;
+                consecutive_nan++;
+                fprintf(stderr, "warning: non-finite loss at epoch %d batch %d: step skipped (%d so far)\n", epoch + 1, nbatch, t->nan_skips);
+                model_zero_grad(&t->m);
+                if (consecutive_nan >= 10) {
+                    fprintf(stderr, "stopping: 10 consecutive non-finite losses; the last checkpoint %s/weights/last.ckpt is intact "
+                                    "(hint: lower lr0, check the labels)\n", t->dir);
+                    stop = 2;
+                    break;
+                }
+                nbatch++;
+                continue;
+            }
+            consecutive_nan = 0;
+            t->sd.nbt++;
+            tl[0] += lo.box, tl[1] += lo.cls, tl[2] += lo.dfl;
+            if (ni - t->last_opt_step >= accumulate) {
+                double norm = grad_clip_norm(&t->m, 10.0);
+                if (isfinite(norm)) {
+                    optim_step(&t->opt, &t->m);
+                    ema_update(&t->ema, &t->m);
+                } else {
+                    t->nan_skips++;
+                    fprintf(stderr, "warning: non-finite gradient norm: step skipped\n");
+                }
+                model_zero_grad(&t->m);
+                t->last_opt_step = ni;
+            }
+            nbatch++;
+            double el = now_sec() - t0;
+            if (tty_out || nbatch == t->nb)
+                printf("%s%6d/%-4d %6.1f MiB %9.4f %9.4f %9.4f %6d %5d: %3d/%d %5.2f it/s%s", tty_out ? "\r" : "", epoch + 1, cfg.epochs,
+                       t->arena->cap / 1048576.0, tl[0] / nbatch, tl[1] / nbatch, tl[2] / nbatch, bt->n, bt->W, nbatch, t->nb,
+                       nbatch / el, tty_out && nbatch < t->nb ? "" : "\n");
+            fflush(stdout);
+        }
+        if (stop) break;
+        // end of epoch: validate the EMA, log, checkpoint
+        double vl3[3];
+        Metrics mt = trainer_validate(t, vl3, 1);
+        double fit = mt.map;
+        int best = fit > t->best_fitness;
+        if (best) t->best_fitness = fit, t->best_epoch = epoch;
+        printf("%22s %9s %9s %9s %9s\n", "", "P", "R", "mAP50", "mAP50-95");
+        printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
+        double *row = rows[nrows < cfg.epochs ? nrows : cfg.epochs - 1];
+        double row11[11] = {epoch + 1, tl[0] / (nbatch ? nbatch : 1), tl[1] / (nbatch ? nbatch : 1), tl[2] / (nbatch ? nbatch : 1),
+                            mt.P, mt.R, mt.map50, mt.map, vl3[0], vl3[1], vl3[2]};
+        memcpy(row, row11, sizeof row11);
+        metrics_free(&mt);
+        nrows++;
+        FILE *f = fopen(csv, "a");
+        if (f) {
+            fprintf(f, "%d,%.3f,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g\n", epoch + 1, now_sec() - t_start,
+                    row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], t->opt.lr[0], t->opt.lr[1], t->opt.lr[2]);
+            fclose(f);
+        }
+        t->epoch = epoch + 1;
+        trainer_save(t, best);
+        if (nrows > 1) plot_results(t->dir, rows, nrows);
+        if (epoch - t->best_epoch >= cfg.patience) {
+            printf("stopping early: no improvement in %d epochs (best epoch %d)\n", cfg.patience, t->best_epoch + 1);
+            break;
+        }
+    }
+    double total = now_sec() - t_start;
+    printf("%d epochs completed in %.1f s (%.3f hours); best fitness (mAP50-95) %.4f at epoch %d; %d steps skipped for "
+           "non-finite values\nresults saved to %s\n", t->epoch, total, total / 3600, t->best_fitness, t->best_epoch + 1,
+           t->nan_skips, t->dir);
+    loader_close(t->train_ld);
+    loader_close(t->val_ld);
+    nms_free(&t->nms);
+    evaluator_free(&t->ev);
+    int rc = stop == 2 ? 1 : 0;
+    free(rows);
+    free(t->dets);
+    free(t->arena->base);
+    free(t->arena);
+    free(t);
+    return rc;
+}
+
+// cmd_val: `yolo val model=FILE data=FILE [imgsz= batch=]`: the metrics of a weights file on the
+// validation split, in one planned arena, as the trainer computes them.
+static int cmd_val(int argc, char **argv) {
+    Config c = config_from_args(argc, argv);
+    Trainer *t = xcalloc(1, sizeof(Trainer));
+    t->cfg = c;
+    char err[1024];
+    if (!c.data[0]) die("val: data= is required");
+    if (data_yaml_load(c.data, &t->data, err, sizeof err)) die("%s", err);
+    int fnc;
+    char scale = model_spec_scale(c.model, &fnc);
+    if (fnc < 0) die("val: model= must be a weights file (.safetensors), not a scale name");
+    if (fnc != t->data.nc) die("val: model=%s has nc=%d but %s has nc=%d", c.model, fnc, c.data, t->data.nc);
+    model_build(&t->m, scale, fnc);
+    t->B = c.batch;
+    t->S = c.imgsz;
+    if (dataset_load(&t->data, 1, &t->val_ds)) die("val: no usable validation images in %s", c.data);
+    LoaderConfig vc = {.batch = t->B, .imgsz = t->S, .workers = c.workers, .max_boxes = c.max_boxes, .train = 0, .seed = c.seed};
+    t->val_ld = loader_open(&t->val_ds, &vc);
+    t->lcfg = loss_config_default();
+    t->lcfg.max_boxes = c.max_boxes;
+    const Loader *vl = t->val_ld;
+    size_t xfloats = 0;
+    int Amax = 0;
+    for (int i = 0; i < vl->nbatch; i++) {
+        xfloats = (size_t)fmax(xfloats, (double)t->B * 3 * vl->shape[i][0] * vl->shape[i][1]);
+        Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
+    }
+    Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 0);
+    t->arena = xcalloc(1, sizeof(Arena));
+    t->arena->cap = p.total;
+    t->arena->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+    if (!t->arena->base) die("cannot allocate the %.1f MiB arena", p.total / 1048576.0);
+    trainer_alloc(t, t->arena, xfloats, 0);
+    model_load_weights(&t->m, c.model, fnc, 0, 0);
+    NmsConfig nc = nms_config_val();
+    if (c.conf >= 0) nc.conf = (float)c.conf;
+    nc.iou = (float)c.iou;
+    nms_init(&t->nms, nc, fnc, Amax);
+    t->dets = xmalloc(sizeof(Det) * 300);
+    evaluator_init(&t->ev, fnc);
+    printf("val: %s on %d images, batch %d, imgsz %d, memory plan %.1f MiB\n", c.model, t->val_ds.n, t->B, t->S, p.total / 1048576.0);
+    double vloss[3], t0 = now_sec();
+    snprintf(t->dir, sizeof t->dir, "%s/val/%s", c.project, c.name[0] ? c.name : "val");
+    mkdir_p(t->dir);
+    Metrics mt = trainer_validate(t, vloss, 1);
+    printf("%22s %9s %9s %9s %9s\n", "class", "P", "R", "mAP50", "mAP50-95");
+    printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
+    for (int k = 0; k < fnc; k++)
+        if (mt.ap[k] >= 0) printf("%22s %9.3f %9.3f %9.3f %9.3f\n", t->data.names[k], mt.p[k], mt.r[k], mt.ap50[k], mt.ap[k]);
+    printf("val losses box %.4f cls %.4f dfl %.4f; %.2f s; predictions picture %s/val_batch0_pred.jpg\n", vloss[0], vloss[1],
+           vloss[2], now_sec() - t0, t->dir);
+    metrics_free(&mt);
+    loader_close(t->val_ld);
+    nms_free(&t->nms);
+    evaluator_free(&t->ev);
+    free(t->dets);
+    free(t->arena->base);
+    free(t->arena);
+    free(t);
+    return 0;
+}
+
+static int has_image_ext(const char *p) {
+    const char *e = strrchr(p, '.');
+    if (!e) return 0;
+    static const char *const ext[] = {".jpg", ".jpeg", ".png", ".JPG", ".JPEG", ".PNG", NULL};
+    for (int i = 0; ext[i]; i++)
+        if (!strcmp(e, ext[i])) return 1;
+    return 0;
+}
+
+// cmd_predict: `yolo predict model=FILE source=IMAGE|DIR [conf=0.25 iou=0.7 imgsz=640]`: each
+// image letterboxed to imgsz, detections drawn with class names and scores into
+// runs/predict/NAME/, and YOLO-format results (class cx cy w h conf, normalised) in labels/.
+static int cmd_predict(int argc, char **argv) {
+    Config c = config_from_args(argc, argv);
+    if (!c.source[0]) die("predict: source= is required (an image or a directory of images)");
+    int fnc;
+    char scale = model_spec_scale(c.model, &fnc), err[1024];
+    if (fnc < 0) die("predict: model= must be a weights file (.safetensors)");
+    Model *m = xcalloc(1, sizeof(Model));
+    model_build(m, scale, fnc);
+    const char *names_file = c.data[0] ? c.data : NULL;
+    DataConfig dc = {0};
+    if (names_file && data_yaml_load(names_file, &dc, err, sizeof err)) die("%s", err);
+    // files to process
+    int nfiles = 0, cap = 16;
+    char **files = xmalloc(cap * sizeof(char *));
+    struct stat sb;
+    if (stat(c.source, &sb)) die("predict: source=%s: %s", c.source, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        DIR *d = opendir(c.source);
+        if (!d) die("predict: cannot list %s", c.source);
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (has_image_ext(e->d_name)) {
+                if (nfiles == cap) files = realloc(files, (cap *= 2) * sizeof(char *));
+                files[nfiles] = xmalloc(strlen(c.source) + strlen(e->d_name) + 2);
+                sprintf(files[nfiles++], "%s/%s", c.source, e->d_name);
+            }
+        closedir(d);
+        qsort(files, nfiles, sizeof(char *), (int (*)(const void *, const void *))strcmp_ptr);
+    } else {
+        files[nfiles++] = strdup(c.source);
+    }
+    int S = c.imgsz;
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->cap = SIZE_MAX;
+    model_alloc_params(m, a);
+    float *x = afloat(a, (size_t)3 * S * S, G_INPUT);
+    model_forward(m, a, NULL, 1, S, S);
+    model_release(m, a);
+    size_t total = a->high;
+    free(a);
+    a = xcalloc(1, sizeof(Arena));
+    a->cap = total;
+    a->base = aligned_alloc(ARENA_ALIGN, (total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+    model_alloc_params(m, a);
+    x = afloat(a, (size_t)3 * S * S, G_INPUT);
+    model_load_weights(m, c.model, fnc, 0, 0);
+    m->train = 0;
+    NmsConfig ncfg = nms_config_predict();
+    if (c.conf >= 0) ncfg.conf = (float)c.conf;
+    ncfg.iou = (float)c.iou;
+    Nms nms;
+    nms_init(&nms, ncfg, fnc, head_anchor_count(S, S));
+    Det *dets = xmalloc(sizeof(Det) * ncfg.max_det);
+    char dir[800], ldir[900];
+    snprintf(dir, sizeof dir, "%s/predict/%s", c.project, c.name[0] ? c.name : "predict");
+    snprintf(ldir, sizeof ldir, "%s/labels", dir);
+    mkdir_p(ldir);
+    uint8_t *lb_img = xmalloc((size_t)S * S * 3);
+    int ndone = 0, nbad = 0;
+    for (int f = 0; f < nfiles; f++) {
+        Image img = {0};
+        if (image_load(files[f], 0, &img, err, sizeof err)) {
+            fprintf(stderr, "skipping %s\n", err);
+            nbad++;
+            continue;
+        }
+        Letterbox lb;
+        letterbox_params(img.w, img.h, S, S, 1, &lb);
+        letterbox_apply(img.px, img.w, img.h, lb_img, S, S, &lb);
+        for (int ch = 0; ch < 3; ch++)
+            for (size_t i = 0; i < (size_t)S * S; i++) x[(size_t)ch * S * S + i] = lb_img[i * 3 + ch] * (1.f / 255.f);
+        double t0 = now_sec();
+        model_forward(m, a, x, 1, S, S);
+        int n = nms_run_maps(&nms, (const float *const *)m->head, 0, S, S, dets);
+        model_release(m, a);
+        double ms = (now_sec() - t0) * 1e3;
+        const char *base = strrchr(files[f], '/') ? strrchr(files[f], '/') + 1 : files[f];
+        char stem[512], path[2048];
+        snprintf(stem, sizeof stem, "%s", base);
+        if (strrchr(stem, '.')) *strrchr(stem, '.') = 0;
+        snprintf(path, sizeof path, "%s/%s.txt", ldir, stem);
+        FILE *tf = xfopen(path, "w");
+        printf("%s: %dx%d, %d detections, %.1f ms\n", files[f], img.w, img.h, n, ms);
+        static const uint8_t pal[6][3] = {{255, 56, 56}, {56, 56, 255}, {56, 200, 56}, {255, 157, 0}, {200, 0, 200}, {0, 180, 180}};
+        for (int i = 0; i < n; i++) {
+            Det *d = &dets[i];
+            float x1 = fmaxf((d->x1 - lb.left) / (float)lb.r, 0), y1 = fmaxf((d->y1 - lb.top) / (float)lb.r, 0);
+            float x2 = fminf((d->x2 - lb.left) / (float)lb.r, img.w), y2 = fminf((d->y2 - lb.top) / (float)lb.r, img.h);
+            fprintf(tf, "%d %.6f %.6f %.6f %.6f %.5f\n", d->cls, (x1 + x2) / 2 / img.w, (y1 + y2) / 2 / img.h, (x2 - x1) / img.w,
+                    (y2 - y1) / img.h, d->score);
+            const uint8_t *cl = pal[d->cls % 6];
+            image_draw_box(&img, (int)x1, (int)y1, (int)x2, (int)y2, cl[0], cl[1], cl[2], 2);
+            char lab[128];
+            snprintf(lab, sizeof lab, "%s %.2f", dc.names ? dc.names[d->cls] : "", d->score);
+            if (!dc.names) snprintf(lab, sizeof lab, "%d %.2f", d->cls, d->score);
+            image_draw_label(&img, (int)x1, (int)y1 - 9 < 0 ? (int)y1 : (int)y1 - 9, lab, cl[0], cl[1], cl[2]);
+        }
+        fclose(tf);
+        snprintf(path, sizeof path, "%s/%s.jpg", dir, stem);
+        image_save_jpg(path, &img, 90);
+        image_free(&img);
+        ndone++;
+    }
+    printf("predict: %d images -> %s (labels in %s), %d unreadable\n", ndone, dir, ldir, nbad);
+    for (int f = 0; f < nfiles; f++) free(files[f]);
+    free(files); free(lb_img); free(dets); nms_free(&nms); free(a->base); free(a); free(m);
+    return nbad && !ndone ? 1 : 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+    Config c = config_from_args(argc, argv);
+    if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/train/)", c.project);
+    return train_run(c);
+}
+
+// ------------------------------------------------------------------------------------------
 // main
 // ------------------------------------------------------------------------------------------
 #ifndef TESTING
@@ -1642,6 +2536,9 @@ int main(int argc, char **argv) {
         {"info", cmd_info, "layer table and totals: model=yolov8n nc=80 imgsz=640"},
         {"plan", cmd_plan, "memory plan of a training step: model= nc= batch= imgsz="},
         {"check-ref", cmd_check_ref, "compare with a reference fixture: yolo check-ref FILE.safetensors"},
+        {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors epochs= imgsz= batch= ... (Ultralytics keys)"},
+        {"val", cmd_val, "validate weights: model=FILE.safetensors data=FILE [imgsz= batch= conf= iou=]"},
+        {"predict", cmd_predict, "detect objects: model=FILE.safetensors source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
         {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
         {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
     };
