@@ -3,7 +3,7 @@ CC      ?= gcc
 CFLAGS  ?= -O3 -march=native
 CFLAGS  += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-function
 LDLIBS  += -ljpeg -lpng -lyaml -lm
-SRC      = yolo.c $(wildcard parts/*.c) $(wildcard yolo.h)
+SRC      = yolo.c $(wildcard yolo.h)
 TESTS    = $(patsubst test/%.c,test/bin/%,$(wildcard test/test_*.c))
 BENCHES  = $(patsubst test/%.c,test/bin/%,$(wildcard test/bench_*.c))
 

@@ -31,6 +31,18 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <inttypes.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <setjmp.h>
+#include <pthread.h>
+#include <dirent.h>
+#include <jpeglib.h>
+#include <png.h>
+#include <yaml.h>
+#include <signal.h>
 
 // ------------------------------------------------------------------------------------------
 // checks and small utilities
@@ -1294,7 +1306,673 @@ static int cmd_plan(int argc, char **argv) {
 // ------------------------------------------------------------------------------------------
 // loss: task-aligned assigner, BCE, CIoU, DFL
 // ------------------------------------------------------------------------------------------
-#include "parts/loss.c"
+/*
+ * loss: the YOLOv8 detection loss, forward and backward, on the CPU in FP32 (double accumulators).
+ * Matches Ultralytics v8DetectionLoss (utils/loss.py) with TaskAlignedAssigner (utils/tal.py), BboxLoss and
+ * DFLoss; spec yolov8.md section 2.
+ *
+ * Public API
+ *   LossConfig loss_config_default(void)      gains box 7.5, cls 0.5, dfl 1.5; max_boxes 1024
+ *   int    loss_num_anchors(int imgH, int imgW)                  A = sum over strides 8,16,32 of (H/s)(W/s)
+ *   size_t loss_scratch_bytes(int B, int A, int max_boxes)       exact scratch bytes of one call
+ *   LossOut loss_forward_backward(const LossConfig *cfg, int B, int NC, int imgH, int imgW,
+ *                                 const float *const head[3], float *const dhead[3],
+ *                                 const LossTargets *tg, float grad_scale, void *scratch,
+ *                                 size_t scratch_bytes, int flags)
+ *
+ * Shapes and units
+ *   head[i]  (B, 64+NC, H_i, W_i) raw head maps of level i (strides 8, 16, 32; H_i = imgH/stride_i).
+ *            Channels 0..63: sides l,t,r,b x 16 DFL bins (consecutive per side); 64..63+NC: class logits.
+ *            Anchor index: level offset + y*W_i + x; anchor point (x+0.5, y+0.5) grid units.
+ *   dhead[i] same shape; OVERWRITTEN (not accumulated) with grad_scale * d(total)/d(head), where
+ *            total = B*(box+cls+dfl) is the scalar Ultralytics back-propagates. dhead == NULL (or any
+ *            dhead[i] == NULL) means forward only (validation loss).
+ *   tg       n boxes: batch_idx[n] in [0,B), cls[n] in [0,NC), box[n*4] normalised (cx, cy, w, h) of the
+ *            final image; converted to pixels xyxy with (W, H, W, H) exactly as Ultralytics preprocess.
+ *   scratch  caller-provided, scratch_bytes >= loss_scratch_bytes(B, A, cfg->max_boxes) (checked; dies
+ *            otherwise), any alignment; no allocation happens inside the call. It also keeps the last
+ *            assignment (see LOSS_REUSE_ASSIGNMENT).
+ *   flags    0, or LOSS_REUSE_ASSIGNMENT: skip the assigner and reuse the foreground list and
+ *            target_scores_sum left in scratch by the previous call with the same B, imgH, imgW, NC and
+ *            targets (for finite-difference tests: the assigner is no-grad in Ultralytics).
+ *   LossOut  box/cls/dfl after gains, before xB (what Ultralytics logs); total = B*(box+cls+dfl);
+ *            n_fg foreground anchors; target_scores_sum = max(sum of target scores, 1) over the batch;
+ *            n_over_cap boxes ignored because their image had more than max_boxes (the first max_boxes of
+ *            an image, in input order, are kept), n_images_over_cap such images. The first time boxes are
+ *            dropped a one-line warning goes to stderr; the counts come back on every call.
+ *   errors   batch_idx outside [0,B) or cls outside [0,NC) die (the data loader validates labels first).
+ *   loss_ciou_alpha_grad  test-only switch (0 in training): 1 also differentiates CIoU's alpha.
+ *
+ * Memory: no [B, M, A] tensor. Each gt visits only the anchors whose centres fall inside its box (the
+ * anchor rectangle of each level) and keeps its top-10; overlaps between gts are then resolved one image
+ * at a time with O(A) arrays. Scratch: predicted boxes (B, A, 4) f32, per-gt candidates (B, M, 10) and the
+ * batch's foreground list B*min(A, 10*M) x 32 B: 9.0 MB for B=16, A=8400, M=1024; 5.3 MB with M=400.
+ *
+ * DEVIATIONS from Ultralytics
+ *  - torch.topk tie order: when a gt has fewer than 10 anchors with align > 0, topk also returns anchors
+ *    with align exactly 0, and which ones is implementation-defined. We follow CUDA torch.topk (ties at the
+ *    k-th value taken in increasing anchor index over ALL A anchors, outside anchors included), so an
+ *    inside anchor with align 0 is a candidate only if fewer than 10 - npos zero-align anchors (inside or
+ *    outside) precede it. CPU torch may pick different zeros; positive-align choices agree.
+ *  - Boxes beyond max_boxes per image are ignored (counted and reported); Ultralytics has no cap.
+ *  - Sums (target_scores_sum, BCE, box, DFL) are accumulated in double; PyTorch sums in float.
+ *  - BCE is evaluated as BCE(x,0) - x*t (exact identity); the gradient sigmoid(x) - t.
+ */
+
+// ------------------------------------------------------------------------------------------
+// settings, results, geometry
+// ------------------------------------------------------------------------------------------
+
+enum { LOSS_R = 16, LOSS_TOPK = 10, LOSS_REUSE_ASSIGNMENT = 1 };
+
+typedef struct {
+    float box, cls, dfl;   // loss gains (hyp box, cls, dfl)
+    int max_boxes;         // per-image box cap M; a mosaic holds ~4x the boxes of one source image
+} LossConfig;
+
+typedef struct {
+    int n;                 // number of boxes in the batch
+    const int *batch_idx;  // (n) image of each box
+    const int *cls;        // (n) class of each box
+    const float *box;      // (n, 4) normalised cx, cy, w, h
+} LossTargets;
+
+typedef struct {
+    double box, cls, dfl;       // components after gains, before xB
+    double total;               // B*(box+cls+dfl), the back-propagated scalar
+    int n_fg;                   // foreground anchors in the batch
+    double target_scores_sum;   // max(sum of target scores, 1)
+    int n_over_cap;             // boxes ignored by the max_boxes cap
+    int n_images_over_cap;      // images that had more than max_boxes boxes
+} LossOut;
+
+typedef struct {
+    int H[3], W[3];        // grid size of each level
+    int off[3];            // first global anchor index of each level
+    float stride[3];       // 8, 16, 32
+    int A;                 // anchors in all levels
+} LossGrid;
+
+typedef struct { float x1, y1, x2, y2; int cls, valid; } LossGt;   // pixels xyxy; valid = mask_gt
+typedef struct { int a; float align, o; } LossCand;                 // one top-k candidate of a gt
+typedef struct { int b, a, cls; float score, x1, y1, x2, y2; } LossFg; // foreground anchor, target (pixels)
+
+// what the scratch keeps between calls (for LOSS_REUSE_ASSIGNMENT)
+typedef struct { int B, A, max_boxes, n_fg; double tss; } LossKeep;
+
+static LossConfig loss_config_default(void) {
+    LossConfig c = {7.5f, 0.5f, 1.5f, 1024};
+    return c;
+}
+
+// loss_grid_make: level sizes and anchor offsets of an imgH x imgW input (multiples of 32).
+static LossGrid loss_grid_make(int imgH, int imgW) {
+    if (imgH <= 0 || imgW <= 0 || imgH % 32 || imgW % 32)
+        die("loss: image size %dx%d must be positive multiples of 32", imgW, imgH);
+    LossGrid g;
+    g.A = 0;
+    for (int l = 0; l < 3; l++) {
+        int s = 8 << l;
+        g.stride[l] = (float)s;
+        g.H[l] = imgH / s;
+        g.W[l] = imgW / s;
+        g.off[l] = g.A;
+        g.A += g.H[l] * g.W[l];
+    }
+    return g;
+}
+
+static int loss_num_anchors(int imgH, int imgW) { return loss_grid_make(imgH, imgW).A; }
+
+static int loss_fg_cap(int A, int max_boxes) {
+    long c = (long)LOSS_TOPK * max_boxes;
+    return c < A ? (int)c : A;
+}
+
+#define LOSS_ALIGN_UP(x) (((x) + 63) & ~(size_t)63)
+
+// loss_scratch_bytes: exact bytes loss_forward_backward needs for B images of A anchors and at most
+// max_boxes (M) boxes per image. Layout (each part 64-byte aligned): keep | pbox (B,A,4) f32 |
+// owner (A) i32 | align, o (A) f32 | m (B) i32 | gts (B,M) | cand (B,M,10) | nsel (B,M) i32 |
+// max_align, max_iou (M) f32 | fg (B*min(A,10M)). 9.0 MB for B=16, A=8400, M=1024.
+static size_t loss_scratch_bytes(int B, int A, int max_boxes) {
+    size_t M = (size_t)(max_boxes > 0 ? max_boxes : 1), BM = (size_t)B * M;
+    size_t n = 64;   // alignment slack for an unaligned scratch pointer
+    n += LOSS_ALIGN_UP(sizeof(LossKeep));
+    n += LOSS_ALIGN_UP((size_t)B * A * 4 * sizeof(float));
+    n += LOSS_ALIGN_UP((size_t)A * sizeof(int));
+    n += 2 * LOSS_ALIGN_UP((size_t)A * sizeof(float));
+    n += LOSS_ALIGN_UP((size_t)B * sizeof(int));
+    n += LOSS_ALIGN_UP(BM * sizeof(LossGt));
+    n += LOSS_ALIGN_UP(BM * LOSS_TOPK * sizeof(LossCand));
+    n += LOSS_ALIGN_UP(BM * sizeof(int));
+    n += 2 * LOSS_ALIGN_UP(M * sizeof(float));
+    n += LOSS_ALIGN_UP((size_t)B * loss_fg_cap(A, (int)M) * sizeof(LossFg));
+    return n;
+}
+
+typedef struct {
+    int B, A, M;
+    LossKeep *keep;
+    float *pbox;        // (B, A, 4) predicted boxes, pixels xyxy
+    int *owner;         // (A) of the image being resolved: -1 background, -2 several gts, else the gt
+    float *align, *o;   // (A) metrics of the single claiming gt
+    int *m;             // (B) boxes kept per image
+    LossGt *gts;        // (B, M)
+    LossCand *cand;     // (B, M, 10) selected candidates per gt
+    int *nsel;          // (B, M)
+    float *max_align, *max_iou;   // (M) per gt of the image being resolved, over its final positives
+    LossFg *fg;         // (B*min(A, 10M)) foreground list of the batch
+} LossWork;
+
+static void *loss_take(char **p, size_t bytes) {
+    void *r = *p;
+    *p += LOSS_ALIGN_UP(bytes);
+    return r;
+}
+
+// loss_work_carve: split the caller's scratch into the LossWork arrays (same layout as loss_scratch_bytes).
+static LossWork loss_work_carve(void *scratch, int B, int A, int max_boxes) {
+    size_t M = (size_t)max_boxes;
+    char *p = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    LossWork w;
+    w.B = B; w.A = A; w.M = max_boxes;
+    w.keep = loss_take(&p, sizeof(LossKeep));
+    w.pbox = loss_take(&p, (size_t)B * A * 4 * sizeof(float));
+    w.owner = loss_take(&p, (size_t)A * sizeof(int));
+    w.align = loss_take(&p, (size_t)A * sizeof(float));
+    w.o = loss_take(&p, (size_t)A * sizeof(float));
+    w.m = loss_take(&p, (size_t)B * sizeof(int));
+    w.gts = loss_take(&p, (size_t)B * M * sizeof(LossGt));
+    w.cand = loss_take(&p, (size_t)B * M * LOSS_TOPK * sizeof(LossCand));
+    w.nsel = loss_take(&p, (size_t)B * M * sizeof(int));
+    w.max_align = loss_take(&p, M * sizeof(float));
+    w.max_iou = loss_take(&p, M * sizeof(float));
+    w.fg = loss_take(&p, (size_t)B * loss_fg_cap(A, max_boxes) * sizeof(LossFg));
+    return w;
+}
+
+// ------------------------------------------------------------------------------------------
+// CIoU and DFL decode (bbox_iou(..., CIoU=True) and bbox_decode of Ultralytics)
+// ------------------------------------------------------------------------------------------
+
+// bbox_ciou: complete IoU of xyxy boxes b1, b2 (4 floats each), in the exact operation order of
+// Ultralytics bbox_iou(box1, box2, xywh=False, CIoU=True), eps 1e-7, in float.
+static float bbox_ciou(const float *b1, const float *b2) {
+    const float eps = 1e-7f;
+    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
+    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
+    float iw = fmaxf(fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), 0.0f);
+    float ih = fmaxf(fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), 0.0f);
+    float inter = iw * ih;
+    float uni = w1 * h1 + w2 * h2 - inter + eps;
+    float iou = inter / uni;
+    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
+    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
+    float c2 = cw * cw + ch * ch + eps;
+    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
+    float rho2 = (dx * dx + dy * dy) / 4.0f;
+    float dat = atanf(w2 / h2) - atanf(w1 / h1);
+    float v = (float)(4.0 / (M_PI * M_PI)) * (dat * dat);
+    float alpha = v / (v - iou + (1.0f + eps));
+    return iou - (rho2 / c2 + v * alpha);
+}
+
+// PyTorch's derivative of minimum/maximum w.r.t. its first argument: 1, 1/2 on ties, 0.
+static inline double loss_dmin(float a, float b) { return a < b ? 1.0 : a == b ? 0.5 : 0.0; }
+static inline double loss_dmax(float a, float b) { return a > b ? 1.0 : a == b ? 0.5 : 0.0; }
+
+// loss_ciou_alpha_grad: 0 (always, in training) treats CIoU's alpha as a constant like Ultralytics, whose
+// gradient is then not the derivative of the forward value; tests set 1 to get the true derivative and
+// check the whole chain against finite differences of the forward.
+static int loss_ciou_alpha_grad = 0;
+
+// bbox_ciou_backward: d1 (4) = g * dCIoU(b1, b2)/db1 with alpha held constant (Ultralytics computes it
+// under no_grad; alpha_grad = 1 differentiates it too) and PyTorch's conventions for clamp (passes at 0)
+// and min/max ties (half each).
+static void bbox_ciou_backward(const float *b1, const float *b2, double g, int alpha_grad, double *d1) {
+    const float eps = 1e-7f;
+    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
+    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
+    float iwr = fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), iw = fmaxf(iwr, 0.0f);
+    float ihr = fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), ih = fmaxf(ihr, 0.0f);
+    float inter = iw * ih;
+    float uni = w1 * h1 + w2 * h2 - inter + eps;
+    float iou = inter / uni;
+    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
+    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
+    float c2 = cw * cw + ch * ch + eps;
+    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
+    float rho2 = (dx * dx + dy * dy) / 4.0f;
+    float r1 = w1 / h1;
+    float dat = atanf(w2 / h2) - atanf(r1);
+    float k = (float)(4.0 / (M_PI * M_PI));
+    float v = k * (dat * dat);
+    float alpha = v / (v - iou + (1.0f + eps));
+    // ciou = iou - rho2/c2 - v*alpha
+    double g_iou = g, g_q = -g, g_v = -g * alpha;
+    if (alpha_grad) {   // alpha = v / D, D = v - iou + 1 + eps: d(v*alpha) = (alpha + v/D - v^2/D^2) dv + v^2/D^2 diou
+        double D = (double)v - iou + (1.0f + eps), q = (double)v * v / (D * D);
+        g_v = -g * (alpha + v / D - q);
+        g_iou = g * (1.0 - q);
+    }
+    double g_inter = g_iou / uni, g_uni = -g_iou * (double)inter / ((double)uni * uni);
+    double g_w1 = g_uni * h1, g_h1 = g_uni * w1;
+    g_inter -= g_uni;
+    double g_iw = iwr >= 0.0f ? g_inter * ih : 0.0, g_ih = ihr >= 0.0f ? g_inter * iw : 0.0;
+    double g_rho2 = g_q / c2, g_c2 = -g_q * (double)rho2 / ((double)c2 * c2);
+    double g_cw = g_c2 * 2.0 * cw, g_ch = g_c2 * 2.0 * ch;
+    double g_dx = g_rho2 * dx / 2.0, g_dy = g_rho2 * dy / 2.0;
+    double g_r1 = g_v * k * 2.0 * dat * -1.0 / (1.0 + (double)r1 * r1);
+    g_w1 += g_r1 / h1;
+    g_h1 -= g_r1 * (double)w1 / ((double)h1 * h1);
+    d1[0] = -g_w1 - g_iw * loss_dmax(b1[0], b2[0]) - g_cw * loss_dmin(b1[0], b2[0]) - g_dx;
+    d1[2] = g_w1 + g_iw * loss_dmin(b1[2], b2[2]) + g_cw * loss_dmax(b1[2], b2[2]) - g_dx;
+    d1[1] = -g_h1 - g_ih * loss_dmax(b1[1], b2[1]) - g_ch * loss_dmin(b1[1], b2[1]) - g_dy;
+    d1[3] = g_h1 + g_ih * loss_dmin(b1[3], b2[3]) + g_ch * loss_dmax(b1[3], b2[3]) - g_dy;
+}
+
+// dfl_side_decode: softmax over the 16 bins of one side, logits z[k*step], k = 0..15. Returns the
+// expected distance sum_k k*p_k (grid units); p (16) receives the probabilities and *lse the log-sum-exp
+// (for the DFL cross-entropy). Matches bbox_decode (softmax, matmul with arange(16)).
+static inline float dfl_side_decode(const float *z, size_t step, float *p, float *lse) {
+    float m = z[0];
+    for (int k = 1; k < LOSS_R; k++) m = fmaxf(m, z[k * step]);
+    float sum = 0.0f;
+    for (int k = 0; k < LOSS_R; k++) { p[k] = expf(z[k * step] - m); sum += p[k]; }
+    float d = 0.0f;
+    for (int k = 0; k < LOSS_R; k++) { p[k] = p[k] / sum; d += (float)k * p[k]; }
+    *lse = m + logf(sum);
+    return d;
+}
+
+// loss_decode_box: predicted box (4) of anchor r (row-major index in level l) of image b, xyxy in grid
+// units (anchor -/+ ltrb). p (4, 16) and lse (4) get the softmax and log-sum-exp of every side.
+static void loss_decode_box(const LossGrid *g, int NC, const float *const head[3], int b, int l, int r,
+                            float *box, float *p, float *lse) {
+    size_t HW = (size_t)g->H[l] * g->W[l];
+    const float *z = head[l] + (size_t)b * (64 + NC) * HW + r;   // (64+NC, H, W) of image b, at anchor r
+    float ax = (float)(r % g->W[l]) + 0.5f, ay = (float)(r / g->W[l]) + 0.5f;
+    float d[4];
+    for (int s = 0; s < 4; s++) d[s] = dfl_side_decode(z + (size_t)s * LOSS_R * HW, HW, p + s * LOSS_R, lse + s);
+    box[0] = ax - d[0]; box[1] = ay - d[1]; box[2] = ax + d[2]; box[3] = ay + d[3];
+}
+
+static inline int loss_anchor_level(const LossGrid *g, int a) { return a >= g->off[2] ? 2 : a >= g->off[1] ? 1 : 0; }
+
+// ------------------------------------------------------------------------------------------
+// task-aligned assigner, one image at a time (TaskAlignedAssigner, topk 10, alpha 0.5, beta 6)
+// ------------------------------------------------------------------------------------------
+
+// tal_metric: the assigner's metrics of gt against predicted box pb (pixels) at anchor centre (ax, ay)
+// (pixels) with class logit `logit`. Returns 1 with o = max(CIoU(gt, pb), 0) and align = s^0.5 * o^6
+// (s = sigmoid(logit)) when the centre is strictly inside the gt (select_candidates_in_gts, eps 1e-9)
+// and mask_gt holds; returns 0 (metrics 0) otherwise. Matches get_box_metrics.
+static inline int tal_metric(const LossGt *gt, float ax, float ay, const float *pb, float logit,
+                             float *o, float *align) {
+    float dmin = fminf(fminf(ax - gt->x1, ay - gt->y1), fminf(gt->x2 - ax, gt->y2 - ay));
+    *o = 0.0f;
+    *align = 0.0f;
+    if (!gt->valid || !(dmin > 1e-9f)) return 0;
+    float gb[4] = {gt->x1, gt->y1, gt->x2, gt->y2};
+    float ov = fmaxf(bbox_ciou(gb, pb), 0.0f);
+    float s = 1.0f / (1.0f + expf(-logit));
+    *o = ov;
+    *align = sqrtf(s) * powf(ov, 6.0f);
+    return 1;
+}
+
+// tal_topk_gt: the candidates (mask_pos row) of one gt: top-10 align over all A anchors (CUDA torch.topk
+// tie order, see DEVIATIONS), ANDed with the in-box mask. Visits only the anchor rectangle of the box on
+// each level. cls_plane[l] points at the (H_l, W_l) logit plane of this gt's class in this image, pbox
+// (A, 4) pixels. Writes up to 10 candidates to out, returns their count. Matches select_topk_candidates.
+static int tal_topk_gt(const LossGrid *g, const LossGt *gt, const float *pbox, const float *const cls_plane[3],
+                       LossCand *out) {
+    if (!gt->valid) return 0;
+    LossCand pos[LOSS_TOPK], zero[LOSS_TOPK];
+    int npos = 0, nzero = 0;
+    long npos_total = 0;
+    for (int l = 0; l < 3; l++) {
+        float s = g->stride[l];
+        int x0 = (int)floorf(gt->x1 / s - 0.5f) - 1, x1 = (int)ceilf(gt->x2 / s - 0.5f) + 1;
+        int y0 = (int)floorf(gt->y1 / s - 0.5f) - 1, y1 = (int)ceilf(gt->y2 / s - 0.5f) + 1;
+        if (x0 < 0) x0 = 0;
+        if (y0 < 0) y0 = 0;
+        if (x1 > g->W[l] - 1) x1 = g->W[l] - 1;
+        if (y1 > g->H[l] - 1) y1 = g->H[l] - 1;
+        for (int y = y0; y <= y1; y++)
+            for (int x = x0; x <= x1; x++) {
+                int r = y * g->W[l] + x, a = g->off[l] + r;
+                float o, al;
+                if (!tal_metric(gt, ((float)x + 0.5f) * s, ((float)y + 0.5f) * s, pbox + (size_t)a * 4,
+                                cls_plane[l][r], &o, &al))
+                    continue;
+                LossCand c = {a, al, o};
+                if (al > 0.0f) {
+                    npos_total++;
+                    // sorted by align descending; equal align keeps the lower (earlier) anchor first
+                    if (npos == LOSS_TOPK && !(al > pos[LOSS_TOPK - 1].align)) continue;
+                    int i = npos < LOSS_TOPK ? npos++ : LOSS_TOPK - 1;
+                    while (i > 0 && al > pos[i - 1].align) { pos[i] = pos[i - 1]; i--; }
+                    pos[i] = c;
+                } else if (nzero < LOSS_TOPK) {
+                    zero[nzero++] = c;   // anchors come in increasing index: the first zeros are the lowest
+                }
+            }
+    }
+    int n = 0;
+    for (int i = 0; i < npos; i++) out[n++] = pos[i];
+    if (npos_total < LOSS_TOPK) {
+        // topk fills the remaining slots with the lowest-index anchors of align 0 over all A anchors;
+        // an inside zero at index a is preceded by a - (positives before a) zero-align anchors.
+        int need = LOSS_TOPK - (int)npos_total;
+        for (int i = 0; i < nzero; i++) {
+            int before = 0;
+            for (int j = 0; j < npos; j++) before += pos[j].a < zero[i].a;
+            if (zero[i].a - before >= need) break;
+            out[n++] = zero[i];
+        }
+    }
+    return n;
+}
+
+// tal_decode_batch: predicted boxes (B, A, 4) in pixels of every anchor of every image that has boxes
+// (pred_bboxes.detach() * stride_tensor).
+static void tal_decode_batch(const LossGrid *g, int NC, const float *const head[3], int B, const int *m, float *pbox) {
+    long n = (long)B * g->A;
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) {
+        int b = (int)(i / g->A), a = (int)(i % g->A);
+        if (m[b] == 0) continue;
+        int l = loss_anchor_level(g, a);
+        float p[4 * LOSS_R], lse[4], box[4];
+        loss_decode_box(g, NC, head, b, l, a - g->off[l], box, p, lse);
+        for (int k = 0; k < 4; k++) pbox[i * 4 + k] = box[k] * g->stride[l];
+    }
+}
+
+// tal_topk_batch: tal_topk_gt for every gt of every image, in parallel over all gts of the batch.
+// gts (B, M) with m (B) used per image; writes cand (B, M, 10) and nsel (B, M).
+static void tal_topk_batch(const LossGrid *g, int NC, const float *const head[3], int B, int M, const int *m,
+                           const LossGt *gts, const float *pbox, LossCand *cand, int *nsel) {
+    long n = (long)B * M;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (long i = 0; i < n; i++) {
+        int b = (int)(i / M), j = (int)(i % M);
+        if (j >= m[b]) continue;
+        const float *planes[3];
+        for (int l = 0; l < 3; l++) {
+            size_t HW = (size_t)g->H[l] * g->W[l];
+            planes[l] = head[l] + ((size_t)b * (64 + NC) + 64 + gts[i].cls) * HW;
+        }
+        nsel[i] = tal_topk_gt(g, &gts[i], pbox + (size_t)b * g->A * 4, planes, cand + i * LOSS_TOPK);
+    }
+}
+
+// tal_resolve_image: the rest of the assignment of image b once its gts (m, pixels) have their top-k
+// candidates (cand (m, 10), nsel (m)) and pbox (A, 4) is decoded: one gt per anchor by the largest overlap
+// over all gts (select_highest_overlaps; first max on ties), normalised soft targets
+// (align * max_iou_j / (max_align_j + 1e-9)). Appends the foreground anchors, in anchor order, to fg and
+// returns their count. Matches TaskAlignedAssigner._forward after get_pos_mask, and get_targets.
+static int tal_resolve_image(const LossGrid *g, int NC, const float *const head[3], int b, const LossGt *gts,
+                             int m, const LossCand *cand, const int *nsel, const float *pbox, LossWork *w,
+                             LossFg *fg) {
+    int A = g->A;
+    if (m == 0) return 0;
+    for (int a = 0; a < A; a++) w->owner[a] = -1;
+    // claims; an anchor claimed twice is resolved below
+    for (int j = 0; j < m; j++)
+        for (int i = 0; i < nsel[j]; i++) {
+            const LossCand *c = &cand[(size_t)j * LOSS_TOPK + i];
+            if (w->owner[c->a] == -1) {
+                w->owner[c->a] = j;
+                w->align[c->a] = c->align;
+                w->o[c->a] = c->o;
+            } else {
+                w->owner[c->a] = -2;
+            }
+        }
+    for (int j = 0; j < m; j++) w->max_align[j] = w->max_iou[j] = 0.0f;
+    for (int a = 0; a < A; a++) {
+        if (w->owner[a] == -1) continue;
+        if (w->owner[a] == -2) {
+            // argmax over all gts of the overlap column (0 where the anchor is outside the gt)
+            int l = loss_anchor_level(g, a), r = a - g->off[l];
+            float s = g->stride[l], ax = ((float)(r % g->W[l]) + 0.5f) * s, ay = ((float)(r / g->W[l]) + 0.5f) * s;
+            size_t HW = (size_t)g->H[l] * g->W[l];
+            const float *zc = head[l] + ((size_t)b * (64 + NC) + 64) * HW + r;   // class logits at anchor, stride HW
+            int best = 0;
+            float best_o = -1.0f, best_al = 0.0f;
+            for (int j = 0; j < m; j++) {
+                float o, al;
+                tal_metric(&gts[j], ax, ay, pbox + (size_t)a * 4, zc[(size_t)gts[j].cls * HW], &o, &al);
+                if (o > best_o) { best_o = o; best = j; best_al = al; }
+            }
+            w->owner[a] = best;
+            w->align[a] = best_al;
+            w->o[a] = best_o;
+        }
+        int j = w->owner[a];
+        if (w->align[a] > w->max_align[j]) w->max_align[j] = w->align[a];
+        if (w->o[a] > w->max_iou[j]) w->max_iou[j] = w->o[a];
+    }
+    int n = 0;
+    for (int a = 0; a < A; a++) {
+        int j = w->owner[a];
+        if (j < 0) continue;
+        LossFg f = {b, a, gts[j].cls, w->align[a] * w->max_iou[j] / (w->max_align[j] + 1e-9f),
+                    gts[j].x1, gts[j].y1, gts[j].x2, gts[j].y2};
+        fg[n++] = f;
+    }
+    return n;
+}
+
+// tal_assign_image: the whole assignment of one image b with gts (m <= w->M, pixels), using image b's
+// slices of the work arrays; the batch path in loss_forward_backward runs the same three steps for all
+// images at once. Appends the foreground anchors to fg and returns their count.
+static int tal_assign_image(const LossGrid *g, int NC, const float *const head[3], int b, const LossGt *gts,
+                            int m, LossWork *w, LossFg *fg) {
+    size_t o = (size_t)b * w->M;
+    float *pbox = w->pbox + (size_t)b * g->A * 4;
+    for (int a = 0; a < g->A; a++) {
+        int l = loss_anchor_level(g, a);
+        float p[4 * LOSS_R], lse[4], box[4];
+        loss_decode_box(g, NC, head, b, l, a - g->off[l], box, p, lse);
+        for (int k = 0; k < 4; k++) pbox[(size_t)a * 4 + k] = box[k] * g->stride[l];
+    }
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int j = 0; j < m; j++) {
+        const float *planes[3];
+        for (int l = 0; l < 3; l++) {
+            size_t HW = (size_t)g->H[l] * g->W[l];
+            planes[l] = head[l] + ((size_t)b * (64 + NC) + 64 + gts[j].cls) * HW;
+        }
+        w->nsel[o + j] = tal_topk_gt(g, &gts[j], pbox, planes, w->cand + (o + j) * LOSS_TOPK);
+    }
+    return tal_resolve_image(g, NC, head, b, gts, m, w->cand + o * LOSS_TOPK, w->nsel + o, pbox, w, fg);
+}
+
+// loss_gather_gts: the boxes of image b in input order, pixels xyxy (preprocess + xywh2xyxy of Ultralytics:
+// scale by (W, H, W, H), then centre -/+ half size), at most max_boxes; returns how many the image has.
+static int loss_gather_gts(const LossTargets *tg, int b, int NC, int imgH, int imgW, int max_boxes, LossGt *gts) {
+    int m = 0;
+    for (int i = 0; i < tg->n; i++) {
+        if (tg->batch_idx[i] != b) continue;
+        if (tg->cls[i] < 0 || tg->cls[i] >= NC) die("loss: box %d has class %d, outside [0, %d)", i, tg->cls[i], NC);
+        if (m < max_boxes) {
+            const float *bx = tg->box + (size_t)i * 4;
+            float cx = bx[0] * (float)imgW, cy = bx[1] * (float)imgH;
+            float hw = bx[2] * (float)imgW / 2.0f, hh = bx[3] * (float)imgH / 2.0f;
+            LossGt *q = &gts[m];
+            q->x1 = cx - hw; q->y1 = cy - hh; q->x2 = cx + hw; q->y2 = cy + hh;
+            q->cls = tg->cls[i];
+            q->valid = ((q->x1 + q->y1) + q->x2) + q->y2 > 0.0f;
+        }
+        m++;
+    }
+    return m;
+}
+
+// ------------------------------------------------------------------------------------------
+// loss forward + backward (v8DetectionLoss.__call__, BboxLoss, DFLoss)
+// ------------------------------------------------------------------------------------------
+
+// loss_fg_term: box (1 - CIoU) and DFL terms of one foreground anchor, unweighted; when dhead is not NULL
+// also writes into dhead the gradient gb * d(1-CIoU) + gd * d(DFL) w.r.t. the anchor's 64 box logits.
+static void loss_fg_term(const LossGrid *g, int NC, const float *const head[3], float *const dhead[3],
+                         const LossFg *f, double gb, double gd, double *box_term, double *dfl_term) {
+    int l = loss_anchor_level(g, f->a), r = f->a - g->off[l];
+    size_t HW = (size_t)g->H[l] * g->W[l];
+    float s = g->stride[l];
+    float p[4 * LOSS_R], lse[4], pb[4];
+    loss_decode_box(g, NC, head, f->b, l, r, pb, p, lse);
+    float tb[4] = {f->x1 / s, f->y1 / s, f->x2 / s, f->y2 / s};   // target_bboxes /= stride_tensor
+    *box_term = 1.0 - (double)bbox_ciou(pb, tb);
+    // DFL: bbox2dist then DFLoss, targets clamped to [0, 14.99]
+    float ax = (float)(r % g->W[l]) + 0.5f, ay = (float)(r / g->W[l]) + 0.5f;
+    float t[4] = {ax - tb[0], ay - tb[1], tb[2] - ax, tb[3] - ay};
+    const float *z = head[l] + (size_t)f->b * (64 + NC) * HW + r;
+    double dfl = 0.0;
+    int tl[4];
+    float wl[4], wr[4];
+    for (int k = 0; k < 4; k++) {
+        float tk = fminf(fmaxf(t[k], 0.0f), (float)(LOSS_R - 1 - 0.01));
+        tl[k] = (int)tk;
+        wl[k] = (float)(tl[k] + 1) - tk;
+        wr[k] = 1.0f - wl[k];
+        const float *zk = z + (size_t)k * LOSS_R * HW;
+        float ce_l = lse[k] - zk[(size_t)tl[k] * HW], ce_r = lse[k] - zk[(size_t)(tl[k] + 1) * HW];
+        dfl += (double)(ce_l * wl[k] + ce_r * wr[k]);
+    }
+    *dfl_term = dfl / 4.0;
+    if (!dhead) return;
+    double db[4], dd[4];
+    bbox_ciou_backward(pb, tb, -gb, loss_ciou_alpha_grad, db);
+    dd[0] = -db[0]; dd[1] = -db[1]; dd[2] = db[2]; dd[3] = db[3];   // x1 = ax - l, x2 = ax + r
+    float *dz = dhead[l] + (size_t)f->b * (64 + NC) * HW + r;
+    for (int k = 0; k < 4; k++) {
+        const float *pk = p + k * LOSS_R;
+        double dist = 0.0;
+        for (int i = 0; i < LOSS_R; i++) dist += (double)i * pk[i];
+        for (int i = 0; i < LOSS_R; i++) {
+            double gz = dd[k] * pk[i] * (i - dist);                    // through the expectation
+            double tgt = (i == tl[k] ? wl[k] : 0.0) + (i == tl[k] + 1 ? wr[k] : 0.0);
+            gz += gd / 4.0 * ((double)pk[i] * ((double)wl[k] + wr[k]) - tgt);   // through the CE
+            dz[(size_t)(k * LOSS_R + i) * HW] = (float)gz;
+        }
+    }
+}
+
+static int loss_cap_warned;
+
+// loss_forward_backward: the YOLOv8 detection loss of a batch and (dhead != NULL) its gradient, see the
+// comment at the top of this section for shapes and semantics. Matches v8DetectionLoss.__call__.
+static LossOut loss_forward_backward(const LossConfig *cfg, int B, int NC, int imgH, int imgW,
+                                     const float *const head[3], float *const dhead[3], const LossTargets *tg,
+                                     float grad_scale, void *scratch, size_t scratch_bytes, int flags) {
+    LossGrid g = loss_grid_make(imgH, imgW);
+    int A = g.A, M = cfg->max_boxes;
+    if (M <= 0) die("loss: max_boxes=%d must be positive", M);
+    if (scratch_bytes < loss_scratch_bytes(B, A, M))
+        die("loss: scratch of %zu bytes, need loss_scratch_bytes(B=%d, A=%d, max_boxes=%d) = %zu", scratch_bytes, B,
+            A, M, loss_scratch_bytes(B, A, M));
+    LossWork w = loss_work_carve(scratch, B, A, M);
+    int want_grad = dhead && dhead[0] && dhead[1] && dhead[2];
+    LossOut out;
+    memset(&out, 0, sizeof out);
+
+    // 1. assignment (decode and per-gt top-k for the whole batch, then overlaps resolved image by image);
+    //    target_scores_sum over the whole batch
+    if (flags & LOSS_REUSE_ASSIGNMENT) {
+        if (w.keep->B != B || w.keep->A != A || w.keep->max_boxes != M)
+            die("loss: LOSS_REUSE_ASSIGNMENT with a scratch from a different batch shape");
+    } else {
+        for (int i = 0; i < tg->n; i++)
+            if (tg->batch_idx[i] < 0 || tg->batch_idx[i] >= B)
+                die("loss: box %d has batch_idx %d, outside [0, %d)", i, tg->batch_idx[i], B);
+        int n_fg = 0, cap = loss_fg_cap(A, M);
+        double tss = 0.0;
+        for (int b = 0; b < B; b++) {
+            int m = loss_gather_gts(tg, b, NC, imgH, imgW, M, w.gts + (size_t)b * M);
+            if (m > M) { out.n_over_cap += m - M; out.n_images_over_cap++; m = M; }
+            w.m[b] = m;
+        }
+        tal_decode_batch(&g, NC, head, B, w.m, w.pbox);
+        tal_topk_batch(&g, NC, head, B, M, w.m, w.gts, w.pbox, w.cand, w.nsel);
+        for (int b = 0; b < B; b++) {
+            size_t o = (size_t)b * M;
+            int nf = tal_resolve_image(&g, NC, head, b, w.gts + o, w.m[b], w.cand + o * LOSS_TOPK, w.nsel + o,
+                                       w.pbox + (size_t)b * A * 4, &w, w.fg + n_fg);
+            if (nf > cap) die("loss: internal error, %d foreground anchors in one image (cap %d)", nf, cap);
+            for (int i = 0; i < nf; i++) tss += w.fg[n_fg + i].score;
+            n_fg += nf;
+        }
+        w.keep->B = B; w.keep->A = A; w.keep->max_boxes = M;
+        w.keep->n_fg = n_fg;
+        w.keep->tss = tss > 1.0 ? tss : 1.0;
+        if (out.n_over_cap && !loss_cap_warned) {
+            loss_cap_warned = 1;
+            fprintf(stderr, "warning: %d boxes in %d images were over the max_boxes=%d cap and are ignored by the "
+                    "loss (reported once; raise max_boxes to keep them)\n", out.n_over_cap, out.n_images_over_cap, M);
+        }
+    }
+    int n_fg = w.keep->n_fg;
+    double tss = w.keep->tss;
+    const LossFg *fg = w.fg;
+
+    // 2. classification: BCE over all B*A*NC logits with target 0, then the foreground corrections
+    double g_cls = (double)B * cfg->cls * grad_scale / tss;
+    float g_clsf = (float)g_cls;
+    double bce = 0.0;
+    // one pass over every (level, image, channel) plane: BCE on class planes, zero box-logit gradients
+    // (background anchors have none; the foreground ones are written in step 3)
+    int C = 64 + NC, nplane = 3 * B * C;
+    #pragma omp parallel for reduction(+:bce) schedule(dynamic, 4)
+    for (int pl = 0; pl < nplane; pl++) {
+        int l = pl / (B * C), bc = pl % (B * C), c = bc % C;
+        size_t HW = (size_t)g.H[l] * g.W[l];
+        float *dx = want_grad ? dhead[l] + (size_t)bc * HW : NULL;   // (H, W)
+        if (c < 64) {
+            if (dx) memset(dx, 0, HW * sizeof(float));
+            continue;
+        }
+        const float *x = head[l] + (size_t)bc * HW;   // (H, W)
+        double acc = 0.0;   // glibc expf/log1pf; a branch-free polynomial version measured slower here
+        for (size_t i = 0; i < HW; i++) {
+            float e = expf(-fabsf(x[i]));
+            acc += (double)(fmaxf(x[i], 0.0f) + log1pf(e));
+            if (dx) dx[i] = g_clsf * ((x[i] >= 0.0f ? 1.0f : e) / (1.0f + e));   // sigmoid(x)
+        }
+        bce += acc;
+    }
+    for (int i = 0; i < n_fg; i++) {
+        const LossFg *f = &fg[i];
+        int l = loss_anchor_level(&g, f->a), r = f->a - g.off[l];
+        size_t HW = (size_t)g.H[l] * g.W[l], at = ((size_t)f->b * (64 + NC) + 64 + f->cls) * HW + r;
+        float x = head[l][at];
+        bce -= (double)x * f->score;
+        if (want_grad) dhead[l][at] = (float)(g_cls * (1.0 / (1.0 + exp(-(double)x)) - f->score));
+    }
+
+    // 3. box and DFL over the foreground anchors
+    double box_sum = 0.0, dfl_sum = 0.0;
+    double kb = (double)B * cfg->box * grad_scale / tss, kd = (double)B * cfg->dfl * grad_scale / tss;
+    #pragma omp parallel for reduction(+:box_sum, dfl_sum) schedule(dynamic, 16)
+    for (int i = 0; i < n_fg; i++) {
+        double bt, dt, wa = fg[i].score;
+        loss_fg_term(&g, NC, head, want_grad ? dhead : NULL, &fg[i], kb * wa, kd * wa, &bt, &dt);
+        box_sum += bt * wa;
+        dfl_sum += dt * wa;
+    }
+
+    out.box = cfg->box * box_sum / tss;
+    out.cls = cfg->cls * bce / tss;
+    out.dfl = cfg->dfl * dfl_sum / tss;
+    out.total = B * (out.box + out.cls + out.dfl);
+    out.n_fg = n_fg;
+    out.target_scores_sum = tss;
+    return out;
+}
 
 // ------------------------------------------------------------------------------------------
 // optimizer, gradient clipping, EMA
@@ -1395,12 +2073,1657 @@ static void ema_update(Ema *e, const Model *m) {
 // ------------------------------------------------------------------------------------------
 // weights: safetensors with Ultralytics state_dict names
 // ------------------------------------------------------------------------------------------
-#include "parts/weights.c"
+/*
+ * weights: safetensors reading and writing, with Ultralytics state_dict names.
+ *
+ * File format (https://github.com/huggingface/safetensors): u64 little-endian N, then N bytes of
+ * JSON {name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+ * "__metadata__": {str: str}}, padded with spaces to a multiple of 8, then the data section
+ * (offsets are relative to its first byte; little-endian, row-major).
+ *
+ * Public API
+ *   ParamRef                      one state_dict entry of the model: name, shape, float data and
+ *                                 kind (PARAM_TRAIN, PARAM_BUFFER, PARAM_COUNT; a PARAM_COUNT such
+ *                                 as bn.num_batches_tracked has data NULL and its value in .count)
+ *   weights_save(path, refs, n, meta_kv, dtype, err, errlen) -> 0 / -1
+ *                                 writes refs in order, floats as ST_F32, ST_F16 or ST_BF16, counters
+ *                                 as I64 scalars (shape []); meta_kv is NULL or a NULL-terminated
+ *                                 list of key, value strings. Atomic: path.tmp, fsync, rename, fsync
+ *                                 of the directory; a failure leaves an old file at path untouched.
+ *   weights_load(path, refs, n, err, errlen) -> 0 / -1
+ *                                 every ref must be in the file with the same shape, and every
+ *                                 float tensor of the file must be a ref (integer *.num_batches_tracked
+ *                                 tensors without a ref are skipped); NaN/Inf is an error. Nothing
+ *                                 in refs changes unless the whole file validates.
+ *   weights_load_st(st, refs, n, prefix, allow_extra, err, errlen)
+ *                                 the same on an open file, with names prefix+ref.name (e.g. "ema.")
+ *                                 and, when allow_extra, other tensors in the file allowed (checkpoints).
+ *   weights_infer(path, &nc, &scale, err, errlen) -> 0 / -1
+ *                                 nc from model.22.cv3.0.2.weight dim 0, scale 'n'..'x' from
+ *                                 model.0.conv.weight dim 0 (16, 32, 48, 64, 80).
+ *   Generic layer (checkpoints: model + "optim.*" tensors + metadata in one file):
+ *   st_write(path, StTensor *t, n, meta_kv, err, errlen) -> 0 / -1   atomic, as weights_save
+ *   st_open(path, &st, err, errlen) -> 0 / -1   parses and validates the whole header (sizes,
+ *                                 bounds, overlaps, duplicates) before any data is read
+ *   st_open_stream(FILE *f, label, &st, err, errlen)   the same on an open stream (takes f)
+ *   st_find(&st, name) -> const StEntry * or NULL
+ *   st_meta(&st, key) -> const char * or NULL
+ *   st_read_f32(&st, e, float *dst, err, errlen)     F32/F16/BF16/F64 -> float, numel values
+ *   st_read_i64(&st, e, int64_t *dst, err, errlen)   any integer or BOOL dtype -> int64
+ *   st_close(&st)
+ *   half_to_float, float_to_half (round to nearest even), bf16_to_float, float_to_bf16.
+ * Every error string starts with the file name and names the offending tensor or key.
+ */
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "safetensors data is little-endian and is read with memcpy: needs a little-endian host");
+
+// ------------------------------------------------------------------------------------------
+// half and bfloat16 conversions
+// ------------------------------------------------------------------------------------------
+
+static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+// half_to_float: IEEE binary16 -> binary32, exact (subnormals normalised, inf and NaN payload kept).
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) {
+        if (man == 0) return bits_f32(sign);
+        int e = -1;                          // subnormal: shift the leading 1 up to bit 10
+        do { e++; man <<= 1; } while (!(man & 0x400u));
+        return bits_f32(sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ffu) << 13);
+    }
+    if (exp == 31) return bits_f32(sign | 0x7f800000u | man << 13);
+    return bits_f32(sign | (exp + 112) << 23 | man << 13);
+}
+
+// float_to_half: binary32 -> binary16 with round-to-nearest-even; overflow gives inf, NaN stays
+// NaN (quiet, top payload bits kept), tiny values become subnormals or signed zero.
+static uint16_t float_to_half(float x) {
+    uint32_t f = f32_bits(x), sign = (f >> 16) & 0x8000u, a = f & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);        // >= 65520 rounds to inf
+    if (a < 0x38800000u) {                                           // below 2^-14: subnormal half
+        if (a < 0x33000000u) return (uint16_t)sign;                  // < 2^-25 (2^-25 itself ties to 0)
+        uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, s = 126 - e;   // s in [14, 24]
+        uint32_t h = m >> s, rem = m & ((1u << s) - 1), half = 1u << (s - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = (a >> 13) - (112u << 10), rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;         // a carry rolls into the exponent
+    return (uint16_t)(sign | h);
+}
+
+// bf16_to_float: bfloat16 is the top half of a binary32, so this is exact.
+static float bf16_to_float(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+
+// float_to_bf16: round to nearest even on the dropped 16 bits; NaN stays a quiet NaN.
+static uint16_t float_to_bf16(float x) {
+    uint32_t f = f32_bits(x);
+    if ((f & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((f >> 16) | 0x40u);
+    return (uint16_t)((f + 0x7fffu + ((f >> 16) & 1)) >> 16);
+}
+
+// ------------------------------------------------------------------------------------------
+// dtypes, tables and errors
+// ------------------------------------------------------------------------------------------
+
+enum { ST_BOOL, ST_U8, ST_I8, ST_U16, ST_I16, ST_F16, ST_BF16, ST_U32, ST_I32, ST_F32, ST_U64, ST_I64, ST_F64,
+       ST_NDTYPE };
+static const char *const st_dtype_name[ST_NDTYPE] = {"BOOL", "U8", "I8", "U16", "I16", "F16", "BF16",
+                                                     "U32", "I32", "F32", "U64", "I64", "F64"};
+static const int st_dtype_size[ST_NDTYPE] = {1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8};
+static int st_dtype_is_float(int d) { return d == ST_F16 || d == ST_BF16 || d == ST_F32 || d == ST_F64; }
+
+#define ST_MAXDIM 8
+#define ST_MAX_HEADER 100000000ull        // the reference implementation's header cap
+
+typedef struct {
+    char *name;
+    int dtype;                   // ST_F32, ST_F16, ...
+    int ndim;                    // 0 (scalar) .. ST_MAXDIM
+    int64_t shape[ST_MAXDIM];
+    int64_t numel;
+    uint64_t begin, end;         // byte range inside the data section
+} StEntry;
+
+typedef struct {
+    char *path;                  // label used in error messages
+    FILE *f;
+    uint64_t data_start;         // file offset of the data section (8 + header length)
+    uint64_t data_size;          // bytes from data_start to the end of the file
+    StEntry *t;                  // (n) tensors in header order
+    int n, cap;
+    StEntry **by_name;           // (n) sorted by name, for st_find
+    char **meta;                 // (2 * nmeta) key, value, key, value ...
+    int nmeta, metacap;
+} SafeTensors;
+
+// one tensor to write: floats (dtype F32/F16/BF16, data = const float *) or I64 (data = const int64_t *)
+typedef struct {
+    const char *name;
+    int dtype;
+    int ndim;
+    int64_t shape[ST_MAXDIM];
+    const void *data;
+} StTensor;
+
+// st_fail: format an error into err (if any) and return -1.
+static int st_fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+// st_shape_str: "(16, 3, 3, 3)" into buf; "()" for a scalar.
+static const char *st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < ndim && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, "%s%" PRId64, i ? ", " : "", shape[i]);
+    if (k < len) snprintf(buf + k, len - k, ")");
+    return buf;
+}
+
+// ------------------------------------------------------------------------------------------
+// strict JSON parser for the header (only what safetensors uses: objects, strings, integers)
+// ------------------------------------------------------------------------------------------
+
+typedef struct {
+    const unsigned char *s;
+    size_t n, i;
+    const char *path;
+    char *err;
+    size_t errlen;
+} StJson;
+
+static void json_ws(StJson *j) {
+    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r')) j->i++;
+}
+
+// json_found: describe the byte at the cursor for an error message.
+static const char *json_found(StJson *j, char *buf, size_t len) {
+    if (j->i >= j->n) snprintf(buf, len, "end of header");
+    else if (j->s[j->i] >= 0x20 && j->s[j->i] < 0x7f) snprintf(buf, len, "'%c'", j->s[j->i]);
+    else snprintf(buf, len, "byte 0x%02x", j->s[j->i]);
+    return buf;
+}
+
+// json_expect: skip whitespace and consume the character c; ctx says where we are.
+static int json_expect(StJson *j, int c, const char *ctx) {
+    json_ws(j);
+    if (j->i < j->n && j->s[j->i] == c) { j->i++; return 0; }
+    char b[32];
+    return st_fail(j->err, j->errlen, "'%s': header JSON: expected '%c' %s at byte %zu, found %s",
+                   j->path, c, ctx, j->i, json_found(j, b, sizeof b));
+}
+
+// utf8_seq: length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid (overlong,
+// surrogate, above U+10FFFF or truncated).
+static int utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    int len; unsigned cp, min;
+    if (c >= 0xc2 && c <= 0xdf) { len = 2; cp = c & 0x1f; min = 0x80; }
+    else if (c >= 0xe0 && c <= 0xef) { len = 3; cp = c & 0x0f; min = 0x800; }
+    else if (c >= 0xf0 && c <= 0xf4) { len = 4; cp = c & 0x07; min = 0x10000; }
+    else return 0;
+    if ((size_t)len > n) return 0;
+    for (int k = 1; k < len; k++) {
+        if ((s[k] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}
+
+// json_hex4: four hex digits at s -> value, or -1.
+static int json_hex4(const unsigned char *s) {
+    int v = 0;
+    for (int k = 0; k < 4; k++) {
+        int c = s[k], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+// json_string: parse a string into a new NUL-terminated UTF-8 buffer (*out, caller frees).
+// Escapes \" \\ \/ \b \f \n \r \t \uXXXX (surrogate pairs combined); raw control bytes, invalid
+// UTF-8 and \u0000 (names are C strings) are errors.
+static int json_string(StJson *j, char **out, const char *ctx) {
+    *out = NULL;
+    json_ws(j);
+    if (j->i >= j->n || j->s[j->i] != '"') {
+        char b[32];
+        return st_fail(j->err, j->errlen, "'%s': header JSON: expected a string %s at byte %zu, found %s",
+                       j->path, ctx, j->i, json_found(j, b, sizeof b));
+    }
+    size_t start = ++j->i, k = start;
+    while (k < j->n && j->s[k] != '"') k += j->s[k] == '\\' ? 2 : 1;
+    if (k >= j->n)
+        return st_fail(j->err, j->errlen, "'%s': header JSON: unterminated string %s starting at byte %zu",
+                       j->path, ctx, start - 1);
+    char *o = xmalloc(k - start + 1);   // decoded text is never longer than its source
+    size_t w = 0;
+    while (j->i < k) {
+        unsigned c = j->s[j->i];
+        if (c < 0x20) goto bad_ctrl;
+        if (c != '\\') {
+            int len = utf8_seq(j->s + j->i, k - j->i);
+            if (!len) goto bad_utf8;
+            memcpy(o + w, j->s + j->i, (size_t)len);
+            w += (size_t)len; j->i += (size_t)len;
+            continue;
+        }
+        unsigned e = j->s[j->i + 1];     // j->i + 1 < k + 1 <= n: the scan above guarantees it
+        j->i += 2;
+        switch (e) {
+        case '"': o[w++] = '"'; break;
+        case '\\': o[w++] = '\\'; break;
+        case '/': o[w++] = '/'; break;
+        case 'b': o[w++] = '\b'; break;
+        case 'f': o[w++] = '\f'; break;
+        case 'n': o[w++] = '\n'; break;
+        case 'r': o[w++] = '\r'; break;
+        case 't': o[w++] = '\t'; break;
+        case 'u': {
+            int cp = j->i + 4 <= k ? json_hex4(j->s + j->i) : -1;
+            if (cp < 0) goto bad_escape;
+            j->i += 4;
+            if (cp >= 0xd800 && cp <= 0xdbff) {   // high surrogate: a low one must follow
+                int lo = j->i + 6 <= k && j->s[j->i] == '\\' && j->s[j->i + 1] == 'u' ? json_hex4(j->s + j->i + 2) : -1;
+                if (lo < 0xdc00 || lo > 0xdfff) goto bad_escape;
+                j->i += 6;
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            } else if (cp >= 0xdc00 && cp <= 0xdfff) goto bad_escape;
+            if (cp == 0) goto bad_escape;
+            if (cp < 0x80) o[w++] = (char)cp;
+            else if (cp < 0x800) { o[w++] = (char)(0xc0 | cp >> 6); o[w++] = (char)(0x80 | (cp & 0x3f)); }
+            else if (cp < 0x10000) {
+                o[w++] = (char)(0xe0 | cp >> 12); o[w++] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[w++] = (char)(0x80 | (cp & 0x3f));
+            } else {
+                o[w++] = (char)(0xf0 | cp >> 18); o[w++] = (char)(0x80 | ((cp >> 12) & 0x3f));
+                o[w++] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[w++] = (char)(0x80 | (cp & 0x3f));
+            }
+            break;
+        }
+        default: goto bad_escape;
+        }
+    }
+    o[w] = 0;
+    j->i = k + 1;
+    *out = o;
+    return 0;
+bad_ctrl:
+    free(o);
+    return st_fail(j->err, j->errlen, "'%s': header JSON: raw control byte 0x%02x in string %s at byte %zu",
+                   j->path, j->s[j->i], ctx, j->i);
+bad_utf8:
+    free(o);
+    return st_fail(j->err, j->errlen, "'%s': header JSON: invalid UTF-8 in string %s at byte %zu", j->path, ctx, j->i);
+bad_escape:
+    free(o);
+    return st_fail(j->err, j->errlen, "'%s': header JSON: bad escape sequence in string %s near byte %zu",
+                   j->path, ctx, j->i);
+}
+
+// json_uint: a non-negative integer without sign, fraction, exponent or leading zeros, <= INT64_MAX.
+static int json_uint(StJson *j, uint64_t *out, const char *ctx) {
+    json_ws(j);
+    size_t start = j->i;
+    uint64_t v = 0;
+    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') {
+        unsigned d = j->s[j->i] - '0';
+        if (v > ((uint64_t)INT64_MAX - d) / 10)
+            return st_fail(j->err, j->errlen, "'%s': header JSON: integer too large %s at byte %zu", j->path, ctx, start);
+        v = v * 10 + d;
+        j->i++;
+    }
+    char b[32];
+    if (j->i == start)
+        return st_fail(j->err, j->errlen, "'%s': header JSON: expected a non-negative integer %s at byte %zu, found %s",
+                       j->path, ctx, start, json_found(j, b, sizeof b));
+    if (j->i - start > 1 && j->s[start] == '0')
+        return st_fail(j->err, j->errlen, "'%s': header JSON: integer with a leading zero %s at byte %zu", j->path, ctx, start);
+    if (j->i < j->n && (j->s[j->i] == '.' || j->s[j->i] == 'e' || j->s[j->i] == 'E'))
+        return st_fail(j->err, j->errlen, "'%s': header JSON: expected an integer %s at byte %zu, found a fraction or exponent",
+                       j->path, ctx, start);
+    *out = v;
+    return 0;
+}
+
+// json_uint_array: [a, b, ...] with at most max elements into v; *count gets the length.
+static int json_uint_array(StJson *j, uint64_t *v, int max, int *count, const char *ctx) {
+    *count = 0;
+    if (json_expect(j, '[', ctx)) return -1;
+    json_ws(j);
+    if (j->i < j->n && j->s[j->i] == ']') { j->i++; return 0; }
+    for (;;) {
+        if (*count == max)
+            return st_fail(j->err, j->errlen, "'%s': header JSON: more than %d values %s at byte %zu", j->path, max, ctx, j->i);
+        if (json_uint(j, &v[*count], ctx)) return -1;
+        (*count)++;
+        json_ws(j);
+        if (j->i < j->n && j->s[j->i] == ',') { j->i++; continue; }
+        return json_expect(j, ']', ctx);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// header parse and validation
+// ------------------------------------------------------------------------------------------
+
+// st_parse_meta: "__metadata__": {"key": "value", ...}; values must be strings.
+static int st_parse_meta(StJson *j, SafeTensors *st) {
+    if (json_expect(j, '{', "to open __metadata__")) return -1;
+    json_ws(j);
+    if (j->i < j->n && j->s[j->i] == '}') { j->i++; return 0; }
+    for (;;) {
+        if (st->nmeta == st->metacap) {
+            st->metacap = st->metacap ? 2 * st->metacap : 8;
+            st->meta = realloc(st->meta, sizeof(char *) * 2 * (size_t)st->metacap);
+            if (!st->meta) die("out of memory reading the header of '%s'", st->path);
+        }
+        char **kv = st->meta + 2 * st->nmeta;
+        if (json_string(j, &kv[0], "as a __metadata__ key")) return -1;
+        kv[1] = NULL;
+        st->nmeta++;
+        if (json_expect(j, ':', "after a __metadata__ key")) return -1;
+        json_ws(j);
+        if (j->i >= j->n || j->s[j->i] != '"')
+            return st_fail(j->err, j->errlen, "'%s': header: __metadata__ value of key '%.100s' is not a string (byte %zu)",
+                           j->path, kv[0], j->i);
+        if (json_string(j, &kv[1], "as a __metadata__ value")) return -1;
+        json_ws(j);
+        if (j->i < j->n && j->s[j->i] == ',') { j->i++; continue; }
+        return json_expect(j, '}', "to close __metadata__");
+    }
+}
+
+// st_parse_tensor: {"dtype": .., "shape": [..], "data_offsets": [b, e]} into e, then check that
+// the dtype is known, the byte range lies in the data section and matches dtype size x numel.
+static int st_parse_tensor(StJson *j, StEntry *e, uint64_t data_size) {
+    const char *nm = e->name;
+    int have_dtype = 0, have_shape = 0, have_off = 0;
+    uint64_t off[2] = {0, 0}, shp[ST_MAXDIM];
+    if (json_expect(j, '{', "to open a tensor entry")) return -1;
+    json_ws(j);
+    if (!(j->i < j->n && j->s[j->i] == '}'))
+        for (;;) {
+            char *key;
+            if (json_string(j, &key, "as a tensor field name")) return -1;
+            int rc = json_expect(j, ':', "after a tensor field name");
+            if (!rc && strcmp(key, "dtype") == 0) {
+                char *v = NULL;
+                if (have_dtype) rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'dtype'", j->path, nm);
+                else if (!(rc = json_string(j, &v, "as dtype"))) {
+                    e->dtype = -1;
+                    for (int d = 0; d < ST_NDTYPE; d++) if (strcmp(v, st_dtype_name[d]) == 0) e->dtype = d;
+                    if (e->dtype < 0)
+                        rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': unsupported dtype '%.40s' "
+                                     "(known: F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL)", j->path, nm, v);
+                }
+                free(v);
+                have_dtype = 1;
+            } else if (!rc && strcmp(key, "shape") == 0) {
+                if (have_shape) rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'shape'", j->path, nm);
+                else rc = json_uint_array(j, shp, ST_MAXDIM, &e->ndim, "in shape");
+                have_shape = 1;
+            } else if (!rc && strcmp(key, "data_offsets") == 0) {
+                int cnt = 0;
+                if (have_off) rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'data_offsets'", j->path, nm);
+                else if (!(rc = json_uint_array(j, off, 2, &cnt, "in data_offsets")) && cnt != 2)
+                    rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': data_offsets has %d values, expected 2 [begin, end]",
+                                 j->path, nm, cnt);
+                have_off = 1;
+            } else if (!rc)
+                rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': unknown field '%.60s' (expected dtype, shape, data_offsets)",
+                             j->path, nm, key);
+            free(key);
+            if (rc) return -1;
+            json_ws(j);
+            if (j->i < j->n && j->s[j->i] == ',') { j->i++; continue; }
+            break;
+        }
+    if (json_expect(j, '}', "to close a tensor entry")) return -1;
+    if (!have_dtype || !have_shape || !have_off)
+        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': missing field '%s'", j->path, nm,
+                       !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+    // numel with overflow guard; any product beyond the file size is caught by the size check below
+    uint64_t numel = 1;
+    for (int d = 0; d < e->ndim; d++) {
+        e->shape[d] = (int64_t)shp[d];
+        if (__builtin_mul_overflow(numel, shp[d], &numel))
+            return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': shape product overflows", j->path, nm);
+    }
+    uint64_t bytes;
+    if (__builtin_mul_overflow(numel, (uint64_t)st_dtype_size[e->dtype], &bytes))
+        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': shape product overflows", j->path, nm);
+    e->numel = (int64_t)numel;
+    e->begin = off[0];
+    e->end = off[1];
+    if (off[0] > off[1])
+        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': data_offsets [%" PRIu64 ", %" PRIu64 "] has begin > end",
+                       j->path, nm, off[0], off[1]);
+    if (off[1] > data_size)
+        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds: "
+                       "the data section has %" PRIu64 " bytes (file truncated?)", j->path, nm, off[0], off[1], data_size);
+    if (off[1] - off[0] != bytes) {
+        char sb[160];
+        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': size mismatch: dtype %s x shape %s needs %" PRIu64
+                       " bytes but data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64 " bytes", j->path, nm,
+                       st_dtype_name[e->dtype], st_shape_str(sb, sizeof sb, e->ndim, e->shape), bytes, off[0], off[1], off[1] - off[0]);
+    }
+    return 0;
+}
+
+static int st_cmp_name(const void *a, const void *b) {
+    return strcmp((*(StEntry *const *)a)->name, (*(StEntry *const *)b)->name);
+}
+static int st_cmp_begin(const void *a, const void *b) {
+    const StEntry *x = *(StEntry *const *)a, *y = *(StEntry *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+static int st_cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// st_parse_header: parse the n header bytes hdr into st (st->path and st->data_size set by the
+// caller), then check duplicates and overlaps across tensors. On error st holds what was parsed
+// so far; the caller frees it with st_close.
+static int st_parse_header(SafeTensors *st, const unsigned char *hdr, size_t n, char *err, size_t errlen) {
+    StJson j = {hdr, n, 0, st->path, err, errlen};
+    int have_meta = 0;
+    json_ws(&j);
+    if (json_expect(&j, '{', "at the start of the header (not a safetensors file?)")) return -1;
+    json_ws(&j);
+    if (!(j.i < j.n && j.s[j.i] == '}'))
+        for (;;) {
+            char *key;
+            if (json_string(&j, &key, "as a tensor name")) return -1;
+            if (json_expect(&j, ':', "after a tensor name")) { free(key); return -1; }
+            if (strcmp(key, "__metadata__") == 0) {
+                free(key);
+                if (have_meta) return st_fail(err, errlen, "'%s': header: duplicate key '__metadata__'", st->path);
+                have_meta = 1;
+                if (st_parse_meta(&j, st)) return -1;
+            } else {
+                if (st->n == st->cap) {
+                    st->cap = st->cap ? 2 * st->cap : 64;
+                    st->t = realloc(st->t, sizeof(StEntry) * (size_t)st->cap);
+                    if (!st->t) die("out of memory reading the header of '%s'", st->path);
+                }
+                StEntry *e = &st->t[st->n++];
+                memset(e, 0, sizeof *e);
+                e->name = key;
+                if (st_parse_tensor(&j, e, st->data_size)) return -1;
+            }
+            json_ws(&j);
+            if (j.i < j.n && j.s[j.i] == ',') { j.i++; continue; }
+            break;
+        }
+    if (json_expect(&j, '}', "to close the header object")) return -1;
+    json_ws(&j);
+    if (j.i != j.n)
+        return st_fail(err, errlen, "'%s': header JSON: unexpected bytes after the closing '}' at byte %zu of %zu",
+                       st->path, j.i, j.n);
+
+    st->by_name = xmalloc(sizeof(StEntry *) * (size_t)st->n);
+    for (int i = 0; i < st->n; i++) st->by_name[i] = &st->t[i];
+    qsort(st->by_name, (size_t)st->n, sizeof(StEntry *), st_cmp_name);
+    for (int i = 1; i < st->n; i++)
+        if (strcmp(st->by_name[i - 1]->name, st->by_name[i]->name) == 0)
+            return st_fail(err, errlen, "'%s': header: duplicate tensor name '%.200s'", st->path, st->by_name[i]->name);
+    if (st->nmeta > 1) {
+        char **keys = xmalloc(sizeof(char *) * (size_t)st->nmeta);
+        for (int i = 0; i < st->nmeta; i++) keys[i] = st->meta[2 * i];
+        qsort(keys, (size_t)st->nmeta, sizeof(char *), st_cmp_str);
+        int dup = -1;
+        for (int i = 1; i < st->nmeta && dup < 0; i++) if (strcmp(keys[i - 1], keys[i]) == 0) dup = i;
+        int rc = dup < 0 ? 0 : st_fail(err, errlen, "'%s': header: duplicate __metadata__ key '%.200s'", st->path, keys[dup]);
+        free(keys);
+        if (rc) return rc;
+    }
+    StEntry **by_begin = xmalloc(sizeof(StEntry *) * (size_t)st->n);
+    for (int i = 0; i < st->n; i++) by_begin[i] = &st->t[i];
+    qsort(by_begin, (size_t)st->n, sizeof(StEntry *), st_cmp_begin);
+    int rc = 0;
+    for (int i = 1; i < st->n && !rc; i++) {
+        const StEntry *a = by_begin[i - 1], *b = by_begin[i];
+        if (b->begin < a->end)
+            rc = st_fail(err, errlen, "'%s': header: tensors '%.200s' [%" PRIu64 ", %" PRIu64 ") and '%.200s' [%" PRIu64 ", %" PRIu64
+                         ") overlap in the data section", st->path, a->name, a->begin, a->end, b->name, b->begin, b->end);
+    }
+    free(by_begin);
+    return rc;
+}
+
+// ------------------------------------------------------------------------------------------
+// reading
+// ------------------------------------------------------------------------------------------
+
+// st_close: free everything st_open allocated and close the file; safe on a zeroed or failed st.
+static void st_close(SafeTensors *st) {
+    if (st->f) fclose(st->f);
+    for (int i = 0; i < st->n; i++) free(st->t[i].name);
+    for (int i = 0; i < 2 * st->nmeta; i++) free(st->meta[i]);
+    free(st->t); free(st->by_name); free(st->meta); free(st->path);
+    memset(st, 0, sizeof *st);
+}
+
+// st_open_stream: read and validate the header of the safetensors stream f (owned from here on:
+// closed by st_close, or here on error). label names the file in messages. Sizes from the file
+// are checked against the real file size before anything is allocated from them.
+static int st_open_stream(FILE *f, const char *label, SafeTensors *st, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    st->path = strdup(label ? label : "(stream)");
+    if (!st->path) die("out of memory");
+    st->f = f;
+    int fd = fileno(f);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        st_fail(err, errlen, "'%s': not a regular file", st->path);
+        goto fail;
+    }
+    off_t size;
+    if (fseeko(f, 0, SEEK_END) != 0 || (size = ftello(f)) < 0 || fseeko(f, 0, SEEK_SET) != 0) {
+        st_fail(err, errlen, "'%s': cannot determine the file size: %s", st->path, strerror(errno));
+        goto fail;
+    }
+    if (size == 0) { st_fail(err, errlen, "'%s': empty file (0 bytes), not a safetensors file", st->path); goto fail; }
+    unsigned char len8[8];
+    if (size < 8 || fread(len8, 1, 8, f) != 8) {
+        st_fail(err, errlen, "'%s': file is %lld bytes, too short for the 8-byte safetensors header length (truncated?)",
+                st->path, (long long)size);
+        goto fail;
+    }
+    uint64_t hlen = 0;
+    for (int k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
+    if (hlen > (uint64_t)size - 8) {
+        st_fail(err, errlen, "'%s': header length %" PRIu64 " exceeds the %lld bytes left in the file (truncated, or not a "
+                "safetensors file)", st->path, hlen, (long long)size - 8);
+        goto fail;
+    }
+    if (hlen > ST_MAX_HEADER) {
+        st_fail(err, errlen, "'%s': header length %" PRIu64 " exceeds the %llu byte limit", st->path, hlen, ST_MAX_HEADER);
+        goto fail;
+    }
+    if (hlen < 2) {
+        st_fail(err, errlen, "'%s': header length %" PRIu64 " is too short for a JSON object", st->path, hlen);
+        goto fail;
+    }
+    st->data_start = 8 + hlen;
+    st->data_size = (uint64_t)size - 8 - hlen;
+    unsigned char *hdr = xmalloc((size_t)hlen);
+    if (fread(hdr, 1, (size_t)hlen, f) != (size_t)hlen) {
+        free(hdr);
+        st_fail(err, errlen, "'%s': short read of the %" PRIu64 "-byte header: %s", st->path, hlen,
+                ferror(f) ? strerror(errno) : "unexpected end of file");
+        goto fail;
+    }
+    int rc = st_parse_header(st, hdr, (size_t)hlen, err, errlen);
+    free(hdr);
+    if (rc) goto fail;
+    return 0;
+fail:
+    st_close(st);
+    return -1;
+}
+
+// st_open: open path and validate its whole header; 0 on success, -1 with err set.
+static int st_open(const char *path, SafeTensors *st, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    FILE *f = fopen(path, "rb");
+    if (!f) return st_fail(err, errlen, "'%s': cannot open: %s", path, strerror(errno));
+    return st_open_stream(f, path, st, err, errlen);
+}
+
+// st_find: the tensor called name, or NULL.
+static const StEntry *st_find(const SafeTensors *st, const char *name) {
+    StEntry key = {0}, *kp = &key, **hit;
+    key.name = (char *)name;
+    if (!st->n) return NULL;
+    hit = bsearch(&kp, st->by_name, (size_t)st->n, sizeof(StEntry *), st_cmp_name);
+    return hit ? *hit : NULL;
+}
+
+// st_meta: the __metadata__ value for key, or NULL.
+static const char *st_meta(const SafeTensors *st, const char *key) {
+    for (int i = 0; i < st->nmeta; i++) if (strcmp(st->meta[2 * i], key) == 0) return st->meta[2 * i + 1];
+    return NULL;
+}
+
+// st_read_chunks: read the numel elements of e and convert them to float (to_float) or int64 into dst.
+static int st_read_chunks(SafeTensors *st, const StEntry *e, void *dst, int to_float, char *err, size_t errlen) {
+    if (fseeko(st->f, (off_t)(st->data_start + e->begin), SEEK_SET) != 0)
+        return st_fail(err, errlen, "'%s': tensor '%s': seek failed: %s", st->path, e->name, strerror(errno));
+    int ds = st_dtype_size[e->dtype];
+    if ((e->dtype == ST_F32 && to_float) || (e->dtype == ST_I64 && !to_float)) {   // same layout: read in place
+        if (fread(dst, (size_t)ds, (size_t)e->numel, st->f) != (size_t)e->numel) goto short_read;
+        return 0;
+    }
+    unsigned char buf[1 << 16];
+    int64_t per = (int64_t)sizeof buf / ds;
+    float *df = dst;
+    int64_t *di = dst;
+    for (int64_t i = 0; i < e->numel;) {
+        int64_t k = e->numel - i < per ? e->numel - i : per;
+        if (fread(buf, (size_t)ds, (size_t)k, st->f) != (size_t)k) goto short_read;
+        for (int64_t q = 0; q < k; q++) {
+            const unsigned char *p = buf + q * ds;
+            uint16_t u16; uint32_t u32; uint64_t u64; double f64; float f32;
+            switch (e->dtype) {
+            case ST_F16: memcpy(&u16, p, 2); df[i + q] = half_to_float(u16); break;
+            case ST_BF16: memcpy(&u16, p, 2); df[i + q] = bf16_to_float(u16); break;
+            case ST_F32: memcpy(&f32, p, 4); df[i + q] = f32; break;
+            case ST_F64: memcpy(&f64, p, 8); df[i + q] = (float)f64; break;
+            case ST_BOOL: case ST_U8: di[i + q] = p[0]; break;
+            case ST_I8: di[i + q] = (int8_t)p[0]; break;
+            case ST_U16: memcpy(&u16, p, 2); di[i + q] = u16; break;
+            case ST_I16: memcpy(&u16, p, 2); di[i + q] = (int16_t)u16; break;
+            case ST_U32: memcpy(&u32, p, 4); di[i + q] = u32; break;
+            case ST_I32: memcpy(&u32, p, 4); di[i + q] = (int32_t)u32; break;
+            default: memcpy(&u64, p, 8); di[i + q] = (int64_t)u64; break;   // I64, U64 (wraps above 2^63)
+            }
+        }
+        i += k;
+    }
+    return 0;
+short_read:
+    return st_fail(err, errlen, "'%s': tensor '%s': short read of %" PRIu64 " bytes at offset %" PRIu64 " (%s)", st->path,
+                   e->name, e->end - e->begin, st->data_start + e->begin,
+                   ferror(st->f) ? strerror(errno) : "file shrank after opening?");
+}
+
+// st_read_f32: the e->numel values of a float tensor (F32, F16, BF16, F64) as float into dst.
+static int st_read_f32(SafeTensors *st, const StEntry *e, float *dst, char *err, size_t errlen) {
+    if (!st_dtype_is_float(e->dtype))
+        return st_fail(err, errlen, "'%s': tensor '%s' has dtype %s, expected a float dtype", st->path, e->name, st_dtype_name[e->dtype]);
+    return st_read_chunks(st, e, dst, 1, err, errlen);
+}
+
+// st_read_i64: the e->numel values of an integer or BOOL tensor as int64 into dst.
+static int st_read_i64(SafeTensors *st, const StEntry *e, int64_t *dst, char *err, size_t errlen) {
+    if (st_dtype_is_float(e->dtype))
+        return st_fail(err, errlen, "'%s': tensor '%s' has dtype %s, expected an integer dtype", st->path, e->name, st_dtype_name[e->dtype]);
+    return st_read_chunks(st, e, dst, 0, err, errlen);
+}
+
+// ------------------------------------------------------------------------------------------
+// writing (atomic: tmp file, fsync, rename, fsync of the directory)
+// ------------------------------------------------------------------------------------------
+
+#ifdef TESTING
+static int64_t st_test_fail_after = -1;   // test hook: st_write fails once this many bytes are written
+#endif
+
+typedef struct { char *p; size_t n, cap; } StBuf;
+
+static void stbuf_put(StBuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        while (b->n + n + 1 > b->cap) b->cap = b->cap ? 2 * b->cap : 4096;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p) die("out of memory building a safetensors header");
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void stbuf_printf(StBuf *b, const char *fmt, ...) {
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    stbuf_put(b, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
+}
+
+// stbuf_json_string: s as a JSON string literal; 0, or -1 if s is not valid UTF-8.
+static int stbuf_json_string(StBuf *b, const char *s) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t n = strlen(s);
+    stbuf_put(b, "\"", 1);
+    for (size_t i = 0; i < n;) {
+        if (u[i] == '"' || u[i] == '\\') { char e[2] = {'\\', (char)u[i]}; stbuf_put(b, e, 2); i++; }
+        else if (u[i] < 0x20) { stbuf_printf(b, "\\u%04x", u[i]); i++; }
+        else {
+            int len = utf8_seq(u + i, n - i);
+            if (!len) return -1;
+            stbuf_put(b, s + i, (size_t)len);
+            i += (size_t)len;
+        }
+    }
+    stbuf_put(b, "\"", 1);
+    return 0;
+}
+
+// st_fwrite: fwrite that honours the test failure hook; 0 or -1.
+static int st_fwrite(const void *p, size_t n, FILE *f, uint64_t *written) {
+#ifdef TESTING
+    if (st_test_fail_after >= 0 && *written + n > (uint64_t)st_test_fail_after) { errno = EIO; return -1; }
+#endif
+    if (n && fwrite(p, 1, n, f) != n) return -1;
+    *written += n;
+    return 0;
+}
+
+// st_fsync_dir: fsync the directory holding path so the rename itself is durable.
+static int st_fsync_dir(const char *path) {
+    char *dir = strdup(path);
+    if (!dir) return -1;
+    char *slash = strrchr(dir, '/');
+    if (!slash) strcpy(dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY), rc = -1;
+    if (fd >= 0) { rc = fsync(fd); close(fd); }
+    free(dir);
+    return rc;
+}
+
+// st_write: write n tensors (in the given order, data back to back) and the key/value metadata
+// meta_kv (NULL-terminated pairs, or NULL) to path atomically. Float sources are converted to
+// t[i].dtype (F32, F16, BF16); a finite value that overflows F16 is an error naming the tensor.
+static int st_write(const char *path, const StTensor *t, int n, const char *const *meta_kv, char *err, size_t errlen) {
+    StBuf h = {0};
+    char sb[160];
+    int rc = -1;
+    FILE *f = NULL;
+    size_t plen = strlen(path);
+    char *tmp = xmalloc(plen + 5);
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    uint64_t off = 0, written = 0;
+    int64_t *numel = xmalloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+
+    stbuf_put(&h, "{", 1);
+    int first = 1;
+    if (meta_kv && meta_kv[0]) {
+        stbuf_put(&h, "\"__metadata__\":{", 16);
+        for (int i = 0; meta_kv[i]; i += 2) {
+            if (!meta_kv[i + 1]) { st_fail(err, errlen, "'%s': metadata key '%s' has no value", path, meta_kv[i]); goto done; }
+            if (i) stbuf_put(&h, ",", 1);
+            if (stbuf_json_string(&h, meta_kv[i]) || (stbuf_put(&h, ":", 1), stbuf_json_string(&h, meta_kv[i + 1]))) {
+                st_fail(err, errlen, "'%s': metadata key '%.100s' or its value is not valid UTF-8", path, meta_kv[i]);
+                goto done;
+            }
+        }
+        stbuf_put(&h, "}", 1);
+        first = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const StTensor *x = &t[i];
+        if (!x->name || !x->name[0] || strcmp(x->name, "__metadata__") == 0) {
+            st_fail(err, errlen, "'%s': tensor %d has an empty or reserved name", path, i); goto done;
+        }
+        if (x->dtype != ST_F32 && x->dtype != ST_F16 && x->dtype != ST_BF16 && x->dtype != ST_I64) {
+            st_fail(err, errlen, "'%s': tensor '%s': can only write F32, F16, BF16 or I64 (dtype %d)", path, x->name, x->dtype); goto done;
+        }
+        if (x->ndim < 0 || x->ndim > ST_MAXDIM) {
+            st_fail(err, errlen, "'%s': tensor '%s': ndim %d outside [0, %d]", path, x->name, x->ndim, ST_MAXDIM); goto done;
+        }
+        int64_t ne = 1;
+        for (int d = 0; d < x->ndim; d++) {
+            if (x->shape[d] < 0 || __builtin_mul_overflow(ne, x->shape[d], &ne)) {
+                st_fail(err, errlen, "'%s': tensor '%s': bad shape %s", path, x->name, st_shape_str(sb, sizeof sb, x->ndim, x->shape));
+                goto done;
+            }
+        }
+        if (ne > 0 && !x->data) { st_fail(err, errlen, "'%s': tensor '%s': data is NULL", path, x->name); goto done; }
+        numel[i] = ne;
+        for (int q = 0; q < i; q++)
+            if (strcmp(t[q].name, x->name) == 0) { st_fail(err, errlen, "'%s': duplicate tensor name '%s'", path, x->name); goto done; }
+        uint64_t bytes = (uint64_t)ne * (uint64_t)st_dtype_size[x->dtype];
+        if (!first) stbuf_put(&h, ",", 1);
+        first = 0;
+        if (stbuf_json_string(&h, x->name)) { st_fail(err, errlen, "'%s': tensor name '%.100s' is not valid UTF-8", path, x->name); goto done; }
+        stbuf_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name[x->dtype]);
+        for (int d = 0; d < x->ndim; d++) stbuf_printf(&h, "%s%" PRId64, d ? "," : "", x->shape[d]);
+        stbuf_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + bytes);
+        off += bytes;
+    }
+    stbuf_put(&h, "}", 1);
+    while (h.n % 8) stbuf_put(&h, " ", 1);        // data section starts 8-byte aligned
+
+    f = fopen(tmp, "wb");
+    if (!f) { st_fail(err, errlen, "'%s': cannot create '%s': %s", path, tmp, strerror(errno)); goto done; }
+    unsigned char len8[8];
+    for (int k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)h.n >> (8 * k));
+    if (st_fwrite(len8, 8, f, &written) || st_fwrite(h.p, h.n, f, &written)) goto write_fail;
+    for (int i = 0; i < n; i++) {
+        const StTensor *x = &t[i];
+        if (x->dtype == ST_I64 || x->dtype == ST_F32) {   // same layout in memory and on disk
+            if (st_fwrite(x->data, (size_t)numel[i] * (size_t)st_dtype_size[x->dtype], f, &written)) goto write_fail;
+            continue;
+        }
+        uint16_t buf[8192];
+        const float *src = x->data;
+        for (int64_t j = 0; j < numel[i];) {
+            int64_t k = numel[i] - j < 8192 ? numel[i] - j : 8192;
+            for (int64_t q = 0; q < k; q++) {
+                float v = src[j + q];
+                buf[q] = x->dtype == ST_F16 ? float_to_half(v) : float_to_bf16(v);
+                if (isfinite(v) && (buf[q] & 0x7fffu) == (x->dtype == ST_F16 ? 0x7c00u : 0x7f80u)) {
+                    st_fail(err, errlen, "'%s': tensor '%s': value %g at index %" PRId64 " overflows %s", path, x->name,
+                            (double)v, j + q, st_dtype_name[x->dtype]);
+                    goto cleanup;
+                }
+            }
+            if (st_fwrite(buf, (size_t)k * 2, f, &written)) goto write_fail;
+            j += k;
+        }
+    }
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) goto write_fail;
+    if (fclose(f) != 0) { f = NULL; goto write_fail; }
+    f = NULL;
+    if (rename(tmp, path) != 0) {
+        st_fail(err, errlen, "'%s': cannot rename '%s' over it: %s", path, tmp, strerror(errno));
+        goto cleanup;
+    }
+    st_fsync_dir(path);     // best effort: the data itself is already durable
+    rc = 0;
+    goto done;
+write_fail:
+    st_fail(err, errlen, "'%s': writing '%s' failed after %" PRIu64 " bytes: %s (old file left as it was)",
+            path, tmp, written, strerror(errno ? errno : EIO));
+cleanup:
+    if (f) fclose(f);
+    unlink(tmp);
+done:
+    free(h.p); free(tmp); free(numel);
+    return rc;
+}
+
+// ------------------------------------------------------------------------------------------
+// model weights: ParamRef arrays in Ultralytics state_dict order
+// ------------------------------------------------------------------------------------------
+
+enum { PARAM_TRAIN = 0, PARAM_BUFFER = 1, PARAM_COUNT = 2 };
+
+typedef struct {
+    const char *name;            // Ultralytics state_dict key, e.g. "model.0.conv.weight"
+    int ndim;                    // 0..4 (PARAM_COUNT: 0)
+    int64_t shape[4];
+    float *data;                 // (numel) for PARAM_TRAIN / PARAM_BUFFER; NULL for PARAM_COUNT
+    int kind;                    // PARAM_TRAIN, PARAM_BUFFER (BN running stats), PARAM_COUNT
+    int64_t count;               // PARAM_COUNT: the value (num_batches_tracked)
+} ParamRef;
+
+static int64_t param_numel(const ParamRef *r) {
+    int64_t n = 1;
+    for (int d = 0; d < r->ndim; d++) n *= r->shape[d];
+    return n;
+}
+
+// weights_save: refs (in order) to path as safetensors; floats in dtype (ST_F32, ST_F16, ST_BF16),
+// PARAM_COUNT entries as I64 scalars. meta_kv: NULL or NULL-terminated key, value pairs. Atomic.
+static int weights_save(const char *path, const ParamRef *refs, int n, const char *const *meta_kv, int dtype,
+                        char *err, size_t errlen) {
+    if (dtype != ST_F32 && dtype != ST_F16 && dtype != ST_BF16)
+        return st_fail(err, errlen, "'%s': weights can be saved as F32, F16 or BF16 only (dtype %d)", path, dtype);
+    StTensor *t = xcalloc((size_t)(n > 0 ? n : 1), sizeof(StTensor));
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const ParamRef *r = &refs[i];
+        t[i].name = r->name;
+        if (r->ndim < 0 || r->ndim > 4) rc = st_fail(err, errlen, "'%s': param '%s': ndim %d outside [0, 4]", path, r->name, r->ndim);
+        if (r->kind == PARAM_COUNT) {
+            t[i].dtype = ST_I64; t[i].ndim = 0; t[i].data = &r->count;
+        } else {
+            t[i].dtype = dtype; t[i].ndim = r->ndim; t[i].data = r->data;
+            for (int d = 0; d < r->ndim && d < 4; d++) t[i].shape[d] = r->shape[d];
+        }
+    }
+    if (!rc) rc = st_write(path, t, n, meta_kv, err, errlen);
+    free(t);
+    return rc;
+}
+
+// weights_load_st: load refs from the open file st, tensor names being prefix + ref name (prefix
+// may be NULL). Checks first, for all refs: present (PARAM_COUNT may be absent), same shape,
+// float dtype (PARAM_COUNT: integer, one element); unless allow_extra, every file tensor must be
+// a ref, except integer *num_batches_tracked tensors. Lists the first few mismatches. Then reads
+// everything into a temporary, rejects NaN/Inf naming the tensor, and only then copies into refs.
+static int weights_load_st(SafeTensors *st, ParamRef *refs, int n, const char *prefix, int allow_extra,
+                           char *err, size_t errlen) {
+    enum { SHOW = 5 };
+    const StEntry **hit = xcalloc((size_t)(n > 0 ? n : 1), sizeof(StEntry *));
+    char *used = xcalloc((size_t)(st->n > 0 ? st->n : 1), 1);
+    size_t plen = prefix ? strlen(prefix) : 0;
+    char *name = NULL, msg[1536], sa[160], sb[160];
+    size_t mlen = 0, namecap = 0;
+    int bad = 0, rc = -1;
+    float *tmp = NULL;
+    int64_t *cnt = xcalloc((size_t)(n > 0 ? n : 1), sizeof(int64_t));
+    msg[0] = 0;
+#define WL_NOTE(...) do { if (bad++ < SHOW && mlen < sizeof msg) mlen += (size_t)snprintf(msg + mlen, sizeof msg - mlen, __VA_ARGS__); } while (0)
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        ParamRef *r = &refs[i];
+        size_t need = plen + strlen(r->name) + 1;
+        if (need > namecap) { namecap = need * 2; free(name); name = xmalloc(namecap); }
+        snprintf(name, need, "%s%s", prefix ? prefix : "", r->name);
+        const StEntry *e = st_find(st, name);
+        if (e) used[e - st->t] = 1;
+        if (r->kind == PARAM_COUNT) {
+            if (e && (st_dtype_is_float(e->dtype) || e->numel != 1))
+                WL_NOTE("; '%s' should be one integer, file has %s %s", name, st_dtype_name[e->dtype],
+                        st_shape_str(sb, sizeof sb, e->ndim, e->shape));
+            hit[i] = e;
+            continue;
+        }
+        if (r->ndim < 0 || r->ndim > 4 || (!r->data && param_numel(r) > 0)) {
+            WL_NOTE("; model param '%s' has ndim %d or no data (a bug in the caller)", name, r->ndim);
+            continue;
+        }
+        if (!e) { WL_NOTE("; missing tensor '%s'", name); continue; }
+        if (!st_dtype_is_float(e->dtype)) { WL_NOTE("; '%s' has dtype %s, expected a float dtype", name, st_dtype_name[e->dtype]); continue; }
+        int same = e->ndim == r->ndim;
+        for (int d = 0; same && d < r->ndim; d++) same = e->shape[d] == r->shape[d];
+        if (!same) {
+            WL_NOTE("; '%s' shape %s in file, model expects %s", name, st_shape_str(sa, sizeof sa, e->ndim, e->shape),
+                    st_shape_str(sb, sizeof sb, r->ndim, r->shape));
+            continue;
+        }
+        hit[i] = e;
+        total += e->numel;
+    }
+    if (!allow_extra)
+        for (int k = 0; k < st->n; k++) {
+            const StEntry *e = &st->t[k];
+            size_t nl = strlen(e->name), sl = strlen("num_batches_tracked");
+            int counter = !st_dtype_is_float(e->dtype) && nl >= sl && strcmp(e->name + nl - sl, "num_batches_tracked") == 0;
+            if (!used[k] && !counter) WL_NOTE("; unexpected tensor '%s' %s", e->name, st_shape_str(sb, sizeof sb, e->ndim, e->shape));
+        }
+#undef WL_NOTE
+    if (bad) {
+        st_fail(err, errlen, "'%s': does not match the model: %d mismatch%s%s%s", st->path, bad, bad == 1 ? "" : "es", msg,
+                bad > SHOW ? "; ..." : "");
+        goto done;
+    }
+    tmp = xmalloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
+    int64_t o = 0;
+    for (int i = 0; i < n; i++) {
+        if (!hit[i]) continue;
+        if (refs[i].kind == PARAM_COUNT) {
+            if (st_read_i64(st, hit[i], &cnt[i], err, errlen)) goto done;
+            continue;
+        }
+        const StEntry *e = hit[i];
+        if (st_read_f32(st, e, tmp + o, err, errlen)) goto done;
+        for (int64_t q = 0; q < e->numel; q++)
+            if (!isfinite(tmp[o + q])) {
+                st_fail(err, errlen, "'%s': tensor '%s' has a non-finite value (%s) at index %" PRId64, st->path, e->name,
+                        isnan(tmp[o + q]) ? "NaN" : "Inf", q);
+                goto done;
+            }
+        o += e->numel;
+    }
+    o = 0;
+    for (int i = 0; i < n; i++) {
+        if (!hit[i]) continue;
+        if (refs[i].kind == PARAM_COUNT) { refs[i].count = cnt[i]; continue; }
+        memcpy(refs[i].data, tmp + o, sizeof(float) * (size_t)hit[i]->numel);
+        o += hit[i]->numel;
+    }
+    rc = 0;
+done:
+    free(hit); free(used); free(name); free(tmp); free(cnt);
+    return rc;
+}
+
+// weights_load: load every ref from the safetensors file path (see weights_load_st); refs are
+// untouched unless the whole file validates.
+static int weights_load(const char *path, ParamRef *refs, int n, char *err, size_t errlen) {
+    SafeTensors st;
+    if (st_open(path, &st, err, errlen)) return -1;
+    int rc = weights_load_st(&st, refs, n, NULL, 0, err, errlen);
+    st_close(&st);
+    return rc;
+}
+
+// weights_infer: nc and scale of a YOLOv8 detection file: nc = dim 0 of model.22.cv3.0.2.weight
+// (nc, c3, 1, 1), scale from the stem model.0.conv.weight (16/32/48/64/80, 3, 3, 3).
+static int weights_infer(const char *path, int *nc, char *scale, char *err, size_t errlen) {
+    SafeTensors st;
+    if (st_open(path, &st, err, errlen)) return -1;
+    static const char scales[] = "nsmlx";   // stem width 16, 32, 48, 64, 80
+    const StEntry *stem = st_find(&st, "model.0.conv.weight"), *cls = st_find(&st, "model.22.cv3.0.2.weight");
+    const StEntry *box = st_find(&st, "model.22.cv2.0.2.weight");
+    int rc = -1;
+    char sb[160];
+    if (!stem || !cls || !box)
+        st_fail(err, errlen, "'%s': not a YOLOv8 detection model: no tensor '%s'", path,
+                !stem ? "model.0.conv.weight" : !cls ? "model.22.cv3.0.2.weight" : "model.22.cv2.0.2.weight");
+    else if (stem->ndim != 4 || stem->shape[1] != 3 || stem->shape[2] != 3 || stem->shape[3] != 3 ||
+             stem->shape[0] % 16 || stem->shape[0] < 16 || stem->shape[0] > 80)
+        st_fail(err, errlen, "'%s': not a YOLOv8 detection model: model.0.conv.weight has shape %s, expected (16|32|48|64|80, 3, 3, 3)",
+                path, st_shape_str(sb, sizeof sb, stem->ndim, stem->shape));
+    else if (cls->ndim != 4 || cls->shape[0] < 1 || cls->shape[0] > 100000 || cls->shape[2] != 1 || cls->shape[3] != 1)
+        st_fail(err, errlen, "'%s': not a YOLOv8 detection model: model.22.cv3.0.2.weight has shape %s, expected (nc, c3, 1, 1)",
+                path, st_shape_str(sb, sizeof sb, cls->ndim, cls->shape));
+    else if (box->ndim != 4 || box->shape[0] != 64)
+        st_fail(err, errlen, "'%s': not a YOLOv8 detection model: model.22.cv2.0.2.weight has shape %s, expected (64, c2, 1, 1)",
+                path, st_shape_str(sb, sizeof sb, box->ndim, box->shape));
+    else {
+        *nc = (int)cls->shape[0];
+        *scale = scales[stem->shape[0] / 16 - 1];
+        rc = 0;
+    }
+    st_close(&st);
+    return rc;
+}
 
 // ------------------------------------------------------------------------------------------
 // evaluation: decode, NMS, matching, mAP
 // ------------------------------------------------------------------------------------------
-#include "parts/eval.c"
+// ------------------------------------------------------------------------------------------
+// evaluation: head decode, NMS, matching, mAP (spec sections 1.3 "Inference decode" and 5)
+// ------------------------------------------------------------------------------------------
+//
+// Public API (all static; shapes use B, NC, A, R = 16 DFL bins):
+//
+//   Det                     one detection: x1, y1, x2, y2 (input pixels), score, cls
+//   head_anchor_count(imgH, imgW)                     -> A = sum over strides 8/16/32 of H_i*W_i
+//   head_decode(maps, B, NC, imgH, imgW, out)         raw maps[3] (B, 64+NC, H_i, W_i) ->
+//                                                     out (B, 4+NC, A): [cx, cy, w, h]*stride and
+//                                                     sigmoid scores, exactly Ultralytics' eval output
+//   NmsConfig nms_config_val() / nms_config_predict() conf 0.001 / 0.25, iou 0.7, max_det 300,
+//                                                     max_nms 30000, multi_label 1 / 0, agnostic 0
+//   nms_init(&nms, cfg, NC, A) / nms_free(&nms)       one allocation of every work buffer
+//   nms_run_maps(&nms, maps, b, imgH, imgW, out)      NMS of image b straight from the raw maps
+//                                                     (only candidate anchors are decoded);
+//                                                     out must hold cfg.max_det Dets; returns count
+//   nms_run_decoded(&nms, pred, out)                  the same from one image of head_decode's output,
+//                                                     pred (4+NC, A)
+//   evaluator_init(&ev, NC) / evaluator_reset / evaluator_free
+//   evaluator_add_image(&ev, dets, n, gt_box, gt_cls, M)   match one image (gt_box (M, 4) xyxy, same
+//                                                     pixel space as the dets) and store per-detection
+//                                                     (conf, cls, tp[10]) and per-label class
+//   evaluator_compute(&ev, &metrics)                  ap_per_class: P, R, mAP50, mAP50-95, per-class AP;
+//                                                     fitness = mAP50-95; metrics_free(&metrics)
+//                                                     releases its per-class arrays
+//
+// Matching follows match_predictions literally, which is not a pure greedy-by-IoU matching
+// (the spec's summary): each detection takes its best-IoU label, then each label goes to the
+// lowest-index (highest-confidence) detection that chose it; other detections are FP at that
+// threshold even when a second-best label was free. Perfect detections score AP 0.995, not 1
+// (the (1, 0) sentinel of compute_ap is hit by the last of the 101 points).
+//
+// Output order of both NMS paths: descending score; equal scores keep candidate order, which
+// is anchor-major then class (torch.where order), as a stable sort gives. The max_nms cut keeps
+// the max_nms first candidates in that same order (quickselect, then a sort of those only).
+// An Nms is scratch for one image at a time: use one per thread.
+//
+// DEVIATIONS from Ultralytics in this section:
+//  - All sorts are stable. Ultralytics sorts with np.argsort (quicksort, unstable) in
+//    ap_per_class and match_predictions and with torch argsort for max_nms; results differ only
+//    when two confidences (or two IoUs of one detection) are exactly equal.
+//    Tie rules we implement: ap_per_class keeps image order then NMS order for equal
+//    confidences; in matching a detection with two labels at exactly the same IoU takes the
+//    label with the larger index (what a stable argsort followed by [::-1] gives).
+//  - NMS stops as soon as max_det boxes are kept. Greedy NMS decides box k only from boxes
+//    kept before it, so the first max_det kept boxes are the same as Ultralytics' full NMS
+//    followed by [:max_det].
+//  - No NMS time limit (Ultralytics only warns and stops early on slow hardware).
+//  - Softmax/DFL sums and sigmoid are plain float loops; PyTorch's vectorised kernels may
+//    differ in the last bit.
+//
+
+#define EVAL_NIOU 10          // IoU thresholds 0.50:0.05:0.95
+#define EVAL_NGRID 1000       // confidence grid of the P/R/F1 curves
+#define NMS_MAX_WH 7680.0f    // class offset of class-aware NMS (Ultralytics max_wh)
+
+// IoU thresholds: torch.linspace(0.5, 0.95, 10) in float32 equals the nearest floats below.
+static const float eval_iouv[EVAL_NIOU] = {0.50f, 0.55f, 0.60f, 0.65f, 0.70f,
+                                          0.75f, 0.80f, 0.85f, 0.90f, 0.95f};
+static const int head_strides[3] = {8, 16, 32};
+
+typedef struct {
+    float x1, y1, x2, y2;     // box corners in network-input pixels
+    float score;              // class probability (sigmoid)
+    int cls;                  // class index in [0, NC)
+} Det;
+
+// ------------------------------------------------------------------------------------------
+// stable sorting and numpy-compatible helpers
+// ------------------------------------------------------------------------------------------
+
+// idx_before: the total order every sort here uses: higher key first, equal keys by lower
+// index. For an identity start this is what a stable descending sort gives.
+static inline int idx_before(const float *key, int32_t a, int32_t b) {
+    return key[a] > key[b] || (key[a] == key[b] && a < b);
+}
+
+// sort_desc_stable: reorder idx[0..n) by idx_before (bottom-up merge sort, tmp holds n ints).
+// With idx = 0..n-1 on entry this is np.argsort(-key, kind="stable"); it stands in for
+// np.argsort(-x) and torch sort(descending=True), see DEVIATIONS.
+static void sort_desc_stable(int32_t *idx, int32_t *tmp, int64_t n, const float *key) {
+    int32_t *src = idx, *dst = tmp;
+    for (int64_t width = 1; width < n; width *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * width) {
+            int64_t mid = lo + width < n ? lo + width : n;
+            int64_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+            int64_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = idx_before(key, src[j], src[i]) ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+        }
+        int32_t *t = src; src = dst; dst = t;
+    }
+    if (src != idx) memcpy(idx, src, (size_t)n * sizeof *idx);
+}
+
+// select_top: quickselect so that idx[0..k) holds the first k of idx[0..n) under idx_before
+// (in no particular order). O(n); lets NMS sort only max_nms of up to A*NC candidates.
+static void select_top(int32_t *idx, int64_t n, int64_t k, const float *key) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int32_t a = idx[lo], b = idx[lo + (hi - lo) / 2], c = idx[hi], pivot;   // median of three
+        if (idx_before(key, a, b)) pivot = idx_before(key, b, c) ? b : idx_before(key, a, c) ? c : a;
+        else pivot = idx_before(key, a, c) ? a : idx_before(key, b, c) ? c : b;
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (idx_before(key, idx[i], pivot)) i++;
+            while (idx_before(key, pivot, idx[j])) j--;
+            if (i <= j) { int32_t t = idx[i]; idx[i] = idx[j]; idx[j] = t; i++; j--; }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+// np_interp: numpy.interp(x, xp, fp, left, right) for one query, xp non-decreasing (n >= 1).
+// Picks j = last index with xp[j] <= x and interpolates to j+1 exactly as numpy's C loop does
+// (including x == xp[n-1] -> fp[n-1], which gives the (1, 0) end of compute_ap its weight).
+static double np_interp(double x, const double *xp, const double *fp, int64_t n, double left, double right) {
+    if (x > xp[n - 1]) return right;
+    if (x < xp[0]) return left;
+    if (x == xp[n - 1]) return fp[n - 1];
+    int64_t lo = 0, hi = n - 1;               // invariant: xp[lo] <= x < xp[hi]
+    while (hi - lo > 1) {
+        int64_t mid = (lo + hi) / 2;
+        if (xp[mid] <= x) lo = mid; else hi = mid;
+    }
+    int64_t j = lo;
+    if (xp[j] == x) return fp[j];
+    double slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j]);
+    double y = slope * (x - xp[j]) + fp[j];
+    if (isnan(y)) {
+        y = slope * (x - xp[j + 1]) + fp[j + 1];
+        if (isnan(y) && fp[j] == fp[j + 1]) y = fp[j];
+    }
+    return y;
+}
+
+// sigmoid_f: torch.sigmoid in float32.
+static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ------------------------------------------------------------------------------------------
+// head decode (Detect inference path: DFL, dist2bbox, strides, sigmoid)
+// ------------------------------------------------------------------------------------------
+
+// head_anchor_count: A for an input of imgH x imgW (both multiples of 32), levels P3, P4, P5.
+static int head_anchor_count(int imgH, int imgW) {
+    if (imgH <= 0 || imgW <= 0 || imgH % 32 || imgW % 32)
+        die("head decode: image size %dx%d must be positive multiples of 32", imgH, imgW);
+    int A = 0;
+    for (int l = 0; l < 3; l++) A += (imgH / head_strides[l]) * (imgW / head_strides[l]);
+    return A;
+}
+
+// anchor_decode_xywh: DFL expectation of the 4 sides at one pixel of one level, then
+// Ultralytics dist2bbox(xywh=True) times the stride. map points at this image's
+// (64+NC, H, W) block, HW = H*W, pix = y*W + x. Matches DFL.forward + Detect._inference.
+static void anchor_decode_xywh(const float *map, int HW, int pix, int x, int y, float stride, float xywh[4]) {
+    float dist[4];                            // l, t, r, b in grid units
+    for (int side = 0; side < 4; side++) {
+        const float *lg = map + (size_t)side * 16 * HW + pix;   // 16 bins, channel stride HW
+        float mx = lg[0];
+        for (int k = 1; k < 16; k++) mx = lg[(size_t)k * HW] > mx ? lg[(size_t)k * HW] : mx;
+        float e[16], sum = 0.0f;
+        for (int k = 0; k < 16; k++) { e[k] = expf(lg[(size_t)k * HW] - mx); sum += e[k]; }
+        float d = 0.0f;
+        for (int k = 0; k < 16; k++) d += (e[k] / sum) * (float)k;
+        dist[side] = d;
+    }
+    float ax = (float)x + 0.5f, ay = (float)y + 0.5f;
+    float x1 = ax - dist[0], y1 = ay - dist[1], x2 = ax + dist[2], y2 = ay + dist[3];
+    xywh[0] = (x1 + x2) / 2.0f * stride;
+    xywh[1] = (y1 + y2) / 2.0f * stride;
+    xywh[2] = (x2 - x1) * stride;
+    xywh[3] = (y2 - y1) * stride;
+}
+
+// head_decode: the tensor Ultralytics' Detect returns in eval mode.
+// maps[l]: (B, 64+NC, H_l, W_l) raw head outputs for strides 8, 16, 32 (H_l = imgH/stride).
+// out: (B, 4+NC, A), rows cx, cy, w, h (input pixels) then NC sigmoid scores; anchors in level
+// order, row-major within a level.
+static void head_decode(const float *const maps[3], int B, int NC, int imgH, int imgW, float *out) {
+    int A = head_anchor_count(imgH, imgW), C = 64 + NC;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int l = 0; l < 3; l++) {
+            int H = imgH / head_strides[l], W = imgW / head_strides[l], HW = H * W, a0 = 0;
+            for (int q = 0; q < l; q++) a0 += (imgH / head_strides[q]) * (imgW / head_strides[q]);
+            const float *map = maps[l] + (size_t)b * C * HW;              // (64+NC, H, W)
+            float *o = out + (size_t)b * (4 + NC) * A;                     // (4+NC, A)
+            for (int pix = 0; pix < HW; pix++) {
+                float xywh[4];
+                anchor_decode_xywh(map, HW, pix, pix % W, pix / W, (float)head_strides[l], xywh);
+                for (int k = 0; k < 4; k++) o[(size_t)k * A + a0 + pix] = xywh[k];
+                for (int c = 0; c < NC; c++)
+                    o[(size_t)(4 + c) * A + a0 + pix] = sigmoid_f(map[(size_t)(64 + c) * HW + pix]);
+            }
+        }
+}
+
+// ------------------------------------------------------------------------------------------
+// NMS (utils/nms.py non_max_suppression + torchvision.ops.nms), one image at a time
+// ------------------------------------------------------------------------------------------
+
+typedef struct {
+    float conf;               // candidate threshold on class score: score > conf (0.001 val, 0.25 predict)
+    float iou;                // NMS IoU threshold: suppress when IoU > iou (0.7)
+    int max_det;              // detections kept per image (300)
+    int max_nms;              // candidates entering NMS at most (30000)
+    int multi_label;          // 1: every (anchor, class) with score > conf; ignored (0) when NC == 1
+    int agnostic;             // 1: one NMS over all classes (single_cls / agnostic_nms)
+} NmsConfig;
+
+static NmsConfig nms_config_val(void) { return (NmsConfig){0.001f, 0.7f, 300, 30000, 1, 0}; }
+static NmsConfig nms_config_predict(void) { return (NmsConfig){0.25f, 0.7f, 300, 30000, 0, 0}; }
+
+// Nms: every buffer one image needs, allocated once by nms_init for (NC, A).
+typedef struct {
+    NmsConfig cfg;
+    int NC, A;
+    int64_t cap;              // candidate capacity: A*NC with multi_label, else A
+    int32_t *cand;            // (cap) candidate = anchor*NC + cls
+    float *score;             // (cap) candidate score
+    int32_t *order, *tmp;     // (cap) sort permutation and merge buffer
+    float *box;               // (A, 4) xyxy of candidate anchors (others stale)
+    float *kept;              // (max_det, 5) offset box x1, y1, x2, y2 and its area
+    float *s;                 // (NC) scores of one anchor (nms_run_maps)
+} Nms;
+
+// nms_init: size and allocate the work buffers. Memory = 16*cap + 16*A + 20*max_det bytes
+// (A=8400, NC=80: about 11 MB).
+static void nms_init(Nms *n, NmsConfig cfg, int NC, int A) {
+    if (NC < 1 || A < 1 || cfg.max_det < 1 || cfg.max_nms < 1) die("nms_init: bad NC=%d A=%d max_det=%d max_nms=%d", NC, A, cfg.max_det, cfg.max_nms);
+    if (NC == 1) cfg.multi_label = 0;         // Ultralytics: multi_label &= nc > 1
+    n->cfg = cfg; n->NC = NC; n->A = A;
+    n->cap = cfg.multi_label ? (int64_t)A * NC : A;
+    if (n->cap > INT32_MAX) die("nms_init: A*NC = %lld candidates is too many", (long long)n->cap);
+    n->cand = xmalloc((size_t)n->cap * sizeof(int32_t));
+    n->score = xmalloc((size_t)n->cap * sizeof(float));
+    n->order = xmalloc((size_t)n->cap * sizeof(int32_t));
+    n->tmp = xmalloc((size_t)n->cap * sizeof(int32_t));
+    n->box = xmalloc((size_t)A * 4 * sizeof(float));
+    n->kept = xmalloc((size_t)cfg.max_det * 5 * sizeof(float));
+    n->s = xmalloc((size_t)NC * sizeof(float));
+}
+
+static void nms_free(Nms *n) {
+    free(n->cand); free(n->score); free(n->order); free(n->tmp); free(n->box); free(n->kept); free(n->s);
+    memset(n, 0, sizeof *n);
+}
+
+// nms_store_box: xywh -> xyxy (Ultralytics xywh2xyxy, float32) into the anchor's box slot.
+static inline void nms_store_box(Nms *n, int a, const float xywh[4]) {
+    float hw = xywh[2] / 2.0f, hh = xywh[3] / 2.0f, *bx = n->box + (size_t)a * 4;
+    bx[0] = xywh[0] - hw; bx[1] = xywh[1] - hh; bx[2] = xywh[0] + hw; bx[3] = xywh[1] + hh;
+}
+
+// nms_add_anchor: append the candidates of one anchor given its NC scores (stride sstep).
+// multi_label: every class with score > conf, in class order; otherwise the first maximal
+// class if it beats conf. Returns 1 when the anchor produced a candidate.
+static int nms_add_anchor(Nms *n, int64_t *count, int a, const float *s, size_t sstep) {
+    int NC = n->NC, any = 0;
+    float conf = n->cfg.conf;
+    if (n->cfg.multi_label) {
+        for (int c = 0; c < NC; c++) {
+            float v = s[(size_t)c * sstep];
+            if (v > conf) { n->cand[*count] = a * NC + c; n->score[*count] = v; (*count)++; any = 1; }
+        }
+    } else {
+        int best = 0;
+        for (int c = 1; c < NC; c++) if (s[(size_t)c * sstep] > s[(size_t)best * sstep]) best = c;
+        float v = s[(size_t)best * sstep];
+        if (v > conf) { n->cand[*count] = a * NC + best; n->score[*count] = v; (*count)++; any = 1; }
+    }
+    return any;
+}
+
+// nms_finish: sort candidates by score (stable, descending), keep the top max_nms, then greedy
+// class-offset NMS with torchvision semantics (IoU in float32 on boxes + cls*7680, suppress
+// when IoU > iou), stopping at max_det kept. Writes out (max_det) and returns the count.
+static int nms_finish(Nms *n, int64_t count, Det *out) {
+    for (int64_t i = 0; i < count; i++) n->order[i] = (int32_t)i;
+    if (count > n->cfg.max_nms) {
+        select_top(n->order, count, n->cfg.max_nms, n->score);
+        count = n->cfg.max_nms;
+    }
+    sort_desc_stable(n->order, n->tmp, count, n->score);
+    int nk = 0, NC = n->NC;
+    double thr = n->cfg.iou;                  // torchvision compares float IoU with a double
+    for (int64_t r = 0; r < count && nk < n->cfg.max_det; r++) {
+        int32_t ci = n->order[r];
+        int a = n->cand[ci] / NC, cls = n->cand[ci] % NC;
+        const float *bx = n->box + (size_t)a * 4;
+        float off = n->cfg.agnostic ? 0.0f : (float)cls * NMS_MAX_WH;
+        float x1 = bx[0] + off, y1 = bx[1] + off, x2 = bx[2] + off, y2 = bx[3] + off;
+        float area = (x2 - x1) * (y2 - y1);
+        int suppressed = 0;
+        for (int k = 0; k < nk && !suppressed; k++) {
+            const float *kb = n->kept + (size_t)k * 5;
+            float xx1 = fmaxf(kb[0], x1), yy1 = fmaxf(kb[1], y1);
+            float xx2 = fminf(kb[2], x2), yy2 = fminf(kb[3], y2);
+            float w = fmaxf(0.0f, xx2 - xx1), h = fmaxf(0.0f, yy2 - yy1);
+            float inter = w * h;
+            float ovr = inter / (kb[4] + area - inter);
+            if ((double)ovr > thr) suppressed = 1;
+        }
+        if (suppressed) continue;
+        float *kb = n->kept + (size_t)nk * 5;
+        kb[0] = x1; kb[1] = y1; kb[2] = x2; kb[3] = y2; kb[4] = area;
+        out[nk] = (Det){bx[0], bx[1], bx[2], bx[3], n->score[ci], cls};
+        nk++;
+    }
+    return nk;
+}
+
+// nms_run_decoded: non_max_suppression for one image of head_decode's output.
+// pred: (4+NC, A) rows cx, cy, w, h, scores. out: (max_det). Returns the number of detections.
+static int nms_run_decoded(Nms *n, const float *pred, Det *out) {
+    int A = n->A;
+    int64_t count = 0;
+    for (int a = 0; a < A; a++)
+        if (nms_add_anchor(n, &count, a, pred + (size_t)4 * A + a, (size_t)A)) {
+            float xywh[4] = {pred[a], pred[(size_t)A + a], pred[(size_t)2 * A + a], pred[(size_t)3 * A + a]};
+            nms_store_box(n, a, xywh);
+        }
+    return nms_finish(n, count, out);
+}
+
+// nms_run_maps: the same result as head_decode + nms_run_decoded for image b, computed from the
+// raw maps (B, 64+NC, H_l, W_l). Scores are sigmoid'ed only for logits near or above
+// logit(conf), and DFL boxes are decoded only for candidate anchors.
+static int nms_run_maps(Nms *n, const float *const maps[3], int b, int imgH, int imgW, Det *out) {
+    int NC = n->NC, C = 64 + NC;
+    if (head_anchor_count(imgH, imgW) != n->A) die("nms_run_maps: %dx%d gives %d anchors, Nms was sized for %d", imgH, imgW, head_anchor_count(imgH, imgW), n->A);
+    float conf = n->cfg.conf;
+    // sigmoid(x) > conf  <=>  x > log(conf/(1-conf)); the margin covers float rounding.
+    float lthr = conf > 0.0f && conf < 1.0f ? logf(conf / (1.0f - conf)) - 1e-3f : -INFINITY;
+    float *s = n->s;                          // (NC) one anchor's scores
+    int64_t count = 0;
+    for (int l = 0, a0 = 0; l < 3; l++) {
+        int H = imgH / head_strides[l], W = imgW / head_strides[l], HW = H * W;
+        const float *map = maps[l] + (size_t)b * C * HW;                 // (64+NC, H, W)
+        for (int pix = 0; pix < HW; pix++) {
+            const float *lg = map + (size_t)64 * HW + pix;
+            int near = 0;
+            for (int c = 0; c < NC; c++) {
+                float x = lg[(size_t)c * HW];
+                s[c] = x > lthr ? sigmoid_f(x) : 0.0f;
+                near |= x > lthr;
+            }
+            if (!near) continue;
+            if (nms_add_anchor(n, &count, a0 + pix, s, 1)) {
+                float xywh[4];
+                anchor_decode_xywh(map, HW, pix, pix % W, pix / W, (float)head_strides[l], xywh);
+                nms_store_box(n, a0 + pix, xywh);
+            }
+        }
+        a0 += HW;
+    }
+    return nms_finish(n, count, out);
+}
+
+// ------------------------------------------------------------------------------------------
+// matching and AP (engine/validator.py match_predictions, utils/metrics.py ap_per_class)
+// ------------------------------------------------------------------------------------------
+
+// Evaluator: per-detection and per-label records of a whole validation pass.
+typedef struct {
+    int NC;
+    int64_t n, cap;           // detections stored / capacity
+    float *conf;              // (cap) detection score
+    int32_t *cls;             // (cap) detection class
+    uint16_t *tp;             // (cap) bit t set = TP at IoU threshold eval_iouv[t]
+    int64_t *n_gt;            // (NC) labels per class
+    float *iou;               // (iou_cap) scratch M x N IoU matrix of one image
+    int64_t iou_cap;
+    int *best, *taken;        // (N) / (M) scratch, grown with the image
+    int64_t best_cap, taken_cap;
+} Evaluator;
+
+typedef struct {
+    double P, R;              // mean over classes with GT, at the max-F1 confidence
+    double map50, map;        // mAP at IoU 0.5 and mean over 0.50:0.95
+    double fitness;           // = map (Ultralytics 8.3 fitness for best.pt)
+    int n_cls;                // classes with >= 1 label (the ones averaged)
+    double *ap50, *ap;        // (NC) per-class AP50 and AP50-95; -1 for classes without labels
+    double *p, *r;            // (NC) per-class P and R at the max-F1 confidence; -1 without labels
+    double conf_best;         // confidence grid value where the smoothed mean F1 peaks
+} Metrics;
+
+static void evaluator_init(Evaluator *ev, int NC) {
+    memset(ev, 0, sizeof *ev);
+    if (NC < 1) die("evaluator_init: NC=%d", NC);
+    ev->NC = NC;
+    ev->n_gt = xcalloc((size_t)NC, sizeof(int64_t));
+}
+
+// evaluator_reset: forget all images (keeps the buffers).
+static void evaluator_reset(Evaluator *ev) {
+    ev->n = 0;
+    memset(ev->n_gt, 0, (size_t)ev->NC * sizeof(int64_t));
+}
+
+static void evaluator_free(Evaluator *ev) {
+    free(ev->conf); free(ev->cls); free(ev->tp); free(ev->n_gt); free(ev->iou); free(ev->best); free(ev->taken);
+    memset(ev, 0, sizeof *ev);
+}
+
+// grow_buffer: realloc p to hold need elements of size sz when *cap is short (amortised doubling).
+static void *grow_buffer(void *p, int64_t *cap, int64_t need, size_t sz) {
+    if (need <= *cap) return p;
+    int64_t nc = *cap ? *cap : 256;
+    while (nc < need) nc *= 2;
+    void *q = realloc(p, (size_t)nc * sz);
+    if (!q) die("evaluator: out of host memory growing to %lld elements", (long long)nc);
+    *cap = nc;
+    return q;
+}
+
+// box_iou_f: utils/metrics.py box_iou for one pair, float32 with eps = 1e-7 added last.
+static inline float box_iou_f(const float *a, const float *b) {
+    float w = fminf(a[2], b[2]) - fmaxf(a[0], b[0]);
+    float h = fminf(a[3], b[3]) - fmaxf(a[1], b[1]);
+    float inter = fmaxf(w, 0.0f) * fmaxf(h, 0.0f);
+    float a1 = (a[2] - a[0]) * (a[3] - a[1]), a2 = (b[2] - b[0]) * (b[3] - b[1]);
+    return inter / (a1 + a2 - inter + 1e-7f);
+}
+
+// evaluator_add_image: match one image's detections (in NMS order) against its labels.
+// dets: (N); gt_box: (M, 4) x1 y1 x2 y2 in the same pixels; gt_cls: (M).
+// Per threshold t this reproduces match_predictions exactly: the pairs with IoU >= t sorted by
+// IoU descending, np.unique on the detection column (first occurrence = each detection's best
+// label; equal IoUs -> larger label index), then np.unique on the label column of that result,
+// which np.unique has reordered by detection index: each label goes to the lowest-index
+// detection that chose it. Those detections are TP.
+static void evaluator_add_image(Evaluator *ev, const Det *dets, int N, const float *gt_box, const int *gt_cls, int M) {
+    for (int i = 0; i < M; i++) {
+        if (gt_cls[i] < 0 || gt_cls[i] >= ev->NC) die("evaluator: label class %d outside [0, %d)", gt_cls[i], ev->NC);
+        ev->n_gt[gt_cls[i]]++;
+    }
+    if (N == 0) return;
+    int64_t cap = ev->cap;                    // the three per-detection arrays grow together
+    ev->conf = grow_buffer(ev->conf, &cap, ev->n + N, sizeof(float));
+    cap = ev->cap;
+    ev->cls = grow_buffer(ev->cls, &cap, ev->n + N, sizeof(int32_t));
+    ev->tp = grow_buffer(ev->tp, &ev->cap, ev->n + N, sizeof(uint16_t));
+    ev->iou = grow_buffer(ev->iou, &ev->iou_cap, (int64_t)M * N, sizeof(float));  // (M, N)
+    ev->best = grow_buffer(ev->best, &ev->best_cap, N, sizeof(int));
+    ev->taken = grow_buffer(ev->taken, &ev->taken_cap, M > 0 ? M : 1, sizeof(int));
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            const float db[4] = {dets[j].x1, dets[j].y1, dets[j].x2, dets[j].y2};
+            float v = box_iou_f(gt_box + (size_t)i * 4, db);
+            ev->iou[(size_t)i * N + j] = gt_cls[i] == dets[j].cls ? v : 0.0f;   // iou * correct_class
+        }
+    uint16_t *tp = ev->tp + ev->n;
+    for (int j = 0; j < N; j++) tp[j] = 0;
+    for (int t = 0; t < EVAL_NIOU && M > 0; t++) {
+        float thr = eval_iouv[t];
+        for (int j = 0; j < N; j++) {
+            int bi = -1;
+            float bv = 0.0f;
+            for (int i = 0; i < M; i++) {
+                float v = ev->iou[(size_t)i * N + j];
+                if (v >= thr && (bi < 0 || v >= bv)) { bi = i; bv = v; }
+            }
+            ev->best[j] = bi;
+        }
+        for (int i = 0; i < M; i++) ev->taken[i] = 0;
+        for (int j = 0; j < N; j++) {
+            int bi = ev->best[j];
+            if (bi >= 0 && !ev->taken[bi]) { ev->taken[bi] = 1; tp[j] |= (uint16_t)(1u << t); }
+        }
+    }
+    for (int j = 0; j < N; j++) {
+        if (dets[j].cls < 0 || dets[j].cls >= ev->NC) die("evaluator: detection class %d outside [0, %d)", dets[j].cls, ev->NC);
+        ev->conf[ev->n + j] = dets[j].score;
+        ev->cls[ev->n + j] = dets[j].cls;
+    }
+    ev->n += N;
+}
+
+// compute_ap: utils/metrics.py compute_ap ("interp" method) for one PR curve of n points.
+// mrec, mpre: scratch of n+2 doubles. Sentinels (0, 1) in front and (1, 0) at the end, the
+// precision envelope from the right, then the trapezoid of np.interp at linspace(0, 1, 101).
+// A perfect curve gives 0.995, not 1: np.interp(1.0) lands on the (1, 0) sentinel.
+static double compute_ap(const double *recall, const double *precision, int64_t n, double *mrec, double *mpre) {
+    mrec[0] = 0.0; mpre[0] = 1.0;
+    for (int64_t i = 0; i < n; i++) { mrec[i + 1] = recall[i]; mpre[i + 1] = precision[i]; }
+    mrec[n + 1] = 1.0; mpre[n + 1] = 0.0;
+    for (int64_t i = n; i >= 0; i--) mpre[i] = fmax(mpre[i], mpre[i + 1]);
+    double ap = 0.0, xprev = 0.0, yprev = 0.0;
+    for (int k = 0; k <= 100; k++) {
+        double x = k == 100 ? 1.0 : k * (1.0 / 100.0);       // np.linspace(0, 1, 101)
+        double y = np_interp(x, mrec, mpre, n + 2, mpre[0], mpre[n + 1]);
+        if (k) ap += (x - xprev) * (y + yprev) / 2.0;          // np.trapezoid
+        xprev = x; yprev = y;
+    }
+    return ap;
+}
+
+// evaluator_compute: ap_per_class over everything added, plus the Metric means.
+// m->ap50, ap, p, r are allocated here (NC each); free them with metrics_free.
+static void evaluator_compute(Evaluator *ev, Metrics *m) {
+    int NC = ev->NC;
+    int64_t n = ev->n;
+    memset(m, 0, sizeof *m);
+    m->ap50 = xmalloc((size_t)NC * sizeof(double)); m->ap = xmalloc((size_t)NC * sizeof(double));
+    m->p = xmalloc((size_t)NC * sizeof(double)); m->r = xmalloc((size_t)NC * sizeof(double));
+    for (int c = 0; c < NC; c++) m->ap50[c] = m->ap[c] = m->p[c] = m->r[c] = -1.0;
+    int ncls = 0;
+    for (int c = 0; c < NC; c++) ncls += ev->n_gt[c] > 0;
+    m->n_cls = ncls;
+    if (ncls == 0) return;                                   // Ultralytics reports zeros
+
+    int32_t *order = xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));     // (n) sorted detections
+    int32_t *tmp = xmalloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++) order[i] = (int32_t)i;
+    sort_desc_stable(order, tmp, n, ev->conf);
+    double *rec = xmalloc((size_t)(n + 1) * EVAL_NIOU * sizeof(double));  // (n, 10)
+    double *pre = xmalloc((size_t)(n + 1) * EVAL_NIOU * sizeof(double));  // (n, 10)
+    double *negc = xmalloc((size_t)(n + 1) * sizeof(double));             // (n) -conf, ascending
+    double *col_r = xmalloc((size_t)(n + 1) * sizeof(double)), *col_p = xmalloc((size_t)(n + 1) * sizeof(double));
+    double *mrec = xmalloc((size_t)(n + 2) * sizeof(double)), *mpre = xmalloc((size_t)(n + 2) * sizeof(double));
+    double *pc = xcalloc((size_t)ncls * EVAL_NGRID, sizeof(double));     // (ncls, 1000) precision curve
+    double *rc = xcalloc((size_t)ncls * EVAL_NGRID, sizeof(double));     // (ncls, 1000) recall curve
+    double grid[EVAL_NGRID];
+    for (int k = 0; k < EVAL_NGRID; k++) grid[k] = k == EVAL_NGRID - 1 ? 1.0 : k * (1.0 / (EVAL_NGRID - 1));
+
+    double sum_ap50 = 0.0, sum_ap = 0.0;
+    for (int c = 0, ci = 0; c < NC; c++) {
+        if (ev->n_gt[c] == 0) continue;
+        int64_t np_ = 0, tpc[EVAL_NIOU] = {0};
+        double nl = (double)ev->n_gt[c] + 1e-16;
+        for (int64_t q = 0; q < n; q++) {
+            int32_t d = order[q];
+            if (ev->cls[d] != c) continue;
+            for (int t = 0; t < EVAL_NIOU; t++) {
+                tpc[t] += (ev->tp[d] >> t) & 1;
+                double fpc = (double)(np_ + 1 - tpc[t]);
+                rec[np_ * EVAL_NIOU + t] = (double)tpc[t] / nl;
+                pre[np_ * EVAL_NIOU + t] = (double)tpc[t] / ((double)tpc[t] + fpc);
+            }
+            negc[np_] = -(double)ev->conf[d];
+            np_++;
+        }
+        double apc[EVAL_NIOU] = {0};
+        if (np_ > 0) {
+            for (int t = 0; t < EVAL_NIOU; t++) {
+                for (int64_t i = 0; i < np_; i++) { col_r[i] = rec[i * EVAL_NIOU + t]; col_p[i] = pre[i * EVAL_NIOU + t]; }
+                apc[t] = compute_ap(col_r, col_p, np_, mrec, mpre);
+                if (t == 0)
+                    for (int k = 0; k < EVAL_NGRID; k++) {
+                        rc[(size_t)ci * EVAL_NGRID + k] = np_interp(-grid[k], negc, col_r, np_, 0.0, col_r[np_ - 1]);
+                        pc[(size_t)ci * EVAL_NGRID + k] = np_interp(-grid[k], negc, col_p, np_, 1.0, col_p[np_ - 1]);
+                    }
+            }
+        }
+        double s = 0.0;
+        for (int t = 0; t < EVAL_NIOU; t++) s += apc[t];
+        m->ap50[c] = apc[0]; m->ap[c] = s / EVAL_NIOU;
+        sum_ap50 += apc[0]; sum_ap += s / EVAL_NIOU;
+        ci++;
+    }
+    // mean F1 over classes, smoothed (Ultralytics smooth(y, 0.1): box filter of 101 with edge
+    // padding of 50 on each side), argmax = first maximum
+    double f1m[EVAL_NGRID];
+    for (int k = 0; k < EVAL_NGRID; k++) {
+        double s = 0.0;
+        for (int ci = 0; ci < ncls; ci++) {
+            double p = pc[(size_t)ci * EVAL_NGRID + k], r = rc[(size_t)ci * EVAL_NGRID + k];
+            s += 2.0 * p * r / (p + r + 1e-16);
+        }
+        f1m[k] = s / ncls;
+    }
+    int nf = (int)lround(EVAL_NGRID * 0.1 * 2) / 2 + 1, half = nf / 2, best = 0;
+    double bestv = -1.0;
+    for (int k = 0; k < EVAL_NGRID; k++) {
+        double s = 0.0;
+        for (int q = k - half; q <= k + half; q++) s += f1m[q < 0 ? 0 : q >= EVAL_NGRID ? EVAL_NGRID - 1 : q] * (1.0 / nf);
+        if (s > bestv) { bestv = s; best = k; }
+    }
+    double sp = 0.0, sr = 0.0;
+    for (int c = 0, ci = 0; c < NC; c++) {
+        if (ev->n_gt[c] == 0) continue;
+        m->p[c] = pc[(size_t)ci * EVAL_NGRID + best]; m->r[c] = rc[(size_t)ci * EVAL_NGRID + best];
+        sp += m->p[c]; sr += m->r[c];
+        ci++;
+    }
+    m->P = sp / ncls; m->R = sr / ncls;
+    m->map50 = sum_ap50 / ncls; m->map = sum_ap / ncls; m->fitness = m->map;
+    m->conf_best = grid[best];
+    free(order); free(tmp); free(rec); free(pre); free(negc); free(col_r); free(col_p);
+    free(mrec); free(mpre); free(pc); free(rc);
+}
+
+static void metrics_free(Metrics *m) {
+    free(m->ap50); free(m->ap); free(m->p); free(m->r);
+    m->ap50 = m->ap = m->p = m->r = NULL;
+}
 
 // ------------------------------------------------------------------------------------------
 // state_dict: the model's tensors under Ultralytics names; `yolo check-ref`
@@ -1640,14 +3963,2034 @@ static int cmd_check_ref(int argc, char **argv) {
 // ------------------------------------------------------------------------------------------
 // data: yaml, labels, decoding, letterbox, augmentation, loader, synthetic shapes
 // ------------------------------------------------------------------------------------------
-#include "parts/data.c"
+/*
+ * data: images, drawing, data.yaml, labels, letterbox, augmentation, the batch loader and the
+ * synthetic shapes dataset. Follows ../shared/spec/yolov8.md section 4. Tests: test/test_data.c,
+ * fuzz targets: test/fuzz_data.c, throughput: test/bench_loader.c.
+ *
+ * PUBLIC API (all static; pixels are uint8 RGB; sizes in pixels unless "normalised")
+ *
+ * Images and drawing
+ *   Image { int w, h; uint8_t *px (h, w, 3); size_t cap (bytes at px) }
+ *   Image image_alloc(w, h)                  zeroed;  image_free(&img)
+ *   void image_reserve(&img, w, h)           resize in place, reallocating only to grow
+ *   int  image_load(path, target, &img, err, errlen)   0 ok / -1 (err names the file).
+ *        JPEG (libjpeg-turbo) or PNG (libpng), chosen by content. Gray, palette, alpha, 16-bit
+ *        and CMYK become 8-bit RGB; JPEG EXIF orientation is applied. target > 0: a JPEG whose
+ *        long side is >= 2*target is decoded at 1/2, 1/4 or 1/8 scale (long side stays
+ *        >= target). Sizes over IMAGE_MAX_SIDE per side or IMAGE_MAX_PIXELS are refused before
+ *        any pixel buffer is allocated. Corrupt files return -1, never exit.
+ *   int  image_probe(path, &w, &h, err, errlen)   0 ok, 1 ok with a warning in err, -1 corrupt
+ *   int  image_save_jpg(path, &img, quality), image_save_png(path, &img)   0 / -1 (printed)
+ *   void image_resize(src, sw, sh, dst, dw, dh)      bilinear, cv2.INTER_LINEAR pixel centres
+ *   void image_fill_rect(&img, x1, y1, x2, y2, r, g, b)        [x1, x2) x [y1, y2), clipped
+ *   void image_draw_box(&img, x1, y1, x2, y2, r, g, b, thickness)   outline, clipped
+ *   void image_draw_text(&img, x, y, text, r, g, b, scale)   built-in 5x7 font, 6*scale px
+ *        per character, top-left at (x, y); lowercase drawn as uppercase
+ *   void image_draw_label(&img, x, y, text, r, g, b)   text on a filled 9 px high box
+ *
+ * Dataset
+ *   DataConfig { char *root; char *split[3][16] (train, val, test sources, resolved);
+ *                int nsplit[3]; int nc; char **names (nc) }
+ *   int  data_yaml_load(path, &cfg, err, errlen)   0 / -1 with "file:line: what" in err
+ *   int  data_yaml_read(FILE *f, name, &cfg, err, errlen)   same from a stream (closes f)
+ *   void data_config_free(&cfg)
+ *   Dataset { int n; char **paths (n); int *w0, *h0 (n) original size; int *lab_off (n+1);
+ *             float *lab (lab_off[n], 5) class cx cy w h normalised; int nc; DatasetStats stats }
+ *   DatasetStats { found, kept, backgrounds, missing, corrupt, skipped, duplicates, boxes }
+ *   int  dataset_load(&cfg, split (0 train, 1 val, 2 test), &ds)   0 / -1 (no usable image).
+ *        Prints "Scanning SPLIT 'SRC'... N images, M backgrounds, K corrupt, S skipped" and one
+ *        line per bad file (with the line number for labels). dataset_free(&ds)
+ *   int  label_line_parse(line, nc, out[5], err, errlen)   1 box, 0 blank, -1 bad (err why)
+ *   void label_path_from_image(img_path, out, outlen)   last /images/ -> /labels/, ext -> .txt
+ *
+ * Geometry (spec 4.2, 4.4, 4.5)
+ *   Letterbox { double r; int nw, nh, left, top }
+ *   void letterbox_params(w, h, new_w, new_h, scaleup, &lb)     Ultralytics LetterBox numbers
+ *   void letterbox_apply(src, w, h, dst (new_h, new_w, 3), new_w, new_h, &lb)   114 padding
+ *   void rect_batch_shapes(ar (n) sorted h/w, n, batch, imgsz, hw (nbatch, 2))   (h, w) each
+ *   void resized_size(w0, h0, S, &w, &h)          load_image size: long side S
+ *
+ * Augmentation and loader (spec 4.3)
+ *   AugConfig { hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, perspective, flipud,
+ *               fliplr, mosaic, mixup }     aug_defaults(); aug_from_args(&a, argc, argv)
+ *   LoaderConfig { int batch, imgsz (multiple of 32), workers (0 = caller's thread),
+ *                  max_boxes (per image), train, cache_ram; uint64_t seed; AugConfig aug }
+ *   Loader *loader_open(&ds, &lcfg)   allocates every buffer once (prints the host memory:
+ *        batches, scratch, cache) and starts the workers; ds must outlive it
+ *   void loader_start_epoch(L, epoch, close_mosaic)   call before each epoch; close_mosaic=1
+ *        turns mosaic and mixup off (the last close_mosaic epochs)
+ *   const Batch *loader_next(L)   next batch (valid until the next call), NULL after the last
+ *   int  loader_batches(L); void loader_close(L)
+ *   Batch { int B, H, W; uint8_t *img (B, 3, H, W) RGB; int n, cap (= max_boxes * batch),
+ *           overflow (labels beyond max_boxes per image, counted not kept);
+ *           int *batch_idx (n), *cls (n); float *box (n, 4) cx cy w h normalised to (W, H);
+ *           int *index (B) dataset index; int *orig_w, *orig_h (B);
+ *           float *ratio (B, 2) batch pixels per original pixel (x, y);
+ *           float *pad (B, 2) letterbox (left, top) in batch pixels; int epoch, number }
+ *     train=1: shuffled, S x S, mosaic / random perspective / mixup / HSV / flips.
+ *     train=0: sorted by aspect ratio, rect batch shapes, letterbox scaleup=False, no
+ *     augmentation (the caller picks the val batch size, 2x train in Ultralytics).
+ *     Every random draw of a sample comes from (seed, epoch, position in the epoch), so the
+ *     batches do not depend on the number of workers or on thread timing.
+ *
+ * Commands
+ *   int cmd_shapes(argc, argv)    yolo shapes out=DIR [ntrain=128 nval=32 imgsz=160 seed=0]
+ *   int cmd_augment(argc, argv)   yolo augment data=FILE out=FILE.jpg [imgsz= n= seed= ...]
+ *
+ * DEVIATIONS (data):
+ *  - cv2.resize(INTER_LINEAR), warpAffine, warpPerspective and the RandomHSV colour math are
+ *    reproduced in integer/float steps like OpenCV 4.6 and match it bit for bit on the cases
+ *    in test/fixtures/data_cv2.bin; warpPerspective's 3x3 inverse is not OpenCV's LU, so it
+ *    may differ by 1 in rare pixels. Downscales use INTER_LINEAR also for validation.
+ *  - JPEGs at least twice the target size are decoded with DCT scaling before the resize.
+ *  - The mosaic/mixup "recent image buffer" is the previous min(N, 8*batch, 1000) images in
+ *    the epoch's order, so it does not depend on worker timing.
+ *  - A relative `path:` in data.yaml is resolved against the yaml file's folder (Ultralytics:
+ *    its DATASETS_DIR setting). Duplicate label rows are removed keeping the first occurrence.
+ *    A 5-column line in a file of polygons stays a box (Ultralytics would read it as a polygon).
+ *  - No labels/SPLIT.cache file: labels are scanned at each start (JPEG: header and end marker
+ *    only; PNG: fully decoded). "N images" in the summary counts images kept.
+ *  - Random numbers come from our Rng, so a seed does not reproduce Ultralytics' draws.
+ *  - Not implemented (all off by default in Ultralytics): cutmix, copy_paste (needs polygons),
+ *    the optional Albumentations step, bgr=1, multi_scale, the .cache file.
+ *  - EXIF-rotated JPEGs take one temporary image-sized allocation per decode.
+ */
+
+// ==========================================================================================
+// images: the Image type, decoding, encoding
+// ==========================================================================================
+
+#define IMAGE_MAX_SIDE 32768
+#define IMAGE_MAX_PIXELS (1LL << 28)
+
+typedef struct {
+    int w, h;
+    uint8_t *px; // (h, w, 3) RGB
+    size_t cap;  // bytes allocated at px
+} Image;
+
+// image_reserve: make img w x h, reallocating only when it needs more bytes than it holds.
+static void image_reserve(Image *img, int w, int h) {
+    size_t need = (size_t)w * h * 3;
+    if (need > img->cap) {
+        free(img->px);
+        img->px = xmalloc(need);
+        img->cap = need;
+    }
+    img->w = w;
+    img->h = h;
+}
+// image_alloc / image_free: a zeroed w x h image; release one (safe on an empty Image).
+static Image image_alloc(int w, int h) {
+    Image img = {0};
+    image_reserve(&img, w, h);
+    memset(img.px, 0, (size_t)w * h * 3);
+    return img;
+}
+static void image_free(Image *img) {
+    free(img->px);
+    memset(img, 0, sizeof *img);
+}
+
+// image_dims_ok: a declared size we are willing to allocate (checked before any pixel buffer).
+static int image_dims_ok(long long w, long long h) {
+    return w > 0 && h > 0 && w <= IMAGE_MAX_SIDE && h <= IMAGE_MAX_SIDE && w * h <= IMAGE_MAX_PIXELS;
+}
+
+// libjpeg error manager that longjmps back instead of exit()ing the process.
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];
+    int warnings;
+    uint8_t *buf;     // scratch freed on the error path too
+} JpegErr;
+// jpeg_err_exit / jpeg_err_emit: fatal libjpeg errors jump back to the decoder's setjmp;
+// warnings (e.g. premature end of data) are counted and the first one kept.
+static void jpeg_err_exit(j_common_ptr c) {
+    JpegErr *e = (JpegErr *)c->err;
+    c->err->format_message(c, e->msg);
+    longjmp(e->jb, 1);
+}
+static void jpeg_err_emit(j_common_ptr c, int level) {
+    JpegErr *e = (JpegErr *)c->err;
+    if (level < 0 && e->warnings++ == 0) c->err->format_message(c, e->msg);
+}
+
+// file_magic: 1 JPEG, 2 PNG, 0 other/unreadable, -1 empty file.
+static int file_magic(FILE *f) {
+    uint8_t m[8];
+    size_t n = fread(m, 1, 8, f);
+    rewind(f);
+    if (n == 0) return -1;
+    if (n >= 3 && m[0] == 0xFF && m[1] == 0xD8 && m[2] == 0xFF) return 1;
+    if (n == 8 && memcmp(m, "\x89PNG\r\n\x1a\n", 8) == 0) return 2;
+    return 0;
+}
+
+// exif_orientation: the EXIF Orientation tag (1..8) from a JPEG's APP1 markers, 1 if absent.
+static int exif_orientation(j_decompress_ptr cinfo) {
+    for (jpeg_saved_marker_ptr m = cinfo->marker_list; m; m = m->next) {
+        const uint8_t *d = m->data;
+        unsigned n = m->data_length;
+        if (m->marker != JPEG_APP0 + 1 || n < 14 || memcmp(d, "Exif\0\0", 6) != 0) continue;
+        d += 6;
+        n -= 6;
+        int le = d[0] == 'I';
+        if (!(le ? d[1] == 'I' : (d[0] == 'M' && d[1] == 'M'))) return 1;
+#define EXIF16(p) (le ? (unsigned)((p)[0] | (p)[1] << 8) : (unsigned)((p)[0] << 8 | (p)[1]))
+#define EXIF32(p) (le ? ((uint32_t)(p)[0] | (uint32_t)(p)[1] << 8 | (uint32_t)(p)[2] << 16 | (uint32_t)(p)[3] << 24) \
+                      : ((uint32_t)(p)[0] << 24 | (uint32_t)(p)[1] << 16 | (uint32_t)(p)[2] << 8 | (uint32_t)(p)[3]))
+        uint32_t ifd = EXIF32(d + 4);
+        if (ifd > n - 2 || ifd < 8) return 1;
+        unsigned count = EXIF16(d + ifd);
+        for (unsigned i = 0; i < count; i++) {
+            uint32_t e = ifd + 2 + 12 * i;
+            if (e + 12 > n) break;
+            if (EXIF16(d + e) == 0x0112) {
+                unsigned v = EXIF16(d + e + 8);
+                return v >= 1 && v <= 8 ? (int)v : 1;
+            }
+        }
+#undef EXIF16
+#undef EXIF32
+        return 1;
+    }
+    return 1;
+}
+
+// image_orient: apply EXIF orientation o (2..8) to img, as cv2.imread and PIL's exif_transpose
+// do; orientations 5..8 swap width and height. tmp is scratch of at least w*h*3 bytes.
+static void image_orient(Image *img, int o, uint8_t *tmp) {
+    int w = img->w, h = img->h, swap = o >= 5;
+    int W = swap ? h : w, H = swap ? w : h;
+    memcpy(tmp, img->px, (size_t)w * h * 3);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) {
+            int sx, sy;
+            switch (o) {
+                case 2: sx = w - 1 - x; sy = y; break;
+                case 3: sx = w - 1 - x; sy = h - 1 - y; break;
+                case 4: sx = x; sy = h - 1 - y; break;
+                case 5: sx = y; sy = x; break;
+                case 6: sx = y; sy = h - 1 - x; break;
+                case 7: sx = w - 1 - y; sy = h - 1 - x; break;
+                case 8: sx = w - 1 - y; sy = x; break;
+                default: sx = x; sy = y; break;
+            }
+            memcpy(img->px + ((size_t)y * W + x) * 3, tmp + ((size_t)sy * w + sx) * 3, 3);
+        }
+    img->w = W;
+    img->h = H;
+}
+
+// jpeg_decode: JPEG -> RGB, with DCT-domain downscaling toward target (0 = full size).
+static int jpeg_decode(FILE *f, const char *path, int target, Image *img, int probe_only, char *err, size_t errlen) {
+    struct jpeg_decompress_struct cinfo;
+    JpegErr jerr;
+    memset(&jerr, 0, sizeof jerr);
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = jpeg_err_exit;
+    jerr.pub.emit_message = jpeg_err_emit;
+    if (setjmp(jerr.jb)) {
+        snprintf(err, errlen, "%s: corrupt JPEG (%s)", path, jerr.msg);
+        free(jerr.buf);
+        jpeg_destroy_decompress(&cinfo);
+        return -1;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_stdio_src(&cinfo, f);
+    jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
+    jpeg_read_header(&cinfo, TRUE);
+    int orient = exif_orientation(&cinfo);
+    if (!image_dims_ok(cinfo.image_width, cinfo.image_height)) {
+        snprintf(err, errlen, "%s: declared size %ux%u exceeds the limit (%d per side, %lld pixels)", path,
+                 cinfo.image_width, cinfo.image_height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS);
+        jpeg_destroy_decompress(&cinfo);
+        return -1;
+    }
+    if (probe_only) {
+        img->w = (int)(orient >= 5 ? cinfo.image_height : cinfo.image_width);
+        img->h = (int)(orient >= 5 ? cinfo.image_width : cinfo.image_height);
+        jpeg_destroy_decompress(&cinfo);
+        return 0;
+    }
+    int cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+    cinfo.scale_num = 8;
+    cinfo.scale_denom = 8;
+    int longside = cinfo.image_width > cinfo.image_height ? (int)cinfo.image_width : (int)cinfo.image_height;
+    if (target > 0 && longside >= 2 * target) {
+        int num = 8; // shrink by halves while the long side stays >= target
+        while (num > 1 && (long long)longside * (num / 2) / 8 >= target) num /= 2;
+        cinfo.scale_num = (unsigned)num;
+    }
+    jpeg_start_decompress(&cinfo);
+    int w = (int)cinfo.output_width, h = (int)cinfo.output_height, nc = cinfo.output_components;
+    image_reserve(img, w, h);
+    if (nc == 3) {
+        while (cinfo.output_scanline < cinfo.output_height) {
+            JSAMPROW row = img->px + (size_t)cinfo.output_scanline * w * 3;
+            jpeg_read_scanlines(&cinfo, &row, 1);
+        }
+    } else { // CMYK (Adobe inverted): decode each row in place from the right end
+        uint8_t *tmp = jerr.buf = xmalloc((size_t)w * 4);
+        while (cinfo.output_scanline < cinfo.output_height) {
+            uint8_t *dst = img->px + (size_t)cinfo.output_scanline * w * 3;
+            JSAMPROW row = tmp;
+            jpeg_read_scanlines(&cinfo, &row, 1);
+            for (int x = 0; x < w; x++) {
+                int k = tmp[4 * x + 3];
+                for (int c = 0; c < 3; c++) dst[3 * x + c] = (uint8_t)((tmp[4 * x + c] * k + 127) / 255);
+            }
+        }
+        free(tmp);
+        jerr.buf = NULL;
+    }
+    jpeg_finish_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
+    if (orient > 1) {
+        uint8_t *tmp = xmalloc((size_t)w * h * 3);
+        image_orient(img, orient, tmp);
+        free(tmp);
+    }
+    err[0] = 0;
+    if (jerr.warnings) snprintf(err, errlen, "%s: JPEG warning (%s)", path, jerr.msg);
+    return 0;
+}
+
+typedef struct { jmp_buf jb; char msg[200]; uint8_t *rowbuf; } PngErr;
+// png_err_fn / png_warn_fn: libpng errors jump back to the decoder's setjmp; warnings are ignored.
+static void png_err_fn(png_structp png, png_const_charp msg) {
+    PngErr *e = (PngErr *)png_get_error_ptr(png);
+    snprintf(e->msg, sizeof e->msg, "%s", msg);
+    longjmp(e->jb, 1);
+}
+static void png_warn_fn(png_structp png, png_const_charp msg) { (void)png; (void)msg; }
+
+// png_decode: PNG -> 8-bit RGB (palette, gray, alpha, 16-bit are converted; alpha dropped as
+// cv2.imread(IMREAD_COLOR) does).
+static int png_decode(FILE *f, const char *path, Image *img, int probe_only, char *err, size_t errlen) {
+    PngErr perr;
+    memset(&perr, 0, sizeof perr);
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &perr, png_err_fn, png_warn_fn);
+    if (!png) { snprintf(err, errlen, "%s: libpng init failed", path); return -1; }
+    png_infop info = png_create_info_struct(png);
+    if (!info) { png_destroy_read_struct(&png, NULL, NULL); snprintf(err, errlen, "%s: libpng init failed", path); return -1; }
+    if (setjmp(perr.jb)) {
+        snprintf(err, errlen, "%s: corrupt PNG (%s)", path, perr.msg);
+        free(perr.rowbuf);
+        png_destroy_read_struct(&png, &info, NULL);
+        return -1;
+    }
+    png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
+    png_init_io(png, f);
+    png_read_info(png, info);
+    png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+    if (!image_dims_ok(w, h)) {
+        snprintf(err, errlen, "%s: declared size %ux%u exceeds the limit (%d per side, %lld pixels)", path,
+                 (unsigned)w, (unsigned)h, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS);
+        png_destroy_read_struct(&png, &info, NULL);
+        return -1;
+    }
+    png_set_expand(png);
+    png_set_strip_16(png);
+    png_set_strip_alpha(png);
+    png_set_gray_to_rgb(png);
+    int passes = png_set_interlace_handling(png);
+    png_read_update_info(png, info);
+    if (png_get_rowbytes(png, info) != (size_t)w * 3) {
+        snprintf(err, errlen, "%s: unsupported PNG pixel layout", path);
+        png_destroy_read_struct(&png, &info, NULL);
+        return -1;
+    }
+    if (probe_only) { // decode every row (this verifies the data) into one row buffer
+        perr.rowbuf = xmalloc((size_t)w * 3);
+        for (int p = 0; p < passes; p++)
+            for (png_uint_32 y = 0; y < h; y++) png_read_row(png, perr.rowbuf, NULL);
+        img->w = (int)w;
+        img->h = (int)h;
+    } else {
+        image_reserve(img, (int)w, (int)h);
+        for (int p = 0; p < passes; p++)
+            for (png_uint_32 y = 0; y < h; y++) png_read_row(png, img->px + (size_t)y * w * 3, NULL);
+    }
+    png_read_end(png, NULL);
+    free(perr.rowbuf);
+    png_destroy_read_struct(&png, &info, NULL);
+    err[0] = 0;
+    return 0;
+}
+
+// image_decode_file: shared body of image_load and image_probe.
+static int image_decode_file(const char *path, int target, Image *img, int probe, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "%s: cannot open (%s)", path, strerror(errno)); return -1; }
+    int kind = file_magic(f), rc;
+    if (kind == 1) {
+        rc = jpeg_decode(f, path, target, img, probe, err, errlen);
+        if (rc == 0 && probe) { // Ultralytics' check: a JPEG must end with the EOI marker
+            uint8_t tail[2] = {0, 0};
+            if (fseek(f, -2, SEEK_END) != 0 || fread(tail, 1, 2, f) != 2 || tail[0] != 0xFF || tail[1] != 0xD9) {
+                snprintf(err, errlen, "%s: corrupt JPEG (no end marker; decoded with gray fill)", path);
+                rc = 1;
+            }
+        } else if (rc == 0 && err[0]) rc = 1;
+    } else if (kind == 2) {
+        rc = png_decode(f, path, img, probe, err, errlen);
+    } else {
+        snprintf(err, errlen, kind < 0 ? "%s: empty file" : "%s: not a JPEG or PNG image", path);
+        rc = -1;
+    }
+    fclose(f);
+    return rc;
+}
+
+// image_load: decode path into img (RGB), see the API comment. Returns 0 or -1 (err set).
+static int image_load(const char *path, int target, Image *img, char *err, size_t errlen) {
+    return image_decode_file(path, target, img, 0, err, errlen) < 0 ? -1 : 0;
+}
+// image_probe: size of an image, verifying its structure (PNG: fully decoded; JPEG: header
+// and end marker, like Ultralytics' verify_image_label). 0 ok, 1 ok with warning, -1 corrupt.
+static int image_probe(const char *path, int *w, int *h, char *err, size_t errlen) {
+    Image img = {0};
+    int rc = image_decode_file(path, 0, &img, 1, err, errlen);
+    *w = img.w;
+    *h = img.h;
+    return rc;
+}
+
+// image_save_jpg: write img as a baseline JPEG. 0 ok, -1 error (printed).
+static int image_save_jpg(const char *path, const Image *img, int quality) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "cannot write '%s': %s\n", path, strerror(errno)); return -1; }
+    struct jpeg_compress_struct c;
+    JpegErr jerr;
+    memset(&jerr, 0, sizeof jerr);
+    c.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = jpeg_err_exit;
+    if (setjmp(jerr.jb)) {
+        fprintf(stderr, "cannot write '%s': %s\n", path, jerr.msg);
+        jpeg_destroy_compress(&c);
+        fclose(f);
+        return -1;
+    }
+    jpeg_create_compress(&c);
+    jpeg_stdio_dest(&c, f);
+    c.image_width = (JDIMENSION)img->w;
+    c.image_height = (JDIMENSION)img->h;
+    c.input_components = 3;
+    c.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, quality, TRUE);
+    jpeg_start_compress(&c, TRUE);
+    while (c.next_scanline < c.image_height) {
+        JSAMPROW row = img->px + (size_t)c.next_scanline * img->w * 3;
+        jpeg_write_scanlines(&c, &row, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    if (fclose(f) != 0) { fprintf(stderr, "cannot write '%s': %s\n", path, strerror(errno)); return -1; }
+    return 0;
+}
+
+// image_save_png: write img as an 8-bit RGB PNG. 0 ok, -1 error (printed).
+static int image_save_png(const char *path, const Image *img) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "cannot write '%s': %s\n", path, strerror(errno)); return -1; }
+    PngErr perr;
+    memset(&perr, 0, sizeof perr);
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &perr, png_err_fn, png_warn_fn);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    if (!png || !info || setjmp(perr.jb)) {
+        fprintf(stderr, "cannot write '%s': %s\n", path, perr.msg[0] ? perr.msg : "libpng init failed");
+        png_destroy_write_struct(&png, &info);
+        fclose(f);
+        return -1;
+    }
+    png_init_io(png, f);
+    png_set_IHDR(png, info, (png_uint_32)img->w, (png_uint_32)img->h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_set_compression_level(png, 3);
+    png_write_info(png, info);
+    for (int y = 0; y < img->h; y++) png_write_row(png, img->px + (size_t)y * img->w * 3);
+    png_write_end(png, NULL);
+    png_destroy_write_struct(&png, &info);
+    if (fclose(f) != 0) { fprintf(stderr, "cannot write '%s': %s\n", path, strerror(errno)); return -1; }
+    return 0;
+}
+
+// ==========================================================================================
+// pixels: bilinear resize and warp, drawing, the bitmap font
+// ==========================================================================================
+
+// image_resize_strided: bilinear resize of an HWC RGB image (sw, sh) -> (dw, dh), written with
+// a row stride of dstride pixels (so it can land inside a larger canvas). Reproduces OpenCV's
+// cv2.resize(INTER_LINEAR) for 8-bit images: source position (d + 0.5) * s / d - 0.5 in float,
+// 11-bit weights rounded one by one, 32-bit row sums, and the vertical pass as OpenCV's SIMD
+// code does it: ((b0 * (S0 >> 4)) >> 16) + ((b1 * (S1 >> 4)) >> 16), then (+2) >> 2. Checked
+// bit-exact against cv2 4.6 (test_data, fixtures written by test/ref_data.py).
+static void image_resize_strided(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, int dstride) {
+    if (sw == dw && sh == dh) {
+        for (int y = 0; y < sh; y++) memcpy(dst + (size_t)y * dstride * 3, src + (size_t)y * sw * 3, (size_t)sw * 3);
+        return;
+    }
+    int rowlen = dw * 3;
+    int *xo = xmalloc(sizeof(int) * dw * 2);           // (dw, 2) byte offsets of the two taps
+    int16_t *al = xmalloc(sizeof(int16_t) * dw * 2);   // (dw, 2) weights, sum ~2048
+    int32_t *r0 = xmalloc(sizeof(int32_t) * rowlen * 2), *r1 = r0 + rowlen; // two source rows, 2048x
+    double scx = 1.0 / ((double)dw / sw), scy = 1.0 / ((double)dh / sh);
+    for (int x = 0; x < dw; x++) {
+        float f = (float)((x + 0.5) * scx - 0.5);
+        int i = (int)floorf(f);
+        f -= i;
+        if (i < 0) { f = 0; i = 0; }
+        if (i >= sw - 1) { f = 0; i = sw - 1; }
+        xo[2 * x] = i * 3;
+        xo[2 * x + 1] = (i + 1 < sw ? i + 1 : i) * 3;
+        al[2 * x] = (int16_t)lrintf((1.f - f) * 2048);
+        al[2 * x + 1] = (int16_t)lrintf(f * 2048);
+    }
+    int have0 = -2, have1 = -2;
+    for (int y = 0; y < dh; y++) {
+        float f = (float)((y + 0.5) * scy - 0.5);
+        int j = (int)floorf(f);
+        f -= j;
+        int b0 = (int)lrintf((1.f - f) * 2048), b1 = (int)lrintf(f * 2048);
+        int j0 = j < 0 ? 0 : j >= sh ? sh - 1 : j, j1 = j + 1 < 0 ? 0 : j + 1 >= sh ? sh - 1 : j + 1;
+        int need[2] = {j0, j1};
+        int32_t *rows[2] = {r0, r1};
+        if (have0 == j1 && have1 != j1) { int32_t *t = r0; r0 = r1; r1 = t; have1 = have0; have0 = -2; rows[0] = r0; rows[1] = r1; }
+        for (int k = 0; k < 2; k++) { // horizontal pass into the row buffers, reusing rows already made
+            int have = k ? have1 : have0;
+            if (have == need[k]) continue;
+            const uint8_t *s = src + (size_t)need[k] * sw * 3;
+            int32_t *d = rows[k];
+            for (int x = 0; x < dw; x++) {
+                const uint8_t *p = s + xo[2 * x], *q = s + xo[2 * x + 1];
+                int a0 = al[2 * x], a1 = al[2 * x + 1];
+                for (int c = 0; c < 3; c++) d[3 * x + c] = p[c] * a0 + q[c] * a1;
+            }
+            if (k) have1 = need[k]; else have0 = need[k];
+        }
+        uint8_t *o = dst + (size_t)y * dstride * 3;
+        for (int i = 0; i < rowlen; i++) {
+            int s0 = r0[i] >> 4, s1 = r1[i] >> 4;
+            s0 = s0 > 32767 ? 32767 : s0 < -32768 ? -32768 : s0;
+            s1 = s1 > 32767 ? 32767 : s1 < -32768 ? -32768 : s1;
+            int v = (((b0 * s0) >> 16) + ((b1 * s1) >> 16) + 2) >> 2;
+            o[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+    }
+    free(xo);
+    free(al);
+    free(r0 < r1 ? r0 : r1);
+}
+// image_resize: as image_resize_strided with a packed destination (dw, dh, 3).
+static void image_resize(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh) {
+    image_resize_strided(src, sw, sh, dst, dw, dh, dw);
+}
+
+// WARP_WTAB: OpenCV's bilinear weight table: for fractions (fy, fx) in 1/32 steps the four
+// weights (1-fx)(1-fy), fx(1-fy), (1-fx)fy, fx*fy scaled by 2^15 (exact: they sum to 2^15).
+static int32_t WARP_WTAB[32 * 32][4];
+static pthread_once_t warp_wtab_once = PTHREAD_ONCE_INIT;
+static void warp_wtab_init(void) {
+    for (int fy = 0; fy < 32; fy++)
+        for (int fx = 0; fx < 32; fx++) {
+            float ax = fx / 32.0f, ay = fy / 32.0f;
+            int32_t *w = WARP_WTAB[fy * 32 + fx];
+            w[0] = (int32_t)lrintf((1 - ax) * (1 - ay) * 32768);
+            w[1] = (int32_t)lrintf(ax * (1 - ay) * 32768);
+            w[2] = (int32_t)lrintf((1 - ax) * ay * 32768);
+            w[3] = (int32_t)lrintf(ax * ay * 32768);
+        }
+}
+
+// image_warp: dst (dw, dh) = src sampled at Minv * (x, y, 1) (3x3; perspective when row 2 is
+// not (0, 0, 1)), bilinear, constant border 114. Follows cv2.warpAffine / warpPerspective with
+// borderValue 114 given M = inverse(Minv): source coordinates quantised to 1/32 pixel
+// (INTER_BITS 5, affine via 10-bit AB_SCALE steps), 15-bit integer weights, the same border rule.
+static void image_warp(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, const double Minv[9]) {
+    pthread_once(&warp_wtab_once, warp_wtab_init);
+    const int32_t (*wtab)[4] = (const int32_t (*)[4])WARP_WTAB;
+    int persp = Minv[6] != 0 || Minv[7] != 0 || Minv[8] != 1;
+    for (int y = 0; y < dh; y++) {
+        uint8_t *d = dst + (size_t)y * dw * 3;
+        long X0 = lrint((Minv[1] * y + Minv[2]) * 1024), Y0 = lrint((Minv[4] * y + Minv[5]) * 1024);
+        for (int x = 0; x < dw; x++) {
+            long X, Y;
+            if (!persp) {
+                X = (X0 + lrint(Minv[0] * x * 1024) + 16) >> 5;
+                Y = (Y0 + lrint(Minv[3] * x * 1024) + 16) >> 5;
+            } else {
+                double W = Minv[6] * x + Minv[7] * y + Minv[8];
+                W = W != 0 ? 32.0 / W : 0;
+                double fX = fmax(fmin((Minv[0] * x + Minv[1] * y + Minv[2]) * W, (double)INT_MAX), (double)INT_MIN);
+                double fY = fmax(fmin((Minv[3] * x + Minv[4] * y + Minv[5]) * W, (double)INT_MAX), (double)INT_MIN);
+                X = lrint(fX);
+                Y = lrint(fY);
+            }
+            long ix = X >> 5, iy = Y >> 5;
+            const int32_t *w = wtab[(Y & 31) * 32 + (X & 31)];
+            uint8_t *o = d + 3 * x;
+            if ((unsigned long)ix < (unsigned long)(sw - 1) && (unsigned long)iy < (unsigned long)(sh - 1)) {
+                const uint8_t *p0 = src + ((size_t)iy * sw + ix) * 3, *p1 = p0 + (size_t)sw * 3;
+                for (int c = 0; c < 3; c++)
+                    o[c] = (uint8_t)((p0[c] * w[0] + p0[c + 3] * w[1] + p1[c] * w[2] + p1[c + 3] * w[3] + (1 << 14)) >> 15);
+            } else if (ix >= sw || ix + 1 < 0 || iy >= sh || iy + 1 < 0) {
+                o[0] = o[1] = o[2] = 114;
+            } else {
+                for (int c = 0; c < 3; c++) {
+                    int v[4];
+                    for (int k = 0; k < 4; k++) {
+                        long xx = ix + (k & 1), yy = iy + (k >> 1);
+                        v[k] = (xx >= 0 && xx < sw && yy >= 0 && yy < sh) ? src[((size_t)yy * sw + xx) * 3 + c] : 114;
+                    }
+                    int acc = (v[0] * w[0] + v[1] * w[1] + v[2] * w[2] + v[3] * w[3] + (1 << 14)) >> 15;
+                    o[c] = (uint8_t)(acc < 0 ? 0 : acc > 255 ? 255 : acc);
+                }
+            }
+        }
+    }
+}
+// image_fill_rect: fill [x1, x2) x [y1, y2) with (r, g, b), clipped to the image.
+static void image_fill_rect(Image *img, int x1, int y1, int x2, int y2, int r, int g, int b) {
+    if (x1 < 0) x1 = 0;
+    if (y1 < 0) y1 = 0;
+    if (x2 > img->w) x2 = img->w;
+    if (y2 > img->h) y2 = img->h;
+    for (int y = y1; y < y2; y++)
+        for (int x = x1; x < x2; x++) {
+            uint8_t *p = img->px + ((size_t)y * img->w + x) * 3;
+            p[0] = (uint8_t)r; p[1] = (uint8_t)g; p[2] = (uint8_t)b;
+        }
+}
+
+// image_draw_box: rectangle outline with corners (x1, y1), (x2, y2) in pixels, drawn inward
+// `thickness` pixels, clipped.
+static void image_draw_box(Image *img, int x1, int y1, int x2, int y2, int r, int g, int b, int thickness) {
+    if (thickness < 1) thickness = 1;
+    if (x2 < x1) { int t = x1; x1 = x2; x2 = t; }
+    if (y2 < y1) { int t = y1; y1 = y2; y2 = t; }
+    image_fill_rect(img, x1, y1, x2 + 1, y1 + thickness, r, g, b);
+    image_fill_rect(img, x1, y2 - thickness + 1, x2 + 1, y2 + 1, r, g, b);
+    image_fill_rect(img, x1, y1, x1 + thickness, y2 + 1, r, g, b);
+    image_fill_rect(img, x2 - thickness + 1, y1, x2 + 1, y2 + 1, r, g, b);
+}
+
+// A 5x7 font of our own: digits, A-Z (lowercase is drawn as uppercase) and some punctuation.
+// Each glyph is 7 rows, bit 4 = leftmost column.
+static const char FONT_CHARS[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ .,:-_%/()=+?#";
+static const uint8_t FONT_ROWS[][7] = {
+    {0x0E,0x11,0x13,0x15,0x19,0x11,0x0E}, {0x04,0x0C,0x04,0x04,0x04,0x04,0x0E}, {0x0E,0x11,0x01,0x02,0x04,0x08,0x1F},
+    {0x1F,0x02,0x04,0x02,0x01,0x11,0x0E}, {0x02,0x06,0x0A,0x12,0x1F,0x02,0x02}, {0x1F,0x10,0x1E,0x01,0x01,0x11,0x0E},
+    {0x06,0x08,0x10,0x1E,0x11,0x11,0x0E}, {0x1F,0x01,0x02,0x04,0x08,0x08,0x08}, {0x0E,0x11,0x11,0x0E,0x11,0x11,0x0E},
+    {0x0E,0x11,0x11,0x0F,0x01,0x02,0x0C},
+    {0x0E,0x11,0x11,0x1F,0x11,0x11,0x11}, {0x1E,0x11,0x11,0x1E,0x11,0x11,0x1E}, {0x0E,0x11,0x10,0x10,0x10,0x11,0x0E},
+    {0x1C,0x12,0x11,0x11,0x11,0x12,0x1C}, {0x1F,0x10,0x10,0x1E,0x10,0x10,0x1F}, {0x1F,0x10,0x10,0x1E,0x10,0x10,0x10},
+    {0x0E,0x11,0x10,0x17,0x11,0x11,0x0F}, {0x11,0x11,0x11,0x1F,0x11,0x11,0x11}, {0x0E,0x04,0x04,0x04,0x04,0x04,0x0E},
+    {0x07,0x02,0x02,0x02,0x02,0x12,0x0C}, {0x11,0x12,0x14,0x18,0x14,0x12,0x11}, {0x10,0x10,0x10,0x10,0x10,0x10,0x1F},
+    {0x11,0x1B,0x15,0x15,0x11,0x11,0x11}, {0x11,0x11,0x19,0x15,0x13,0x11,0x11}, {0x0E,0x11,0x11,0x11,0x11,0x11,0x0E},
+    {0x1E,0x11,0x11,0x1E,0x10,0x10,0x10}, {0x0E,0x11,0x11,0x11,0x15,0x12,0x0D}, {0x1E,0x11,0x11,0x1E,0x14,0x12,0x11},
+    {0x0F,0x10,0x10,0x0E,0x01,0x01,0x1E}, {0x1F,0x04,0x04,0x04,0x04,0x04,0x04}, {0x11,0x11,0x11,0x11,0x11,0x11,0x0E},
+    {0x11,0x11,0x11,0x11,0x11,0x0A,0x04}, {0x11,0x11,0x11,0x15,0x15,0x15,0x0A}, {0x11,0x11,0x0A,0x04,0x0A,0x11,0x11},
+    {0x11,0x11,0x11,0x0A,0x04,0x04,0x04}, {0x1F,0x01,0x02,0x04,0x08,0x10,0x1F},
+    {0x00,0x00,0x00,0x00,0x00,0x00,0x00}, {0x00,0x00,0x00,0x00,0x00,0x0C,0x0C}, {0x00,0x00,0x00,0x00,0x0C,0x04,0x08},
+    {0x00,0x0C,0x0C,0x00,0x0C,0x0C,0x00}, {0x00,0x00,0x00,0x1F,0x00,0x00,0x00}, {0x00,0x00,0x00,0x00,0x00,0x00,0x1F},
+    {0x18,0x19,0x02,0x04,0x08,0x13,0x03}, {0x00,0x01,0x02,0x04,0x08,0x10,0x00}, {0x02,0x04,0x08,0x08,0x08,0x04,0x02},
+    {0x08,0x04,0x02,0x02,0x02,0x04,0x08}, {0x00,0x00,0x1F,0x00,0x1F,0x00,0x00}, {0x00,0x04,0x04,0x1F,0x04,0x04,0x00},
+    {0x0E,0x11,0x01,0x02,0x04,0x00,0x04}, {0x0A,0x0A,0x1F,0x0A,0x1F,0x0A,0x0A},
+};
+
+// image_draw_text: draw text with its top-left at (x, y); each glyph is 6*scale wide (with a
+// column of spacing) and 7*scale tall. Characters outside the font draw as '?'.
+static void image_draw_text(Image *img, int x, int y, const char *text, int r, int g, int b, int scale) {
+    if (scale < 1) scale = 1;
+    for (const char *t = text; *t; t++, x += 6 * scale) {
+        int ch = (*t >= 'a' && *t <= 'z') ? *t - 32 : *t;
+        const char *pos = ch ? strchr(FONT_CHARS, ch) : NULL;
+        int gi = pos ? (int)(pos - FONT_CHARS) : (int)(strchr(FONT_CHARS, '?') - FONT_CHARS);
+        for (int row = 0; row < 7; row++)
+            for (int col = 0; col < 5; col++)
+                if (FONT_ROWS[gi][row] & (0x10 >> col))
+                    image_fill_rect(img, x + col * scale, y + row * scale, x + (col + 1) * scale, y + (row + 1) * scale, r, g, b);
+    }
+}
+
+// image_draw_label: text on a filled background of colour (r, g, b), in black or white
+// whichever contrasts; the box is 9 px tall and starts at (x, y).
+static void image_draw_label(Image *img, int x, int y, const char *text, int r, int g, int b) {
+    int w = 6 * (int)strlen(text) + 1;
+    image_fill_rect(img, x, y, x + w, y + 9, r, g, b);
+    int light = 299 * r + 587 * g + 114 * b > 128000;
+    image_draw_text(img, x + 1, y + 1, text, light ? 0 : 255, light ? 0 : 255, light ? 0 : 255, 1);
+}
+// ==========================================================================================
+// data.yaml (spec 4.1), read with libyaml
+// ==========================================================================================
+
+#define DATA_MAX_SOURCES 16
+typedef struct {
+    char *root;                          // dataset root, absolute or relative to cwd
+    char *split[3][DATA_MAX_SOURCES];    // train, val, test: directories or .txt lists
+    int nsplit[3];
+    int nc;
+    char **names;                        // (nc)
+} DataConfig;
+
+static const char *const SPLIT_NAMES[3] = {"train", "val", "test"};
+
+// data_config_free: release everything data_yaml_load allocated.
+static void data_config_free(DataConfig *c) {
+    free(c->root);
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < c->nsplit[s]; i++) free(c->split[s][i]);
+    for (int i = 0; i < c->nc; i++) free(c->names ? c->names[i] : NULL);
+    free(c->names);
+    memset(c, 0, sizeof *c);
+}
+
+// path_join: dir/rel unless rel is absolute. Returns a new string.
+static char *path_join(const char *dir, const char *rel) {
+    if (rel[0] == '/' || !dir || !dir[0]) return strdup(rel);
+    size_t n = strlen(dir) + strlen(rel) + 2;
+    char *p = xmalloc(n);
+    snprintf(p, n, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", rel);
+    return p;
+}
+// path_dirname: the folder part of path ("." when there is none). Returns a new string.
+static char *path_dirname(const char *path) {
+    const char *s = strrchr(path, '/');
+    if (!s) return strdup(".");
+    if (s == path) return strdup("/");
+    return strndup(path, (size_t)(s - path));
+}
+
+// yaml_fail: "file:line: what" into err for node n (line 0 when unknown); returns -1.
+static int yaml_fail(char *err, size_t errlen, const char *path, const yaml_node_t *n, const char *what) {
+    snprintf(err, errlen, "%s:%zu: %s", path, n ? n->start_mark.line + 1 : (size_t)0, what);
+    return -1;
+}
+
+// data_yaml_read: parse an Ultralytics data.yaml from stream f (closed here): path, train,
+// val, test (a string or a list of strings), names (list or {id: name} mapping), nc (optional,
+// must equal len(names)). `path` names the file in messages and anchors relative paths.
+// Matches ultralytics.data.utils.check_det_dataset for these keys; others are ignored.
+static int data_yaml_read(FILE *f, const char *path, DataConfig *cfg, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_load(&parser, &doc)) {
+        snprintf(err, errlen, "%s:%zu: yaml error: %s%s%s", path, parser.problem_mark.line + 1,
+                 parser.problem ? parser.problem : "malformed", parser.context ? " " : "", parser.context ? parser.context : "");
+        yaml_parser_delete(&parser);
+        fclose(f);
+        return -1;
+    }
+    yaml_parser_delete(&parser);
+    fclose(f);
+    int rc = 0, nc_given = -1;
+    char *root = NULL;
+    yaml_node_t *top = yaml_document_get_root_node(&doc);
+    if (!top || top->type != YAML_MAPPING_NODE) { rc = yaml_fail(err, errlen, path, top, "expected a mapping of keys (path, train, val, names)"); goto done; }
+    for (yaml_node_pair_t *p = top->data.mapping.pairs.start; p < top->data.mapping.pairs.top && rc == 0; p++) {
+        yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
+        if (!k || k->type != YAML_SCALAR_NODE) { rc = yaml_fail(err, errlen, path, k, "keys must be plain strings"); break; }
+        const char *key = (const char *)k->data.scalar.value;
+        int split = -1;
+        for (int s = 0; s < 3; s++) if (strcmp(key, SPLIT_NAMES[s]) == 0) split = s;
+        if (strcmp(key, "path") == 0) {
+            if (v->type != YAML_SCALAR_NODE) { rc = yaml_fail(err, errlen, path, v, "'path' must be a string"); break; }
+            free(root);
+            root = strdup((const char *)v->data.scalar.value);
+        } else if (split >= 0) {
+            if (v->type == YAML_SCALAR_NODE) {
+                if (v->data.scalar.length == 0 || strcmp((char *)v->data.scalar.value, "null") == 0 || strcmp((char *)v->data.scalar.value, "~") == 0) continue;
+                if (cfg->nsplit[split] == DATA_MAX_SOURCES) { rc = yaml_fail(err, errlen, path, v, "too many sources in one split (max 16)"); break; }
+                cfg->split[split][cfg->nsplit[split]++] = strdup((const char *)v->data.scalar.value);
+            } else if (v->type == YAML_SEQUENCE_NODE) {
+                for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+                    yaml_node_t *e = yaml_document_get_node(&doc, *it);
+                    if (e->type != YAML_SCALAR_NODE) { rc = yaml_fail(err, errlen, path, e, "list entries of a split must be strings"); break; }
+                    if (cfg->nsplit[split] == DATA_MAX_SOURCES) { rc = yaml_fail(err, errlen, path, e, "too many sources in one split (max 16)"); break; }
+                    cfg->split[split][cfg->nsplit[split]++] = strdup((const char *)e->data.scalar.value);
+                }
+            } else rc = yaml_fail(err, errlen, path, v, "a split must be a path or a list of paths");
+        } else if (strcmp(key, "nc") == 0) {
+            char *end;
+            long x = v->type == YAML_SCALAR_NODE ? strtol((char *)v->data.scalar.value, &end, 10) : -1;
+            if (v->type != YAML_SCALAR_NODE || *end || x <= 0 || x > 100000) { rc = yaml_fail(err, errlen, path, v, "'nc' must be a positive integer"); break; }
+            nc_given = (int)x;
+        } else if (strcmp(key, "names") == 0) {
+            if (cfg->names) { rc = yaml_fail(err, errlen, path, v, "'names' given twice"); break; }
+            if (v->type == YAML_SEQUENCE_NODE) {
+                int n = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
+                cfg->names = xcalloc(n ? n : 1, sizeof(char *));
+                for (int i = 0; i < n && rc == 0; i++) {
+                    yaml_node_t *e = yaml_document_get_node(&doc, v->data.sequence.items.start[i]);
+                    if (e->type != YAML_SCALAR_NODE) rc = yaml_fail(err, errlen, path, e, "class names must be strings");
+                    else { cfg->names[i] = strdup((char *)e->data.scalar.value); cfg->nc = i + 1; }
+                }
+            } else if (v->type == YAML_MAPPING_NODE) {
+                int n = (int)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+                cfg->names = xcalloc(n ? n : 1, sizeof(char *));
+                cfg->nc = n;
+                for (int i = 0; i < n && rc == 0; i++) {
+                    yaml_node_pair_t *q = v->data.mapping.pairs.start + i;
+                    yaml_node_t *kk = yaml_document_get_node(&doc, q->key), *vv = yaml_document_get_node(&doc, q->value);
+                    char *end;
+                    long id = kk->type == YAML_SCALAR_NODE ? strtol((char *)kk->data.scalar.value, &end, 10) : -1;
+                    if (kk->type != YAML_SCALAR_NODE || *end || id < 0 || id >= n) rc = yaml_fail(err, errlen, path, kk, "names mapping keys must be the integers 0..n-1");
+                    else if (vv->type != YAML_SCALAR_NODE) rc = yaml_fail(err, errlen, path, vv, "class names must be strings");
+                    else if (cfg->names[id]) rc = yaml_fail(err, errlen, path, kk, "class id repeated in names");
+                    else cfg->names[id] = strdup((char *)vv->data.scalar.value);
+                }
+            } else rc = yaml_fail(err, errlen, path, v, "'names' must be a list or an {id: name} mapping");
+        }
+    }
+    if (rc) goto done;
+    if (!cfg->names && nc_given > 0) { // nc without names: Ultralytics names them class0, class1, ...
+        cfg->names = xcalloc(nc_given, sizeof(char *));
+        for (int i = 0; i < nc_given; i++) { char b[32]; snprintf(b, sizeof b, "class%d", i); cfg->names[i] = strdup(b); }
+        cfg->nc = nc_given;
+    }
+    if (!cfg->names || cfg->nc == 0) { rc = yaml_fail(err, errlen, path, top, "missing 'names' (list of class names)"); goto done; }
+    if (nc_given > 0 && nc_given != cfg->nc) {
+        snprintf(err, errlen, "%s: nc=%d but names has %d entries", path, nc_given, cfg->nc);
+        rc = -1;
+        goto done;
+    }
+    if (cfg->nsplit[0] == 0 || cfg->nsplit[1] == 0) { rc = yaml_fail(err, errlen, path, top, "'train' and 'val' are required"); goto done; }
+    char *ydir = path_dirname(path);
+    cfg->root = root ? path_join(ydir, root) : strdup(ydir);
+    free(ydir);
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < cfg->nsplit[s]; i++) {
+            char *full = path_join(cfg->root, cfg->split[s][i]);
+            free(cfg->split[s][i]);
+            cfg->split[s][i] = full;
+        }
+done:
+    free(root);
+    yaml_document_delete(&doc);
+    if (rc) data_config_free(cfg);
+    return rc;
+}
+// data_yaml_load: data_yaml_read on the file at path. 0 ok, -1 with err naming file:line.
+static int data_yaml_load(const char *path, DataConfig *cfg, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "%s: cannot open (%s)", path, strerror(errno)); return -1; }
+    return data_yaml_read(f, path, cfg, err, errlen);
+}
+
+// ==========================================================================================
+// labels and dataset scan (spec 4.1; Ultralytics verify_image_label, img2label_paths)
+// ==========================================================================================
+
+// label_path_from_image: replace the last "/images/" with "/labels/" and the extension with .txt.
+static void label_path_from_image(const char *img, char *out, size_t outlen) {
+    const char *last = NULL;
+    for (const char *p = strstr(img, "/images/"); p; p = strstr(p + 1, "/images/")) last = p;
+    if (last) snprintf(out, outlen, "%.*s/labels/%s", (int)(last - img), img, last + 8);
+    else snprintf(out, outlen, "%s", img);
+    char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    if (dot && (!slash || dot > slash)) *dot = 0;
+    size_t n = strlen(out);
+    snprintf(out + n, outlen > n ? outlen - n : 0, ".txt");
+}
+
+// label_line_parse: one line "class cx cy w h" (or "class x1 y1 x2 y2 ..." polygon, > 6
+// columns, reduced to its box). out = class cx cy w h. 1 = box, 0 = blank line, -1 = bad line
+// (err says why). The value checks are Ultralytics': all >= -0.01, coords <= 1.01, class < nc.
+static int label_line_parse(const char *line, int nc, float out[5], char *err, size_t errlen) {
+    double v[4096];
+    int n = 0;
+    const char *p = line;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == '\f' || *p == '\v') p++;
+        if (!*p) break;
+        if (n == (int)(sizeof v / sizeof v[0])) { snprintf(err, errlen, "too many columns"); return -1; }
+        char *end;
+        errno = 0;
+        v[n] = strtod(p, &end);
+        if (end == p || (*end && *end != ' ' && *end != '\t' && *end != '\r' && *end != '\n' && *end != '\f' && *end != '\v')) {
+            snprintf(err, errlen, "not a number: '%.20s'", p);
+            return -1;
+        }
+        n++;
+        p = end;
+    }
+    if (n == 0) return 0;
+    if (n != 5 && !(n > 6 && (n - 1) % 2 == 0)) {
+        snprintf(err, errlen, "labels require 5 columns (or a polygon of > 6), %d found", n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(v[i])) { snprintf(err, errlen, "non-finite value in column %d", i + 1); return -1; }
+        if (v[i] < -0.01) { snprintf(err, errlen, "negative label value %g", v[i]); return -1; }
+        if (i > 0 && v[i] > 1.01) { snprintf(err, errlen, "non-normalized or out of bounds coordinate %g", v[i]); return -1; }
+    }
+    if (v[0] >= nc) { snprintf(err, errlen, "label class %g exceeds dataset class count %d", v[0], nc); return -1; }
+    out[0] = (float)(int)v[0];
+    if (n == 5) {
+        for (int i = 1; i < 5; i++) out[i] = (float)v[i];
+    } else {
+        double x1 = v[1], y1 = v[2], x2 = v[1], y2 = v[2];
+        for (int i = 1; i + 1 < n; i += 2) {
+            x1 = fmin(x1, v[i]); x2 = fmax(x2, v[i]);
+            y1 = fmin(y1, v[i + 1]); y2 = fmax(y2, v[i + 1]);
+        }
+        out[1] = (float)((x1 + x2) / 2); out[2] = (float)((y1 + y2) / 2);
+        out[3] = (float)(x2 - x1); out[4] = (float)(y2 - y1);
+    }
+    return 1;
+}
+
+typedef struct {
+    int found;       // image files listed
+    int kept;        // images used (with or without boxes)
+    int backgrounds; // kept images with no boxes (missing or empty label file)
+    int missing;     // of which the label file is missing
+    int corrupt;     // images dropped: unreadable, < 10 px, or a bad label line
+    int skipped;     // listed files without an image extension (listed missing files are corrupt)
+    int duplicates;  // duplicate label rows removed
+    int boxes;       // boxes kept
+} DatasetStats;
+
+typedef struct {
+    int n;           // images kept
+    char **paths;    // (n)
+    int *w0, *h0;    // (n) original size in pixels
+    int *lab_off;    // (n + 1) image i owns lab rows [lab_off[i], lab_off[i+1])
+    float *lab;      // (nlab, 5) class cx cy w h, normalised to the original image
+    int nc;
+    DatasetStats stats;
+} Dataset;
+
+// dataset_free: release a Dataset (its stats are zeroed too).
+static void dataset_free(Dataset *ds) {
+    for (int i = 0; i < ds->n; i++) free(ds->paths[i]);
+    free(ds->paths); free(ds->w0); free(ds->h0); free(ds->lab_off); free(ds->lab);
+    memset(ds, 0, sizeof *ds);
+}
+
+// StrList: a growable list of owned strings (file listings).
+typedef struct { char **v; int n, cap; } StrList;
+static void strlist_push(StrList *l, char *s) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        char **nv = realloc(l->v, sizeof(char *) * l->cap);
+        if (!nv) die("out of host memory listing images");
+        l->v = nv;
+    }
+    l->v[l->n++] = s;
+}
+// cmp_str: qsort order of image paths (byte order, as Python's sorted()).
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// path_has_image_ext: Ultralytics' IMG_FORMATS test on the extension (case-insensitive).
+static int path_has_image_ext(const char *p) {
+    static const char *const exts[] = {"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm", "heic", NULL};
+    const char *dot = strrchr(p, '.'), *slash = strrchr(p, '/');
+    if (!dot || (slash && dot < slash)) return 0;
+    for (int i = 0; exts[i]; i++)
+        if (strcasecmp(dot + 1, exts[i]) == 0) return 1;
+    return 0;
+}
+
+// dir_list: every regular file under dir, recursively (Ultralytics: glob **/*.*).
+static void dir_list(const char *dir, StrList *out, int depth) {
+    DIR *d = opendir(dir);
+    if (!d || depth > 32) { if (d) closedir(d); return; }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+        char *full = path_join(dir, e->d_name);
+        struct stat st;
+        if (stat(full, &st) != 0) { free(full); continue; }
+        if (S_ISDIR(st.st_mode)) { dir_list(full, out, depth + 1); free(full); }
+        else if (S_ISREG(st.st_mode)) strlist_push(out, full);
+        else free(full);
+    }
+    closedir(d);
+}
+
+// dataset_list_files: the files of one split's sources (directories or .txt lists), sorted.
+// Returns -1 when a source does not exist.
+static int dataset_list_files(const DataConfig *cfg, int split, StrList *out) {
+    for (int i = 0; i < cfg->nsplit[split]; i++) {
+        const char *src = cfg->split[split][i];
+        struct stat st;
+        if (stat(src, &st) != 0) { fprintf(stderr, "%s: %s source '%s' does not exist\n", SPLIT_NAMES[split], SPLIT_NAMES[split], src); return -1; }
+        if (S_ISDIR(st.st_mode)) { dir_list(src, out, 0); continue; }
+        FILE *f = fopen(src, "r");
+        if (!f) { fprintf(stderr, "%s: cannot open (%s)\n", src, strerror(errno)); return -1; }
+        char *parent = path_dirname(src), line[4096];
+        while (fgets(line, sizeof line, f)) {
+            size_t n = strlen(line);
+            while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ')) line[--n] = 0;
+            if (!n) continue;
+            strlist_push(out, strncmp(line, "./", 2) == 0 ? path_join(parent, line + 2) : strdup(line));
+        }
+        free(parent);
+        fclose(f);
+    }
+    qsort(out->v, out->n, sizeof(char *), cmp_str);
+    return 0;
+}
+
+// label_file_read: parse one label file into rows (appended to *lab). Returns the number of
+// boxes (0 for background), or -1 when the image must be dropped (message printed).
+static int label_file_read(const char *path, int nc, float **lab, int *nlab, int *cap, int *dups, int *missing) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { *missing = 1; return 0; }
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    int lineno = 0, start = *nlab, bad = 0;
+    while ((len = getline(&line, &lcap, f)) >= 0) {
+        lineno++;
+        if ((size_t)len != strlen(line)) { fprintf(stderr, "%s:%d: NUL byte in label line, image dropped\n", path, lineno); bad = 1; break; }
+        float row[5];
+        char err[160];
+        int r = label_line_parse(line, nc, row, err, sizeof err);
+        if (r < 0) { fprintf(stderr, "%s:%d: %s, image dropped\n", path, lineno, err); bad = 1; break; }
+        if (r == 0) continue;
+        int dup = 0;
+        for (int j = start; j < *nlab && !dup; j++) dup = memcmp(*lab + 5 * j, row, sizeof row) == 0;
+        if (dup) { (*dups)++; continue; }
+        if (*nlab == *cap) {
+            *cap = *cap ? 2 * *cap : 1024;
+            float *nl = realloc(*lab, sizeof(float) * 5 * *cap);
+            if (!nl) die("out of host memory reading labels");
+            *lab = nl;
+        }
+        memcpy(*lab + 5 * (*nlab)++, row, sizeof row);
+    }
+    free(line);
+    fclose(f);
+    if (bad) { *nlab = start; return -1; }
+    return *nlab - start;
+}
+
+// dataset_load: list, verify and label one split; prints a summary and one message per bad file.
+// Returns 0, or -1 when the split lists no usable image. Matches Ultralytics' YOLODataset
+// get_labels / verify_image_label checks (spec 4.1).
+static int dataset_load(const DataConfig *cfg, int split, Dataset *ds) {
+    memset(ds, 0, sizeof *ds);
+    ds->nc = cfg->nc;
+    StrList files = {0};
+    if (dataset_list_files(cfg, split, &files) < 0) {
+        for (int i = 0; i < files.n; i++) free(files.v[i]);
+        free(files.v);
+        return -1;
+    }
+    DatasetStats *st = &ds->stats;
+    ds->paths = xmalloc(sizeof(char *) * (files.n + 1));
+    ds->w0 = xmalloc(sizeof(int) * (files.n + 1));
+    ds->h0 = xmalloc(sizeof(int) * (files.n + 1));
+    ds->lab_off = xmalloc(sizeof(int) * (files.n + 1));
+    int nlab = 0, cap = 0;
+    for (int i = 0; i < files.n; i++) {
+        char *p = files.v[i];
+        if (!path_has_image_ext(p)) { st->skipped++; free(p); continue; }
+        st->found++;
+        int w, h;
+        char err[512], lpath[4096];
+        int rc = image_probe(p, &w, &h, err, sizeof err);
+        if (rc < 0) { fprintf(stderr, "%s, image dropped\n", err); st->corrupt++; free(p); continue; }
+        if (rc > 0) fprintf(stderr, "warning: %s\n", err);
+        if (w < 10 || h < 10) { fprintf(stderr, "%s: image size %dx%d < 10 pixels, image dropped\n", p, w, h); st->corrupt++; free(p); continue; }
+        label_path_from_image(p, lpath, sizeof lpath);
+        int missing = 0, nb = label_file_read(lpath, cfg->nc, &ds->lab, &nlab, &cap, &st->duplicates, &missing);
+        if (nb < 0) { st->corrupt++; free(p); continue; }
+        if (nb == 0) { st->backgrounds++; st->missing += missing; }
+        st->boxes += nb;
+        ds->paths[ds->n] = p;
+        ds->w0[ds->n] = w;
+        ds->h0[ds->n] = h;
+        ds->lab_off[ds->n + 1] = nlab;
+        ds->n++;
+    }
+    ds->lab_off[0] = 0;
+    st->kept = ds->n;
+    free(files.v);
+    printf("Scanning %s '%s'... %d images, %d backgrounds, %d corrupt, %d skipped (%d boxes%s)\n", SPLIT_NAMES[split],
+           cfg->nsplit[split] ? cfg->split[split][0] : "", st->kept, st->backgrounds, st->corrupt, st->skipped, st->boxes,
+           st->duplicates ? ", duplicate rows removed" : "");
+    if (st->duplicates) printf("  %d duplicate label rows removed\n", st->duplicates);
+    if (ds->n == 0) {
+        fprintf(stderr, "%s: no usable images in %s\n", SPLIT_NAMES[split], cfg->nsplit[split] ? cfg->split[split][0] : "(none)");
+        DatasetStats keep = *st;
+        dataset_free(ds);
+        ds->stats = keep;
+        return -1;
+    }
+    return 0;
+}
+
+// ==========================================================================================
+// letterbox and rectangular batches (spec 4.4, 4.5)
+// ==========================================================================================
+
+typedef struct {
+    double r;        // scale applied to the input image
+    int nw, nh;      // unpadded resized size
+    int left, top;   // padding before the image
+} Letterbox;
+
+// letterbox_params: Ultralytics LetterBox(center=True, auto=False): r = min(new/old), capped at 1
+// unless scaleup; new size round(w*r), round(h*r); padding dw/2 split as round(dw/2 -+ 0.1).
+// Python's round is half-to-even, as is nearbyint in the default rounding mode.
+static void letterbox_params(int w, int h, int new_w, int new_h, int scaleup, Letterbox *lb) {
+    double r = fmin((double)new_h / h, (double)new_w / w);
+    if (!scaleup) r = fmin(r, 1.0);
+    lb->r = r;
+    lb->nw = (int)nearbyint(w * r);
+    lb->nh = (int)nearbyint(h * r);
+    double dw = (new_w - lb->nw) / 2.0, dh = (new_h - lb->nh) / 2.0;
+    lb->left = (int)nearbyint(dw - 0.1);
+    lb->top = (int)nearbyint(dh - 0.1);
+}
+
+// letterbox_apply: resize src (w, h) to (lb->nw, lb->nh) inside a 114-filled (new_w, new_h) canvas.
+static void letterbox_apply(const uint8_t *src, int w, int h, uint8_t *dst, int new_w, int new_h, const Letterbox *lb) {
+    memset(dst, 114, (size_t)new_w * new_h * 3);
+    image_resize_strided(src, w, h, dst + ((size_t)lb->top * new_w + lb->left) * 3, lb->nw, lb->nh, new_w);
+}
+
+// rect_batch_shapes: per-batch (h, w) for validation. ar (n) = h/w sorted ascending; batch b
+// covers ar[b*batch ...]; shape = ceil(ratio * imgsz / 32 + 0.5) * 32 with ratio (maxi, 1) if
+// all are wide, (1, 1/mini) if all are tall, else (1, 1). Ultralytics BaseDataset.set_rectangle.
+static void rect_batch_shapes(const double *ar, int n, int batch, int imgsz, int (*hw)[2]) {
+    int nb = (n + batch - 1) / batch;
+    for (int b = 0; b < nb; b++) {
+        int lo = b * batch, hi = lo + batch < n ? lo + batch : n;
+        double mini = ar[lo], maxi = ar[hi - 1], sh = 1, sw = 1;
+        if (maxi < 1) sh = maxi;
+        else if (mini > 1) sw = 1 / mini;
+        hw[b][0] = (int)ceil(sh * imgsz / 32.0 + 0.5) * 32;
+        hw[b][1] = (int)ceil(sw * imgsz / 32.0 + 0.5) * 32;
+    }
+}
+
+// resized_size: the size load_image gives an image of (w0, h0) for long side S (spec 4.2).
+static void resized_size(int w0, int h0, int S, int *w, int *h) {
+    double r = (double)S / (w0 > h0 ? w0 : h0);
+    *w = w0; *h = h0;
+    if (r != 1) {
+        *w = (int)fmin(ceil(w0 * r), S);
+        *h = (int)fmin(ceil(h0 * r), S);
+        if (*w < 1) *w = 1;
+        if (*h < 1) *h = 1;
+    }
+}
+
+// ==========================================================================================
+// augmentation (spec 4.3): mosaic, random perspective, mixup, HSV, flips
+// ==========================================================================================
+
+typedef struct {
+    float hsv_h, hsv_s, hsv_v;   // HSV gains (fractions)
+    float degrees, translate, scale, shear, perspective;
+    float flipud, fliplr;        // probabilities
+    float mosaic, mixup;         // probabilities
+} AugConfig;
+
+// aug_defaults: Ultralytics cfg/default.yaml values.
+static AugConfig aug_defaults(void) {
+    AugConfig a = {0.015f, 0.7f, 0.4f, 0.0f, 0.1f, 0.5f, 0.0f, 0.0f, 0.0f, 0.5f, 1.0f, 0.0f};
+    return a;
+}
+static const char *const AUG_KEYS[] = {"hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
+                                       "perspective", "flipud", "fliplr", "mosaic", "mixup", NULL};
+// aug_from_args: override the defaults with key=value arguments of the same names.
+static void aug_from_args(AugConfig *a, int argc, char **argv) {
+    float *f[] = {&a->hsv_h, &a->hsv_s, &a->hsv_v, &a->degrees, &a->translate, &a->scale, &a->shear,
+                  &a->perspective, &a->flipud, &a->fliplr, &a->mosaic, &a->mixup};
+    for (int i = 0; AUG_KEYS[i]; i++) *f[i] = (float)arg_num(argc, argv, AUG_KEYS[i], *f[i]);
+}
+
+typedef struct { float x1, y1, x2, y2; int cls; } Box; // pixels of the current image
+
+// box_candidates: keep a transformed box? Ultralytics box_candidates(wh_thr=2, ar_thr=100,
+// area_thr=0.1): w, h > 2 px, area / (area before * scale^2) > 0.1, aspect < 100.
+static int box_candidate(float bw0, float bh0, float bw, float bh, float s) {
+    const double eps = 1e-16;
+    double ar = fmax(bw / (bh + eps), bh / (bw + eps));
+    return bw > 2 && bh > 2 && bw * bh / (bw0 * s * bh0 * s + eps) > 0.1 && ar < 100;
+}
+
+// mat3_mul / mat3_inv: 3x3 row-major product (out may alias) and inverse by the adjugate.
+static void mat3_mul(const double a[9], const double b[9], double out[9]) {
+    double t[9];
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) t[3 * i + j] = a[3 * i] * b[j] + a[3 * i + 1] * b[3 + j] + a[3 * i + 2] * b[6 + j];
+    memcpy(out, t, sizeof t);
+}
+static void mat3_inv(const double m[9], double out[9]) {
+    double a = m[0], b = m[1], c = m[2], d = m[3], e = m[4], f = m[5], g = m[6], h = m[7], k = m[8];
+    double A = e * k - f * h, B = -(d * k - f * g), C = d * h - e * g;
+    double det = a * A + b * B + c * C, id = det != 0 ? 1 / det : 0;
+    out[0] = A * id; out[1] = -(b * k - c * h) * id; out[2] = (b * f - c * e) * id;
+    out[3] = B * id; out[4] = (a * k - c * g) * id;  out[5] = -(a * f - c * d) * id;
+    out[6] = C * id; out[7] = -(a * h - b * g) * id; out[8] = (a * e - b * d) * id;
+}
+
+// perspective_matrix: Ultralytics RandomPerspective.affine_transform's M = T @ S @ R @ P @ C for
+// given draws, in float32 and multiplied left to right as numpy does. C centres the (sw, sh)
+// source, P perspective (px, py), R rotation deg (counter-clockwise, cv2.getRotationMatrix2D)
+// with scale, S shear (degrees), T moves to (tx * dw, ty * dh).
+static void perspective_matrix(int sw, int sh, int dw, int dh, double px, double py, double deg, double scale,
+                               double shx, double shy, double tx, double ty, double M[9]) {
+    float C[9] = {1, 0, -(float)(sw / 2.0), 0, 1, -(float)(sh / 2.0), 0, 0, 1};
+    float P[9] = {1, 0, 0, 0, 1, 0, (float)px, (float)py, 1};
+    double al = cos(deg * M_PI / 180) * scale, be = sin(deg * M_PI / 180) * scale;
+    float R[9] = {(float)al, (float)be, 0, (float)-be, (float)al, 0, 0, 0, 1};
+    float S[9] = {1, (float)tan(shx * M_PI / 180), 0, (float)tan(shy * M_PI / 180), 1, 0, 0, 0, 1};
+    float T[9] = {1, 0, (float)(tx * dw), 0, 1, (float)(ty * dh), 0, 0, 1};
+    const float *chain[4] = {S, R, P, C};
+    float acc[9], t[9];
+    memcpy(acc, T, sizeof acc);
+    for (int m = 0; m < 4; m++) {
+        const float *b = chain[m];
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) t[3 * i + j] = acc[3 * i] * b[j] + acc[3 * i + 1] * b[3 + j] + acc[3 * i + 2] * b[6 + j];
+        memcpy(acc, t, sizeof acc);
+    }
+    for (int i = 0; i < 9; i++) M[i] = acc[i];
+}
+
+// warp_inverse: the matrix image_warp samples with, inverted as OpenCV does it:
+// invertAffineTransform's formulas for an affine M, a general 3x3 inverse otherwise.
+static void warp_inverse(const double M[9], double Mi[9]) {
+    if (M[6] == 0 && M[7] == 0 && M[8] == 1) {
+        double D = M[0] * M[4] - M[1] * M[3];
+        D = D != 0 ? 1.0 / D : 0;
+        double A11 = M[4] * D, A22 = M[0] * D, A12 = -M[1] * D, A21 = -M[3] * D;
+        Mi[0] = A11; Mi[1] = A12; Mi[2] = -A11 * M[2] - A12 * M[5];
+        Mi[3] = A21; Mi[4] = A22; Mi[5] = -A21 * M[2] - A22 * M[5];
+        Mi[6] = 0; Mi[7] = 0; Mi[8] = 1;
+    } else {
+        mat3_inv(M, Mi);
+    }
+}
+
+// random_perspective: warp src (sw, sh) to dst (dw, dh) with M = T*S*R*P*C and filter boxes;
+// Ultralytics RandomPerspective.__call__/affine_transform/apply_bboxes. Returns the new count.
+// Random draws in order: perspective x, y; angle, scale; shear x, y; translate x, y.
+static int random_perspective(const AugConfig *a, Rng *rng, const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh,
+                              Box *bx, int n) {
+    double px = rng_range(rng, -a->perspective, a->perspective), py = rng_range(rng, -a->perspective, a->perspective);
+    double deg = rng_range(rng, -a->degrees, a->degrees), s = rng_range(rng, 1 - a->scale, 1 + a->scale);
+    double shx = rng_range(rng, -a->shear, a->shear), shy = rng_range(rng, -a->shear, a->shear);
+    double tx = rng_range(rng, 0.5 - a->translate, 0.5 + a->translate), ty = rng_range(rng, 0.5 - a->translate, 0.5 + a->translate);
+    double M[9], Mi[9];
+    perspective_matrix(sw, sh, dw, dh, px, py, deg, s, shx, shy, tx, ty, M);
+    if (a->perspective == 0) M[6] = M[7] = 0, M[8] = 1;
+    warp_inverse(M, Mi);
+    image_warp(src, sw, sh, dst, dw, dh, Mi);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        Box b = bx[i];
+        double xs[4] = {b.x1, b.x2, b.x2, b.x1}, ys[4] = {b.y1, b.y1, b.y2, b.y2};
+        double x1 = 1e30, y1 = 1e30, x2 = -1e30, y2 = -1e30;
+        for (int c = 0; c < 4; c++) {
+            double x = M[0] * xs[c] + M[1] * ys[c] + M[2], y = M[3] * xs[c] + M[4] * ys[c] + M[5];
+            if (a->perspective != 0) { double z = M[6] * xs[c] + M[7] * ys[c] + M[8]; x /= z; y /= z; }
+            x1 = fmin(x1, x); x2 = fmax(x2, x); y1 = fmin(y1, y); y2 = fmax(y2, y);
+        }
+        Box o = {(float)fmin(fmax(x1, 0), dw), (float)fmin(fmax(y1, 0), dh), (float)fmin(fmax(x2, 0), dw), (float)fmin(fmax(y2, 0), dh), b.cls};
+        if (box_candidate(b.x2 - b.x1, b.y2 - b.y1, o.x2 - o.x1, o.y2 - o.y1, (float)s)) bx[k++] = o;
+    }
+    return k;
+}
+
+// HSV_SDIV / HSV_HDIV: OpenCV's 12-bit fixed-point division tables for 8-bit RGB -> HSV.
+static int HSV_SDIV[256], HSV_HDIV[256];
+static pthread_once_t hsv_tables_once = PTHREAD_ONCE_INIT;
+static void hsv_tables_init(void) {
+    for (int i = 1; i < 256; i++) {
+        HSV_SDIV[i] = (int)nearbyint((255 << 12) / (double)i);
+        HSV_HDIV[i] = (int)nearbyint((180 << 12) / (6.0 * i));
+    }
+}
+
+// hsv_apply: Ultralytics RandomHSV with gains (gh, gs, gv) on an RGB image (npix pixels) in
+// place: OpenCV 8-bit RGB2HSV (integer tables, H in [0,180)), LUTs hue (x + gh*180) mod 180,
+// sat and val clip(x * (1 + g)) truncated, sat 0 kept, then OpenCV's float HSV2RGB rounded.
+// Checked bit-exact against cv2 4.6 (test_data, fixtures by test/ref_data.py).
+static void hsv_apply(uint8_t *px, int npix, double gh, double gs, double gv) {
+    uint8_t lh[256], ls[256], lv[256];
+    for (int x = 0; x < 256; x++) {
+        double hh = fmod(x + gh * 180, 180);
+        if (hh < 0) hh += 180;
+        lh[x] = (uint8_t)(int)hh;
+        ls[x] = (uint8_t)(int)fmin(fmax(x * (gs + 1), 0), 255);
+        lv[x] = (uint8_t)(int)fmin(fmax(x * (gv + 1), 0), 255);
+    }
+    ls[0] = 0;
+    pthread_once(&hsv_tables_once, hsv_tables_init);
+    const int *sdiv = HSV_SDIV, *hdiv = HSV_HDIV;
+    static const int sector_tab[6][3] = {{0, 3, 1}, {2, 0, 1}, {1, 0, 3}, {1, 2, 0}, {3, 1, 0}, {0, 1, 2}}; // r, g, b
+    for (int i = 0; i < npix; i++) {
+        uint8_t *p = px + 3 * i;
+        int r = p[0], g = p[1], b = p[2];
+        int v = r > g ? r : g; v = v > b ? v : b;
+        int mn = r < g ? r : g; mn = mn < b ? mn : b;
+        int diff = v - mn;
+        int s = (diff * sdiv[v] + (1 << 11)) >> 12;
+        int h = 0;
+        if (diff) {
+            h = v == r ? g - b : v == g ? b - r + 2 * diff : r - g + 4 * diff;
+            h = (h * hdiv[diff] + (1 << 11)) >> 12;
+            if (h < 0) h += 180;
+        }
+        float hf = lh[h], sf = ls[s] * (1.f / 255.f), vf = lv[v] * (1.f / 255.f), out[3];
+        if (sf == 0) {
+            out[0] = out[1] = out[2] = vf;
+        } else {
+            hf *= 6.f / 180.f;
+            hf = fmodf(hf, 6.f);
+            if (hf < 0) hf += 6;
+            int sec = (int)floorf(hf);
+            hf -= sec;
+            if ((unsigned)sec >= 6u) { sec = 0; hf = 0; }
+            float tab[4] = {vf, vf * (1.f - sf), vf * (1.f - sf * hf), vf * (1.f - sf * (1.f - hf))};
+            for (int c = 0; c < 3; c++) out[c] = tab[sector_tab[sec][c]];
+        }
+        for (int c = 0; c < 3; c++) {
+            int q = (int)lrintf(out[c] * 255.f);
+            p[c] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+        }
+    }
+}
+
+// hsv_augment: RandomHSV: gains U(-1, 1) * (hsv_h, hsv_s, hsv_v), then hsv_apply.
+static void hsv_augment(Rng *rng, const AugConfig *a, uint8_t *px, int npix) {
+    if (!(a->hsv_h || a->hsv_s || a->hsv_v)) return;
+    double gh = rng_range(rng, -1, 1) * a->hsv_h, gs = rng_range(rng, -1, 1) * a->hsv_s, gv = rng_range(rng, -1, 1) * a->hsv_v;
+    hsv_apply(px, npix, gh, gs, gv);
+}
+
+// image_flip: mirror an (h, w, 3) image left-right (horizontal=1) or up-down, with its boxes.
+static void image_flip(uint8_t *px, int w, int h, int horizontal, Box *bx, int n) {
+    if (horizontal) {
+        for (int y = 0; y < h; y++) {
+            uint8_t *row = px + (size_t)y * w * 3;
+            for (int x = 0; x < w / 2; x++)
+                for (int c = 0; c < 3; c++) { uint8_t t = row[3 * x + c]; row[3 * x + c] = row[3 * (w - 1 - x) + c]; row[3 * (w - 1 - x) + c] = t; }
+        }
+        for (int i = 0; i < n; i++) { float x1 = w - bx[i].x2; bx[i].x2 = w - bx[i].x1; bx[i].x1 = x1; }
+    } else {
+        size_t rb = (size_t)w * 3;
+        for (int y = 0; y < h / 2; y++) {
+            uint8_t *a = px + y * rb, *b = px + (size_t)(h - 1 - y) * rb;
+            for (size_t i = 0; i < rb; i++) { uint8_t t = a[i]; a[i] = b[i]; b[i] = t; }
+        }
+        for (int i = 0; i < n; i++) { float y1 = h - bx[i].y2; bx[i].y2 = h - bx[i].y1; bx[i].y1 = y1; }
+    }
+}
+
+// rng_gamma: Gamma(k, 1) for k >= 1 (Marsaglia-Tsang); used for Beta(32, 32) in mixup.
+static double rng_gamma(Rng *r, double k) {
+    double d = k - 1.0 / 3, c = 1 / sqrt(9 * d);
+    for (;;) {
+        double x = rng_normal(r), v = 1 + c * x;
+        if (v <= 0) continue;
+        v = v * v * v;
+        double u = rng_uniform(r);
+        if (u < 1 - 0.0331 * x * x * x * x || log(u) < 0.5 * x * x + d * (1 - v + log(v))) return d * v;
+    }
+}
+
+// ==========================================================================================
+// loader: worker threads filling two fixed batch buffers
+// ==========================================================================================
+
+typedef struct {
+    int B, H, W;          // images in this batch (the last batch may be short) and their size
+    uint8_t *img;         // (B, 3, H, W) RGB
+    int n;                // labels in this batch
+    int cap;              // label capacity = max_boxes * batch
+    int overflow;         // labels dropped because an image had more than max_boxes
+    int *batch_idx;       // (n) image of each label within the batch
+    int *cls;             // (n)
+    float *box;           // (n, 4) cx cy w h normalised to (W, H)
+    int *index;           // (B) dataset index of each image
+    int *orig_w, *orig_h; // (B) original image size
+    float *ratio;         // (B, 2) batch pixels per original pixel (x, y)
+    float *pad;           // (B, 2) letterbox padding (left, top) in batch pixels
+    int epoch, number;    // which batch this is
+} Batch;
+
+typedef struct {
+    int batch;        // images per batch
+    int imgsz;        // S (multiple of 32)
+    int workers;      // threads (0 = fill in the caller's thread)
+    int max_boxes;    // label cap per image; the batch cap is max_boxes * batch
+    int train;        // 1: shuffle + augment at S x S; 0: rect batches, no augmentation
+    int cache_ram;    // keep decoded, resized images in host memory
+    uint64_t seed;
+    AugConfig aug;
+} LoaderConfig;
+
+typedef struct {      // per-worker scratch, allocated at loader_open
+    Image dec, tile, canvas, out1, out2;
+    Box *bx, *bx2;    // (bcap)
+    int bcap;
+} LoaderScratch;
+
+enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_INUSE };
+
+typedef struct {
+    const Dataset *ds;
+    LoaderConfig cfg;
+    int S, n, nbatch, nbuf;   // nbuf: the recent-image window for mosaic/mixup partners
+    int *order;               // (n) dataset index at each position of the epoch
+    int (*shape)[2];          // (nbatch, 2) rect batch (h, w); train: S, S
+    uint8_t **cache;          // (n) resized images when cache_ram, else NULL
+    int *rw, *rh;             // (n) resized size (long side S)
+    Batch slot[2];
+    float *stage[2];          // (batch, max_boxes, 5) per-image labels before compaction
+    int *stage_n[2], *stage_over[2]; // (batch)
+    int state[2], bno[2], claimed[2], done[2];
+    int epoch, close_mosaic, next_fill, next_get, inuse, quit, nworkers;
+    long long load_errors;
+    LoaderScratch *ws;        // (max(workers, 1))
+    pthread_t *th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} Loader;
+
+// sample_seed: the seed of one sample's Rng from (run seed, epoch, position); b = -1 gives the
+// epoch's shuffle. Only these three inputs, so results do not depend on threads.
+static uint64_t sample_seed(uint64_t seed, long long a, long long b) {
+    uint64_t x = seed;
+    uint64_t h = splitmix64(&x);
+    x = h ^ (uint64_t)a;
+    h = splitmix64(&x);
+    x = h ^ (uint64_t)b * 0xD1B54A32D192ED03ULL;
+    return splitmix64(&x);
+}
+
+// loader_image: dataset image idx resized to long side S into out (from the cache or decoded).
+// A file that fails to decode now (it passed the scan) becomes a gray image; returns 0 then.
+static int loader_image(Loader *L, LoaderScratch *ws, int idx, Image *out) {
+    int w = L->rw[idx], h = L->rh[idx];
+    image_reserve(out, w, h);
+    if (L->cache && L->cache[idx]) { memcpy(out->px, L->cache[idx], (size_t)w * h * 3); return 1; }
+    char err[512];
+    if (image_load(L->ds->paths[idx], L->S, &ws->dec, err, sizeof err) < 0) {
+        fprintf(stderr, "loader: %s (using a gray image without labels)\n", err);
+        __atomic_add_fetch(&L->load_errors, 1, __ATOMIC_RELAXED);
+        memset(out->px, 114, (size_t)w * h * 3);
+        return 0;
+    }
+    image_resize(ws->dec.px, ws->dec.w, ws->dec.h, out->px, w, h);
+    return 1;
+}
+
+// labels_pixels: the dataset boxes of image idx in pixels of a (w, h) image offset by (dx, dy).
+static int labels_pixels(const Loader *L, int idx, float w, float h, float dx, float dy, Box *bx, int cap) {
+    const Dataset *ds = L->ds;
+    int k = 0;
+    for (int j = ds->lab_off[idx]; j < ds->lab_off[idx + 1] && k < cap; j++) {
+        const float *l = ds->lab + 5 * j;
+        Box b = {(l[1] - l[3] / 2) * w + dx, (l[2] - l[4] / 2) * h + dy, (l[1] + l[3] / 2) * w + dx, (l[2] + l[4] / 2) * h + dy, (int)l[0]};
+        bx[k++] = b;
+    }
+    return k;
+}
+
+// partner_index: a random image from the recent window before position pos (spec 4.2 buffer).
+static int partner_index(const Loader *L, Rng *rng, int pos) {
+    int back = 1 + rng_int(rng, L->nbuf);
+    return L->order[((pos - back) % L->n + L->n) % L->n];
+}
+
+// mosaic4: Ultralytics Mosaic._mosaic4 into ws->canvas (2S, 2S); returns the box count (boxes
+// clipped to the canvas, zero-area ones dropped).
+static int mosaic4(Loader *L, LoaderScratch *ws, Rng *rng, int idx, int pos, Box *bx) {
+    int S = L->S, S2 = 2 * S, n = 0;
+    image_reserve(&ws->canvas, S2, S2);
+    memset(ws->canvas.px, 114, (size_t)S2 * S2 * 3);
+    int xc = (int)rng_range(rng, S / 2.0, S2 - S / 2.0), yc = (int)rng_range(rng, S / 2.0, S2 - S / 2.0);
+    int ids[4] = {idx, partner_index(L, rng, pos), partner_index(L, rng, pos), partner_index(L, rng, pos)};
+    for (int t = 0; t < 4; t++) {
+        int ok = loader_image(L, ws, ids[t], &ws->tile), w = ws->tile.w, h = ws->tile.h;
+        int x1a, y1a, x2a, y2a, x1b, y1b, x2b; // the source rows follow from the canvas rows
+        if (t == 0) { x1a = xc - w > 0 ? xc - w : 0; y1a = yc - h > 0 ? yc - h : 0; x2a = xc; y2a = yc;
+                      x1b = w - (x2a - x1a); y1b = h - (y2a - y1a); x2b = w; }
+        else if (t == 1) { x1a = xc; y1a = yc - h > 0 ? yc - h : 0; x2a = xc + w < S2 ? xc + w : S2; y2a = yc;
+                           x1b = 0; y1b = h - (y2a - y1a); x2b = w < x2a - x1a ? w : x2a - x1a; }
+        else if (t == 2) { x1a = xc - w > 0 ? xc - w : 0; y1a = yc; x2a = xc; y2a = yc + h < S2 ? yc + h : S2;
+                           x1b = w - (x2a - x1a); y1b = 0; x2b = w; }
+        else { x1a = xc; y1a = yc; x2a = xc + w < S2 ? xc + w : S2; y2a = yc + h < S2 ? yc + h : S2;
+               x1b = 0; y1b = 0; x2b = w < x2a - x1a ? w : x2a - x1a; }
+        for (int y = 0; y < y2a - y1a; y++)
+            memcpy(ws->canvas.px + ((size_t)(y1a + y) * S2 + x1a) * 3, ws->tile.px + ((size_t)(y1b + y) * w + x1b) * 3, (size_t)(x2b - x1b) * 3);
+        if (!ok) continue;
+        int k = labels_pixels(L, ids[t], (float)w, (float)h, (float)(x1a - x1b), (float)(y1a - y1b), bx + n, ws->bcap / 2 - n);
+        for (int i = 0; i < k; i++) {
+            Box *b = bx + n + i;
+            b->x1 = fminf(fmaxf(b->x1, 0), (float)S2); b->x2 = fminf(fmaxf(b->x2, 0), (float)S2);
+            b->y1 = fminf(fmaxf(b->y1, 0), (float)S2); b->y2 = fminf(fmaxf(b->y2, 0), (float)S2);
+        }
+        int m = 0;
+        for (int i = 0; i < k; i++)
+            if (bx[n + i].x2 > bx[n + i].x1 && bx[n + i].y2 > bx[n + i].y1) bx[n + m++] = bx[n + i];
+        n += m;
+    }
+    return n;
+}
+
+// sample_pre: Ultralytics' pre_transform: mosaic (p) or letterbox, then random perspective,
+// into out (S, S). Returns the box count in bx.
+static int sample_pre(Loader *L, LoaderScratch *ws, Rng *rng, int idx, int pos, Image *out, Box *bx) {
+    int S = L->S, n;
+    AugConfig a = L->cfg.aug;
+    image_reserve(out, S, S);
+    if (!L->close_mosaic && a.mosaic > 0 && rng_uniform(rng) < a.mosaic) {
+        n = mosaic4(L, ws, rng, idx, pos, bx);
+        return random_perspective(&a, rng, ws->canvas.px, 2 * S, 2 * S, out->px, S, S, bx, n);
+    }
+    int ok = loader_image(L, ws, idx, &ws->tile);
+    Letterbox lb;
+    letterbox_params(ws->tile.w, ws->tile.h, S, S, 1, &lb);
+    image_reserve(&ws->canvas, S, S);
+    letterbox_apply(ws->tile.px, ws->tile.w, ws->tile.h, ws->canvas.px, S, S, &lb);
+    n = ok ? labels_pixels(L, idx, (float)lb.nw, (float)lb.nh, (float)lb.left, (float)lb.top, bx, ws->bcap / 2) : 0;
+    return random_perspective(&a, rng, ws->canvas.px, S, S, out->px, S, S, bx, n);
+}
+
+// sample_make: one finished sample at position pos of the epoch into batch slot s, image b:
+// pixels CHW and up to max_boxes labels in the stage. Randomness only from (seed, epoch, pos).
+static void sample_make(Loader *L, LoaderScratch *ws, int s, int b, int pos) {
+    Batch *bt = &L->slot[s];
+    int idx = L->order[pos], H = bt->H, W = bt->W, n;
+    Rng rng;
+    rng_seed(&rng, sample_seed(L->cfg.seed, L->epoch, pos));
+    Image *im = &ws->out1;
+    Box *bx = ws->bx;
+    bt->index[b] = idx;
+    bt->orig_w[b] = L->ds->w0[idx];
+    bt->orig_h[b] = L->ds->h0[idx];
+    if (L->cfg.train) {
+        const AugConfig *a = &L->cfg.aug;
+        n = sample_pre(L, ws, &rng, idx, pos, im, bx);
+        if (!L->close_mosaic && a->mixup > 0 && rng_uniform(&rng) < a->mixup) {
+            int n2 = sample_pre(L, ws, &rng, partner_index(L, &rng, pos), pos, &ws->out2, ws->bx2);
+            double r = rng_gamma(&rng, 32.0), q = rng_gamma(&rng, 32.0);
+            double lam = r / (r + q); // Beta(32, 32); blended in double and truncated, as numpy does
+            size_t np = (size_t)H * W * 3;
+            for (size_t i = 0; i < np; i++) im->px[i] = (uint8_t)(im->px[i] * lam + ws->out2.px[i] * (1 - lam));
+            for (int i = 0; i < n2 && n < ws->bcap; i++) bx[n++] = ws->bx2[i];
+        }
+        hsv_augment(&rng, a, im->px, H * W);
+        if (rng_uniform(&rng) < a->flipud) image_flip(im->px, W, H, 0, bx, n);
+        if (rng_uniform(&rng) < a->fliplr) image_flip(im->px, W, H, 1, bx, n);
+        bt->ratio[2 * b] = (float)L->rw[idx] / L->ds->w0[idx];
+        bt->ratio[2 * b + 1] = (float)L->rh[idx] / L->ds->h0[idx];
+        bt->pad[2 * b] = bt->pad[2 * b + 1] = 0;
+    } else {
+        int ok = loader_image(L, ws, idx, &ws->tile);
+        Letterbox lb;
+        letterbox_params(ws->tile.w, ws->tile.h, W, H, 0, &lb);
+        image_reserve(im, W, H);
+        letterbox_apply(ws->tile.px, ws->tile.w, ws->tile.h, im->px, W, H, &lb);
+        n = ok ? labels_pixels(L, idx, (float)lb.nw, (float)lb.nh, (float)lb.left, (float)lb.top, bx, ws->bcap) : 0;
+        bt->ratio[2 * b] = (float)lb.nw / L->ds->w0[idx];
+        bt->ratio[2 * b + 1] = (float)lb.nh / L->ds->h0[idx];
+        bt->pad[2 * b] = (float)lb.left;
+        bt->pad[2 * b + 1] = (float)lb.top;
+    }
+    size_t plane = (size_t)H * W;
+    uint8_t *dst = bt->img + (size_t)b * 3 * plane;
+    for (size_t i = 0; i < plane; i++) {
+        dst[i] = im->px[3 * i];
+        dst[plane + i] = im->px[3 * i + 1];
+        dst[2 * plane + i] = im->px[3 * i + 2];
+    }
+    int mb = L->cfg.max_boxes, k = n < mb ? n : mb;
+    float *st = L->stage[s] + (size_t)b * mb * 5;
+    for (int i = 0; i < k; i++) {
+        st[5 * i] = (float)bx[i].cls;
+        st[5 * i + 1] = (bx[i].x1 + bx[i].x2) / 2 / W;
+        st[5 * i + 2] = (bx[i].y1 + bx[i].y2) / 2 / H;
+        st[5 * i + 3] = (bx[i].x2 - bx[i].x1) / W;
+        st[5 * i + 4] = (bx[i].y2 - bx[i].y1) / H;
+    }
+    L->stage_n[s][b] = k;
+    L->stage_over[s][b] = n - k;
+}
+
+// slot_begin / slot_finish: set a slot up for batch number bn; compact its staged labels into
+// the batch arrays (in image order) and mark it ready.
+static void slot_begin(Loader *L, int s, int bn) {
+    Batch *bt = &L->slot[s];
+    bt->B = bn < L->nbatch - 1 ? L->cfg.batch : L->n - bn * L->cfg.batch;
+    bt->H = L->shape[bn][0];
+    bt->W = L->shape[bn][1];
+    bt->epoch = L->epoch;
+    bt->number = bn;
+    L->bno[s] = bn;
+    L->claimed[s] = L->done[s] = 0;
+    L->state[s] = SLOT_FILLING;
+}
+static void slot_finish(Loader *L, int s) {
+    Batch *bt = &L->slot[s];
+    int mb = L->cfg.max_boxes, n = 0, over = 0;
+    for (int b = 0; b < bt->B; b++) {
+        const float *st = L->stage[s] + (size_t)b * mb * 5;
+        for (int i = 0; i < L->stage_n[s][b]; i++, n++) {
+            bt->batch_idx[n] = b;
+            bt->cls[n] = (int)st[5 * i];
+            memcpy(bt->box + 4 * n, st + 5 * i + 1, 4 * sizeof(float));
+        }
+        over += L->stage_over[s][b];
+    }
+    bt->n = n;
+    bt->overflow = over;
+    L->state[s] = SLOT_READY;
+}
+
+// loader_worker: claim a sample of a filling slot, make it; start the next batch in a free slot.
+static void *loader_worker(void *arg) {
+    Loader *L = ((void **)arg)[0];
+    LoaderScratch *ws = ((void **)arg)[1];
+    free(arg);
+    pthread_mutex_lock(&L->mu);
+    while (!L->quit) {
+        int did = 0;
+        for (int k = 0; k < 2 && !did; k++) {
+            int s = (L->next_get + k) % 2; // oldest batch first
+            if (L->state[s] == SLOT_FILLING && L->claimed[s] < L->slot[s].B) {
+                int b = L->claimed[s]++, pos = L->bno[s] * L->cfg.batch + b;
+                pthread_mutex_unlock(&L->mu);
+                sample_make(L, ws, s, b, pos);
+                pthread_mutex_lock(&L->mu);
+                if (++L->done[s] == L->slot[s].B) { slot_finish(L, s); pthread_cond_broadcast(&L->cv); }
+                did = 1;
+            }
+        }
+        if (did) continue;
+        int s = L->next_fill % 2;
+        if (L->next_fill < L->nbatch && L->state[s] == SLOT_FREE) { slot_begin(L, s, L->next_fill++); pthread_cond_broadcast(&L->cv); continue; }
+        pthread_cond_wait(&L->cv, &L->mu);
+    }
+    pthread_mutex_unlock(&L->mu);
+    return NULL;
+}
+
+// cmp_ar_idx: sort (aspect ratio, index) pairs; the index breaks ties so the order is stable.
+static int cmp_ar_idx(const void *a, const void *b) {
+    const double *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : (x[1] < y[1] ? -1 : x[1] > y[1]);
+}
+
+// cache_worker: decode and resize images into L->cache, taking indices from a shared counter.
+static void *cache_worker(void *arg) {
+    Loader *L = ((void **)arg)[0];
+    int *next = ((void **)arg)[1];
+    LoaderScratch sc;
+    memset(&sc, 0, sizeof sc);
+    Image tmp = {0};
+    for (int i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < L->n;) {
+        uint8_t *keep = L->cache[i];
+        L->cache[i] = NULL; // make loader_image decode rather than copy
+        loader_image(L, &sc, i, &tmp);
+        memcpy(keep, tmp.px, (size_t)L->rw[i] * L->rh[i] * 3);
+        L->cache[i] = keep;
+    }
+    image_free(&sc.dec);
+    image_free(&tmp);
+    return NULL;
+}
+
+// scratch_init: one worker's buffers at their working sizes (decode 2S x 2S grows if needed).
+static void scratch_init(LoaderScratch *ws, int S, int bcap) {
+    memset(ws, 0, sizeof *ws);
+    image_reserve(&ws->dec, 2 * S, 2 * S);
+    image_reserve(&ws->tile, S, S);
+    image_reserve(&ws->canvas, 2 * S, 2 * S);
+    int Smax = (int)ceil(S / 32.0 + 0.5) * 32;
+    image_reserve(&ws->out1, Smax, Smax);
+    image_reserve(&ws->out2, S, S);
+    ws->bcap = bcap;
+    ws->bx = xmalloc(sizeof(Box) * bcap);
+    ws->bx2 = xmalloc(sizeof(Box) * bcap);
+}
+
+// loader_open: allocate the batch buffers, scratch and (cache_ram) the image cache, start the
+// workers. Prints the host memory it holds. ds must outlive the loader.
+static Loader *loader_open(const Dataset *ds, const LoaderConfig *cfg) {
+    if (cfg->batch < 1 || cfg->imgsz < 32 || cfg->imgsz % 32 || cfg->max_boxes < 1 || cfg->workers < 0)
+        die("loader: bad settings batch=%d imgsz=%d (multiple of 32) max_boxes=%d workers=%d", cfg->batch, cfg->imgsz, cfg->max_boxes, cfg->workers);
+    if (ds->n < 1) die("loader: the dataset has no images");
+    Loader *L = xcalloc(1, sizeof *L);
+    L->ds = ds;
+    L->cfg = *cfg;
+    int S = L->S = cfg->imgsz, n = L->n = ds->n, B = cfg->batch;
+    L->nbatch = (n + B - 1) / B;
+    L->nbuf = n < 8 * B ? n : 8 * B;
+    if (L->nbuf > 1000) L->nbuf = 1000;
+    L->order = xmalloc(sizeof(int) * n);
+    L->shape = xmalloc(sizeof(int[2]) * L->nbatch);
+    L->rw = xmalloc(sizeof(int) * n);
+    L->rh = xmalloc(sizeof(int) * n);
+    size_t cache_bytes = 0;
+    int maxlab = 0;
+    for (int i = 0; i < n; i++) {
+        resized_size(ds->w0[i], ds->h0[i], S, &L->rw[i], &L->rh[i]);
+        cache_bytes += (size_t)L->rw[i] * L->rh[i] * 3;
+        int k = ds->lab_off[i + 1] - ds->lab_off[i];
+        if (k > maxlab) maxlab = k;
+    }
+    int Hm = S, Wm = S;
+    if (cfg->train) {
+        for (int b = 0; b < L->nbatch; b++) L->shape[b][0] = L->shape[b][1] = S;
+    } else {
+        double *ar = xmalloc(sizeof(double) * 2 * n);
+        for (int i = 0; i < n; i++) { ar[2 * i] = (double)ds->h0[i] / ds->w0[i]; ar[2 * i + 1] = i; }
+        qsort(ar, n, 2 * sizeof(double), cmp_ar_idx);
+        double *ars = xmalloc(sizeof(double) * n);
+        for (int i = 0; i < n; i++) { L->order[i] = (int)ar[2 * i + 1]; ars[i] = ar[2 * i]; }
+        rect_batch_shapes(ars, n, B, S, L->shape);
+        Hm = Wm = 0;
+        for (int b = 0; b < L->nbatch; b++) {
+            if (L->shape[b][0] > Hm) Hm = L->shape[b][0];
+            if (L->shape[b][1] > Wm) Wm = L->shape[b][1];
+        }
+        free(ar);
+        free(ars);
+    }
+    size_t batch_bytes = 0;
+    for (int s = 0; s < 2; s++) {
+        Batch *bt = &L->slot[s];
+        bt->cap = cfg->max_boxes * B;
+        bt->img = xmalloc((size_t)B * 3 * Hm * Wm);
+        bt->batch_idx = xmalloc(sizeof(int) * bt->cap);
+        bt->cls = xmalloc(sizeof(int) * bt->cap);
+        bt->box = xmalloc(sizeof(float) * 4 * bt->cap);
+        bt->index = xmalloc(sizeof(int) * B);
+        bt->orig_w = xmalloc(sizeof(int) * B);
+        bt->orig_h = xmalloc(sizeof(int) * B);
+        bt->ratio = xmalloc(sizeof(float) * 2 * B);
+        bt->pad = xmalloc(sizeof(float) * 2 * B);
+        L->stage[s] = xmalloc(sizeof(float) * 5 * (size_t)B * cfg->max_boxes);
+        L->stage_n[s] = xcalloc(B, sizeof(int));
+        L->stage_over[s] = xcalloc(B, sizeof(int));
+        batch_bytes += (size_t)B * 3 * Hm * Wm + (size_t)bt->cap * 24 + (size_t)B * cfg->max_boxes * 20;
+    }
+    L->nworkers = cfg->workers;
+    int nws = cfg->workers > 0 ? cfg->workers : 1, bcap = 8 * maxlab + 8;
+    L->ws = xmalloc(sizeof(LoaderScratch) * nws);
+    for (int i = 0; i < nws; i++) scratch_init(&L->ws[i], S, bcap);
+    size_t scratch_bytes = (size_t)nws * (27 * (size_t)S * S + 2 * sizeof(Box) * bcap);
+    printf("loader: %d images, %d batches of %d, %s, %d workers; host memory: batches %.1f MB, scratch %.1f MB, cache %.1f MB%s\n",
+           n, L->nbatch, B, cfg->train ? "train (augment)" : "val (rect)", cfg->workers, batch_bytes / 1e6, scratch_bytes / 1e6,
+           cfg->cache_ram ? cache_bytes / 1e6 : 0.0, cfg->cache_ram ? "" : " (cache off)");
+    if (cfg->cache_ram) {
+        L->cache = xcalloc(n, sizeof(uint8_t *));
+        for (int i = 0; i < n; i++) L->cache[i] = xmalloc((size_t)L->rw[i] * L->rh[i] * 3);
+        double t0 = now_sec();
+        pthread_t *th = xmalloc(sizeof(pthread_t) * nws);
+        int next = 0;
+        void *arg[2] = {L, &next};
+        for (int i = 0; i < nws; i++)
+            if (pthread_create(&th[i], NULL, cache_worker, arg) != 0) die("loader: cannot start cache thread %d", i);
+        for (int i = 0; i < nws; i++) pthread_join(th[i], NULL);
+        free(th);
+        printf("loader: cached %d images in %.1f s\n", n, now_sec() - t0);
+    }
+    pthread_mutex_init(&L->mu, NULL);
+    pthread_cond_init(&L->cv, NULL);
+    L->next_fill = L->next_get = L->nbatch; // nothing to do until loader_start_epoch
+    L->inuse = -1;
+    if (cfg->workers > 0) {
+        L->th = xmalloc(sizeof(pthread_t) * cfg->workers);
+        for (int i = 0; i < cfg->workers; i++) {
+            void **arg = xmalloc(2 * sizeof(void *));
+            arg[0] = L;
+            arg[1] = &L->ws[i];
+            if (pthread_create(&L->th[i], NULL, loader_worker, arg) != 0) die("loader: cannot start worker thread %d", i);
+        }
+    }
+    return L;
+}
+
+// loader_batches: batches per epoch (the last one may be short).
+static int loader_batches(const Loader *L) { return L->nbatch; }
+
+// loader_start_epoch: begin epoch (0-based): a new shuffle (train) and prefetch of two batches.
+// close_mosaic = 1 turns mosaic and mixup off (Ultralytics close_mosaic epochs).
+static void loader_start_epoch(Loader *L, int epoch, int close_mosaic) {
+    pthread_mutex_lock(&L->mu);
+    L->next_fill = L->nbatch;
+    while (L->state[0] == SLOT_FILLING || L->state[1] == SLOT_FILLING) pthread_cond_wait(&L->cv, &L->mu);
+    L->epoch = epoch;
+    L->close_mosaic = close_mosaic;
+    if (L->cfg.train) {
+        Rng r;
+        rng_seed(&r, sample_seed(L->cfg.seed, epoch, -1));
+        for (int i = 0; i < L->n; i++) L->order[i] = i;
+        for (int i = L->n - 1; i > 0; i--) { int j = rng_int(&r, i + 1), t = L->order[i]; L->order[i] = L->order[j]; L->order[j] = t; }
+    }
+    L->state[0] = L->state[1] = SLOT_FREE;
+    L->inuse = -1;
+    L->next_fill = L->next_get = 0;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+}
+
+// loader_next: the next batch of the epoch (valid until the next call), or NULL at its end.
+static const Batch *loader_next(Loader *L) {
+    pthread_mutex_lock(&L->mu);
+    if (L->inuse >= 0) { L->state[L->inuse] = SLOT_FREE; L->inuse = -1; pthread_cond_broadcast(&L->cv); }
+    if (L->next_get >= L->nbatch) { pthread_mutex_unlock(&L->mu); return NULL; }
+    int s = L->next_get % 2;
+    if (L->nworkers == 0) {
+        slot_begin(L, s, L->next_get);
+        L->next_fill = L->next_get + 1;
+        for (int b = 0; b < L->slot[s].B; b++) sample_make(L, &L->ws[0], s, b, L->next_get * L->cfg.batch + b);
+        slot_finish(L, s);
+    }
+    while (!(L->state[s] == SLOT_READY && L->bno[s] == L->next_get)) pthread_cond_wait(&L->cv, &L->mu);
+    L->state[s] = SLOT_INUSE;
+    L->inuse = s;
+    L->next_get++;
+    pthread_mutex_unlock(&L->mu);
+    return &L->slot[s];
+}
+
+// loader_close: stop and join the workers, free every buffer.
+static void loader_close(Loader *L) {
+    if (!L) return;
+    pthread_mutex_lock(&L->mu);
+    L->quit = 1;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+    for (int i = 0; i < L->nworkers; i++) pthread_join(L->th[i], NULL);
+    int nws = L->nworkers > 0 ? L->nworkers : 1;
+    for (int i = 0; i < nws; i++) {
+        LoaderScratch *w = &L->ws[i];
+        image_free(&w->dec); image_free(&w->tile); image_free(&w->canvas); image_free(&w->out1); image_free(&w->out2);
+        free(w->bx); free(w->bx2);
+    }
+    for (int s = 0; s < 2; s++) {
+        Batch *b = &L->slot[s];
+        free(b->img); free(b->batch_idx); free(b->cls); free(b->box); free(b->index);
+        free(b->orig_w); free(b->orig_h); free(b->ratio); free(b->pad);
+        free(L->stage[s]); free(L->stage_n[s]); free(L->stage_over[s]);
+    }
+    if (L->cache) for (int i = 0; i < L->n; i++) free(L->cache[i]);
+    free(L->cache); free(L->ws); free(L->th); free(L->order); free(L->shape); free(L->rw); free(L->rh);
+    pthread_mutex_destroy(&L->mu);
+    pthread_cond_destroy(&L->cv);
+    free(L);
+}
+
+// ==========================================================================================
+// commands: `yolo shapes` (synthetic dataset) and `yolo augment` (preview grid)
+// ==========================================================================================
+
+static const uint8_t SHAPE_COLORS[4][3] = {{225, 40, 40}, {40, 190, 60}, {45, 85, 235}, {245, 205, 30}};
+static const uint8_t PALETTE[10][3] = {{255, 56, 56}, {72, 249, 10}, {0, 194, 255}, {255, 178, 29}, {207, 210, 49},
+                                       {146, 204, 23}, {61, 219, 134}, {26, 147, 52}, {0, 212, 187}, {255, 112, 31}};
+
+// shape_inside: is (u, v) in [-1, 1]^2 (box-normalised) inside shape class cls? Every shape
+// touches all four sides of its box, so the box label is exact.
+static int shape_inside(int cls, double u, double v) {
+    switch (cls) {
+        case 0: return u * u + v * v <= 1;
+        case 1: return 1;
+        case 2: return fabs(u) <= (v + 1) / 2;
+        default: return fabs(u) + fabs(v) <= 1;
+    }
+}
+
+// shapes_render: one image of the synthetic set: a textured background and up to 5 shapes.
+// Writes the labels as "class cx cy w h" lines into lab (nlab rows).
+static void shapes_render(Rng *r, int W, int H, Image *img, float lab[][5], int *nlab, int want) {
+    image_reserve(img, W, H);
+    double base[3], tint = rng_range(r, 70, 170);
+    for (int c = 0; c < 3; c++) base[c] = tint + rng_range(r, -18, 18);
+    double fx = rng_range(r, 0.02, 0.15), fy = rng_range(r, 0.02, 0.15), ph = rng_range(r, 0, 6.28), amp = rng_range(r, 5, 25);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) {
+            double t = amp * sin(fx * x + fy * y + ph) + rng_range(r, -10, 10);
+            for (int c = 0; c < 3; c++) img->px[((size_t)y * W + x) * 3 + c] = (uint8_t)fmin(fmax(base[c] + t, 0), 255);
+        }
+    int n = 0, smin = W < H ? W : H;
+    for (int tries = 0; n < want && tries < 50; tries++) {
+        int cls = rng_int(r, 4);
+        double bw = rng_range(r, 0.12, 0.45) * smin, bh = bw * rng_range(r, 0.6, 1.6);
+        if (bh > 0.9 * H) bh = 0.9 * H;
+        double x1 = rng_range(r, 0, W - bw), y1 = rng_range(r, 0, H - bh);
+        int clash = 0;
+        for (int j = 0; j < n && !clash; j++) { // keep overlaps small (IoU < 0.2)
+            double ax1 = (lab[j][1] - lab[j][3] / 2) * W, ay1 = (lab[j][2] - lab[j][4] / 2) * H;
+            double ax2 = ax1 + lab[j][3] * W, ay2 = ay1 + lab[j][4] * H;
+            double iw = fmin(ax2, x1 + bw) - fmax(ax1, x1), ih = fmin(ay2, y1 + bh) - fmax(ay1, y1);
+            double inter = iw > 0 && ih > 0 ? iw * ih : 0;
+            clash = inter / ((ax2 - ax1) * (ay2 - ay1) + bw * bh - inter) > 0.2;
+        }
+        if (clash) continue;
+        double col[3];
+        for (int c = 0; c < 3; c++) col[c] = fmin(fmax(SHAPE_COLORS[cls][c] + rng_range(r, -20, 20), 0), 255);
+        for (int y = (int)y1; y < (int)ceil(y1 + bh) && y < H; y++)
+            for (int x = (int)x1; x < (int)ceil(x1 + bw) && x < W; x++) {
+                int cover = 0; // 4x4 supersampling for smooth edges
+                for (int sy = 0; sy < 4; sy++)
+                    for (int sx = 0; sx < 4; sx++) {
+                        double px = x + (sx + 0.5) / 4, py = y + (sy + 0.5) / 4;
+                        if (px < x1 || px > x1 + bw || py < y1 || py > y1 + bh) continue;
+                        cover += shape_inside(cls, 2 * (px - x1) / bw - 1, 2 * (py - y1) / bh - 1);
+                    }
+                uint8_t *p = img->px + ((size_t)y * W + x) * 3;
+                for (int c = 0; c < 3; c++) p[c] = (uint8_t)(p[c] + (col[c] - p[c]) * cover / 16.0 + 0.5);
+            }
+        lab[n][0] = (float)cls;
+        lab[n][1] = (float)((x1 + bw / 2) / W); lab[n][2] = (float)((y1 + bh / 2) / H);
+        lab[n][3] = (float)(bw / W); lab[n][4] = (float)(bh / H);
+        n++;
+    }
+    *nlab = n;
+}
+
+// mkdir_or_die: create a folder unless it exists; exit with a message otherwise.
+static void mkdir_or_die(const char *path) {
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) die("cannot create directory '%s': %s", path, strerror(errno));
+}
+
+// cmd_shapes: `yolo shapes out=DIR [ntrain=128 nval=32 imgsz=160 seed=0]`: the synthetic
+// dataset (JPEG and PNG images, YOLO labels, data.yaml). Deterministic for a seed.
+static int cmd_shapes(int argc, char **argv) {
+    static const char *const keys[] = {"out", "ntrain", "nval", "imgsz", "seed", NULL};
+    arg_check(argc, argv, keys);
+    const char *out = arg_get(argc, argv, "out", "data/shapes");
+    int ntr = (int)arg_int(argc, argv, "ntrain", 128), nva = (int)arg_int(argc, argv, "nval", 32);
+    int S = (int)arg_int(argc, argv, "imgsz", 160);
+    uint64_t seed = (uint64_t)arg_int(argc, argv, "seed", 0);
+    if (ntr < 1 || nva < 1 || S < 32 || S > 4096) die("shapes: need ntrain>=1, nval>=1, 32<=imgsz<=4096");
+    char p[4096];
+    mkdir_or_die(out);
+    snprintf(p, sizeof p, "%s/images", out); mkdir_or_die(p);
+    snprintf(p, sizeof p, "%s/labels", out); mkdir_or_die(p);
+    Image img = {0};
+    float lab[8][5];
+    for (int split = 0; split < 2; split++) {
+        const char *sn = SPLIT_NAMES[split];
+        snprintf(p, sizeof p, "%s/images/%s", out, sn); mkdir_or_die(p);
+        snprintf(p, sizeof p, "%s/labels/%s", out, sn); mkdir_or_die(p);
+        int count = split ? nva : ntr;
+        for (int i = 0; i < count; i++) {
+            Rng r;
+            rng_seed(&r, sample_seed(seed, split, i));
+            int W = S, H = (int)(S * rng_range(&r, 0.6, 1.0)) & ~1;
+            if (rng_uniform(&r) < 0.3) { int t = W; W = H; H = t; }
+            int nl, want = i % 20 == 19 ? 0 : 1 + rng_int(&r, 5); // every 20th image is a background
+            shapes_render(&r, W, H, &img, lab, &nl, want);
+            int png = i % 3 == 2;
+            snprintf(p, sizeof p, "%s/images/%s/%06d.%s", out, sn, i, png ? "png" : "jpg");
+            if ((png ? image_save_png(p, &img) : image_save_jpg(p, &img, 92)) != 0) die("shapes: cannot write '%s'", p);
+            snprintf(p, sizeof p, "%s/labels/%s/%06d.txt", out, sn, i);
+            FILE *f = xfopen(p, "w");
+            for (int j = 0; j < nl; j++) fprintf(f, "%d %.6f %.6f %.6f %.6f\n", (int)lab[j][0], lab[j][1], lab[j][2], lab[j][3], lab[j][4]);
+            if (fclose(f) != 0) die("shapes: cannot write '%s'", p);
+        }
+    }
+    image_free(&img);
+    snprintf(p, sizeof p, "%s/data.yaml", out);
+    FILE *f = xfopen(p, "w");
+    fprintf(f, "# Synthetic shapes dataset written by `./yolo shapes` (seed=%llu, imgsz=%d).\n"
+               "# Four classes of coloured shapes on textured backgrounds; YOLO txt labels.\n"
+               "path: .                 # relative to this file\n"
+               "train: \"images/train\"   # %d images\n"
+               "val: 'images/val'       # %d images\n"
+               "nc: 4\n"
+               "names: [\"circle\", 'rectangle', triangle, \"diamond\"]  # flow list\n",
+            (unsigned long long)seed, S, ntr, nva);
+    if (fclose(f) != 0) die("shapes: cannot write '%s'", p);
+    printf("shapes: wrote %d train + %d val images (%d px) and %s\n", ntr, nva, S, p);
+    return 0;
+}
+
+// batch_draw: image b of a batch as an HWC image with its boxes and class names drawn.
+static void batch_draw(const Batch *bt, int b, const DataConfig *cfg, Image *out) {
+    int H = bt->H, W = bt->W;
+    image_reserve(out, W, H);
+    size_t plane = (size_t)H * W;
+    const uint8_t *src = bt->img + (size_t)b * 3 * plane;
+    for (size_t i = 0; i < plane; i++) for (int c = 0; c < 3; c++) out->px[3 * i + c] = src[c * plane + i];
+    for (int i = 0; i < bt->n; i++) {
+        if (bt->batch_idx[i] != b) continue;
+        const float *bx = bt->box + 4 * i;
+        const uint8_t *col = PALETTE[bt->cls[i] % 10];
+        int x1 = (int)((bx[0] - bx[2] / 2) * W), y1 = (int)((bx[1] - bx[3] / 2) * H);
+        int x2 = (int)((bx[0] + bx[2] / 2) * W), y2 = (int)((bx[1] + bx[3] / 2) * H);
+        image_draw_box(out, x1, y1, x2, y2, col[0], col[1], col[2], 2);
+        const char *name = bt->cls[i] < cfg->nc ? cfg->names[bt->cls[i]] : "?";
+        image_draw_label(out, x1, y1 - 9 >= 0 ? y1 - 9 : y1, name, col[0], col[1], col[2]);
+    }
+}
+
+// cmd_augment: `yolo augment data=FILE out=FILE.jpg [imgsz=320 n=16 seed=0 workers=2 epoch=0
+// close_mosaic=0 + hsv_h ... mixup]`: a grid of augmented training samples with their labels.
+static int cmd_augment(int argc, char **argv) {
+    const char *keys[32] = {"data", "out", "imgsz", "n", "seed", "workers", "epoch", "close_mosaic", "max_boxes"};
+    int nk = 9;
+    for (int i = 0; AUG_KEYS[i]; i++) keys[nk++] = AUG_KEYS[i];
+    keys[nk] = NULL;
+    arg_check(argc, argv, keys);
+    const char *data = arg_get(argc, argv, "data", NULL), *out = arg_get(argc, argv, "out", "augment.jpg");
+    if (!data) die("augment: data=FILE (a data.yaml) is required");
+    LoaderConfig lc = {0};
+    lc.batch = (int)arg_int(argc, argv, "n", 16);
+    lc.imgsz = (int)arg_int(argc, argv, "imgsz", 320);
+    lc.workers = (int)arg_int(argc, argv, "workers", 2);
+    lc.max_boxes = (int)arg_int(argc, argv, "max_boxes", 100);
+    lc.seed = (uint64_t)arg_int(argc, argv, "seed", 0);
+    lc.train = 1;
+    lc.aug = aug_defaults();
+    aug_from_args(&lc.aug, argc, argv);
+    if (lc.batch < 1 || lc.batch > 256) die("augment: n=%d must be in 1..256", lc.batch);
+    DataConfig cfg;
+    Dataset ds;
+    char err[1024];
+    if (data_yaml_load(data, &cfg, err, sizeof err) != 0) die("augment: %s", err);
+    if (dataset_load(&cfg, 0, &ds) != 0) die("augment: no usable training images in %s", data);
+    Loader *L = loader_open(&ds, &lc);
+    loader_start_epoch(L, (int)arg_int(argc, argv, "epoch", 0), (int)arg_int(argc, argv, "close_mosaic", 0));
+    const Batch *bt = loader_next(L);
+    int cols = (int)ceil(sqrt((double)bt->B)), rows = (bt->B + cols - 1) / cols, S = bt->W;
+    Image grid = image_alloc(cols * S, rows * bt->H), tile = {0};
+    for (int b = 0; b < bt->B; b++) {
+        batch_draw(bt, b, &cfg, &tile);
+        int gx = (b % cols) * S, gy = (b / cols) * bt->H;
+        for (int y = 0; y < tile.h; y++) memcpy(grid.px + ((size_t)(gy + y) * grid.w + gx) * 3, tile.px + (size_t)y * tile.w * 3, (size_t)tile.w * 3);
+        image_draw_box(&grid, gx, gy, gx + S - 1, gy + bt->H - 1, 255, 255, 255, 1);
+    }
+    size_t ol = strlen(out);
+    int rc = (ol > 4 && strcasecmp(out + ol - 4, ".png") == 0) ? image_save_png(out, &grid) : image_save_jpg(out, &grid, 90);
+    if (rc == 0) printf("augment: wrote %s (%d samples, %d labels, %d over the cap)\n", out, bt->B, bt->n, bt->overflow);
+    image_free(&grid);
+    image_free(&tile);
+    loader_close(L);
+    dataset_free(&ds);
+    data_config_free(&cfg);
+    return rc ? 1 : 0;
+}
 
 // ------------------------------------------------------------------------------------------
 // training: the Ultralytics recipe, validation, checkpoints, predict
 // ------------------------------------------------------------------------------------------
-#include <sys/stat.h>
-#include <signal.h>
-#include <unistd.h>
 
 // Config: every setting of `yolo train/val/predict`, with Ultralytics' keys and defaults.
 typedef struct {
@@ -2041,8 +6384,7 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
                 for (int i = 0; i < n; i++) {
                     if (t->dets[i].score < 0.25f) continue;
                     Det *d = &t->dets[i];
-                    static const uint8_t pal[6][3] = {{255, 56, 56}, {56, 56, 255}, {56, 200, 56}, {255, 157, 0}, {200, 0, 200}, {0, 180, 180}};
-                    const uint8_t *cl = pal[d->cls % 6];
+                    const uint8_t *cl = PALETTE[d->cls % 10];
                     image_draw_box(&pic, (int)d->x1 + b * bt->W, (int)d->y1, (int)d->x2 + b * bt->W, (int)d->y2, cl[0], cl[1], cl[2], 1);
                     char lab[96];
                     snprintf(lab, sizeof lab, "%s %.2f", t->data.names[d->cls], d->score);
@@ -2493,14 +6835,13 @@ static int cmd_predict(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/%s.txt", ldir, stem);
         FILE *tf = xfopen(path, "w");
         printf("%s: %dx%d, %d detections, %.1f ms\n", files[f], img.w, img.h, n, ms);
-        static const uint8_t pal[6][3] = {{255, 56, 56}, {56, 56, 255}, {56, 200, 56}, {255, 157, 0}, {200, 0, 200}, {0, 180, 180}};
         for (int i = 0; i < n; i++) {
             Det *d = &dets[i];
             float x1 = fmaxf((d->x1 - lb.left) / (float)lb.r, 0), y1 = fmaxf((d->y1 - lb.top) / (float)lb.r, 0);
             float x2 = fminf((d->x2 - lb.left) / (float)lb.r, img.w), y2 = fminf((d->y2 - lb.top) / (float)lb.r, img.h);
             fprintf(tf, "%d %.6f %.6f %.6f %.6f %.5f\n", d->cls, (x1 + x2) / 2 / img.w, (y1 + y2) / 2 / img.h, (x2 - x1) / img.w,
                     (y2 - y1) / img.h, d->score);
-            const uint8_t *cl = pal[d->cls % 6];
+            const uint8_t *cl = PALETTE[d->cls % 10];
             image_draw_box(&img, (int)x1, (int)y1, (int)x2, (int)y2, cl[0], cl[1], cl[2], 2);
             char lab[128];
             snprintf(lab, sizeof lab, "%s %.2f", dc.names ? dc.names[d->cls] : "", d->score);

@@ -1,4 +1,4 @@
-// fuzz_data.c: fuzz targets for the label-line parser and the data.yaml reader (parts/data.c).
+// fuzz_data.c: fuzz targets for the label-line parser and the data.yaml reader (the data section of yolo.c).
 //
 // Standalone (CI, AddressSanitizer + UBSan), a few thousand deterministic mutations of seeds:
 //   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp

@@ -1,4 +1,4 @@
-// fuzz_safetensors.c: fuzz the safetensors header parser/validator and reader (parts/weights.c).
+// fuzz_safetensors.c: fuzz the safetensors header parser/validator and reader (the weights section of yolo.c).
 //
 // Standalone (deterministic mutations of a few valid seed files, 20000 runs by default):
 //   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DTESTING test/fuzz_safetensors.c -o test/bin/fuzz_safetensors -ljpeg -lpng -lyaml -lm -fopenmp

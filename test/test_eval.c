@@ -1,4 +1,4 @@
-// test_eval.c: head decode, NMS, matching and mAP (parts/eval.c) against hand-computed values,
+// test_eval.c: head decode, NMS, matching and mAP (the eval section of yolo.c) against hand-computed values,
 // an independent brute-force NMS, and the numpy reference fixture of test/ref_map.py.
 #define TESTING
 #include "../yolo.c"

@@ -1,4 +1,4 @@
-// test_loss.c: the YOLOv8 detection loss (parts/loss.c): CIoU against an independent double formula,
+// test_loss.c: the YOLOv8 detection loss (the loss section of yolo.c): CIoU against an independent double formula,
 // DFL against hand cross-entropies, the assigner against a dense re-implementation of Ultralytics'
 // TaskAlignedAssigner ([M, A] matrices, full top-k), hand-made assignment cases, the max_boxes cap, and a
 // finite-difference check of the gradient of each loss part w.r.t. every head value of a small batch.

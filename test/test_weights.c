@@ -1,4 +1,4 @@
-// test_weights.c: safetensors reading/writing (parts/weights.c): round trips in F32/F16/BF16,
+// test_weights.c: safetensors reading/writing (the weights section of yolo.c): round trips in F32/F16/BF16,
 // exhaustive half conversion, hand-made BF16 file, bad files with clear errors and untouched
 // refs, atomic save under an injected write failure, weights_infer.
 #ifndef TESTING
