@@ -18,6 +18,18 @@ test/bin/%: test/%.c test/test.h $(SRC)
 
 tests: yolo $(TESTS) emu-bins
 
+# the main job on a fresh machine: build, make the synthetic dataset, train yolov8n, validate
+# the best weights, and predict on the validation images (prints wall time and mAP)
+DEMO_DATA ?= data/shapes
+DEMO_ARGS ?= model=yolov8n epochs=40 imgsz=160 batch=16 workers=2
+demo: yolo
+	@test -f $(DEMO_DATA)/data.yaml || ./yolo shapes out=$(DEMO_DATA)
+	@start=$$(date +%s); \
+	./yolo train data=$(DEMO_DATA)/data.yaml $(DEMO_ARGS) name=demo exist_ok=1 && \
+	./yolo val model=runs/train/demo/weights/best.safetensors data=$(DEMO_DATA)/data.yaml imgsz=160 batch=16 name=demo exist_ok=1 && \
+	./yolo predict model=runs/train/demo/weights/best.safetensors source=$(DEMO_DATA)/images/val data=$(DEMO_DATA)/data.yaml imgsz=160 name=demo exist_ok=1 | tail -n 1 && \
+	echo "demo: $$(( $$(date +%s) - start )) s wall time (train + val + predict)"
+
 # benchmarks: each test/bench_X.c prints its own figures; never part of make test
 bench: yolo $(BENCHES)
 	for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done

@@ -164,10 +164,12 @@ static long arg_int(int argc, char **argv, const char *key, long def) {
  * deterministic and never calls malloc. Each allocation carries a group tag so `yolo plan` can
  * say where the bytes go.
  */
-enum { G_PARAMS, G_GRADS, G_OPTIM, G_EMA, G_BUFFERS, G_ACTS, G_BACKWARD, G_SCRATCH, G_LOSS, G_INPUT, G_NGROUPS };
+enum { G_PARAMS, G_GRADS, G_OPTIM, G_EMA, G_BUFFERS, G_ACTS, G_BACKWARD, G_SCRATCH, G_LOSS, G_INPUT, G_WORKSPACE, G_NGROUPS };
 static const char *const group_names[G_NGROUPS] = {
     "weights", "gradients", "optimizer state", "EMA", "BN running stats", "activations kept",
-    "backward buffers", "scratch", "loss and assigner", "input staging"};
+    "backward buffers", "scratch", "loss and assigner", "input staging", "GEMM workspace"};
+#define GPU_WORKSPACE_BYTES ((size_t)8 << 20)     // cuBLAS workspace inside the arena (cublasSetWorkspace)
+#define GPU_CONTEXT_BYTES ((size_t)512 << 20)     // CUDA context estimate (driver, kernels); not in the arena
 
 #define ARENA_MAX_BLOCKS 1024
 #define ARENA_ALIGN 64
@@ -528,6 +530,9 @@ typedef struct {
     int cin, cout, k, s;    // Conv2d geometry; padding k/2
     int bn;                 // 1: Conv = Conv2d(no bias) + BN + SiLU; 0: plain Conv2d with bias (Detect output)
     int level, branch;      // Detect output convs: level 0..2 and branch 0 box, 1 cls; else level -1
+    int last_use;           // exec index of the last conv that reads this conv's output (eval frees it then)
+    int block, block_out;   // recompute blocks (C2f, Detect branch): block id (-1 none), 1 for the
+                            // block's output conv, whose z is always kept
     int in;                 // input value
     int H, W, Ho, Wo;       // input and output size for the current input size
     size_t w_off, b_off, g_off;   // offsets into the flat parameter array: weight, bias/beta, gamma
@@ -552,6 +557,8 @@ typedef struct {
     int input;              // value id of the image
     int head_conv[3][2];    // Detect output convs: [level][0 box, 1 cls]
     int has_head;           // 0 for the small graphs the gradient checks build
+    int nblock;             // recompute blocks
+    int recompute;          // 1: convs inside a block keep no z between forward and backward
     size_t nparams, nbuffers;
     size_t dfl_off;         // the frozen DFL weight (16 values 0..15) inside params
     // memory, set by model_alloc
@@ -562,6 +569,7 @@ typedef struct {
     float *dhead[3];        // same shapes: gradient of the loss w.r.t. the maps
     const float *x;         // (B, 3, H, W) current input (not owned)
     int train;              // 1: BN uses batch statistics and updates running stats
+    int infer;              // 1: no backward will follow: free each z after its last reader
 } Model;
 
 typedef struct { char name; double depth, width; int max_ch; } Scale;
@@ -593,7 +601,7 @@ static int conv_new(Model *m, const char *name, int cin, int cout, int k, int s,
     Conv *c = &m->conv[m->nconv];
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
-    c->cin = cin; c->cout = cout; c->k = k; c->s = s; c->bn = bn; c->in = -1; c->level = -1;
+    c->cin = cin; c->cout = cout; c->k = k; c->s = s; c->bn = bn; c->in = -1; c->level = -1; c->block = -1;
     c->w_off = m->nparams;
     m->nparams += (size_t)cout * cin * k * k;
     if (bn) { c->g_off = m->nparams; m->nparams += cout; }
@@ -631,6 +639,15 @@ static int value_unary(Model *m, int kind, int src) {
     return v;
 }
 
+// block_mark: convs `in1` and [k0, k1) are the inside of a recompute block whose output is `out`
+static void block_mark(Model *m, int in1, int out, int k0, int k1) {
+    int id = m->nblock++;
+    if (in1 >= 0) m->conv[in1].block = id;
+    for (int k = k0; k < k1; k++) m->conv[k].block = id;
+    m->conv[out].block = id;
+    m->conv[out].block_out = 1;
+}
+
 // c2f_add: C2f(c1, c2, n, shortcut) (ultralytics.nn.modules.block.C2f). cv1 1x1 -> split in
 // halves y0, y1 -> n Bottlenecks on the last piece -> concat [y0, y1, m0 .. m(n-1)] -> cv2 1x1.
 static int c2f_add(Model *m, const char *p, int in, int c2, int n, int shortcut) {
@@ -649,6 +666,7 @@ static int c2f_add(Model *m, const char *p, int in, int c2, int n, int shortcut)
         m->val[parts[h]].c0 = h * c;
     }
     int last = parts[1];
+    int first_conv = m->nconv;
     for (int i = 0; i < n; i++) {
         snprintf(nm, sizeof nm, "%s.m.%d.cv1", p, i);
         int t = conv_add(m, nm, last, c, 3, 1, 1);
@@ -663,7 +681,9 @@ static int c2f_add(Model *m, const char *p, int in, int c2, int n, int shortcut)
         }
         parts[2 + i] = last = t;
     }
-    return conv_connect(m, cv2, value_cat(m, 2 + n, parts));
+    int out = conv_connect(m, cv2, value_cat(m, 2 + n, parts));
+    block_mark(m, cv1, cv2, first_conv, m->nconv);
+    return out;
 }
 
 // sppf_add: SPPF(c1, c2, 5): cv1 1x1 to c1/2, three chained 5x5 max-pools, concat, cv2 1x1.
@@ -745,6 +765,7 @@ static void model_build(Model *m, char scale, int nc) {
                 m->head_conv[i][br] = m->nconv - 1;
                 m->conv[m->nconv - 1].level = i;
                 m->conv[m->nconv - 1].branch = br;
+                block_mark(m, -1, m->nconv - 1, m->nconv - 3, m->nconv - 1);
             }
         m->dfl_off = m->nparams;
         m->nparams += REG_MAX;
@@ -760,6 +781,20 @@ static void model_build(Model *m, char scale, int nc) {
 #undef ROW
 #undef CH
 #undef REP
+}
+
+// value_mark_use: records exec index e as a reader of every conv that value vi is made of
+static void value_mark_use(Model *m, int vi, int e) {
+    const Value *v = &m->val[vi];
+    if (v->kind == V_CONV || v->kind == V_SLICE) m->conv[v->conv].last_use = e;
+    else if (v->kind != V_INPUT)
+        for (int i = 0; i < v->n; i++) value_mark_use(m, v->src[i], e);
+}
+
+// model_liveness: last_use of every conv (eval-mode forward frees a z after its last reader)
+static void model_liveness(Model *m) {
+    for (int i = 0; i < m->nconv; i++) m->conv[i].last_use = m->nexec;   // unread: kept to the end
+    for (int e = 0; e < m->nexec; e++) value_mark_use(m, m->conv[m->exec[e]].in, e);
 }
 
 // model_shape: sets every value's and conv's spatial size for input H x W (multiples of 32).
@@ -980,7 +1015,7 @@ static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
 // conv_forward: z = conv(input) for the whole batch, then BN statistics (train: batch mean and
 // biased variance, running stats updated with the unbiased one, momentum 0.03; eval: running
 // stats). Detect output convs add their bias and keep the result as the head map.
-static void conv_forward(Model *m, Arena *a, Conv *c) {
+static void conv_forward(Model *m, Arena *a, Conv *c, int recomputing) {
     int dry = arena_dry(a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
     int direct = (c->k == 1 && c->s == 1) || a->half;
     float *x = aact(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);               // (Cin, H, W)
@@ -998,7 +1033,7 @@ static void conv_forward(Model *m, Arena *a, Conv *c) {
     }
     if (!direct) arena_free(a, col);
     arena_free(a, x);
-    if (!c->bn || dry) return;
+    if (!c->bn || dry || recomputing) return;   // recomputing: the statistics of the forward stand
     float *rm = m->buffers + c->rs_off, *rv = rm + c->cout;
     double cnt = (double)m->B * HWo;
 #pragma omp parallel for if (c->cout * cnt > 65536)
@@ -1099,6 +1134,25 @@ static void model_alloc_params(Model *m, Arena *a) {
     m->buffers = azfloat(a, m->nbuffers, G_BUFFERS);
 }
 
+// block_drop / block_recompute: recompute mode (spec/memory.md technique 3). After a block's
+// forward its inner convs give their z back; before the block's backward they are computed
+// again from the block input with the batch statistics of the forward, so the result is
+// bit-identical to keeping them.
+static void block_drop(Model *m, Arena *a, int block) {
+    for (int e = 0; e < m->nexec; e++) {
+        Conv *k = &m->conv[m->exec[e]];
+        if (k->block == block && !k->block_out) arena_free(a, k->z), k->z = NULL;
+    }
+}
+static void block_recompute(Model *m, Arena *a, int block) {
+    for (int e = 0; e < m->nexec; e++) {
+        Conv *k = &m->conv[m->exec[e]];
+        if (k->block != block || k->block_out) continue;
+        k->z = aact(a, (size_t)m->B * k->zstride, G_ACTS);
+        conv_forward(m, a, k, 1);
+    }
+}
+
 // model_forward: the whole network on x (B, 3, H, W) in [0,1]; leaves the three raw Detect
 // maps in m->head. Allocates what backward needs (freed by model_backward, or by model_release
 // after an eval-only forward).
@@ -1108,6 +1162,7 @@ static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int 
     m->H = H;
     m->W = W;
     model_shape(m, H, W);
+    model_liveness(m);
     for (int i = 0; i < 3 && m->has_head; i++) {
         const Conv *box = &m->conv[m->head_conv[i][0]];
         m->head[i] = afloat(a, (size_t)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
@@ -1129,7 +1184,17 @@ static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int 
             c->mean = afloat(a, 2 * (size_t)c->cout, G_ACTS);
             c->invstd = c->mean + c->cout;
         }
-        conv_forward(m, a, c);
+        conv_forward(m, a, c, 0);
+        if (m->recompute && c->block_out) block_drop(m, a, c->block);
+        if (m->infer)   // no backward follows: free each z after its last reader
+            for (int k = 0; k < m->nconv; k++) {
+                Conv *d = &m->conv[k];
+                if (d->last_use == e && d->level < 0 && d->z) {
+                    arena_free(a, d->z);
+                    arena_free(a, d->mean);
+                    d->z = d->mean = d->invstd = NULL;
+                }
+            }
     }
 }
 
@@ -1151,6 +1216,7 @@ static void model_head_grad(Model *m, Arena *a) {
 static void model_backward(Model *m, Arena *a) {
     for (int e = m->nexec - 1; e >= 0; e--) {
         Conv *c = &m->conv[m->exec[e]];
+        if (m->recompute && c->block_out) block_recompute(m, a, c->block);
         conv_backward(m, a, c);
         if (c->level < 0) {
             arena_free(a, c->dA);
@@ -1276,32 +1342,6 @@ static int cmd_info(int argc, char **argv) {
     return 0;
 }
 
-static void plan_print(const char *title, Plan p, Plan p1, Plan p2) {
-    printf("%s\n", title);
-    for (int g = 0; g < G_NGROUPS; g++)
-        if (p.peak[g]) printf("  %-20s %10.1f MiB at peak   (own max %.1f MiB)\n", group_names[g], p.at_peak[g] / 1048576.0, p.peak[g] / 1048576.0);
-    printf("  %-20s %10.1f MiB\n", "total (one arena)", p.total / 1048576.0);
-    printf("  %-20s %10.2f MiB per image\n", "step memory", ((double)p2.total - p1.total) / 1048576.0);
-}
-
-// cmd_plan: `yolo plan model=... nc=... batch=... imgsz=...`: the exact training-step memory by
-// group for the CPU (FP32) layout and the GPU layout (FP16 activations, FP32 master weights).
-static int cmd_plan(int argc, char **argv) {
-    arg_check(argc, argv, model_args_keys);
-    Model *m = xmalloc(sizeof(Model));
-    model_from_args(m, argc, argv);
-    int imgsz = (int)arg_int(argc, argv, "imgsz", 640), B = (int)arg_int(argc, argv, "batch", 16);
-    if (imgsz < 32 || imgsz % 32) die("imgsz=%d: must be a positive multiple of 32", imgsz);
-    if (B < 1) die("batch=%d: must be >= 1", B);
-    printf("YOLOv8%c nc=%d batch=%d imgsz=%d: %zu parameters\n", m->scale, m->nc, B, imgsz, m->nparams);
-    Plan p = model_plan(m, B, imgsz, imgsz), p1 = model_plan(m, 1, imgsz, imgsz), p2 = model_plan(m, 2, imgsz, imgsz);
-    plan_print("CPU layout (FP32):", p, p1, p2);
-    Plan g = model_plan_layout(m, B, imgsz, imgsz, 1), g1 = model_plan_layout(m, 1, imgsz, imgsz, 1);
-    Plan g2 = model_plan_layout(m, 2, imgsz, imgsz, 1);
-    plan_print("GPU layout (FP16 activations, FP32 master weights, implicit-GEMM convs):", g, g1, g2);
-    free(m);
-    return 0;
-}
 
 // ------------------------------------------------------------------------------------------
 // loss: task-aligned assigner, BCE, CIoU, DFL
@@ -3833,6 +3873,7 @@ static int check_ref(const char *path) {
 
     // 1. eval forward on the initial weights: raw maps and decoded output
     m->train = 0;
+    m->infer = 1;
     model_forward(m, a, x, B, S, S);
     char nm[64];
     for (int l = 0; l < 3; l++) {
@@ -3856,6 +3897,7 @@ static int check_ref(const char *path) {
 
     // 2. train forward: raw maps and the BN running stats it updates
     m->train = 1;
+    m->infer = 0;
     model_forward(m, a, x, B, S, S);
     for (int l = 0; l < 3; l++) {
         snprintf(nm, sizeof nm, "out.train.%d", l);
@@ -5995,7 +6037,7 @@ static int cmd_augment(int argc, char **argv) {
 // Config: every setting of `yolo train/val/predict`, with Ultralytics' keys and defaults.
 typedef struct {
     char data[512], model[512], project[256], name[128], optimizer[16], device[32], cache[16], source[512];
-    int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok;
+    int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok, recompute;
     double lr0, lrf, momentum, weight_decay, warmup_epochs, warmup_momentum, warmup_bias_lr, box, cls, dfl, conf, iou;
     uint64_t seed;
     AugConfig aug;
@@ -6006,7 +6048,7 @@ static const char *const train_keys[] = {
     "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "box", "cls", "dfl", "nbs", "cos_lr",
     "close_mosaic", "patience", "seed", "amp", "cache", "project", "name", "resume", "accumulate", "max_boxes",
     "exist_ok", "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
-    "fliplr", "mosaic", "mixup", "conf", "iou", "source", NULL};
+    "fliplr", "mosaic", "mixup", "conf", "iou", "source", "recompute", NULL};
 
 static void cfg_str(char *dst, size_t n, int argc, char **argv, const char *key, const char *def) {
     const char *v = arg_get(argc, argv, key, def);
@@ -6030,7 +6072,15 @@ static Config config_from_args(int argc, char **argv) {
     cfg_str(c.source, sizeof c.source, argc, argv, "source", "");
     c.epochs = (int)arg_int(argc, argv, "epochs", 100);
     c.imgsz = (int)arg_int(argc, argv, "imgsz", 640);
-    c.batch = (int)arg_int(argc, argv, "batch", 16);
+    double bf = arg_num(argc, argv, "batch", 16);
+    if (bf == -1 || (bf > 0 && bf < 1)) {   // AutoBatch (Ultralytics: CUDA only, CPU uses 16)
+        fprintf(stderr, "batch=%g: AutoBatch sizes the batch from GPU memory, and this run is on the CPU; using batch=16 "
+                        "(`yolo plan batch=%g gpu_mem=8G` shows what a GPU would get)\n", bf, bf);
+        bf = 16;
+    }
+    if (bf != floor(bf)) die("batch=%g: expected a whole number, -1 or a fraction below 1", bf);
+    c.batch = (int)bf;
+    c.recompute = (int)arg_int(argc, argv, "recompute", 0);
     c.workers = (int)arg_int(argc, argv, "workers", 2);
     c.nbs = (int)arg_int(argc, argv, "nbs", 64);
     c.close_mosaic = (int)arg_int(argc, argv, "close_mosaic", 10);
@@ -6131,6 +6181,7 @@ static LossOut trainer_step(Trainer *t, const Batch *bt, int B, int H, int W, in
     Arena *a = t->arena;
     LossOut lo = {0};
     m->train = train;
+    m->infer = !train;
     model_forward(m, a, t->x, B, H, W);
     if (train) model_head_grad(m, a);
     size_t lb = loss_scratch_bytes(B, loss_num_anchors(H, W), t->lcfg.max_boxes);
@@ -6158,25 +6209,29 @@ static void trainer_alloc(Trainer *t, Arena *a, size_t xfloats, int train) {
     if (!train) {   // val / predict: the weights themselves play the EMA's part
         t->ema.params = m->params;
         t->ema.buffers = m->buffers;
-        t->x = afloat(a, xfloats, G_INPUT);
-        return;
+    } else {
+        t->opt.m = azfloat(a, m->nparams, G_OPTIM);
+        t->opt.v = t->opt.kind == OPT_ADAMW ? azfloat(a, m->nparams, G_OPTIM) : NULL;
+        t->ema.params = afloat(a, m->nparams, G_EMA);
+        t->ema.buffers = afloat(a, m->nbuffers, G_EMA);
     }
-    t->opt.m = azfloat(a, m->nparams, G_OPTIM);
-    t->opt.v = t->opt.kind == OPT_ADAMW ? azfloat(a, m->nparams, G_OPTIM) : NULL;
-    t->ema.params = afloat(a, m->nparams, G_EMA);
-    t->ema.buffers = afloat(a, m->nbuffers, G_EMA);
-    t->x = afloat(a, xfloats, G_INPUT);
+    t->x = aact(a, xfloats, G_INPUT);
+    if (a->half) {   // the GPU layout also stages the uint8 batch and holds the cuBLAS workspace
+        arena_alloc(a, xfloats, G_INPUT);
+        arena_alloc(a, GPU_WORKSPACE_BYTES, G_WORKSPACE);
+    }
 }
 
 // trainer_plan: dry-runs the persistent allocations, a training step at (B, S, S) and a
 // validation step at every validation batch shape; the arena is the largest high-water mark.
-static Plan trainer_plan(Trainer *t, int nshape, const int (*shape)[2], size_t xfloats, int train) {
+static Plan trainer_plan_layout(Trainer *t, int nshape, const int (*shape)[2], size_t xfloats, int train, int step, int half) {
     Arena *a = xcalloc(1, sizeof(Arena));
     a->cap = SIZE_MAX;
+    a->half = half;
     Arena *keep = t->arena;
     t->arena = a;
     trainer_alloc(t, a, xfloats, train);
-    if (train) trainer_step(t, NULL, t->B, t->S, t->S, 1);
+    if (step) trainer_step(t, NULL, t->B, t->S, t->S, 1);
     for (int i = 0; i < nshape; i++) {
         trainer_step(t, NULL, t->B, shape[i][0], shape[i][1], 0);
         model_release(&t->m, a);
@@ -6187,6 +6242,10 @@ static Plan trainer_plan(Trainer *t, int nshape, const int (*shape)[2], size_t x
     t->arena = keep;
     free(a);
     return p;
+}
+
+static Plan trainer_plan(Trainer *t, int nshape, const int (*shape)[2], size_t xfloats, int train) {
+    return trainer_plan_layout(t, nshape, shape, xfloats, train, train, 0);
 }
 
 static void mkdir_p(const char *path) {
@@ -6461,6 +6520,7 @@ static int train_run(Config cfg) {
     int file_nc;
     char scale = model_spec_scale(cfg.model, &file_nc);
     model_build(&t->m, scale, nc);
+    t->m.recompute = cfg.recompute;
     t->B = cfg.batch;
     t->S = cfg.imgsz;
     // output folder runs/train/NAME (NAME2, NAME3, ... when it exists, unless resume/exist_ok)
@@ -6760,6 +6820,7 @@ static int cmd_predict(int argc, char **argv) {
     if (fnc < 0) die("predict: model= must be a weights file (.safetensors)");
     Model *m = xcalloc(1, sizeof(Model));
     model_build(m, scale, fnc);
+    m->infer = 1;   // set before the dry run, so the plan is the inference plan
     const char *names_file = c.data[0] ? c.data : NULL;
     DataConfig dc = {0};
     if (names_file && data_yaml_load(names_file, &dc, err, sizeof err)) die("%s", err);
@@ -6799,6 +6860,7 @@ static int cmd_predict(int argc, char **argv) {
     x = afloat(a, (size_t)3 * S * S, G_INPUT);
     model_load_weights(m, c.model, fnc, 0, 0);
     m->train = 0;
+    m->infer = 1;
     NmsConfig ncfg = nms_config_predict();
     if (c.conf >= 0) ncfg.conf = (float)c.conf;
     ncfg.iou = (float)c.iou;
@@ -6858,6 +6920,187 @@ static int cmd_predict(int argc, char **argv) {
     for (int f = 0; f < nfiles; f++) free(files[f]);
     free(files); free(lb_img); free(dets); nms_free(&nms); free(a->base); free(a); free(m);
     return nbad && !ndone ? 1 : 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// `yolo plan`: what fits, before a GPU is touched
+// ------------------------------------------------------------------------------------------
+
+// PlanOpts: the settings that decide training memory.
+typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half; } PlanOpts;
+
+// plan_train: the exact arena of a training run (persistent groups, a training step at (B, S, S)
+// and validation at (B, S+32, S+32), the largest rect shape of square images, spec 4.5), by the
+// same dry run the trainer does. tr/va: the composition at the peak of each phase.
+static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
+    Trainer *t = xcalloc(1, sizeof(Trainer));
+    model_build(&t->m, o->scale, o->nc);
+    t->m.recompute = o->recompute;
+    t->B = o->B;
+    t->S = o->S;
+    t->lcfg = loss_config_default();
+    t->lcfg.max_boxes = o->max_boxes;
+    t->opt.kind = o->adamw ? OPT_ADAMW : OPT_SGD;
+    int V = o->S + 32, shape[1][2] = {{V, V}};
+    size_t xfloats = (size_t)o->B * 3 * V * V;
+    Plan p1 = trainer_plan_layout(t, 0, NULL, xfloats, 1, 1, o->half);
+    Plan p2 = trainer_plan_layout(t, 1, (const int (*)[2])shape, xfloats, 1, 0, o->half);
+    if (tr) *tr = p1;
+    if (va) *va = p2;
+    free(t);
+    return p1.total > p2.total ? p1.total : p2.total;
+}
+
+// plan_device_bytes: what the device needs in all: the arena plus the CUDA context estimate
+static size_t plan_device_bytes(const PlanOpts *o) { return plan_train(o, NULL, NULL) + (o->half ? GPU_CONTEXT_BYTES : 0); }
+
+// plan_max_batch: the largest batch whose plan fits `budget` bytes (0 if none); the plan grows
+// with the batch, so a binary search finds it, and the test checks batch+1 does not fit.
+static int plan_max_batch(PlanOpts o, size_t budget) {
+    int lo = 0, hi = 1;
+    while (hi <= 4096) {
+        o.B = hi;
+        if (plan_device_bytes(&o) > budget) break;
+        lo = hi;
+        hi *= 2;
+    }
+    if (hi > 4096) return lo;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        o.B = mid;
+        if (plan_device_bytes(&o) <= budget) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// parse_bytes: "8G", "8GB", "6.5g", "8192M", "123456" -> bytes (GiB/MiB units), dies naming key on junk
+static size_t parse_bytes(const char *key, const char *v) {
+    char *end;
+    double x = strtod(v, &end);
+    double mult = 1;
+    if (*end == 'G' || *end == 'g') mult = 1073741824.0, end++;
+    else if (*end == 'M' || *end == 'm') mult = 1048576.0, end++;
+    else if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (end == v || *end || !(x > 0)) die("%s=%s: expected a size such as 8G, 6.5GB or 8192M", key, v);
+    return (size_t)(x * mult);
+}
+
+static void plan_table(const char *title, const Plan *tr, const Plan *va) {
+    printf("%s\n  %-22s %12s %12s\n", title, "", "training", "validation");
+    for (int g = 0; g < G_NGROUPS; g++)
+        if (tr->at_peak[g] || va->at_peak[g])
+            printf("  %-22s %8.1f MiB %8.1f MiB\n", group_names[g], tr->at_peak[g] / 1048576.0, va->at_peak[g] / 1048576.0);
+    printf("  %-22s %8.1f MiB %8.1f MiB   (one arena of %.1f MiB serves both)\n", "total", tr->total / 1048576.0,
+           va->total / 1048576.0, (tr->total > va->total ? tr->total : va->total) / 1048576.0);
+}
+
+// cmd_plan: `yolo plan model= nc= batch= imgsz= [max_boxes= optimizer= recompute= amp= gpu_mem=]`
+static int cmd_plan(int argc, char **argv) {
+    static const char *keys[] = {"model", "nc", "imgsz", "batch", "max_boxes", "optimizer", "recompute", "amp", "gpu_mem", NULL};
+    arg_check(argc, argv, keys);
+    const char *name = arg_get(argc, argv, "model", "yolov8n");
+    const Scale *sc = scale_find(name);
+    if (!sc) die("model=%s: expected yolov8n, yolov8s, yolov8m, yolov8l or yolov8x", name);
+    PlanOpts o = {.scale = sc->name, .nc = (int)arg_int(argc, argv, "nc", 80), .S = (int)arg_int(argc, argv, "imgsz", 640),
+                  .max_boxes = (int)arg_int(argc, argv, "max_boxes", 400), .recompute = (int)arg_int(argc, argv, "recompute", 0)};
+    const char *opt = arg_get(argc, argv, "optimizer", "SGD");
+    if (strcmp(opt, "SGD") && strcmp(opt, "AdamW")) die("optimizer=%s: expected SGD or AdamW", opt);
+    o.adamw = !strcmp(opt, "AdamW");
+    int amp = (int)arg_int(argc, argv, "amp", 1);
+    if (o.S < 32 || o.S % 32) die("imgsz=%d: must be a positive multiple of 32", o.S);
+    if (o.nc < 1) die("nc=%d: must be >= 1", o.nc);
+    if (o.max_boxes < 1) die("max_boxes=%d: must be >= 1", o.max_boxes);
+    const char *gm = arg_get(argc, argv, "gpu_mem", NULL);
+    size_t budget = gm ? parse_bytes("gpu_mem", gm) : 0;
+    double bf = arg_num(argc, argv, "batch", 16);
+    if (bf <= 0 || (bf < 1 && bf != -1 && !(bf > 0 && bf < 1))) die("batch=%g: expected >= 1, -1 (60%% of gpu_mem) or a fraction", bf);
+    if (bf == -1 || bf < 1) {
+        if (!gm) die("batch=%g picks the batch from the GPU memory: give gpu_mem= (e.g. gpu_mem=8G)", bf);
+        double frac = bf == -1 ? 0.6 : bf;
+        PlanOpts q = o;
+        q.half = amp;
+        o.B = plan_max_batch(q, (size_t)(budget * frac));
+        if (o.B < 1) die("batch=%g: not even batch 1 fits %.0f%% of gpu_mem=%s; see the suggestions with batch=1", bf, frac * 100, gm);
+        printf("batch=%g: the largest batch whose plan fits %.0f%% of %s is %d\n", bf, frac * 100, gm, o.B);
+    } else {
+        o.B = (int)bf;
+        if (o.B != bf) die("batch=%g: expected a whole number, -1 or a fraction below 1", bf);
+    }
+    Model *m = xmalloc(sizeof(Model));
+    model_build(m, o.scale, o.nc);
+    printf("YOLOv8%c nc=%d batch=%d imgsz=%d max_boxes=%d %s recompute=%d: %zu parameters\n", o.scale, o.nc, o.B, o.S, o.max_boxes,
+           opt, o.recompute, m->nparams);
+    free(m);
+    Plan tr, va;
+    o.half = 0;
+    plan_train(&o, &tr, &va);
+    plan_table("CPU layout (FP32; host memory):", &tr, &va);
+    printf("  %-22s %8.1f MiB   (GEMM packing, allocated once at start)\n", "+ workspace", gemm_workspace_bytes(
+#ifdef _OPENMP
+        omp_get_max_threads()
+#else
+        1
+#endif
+        ) / 1048576.0);
+    PlanOpts g = o;
+    g.half = amp;
+    size_t gtotal = plan_train(&g, &tr, &va);
+    plan_table(amp ? "GPU layout (AMP: FP16 activations, FP32 master weights, optimizer state and EMA):"
+                   : "GPU layout (amp=0: FP32 activations):", &tr, &va);
+    if (!amp) printf("  (amp=0 on the GPU keeps FP32 activations: the CPU figures above plus workspace)\n");
+    printf("  %-22s %8.1f MiB   (estimate; not part of the plan)\n", "+ CUDA context", GPU_CONTEXT_BYTES / 1048576.0);
+    printf("  %-22s %8.1f MiB\n", "device total", (gtotal + GPU_CONTEXT_BYTES) / 1048576.0);
+    PlanOpts one = g;
+    one.B = 1;
+    PlanOpts two = g;
+    two.B = 2;
+    printf("  activations and buffers per image: %.1f MiB\n", ((double)plan_train(&two, NULL, NULL) - plan_train(&one, NULL, NULL)) / 1048576.0);
+    if (!gm) {
+        printf("give gpu_mem=SIZE (e.g. gpu_mem=8G) to see whether this fits and what to change\n");
+        return 0;
+    }
+    size_t need = gtotal + GPU_CONTEXT_BYTES;
+    int bmax = plan_max_batch(g, budget);
+    printf("gpu_mem=%s (%.0f MiB): %s; the largest batch that fits is %d\n", gm, budget / 1048576.0,
+           need <= budget ? "FITS" : "DOES NOT FIT", bmax);
+    if (need <= budget) return 0;
+    printf("changes that make it fit, least costly first:\n");
+    int k = 1;
+    if (bmax >= 1) {
+        int acc = (int)fmax(lround(64.0 / bmax), 1);
+        printf("  %d. batch=%d accumulate=%d: same nominal batch of 64, same accuracy, more steps per update%s\n", k++, bmax, acc,
+               bmax < 8 ? " (BN statistics from fewer than 8 images are noisier)" : "");
+    }
+    if (!g.recompute) {
+        PlanOpts r = g;
+        r.recompute = 1;
+        if (plan_device_bytes(&r) <= budget) printf("  %d. recompute=1: same results, about a third more compute\n", k++);
+        else {
+            int br = plan_max_batch(r, budget);
+            if (br > bmax) printf("  %d. recompute=1 batch=%d accumulate=%d: same results, about a third more compute\n", k++, br,
+                                  (int)fmax(lround(64.0 / br), 1));
+        }
+    }
+    for (int s = g.S - 32; s >= 32; s -= 32) {
+        PlanOpts r = g;
+        r.S = s;
+        if (plan_device_bytes(&r) <= budget) {
+            printf("  %d. imgsz=%d: smaller objects are harder to detect\n", k++, s);
+            break;
+        }
+    }
+    static const char order[] = "nsmlx";
+    for (int i = (int)(strchr(order, g.scale) - order) - 1; i >= 0; i--) {
+        PlanOpts r = g;
+        r.scale = order[i];
+        if (plan_device_bytes(&r) <= budget) {
+            printf("  %d. model=yolov8%c: a smaller model, lower accuracy\n", k++, order[i]);
+            break;
+        }
+    }
+    if (k == 1) printf("  none: even batch 1 at imgsz 32 with recompute does not fit in %s\n", gm);
+    return 1;
 }
 
 static int cmd_train(int argc, char **argv) {

@@ -22,6 +22,96 @@ void maxpool5_forward_cuda(const float *x, float *y, int B, int C, int H, int W,
 // FP32 accumulation and output; any M, N, K. A: (M, K), B: (K, N), C: (M, N)
 void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint16_t *B, float *C, void *stream);
 
+// ---- training step (FP16 activations, FP32 accumulation; FP16 data as IEEE binary16 bit patterns) ----
+
+// Convolution geometry: x (B, Cin, H, W) -> z (B, Cout, Ho, Wo), weights (Cout, Cin, K, K), padding
+// K/2, stride S; Ho = (H + 2*(K/2) - K)/S + 1. xs, zs: elements between images of x (and dx) and of
+// z (and dz); 0 means dense (Cin*H*W, Cout*Ho*Wo). A stride lets a conv read or write a channel
+// slice of a larger concat buffer or a Detect head map.
+typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs; } ConvDims;
+
+// conv_forward_cuda: implicit GEMM on tensor cores (WMMA), FP32 accumulation. z = conv(x, w) (+ bias[co]
+// when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL.
+void conv_forward_cuda(ConvDims d, const uint16_t *x, const uint16_t *w, const float *bias, float *z, uint16_t *zh,
+                       void *stream);
+// conv_dgrad_cuda: input gradient dx = conv_transpose(dz, w), implicit GEMM on tensor cores. Written to
+// dx (FP32) and/or dxh (FP16), either may be NULL; accumulate != 0 adds to what is there.
+void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
+                     void *stream);
+// conv_wgrad_cuda: weight gradient dW (Cout, Cin*K*K) (+)= sum over images and pixels of dz x col(x),
+// FP32 accumulation; accumulate != 0 adds to dW (gradient accumulation), else overwrites.
+void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, int accumulate, void *stream);
+
+// bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
+// conv_forward_cpu: train: mean and biased variance (two passes, FP32 accumulation), invstd =
+// 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased
+// variance; eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps).
+void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
+                   float eps, float momentum, int train, void *stream);
+// bn_silu_forward_f16_cuda: y = silu(gamma*(z-mean)*invstd + beta), FP16 in and out, FP32 math.
+// zs, ys: image strides of z and y (0 = dense): y may be a channel slice of a concat buffer.
+void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                              const float *beta, uint16_t *y, long ys, int B, int C, int HW, void *stream);
+// bn_silu_backward_cuda: conv_backward's first half. From dA (FP32, gradient of the activated output,
+// image stride zs like z) and z (FP16): gy = dA * silu'(y); dgamma[c] += sum gy*xhat, dbeta[c] +=
+// sum gy; dz = gamma*invstd*(gy - mean(gy) - xhat*mean(gy*xhat)) (train; eval drops the means),
+// written FP16 with image stride zs. gamma == NULL: a plain conv with bias (Detect output):
+// dbeta[c] += sum dA, dz = dA. scratch: 2*C floats.
+void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
+                           const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
+                           float *scratch, int B, int C, int HW, int train, void *stream);
+
+// upsample2_backward_cuda: dx (B,C,H,W) = sum of the 2x2 gradients in dy (B,C,2H,2W) (overwrites).
+void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, int W, void *stream);
+// maxpool5_backward_cuda: dx (overwritten) from dy, argmax of each 5x5 window recomputed from x, ties
+// to the first maximum in row-major window order; sums in output order (bit-exact with the CPU).
+void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W, void *stream);
+// copy_f16_cuda: B blocks of n FP16 values, src block b at src + b*ss -> dst + b*ds (concat by offset).
+void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
+// u8_to_f16_cuda: y = x * (1/255) rounded to FP16 (the input image).
+void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream);
+// f32_to_f16_cuda: y = x rounded to nearest FP16 (the weights' FP16 copy).
+void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *stream);
+// ema_update_cuda: ema = d*ema + (1-d)*p over n floats.
+void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream);
+
+// Fused optimizer over the flat FP32 parameter array. group[i]: 0 bias, 1 weight, 2 BN gamma
+// (yolo.c's PG_*), OPT_NO_GROUP for values outside every group (the frozen DFL weight: neither in
+// the norm nor updated). Two kernels: optim_norm_cuda writes OPT_NORM_BLOCKS*2 partial results
+// (sum of (g*inv_scale)^2, count of non-finite g) to partials; optim_step_cuda sums them in a fixed
+// order (deterministic), writes the norm (inf when a gradient is inf/NaN) to norm_out[0] and, only
+// when every gradient is finite, updates p, m, v with g*inv_scale*clip, clip = min(1, max_norm /
+// (norm + 1e-6)) (max_norm <= 0: no clipping). Gradients are not modified. Host: a non-finite norm
+// means the step was skipped (do not advance the step count).
+#define OPT_NO_GROUP 255
+#define OPT_NORM_BLOCKS 256
+typedef struct {
+    float lr[3];          // per group
+    float wd[3];          // decay per group (SGD: added to the gradient; AdamW: p *= 1 - lr*wd)
+    float adam_step[3];   // AdamW: (float)(lr / (1 - beta1^step)), computed in double
+    float momentum;       // SGD momentum / AdamW beta1
+    float beta2, eps;     // AdamW
+    float bc2_sqrt;       // AdamW: (float)sqrt(1 - beta2^step)
+    float inv_scale;      // 1 / loss scale
+    float max_norm;       // gradient clipping (Ultralytics 10), <= 0 off
+    int adamw;            // 0 SGD Nesterov, 1 AdamW
+    int first;            // SGD: first step (momentum buffer = gradient)
+} OptimHyper;
+void optim_norm_cuda(const float *g, const uint8_t *group, long n, float inv_scale, float *partials, void *stream);
+void optim_step_cuda(float *p, const float *g, float *m, float *v, const uint8_t *group, long n, const float *partials,
+                     OptimHyper h, float *norm_out, void *stream);
+
+// GradScaler (torch.cuda.amp.GradScaler defaults): scale 65536, x2 after 2000 consecutive finite
+// steps, x0.5 and skip the step on an inf/NaN gradient. Host-side; found_inf comes from the norm
+// optim_step_cuda writes (not finite = found). grad_scaler_update returns 1 when the step was taken.
+typedef struct { float scale; int growth_interval, good_steps; } GradScaler;
+static inline void grad_scaler_init(GradScaler *s) { s->scale = 65536.0f; s->growth_interval = 2000; s->good_steps = 0; }
+static inline int grad_scaler_update(GradScaler *s, int found_inf) {
+    if (found_inf) { s->scale *= 0.5f; s->good_steps = 0; return 0; }
+    if (++s->good_steps >= s->growth_interval) { s->scale *= 2.0f; s->good_steps = 0; }
+    return 1;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,7 +10,7 @@ EMU_CXX      ?= g++
 EMU_DIR      ?= test/bin/emu
 EMU_OPT      ?= -O2 -g
 EMU_SAN      ?=
-EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include -I. -include test/cuda_emu.h
+EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas -I$(EMU_CUDA)/include -I. -include test/cuda_emu.h
 EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include
 EMU_LDLIBS    = -ljpeg -lpng -lyaml -lm -fopenmp
 EMU_DEPS      = test/cuda_emu.h test/emu_rewrite.sh

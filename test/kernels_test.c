@@ -129,6 +129,97 @@ static void test_gemm_f16(int M, int N, int K, void *stream) {
     cudaFree(da); cudaFree(db); cudaFree(dc); free(a); free(b); free(af); free(bf); free(ref); free(got);
 }
 
+// ---- training step kernels ----
+
+// fp16-input comparison: |got - ref| <= 2e-3 * max(1, |ref|); names the worst element
+static void check_f16tol(const char *what, const float *got, const float *ref, long n) {
+    double worst = 0; long bad = 0, wi = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= 2e-3 * fmax(1.0, fabs(ref[i])))) bad++;
+        if (!(d <= worst)) { worst = d; wi = i; }
+    }
+    check(!bad, "%s: worst |diff| %.3g at %ld (got %g ref %g), tol 2e-3*max(1,|ref|), %ld of %ld over", what, worst, wi, got[wi], ref[wi], bad, n);
+}
+static uint16_t *rand_f16(long n, float lo, float hi, float *rounded) {
+    uint16_t *h = xmalloc(2 * (size_t)(n ? n : 1));
+    for (long i = 0; i < n; i++) { h[i] = f32_to_f16((float)rng_range(&rng, lo, hi)); if (rounded) rounded[i] = f16_to_f32(h[i]); }
+    return h;
+}
+static float *f16_host_to_f32(const uint16_t *h, long n) {
+    float *f = xmalloc(4 * (size_t)(n ? n : 1));
+    for (long i = 0; i < n; i++) f[i] = f16_to_f32(h[i]);
+    return f;
+}
+
+// conv forward, dgrad and wgrad against im2col/col2im + gemm_cpu on the same fp16-rounded values.
+// xextra/zextra: channels of padding between images (x, z as slices of larger buffers), filled with
+// NaN so that a read outside the slice shows.
+static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, void *stream) {
+    int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo;
+    long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs, nw = (long)Cout * Cin * KK;
+    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0};
+    float *xf = xmalloc(4 * nx), *wf = xmalloc(4 * nw), *dzf = xmalloc(4 * nz), *bias = rand_host(Cout, -1, 1);
+    uint16_t *xh = rand_f16(nx, -1, 1, xf), *wh = rand_f16(nw, -1, 1, wf), *dzh = rand_f16(nz, -1, 1, dzf);
+    for (int b = 0; b < B; b++) {   // padding channels: NaN
+        for (long i = (long)Cin * HW; i < xs; i++) xh[b * xs + i] = 0x7e00;
+        for (long i = (long)Cout * HWo; i < zs; i++) dzh[b * zs + i] = 0x7e00;
+    }
+    float *col = xmalloc(4 * (size_t)KK * Cin * (HWo > HW ? HWo : HW) + 4 * (size_t)Cout * HW * KK);
+    float *zref = xmalloc(4 * nz), *dxref = rand_host(nx, -1, 1), *dx0 = xmalloc(4 * nx), *dwref = rand_host(nw, -1, 1), *dw0 = xmalloc(4 * nw);
+    memcpy(dx0, dxref, 4 * nx); memcpy(dw0, dwref, 4 * nw);
+    float *dcol = xmalloc(4 * (size_t)Cin * KK * HWo), *dxi = xmalloc(4 * (size_t)Cin * HW);
+    for (int b = 0; b < B; b++) {
+        im2col(xf + b * xs, Cin, H, W, K, S, col);
+        gemm_cpu(0, 0, Cout, HWo, Cin * KK, wf, Cin * KK, col, HWo, 0.f, zref + b * zs, HWo);
+        for (int o = 0; o < Cout; o++) for (int i = 0; i < HWo; i++) zref[b * zs + (long)o * HWo + i] += bias[o];
+        gemm_cpu(0, 1, Cout, Cin * KK, HWo, dzf + b * zs, HWo, col, HWo, 1.f, dwref, Cin * KK);
+        gemm_cpu(1, 0, Cin * KK, HWo, Cout, wf, Cin * KK, dzf + b * zs, HWo, 0.f, dcol, HWo);
+        col2im(dcol, Cin, H, W, K, S, dxi);
+        for (long i = 0; i < (long)Cin * HW; i++) dxref[b * xs + i] += dxi[i];
+    }
+    void *dxh_ = to_dev(xh, 2 * nx), *dwh = to_dev(wh, 2 * nw), *ddz = to_dev(dzh, 2 * nz);
+    float *dbias = to_dev(bias, 4 * Cout), *dz32, *ddx = to_dev(dx0, 4 * nx), *ddw = to_dev(dw0, 4 * nw);
+    uint16_t *dz16, *ddx16;
+    CK(cudaMalloc((void **)&dz32, 4 * nz)); CK(cudaMalloc((void **)&dz16, 2 * nz)); CK(cudaMalloc((void **)&ddx16, 2 * nx));
+    conv_forward_cuda(d, dxh_, dwh, dbias, dz32, dz16, stream);
+    conv_dgrad_cuda(d, ddz, dwh, ddx, NULL, 1, stream);
+    conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 0, stream);
+    conv_wgrad_cuda(d, ddz, dxh_, ddw, 1, stream);
+    float *z = from_dev(dz32, 4 * nz), *dx = from_dev(ddx, 4 * nx), *dw = from_dev(ddw, 4 * nw);
+    uint16_t *zh = (uint16_t *)from_dev(dz16, 2 * nz), *dxh = (uint16_t *)from_dev(ddx16, 2 * nx);
+    float *zhf = f16_host_to_f32(zh, nz), *dxhf = f16_host_to_f32(dxh, nx);
+    // compare the slices only; outside them the outputs must be untouched
+    long bad_out = 0;
+    for (int b = 0; b < B; b++) {
+        for (long i = (long)Cout * HWo; i < zs; i++) { bad_out += !isnan(zhf[b * zs + i]) || !isnan(z[b * zs + i]); zref[b * zs + i] = z[b * zs + i] = zhf[b * zs + i] = 0; }
+        for (long i = (long)Cin * HW; i < xs; i++) { bad_out += memcmp(&dx[b * xs + i], &dx0[b * xs + i], 4) != 0; dxhf[b * xs + i] = dxref[b * xs + i]; }
+    }
+    char what[200];
+    snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d, FP32 z + bias vs im2col+gemm_cpu", B, Cin, H, W, Cout, K, S, xextra, zextra);
+    check_f16tol(what, z, zref, nz);
+    snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z", B, Cin, H, W, Cout, K, S);
+    check_f16tol(what, zhf, zref, nz);
+    snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP32 accumulate vs gemm_cpu^T+col2im", B, Cin, H, W, Cout, K, S);
+    check_f16tol(what, dx, dxref, nx);
+    for (long i = 0; i < nx; i++) dxref[i] -= dx0[i];
+    for (int b = 0; b < B; b++) for (long i = (long)Cin * HW; i < xs; i++) dxhf[b * xs + i] = dxref[b * xs + i];
+    snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 overwrite", B, Cin, H, W, Cout, K, S);
+    check_f16tol(what, dxhf, dxref, nx);
+    snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP32 accumulate vs gemm_cpu(dz, col^T)", B, Cin, H, W, Cout, K, S);
+    check_f16tol(what, dw, dwref, nw);
+    check(!bad_out, "conv B=%d Cin=%d Cout=%d K=%d S=%d: nothing written outside the channel slices (%ld values touched)", B, Cin, Cout, K, S, bad_out);
+    // wgrad overwrite
+    conv_wgrad_cuda(d, ddz, dxh_, ddw, 0, stream);
+    free(dw); dw = from_dev(ddw, 4 * nw);
+    for (long i = 0; i < nw; i++) dwref[i] -= dw0[i];
+    snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d, overwrite", B, Cin, Cout, K, S);
+    check_f16tol(what, dw, dwref, nw);
+    cudaFree(dxh_); cudaFree(dwh); cudaFree(ddz); cudaFree(dbias); cudaFree(dz32); cudaFree(ddx); cudaFree(ddw); cudaFree(dz16); cudaFree(ddx16);
+    free(xf); free(wf); free(dzf); free(bias); free(xh); free(wh); free(dzh); free(col); free(zref); free(dxref); free(dx0); free(dwref); free(dw0);
+    free(dcol); free(dxi); free(z); free(dx); free(dw); free(zh); free(dxh); free(zhf); free(dxhf);
+}
+
 int main(void) {
     rng_seed(&rng, 6);
     // software fp16 conversion against known encodings (the reference must be right on its own)
@@ -148,6 +239,11 @@ int main(void) {
     test_gemm_f16(64, 64, 64, s);
     test_gemm_f16(1, 1, 1, s);
     test_gemm_f16(16, 33, 50, NULL);
+    test_conv(2, 5, 9, 7, 7, 3, 1, 0, 0, NULL);
+    test_conv(1, 3, 10, 9, 70, 3, 2, 2, 1, s);
+    test_conv(2, 20, 6, 6, 9, 1, 1, 1, 3, s);
+    test_conv(1, 6, 7, 5, 4, 1, 2, 0, 0, NULL);
+    test_conv(1, 1, 1, 1, 1, 3, 2, 0, 0, s);
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
     return test_summary();

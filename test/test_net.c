@@ -355,6 +355,69 @@ static void test_plans(void) {
     free(m);
 }
 
+// recompute=1 must give bit-identical head maps and gradients, and its plan must be exact and smaller
+static void test_recompute(void) {
+    Model *m = xmalloc(sizeof(Model));
+    int B = 2, S = 96;
+    Arena *a = model_open(m, 'n', 3, B, S, S, 5);
+    Rng r;
+    rng_seed(&r, 5);
+    float *x = xmalloc((size_t)B * 3 * S * S * 4);
+    for (int i = 0; i < B * 3 * S * S; i++) x[i] = (float)rng_range(&r, 0, 1);
+    float *buf0 = xmalloc(m->nbuffers * 4), *g0 = xmalloc(m->nparams * 4);
+    memcpy(buf0, m->buffers, m->nbuffers * 4);
+    size_t nh[3], tot = 0;
+    float *h[2][3];
+    double worst = 0;
+    for (int rc = 0; rc < 2; rc++) {
+        m->recompute = rc;
+        m->train = 1;
+        memcpy(m->buffers, buf0, m->nbuffers * 4);
+        model_zero_grad(m);
+        model_forward(m, a, x, B, S, S);
+        model_head_grad(m, a);
+        for (int l = 0; l < 3; l++) {
+            const Conv *c = &m->conv[m->head_conv[l][0]];
+            nh[l] = (size_t)B * (64 + 3) * c->Ho * c->Wo;
+            h[rc][l] = xmalloc(nh[l] * 4);
+            memcpy(h[rc][l], m->head[l], nh[l] * 4);
+            for (size_t i = 0; i < nh[l]; i++) m->dhead[l][i] = (float)sin(0.37 * i + l);
+        }
+        model_backward(m, a);
+        if (rc == 0) memcpy(g0, m->grads, m->nparams * 4);
+    }
+    int same = memcmp(g0, m->grads, m->nparams * 4) == 0;
+    for (int l = 0; l < 3; l++) same &= memcmp(h[0][l], h[1][l], nh[l] * 4) == 0, tot += nh[l];
+    for (size_t i = 0; i < m->nparams; i++) worst = fmax(worst, fabs(g0[i] - m->grads[i]));
+    check(same, "recompute=1 vs 0: head maps (%zu values) and gradients (%zu) bit-identical (worst |diff| %g)", tot, m->nparams, worst);
+    free(x); free(buf0); free(g0);
+    for (int rc = 0; rc < 2; rc++) for (int l = 0; l < 3; l++) free(h[rc][l]);
+    free(a->base); free(a);
+    // plans: exact for several configurations, and recompute needs less
+    static const struct { char s; int B, S; } cfg[] = {{'n', 2, 64}, {'s', 1, 96}, {'n', 3, 128}};
+    for (int i = 0; i < 3; i++) {
+        m->recompute = 0;
+        Arena *a2 = model_open(m, cfg[i].s, 4, cfg[i].B, cfg[i].S, cfg[i].S, 3);
+        size_t p0 = a2->cap;
+        free(a2->base); free(a2);
+        model_build(m, cfg[i].s, 4);
+        m->recompute = 1;
+        Plan p = model_plan(m, cfg[i].B, cfg[i].S, cfg[i].S);
+        a2 = xcalloc(1, sizeof(Arena));
+        a2->cap = p.total;
+        a2->base = aligned_alloc(64, p.total);
+        model_alloc_params(m, a2);
+        model_init_params(m, 3);
+        float *x2 = xcalloc((size_t)cfg[i].B * 3 * cfg[i].S * cfg[i].S, 4);
+        m->train = 1;
+        model_step_schedule(m, a2, x2, cfg[i].B, cfg[i].S, cfg[i].S);
+        check(a2->high == p.total && p.total < p0, "recompute=1 yolov8%c B=%d %d: high-water %zu == plan %zu < plan without recompute %zu",
+              cfg[i].s, cfg[i].B, cfg[i].S, a2->high, p.total, p0);
+        free(x2); free(a2->base); free(a2);
+    }
+    free(m);
+}
+
 int main(void) {
     test_totals();
     test_gemm();
@@ -362,5 +425,6 @@ int main(void) {
     test_gradchecks();
     test_whole_net();
     test_plans();
+    test_recompute();
     return test_summary();
 }

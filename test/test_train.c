@@ -1,0 +1,522 @@
+// test_train.c: the training run as a process, killed and resumed (issue 5). Runs ./yolo (built by
+// `make`) on a tiny synthetic dataset in a temporary folder:
+//   1. bit-identical resume: 2 epochs straight (A, and A2 to show the run itself is deterministic)
+//      against 1 epoch, SIGKILL during epoch 2, resume=1 (B): last.safetensors byte for byte, every
+//      last.ckpt tensor (model.*, ema.*, optim.*) value for value, the checkpoint metadata, results.csv.
+//   2. SIGKILL during checkpoint writes (the moment weights/last.ckpt.tmp or last.safetensors.tmp
+//      appears, plus a varied delay): the previous file still opens and validates, and resume=1
+//      finishes with every epoch in results.csv. At least one kill must land while the .tmp exists.
+//   3. non-finite guard: lr0=1e30 SGD must end with exit code 0 or 1 (not a signal) and never write a
+//      NaN/Inf into last.safetensors or last.ckpt.
+#define TESTING
+#include "../yolo.c"
+#include "test.h"
+#include <sys/wait.h>
+#include <ftw.h>
+
+static char g_root[256];          // mkdtemp folder holding everything
+static char g_data[512];          // its data.yaml
+static const char *g_common = "model=yolov8n imgsz=64 batch=8 workers=2 seed=1 exist_ok=1";
+
+static double ms_since(double t0) { return (now_sec() - t0) * 1e3; }
+
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+// spawn: fork + execv ./yolo with the space-separated arguments of fmt (no spaces inside an argument:
+// every path here is under the mkdtemp folder), stdout and stderr to log. Returns the pid.
+static pid_t spawn(const char *log, const char *fmt, ...) {
+    static char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    char *argv[64];
+    int n = 0;
+    argv[n++] = "./yolo";
+    for (char *tok = strtok(line, " "); tok && n < 63; tok = strtok(NULL, " ")) argv[n++] = tok;
+    argv[n] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        execv("./yolo", argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+// run_wait: waitpid status of pid, as a short string for messages.
+static int run_wait(pid_t pid, char *what, size_t n) {
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (WIFEXITED(st)) snprintf(what, n, "exit %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st)) snprintf(what, n, "signal %d", WTERMSIG(st));
+    else snprintf(what, n, "status %d", st);
+    return st;
+}
+
+// run: spawn and wait; the raw wait status.
+static int run(const char *log, char *what, size_t n, const char *fmt, ...) {
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    return run_wait(spawn(log, "%s", line), what, n);
+}
+
+// show_log_tail: the last lines of a log, for a failed run.
+static void show_log_tail(const char *log) {
+    FILE *f = fopen(log, "r");
+    if (!f) return;
+    char buf[8192];
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    buf[k] = 0;
+    fclose(f);
+    const char *p = buf;
+    if (k > 1500) p = buf + k - 1500;
+    printf("----- %s (tail) -----\n%s\n-----\n", log, p);
+}
+
+static long file_size(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+static char *read_all(const char *path, long *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { *len = -1; return NULL; }
+    fseek(f, 0, SEEK_END);
+    *len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = xmalloc((size_t)*len + 1);
+    if (fread(p, 1, (size_t)*len, f) != (size_t)*len) *len = -1;
+    p[*len > 0 ? *len : 0] = 0;
+    fclose(f);
+    return p;
+}
+
+// csv_epochs: the epoch column of every data row of results.csv (-1: no file)
+static int csv_epochs(const char *path, int *ep, int cap) {
+    long len;
+    char *s = read_all(path, &len);
+    if (!s) return -1;
+    int n = 0;
+    char *save = NULL;
+    strtok_r(s, "\n", &save);   // header
+    for (char *ln = strtok_r(NULL, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save))
+        if (n < cap) ep[n++] = atoi(ln);
+    free(s);
+    return n;
+}
+
+// csv_row: the data row for epoch e, its columns as doubles (time excluded: column 1); count or -1
+static int csv_row(const char *path, int e, double *v, int cap) {
+    long len;
+    char *s = read_all(path, &len);
+    if (!s) return -1;
+    int n = -1;
+    char *save = NULL;
+    strtok_r(s, "\n", &save);
+    for (char *ln = strtok_r(NULL, "\n", &save); ln; ln = strtok_r(NULL, "\n", &save)) {
+        if (atoi(ln) != e) continue;
+        n = 0;
+        int col = 0;
+        for (char *p = ln; p; p = strchr(p, ','), p = p ? p + 1 : NULL, col++)
+            if (col != 1 && n < cap) v[n++] = strtod(p, NULL);
+    }
+    free(s);
+    return n;
+}
+
+// ckpt_epoch: metadata epoch of a checkpoint; -1 if it does not open
+static int ckpt_epoch(const char *path) {
+    SafeTensors st;
+    char err[1024];
+    if (st_open(path, &st, err, sizeof err)) return -1;
+    const char *e = st_meta(&st, "epoch");
+    int v = e ? atoi(e) : -1;
+    st_close(&st);
+    return v;
+}
+
+// the state dict of yolov8n with the dataset's nc, for validating files by name and shape
+static Model *g_model;
+static StateDict *g_sd;
+static void ref_model_init(int nc) {
+    g_model = xcalloc(1, sizeof(Model));
+    model_build(g_model, 'n', nc);
+    g_model->params = xcalloc(g_model->nparams, sizeof(float));
+    g_model->buffers = xcalloc(g_model->nbuffers, sizeof(float));
+    g_sd = xcalloc(1, sizeof(StateDict));
+    state_dict_build(g_sd, g_model, g_model->params, g_model->buffers);
+}
+
+// ckpt_validate: a resume checkpoint opens, holds model.* and ema.* for every float state-dict
+// tensor (right element count), optim.m of nparams, the seven metadata keys, every value finite,
+// and nothing else. 0 or -1 with err set; *epoch gets the metadata epoch.
+static int ckpt_validate(const char *path, int *epoch, char *err, size_t errlen) {
+    SafeTensors st;
+    if (st_open(path, &st, err, errlen)) return -1;
+    int rc = -1, want = 0;
+    float *buf = xmalloc(sizeof(float) * g_model->nparams);
+    const char *pre[2] = {"model.", "ema."};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < g_sd->n; i++) {
+            const ParamRef *r = &g_sd->ref[i];
+            if (r->kind == PARAM_COUNT) continue;
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s%s", pre[k], r->name + 6);
+            const StEntry *e = st_find(&st, nm);
+            if (!e || e->numel != param_numel(r)) { snprintf(err, errlen, "%s: '%s' missing or wrong size", path, nm); goto done; }
+            if (st_read_f32(&st, e, buf, err, errlen)) goto done;
+            for (int64_t q = 0; q < e->numel; q++)
+                if (!isfinite(buf[q])) { snprintf(err, errlen, "%s: '%s'[%" PRId64 "] = %g", path, nm, q, buf[q]); goto done; }
+            want++;
+        }
+    const char *opt[2] = {"optim.m", "optim.v"};
+    for (int k = 0; k < 2; k++) {
+        const StEntry *e = st_find(&st, opt[k]);
+        if (!e) {
+            if (k == 0) { snprintf(err, errlen, "%s: optim.m missing", path); goto done; }
+            continue;
+        }
+        if ((size_t)e->numel != g_model->nparams) { snprintf(err, errlen, "%s: %s has %" PRId64 " values", path, opt[k], e->numel); goto done; }
+        if (st_read_f32(&st, e, buf, err, errlen)) goto done;
+        for (int64_t q = 0; q < e->numel; q++)
+            if (!isfinite(buf[q])) { snprintf(err, errlen, "%s: %s[%" PRId64 "] = %g", path, opt[k], q, buf[q]); goto done; }
+        want++;
+    }
+    if (st.n != want) { snprintf(err, errlen, "%s: %d tensors, expected %d", path, st.n, want); goto done; }
+    const char *keys[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked"};
+    for (int i = 0; i < 7; i++)
+        if (!st_meta(&st, keys[i])) { snprintf(err, errlen, "%s: metadata '%s' missing", path, keys[i]); goto done; }
+    *epoch = atoi(st_meta(&st, "epoch"));
+    rc = 0;
+done:
+    free(buf);
+    st_close(&st);
+    return rc;
+}
+
+// weights_validate: last/best.safetensors loads into the model (shapes, names, all finite)
+static int weights_validate(const char *path, char *err, size_t errlen) {
+    return weights_load(path, g_sd->ref, g_sd->n, err, errlen);
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. bit-identical resume
+// ------------------------------------------------------------------------------------------
+
+// compare_ckpt: every tensor of a against b by value (bit pattern); metadata keys equal.
+static void compare_ckpt(const char *pa, const char *pb, const char *what) {
+    SafeTensors a, b;
+    char err[1024];
+    if (st_open(pa, &a, err, sizeof err)) { check(0, "%s: open %s: %s", what, pa, err); return; }
+    if (st_open(pb, &b, err, sizeof err)) { check(0, "%s: open %s: %s", what, pb, err); st_close(&a); return; }
+    float *x = xmalloc(sizeof(float) * g_model->nparams), *y = xmalloc(sizeof(float) * g_model->nparams);
+    int ndiff[3] = {0, 0, 0}, nt[3] = {0, 0, 0}, missing = 0;
+    double maxd[3] = {0, 0, 0};
+    const char *first[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < a.n; i++) {
+        const StEntry *ea = &a.t[i], *eb = st_find(&b, ea->name);
+        int g = !strncmp(ea->name, "model.", 6) ? 0 : !strncmp(ea->name, "ema.", 4) ? 1 : 2;
+        nt[g]++;
+        if (!eb || eb->numel != ea->numel || (size_t)ea->numel > g_model->nparams) { missing++; continue; }
+        if (st_read_f32(&a, ea, x, err, sizeof err) || st_read_f32(&b, eb, y, err, sizeof err)) { missing++; continue; }
+        if (memcmp(x, y, sizeof(float) * (size_t)ea->numel)) {
+            if (!ndiff[g]++) first[g] = ea->name;
+            for (int64_t q = 0; q < ea->numel; q++) maxd[g] = fmax(maxd[g], fabs((double)x[q] - y[q]));
+        }
+    }
+    static const char *gname[3] = {"model.*", "ema.*", "optim.*"};
+    for (int g = 0; g < 3; g++)
+        check(nt[g] > 0 && ndiff[g] == 0, "%s: %s tensors bit-identical: %d of %d differ (first %s), max |diff| %.3g, tol 0",
+              what, gname[g], ndiff[g], nt[g], first[g] ? first[g] : "-", maxd[g]);
+    check(missing == 0 && a.n == b.n, "%s: same tensor set: %d vs %d tensors, %d missing or unreadable", what, a.n, b.n, missing);
+    const char *keys[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked"};
+    int same = 1;
+    char msg[512] = "";
+    size_t ml = 0;
+    for (int i = 0; i < 7; i++) {
+        const char *va = st_meta(&a, keys[i]), *vb = st_meta(&b, keys[i]);
+        int eq = va && vb && !strcmp(va, vb);
+        same &= eq;
+        if (ml < sizeof msg) ml += (size_t)snprintf(msg + ml, sizeof msg - ml, " %s=%s%s%s", keys[i], va ? va : "?", eq ? "" : "/",
+                                                 eq ? "" : (vb ? vb : "?"));
+    }
+    check(same, "%s: checkpoint metadata equal:%s", what, msg);
+    free(x); free(y);
+    st_close(&a); st_close(&b);
+}
+
+static void compare_files(const char *pa, const char *pb, const char *what) {
+    long la, lb;
+    char *a = read_all(pa, &la), *b = read_all(pb, &lb);
+    long first = -1;
+    if (a && b)
+        for (long i = 0; i < (la < lb ? la : lb); i++)
+            if (a[i] != b[i]) { first = i; break; }
+    check(a && b && la == lb && first < 0, "%s: byte for byte: %ld vs %ld bytes, first differing byte %ld", what, la, lb, first);
+    free(a); free(b);
+}
+
+// compare_csv_row: one results.csv row of a and b (time excluded), printed to 5 significant digits
+static void compare_csv_row(const char *pa, const char *pb, int e, const char *what) {
+    double va[32], vb[32];
+    int na = csv_row(pa, e, va, 32), nb = csv_row(pb, e, vb, 32);
+    double worst = 0;
+    for (int i = 0; i < na && i < nb; i++) worst = fmax(worst, fabs(va[i] - vb[i]) / fmax(fabs(vb[i]), 1e-12));
+    check(na > 0 && na == nb && worst <= 1e-4, "%s: results.csv epoch %d row (without time): %d vs %d columns, worst rel diff "
+          "%.3g, tol 1e-4 (5 printed digits)", what, e, na, nb, worst);
+}
+
+static void test_resume_identical(void) {
+    double t0 = now_sec();
+    char log[512], what[64], proj[512], da[600], db[600], da2[600], path[800], path2[800];
+    snprintf(proj, sizeof proj, "%s/p1", g_root);
+    snprintf(da, sizeof da, "%s/train/a", proj);
+    snprintf(da2, sizeof da2, "%s/train/a2", proj);
+    snprintf(db, sizeof db, "%s/train/b", proj);
+    const char *names[2] = {"a", "a2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(log, sizeof log, "%s/%s.log", g_root, names[i]);
+        int st = run(log, what, sizeof what, "train data=%s %s epochs=2 project=%s name=%s", g_data, g_common, proj, names[i]);
+        check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "resume: straight 2-epoch run %s finishes: %s", names[i], what);
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
+    }
+    printf("  straight runs A, A2: %.0f ms\n", ms_since(t0));
+
+    // B: stop after epoch 1 the hard way, while epoch 2 runs
+    double t1 = now_sec();
+    char csv[800], ckpt[800];
+    snprintf(csv, sizeof csv, "%s/results.csv", db);
+    snprintf(ckpt, sizeof ckpt, "%s/weights/last.ckpt", db);
+    snprintf(log, sizeof log, "%s/b1.log", g_root);
+    pid_t pid = spawn(log, "train data=%s %s epochs=2 project=%s name=b", g_data, g_common, proj);
+    int killed = 0, ep[8], st = 0;
+    for (int it = 0; it < 300000; it++) {   // <= 60 s at 200 us
+        if (waitpid(pid, &st, WNOHANG) == pid) break;
+        int n = csv_epochs(csv, ep, 8);
+        if (n >= 1 && ep[0] == 1 && ckpt_epoch(ckpt) == 1) { kill(pid, SIGKILL); killed = 1; break; }
+        sleep_us(200);
+    }
+    if (killed) run_wait(pid, what, sizeof what);
+    else snprintf(what, sizeof what, "ended by itself (%s)", WIFEXITED(st) ? "exit" : "signal");
+    int n = csv_epochs(csv, ep, 8), ck = ckpt_epoch(ckpt);
+    check(killed && ck == 1 && n == 1, "resume: run B killed after epoch 1 (%s): last.ckpt epoch %d (want 1), results.csv rows %d (want 1)",
+          what, ck, n);
+    snprintf(log, sizeof log, "%s/b2.log", g_root);
+    st = run(log, what, sizeof what, "train data=%s %s epochs=2 project=%s name=b resume=1", g_data, g_common, proj);
+    check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "resume: B resumed for epoch 2 finishes: %s", what);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
+    n = csv_epochs(csv, ep, 8);
+    check(n == 2 && ep[0] == 1 && ep[1] == 2, "resume: B results.csv epochs: %d rows (%d, %d), want 1, 2", n, n > 0 ? ep[0] : -1,
+          n > 1 ? ep[1] : -1);
+    printf("  killed + resumed run B: %.0f ms\n", ms_since(t1));
+
+    // determinism of training itself first (A vs A2), then resume (A vs B)
+    snprintf(path, sizeof path, "%s/weights/last.safetensors", da);
+    snprintf(path2, sizeof path2, "%s/weights/last.safetensors", da2);
+    compare_files(path, path2, "straight A vs A2 last.safetensors");
+    snprintf(path, sizeof path, "%s/weights/last.ckpt", da);
+    snprintf(path2, sizeof path2, "%s/weights/last.ckpt", da2);
+    compare_ckpt(path, path2, "straight A vs A2 last.ckpt");
+    snprintf(path, sizeof path, "%s/weights/last.safetensors", da);
+    snprintf(path2, sizeof path2, "%s/weights/last.safetensors", db);
+    compare_files(path, path2, "A vs resumed B last.safetensors");
+    snprintf(path, sizeof path, "%s/weights/last.ckpt", da);
+    snprintf(path2, sizeof path2, "%s/weights/last.ckpt", db);
+    compare_ckpt(path, path2, "A vs resumed B last.ckpt");
+    snprintf(path, sizeof path, "%s/results.csv", da);
+    snprintf(path2, sizeof path2, "%s/results.csv", db);
+    compare_csv_row(path, path2, 1, "A vs B");
+    compare_csv_row(path, path2, 2, "A vs B");
+    char err[1024];
+    snprintf(path, sizeof path, "%s/weights/last.safetensors", db);
+    int rc = weights_validate(path, err, sizeof err);
+    check(rc == 0, "resume: B last.safetensors loads with weights_load: %s", rc ? err : "ok");
+    printf("  part 1 (bit-identical resume): %.0f ms\n", ms_since(t0));
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. SIGKILL during checkpoint writes
+// ------------------------------------------------------------------------------------------
+
+static void test_kill_mid_write(void) {
+    double t0 = now_sec();
+    enum { EPOCHS = 4 };
+    char proj[512], dir[600], ckpt[800], ckpt_tmp[800], last[800], last_tmp[800], csv[800], log[512], what[64], err[1024];
+    snprintf(proj, sizeof proj, "%s/p2", g_root);
+    snprintf(dir, sizeof dir, "%s/train/k", proj);
+    snprintf(ckpt, sizeof ckpt, "%s/weights/last.ckpt", dir);
+    snprintf(ckpt_tmp, sizeof ckpt_tmp, "%s/weights/last.ckpt.tmp", dir);
+    snprintf(last, sizeof last, "%s/weights/last.safetensors", dir);
+    snprintf(last_tmp, sizeof last_tmp, "%s/weights/last.safetensors.tmp", dir);
+    snprintf(csv, sizeof csv, "%s/results.csv", dir);
+    // each attempt: which temporary file to wait for, and how long to wait after it appears (us)
+    static const struct { int ckpt; long delay_us; } plan[] = {
+        {1, 0}, {0, 0}, {1, 2000}, {0, 500}, {1, 10000}, {1, 30000}, {0, 3000}, {1, 1000},
+    };
+    int nplan = (int)(sizeof plan / sizeof plan[0]), mid_write = 0, after_rename = 0, attempts = 0;
+    for (int a = 0; a < nplan; a++) {
+        int prev = ckpt_epoch(ckpt);   // -1: none yet (start fresh; resume needs a checkpoint)
+        if (prev >= EPOCHS) break;
+        unlink(ckpt_tmp);   // leftovers of the last kill, so that a new one means a new write
+        unlink(last_tmp);
+        const char *watch = plan[a].ckpt ? ckpt_tmp : last_tmp;
+        snprintf(log, sizeof log, "%s/k%d.log", g_root, a);
+        pid_t pid = spawn(log, "train data=%s %s epochs=%d project=%s name=k%s", g_data, g_common, EPOCHS, proj,
+                          prev >= 0 ? " resume=1" : "");
+        attempts++;
+        int st = 0, killed = 0;
+        long tmp_size = -1;
+        for (int it = 0; it < 1000000; it++) {   // <= 60 s; tight poll so the kill lands inside the write
+            if (waitpid(pid, &st, WNOHANG) == pid) break;
+            if (access(watch, F_OK) == 0) {
+                if (plan[a].delay_us) sleep_us(plan[a].delay_us);
+                kill(pid, SIGKILL);
+                killed = 1;
+                break;
+            }
+            sleep_us(50);
+        }
+        if (!killed) {
+            check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kill %d: run ended before a kill (%s exit %d)", a,
+                  WIFEXITED(st) ? "normal" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            break;
+        }
+        run_wait(pid, what, sizeof what);
+        tmp_size = file_size(watch);
+        int mid = tmp_size >= 0;   // the .tmp outlives the process only if it died before the rename
+        mid_write += mid, after_rename += !mid;
+        int ep[16], n = csv_epochs(csv, ep, 16);
+        int being_saved = n > 0 ? ep[n - 1] : -1;   // the csv row is appended just before the save
+        printf("  kill %d: %s %s after %s appeared + %ld us: %s, .tmp %s (%ld bytes), csv last epoch %d, checkpoint before %d\n", a,
+               what, prev >= 0 ? "resumed run" : "fresh run", plan[a].ckpt ? "last.ckpt.tmp" : "last.safetensors.tmp",
+               plan[a].delay_us, mid ? "mid-write" : "after the rename", mid ? "left behind" : "gone", tmp_size, being_saved, prev);
+        // the checkpoint on disk: absent only if no save ever finished, else it opens and validates
+        int e = -1;
+        if (access(ckpt, F_OK) == 0) {
+            int rc = ckpt_validate(ckpt, &e, err, sizeof err);
+            check(rc == 0, "kill %d: last.ckpt opens and validates (all tensors, finite, metadata): %s (epoch %d)", a, rc ? err : "ok", e);
+        } else {
+            check(plan[a].ckpt && prev < 0 && mid, "kill %d: no last.ckpt, allowed only for a kill inside the very first write", a);
+        }
+        if (plan[a].ckpt && mid) {   // the save of epoch being_saved never finished: the one before it stays (none before epoch 1)
+            int want = being_saved > 1 ? being_saved - 1 : -1;
+            check(e == want && e == prev, "kill %d: mid-write kill kept the previous checkpoint: epoch %d, want %d (-1: none), "
+                  "was %d before this run", a, e, want, prev);
+        }
+        if (!plan[a].ckpt)   // last.safetensors is written after last.ckpt: that save finished
+            check(e == being_saved, "kill %d: last.ckpt holds the epoch just saved: %d, want %d", a, e, being_saved);
+        if (access(last, F_OK) == 0) {
+            int rc = weights_validate(last, err, sizeof err);
+            check(rc == 0, "kill %d: last.safetensors loads with weights_load: %s", a, rc ? err : "ok");
+        }
+    }
+    check(mid_write >= 1, "kill: at least one SIGKILL landed while a .tmp file existed (mid-write): %d of %d attempts "
+          "(%d after the rename)", mid_write, attempts, after_rename);
+
+    // resume to the end, the last stale .tmp left in place on purpose
+    double t1 = now_sec();
+    snprintf(log, sizeof log, "%s/kfinal.log", g_root);
+    int prev = ckpt_epoch(ckpt);
+    int st = run(log, what, sizeof what, "train data=%s %s epochs=%d project=%s name=k%s", g_data, g_common, EPOCHS, proj,
+                 prev >= 0 ? " resume=1" : "");
+    check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kill: final resume=1 from epoch %d finishes: %s", prev, what);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
+    int e = -1, rc = ckpt_validate(ckpt, &e, err, sizeof err);
+    check(rc == 0 && e == EPOCHS, "kill: final last.ckpt validates with epoch %d (want %d): %s", e, EPOCHS, rc ? err : "ok");
+    rc = weights_validate(last, err, sizeof err);
+    check(rc == 0, "kill: final last.safetensors loads: %s", rc ? err : "ok");
+    check(access(ckpt_tmp, F_OK) != 0, "kill: no last.ckpt.tmp left after the final run");
+    int ep[32], n = csv_epochs(csv, ep, 32), seen[EPOCHS + 1] = {0}, dup = 0, bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (ep[i] < 1 || ep[i] > EPOCHS) bad++;
+        else if (seen[ep[i]]++) dup++;
+    }
+    int all = 1;
+    for (int k = 1; k <= EPOCHS; k++) all &= seen[k] > 0;
+    char rows[160] = "";
+    for (int i = 0, l = 0; i < n && l < 150; i++) l += snprintf(rows + l, sizeof rows - (size_t)l, "%s%d", i ? "," : "", ep[i]);
+    check(all && !bad, "kill: final results.csv has every epoch 1..%d: rows [%s]", EPOCHS, rows);
+    check(!dup && n == EPOCHS, "kill: final results.csv has each epoch once: %d rows, %d repeated", n, dup);
+    printf("  final resume: %.0f ms; part 2 (kills during checkpoint writes): %.0f ms\n", ms_since(t1), ms_since(t0));
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. non-finite guard
+// ------------------------------------------------------------------------------------------
+
+static void test_nonfinite(void) {
+    double t0 = now_sec();
+    char proj[512], dir[600], path[800], log[512], what[64], err[1024];
+    snprintf(proj, sizeof proj, "%s/p3", g_root);
+    snprintf(dir, sizeof dir, "%s/train/nan", proj);
+    snprintf(log, sizeof log, "%s/nan.log", g_root);
+    int st = run(log, what, sizeof what, "train data=%s %s epochs=3 project=%s name=nan lr0=1e30 optimizer=SGD", g_data, g_common, proj);
+    int ok_exit = WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 1);
+    check(ok_exit, "nan: lr0=1e30 SGD ends with exit 0 or 1, not a crash: %s", what);
+    long len;
+    char *out = read_all(log, &len);
+    int said = out && (strstr(out, "non-finite") || strstr(out, "stopping"));
+    check(said, "nan: the log names the non-finite values (\"non-finite\" / \"stopping\")");
+    if (!ok_exit || !said) show_log_tail(log);
+    free(out);
+    snprintf(path, sizeof path, "%s/weights/last.safetensors", dir);
+    if (access(path, F_OK) == 0) {
+        int rc = weights_validate(path, err, sizeof err);
+        check(rc == 0, "nan: last.safetensors has no NaN/Inf (weights_load): %s", rc ? err : "ok");
+    } else {
+        check(WIFEXITED(st) && WEXITSTATUS(st) == 1, "nan: no last.safetensors, allowed only when the run stopped (exit 1): %s", what);
+    }
+    snprintf(path, sizeof path, "%s/weights/best.safetensors", dir);
+    if (access(path, F_OK) == 0) {
+        int rc = weights_validate(path, err, sizeof err);
+        check(rc == 0, "nan: best.safetensors has no NaN/Inf (weights_load): %s", rc ? err : "ok");
+    }
+    snprintf(path, sizeof path, "%s/weights/last.ckpt", dir);
+    if (access(path, F_OK) == 0) {
+        int e = -1, rc = ckpt_validate(path, &e, err, sizeof err);
+        check(rc == 0, "nan: last.ckpt has no NaN/Inf: %s (epoch %d)", rc ? err : "ok", e);
+    }
+    printf("  part 3 (non-finite guard): %.0f ms\n", ms_since(t0));
+}
+
+int main(void) {
+    double t0 = now_sec();
+    if (access("./yolo", X_OK) != 0) {
+        check(0, "./yolo exists (run `make` first, from the repo root)");
+        return test_summary();
+    }
+    snprintf(g_root, sizeof g_root, "/tmp/yolo_test_train.XXXXXX");
+    if (!mkdtemp(g_root)) die("mkdtemp: %s", strerror(errno));
+    char log[512], what[64];
+    snprintf(log, sizeof log, "%s/shapes.log", g_root);
+    int st = run(log, what, sizeof what, "shapes out=%s/data ntrain=48 nval=8 imgsz=64 seed=1", g_root);
+    snprintf(g_data, sizeof g_data, "%s/data/data.yaml", g_root);
+    check(WIFEXITED(st) && WEXITSTATUS(st) == 0 && access(g_data, F_OK) == 0, "shapes dataset written: %s", what);
+    DataConfig dc;
+    char err[1024];
+    if (data_yaml_load(g_data, &dc, err, sizeof err)) die("%s", err);
+    ref_model_init(dc.nc);
+
+    test_resume_identical();
+    test_kill_mid_write();
+    test_nonfinite();
+
+    nftw(g_root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    printf("  total: %.0f ms\n", ms_since(t0));
+    return test_summary();
+}
