@@ -6142,6 +6142,7 @@ typedef struct {
     Dataset train_ds, val_ds;
     Loader *train_ld, *val_ld;
     float *x;                  // (B, 3, H, W) input staging, sized for the largest batch
+    float *bn_keep;            // (nbuffers) running stats before the current step, restored if it fails
     int B, S, nb, accumulate;
     double wd, initial_lr;
     Nms nms;
@@ -6165,6 +6166,14 @@ static double interp(double x, double x0, double x1, double y0, double y1) {
     if (x <= x0) return y0;
     if (x >= x1) return y1;
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+}
+
+// all_finite: no NaN or infinity in x (n)
+static int all_finite(const float *x, size_t n) {
+    int ok = 1;
+#pragma omp parallel for reduction(&& : ok)
+    for (size_t i = 0; i < n; i++) ok = ok && isfinite(x[i]);
+    return ok;
 }
 
 // input_from_batch: uint8 RGB (B, 3, H, W) -> float [0, 1] into the staging buffer
@@ -6214,6 +6223,7 @@ static void trainer_alloc(Trainer *t, Arena *a, size_t xfloats, int train) {
         t->opt.v = t->opt.kind == OPT_ADAMW ? azfloat(a, m->nparams, G_OPTIM) : NULL;
         t->ema.params = afloat(a, m->nparams, G_EMA);
         t->ema.buffers = afloat(a, m->nbuffers, G_EMA);
+        t->bn_keep = afloat(a, m->nbuffers, G_BUFFERS);
     }
     t->x = aact(a, xfloats, G_INPUT);
     if (a->half) {   // the GPU layout also stages the uint8 batch and holds the cuBLAS workspace
@@ -6311,9 +6321,15 @@ static char model_spec_scale(const char *spec, int *file_nc) {
 
 // ckpt_save: the resume checkpoint, model + EMA + optimizer + progress, written atomically (a kill
 // at any moment leaves the previous file intact), and the EMA weights as last/best.safetensors.
-static void trainer_save(Trainer *t, int best) {
+static int trainer_save(Trainer *t, int best) {
     char path[1024], err[1024], meta[8][64];
     Model *m = &t->m;
+    if (!all_finite(m->params, m->nparams) || !all_finite(m->buffers, m->nbuffers) || !all_finite(t->ema.params, m->nparams) ||
+        !all_finite(t->ema.buffers, m->nbuffers)) {
+        fprintf(stderr, "stopping: the weights hold non-finite values after epoch %d; nothing was saved, so %s/weights/last.ckpt "
+                        "still holds the last good state (hint: lower lr0)\n", t->epoch, t->dir);
+        return -1;
+    }
     int n = 0;
     StTensor *ts = xcalloc((size_t)t->sd.n * 2 + 8, sizeof(StTensor));
     char (*names)[80] = xcalloc((size_t)t->sd.n * 2 + 8, 80);
@@ -6354,6 +6370,7 @@ static void trainer_save(Trainer *t, int best) {
         snprintf(path, sizeof path, "%s/weights/best.safetensors", t->dir);
         if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
     }
+    return 0;
 }
 
 // trainer_resume: restores everything trainer_save wrote.
@@ -6507,7 +6524,33 @@ static void plot_results(const char *dir, double (*rows)[11], int n) {
 }
 
 static int tty_out;
+
 static int strcmp_ptr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+// results_reload: on resume, keeps the results.csv rows of the epochs the checkpoint covers
+// (a kill can land between a row and the next checkpoint) and reads them back for results.png.
+// The file is rewritten atomically. Returns the rows kept.
+static int results_reload(const char *csv, int upto, double (*rows)[11], int maxrows) {
+    FILE *f = fopen(csv, "r");
+    if (!f) return 0;
+    char tmp[1100], line[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", csv);
+    FILE *o = xfopen(tmp, "w");
+    int n = 0, first = 1;
+    while (fgets(line, sizeof line, f)) {
+        if (first) { fputs(line, o); first = 0; continue; }
+        double v[15];
+        int k = sscanf(line, "%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &v[0], &v[1], &v[2], &v[3], &v[4],
+                       &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14]);
+        if (k != 15 || v[0] > upto || n >= maxrows) continue;
+        fputs(line, o);
+        double r[11] = {v[0], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+        memcpy(rows[n++], r, sizeof r);
+    }
+    fclose(f);
+    if (fflush(o) || fsync(fileno(o)) || fclose(o) || rename(tmp, csv)) die("cannot rewrite %s: %s", csv, strerror(errno));
+    return n;
+}
 
 // train_run: the whole training run (trainer.py _do_train).
 static int train_run(Config cfg) {
@@ -6630,7 +6673,7 @@ static int train_run(Config cfg) {
     int nw = cfg.warmup_epochs > 0 ? (int)fmax(lround(cfg.warmup_epochs * t->nb), 100) : -1;
     double t_start = now_sec();
     double (*rows)[11] = xcalloc((size_t)cfg.epochs, sizeof *rows);
-    int nrows = 0, stop = 0, consecutive_nan = 0;
+    int nrows = cfg.resume ? results_reload(csv, t->epoch, rows, cfg.epochs) : 0, stop = 0, consecutive_nan = 0;
     for (int epoch = t->epoch; epoch < cfg.epochs && !stop; epoch++) {
         double lf = lr_lambda(&cfg, epoch), lrs[PG_N];
         for (int g = 0; g < PG_N; g++) lrs[g] = t->initial_lr * lf;
@@ -6653,8 +6696,10 @@ static int train_run(Config cfg) {
                 for (int g = 0; g < PG_N; g++) t->opt.lr[g] = lrs[g];
             }
             input_from_batch(t->x, bt);
+            memcpy(t->bn_keep, t->m.buffers, t->m.nbuffers * sizeof(float));
             LossOut lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 1);
-            if (!isfinite(lo.total)) {
+            if (!isfinite(lo.total) || !all_finite(t->m.buffers, t->m.nbuffers)) {
+                memcpy(t->m.buffers, t->bn_keep, t->m.nbuffers * sizeof(float));   // the BN update is undone too
                 t->nan_skips++;
                 consecutive_nan++;
                 fprintf(stderr, "warning: non-finite loss at epoch %d batch %d: step skipped (%d so far)\n", epoch + 1, nbatch, t->nan_skips);
@@ -6706,14 +6751,17 @@ static int train_run(Config cfg) {
         memcpy(row, row11, sizeof row11);
         metrics_free(&mt);
         nrows++;
+        t->epoch = epoch + 1;
+        if (trainer_save(t, best)) {   // checkpoint first: a results row never runs ahead of it
+            stop = 2;
+            break;
+        }
         FILE *f = fopen(csv, "a");
         if (f) {
             fprintf(f, "%d,%.3f,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g\n", epoch + 1, now_sec() - t_start,
                     row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], t->opt.lr[0], t->opt.lr[1], t->opt.lr[2]);
             fclose(f);
         }
-        t->epoch = epoch + 1;
-        trainer_save(t, best);
         if (nrows > 1) plot_results(t->dir, rows, nrows);
         if (epoch - t->best_epoch >= cfg.patience) {
             printf("stopping early: no improvement in %d epochs (best epoch %d)\n", cfg.patience, t->best_epoch + 1);
@@ -7103,6 +7151,34 @@ static int cmd_plan(int argc, char **argv) {
     return 1;
 }
 
+// cmd_memtable: `yolo memtable [imgsz=640 batch=16]`: the README's table of planned training
+// memory for every scale, with and without recompute, beside what Ultralytics users see
+// (MMYOLO's YOLOv8 table at 640, batch 16, AMP; spec/memory.md).
+static int cmd_memtable(int argc, char **argv) {
+    static const char *keys[] = {"imgsz", "batch", "nc", NULL};
+    arg_check(argc, argv, keys);
+    int S = (int)arg_int(argc, argv, "imgsz", 640), B = (int)arg_int(argc, argv, "batch", 16), nc = (int)arg_int(argc, argv, "nc", 80);
+    if (S < 32 || S % 32 || B < 1 || nc < 1) die("memtable: imgsz must be a multiple of 32, batch and nc >= 1");
+    static const double others[5] = {2.8, 4.0, 7.2, 9.8, 12.2};
+    printf("| model | yolo.c plan, AMP (GB) | with recompute=1 (GB) | yolo.c CPU FP32 (GB) | reported for PyTorch trainers (GB) |\n");
+    printf("|---|---|---|---|---|\n");
+    for (int i = 0; i < 5; i++) {
+        PlanOpts o = {.scale = "nsmlx"[i], .nc = nc, .B = B, .S = S, .max_boxes = 400, .half = 1};
+        double a = plan_train(&o, NULL, NULL) / 1e9;
+        o.recompute = 1;
+        double r = plan_train(&o, NULL, NULL) / 1e9;
+        o.recompute = 0, o.half = 0;
+        double c = plan_train(&o, NULL, NULL) / 1e9;
+        char rep[16] = "n/a";
+        if (S == 640 && B == 16 && nc == 80) snprintf(rep, sizeof rep, "%.1f", others[i]);
+        printf("| yolov8%c | %.2f | %.2f | %.2f | %s |\n", "nsmlx"[i], a, r, c, rep);
+    }
+    printf("\nimgsz %d, batch %d, nc %d, max_boxes 400, SGD. The yolo.c figures are the whole arena (weights, gradients, "
+           "optimizer state, EMA, activations, backward buffers, loss, input staging, workspace); the CUDA context "
+           "(~0.5 GB) comes on top of both columns of GPU figures.\n", S, B, nc);
+    return 0;
+}
+
 static int cmd_train(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/train/)", c.project);
@@ -7120,6 +7196,7 @@ int main(int argc, char **argv) {
         {"info", cmd_info, "layer table and totals: model=yolov8n nc=80 imgsz=640"},
         {"plan", cmd_plan, "memory plan of a training step: model= nc= batch= imgsz="},
         {"check-ref", cmd_check_ref, "compare with a reference fixture: yolo check-ref FILE.safetensors"},
+        {"memtable", cmd_memtable, "planned memory of every scale: [imgsz=640 batch=16]"},
         {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors epochs= imgsz= batch= ... (Ultralytics keys)"},
         {"val", cmd_val, "validate weights: model=FILE.safetensors data=FILE [imgsz= batch= conf= iou=]"},
         {"predict", cmd_predict, "detect objects: model=FILE.safetensors source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},

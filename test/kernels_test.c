@@ -220,6 +220,369 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     free(dcol); free(dxi); free(z); free(dx); free(dw); free(zh); free(dxh); free(zhf); free(dxhf);
 }
 
+// bn_stats_cpu: the BN statistics of conv_forward (yolo.c) on their own. z (B, C, HW), image stride zs.
+// (A twin for yolo.c: conv_forward would call it.)
+static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv, int train) {
+    double cnt = (double)B * HW;
+    for (int o = 0; o < C; o++) {
+        if (!train) {
+            mean[o] = rm[o];
+            invstd[o] = 1.f / sqrtf(rv[o] + BN_EPS);
+            continue;
+        }
+        double s = 0, ss = 0;
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += z[b * zs + (long)o * HW + i];
+        double mu = s / cnt;
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) ss += (z[b * zs + (long)o * HW + i] - mu) * (z[b * zs + (long)o * HW + i] - mu);
+        double var = ss / cnt;
+        mean[o] = (float)mu;
+        invstd[o] = (float)(1.0 / sqrt(var + BN_EPS));
+        rm[o] = (1 - BN_MOMENTUM) * rm[o] + BN_MOMENTUM * (float)mu;
+        rv[o] = (1 - BN_MOMENTUM) * rv[o] + BN_MOMENTUM * (float)(cnt > 1 ? var * cnt / (cnt - 1) : var);
+    }
+}
+// bn_silu_backward_cpu: conv_backward's (yolo.c) first half on its own: dA (B, C, HW) in, dz out in
+// place; gamma NULL: plain conv with bias (dbeta += sum dA). (A twin for yolo.c.)
+static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd, const float *gamma,
+                                 const float *beta, float *dgamma, float *dbeta, int B, int C, int HW, int train) {
+    double cnt = (double)B * HW;
+    for (int o = 0; o < C; o++) {
+        if (!gamma) {
+            double s = 0;
+            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += dA[b * zs + (long)o * HW + i];
+            dbeta[o] += (float)s;
+            continue;
+        }
+        float ga = gamma[o], be = beta[o], mu = mean[o], istd = invstd[o];
+        double sg = 0, sgx = 0;
+        for (int b = 0; b < B; b++) {
+            const float *zz = z + b * zs + (long)o * HW;
+            float *d = dA + b * zs + (long)o * HW;
+            for (int i = 0; i < HW; i++) {
+                float xh = (zz[i] - mu) * istd, y = ga * xh + be;
+                float sg1 = 1.f / (1.f + expf(-y));
+                float gy = d[i] * sg1 * (1.f + y * (1.f - sg1));
+                d[i] = gy;
+                sg += gy;
+                sgx += (double)gy * xh;
+            }
+        }
+        dgamma[o] += (float)sgx;
+        dbeta[o] += (float)sg;
+        float k1 = ga * istd, mg = train ? (float)(sg / cnt) : 0.f, mgx = train ? (float)(sgx / cnt) : 0.f;
+        for (int b = 0; b < B; b++) {
+            const float *zz = z + b * zs + (long)o * HW;
+            float *d = dA + b * zs + (long)o * HW;
+            for (int i = 0; i < HW; i++) d[i] = k1 * (d[i] - mg - (zz[i] - mu) * istd * mgx);
+        }
+    }
+}
+
+// relative/absolute fp32 check: |got - ref| <= rel * scale[i] + 1e-6 (scale: sum |terms| of the value)
+static void check_rel(const char *what, const float *got, const float *ref, const float *scale, long n, double rel) {
+    double worst = 0; long bad = 0, wi = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]), tol = rel * scale[i] + 1e-6;
+        if (!(d <= tol)) bad++;
+        if (!(d / tol <= worst)) { worst = d / tol; wi = i; }
+    }
+    check(!bad, "%s: worst |diff|/tol %.3g at %ld (got %.9g ref %.9g), %ld of %ld over", what, worst, wi, got[wi], ref[wi], bad, n);
+}
+
+static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) {
+    long zs = (long)(C + zextra) * HW, ys = (long)(C + yextra) * HW, nz = B * zs, ny = B * ys;
+    float *zf = xmalloc(4 * nz), *mean = xmalloc(4 * C), *invstd = xmalloc(4 * C), *rm = rand_host(C, -1, 1), *rv = rand_host(C, 0.5f, 2);
+    uint16_t *zh = rand_f16(nz, -3, 5, zf);
+    float *rm0 = xmalloc(4 * C), *rv0 = xmalloc(4 * C), *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1);
+    memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
+    void *dzh = to_dev(zh, 2 * nz);
+    float *dmean, *dinv, *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    CK(cudaMalloc((void **)&dmean, 4 * C)); CK(cudaMalloc((void **)&dinv, 4 * C));
+    char what[200];
+    for (int train = 1; train >= 0; train--) {
+        bn_stats_cuda(dzh, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, stream);
+        bn_stats_cpu(zf, zs, B, C, HW, mean, invstd, rm, rv, train);
+        float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C), *grv = from_dev(drv, 4 * C);
+        float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
+        for (int c = 0; c < C; c++) {
+            double sa = 0;
+            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) sa += fabs(zf[b * zs + (long)c * HW + i]);
+            sc[c] = (float)(sa / ((double)B * HW)); sc2[c] = fabsf(invstd[c]) * 4;   // variance error 1e-5 rel -> invstd 0.5e-5
+            sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
+        }
+        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d zs+%d %s: mean vs conv_forward's (bn_stats_cpu)", B, C, HW, zextra, train ? "train" : "eval");
+        check_rel(what, gm, mean, sc, C, 1e-5);
+        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: invstd", B, C, HW, train ? "train" : "eval");
+        check_rel(what, gi, invstd, sc2, C, 1e-5);
+        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW, train ? "train" : "eval");
+        check_rel(what, grm, rm, sc3, C, 1e-5);
+        check_rel(what, grv, rv, sc4, C, 1e-5);
+        free(gm); free(gi); free(grm); free(grv); free(sc); free(sc2); free(sc3); free(sc4);
+    }
+    // BN+SiLU forward in FP16, with the GPU's statistics uploaded again from the CPU's
+    float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *yref = xmalloc(4 * ny), *zd = xmalloc(4 * (size_t)B * C * HW);
+    uint16_t *dy; CK(cudaMalloc((void **)&dy, 2 * ny));
+    CK(cudaMemset(dy, 0xff, 2 * ny));
+    bn_silu_forward_f16_cuda(dzh, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, stream);
+    uint16_t *yh = (uint16_t *)from_dev(dy, 2 * ny);
+    float *yf = f16_host_to_f32(yh, ny);
+    for (int b = 0; b < B; b++) memcpy(zd + (size_t)b * C * HW, zf + b * zs, 4 * (size_t)C * HW);
+    bn_silu_forward_cpu(zd, mean, invstd, gamma, beta, zd, B, C, HW);
+    long untouched = 0;
+    for (int b = 0; b < B; b++) {
+        for (long i = 0; i < ys; i++) yref[b * ys + i] = i < (long)C * HW ? zd[(size_t)b * C * HW + i] : 0;
+        for (long i = (long)C * HW; i < ys; i++) { untouched += yh[b * ys + i] == 0xffff; yf[b * ys + i] = 0; }
+    }
+    snprintf(what, sizeof what, "bn_silu_forward_f16_cuda B=%d C=%d HW=%d zs+%d ys+%d vs bn_silu_forward_cpu", B, C, HW, zextra, yextra);
+    check_f16tol(what, yf, yref, ny);
+    check(untouched == (long)B * yextra * HW, "bn_silu_forward_f16_cuda: the %ld values outside the output slice untouched", (long)B * yextra * HW);
+    cudaFree(dzh); cudaFree(dmean); cudaFree(dinv); cudaFree(drm); cudaFree(drv); cudaFree(dg); cudaFree(db); cudaFree(dm2); cudaFree(di2); cudaFree(dy);
+    free(zf); free(mean); free(invstd); free(rm); free(rv); free(zh); free(rm0); free(rv0); free(gamma); free(beta); free(yref); free(zd); free(yh); free(yf);
+}
+
+static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train, void *stream) {
+    long zs = (long)(C + zextra) * HW, nz = B * zs;
+    float *zf = xmalloc(4 * nz), *dA = rand_host(nz, -1, 1), *mean = rand_host(C, -0.5f, 0.5f), *invstd = rand_host(C, 0.5f, 2);
+    float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1), *dbet = rand_host(C, -1, 1);
+    uint16_t *zh = rand_f16(nz, -3, 3, zf);
+    float *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    float *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *scratch;
+    void *dz16 = to_dev(zh, 2 * nz);
+    uint16_t *ddz; CK(cudaMalloc((void **)&ddz, 2 * nz)); CK(cudaMalloc((void **)&scratch, 8 * C));
+    CK(cudaMemset(ddz, 0xff, 2 * nz));
+    bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW, train, stream);
+    // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
+    float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz);
+    memcpy(ref, dA, 4 * nz);
+    for (int c = 0; c < C; c++) {
+        double a = fabs(dbet[c]), ax = fabs(dgam[c]);
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
+            long o = b * zs + (long)c * HW + i;
+            float xh = (zf[o] - mean[c]) * invstd[c], y = gamma[c] * xh + beta[c], s1 = 1.f / (1.f + expf(-y));
+            float gy = bn ? dA[o] * s1 * (1.f + y * (1.f - s1)) : dA[o];
+            a += fabs(gy); ax += fabs(gy * xh);
+        }
+        sg[c] = (float)a; sgx[c] = (float)ax;
+    }
+    bn_silu_backward_cpu(zf, ref, zs, mean, invstd, bn ? gamma : NULL, beta, dgam, dbet, B, C, HW, train);
+    float *gdg = from_dev(ddg, 4 * C), *gdb = from_dev(ddb, 4 * C);
+    uint16_t *gz = (uint16_t *)from_dev(ddz, 2 * nz);
+    float *gzf = f16_host_to_f32(gz, nz);
+    long untouched = 0;
+    for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) { untouched += gz[b * zs + i] == 0xffff; gzf[b * zs + i] = ref[b * zs + i] = 0; }
+    char what[200];
+    snprintf(what, sizeof what, "bn_silu_backward_cuda B=%d C=%d HW=%d zs+%d %s %s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)", B, C, HW, zextra,
+             bn ? "BN" : "bias", train ? "train" : "eval");
+    check_f16tol(what, gzf, ref, nz);
+    snprintf(what, sizeof what, "bn_silu_backward_cuda B=%d C=%d HW=%d %s: dbeta (+=)", B, C, HW, bn ? "BN" : "bias");
+    check_rel(what, gdb, dbet, sg, C, 1e-5);
+    if (bn) {
+        snprintf(what, sizeof what, "bn_silu_backward_cuda B=%d C=%d HW=%d: dgamma (+=)", B, C, HW);
+        check_rel(what, gdg, dgam, sgx, C, 1e-5);
+    }
+    check(untouched == (long)B * zextra * HW, "bn_silu_backward_cuda: values outside the dz slice untouched");
+    cudaFree(dAd); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(ddg); cudaFree(ddb); cudaFree(scratch); cudaFree(dz16); cudaFree(ddz);
+    free(zf); free(dA); free(mean); free(invstd); free(gamma); free(beta); free(dgam); free(dbet); free(zh); free(sg); free(sgx); free(ref);
+    free(gdg); free(gdb); free(gz); free(gzf);
+}
+
+static void test_pool_up_backward(int B, int C, int H, int W, void *stream) {
+    long n = (long)B * C * H * W;
+    float *x = xmalloc(4 * n), *dy = rand_host(n, -1, 1), *dy4 = rand_host(4 * n, -1, 1), *ref = xmalloc(4 * n);
+    for (long i = 0; i < n; i++) x[i] = (float)(int)rng_range(&rng, 0, 4);   // few distinct values: many ties
+    if (n > 3) x[3] = -INFINITY;
+    float *dx_ = to_dev(x, 4 * n), *ddy = to_dev(dy, 4 * n), *ddy4 = to_dev(dy4, 16 * n), *ddx;
+    CK(cudaMalloc((void **)&ddx, 4 * n));
+    maxpool5_backward_cuda(dx_, ddy, ddx, B, C, H, W, stream);
+    float *got = from_dev(ddx, 4 * n);
+    maxpool5_backward(x, dy, ref, B, C, H, W);
+    char what[160];
+    snprintf(what, sizeof what, "maxpool5_backward_cuda B=%d C=%d %dx%d (ties) vs maxpool5_backward", B, C, H, W);
+    check_bits(what, got, ref, n);
+    upsample2_backward_cuda(ddy4, ddx, B, C, H, W, stream);
+    free(got); got = from_dev(ddx, 4 * n);
+    upsample2_backward(dy4, ref, B, C, H, W);
+    snprintf(what, sizeof what, "upsample2_backward_cuda B=%d C=%d %dx%d vs upsample2_backward", B, C, H, W);
+    check_bits(what, got, ref, n);
+    cudaFree(dx_); cudaFree(ddy); cudaFree(ddy4); cudaFree(ddx); free(x); free(dy); free(dy4); free(ref); free(got);
+}
+
+static void test_convert_copy(long n, void *stream) {
+    uint8_t *u = xmalloc(n + 1);
+    float *f = rand_host(n, -70000, 70000);
+    for (long i = 0; i < n; i++) { u[i] = (uint8_t)(i * 37 + 11); if (i % 3) f[i] *= 1e-4f; if (i % 7 == 0) f[i] *= 1e-5f; }
+    if (n > 2) { f[0] = INFINITY; f[1] = -0.0f; }
+    void *du = to_dev(u, n), *df = to_dev(f, 4 * n);
+    uint16_t *dh, *dh2;
+    CK(cudaMalloc((void **)&dh, 2 * n)); CK(cudaMalloc((void **)&dh2, 2 * n));
+    u8_to_f16_cuda(du, dh, n, stream);
+    f32_to_f16_cuda(df, dh2, n, stream);
+    uint16_t *g1 = (uint16_t *)from_dev(dh, 2 * n), *g2 = (uint16_t *)from_dev(dh2, 2 * n);
+    long bad1 = 0, bad2 = 0;
+    for (long i = 0; i < n; i++) { bad1 += g1[i] != f32_to_f16(u[i] * (1.f / 255.f)); bad2 += g2[i] != f32_to_f16(f[i]); }
+    check(!bad1, "u8_to_f16_cuda n=%ld: bit-exact with the software fp16 of x*(1/255) (input_from_batch), %ld differ", n, bad1);
+    check(!bad2, "f32_to_f16_cuda n=%ld: bit-exact with the software round-to-nearest-even (overflow, subnormals, -0, inf), %ld differ", n, bad2);
+    // concat by offset: 3 images of n/3 values into the middle of a larger per-image block
+    int B = 3; long m = n / 3, ds = m + 5;
+    uint16_t *dst; CK(cudaMalloc((void **)&dst, 2 * (size_t)B * ds + 2));
+    CK(cudaMemset(dst, 0, 2 * (size_t)B * ds + 2));
+    copy_f16_cuda(dh2, m, dst + 2, ds, B, m, stream);
+    uint16_t *g3 = (uint16_t *)from_dev(dst, 2 * (size_t)B * ds + 2);
+    long bad3 = 0;
+    for (int b = 0; b < B; b++)
+        for (long i = 0; i < ds; i++) {
+            long o = b * ds + i;
+            uint16_t want = (o >= 2 && (o - 2) % ds < m) ? g2[((o - 2) / ds) * m + (o - 2) % ds] : 0;
+            bad3 += g3[o] != want;
+        }
+    check(!bad3, "copy_f16_cuda B=3 n=%ld: strided block copy bit-exact, nothing else written (%ld differ)", m, bad3);
+    cudaFree(du); cudaFree(df); cudaFree(dh); cudaFree(dh2); cudaFree(dst); free(u); free(f); free(g1); free(g2); free(g3);
+}
+
+// a small Model whose flat parameter layout has the three groups and the frozen DFL weight at the end
+static Model *optim_model(void) {
+    Model *m = xmalloc(sizeof *m);
+    memset(m, 0, sizeof *m);
+    int geo[4][4] = {{3, 8, 3, 1}, {8, 5, 1, 1}, {5, 6, 1, 0}, {5, 20, 3, 1}};   // cin, cout, k, bn
+    size_t off = 0;
+    m->nconv = 4;
+    for (int i = 0; i < 4; i++) {
+        Conv *c = &m->conv[i];
+        c->cin = geo[i][0]; c->cout = geo[i][1]; c->k = geo[i][2]; c->bn = geo[i][3];
+        c->w_off = off; off += (size_t)c->cout * c->cin * c->k * c->k;
+        if (c->bn) { c->g_off = off; off += c->cout; }
+        c->b_off = off; off += c->cout;
+    }
+    m->dfl_off = off;
+    m->nparams = off + REG_MAX;
+    m->params = xmalloc(4 * m->nparams);
+    m->grads = xmalloc(4 * m->nparams);
+    return m;
+}
+static OptimHyper optim_hyper(const Optimizer *o, float inv_scale, float max_norm) {
+    OptimHyper h;
+    memset(&h, 0, sizeof h);
+    long step = o->step + 1;
+    double bc1 = 1 - pow(o->momentum, (double)step), bc2 = 1 - pow(o->beta2, (double)step);
+    for (int g = 0; g < 3; g++) {
+        h.lr[g] = (float)o->lr[g];
+        h.wd[g] = g == PG_WEIGHT ? (float)o->weight_decay : 0.f;
+        h.adam_step[g] = (float)(o->lr[g] / bc1);
+    }
+    h.momentum = (float)o->momentum; h.beta2 = (float)o->beta2; h.eps = (float)o->eps; h.bc2_sqrt = (float)sqrt(bc2);
+    h.inv_scale = inv_scale; h.max_norm = max_norm; h.adamw = o->kind == OPT_ADAMW; h.first = step == 1;
+    return h;
+}
+// optim_norm_cuda + optim_step_cuda (loss scale 1024, gradients given scaled) against grad_clip_norm +
+// optim_step on the unscaled gradients, three steps; then a forced overflow skips the step and
+// halves the GradScaler.
+static void test_optim(int kind, float gmag, float max_norm, void *stream) {
+    Model *m = optim_model();
+    long n = (long)m->nparams;
+    uint8_t *group = xmalloc(n);
+    memset(group, OPT_NO_GROUP, n);
+    for (int ci = 0; ci < m->nconv; ci++) {
+        size_t off[3], len[3]; int pg[3];
+        model_segments(m, ci, off, len, pg);
+        for (int s2 = 0; s2 < 3; s2++) for (size_t i = 0; i < len[s2]; i++) group[off[s2] + i] = (uint8_t)pg[s2];
+    }
+    for (long i = 0; i < n; i++) m->params[i] = (float)rng_range(&rng, -1, 1);
+    Optimizer o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind; o.lr[PG_BIAS] = 0.1; o.lr[PG_WEIGHT] = 0.01; o.lr[PG_BN] = 0.02;
+    o.momentum = kind == OPT_SGD ? 0.937 : 0.9; o.beta2 = 0.999; o.eps = 1e-8; o.weight_decay = 5e-4;
+    o.m = xmalloc(4 * n); o.v = kind == OPT_ADAMW ? xmalloc(4 * n) : NULL;
+    memset(o.m, 0, 4 * n); if (o.v) memset(o.v, 0, 4 * n);
+    float *dp = to_dev(m->params, 4 * n), *dm = to_dev(o.m, 4 * n), *dv = to_dev(o.m, 4 * n), *dg, *partials, *dnorm;
+    void *dgroup = to_dev(group, n);
+    CK(cudaMalloc((void **)&dg, 4 * n)); CK(cudaMalloc((void **)&partials, 8 * OPT_NORM_BLOCKS)); CK(cudaMalloc((void **)&dnorm, 4));
+    const float S = 1024.f;
+    float *gs = xmalloc(4 * n), *p0 = xmalloc(4 * n);
+    char what[200];
+    const char *name = kind == OPT_SGD ? "SGD" : "AdamW";
+    for (int step = 0; step < 3; step++) {
+        for (long i = 0; i < n; i++) { m->grads[i] = (float)rng_range(&rng, -gmag, gmag); gs[i] = m->grads[i] * S; }
+        memcpy(p0, m->params, 4 * n);
+        CK(cudaMemcpy(dg, gs, 4 * n, cudaMemcpyHostToDevice));
+        OptimHyper h = optim_hyper(&o, 1.f / S, max_norm);
+        optim_norm_cuda(dg, dgroup, n, 1.f / S, partials, stream);
+        optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
+        double norm = max_norm > 0 ? grad_clip_norm(m, max_norm) : 0;
+        if (max_norm <= 0) { double ss = 0; for (long i = 0; i < n; i++) if (group[i] != OPT_NO_GROUP) ss += (double)m->grads[i] * m->grads[i]; norm = sqrt(ss); }
+        optim_step(&o, m);
+        float *gp = from_dev(dp, 4 * n), *gm = from_dev(dm, 4 * n), *gv = kind == OPT_ADAMW ? from_dev(dv, 4 * n) : NULL, *gn = from_dev(dnorm, 4);
+        float *sc = xmalloc(4 * n), *scm = xmalloc(4 * n), nref = (float)norm, nsc = nref;
+        for (long i = 0; i < n; i++) { sc[i] = fabsf(p0[i]) + fabsf(m->params[i]) + 1e-3f * fabsf(m->params[i] - p0[i]); scm[i] = fabsf(o.m[i]) * 4; }
+        snprintf(what, sizeof what, "optim_norm_cuda %s step %d: norm of the unscaled gradients %.6g (clip %g)", name, step + 1, norm, max_norm);
+        check_rel(what, gn, &nref, &nsc, 1, 1e-5);
+        snprintf(what, sizeof what, "optim_step_cuda %s step %d (loss scale %g, clip %g) vs grad_clip_norm+optim_step: params", name, step + 1, S, max_norm);
+        check_rel(what, gp, m->params, sc, n, 1e-5);
+        snprintf(what, sizeof what, "optim_step_cuda %s step %d: first moment / momentum buffer", name, step + 1);
+        check_rel(what, gm, o.m, scm, n, 1e-5);
+        if (gv) {
+            for (long i = 0; i < n; i++) scm[i] = fabsf(o.v[i]) * 4;
+            snprintf(what, sizeof what, "optim_step_cuda %s step %d: second moment", name, step + 1);
+            check_rel(what, gv, o.v, scm, n, 1e-5);
+        }
+        long dfl_bad = 0;
+        for (int k = 0; k < REG_MAX; k++) dfl_bad += memcmp(&gp[m->dfl_off + k], &p0[m->dfl_off + k], 4) != 0;
+        check(!dfl_bad, "optim_step_cuda %s: the frozen DFL values (OPT_NO_GROUP) are not updated", name);
+        // keep CPU and GPU on the same state for the next step
+        CK(cudaMemcpy(dp, m->params, 4 * n, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dm, o.m, 4 * n, cudaMemcpyHostToDevice));
+        if (o.v) CK(cudaMemcpy(dv, o.v, 4 * n, cudaMemcpyHostToDevice));
+        free(gp); free(gm); free(gv); free(gn); free(sc); free(scm);
+    }
+    // forced overflow: an inf (then a NaN) gradient skips the step and halves the scale
+    GradScaler gsc;
+    grad_scaler_init(&gsc);
+    for (int t = 0; t < 2; t++) {
+        for (long i = 0; i < n; i++) gs[i] = (float)rng_range(&rng, -gmag, gmag) * gsc.scale;
+        gs[n / 2] = t == 0 ? INFINITY : NAN;
+        CK(cudaMemcpy(dg, gs, 4 * n, cudaMemcpyHostToDevice));
+        OptimHyper h = optim_hyper(&o, 1.f / gsc.scale, max_norm);
+        optim_norm_cuda(dg, dgroup, n, 1.f / gsc.scale, partials, stream);
+        optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
+        float *gp = from_dev(dp, 4 * n), *gm = from_dev(dm, 4 * n), *gn = from_dev(dnorm, 4);
+        int taken = grad_scaler_update(&gsc, !isfinite(gn[0]));
+        check(!isfinite(gn[0]) && !taken && !memcmp(gp, m->params, 4 * n) && !memcmp(gm, o.m, 4 * n) && gsc.scale == (t == 0 ? 32768.f : 16384.f),
+              "%s: %s in a gradient: norm %g not finite, step skipped (params and moments bit-identical), GradScaler scale -> %g",
+              name, t == 0 ? "inf" : "NaN", gn[0], gsc.scale);
+        free(gp); free(gm); free(gn);
+    }
+    if (kind == OPT_SGD) {   // growth: x2 after 2000 consecutive good steps, not before
+        int ok = 1;
+        for (int i = 1; i <= 2000; i++) { grad_scaler_update(&gsc, 0); if (i < 2000 && gsc.scale != 16384.f) ok = 0; }
+        ok &= gsc.scale == 32768.f && gsc.good_steps == 0;
+        grad_scaler_update(&gsc, 0); grad_scaler_update(&gsc, 1);
+        ok &= gsc.scale == 16384.f && gsc.good_steps == 0;
+        check(ok, "GradScaler: init 65536, x2 after 2000 good steps, x0.5 and tracker reset on overflow");
+    }
+    cudaFree(dp); cudaFree(dm); cudaFree(dv); cudaFree(dg); cudaFree(partials); cudaFree(dnorm); cudaFree(dgroup);
+    free(group); free(o.m); free(o.v); free(gs); free(p0); free(m->params); free(m->grads); free(m);
+}
+
+static void test_ema(void *stream) {
+    Model *m = optim_model();
+    m->nbuffers = 37;
+    m->buffers = rand_host(m->nbuffers, -1, 1);
+    for (size_t i = 0; i < m->nparams; i++) m->params[i] = (float)rng_range(&rng, -1, 1);
+    Ema e = {rand_host(m->nparams, -1, 1), rand_host(m->nbuffers, -1, 1), 5};
+    float *dep = to_dev(e.params, 4 * m->nparams), *deb = to_dev(e.buffers, 4 * m->nbuffers), *dp = to_dev(m->params, 4 * m->nparams), *db = to_dev(m->buffers, 4 * m->nbuffers);
+    float *sc = xmalloc(4 * m->nparams);
+    for (size_t i = 0; i < m->nparams; i++) sc[i] = fabsf(e.params[i]) + fabsf(m->params[i]);
+    ema_update(&e, m);
+    float d = (float)(0.9999 * (1 - exp(-(double)e.updates / 2000.0)));
+    ema_update_cuda(dep, dp, (long)m->nparams, d, stream);
+    ema_update_cuda(deb, db, (long)m->nbuffers, d, stream);
+    float *gp = from_dev(dep, 4 * m->nparams), *gb = from_dev(deb, 4 * m->nbuffers);
+    check_rel("ema_update_cuda vs ema_update: params", gp, e.params, sc, (long)m->nparams, 1e-5);
+    for (size_t i = 0; i < m->nbuffers; i++) sc[i] = 2;
+    check_rel("ema_update_cuda vs ema_update: buffers", gb, e.buffers, sc, (long)m->nbuffers, 1e-5);
+    cudaFree(dep); cudaFree(deb); cudaFree(dp); cudaFree(db);
+    free(gp); free(gb); free(sc); free(e.params); free(e.buffers); free(m->buffers); free(m->params); free(m->grads); free(m);
+}
+
 int main(void) {
     rng_seed(&rng, 6);
     // software fp16 conversion against known encodings (the reference must be right on its own)
@@ -244,6 +607,21 @@ int main(void) {
     test_conv(2, 20, 6, 6, 9, 1, 1, 1, 3, s);
     test_conv(1, 6, 7, 5, 4, 1, 2, 0, 0, NULL);
     test_conv(1, 1, 1, 1, 1, 3, 2, 0, 0, s);
+    test_bn(2, 3, 45, 0, 0, NULL);
+    test_bn(2, 5, 300, 2, 3, s);
+    test_bn_backward(2, 3, 45, 0, 1, 1, NULL);
+    test_bn_backward(2, 4, 300, 1, 1, 1, s);
+    test_bn_backward(1, 3, 50, 0, 1, 0, s);
+    test_bn_backward(2, 3, 40, 2, 0, 1, s);
+    test_pool_up_backward(2, 3, 19, 35, NULL);
+    test_pool_up_backward(1, 2, 1, 1, s);
+    test_pool_up_backward(1, 2, 16, 17, s);
+    test_convert_copy(1000, s);
+    test_optim(OPT_SGD, 1.f, 10.f, s);
+    test_optim(OPT_SGD, 0.01f, 10.f, NULL);
+    test_optim(OPT_ADAMW, 1.f, 10.f, s);
+    test_optim(OPT_ADAMW, 0.01f, 0.f, s);
+    test_ema(s);
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
     return test_summary();

@@ -5,7 +5,10 @@
 //      last.ckpt tensor (model.*, ema.*, optim.*) value for value, the checkpoint metadata, results.csv.
 //   2. SIGKILL during checkpoint writes (the moment weights/last.ckpt.tmp or last.safetensors.tmp
 //      appears, plus a varied delay): the previous file still opens and validates, and resume=1
-//      finishes with every epoch in results.csv. At least one kill must land while the .tmp exists.
+//      finishes with every epoch in results.csv (once each), last.safetensors equal to the final
+//      checkpoint's EMA and best.safetensors present. At least one kill must land while a .tmp exists.
+//   2b. a kill after the final epoch's last.ckpt is in place but while last.safetensors is written:
+//      resume=1 must still leave last.safetensors of the final epoch.
 //   3. non-finite guard: lr0=1e30 SGD must end with exit code 0 or 1 (not a signal) and never write a
 //      NaN/Inf into last.safetensors or last.ckpt.
 #define TESTING
@@ -209,6 +212,43 @@ static int weights_validate(const char *path, char *err, size_t errlen) {
     return weights_load(path, g_sd->ref, g_sd->n, err, errlen);
 }
 
+// weights_match_ema: the weights file holds exactly the checkpoint's EMA (value for value) and its
+// metadata epoch; 0, or -1 with err set. *epoch: the weights file's metadata epoch.
+static int weights_match_ema(const char *wpath, const char *cpath, int *epoch, char *err, size_t errlen) {
+    SafeTensors w, c;
+    *epoch = -1;
+    if (st_open(wpath, &w, err, errlen)) return -1;
+    if (st_open(cpath, &c, err, errlen)) { st_close(&w); return -1; }
+    const char *e = st_meta(&w, "epoch");
+    *epoch = e ? atoi(e) : -1;
+    const char *ce = st_meta(&c, "epoch");
+    int rc = -1, ndiff = 0;
+    float *x = xmalloc(sizeof(float) * g_model->nparams), *y = xmalloc(sizeof(float) * g_model->nparams);
+    for (int i = 0; i < g_sd->n; i++) {
+        const ParamRef *r = &g_sd->ref[i];
+        if (r->kind == PARAM_COUNT) continue;
+        char nm[128];
+        snprintf(nm, sizeof nm, "ema.%s", r->name + 6);
+        const StEntry *ew = st_find(&w, r->name), *ec = st_find(&c, nm);
+        if (!ew || !ec || ew->numel != ec->numel || ew->numel != param_numel(r)) {
+            snprintf(err, errlen, "'%s' / '%s' missing or of different sizes", r->name, nm);
+            goto done;
+        }
+        if (st_read_f32(&w, ew, x, err, errlen) || st_read_f32(&c, ec, y, err, errlen)) goto done;
+        ndiff += memcmp(x, y, sizeof(float) * (size_t)ew->numel) != 0;
+    }
+    if (ndiff || !ce || *epoch != atoi(ce)) {
+        snprintf(err, errlen, "%d tensors differ from the checkpoint's ema.*; weights epoch %d, checkpoint epoch %s", ndiff, *epoch,
+                 ce ? ce : "?");
+        goto done;
+    }
+    rc = 0;
+done:
+    free(x); free(y);
+    st_close(&w); st_close(&c);
+    return rc;
+}
+
 static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb; (void)flag; (void)ftw;
     return remove(p);
@@ -291,7 +331,9 @@ static void test_resume_identical(void) {
     const char *names[2] = {"a", "a2"};
     for (int i = 0; i < 2; i++) {
         snprintf(log, sizeof log, "%s/%s.log", g_root, names[i]);
+        double ti = now_sec();
         int st = run(log, what, sizeof what, "train data=%s %s epochs=2 project=%s name=%s", g_data, g_common, proj, names[i]);
+        printf("  straight run %s: %.0f ms\n", names[i], ms_since(ti));
         check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "resume: straight 2-epoch run %s finishes: %s", names[i], what);
         if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
     }
@@ -381,7 +423,7 @@ static void test_kill_mid_write(void) {
         attempts++;
         int st = 0, killed = 0;
         long tmp_size = -1;
-        for (int it = 0; it < 1000000; it++) {   // <= 60 s; tight poll so the kill lands inside the write
+        for (int it = 0; it < 300000; it++) {   // <= 60 s; a tight poll, so that the kill lands inside the write
             if (waitpid(pid, &st, WNOHANG) == pid) break;
             if (access(watch, F_OK) == 0) {
                 if (plan[a].delay_us) sleep_us(plan[a].delay_us);
@@ -389,7 +431,7 @@ static void test_kill_mid_write(void) {
                 killed = 1;
                 break;
             }
-            sleep_us(50);
+            sleep_us(200);
         }
         if (!killed) {
             check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kill %d: run ended before a kill (%s exit %d)", a,
@@ -452,7 +494,49 @@ static void test_kill_mid_write(void) {
     for (int i = 0, l = 0; i < n && l < 150; i++) l += snprintf(rows + l, sizeof rows - (size_t)l, "%s%d", i ? "," : "", ep[i]);
     check(all && !bad, "kill: final results.csv has every epoch 1..%d: rows [%s]", EPOCHS, rows);
     check(!dup && n == EPOCHS, "kill: final results.csv has each epoch once: %d rows, %d repeated", n, dup);
+    int we = -1;
+    rc = weights_match_ema(last, ckpt, &we, err, sizeof err);
+    check(rc == 0 && we == EPOCHS, "kill: final last.safetensors is the final checkpoint's EMA, epoch %d (want %d): %s", we, EPOCHS,
+          rc ? err : "ok");
+    char best[800];
+    snprintf(best, sizeof best, "%s/weights/best.safetensors", dir);
+    rc = weights_validate(best, err, sizeof err);
+    check(rc == 0, "kill: final best.safetensors exists and loads: %s", rc ? err : "ok");
     printf("  final resume: %.0f ms; part 2 (kills during checkpoint writes): %.0f ms\n", ms_since(t1), ms_since(t0));
+}
+
+// a kill after the last epoch's checkpoint is renamed into place, while last.safetensors is being
+// written: resume=1 has no epoch left to run, yet must leave last.safetensors of the final epoch
+static void test_kill_final_weights(void) {
+    double t0 = now_sec();
+    enum { EPOCHS = 2 };
+    char proj[512], dir[600], ckpt[800], last[800], last_tmp[800], log[512], what[64], err[1024];
+    snprintf(proj, sizeof proj, "%s/p2b", g_root);
+    snprintf(dir, sizeof dir, "%s/train/f", proj);
+    snprintf(ckpt, sizeof ckpt, "%s/weights/last.ckpt", dir);
+    snprintf(last, sizeof last, "%s/weights/last.safetensors", dir);
+    snprintf(last_tmp, sizeof last_tmp, "%s/weights/last.safetensors.tmp", dir);
+    snprintf(log, sizeof log, "%s/f1.log", g_root);
+    pid_t pid = spawn(log, "train data=%s %s epochs=%d project=%s name=f", g_data, g_common, EPOCHS, proj);
+    int st = 0, killed = 0;
+    for (int it = 0; it < 300000; it++) {   // <= 60 s
+        if (waitpid(pid, &st, WNOHANG) == pid) break;
+        if (access(last_tmp, F_OK) == 0 && ckpt_epoch(ckpt) == EPOCHS) { kill(pid, SIGKILL); killed = 1; break; }
+        sleep_us(200);
+    }
+    if (killed) run_wait(pid, what, sizeof what);
+    else snprintf(what, sizeof what, "ended by itself");
+    long tmp_size = file_size(last_tmp);
+    int ce = ckpt_epoch(ckpt), we = -1;
+    check(killed && tmp_size >= 0 && ce == EPOCHS, "final-epoch kill: %s while last.safetensors.tmp was written (%ld bytes), "
+          "last.ckpt epoch %d (want %d)", what, tmp_size, ce, EPOCHS);
+    snprintf(log, sizeof log, "%s/f2.log", g_root);
+    st = run(log, what, sizeof what, "train data=%s %s epochs=%d project=%s name=f resume=1", g_data, g_common, EPOCHS, proj);
+    check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "final-epoch kill: resume=1 exits cleanly: %s", what);
+    int rc = weights_match_ema(last, ckpt, &we, err, sizeof err);
+    check(rc == 0 && we == EPOCHS, "final-epoch kill: after resume=1, last.safetensors is the final checkpoint's EMA, epoch %d "
+          "(want %d): %s", we, EPOCHS, rc ? err : "ok");
+    printf("  part 2b (kill between last.ckpt and last.safetensors of the final epoch): %.0f ms\n", ms_since(t0));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -504,7 +588,7 @@ int main(void) {
     if (!mkdtemp(g_root)) die("mkdtemp: %s", strerror(errno));
     char log[512], what[64];
     snprintf(log, sizeof log, "%s/shapes.log", g_root);
-    int st = run(log, what, sizeof what, "shapes out=%s/data ntrain=48 nval=8 imgsz=64 seed=1", g_root);
+    int st = run(log, what, sizeof what, "shapes out=%s/data ntrain=32 nval=8 imgsz=64 seed=1", g_root);
     snprintf(g_data, sizeof g_data, "%s/data/data.yaml", g_root);
     check(WIFEXITED(st) && WEXITSTATUS(st) == 0 && access(g_data, F_OK) == 0, "shapes dataset written: %s", what);
     DataConfig dc;
@@ -514,9 +598,11 @@ int main(void) {
 
     test_resume_identical();
     test_kill_mid_write();
+    test_kill_final_weights();
     test_nonfinite();
 
-    nftw(g_root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    if (getenv("KEEP_TMP")) printf("  KEEP_TMP set: left %s\n", g_root);   // for looking at the logs
+    else nftw(g_root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     printf("  total: %.0f ms\n", ms_since(t0));
     return test_summary();
 }
