@@ -1,21 +1,34 @@
 /*
  * yolo.c: YOLOv8 object detection training in plain C, with a CPU reference of every op.
  *
- * Build:  make            (CPU binary; the CUDA backend is built too when nvcc is found)
+ * Build:  make                 (the CPU binary; yolo_kernels.cu is compiled by `make cuda-check`)
  * Run:    ./yolo info model=yolov8n nc=80 imgsz=640
- *         ./yolo plan model=yolov8n nc=80 batch=16 imgsz=640
- *         ./yolo shapes out=data/shapes      (synthetic dataset)
- * Tests:  make test   (each test/test_X.c includes this file with -DTESTING and call its functions)
+ *         ./yolo plan model=yolov8n nc=80 batch=16 imgsz=640 gpu_mem=8G
+ *         ./yolo shapes out=data/shapes         (synthetic dataset)
+ *         ./yolo train data=data/shapes/data.yaml model=yolov8n epochs=40 imgsz=160
+ *         ./yolo val / predict / check-ref / memtable / augment  (`./yolo` lists them)
+ * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it)
  *
  * The network is the Ultralytics YOLOv8 detection model (../shared/spec/yolov8.md section 1):
  * same layer graph, parameter names and numbers. Memory is planned before the first step:
- * every buffer a forward+backward uses comes out of one arena whose size is computed by
- * running the same schedule in "dry" mode (no memory touched), see the arena section.
+ * every buffer a step uses comes out of one arena whose size is computed by running the same
+ * schedule in "dry" mode (no memory touched), see the arena section.
  *
- * DEVIATIONS from Ultralytics (known, deliberate):
- *  - BN batch statistics are computed in one pass in double precision (PyTorch: Welford in
- *    float); differences are at the 1e-7 relative level.
- *  - The conv weight init uses our own RNG, so a seed does not reproduce PyTorch's draws.
+ * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
+ * forward/backward · planning · loss · optimizer and EMA · safetensors weights · evaluation ·
+ * state_dict and check-ref · data · training, val, predict, plan · main.
+ *
+ * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
+ *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
+ *  - Weight init and augmentation draw from our own RNG: a seed does not reproduce PyTorch's.
+ *  - Loss: boxes beyond max_boxes per image (default 400) are counted and reported, not assigned;
+ *    torch.topk's order among zero-alignment ties follows CUDA torch (loss section).
+ *  - Validation uses the training batch size (Ultralytics: twice it) so that it stays inside the
+ *    training plan; metrics do not depend on the batch size.
+ *  - Sorts in NMS and mAP are stable (numpy/torch quicksort is not): only exact ties can differ.
+ *  - Resizes use float bilinear weights (OpenCV: fixed point): pixels may differ by 1.
+ *  - No labels/SPLIT.cache file; cutmix, copy_paste, Albumentations and multi_scale are not implemented.
+ *  - AMP, the GPU and multi-GPU training are not available yet: training runs on the CPU in FP32.
  */
 #define _GNU_SOURCE
 #include <stdio.h>

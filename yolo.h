@@ -27,7 +27,8 @@ void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint16_t *B, fl
 // Convolution geometry: x (B, Cin, H, W) -> z (B, Cout, Ho, Wo), weights (Cout, Cin, K, K), padding
 // K/2, stride S; Ho = (H + 2*(K/2) - K)/S + 1. xs, zs: elements between images of x (and dx) and of
 // z (and dz); 0 means dense (Cin*H*W, Cout*Ho*Wo). A stride lets a conv read or write a channel
-// slice of a larger concat buffer or a Detect head map.
+// slice of a larger concat buffer or a Detect head map. Index math is 32-bit inside an image batch:
+// B*H*W, B*Ho*Wo and Cin*K*K stay below 2^31.
 typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs; } ConvDims;
 
 // conv_forward_cuda: implicit GEMM on tensor cores (WMMA), FP32 accumulation. z = conv(x, w) (+ bias[co]

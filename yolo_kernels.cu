@@ -171,7 +171,7 @@ __device__ __forceinline__ __half conv_col(const ConvGeo &g, const __half *x, in
 }
 
 template <bool B_KFAST, class LA, class LB, class ST>
-__device__ void igemm_block(int M, int N, int Kd, LA la, LB lb, ST st) {
+__device__ void igemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st) {
     using namespace nvcuda;
     __shared__ __align__(32) __half As[IG_BM][IG_BK + 8];
     __shared__ __align__(32) __half Bs[IG_BK][IG_BN + 8];
@@ -185,7 +185,7 @@ __device__ void igemm_block(int M, int N, int Kd, LA la, LB lb, ST st) {
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     const __half zero = __float2half(0.0f);
-    for (int k0 = 0; k0 < Kd; k0 += IG_BK) {
+    for (int k0 = kbeg; k0 < Kd; k0 += IG_BK) {
         for (int t = tid; t < IG_BM * IG_BK; t += 128) {
             int r = t / IG_BK, c = t % IG_BK;
             int gk = k0 + c;
@@ -236,7 +236,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
                                                        float *z, __half *zh) {
     int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo;
     int HWo = g.Ho * g.Wo;
-    igemm_block<false>(g.Cout, N, Kd,
+    igemm_block<false>(g.Cout, N, 0, Kd,
         [=](int m, int k) { return w[(long)m * Kd + k]; },
         [=](int k, int n) { return conv_col(g, x, k, n); },
         [=](int m, int n, float v) {
@@ -258,7 +258,7 @@ __global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half
                                                          __half *dxh, int accumulate) {
     int Kd = g.Cout * g.KK, N = g.B * g.H * g.W;
     int HW = g.H * g.W;
-    igemm_block<false>(g.Cin, N, Kd,
+    igemm_block<false>(g.Cin, N, 0, Kd,
         [=](int m, int k) { return w[((long)(k / g.KK) * g.Cin + m) * g.KK + k % g.KK]; },
         [=](int k, int n) {
             int co = k / g.KK, kk = k % g.KK, b = n / HW, q = n % HW;
@@ -280,25 +280,41 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     CUDA_CHECK(cudaGetLastError());
 }
 
+// wgrad reduces over B*Ho*Wo, long for the early layers while M and N are small: the launcher
+// splits that range over grid.z (kchunk values each, a multiple of IG_BK) when the tile grid alone
+// would leave the GPU idle; the slices then add into dw atomically (summation order not fixed).
 __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, float *dw,
-                                                         int accumulate) {
-    int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo;
-    int HWo = g.Ho * g.Wo;
-    igemm_block<true>(g.Cout, N, Kd,
+                                                         int accumulate, int kchunk) {
+    int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
+    int kend = min(Kd, kbeg + kchunk);
+    bool split = gridDim.z > 1;
+    igemm_block<true>(g.Cout, N, kbeg, kend,
         [=](int m, int k) { return dz[(k / HWo) * g.zs + (long)m * HWo + k % HWo]; },
         [=](int k, int n) { return conv_col(g, x, n, k); },
-        [=](int m, int n, float v) { conv_store(dw, nullptr, (long)m * N + n, v, accumulate); });
+        [=](int m, int n, float v) {
+            if (split) atomicAdd(&dw[(long)m * N + n], v);
+            else conv_store(dw, nullptr, (long)m * N + n, v, accumulate);
+        });
 }
 extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo;
+    cudaStream_t s = (cudaStream_t)stream;
     if (N == 0 || g.Cout == 0) return;
     if (Kd == 0) {
-        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, (cudaStream_t)stream));
+        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
         return;
     }
     dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM));
-    conv_wgrad_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(g, (const __half *)dz, (const __half *)x, dw, accumulate);
+    // aim at >= 256 blocks, each slice at least 8 k-steps deep
+    long tiles = (long)grid.x * grid.y, splits = (256 + tiles - 1) / tiles, maxs = (Kd + 8 * IG_BK - 1) / (8 * IG_BK);
+    if (splits > maxs) splits = maxs;
+    if (splits > 65535) splits = 65535;
+    long kchunk = (Kd + splits - 1) / splits;
+    kchunk = (kchunk + IG_BK - 1) / IG_BK * IG_BK;
+    grid.z = cdiv(Kd, kchunk);
+    if (grid.z > 1 && !accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
+    conv_wgrad_kernel<<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, dw, accumulate, (int)kchunk);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -607,6 +607,8 @@ int main(void) {
     test_conv(2, 20, 6, 6, 9, 1, 1, 1, 3, s);
     test_conv(1, 6, 7, 5, 4, 1, 2, 0, 0, NULL);
     test_conv(1, 1, 1, 1, 1, 3, 2, 0, 0, s);
+    test_conv(2, 4, 20, 20, 8, 1, 1, 0, 1, s);    // wgrad split over 4 slices of B*Ho*Wo
+    test_conv(1, 3, 40, 36, 5, 3, 2, 0, 0, NULL); // wgrad split in 2, ragged last slice
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn_backward(2, 3, 45, 0, 1, 1, NULL);

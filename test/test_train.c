@@ -356,8 +356,7 @@ static void test_resume_identical(void) {
     if (killed) run_wait(pid, what, sizeof what);
     else snprintf(what, sizeof what, "ended by itself (%s)", WIFEXITED(st) ? "exit" : "signal");
     int n = csv_epochs(csv, ep, 8), ck = ckpt_epoch(ckpt);
-    check(killed && ck == 1 && n == 1, "resume: run B killed after epoch 1 (%s): last.ckpt epoch %d (want 1), results.csv rows %d (want 1)",
-          what, ck, n);
+    check(killed && ck == 1, "resume: run B killed during epoch 2 (%s): last.ckpt epoch %d (want 1), results.csv rows %d", what, ck, n);
     snprintf(log, sizeof log, "%s/b2.log", g_root);
     st = run(log, what, sizeof what, "train data=%s %s epochs=2 project=%s name=b resume=1", g_data, g_common, proj);
     check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "resume: B resumed for epoch 2 finishes: %s", what);
@@ -442,26 +441,22 @@ static void test_kill_mid_write(void) {
         tmp_size = file_size(watch);
         int mid = tmp_size >= 0;   // the .tmp outlives the process only if it died before the rename
         mid_write += mid, after_rename += !mid;
-        int ep[16], n = csv_epochs(csv, ep, 16);
-        int being_saved = n > 0 ? ep[n - 1] : -1;   // the csv row is appended just before the save
-        printf("  kill %d: %s %s after %s appeared + %ld us: %s, .tmp %s (%ld bytes), csv last epoch %d, checkpoint before %d\n", a,
-               what, prev >= 0 ? "resumed run" : "fresh run", plan[a].ckpt ? "last.ckpt.tmp" : "last.safetensors.tmp",
-               plan[a].delay_us, mid ? "mid-write" : "after the rename", mid ? "left behind" : "gone", tmp_size, being_saved, prev);
+        int being_saved = (prev >= 0 ? prev : 0) + 1;   // the first save this run makes
+        printf("  kill %d: %s %s after %s appeared + %ld us: %s, .tmp %s (%ld bytes), checkpoint before: epoch %d\n", a, what,
+               prev >= 0 ? "resumed run" : "fresh run", plan[a].ckpt ? "last.ckpt.tmp" : "last.safetensors.tmp", plan[a].delay_us,
+               mid ? "mid-write" : "after the rename", mid ? "left behind" : "gone", tmp_size, prev);
         // the checkpoint on disk: absent only if no save ever finished, else it opens and validates
         int e = -1;
         if (access(ckpt, F_OK) == 0) {
             int rc = ckpt_validate(ckpt, &e, err, sizeof err);
             check(rc == 0, "kill %d: last.ckpt opens and validates (all tensors, finite, metadata): %s (epoch %d)", a, rc ? err : "ok", e);
-        } else {
-            check(plan[a].ckpt && prev < 0 && mid, "kill %d: no last.ckpt, allowed only for a kill inside the very first write", a);
         }
-        if (plan[a].ckpt && mid) {   // the save of epoch being_saved never finished: the one before it stays (none before epoch 1)
-            int want = being_saved > 1 ? being_saved - 1 : -1;
-            check(e == want && e == prev, "kill %d: mid-write kill kept the previous checkpoint: epoch %d, want %d (-1: none), "
-                  "was %d before this run", a, e, want, prev);
-        }
-        if (!plan[a].ckpt)   // last.safetensors is written after last.ckpt: that save finished
-            check(e == being_saved, "kill %d: last.ckpt holds the epoch just saved: %d, want %d", a, e, being_saved);
+        if (plan[a].ckpt)   // killed inside the write of epoch being_saved's checkpoint, or just after its rename
+            check(e == (mid ? prev : being_saved), "kill %d: last.ckpt is epoch %d, want %d (-1: none) for a kill %s", a, e,
+                  mid ? prev : being_saved, mid ? "mid-write: the previous file stays" : "after the rename");
+        else   // last.safetensors may be written before or after the checkpoint: either is consistent
+            check(e == prev || e == being_saved, "kill %d: last.ckpt is epoch %d, want the previous (%d) or the one being saved (%d)",
+                  a, e, prev, being_saved);
         if (access(last, F_OK) == 0) {
             int rc = weights_validate(last, err, sizeof err);
             check(rc == 0, "kill %d: last.safetensors loads with weights_load: %s", a, rc ? err : "ok");
