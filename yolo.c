@@ -1025,6 +1025,69 @@ static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
     }
 }
 
+// bn_stats_cpu: per-channel batch statistics of a conv output (train: mean, 1/sqrt(biased var +
+// eps), running stats updated with the unbiased variance, momentum 0.03; eval: from the running
+// stats). z (B, C, HW) with image stride zs; mean, invstd, rm, rv (C). Twin of bn_stats_cuda.
+// (A twin for yolo.c: conv_forward would call it.)
+static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv, int train) {
+    double cnt = (double)B * HW;
+#pragma omp parallel for if (C * cnt > 65536)
+    for (int o = 0; o < C; o++) {
+        if (!train) {
+            mean[o] = rm[o];
+            invstd[o] = 1.f / sqrtf(rv[o] + BN_EPS);
+            continue;
+        }
+        double s = 0, ss = 0;
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += z[b * zs + (long)o * HW + i];
+        double mu = s / cnt;
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) ss += (z[b * zs + (long)o * HW + i] - mu) * (z[b * zs + (long)o * HW + i] - mu);
+        double var = ss / cnt;
+        mean[o] = (float)mu;
+        invstd[o] = (float)(1.0 / sqrt(var + BN_EPS));
+        rm[o] = (1 - BN_MOMENTUM) * rm[o] + BN_MOMENTUM * (float)mu;
+        rv[o] = (1 - BN_MOMENTUM) * rv[o] + BN_MOMENTUM * (float)(cnt > 1 ? var * cnt / (cnt - 1) : var);
+    }
+}
+// bn_silu_backward_cpu: from dA, the gradient of SiLU(BN(z)), to dz in place, recomputing BN and
+// SiLU from z, and dgamma/dbeta += their gradients (train mode includes the batch-statistics
+// terms). gamma NULL: a plain conv with bias (dbeta += sum dA, dz = dA). Twin of bn_silu_backward_cuda.
+static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd, const float *gamma,
+                                 const float *beta, float *dgamma, float *dbeta, int B, int C, int HW, int train) {
+    double cnt = (double)B * HW;
+#pragma omp parallel for if (C * cnt > 65536)
+    for (int o = 0; o < C; o++) {
+        if (!gamma) {
+            double s = 0;
+            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += dA[b * zs + (long)o * HW + i];
+            dbeta[o] += (float)s;
+            continue;
+        }
+        float ga = gamma[o], be = beta[o], mu = mean[o], istd = invstd[o];
+        double sg = 0, sgx = 0;
+        for (int b = 0; b < B; b++) {
+            const float *zz = z + b * zs + (long)o * HW;
+            float *d = dA + b * zs + (long)o * HW;
+            for (int i = 0; i < HW; i++) {
+                float xh = (zz[i] - mu) * istd, y = ga * xh + be;
+                float sg1 = 1.f / (1.f + expf(-y));
+                float gy = d[i] * sg1 * (1.f + y * (1.f - sg1));
+                d[i] = gy;
+                sg += gy;
+                sgx += (double)gy * xh;
+            }
+        }
+        dgamma[o] += (float)sgx;
+        dbeta[o] += (float)sg;
+        float k1 = ga * istd, mg = train ? (float)(sg / cnt) : 0.f, mgx = train ? (float)(sgx / cnt) : 0.f;
+        for (int b = 0; b < B; b++) {
+            const float *zz = z + b * zs + (long)o * HW;
+            float *d = dA + b * zs + (long)o * HW;
+            for (int i = 0; i < HW; i++) d[i] = k1 * (d[i] - mg - (zz[i] - mu) * istd * mgx);
+        }
+    }
+}
+
 // conv_forward: z = conv(input) for the whole batch, then BN statistics (train: batch mean and
 // biased variance, running stats updated with the unbiased one, momentum 0.03; eval: running
 // stats). Detect output convs add their bias and keep the result as the head map.
@@ -1047,31 +1110,8 @@ static void conv_forward(Model *m, Arena *a, Conv *c, int recomputing) {
     if (!direct) arena_free(a, col);
     arena_free(a, x);
     if (!c->bn || dry || recomputing) return;   // recomputing: the statistics of the forward stand
-    float *rm = m->buffers + c->rs_off, *rv = rm + c->cout;
-    double cnt = (double)m->B * HWo;
-#pragma omp parallel for if (c->cout * cnt > 65536)
-    for (int o = 0; o < c->cout; o++) {
-        if (!m->train) {
-            c->mean[o] = rm[o];
-            c->invstd[o] = 1.f / sqrtf(rv[o] + BN_EPS);
-            continue;
-        }
-        double s = 0, ss = 0;
-        for (int b = 0; b < m->B; b++) {
-            const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
-            for (int i = 0; i < HWo; i++) s += z[i];
-        }
-        double mean = s / cnt;
-        for (int b = 0; b < m->B; b++) {
-            const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
-            for (int i = 0; i < HWo; i++) ss += (z[i] - mean) * (z[i] - mean);
-        }
-        double var = ss / cnt;
-        c->mean[o] = (float)mean;
-        c->invstd[o] = (float)(1.0 / sqrt(var + BN_EPS));
-        rm[o] = (1 - BN_MOMENTUM) * rm[o] + BN_MOMENTUM * (float)mean;
-        rv[o] = (1 - BN_MOMENTUM) * rv[o] + BN_MOMENTUM * (float)(cnt > 1 ? var * cnt / (cnt - 1) : var);
-    }
+    float *rm = m->buffers + c->rs_off;
+    bn_stats_cpu(c->z, (long)c->zstride, m->B, c->cout, HWo, c->mean, c->invstd, rm, rm + c->cout, m->train);
 }
 
 // conv_backward: from dA (gradient of the activated output) to the weight, gamma/beta (or bias)
@@ -1082,42 +1122,9 @@ static void conv_backward(Model *m, Arena *a, Conv *c) {
     int direct = (c->k == 1 && c->s == 1) || a->half;
     int need_dx = m->val[c->in].kind != V_INPUT;
     if (!c->dA) c->dA = azact(a, (size_t)B * c->zstride, G_BACKWARD);  // an output nobody used
-    if (!dry) {
-        double cnt = (double)B * HWo;
-#pragma omp parallel for if (c->cout * cnt > 65536)
-        for (int o = 0; o < c->cout; o++) {
-            if (!c->bn) {
-                double s = 0;
-                for (int b = 0; b < B; b++)
-                    for (int i = 0; i < HWo; i++) s += c->dA[(size_t)b * c->zstride + (size_t)o * HWo + i];
-                m->grads[c->b_off + o] += (float)s;
-                continue;
-            }
-            float gamma = m->params[c->g_off + o], beta = m->params[c->b_off + o];
-            float mean = c->mean[o], istd = c->invstd[o];
-            double sg = 0, sgx = 0;
-            for (int b = 0; b < B; b++) {
-                const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
-                float *d = c->dA + (size_t)b * c->zstride + (size_t)o * HWo;
-                for (int i = 0; i < HWo; i++) {
-                    float xh = (z[i] - mean) * istd, y = gamma * xh + beta;
-                    float s = 1.f / (1.f + expf(-y));
-                    float gy = d[i] * s * (1.f + y * (1.f - s));
-                    d[i] = gy;
-                    sg += gy;
-                    sgx += (double)gy * xh;
-                }
-            }
-            m->grads[c->g_off + o] += (float)sgx;
-            m->grads[c->b_off + o] += (float)sg;
-            float k1 = gamma * istd, mg = m->train ? (float)(sg / cnt) : 0.f, mgx = m->train ? (float)(sgx / cnt) : 0.f;
-            for (int b = 0; b < B; b++) {
-                const float *z = c->z + (size_t)b * c->zstride + (size_t)o * HWo;
-                float *d = c->dA + (size_t)b * c->zstride + (size_t)o * HWo;
-                for (int i = 0; i < HWo; i++) d[i] = k1 * (d[i] - mg - (z[i] - mean) * istd * mgx);
-            }
-        }
-    }
+    if (!dry)
+        bn_silu_backward_cpu(c->z, c->dA, (long)c->zstride, c->mean, c->invstd, c->bn ? m->params + c->g_off : NULL,
+                             m->params + c->b_off, c->bn ? m->grads + c->g_off : NULL, m->grads + c->b_off, B, c->cout, HWo, m->train);
     float *x = aact(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);
     float *col = direct ? x : aact(a, (size_t)KK * HWo, G_SCRATCH);
     const float *w = m->params + c->w_off;

@@ -220,64 +220,6 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     free(dcol); free(dxi); free(z); free(dx); free(dw); free(zh); free(dxh); free(zhf); free(dxhf);
 }
 
-// bn_stats_cpu: the BN statistics of conv_forward (yolo.c) on their own. z (B, C, HW), image stride zs.
-// (A twin for yolo.c: conv_forward would call it.)
-static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv, int train) {
-    double cnt = (double)B * HW;
-    for (int o = 0; o < C; o++) {
-        if (!train) {
-            mean[o] = rm[o];
-            invstd[o] = 1.f / sqrtf(rv[o] + BN_EPS);
-            continue;
-        }
-        double s = 0, ss = 0;
-        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += z[b * zs + (long)o * HW + i];
-        double mu = s / cnt;
-        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) ss += (z[b * zs + (long)o * HW + i] - mu) * (z[b * zs + (long)o * HW + i] - mu);
-        double var = ss / cnt;
-        mean[o] = (float)mu;
-        invstd[o] = (float)(1.0 / sqrt(var + BN_EPS));
-        rm[o] = (1 - BN_MOMENTUM) * rm[o] + BN_MOMENTUM * (float)mu;
-        rv[o] = (1 - BN_MOMENTUM) * rv[o] + BN_MOMENTUM * (float)(cnt > 1 ? var * cnt / (cnt - 1) : var);
-    }
-}
-// bn_silu_backward_cpu: conv_backward's (yolo.c) first half on its own: dA (B, C, HW) in, dz out in
-// place; gamma NULL: plain conv with bias (dbeta += sum dA). (A twin for yolo.c.)
-static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd, const float *gamma,
-                                 const float *beta, float *dgamma, float *dbeta, int B, int C, int HW, int train) {
-    double cnt = (double)B * HW;
-    for (int o = 0; o < C; o++) {
-        if (!gamma) {
-            double s = 0;
-            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += dA[b * zs + (long)o * HW + i];
-            dbeta[o] += (float)s;
-            continue;
-        }
-        float ga = gamma[o], be = beta[o], mu = mean[o], istd = invstd[o];
-        double sg = 0, sgx = 0;
-        for (int b = 0; b < B; b++) {
-            const float *zz = z + b * zs + (long)o * HW;
-            float *d = dA + b * zs + (long)o * HW;
-            for (int i = 0; i < HW; i++) {
-                float xh = (zz[i] - mu) * istd, y = ga * xh + be;
-                float sg1 = 1.f / (1.f + expf(-y));
-                float gy = d[i] * sg1 * (1.f + y * (1.f - sg1));
-                d[i] = gy;
-                sg += gy;
-                sgx += (double)gy * xh;
-            }
-        }
-        dgamma[o] += (float)sgx;
-        dbeta[o] += (float)sg;
-        float k1 = ga * istd, mg = train ? (float)(sg / cnt) : 0.f, mgx = train ? (float)(sgx / cnt) : 0.f;
-        for (int b = 0; b < B; b++) {
-            const float *zz = z + b * zs + (long)o * HW;
-            float *d = dA + b * zs + (long)o * HW;
-            for (int i = 0; i < HW; i++) d[i] = k1 * (d[i] - mg - (zz[i] - mu) * istd * mgx);
-        }
-    }
-}
-
 // relative/absolute fp32 check: |got - ref| <= rel * scale[i] + 1e-6 (scale: sum |terms| of the value)
 static void check_rel(const char *what, const float *got, const float *ref, const float *scale, long n, double rel) {
     double worst = 0; long bad = 0, wi = 0;
