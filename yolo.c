@@ -23,8 +23,6 @@
  *  - Weight init and augmentation draw from our own RNG: a seed does not reproduce PyTorch's.
  *  - Loss: boxes beyond max_boxes per image (default 400) are counted and reported, not assigned;
  *    torch.topk's order among zero-alignment ties follows CUDA torch (loss section).
- *  - Validation uses the training batch size (Ultralytics: twice it) so that it stays inside the
- *    training plan; metrics do not depend on the batch size.
  *  - Sorts in NMS and mAP are stable (numpy/torch quicksort is not): only exact ties can differ.
  *  - Resizes use float bilinear weights (OpenCV: fixed point): pixels may differ by 1.
  *  - No labels/SPLIT.cache file; cutmix, copy_paste, Albumentations and multi_scale are not implemented.
@@ -6164,6 +6162,7 @@ typedef struct {
     float *x;                  // (B, 3, H, W) input staging, sized for the largest batch
     float *bn_keep;            // (nbuffers) running stats before the current step, restored if it fails
     int B, S, nb, accumulate;
+    int vB;                    // validation batch: 2 x B when training (spec 4.5), batch= for yolo val
     double wd, initial_lr;
     Nms nms;
     Det *dets;                 // (max_det)
@@ -6263,7 +6262,7 @@ static Plan trainer_plan_layout(Trainer *t, int nshape, const int (*shape)[2], s
     trainer_alloc(t, a, xfloats, train);
     if (step) trainer_step(t, NULL, t->B, t->S, t->S, 1);
     for (int i = 0; i < nshape; i++) {
-        trainer_step(t, NULL, t->B, shape[i][0], shape[i][1], 0);
+        trainer_step(t, NULL, t->vB, shape[i][0], shape[i][1], 0);
         model_release(&t->m, a);
     }
     Plan p = {.total = a->high};
@@ -6341,14 +6340,45 @@ static char model_spec_scale(const char *spec, int *file_nc) {
 
 // ckpt_save: the resume checkpoint, model + EMA + optimizer + progress, written atomically (a kill
 // at any moment leaves the previous file intact), and the EMA weights as last/best.safetensors.
-static int trainer_save(Trainer *t, int best) {
-    char path[1024], err[1024], meta[8][64];
+// trainer_weights_ok: the model and the EMA hold no NaN or infinity (checked before anything is
+// saved, so a run that diverged never overwrites its last good files)
+static int trainer_weights_ok(Trainer *t) {
     Model *m = &t->m;
-    if (!all_finite(m->params, m->nparams) || !all_finite(m->buffers, m->nbuffers) || !all_finite(t->ema.params, m->nparams) ||
-        !all_finite(t->ema.buffers, m->nbuffers)) {
-        fprintf(stderr, "stopping: the weights hold non-finite values after epoch %d; nothing was saved, so %s/weights/last.ckpt "
-                        "still holds the last good state (hint: lower lr0)\n", t->epoch, t->dir);
-        return -1;
+    if (all_finite(m->params, m->nparams) && all_finite(m->buffers, m->nbuffers) && all_finite(t->ema.params, m->nparams) &&
+        all_finite(t->ema.buffers, m->nbuffers))
+        return 1;
+    fprintf(stderr, "stopping: the weights hold non-finite values after epoch %d; nothing was saved, so %s/weights/last.ckpt "
+                    "still holds the last good state (hint: lower lr0)\n", t->epoch, t->dir);
+    return 0;
+}
+
+// trainer_signature: the settings a resume must share with the run it continues
+static void trainer_signature(const Trainer *t, char *out, size_t n) {
+    const Config *c = &t->cfg;
+    snprintf(out, n, "data=%s batch=%d imgsz=%d epochs=%d optimizer=%d lr0=%.9g lrf=%.9g momentum=%.9g weight_decay=%.9g "
+             "warmup_epochs=%.9g nbs=%d accumulate=%d cos_lr=%d close_mosaic=%d seed=%llu images=%d max_boxes=%d",
+             c->data, t->B, t->S, c->epochs, t->opt.kind, c->lr0, c->lrf, c->momentum, c->weight_decay, c->warmup_epochs, c->nbs,
+             t->accumulate, c->cos_lr, c->close_mosaic, (unsigned long long)c->seed, t->train_ds.n, c->max_boxes);
+}
+
+// trainer_save: the EMA weights as last.safetensors (and best.safetensors), then the resume
+// checkpoint last.ckpt: model, EMA, optimizer state, gradients still accumulating, counters and
+// the run's settings. Each file is written to a temporary file, flushed and renamed, so a kill at
+// any moment leaves the previous one intact; last.ckpt is written last, as the commit point.
+static void trainer_save(Trainer *t, int best) {
+    char path[1024], err[1024], meta[10][64], sig[1400];
+    Model *m = &t->m;
+    snprintf(meta[0], 64, "%d", t->epoch);
+    t->sd_ema.nbt = t->sd.nbt;
+    state_dict_build(&t->sd_ema, m, t->ema.params, t->ema.buffers);
+    char scale[2] = {m->scale, 0}, ncs[16];
+    snprintf(ncs, sizeof ncs, "%d", m->nc);
+    const char *wkv[] = {"format", "yolo.c", "scale", scale, "nc", ncs, "epoch", meta[0], NULL};
+    snprintf(path, sizeof path, "%s/weights/last.safetensors", t->dir);
+    if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
+    if (best) {
+        snprintf(path, sizeof path, "%s/weights/best.safetensors", t->dir);
+        if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
     }
     int n = 0;
     StTensor *ts = xcalloc((size_t)t->sd.n * 2 + 8, sizeof(StTensor));
@@ -6366,31 +6396,22 @@ static int trainer_save(Trainer *t, int best) {
     }
     ts[n++] = (StTensor){.name = "optim.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.m};
     if (t->opt.v) ts[n++] = (StTensor){.name = "optim.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.v};
-    snprintf(meta[0], 64, "%d", t->epoch);
+    ts[n++] = (StTensor){.name = "optim.grad", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = m->grads};
     snprintf(meta[1], 64, "%ld", t->opt.step);
     snprintf(meta[2], 64, "%ld", t->ema.updates);
     snprintf(meta[3], 64, "%ld", t->last_opt_step);
     snprintf(meta[4], 64, "%.17g", t->best_fitness);
     snprintf(meta[5], 64, "%d", t->best_epoch);
     snprintf(meta[6], 64, "%lld", (long long)t->sd.nbt);
+    snprintf(meta[7], 64, "%.17g", t->opt.momentum);
+    trainer_signature(t, sig, sizeof sig);
     const char *kv[] = {"epoch", meta[0], "opt_step", meta[1], "ema_updates", meta[2], "last_opt_step", meta[3],
-                        "best_fitness", meta[4], "best_epoch", meta[5], "num_batches_tracked", meta[6], NULL};
+                        "best_fitness", meta[4], "best_epoch", meta[5], "num_batches_tracked", meta[6], "momentum", meta[7],
+                        "settings", sig, NULL};
     snprintf(path, sizeof path, "%s/weights/last.ckpt", t->dir);
     if (st_write(path, ts, n, kv, err, sizeof err)) fprintf(stderr, "warning: checkpoint not saved: %s\n", err);
     free(ts);
     free(names);
-    t->sd_ema.nbt = t->sd.nbt;
-    state_dict_build(&t->sd_ema, m, t->ema.params, t->ema.buffers);
-    char scale[2] = {m->scale, 0}, ncs[16];
-    snprintf(ncs, sizeof ncs, "%d", m->nc);
-    const char *wkv[] = {"format", "yolo.c", "scale", scale, "nc", ncs, "epoch", meta[0], NULL};
-    snprintf(path, sizeof path, "%s/weights/last.safetensors", t->dir);
-    if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
-    if (best) {
-        snprintf(path, sizeof path, "%s/weights/best.safetensors", t->dir);
-        if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
-    }
-    return 0;
 }
 
 // trainer_resume: restores everything trainer_save wrote.
@@ -6419,9 +6440,18 @@ static void trainer_resume(Trainer *t) {
         if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->opt.v, err, sizeof err))
             die("resume: %s: optim.v missing (was the run started with another optimizer?)", path);
     }
-    const char *k[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked"};
-    for (int i = 0; i < 7; i++)
+    const char *k[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked",
+                       "momentum", "settings"};
+    for (int i = 0; i < 9; i++)
         if (!st_meta(&st, k[i])) die("resume: %s: metadata '%s' missing", path, k[i]);
+    char sig[1400];
+    trainer_signature(t, sig, sizeof sig);
+    if (strcmp(sig, st_meta(&st, "settings")))
+        die("resume: %s was written by a run with other settings; resume with the same ones.\n  checkpoint: %s\n  now:        %s",
+            path, st_meta(&st, "settings"), sig);
+    e = st_find(&st, "optim.grad");
+    if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->m.grads, err, sizeof err)) die("resume: %s: optim.grad", path);
+    t->opt.momentum = atof(st_meta(&st, "momentum"));
     t->epoch = atoi(st_meta(&st, "epoch"));
     t->opt.step = atol(st_meta(&st, "opt_step"));
     t->ema.updates = atol(st_meta(&st, "ema_updates"));
@@ -6446,8 +6476,8 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     int nbv = 0;
     loader_start_epoch(t->val_ld, 0, 0);
     const Batch *bt;
-    float *gt = xmalloc((size_t)(t->B * t->cfg.max_boxes + 1) * 4 * sizeof(float));
-    int *gc = xmalloc((size_t)(t->B * t->cfg.max_boxes + 1) * sizeof(int));
+    float *gt = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * 4 * sizeof(float));
+    int *gc = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * sizeof(int));
     Image pic = {0};
     while ((bt = loader_next(t->val_ld))) {
         input_from_batch(t->x, bt);
@@ -6604,11 +6634,12 @@ static int train_run(Config cfg) {
     t->train_ld = loader_open(&t->train_ds, &lc);
     LoaderConfig vc = lc;
     vc.train = 0;
+    vc.batch = t->vB = 2 * t->B;
     t->val_ld = loader_open(&t->val_ds, &vc);
     t->nb = loader_batches(t->train_ld);
 
     // optimizer (trainer.build_optimizer), decay scaling and accumulation
-    t->accumulate = cfg.accumulate ? cfg.accumulate : (int)fmax(lround((double)cfg.nbs / t->B), 1);
+    t->accumulate = cfg.accumulate ? cfg.accumulate : (int)fmax(rint((double)cfg.nbs / t->B), 1);   // rint: Python's round
     t->wd = cfg.weight_decay * t->B * t->accumulate / cfg.nbs;
     double lr = cfg.lr0, mom = cfg.momentum, wbias = cfg.warmup_bias_lr;
     int kind = OPT_SGD;
@@ -6631,7 +6662,7 @@ static int train_run(Config cfg) {
     // the memory plan: training step and every validation shape, one arena
     const Loader *vl = t->val_ld;
     size_t xfloats = (size_t)t->B * 3 * t->S * t->S;
-    for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->B * 3 * vl->shape[i][0] * vl->shape[i][1]);
+    for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
     Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 1);
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
@@ -6654,7 +6685,10 @@ static int train_run(Config cfg) {
     {   // the NMS buffers must hold the largest validation shape
         int Amax = head_anchor_count(t->S, t->S);
         for (int i = 0; i < vl->nbatch; i++) Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
-        nms_init(&t->nms, nms_config_val(), nc, Amax);
+        NmsConfig ncfg = nms_config_val();
+        if (cfg.conf >= 0) ncfg.conf = (float)cfg.conf;
+        ncfg.iou = (float)cfg.iou;
+        nms_init(&t->nms, ncfg, nc, Amax);
     }
     t->dets = xmalloc(sizeof(Det) * 300);
     evaluator_init(&t->ev, nc);
@@ -6690,25 +6724,26 @@ static int train_run(Config cfg) {
     printf("training yolov8%c nc=%d on %d images (%d val), batch %d, imgsz %d, accumulate %d, weight_decay %g, %d epochs -> %s\n",
            scale, nc, t->train_ds.n, t->val_ds.n, t->B, t->S, t->accumulate, t->wd, cfg.epochs, t->dir);
     tty_out = isatty(1);
-    int nw = cfg.warmup_epochs > 0 ? (int)fmax(lround(cfg.warmup_epochs * t->nb), 100) : -1;
+    int nw = cfg.warmup_epochs > 0 ? (int)fmax(rint(cfg.warmup_epochs * t->nb), 100) : -1;
     double t_start = now_sec();
     double (*rows)[11] = xcalloc((size_t)cfg.epochs, sizeof *rows);
     int nrows = cfg.resume ? results_reload(csv, t->epoch, rows, cfg.epochs) : 0, stop = 0, consecutive_nan = 0;
+    if (!cfg.resume) model_zero_grad(&t->m);   // once: batches after an epoch's last step carry into the next epoch's
     for (int epoch = t->epoch; epoch < cfg.epochs && !stop; epoch++) {
         double lf = lr_lambda(&cfg, epoch), lrs[PG_N];
         for (int g = 0; g < PG_N; g++) lrs[g] = t->initial_lr * lf;
-        int closing = epoch >= cfg.epochs - cfg.close_mosaic;
-        if (closing && epoch == cfg.epochs - cfg.close_mosaic) printf("closing dataloader mosaic\n");
+        int close_at = cfg.epochs - cfg.close_mosaic;   // never, when close_mosaic > epochs (as Ultralytics)
+        int closing = close_at >= 0 && epoch >= close_at;
+        if (closing && epoch == close_at) printf("closing dataloader mosaic\n");
         loader_start_epoch(t->train_ld, epoch, closing);
         double tl[3] = {0, 0, 0}, t0 = now_sec();
-        int nbatch = 0;
+        int nbatch = 0, ngood = 0;
         const Batch *bt;
-        model_zero_grad(&t->m);
         while ((bt = loader_next(t->train_ld))) {
             long ni = (long)nbatch + (long)t->nb * epoch;
             int accumulate = t->accumulate;
             if (ni <= nw) {   // warmup: lr, momentum and accumulation ramp up (trainer._do_train)
-                accumulate = (int)fmax(1, lround(interp((double)ni, 0, nw, 1, (double)cfg.nbs / t->B)));
+                accumulate = (int)fmax(1, rint(interp((double)ni, 0, nw, 1, (double)cfg.nbs / t->B)));
                 for (int g = 0; g < PG_N; g++)
                     t->opt.lr[g] = interp((double)ni, 0, nw, g == PG_BIAS ? t->cfg.warmup_bias_lr : 0.0, t->initial_lr * lf);
                 if (t->opt.kind == OPT_SGD) t->opt.momentum = interp((double)ni, 0, nw, cfg.warmup_momentum, cfg.momentum);
@@ -6723,7 +6758,7 @@ static int train_run(Config cfg) {
                 t->nan_skips++;
                 consecutive_nan++;
                 fprintf(stderr, "warning: non-finite loss at epoch %d batch %d: step skipped (%d so far)\n", epoch + 1, nbatch, t->nan_skips);
-                model_zero_grad(&t->m);
+                if (isfinite(lo.total)) model_zero_grad(&t->m);   // a backward ran on a batch with broken BN statistics
                 if (consecutive_nan >= 10) {
                     fprintf(stderr, "stopping: 10 consecutive non-finite losses; the last checkpoint %s/weights/last.ckpt is intact "
                                     "(hint: lower lr0, check the labels)\n", t->dir);
@@ -6735,6 +6770,7 @@ static int train_run(Config cfg) {
             }
             consecutive_nan = 0;
             t->sd.nbt++;
+            ngood++;
             tl[0] += lo.box, tl[1] += lo.cls, tl[2] += lo.dfl;
             if (ni - t->last_opt_step >= accumulate) {
                 double norm = grad_clip_norm(&t->m, 10.0);
@@ -6752,7 +6788,7 @@ static int train_run(Config cfg) {
             double el = now_sec() - t0;
             if (tty_out || nbatch == t->nb)
                 printf("%s%6d/%-4d %6.1f MiB %9.4f %9.4f %9.4f %6d %5d: %3d/%d %5.2f it/s%s", tty_out ? "\r" : "", epoch + 1, cfg.epochs,
-                       t->arena->cap / 1048576.0, tl[0] / nbatch, tl[1] / nbatch, tl[2] / nbatch, bt->n, bt->W, nbatch, t->nb,
+                       t->arena->cap / 1048576.0, tl[0] / ngood, tl[1] / ngood, tl[2] / ngood, bt->n, bt->W, nbatch, t->nb,
                        nbatch / el, tty_out && nbatch < t->nb ? "" : "\n");
             fflush(stdout);
         }
@@ -6761,29 +6797,34 @@ static int train_run(Config cfg) {
         double vl3[3];
         Metrics mt = trainer_validate(t, vl3, 1);
         double fit = mt.map;
-        int best = fit > t->best_fitness;
-        if (best) t->best_fitness = fit, t->best_epoch = epoch;
+        int best = fit >= t->best_fitness || t->best_fitness <= 0;   // Ultralytics: best.pt also on a tie
+        if (fit > t->best_fitness || t->best_fitness <= 0) t->best_epoch = epoch;   // EarlyStopping's reset rule
+        t->best_fitness = fmax(t->best_fitness, fit);
         printf("%22s %9s %9s %9s %9s\n", "", "P", "R", "mAP50", "mAP50-95");
         printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
         double *row = rows[nrows < cfg.epochs ? nrows : cfg.epochs - 1];
-        double row11[11] = {epoch + 1, tl[0] / (nbatch ? nbatch : 1), tl[1] / (nbatch ? nbatch : 1), tl[2] / (nbatch ? nbatch : 1),
+        double row11[11] = {epoch + 1, tl[0] / (ngood ? ngood : 1), tl[1] / (ngood ? ngood : 1), tl[2] / (ngood ? ngood : 1),
                             mt.P, mt.R, mt.map50, mt.map, vl3[0], vl3[1], vl3[2]};
         memcpy(row, row11, sizeof row11);
         metrics_free(&mt);
         nrows++;
         t->epoch = epoch + 1;
-        if (trainer_save(t, best)) {   // checkpoint first: a results row never runs ahead of it
+        if (!trainer_weights_ok(t)) {
             stop = 2;
             break;
         }
+        // the results row and the weights first, last.ckpt last: it is the commit point, and a resume
+        // drops any row beyond it (results_reload)
         FILE *f = fopen(csv, "a");
         if (f) {
             fprintf(f, "%d,%.3f,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g\n", epoch + 1, now_sec() - t_start,
                     row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], t->opt.lr[0], t->opt.lr[1], t->opt.lr[2]);
+            if (fflush(f) || fsync(fileno(f))) fprintf(stderr, "warning: %s: %s\n", csv, strerror(errno));
             fclose(f);
         }
+        trainer_save(t, best);
         if (nrows > 1) plot_results(t->dir, rows, nrows);
-        if (epoch - t->best_epoch >= cfg.patience) {
+        if (cfg.patience > 0 && epoch - t->best_epoch >= cfg.patience) {
             printf("stopping early: no improvement in %d epochs (best epoch %d)\n", cfg.patience, t->best_epoch + 1);
             break;
         }
@@ -6819,7 +6860,7 @@ static int cmd_val(int argc, char **argv) {
     if (fnc < 0) die("val: model= must be a weights file (.safetensors), not a scale name");
     if (fnc != t->data.nc) die("val: model=%s has nc=%d but %s has nc=%d", c.model, fnc, c.data, t->data.nc);
     model_build(&t->m, scale, fnc);
-    t->B = c.batch;
+    t->B = t->vB = c.batch;
     t->S = c.imgsz;
     if (dataset_load(&t->data, 1, &t->val_ds)) die("val: no usable validation images in %s", c.data);
     LoaderConfig vc = {.batch = t->B, .imgsz = t->S, .workers = c.workers, .max_boxes = c.max_boxes, .train = 0, .seed = c.seed};
@@ -6830,7 +6871,7 @@ static int cmd_val(int argc, char **argv) {
     size_t xfloats = 0;
     int Amax = 0;
     for (int i = 0; i < vl->nbatch; i++) {
-        xfloats = (size_t)fmax(xfloats, (double)t->B * 3 * vl->shape[i][0] * vl->shape[i][1]);
+        xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
         Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
     }
     Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 0);
@@ -6892,6 +6933,7 @@ static int cmd_predict(int argc, char **argv) {
     const char *names_file = c.data[0] ? c.data : NULL;
     DataConfig dc = {0};
     if (names_file && data_yaml_load(names_file, &dc, err, sizeof err)) die("%s", err);
+    if (names_file && dc.nc != fnc) die("predict: %s names %d classes but model=%s has nc=%d", names_file, dc.nc, c.model, fnc);
     // files to process
     int nfiles = 0, cap = 16;
     char **files = xmalloc(cap * sizeof(char *));
@@ -6967,8 +7009,9 @@ static int cmd_predict(int argc, char **argv) {
         printf("%s: %dx%d, %d detections, %.1f ms\n", files[f], img.w, img.h, n, ms);
         for (int i = 0; i < n; i++) {
             Det *d = &dets[i];
-            float x1 = fmaxf((d->x1 - lb.left) / (float)lb.r, 0), y1 = fmaxf((d->y1 - lb.top) / (float)lb.r, 0);
-            float x2 = fminf((d->x2 - lb.left) / (float)lb.r, img.w), y2 = fminf((d->y2 - lb.top) / (float)lb.r, img.h);
+            // back to original pixels, clipped to the image (scale_boxes + clip_boxes)
+            float x1 = fminf(fmaxf((d->x1 - lb.left) / (float)lb.r, 0), img.w), y1 = fminf(fmaxf((d->y1 - lb.top) / (float)lb.r, 0), img.h);
+            float x2 = fminf(fmaxf((d->x2 - lb.left) / (float)lb.r, 0), img.w), y2 = fminf(fmaxf((d->y2 - lb.top) / (float)lb.r, 0), img.h);
             fprintf(tf, "%d %.6f %.6f %.6f %.6f %.5f\n", d->cls, (x1 + x2) / 2 / img.w, (y1 + y2) / 2 / img.h, (x2 - x1) / img.w,
                     (y2 - y1) / img.h, d->score);
             const uint8_t *cl = PALETTE[d->cls % 10];
@@ -6998,19 +7041,21 @@ static int cmd_predict(int argc, char **argv) {
 typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half; } PlanOpts;
 
 // plan_train: the exact arena of a training run (persistent groups, a training step at (B, S, S)
-// and validation at (B, S+32, S+32), the largest rect shape of square images, spec 4.5), by the
-// same dry run the trainer does. tr/va: the composition at the peak of each phase.
+// and validation at (2B, S+32, S+32), the largest rect shape of square images, spec 4.5), by the
+// same dry run the trainer does; validation batches are 2 x B as in training. tr/va: the
+// composition at the peak of each phase.
 static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
     Trainer *t = xcalloc(1, sizeof(Trainer));
     model_build(&t->m, o->scale, o->nc);
     t->m.recompute = o->recompute;
     t->B = o->B;
+    t->vB = 2 * o->B;
     t->S = o->S;
     t->lcfg = loss_config_default();
     t->lcfg.max_boxes = o->max_boxes;
     t->opt.kind = o->adamw ? OPT_ADAMW : OPT_SGD;
     int V = o->S + 32, shape[1][2] = {{V, V}};
-    size_t xfloats = (size_t)o->B * 3 * V * V;
+    size_t xfloats = (size_t)t->vB * 3 * V * V;
     Plan p1 = trainer_plan_layout(t, 0, NULL, xfloats, 1, 1, o->half);
     Plan p2 = trainer_plan_layout(t, 1, (const int (*)[2])shape, xfloats, 1, 0, o->half);
     if (tr) *tr = p1;

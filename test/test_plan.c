@@ -37,7 +37,7 @@ static void test_trainer_plan(char scale, int B, int S, int recompute, int adamw
     Trainer *t = xcalloc(1, sizeof(Trainer));
     model_build(&t->m, scale, 3);
     t->m.recompute = recompute;
-    t->B = B, t->S = S;
+    t->B = B, t->S = S, t->vB = 2 * B;
     t->lcfg = loss_config_default();
     t->lcfg.max_boxes = 50;
     t->opt.kind = adamw ? OPT_ADAMW : OPT_SGD;
@@ -45,18 +45,18 @@ static void test_trainer_plan(char scale, int B, int S, int recompute, int adamw
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = planned;
     t->arena->base = aligned_alloc(64, planned);
-    trainer_alloc(t, t->arena, (size_t)B * 3 * V * V, 1);
+    trainer_alloc(t, t->arena, (size_t)2 * B * 3 * V * V, 1);
     model_init_params(&t->m, 1);
     Batch *bt = fake_batch(B, S, S, &r);
     input_from_batch(t->x, bt);
     LossOut lo = trainer_step(t, bt, B, S, S, 1);
     size_t high_train = t->arena->high;
-    Batch *bv = fake_batch(B, V, V, &r);
+    Batch *bv = fake_batch(2 * B, V, V, &r);   // validation batches are twice the training batch
     input_from_batch(t->x, bv);
-    trainer_step(t, bv, B, V, V, 0);
+    trainer_step(t, bv, 2 * B, V, V, 0);
     model_release(&t->m, t->arena);
     check(isfinite(lo.total) && high_train == tr.total && t->arena->high == planned,
-          "yolov8%c B=%d imgsz=%d recompute=%d %s: train high-water %zu == plan %zu, with validation at %d: %zu == %zu",
+          "yolov8%c B=%d imgsz=%d recompute=%d %s: train high-water %zu == plan %zu, with validation (2B) at %d: %zu == %zu",
           scale, B, S, recompute, adamw ? "AdamW" : "SGD", high_train, tr.total, V, t->arena->high, planned);
     free_batch(bt);
     free_batch(bv);
