@@ -132,12 +132,14 @@ static double rng_normal(Rng *r) {
 // command-line arguments: Ultralytics style key=value
 // ------------------------------------------------------------------------------------------
 
-// arg_get: the value of key=value among argv[first..argc), or def when absent.
+// arg_get: the value of key=value in argv, or def when absent; a repeated key takes its last
+// value, as Ultralytics' command line does.
 static const char *arg_get(int argc, char **argv, const char *key, const char *def) {
     size_t n = strlen(key);
+    const char *v = def;
     for (int i = 1; i < argc; i++)
-        if (strncmp(argv[i], key, n) == 0 && argv[i][n] == '=') return argv[i] + n + 1;
-    return def;
+        if (strncmp(argv[i], key, n) == 0 && argv[i][n] == '=') v = argv[i] + n + 1;
+    return v;
 }
 // arg_check: every argument must be key=value with a key from the list; names the offender.
 static void arg_check(int argc, char **argv, const char *const *keys) {
@@ -2066,10 +2068,19 @@ static void model_segments(const Model *m, int conv, size_t off[3], size_t len[3
 // trainable gradients (DFL excluded); scales them by min(1, max_norm / (norm + 1e-6)).
 // Returns the norm before clipping (inf/NaN propagate, so the caller can skip the step).
 static double grad_clip_norm(Model *m, double max_norm) {
-    double ss = 0;
-#pragma omp parallel for reduction(+ : ss)
-    for (size_t i = 0; i < m->dfl_off; i++) ss += (double)m->grads[i] * m->grads[i];
-    for (size_t i = m->dfl_off + REG_MAX; i < m->nparams; i++) ss += (double)m->grads[i] * m->grads[i];
+    // fixed chunks summed in a fixed order: the same bits for any number of threads
+    enum { NCHUNK = 64 };
+    double part[NCHUNK], ss = 0;
+    size_t chunk = (m->nparams + NCHUNK - 1) / NCHUNK;
+#pragma omp parallel for
+    for (int c = 0; c < NCHUNK; c++) {
+        double s = 0;
+        size_t hi = (c + 1) * chunk < m->nparams ? (c + 1) * chunk : m->nparams;
+        for (size_t i = c * chunk; i < hi; i++)
+            if (i < m->dfl_off || i >= m->dfl_off + REG_MAX) s += (double)m->grads[i] * m->grads[i];
+        part[c] = s;
+    }
+    for (int c = 0; c < NCHUNK; c++) ss += part[c];
     double norm = sqrt(ss), coef = max_norm / (norm + 1e-6);
     if (coef < 1 && isfinite(norm)) {
         float c = (float)coef;
@@ -3515,7 +3526,7 @@ static int nms_run_decoded(Nms *n, const float *pred, Det *out) {
 // logit(conf), and DFL boxes are decoded only for candidate anchors.
 static int nms_run_maps(Nms *n, const float *const maps[3], int b, int imgH, int imgW, Det *out) {
     int NC = n->NC, C = 64 + NC;
-    if (head_anchor_count(imgH, imgW) != n->A) die("nms_run_maps: %dx%d gives %d anchors, Nms was sized for %d", imgH, imgW, head_anchor_count(imgH, imgW), n->A);
+    if (head_anchor_count(imgH, imgW) > n->A) die("nms_run_maps: %dx%d gives %d anchors, more than the %d the Nms was sized for", imgH, imgW, head_anchor_count(imgH, imgW), n->A);
     float conf = n->cfg.conf;
     // sigmoid(x) > conf  <=>  x > log(conf/(1-conf)); the margin covers float rounding.
     float lthr = conf > 0.0f && conf < 1.0f ? logf(conf / (1.0f - conf)) - 1e-3f : -INFINITY;
