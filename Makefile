@@ -49,8 +49,9 @@ test/bin/asan/%: test/%.c test/test.h $(SRC)
 fuzz-asan: $(ASAN_BINS)
 	for f in $(ASAN_BINS); do echo "== $$f"; ASAN_OPTIONS=detect_leaks=0 $$f || exit 1; done
 
-asan: CFLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer
-asan: clean-tests tests
+# every C test under AddressSanitizer + UBSan (slower; not part of make test)
+asan: clean-tests
+	$(MAKE) tests CFLAGS="$(ASAN_FLAGS)"
 	ASAN_OPTIONS=detect_leaks=0 bash test/run.sh
 
 clean-tests:
