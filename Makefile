@@ -7,9 +7,14 @@ SRC      = yolo.c $(wildcard yolo.h)
 TESTS    = $(patsubst test/%.c,test/bin/%,$(wildcard test/test_*.c))
 BENCHES  = $(patsubst test/%.c,test/bin/%,$(wildcard test/bench_*.c))
 
+comma   := ,
+NVCC    := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
+BANNER  := $(shell $(CC) --version | head -n 1); OpenMP on; $(if $(NVCC),nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') found (kernels: make cuda-check$(comma) make test-gpu)$(if $(GPU_ARCH),$(comma) GPU sm_$(GPU_ARCH),$(comma) no GPU),no nvcc)
 all: yolo
 
 yolo: $(SRC)
+	@echo "yolo.c: CPU trainer build ($(BANNER))"
 	$(CC) $(CFLAGS) -o $@ yolo.c $(LDLIBS)
 
 test/bin/%: test/%.c test/test.h $(SRC)
