@@ -37,7 +37,7 @@ demo: yolo
 
 # benchmarks: each test/bench_X.c prints its own figures; never part of make test
 bench: yolo $(BENCHES)
-	for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
+	for b in $(BENCHES); do echo "== $$b"; OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $$b || exit 1; done
 
 test: tests
 	bash test/run.sh

@@ -7268,6 +7268,13 @@ static int cmd_train(int argc, char **argv) {
 typedef struct { const char *name; int (*fn)(int, char **); const char *help; } Command;
 
 int main(int argc, char **argv) {
+    // OpenMP threads that spin while waiting starve the loader threads and anything else on the
+    // machine (a 2-core step ran 30x slower). libgomp reads its wait policy before main, so set it
+    // and start again once; an explicit OMP_WAIT_POLICY is left alone.
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        execv("/proc/self/exe", argv);   // returns only on failure: then run as we are
+    }
     static const Command cmds[] = {
         {"info", cmd_info, "layer table and totals: model=yolov8n nc=80 imgsz=640"},
         {"plan", cmd_plan, "memory plan of a training step: model= nc= batch= imgsz="},

@@ -2,6 +2,7 @@
 # Runs every test binary in test/bin (and the emulated CUDA suite when present), sums their
 # "N passed, N failed" lines and ends with the total. Exit status is non-zero on any failure.
 cd "$(dirname "$0")/.." || exit 1
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}   # spinning OpenMP threads starve the loader and other tests
 pass=0; fail=0; crashed=0
 run_one() {
     local out rc
