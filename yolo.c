@@ -3856,15 +3856,21 @@ static float *st_tensor(SafeTensors *st, const char *name, size_t *numel) {
     return x;
 }
 
-static int cref_pass, cref_fail;
-static void cref_report(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+// check_report: prints one PASS/FAIL line of a comparison and counts it; `yolo check-ref` and
+// every test (test/test.h) report through it, so all end with the same "N passed, N failed".
+static int checks_passed, checks_failed;
+static void check_vreport(int ok, const char *fmt, va_list ap) {
     printf("%s  ", ok ? "PASS" : "FAIL");
     vprintf(fmt, ap);
     printf("\n");
+    fflush(stdout);
+    if (ok) checks_passed++; else checks_failed++;
+}
+static void check_report(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    check_vreport(ok, fmt, ap);
     va_end(ap);
-    if (ok) cref_pass++; else cref_fail++;
 }
 
 // check_ref: compares this implementation with a reference fixture written by
@@ -3910,7 +3916,7 @@ static int check_ref(const char *path) {
         size_t n;
         float *ref = st_tensor(&st, nm, &n);
         double d = rel_diff(m->head[l], ref, n);
-        cref_report(d <= 1e-4, "eval raw map P%d: max|diff|/max|ref| %.2e (tol 1e-4)", l + 3, d);
+        check_report(d <= 1e-4, "eval raw map P%d: max|diff|/max|ref| %.2e (tol 1e-4)", l + 3, d);
         free(ref);
     }
     {
@@ -3918,7 +3924,7 @@ static int check_ref(const char *path) {
         float *ref = st_tensor(&st, "out.eval", &n), *dec = xmalloc(n * sizeof(float));
         head_decode((const float *const *)m->head, B, nc, S, S, dec);
         double d = rel_diff(dec, ref, n);
-        cref_report(d <= 1e-4, "eval decoded (B, 4+nc, A): max|diff|/max|ref| %.2e (tol 1e-4)", d);
+        check_report(d <= 1e-4, "eval decoded (B, 4+nc, A): max|diff|/max|ref| %.2e (tol 1e-4)", d);
         free(ref);
         free(dec);
     }
@@ -3933,7 +3939,7 @@ static int check_ref(const char *path) {
         size_t n;
         float *ref = st_tensor(&st, nm, &n);
         double d = rel_diff(m->head[l], ref, n);
-        cref_report(d <= 1e-4, "train raw map P%d: max|diff|/max|ref| %.2e (tol 1e-4)", l + 3, d);
+        check_report(d <= 1e-4, "train raw map P%d: max|diff|/max|ref| %.2e (tol 1e-4)", l + 3, d);
         free(ref);
     }
     double worst_bn = 0;
@@ -3945,7 +3951,7 @@ static int check_ref(const char *path) {
             worst_bn = fmax(worst_bn, rel_diff(sd->ref[i].data, ref, n));
             free(ref);
         }
-    cref_report(worst_bn <= 1e-4, "BN running stats after the train forward: worst max|diff|/max|ref| %.2e (tol 1e-4)", worst_bn);
+    check_report(worst_bn <= 1e-4, "BN running stats after the train forward: worst max|diff|/max|ref| %.2e (tol 1e-4)", worst_bn);
 
     // 3. loss and assignment
     size_t nt;
@@ -3963,17 +3969,17 @@ static int check_ref(const char *path) {
     for (int k = 0; k < 3; k++) {
         float *ref = st_tensor(&st, lnames[k], NULL);
         double d = fabs(lgot[k] - ref[0]) / fmax(fabs(ref[0]), 1e-12);
-        cref_report(d <= 1e-5, "%s: got %.7g want %.7g, rel diff %.2e (tol 1e-5)", lnames[k], lgot[k], ref[0], d);
+        check_report(d <= 1e-5, "%s: got %.7g want %.7g, rel diff %.2e (tol 1e-5)", lnames[k], lgot[k], ref[0], d);
         free(ref);
     }
     {
         const StEntry *e = st_find(&st, "assign.fg_count");
         int64_t fg = -1;
         if (!e || st_read_i64(&st, e, &fg, err, sizeof err)) die("%s: assign.fg_count: %s", path, e ? err : "missing");
-        cref_report(fg == lo.n_fg, "assigner foreground anchors: got %d want %lld (identical)", lo.n_fg, (long long)fg);
+        check_report(fg == lo.n_fg, "assigner foreground anchors: got %d want %lld (identical)", lo.n_fg, (long long)fg);
         float *ref = st_tensor(&st, "assign.target_scores_sum", NULL);
         double d = fabs(lo.target_scores_sum - ref[0]) / ref[0];
-        cref_report(d <= 1e-5, "target_scores_sum: got %.7g want %.7g (tol 1e-5 rel)", lo.target_scores_sum, ref[0]);
+        check_report(d <= 1e-5, "target_scores_sum: got %.7g want %.7g (tol 1e-5 rel)", lo.target_scores_sum, ref[0]);
         free(ref);
     }
 
@@ -3996,7 +4002,7 @@ static int check_ref(const char *path) {
         ngrad++;
         free(ref);
     }
-    cref_report(worst_g <= 1e-3, "gradients of %d tensors: worst |g - ref| / |ref| %.2e (%s) (tol 1e-3)", ngrad, worst_g, worst_name);
+    check_report(worst_g <= 1e-3, "gradients of %d tensors: worst |g - ref| / |ref| %.2e (%s) (tol 1e-3)", ngrad, worst_g, worst_name);
 
     // 5. one optimizer step: clip-norm, SGD Nesterov, three groups
     Optimizer opt = {.kind = OPT_SGD, .lr = {lr, lr, lr}, .momentum = mom, .weight_decay = wd};
@@ -4004,7 +4010,7 @@ static int check_ref(const char *path) {
     double norm = grad_clip_norm(m, clip);
     if (st_meta(&st, "grad_norm")) {
         double rn = atof(st_meta(&st, "grad_norm"));
-        cref_report(fabs(norm - rn) / rn <= 1e-4, "total gradient norm: got %.6g want %.6g (tol 1e-4 rel)", norm, rn);
+        check_report(fabs(norm - rn) / rn <= 1e-4, "total gradient norm: got %.6g want %.6g (tol 1e-4 rel)", norm, rn);
     }
     optim_step(&opt, m);
     double worst_p = 0;
@@ -4019,11 +4025,11 @@ static int check_ref(const char *path) {
         if (d > worst_p) worst_p = d, worst_name = sd->ref[i].name;
         free(ref);
     }
-    cref_report(worst_p <= 1e-5, "parameters after one SGD step: worst max|diff| %.2e (%s) (tol 1e-5)", worst_p, worst_name);
-    printf("%d passed, %d failed\n", cref_pass, cref_fail);
+    check_report(worst_p <= 1e-5, "parameters after one SGD step: worst max|diff| %.2e (%s) (tol 1e-5)", worst_p, worst_name);
+    printf("%d passed, %d failed\n", checks_passed, checks_failed);
     st_close(&st);
     free(x); free(tb); free(tc); free(tbox); free(bi); free(ci); free(sd); free(a->base); free(a); free(m);
-    return cref_fail;
+    return checks_failed;
 }
 
 static int cmd_check_ref(int argc, char **argv) {
