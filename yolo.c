@@ -7268,6 +7268,502 @@ static int cmd_train(int argc, char **argv) {
 }
 
 // ------------------------------------------------------------------------------------------
+// GPU training step (compiled with YOLO_CUDA; the kernels are in yolo_kernels.cu)
+// ------------------------------------------------------------------------------------------
+/*
+ * One training step on the device, mirroring the CPU step (model_forward, loss, model_backward,
+ * grad_clip_norm, optim_step, ema_update) conv for conv in m->exec order:
+ *   - memory: ONE cudaMalloc, a device Arena with the same first-fit allocator, sized by a dry
+ *     run of this same schedule (gpu_schedule with the arena's base NULL, nothing launched);
+ *   - numbers: FP32 master weights, gradients, optimizer state, EMA and BN statistics; an FP16
+ *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP32
+ *     gradient buffers dA; FP32 Detect head maps (B, 64+NC, H_i, W_i) with the bias added;
+ *   - views (V_SLICE, V_ADD, V_CAT, V_UP, V_POOL) are materialised for the whole batch by kernels
+ *     writing into channel slices of the conv's input buffer, as value_materialize does per image;
+ *   - loss scaling: torch.cuda.amp.GradScaler (yolo.h); the loss gradient is computed scaled, the
+ *     optimizer unscales, checks for inf/NaN (skip + halve) and clips the norm to 10.
+ * DEVIATIONS (GPU step):
+ *   - the loss runs on the host: the three head maps are copied down, loss_forward_backward runs
+ *     on the CPU and the scaled dhead is copied back (a device loss kernel is future work);
+ *   - activations, dz and the FP16 weight copy carry FP16 rounding (Ultralytics AMP does too);
+ *   - a skipped step (inf/NaN gradient) keeps the BN running statistics of its forward (as
+ *     Ultralytics); the CPU trainer restores them.
+ */
+#ifdef YOLO_CUDA
+#include <cuda_runtime_api.h>
+#include "yolo.h"
+
+#define GPU_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) \
+    die("%s: %s (hint: run the emulated tests, make test-emu)", #x, cudaGetErrorString(e_)); } while (0)
+
+typedef struct {
+    Model *m;                 // the host model: graph, shapes, parameter offsets (its arrays are not used here)
+    Arena *a;                 // device arena; base NULL in the dry run
+    void *stream;             // cudaStream_t, NULL = default stream
+    int B, H, W;              // the step's batch and input size (planned)
+    size_t plan;              // bytes of the arena: high-water mark of the dry run
+    // persistent (G_PARAMS .. G_INPUT)
+    float *params, *grads;    // (nparams) FP32 master weights / gradients (scaled by the loss scale)
+    uint16_t *w16;            // (nparams) FP16 copy of params, refreshed after every optimizer step
+    float *buffers;           // (nbuffers) BN running mean/var
+    float *opt_m, *opt_v;     // (nparams) momentum / Adam moments (opt_v NULL for SGD)
+    float *ema_p, *ema_b;     // (nparams), (nbuffers) ModelEMA
+    uint8_t *group;           // (nparams) PG_* of each parameter, OPT_NO_GROUP for the frozen DFL weight
+    float *partials;          // (2*OPT_NORM_BLOCKS) optim_norm_cuda partial sums
+    float *norm;              // (1) the unscaled gradient norm of the last step (inf: skipped)
+    uint8_t *x8;              // (B, 3, H, W) uint8 input staging
+    uint16_t *x;              // (B, 3, H, W) FP16 input in [0, 1]
+    // per step
+    uint16_t *z[MAX_CONVS];   // (B, Cout, Ho, Wo) FP16 pre-BN conv output (NULL for Detect outputs)
+    float *stats[MAX_CONVS];  // (2, Cout) batch mean, then invstd
+    float *dA[MAX_CONVS];     // (B, Cout, Ho, Wo) FP32 gradient of the activated output, image stride zs
+    long zs[MAX_CONVS];       // elements between images of z / dA (the head map's for Detect outputs)
+    float *head[3], *dhead[3];// (B, 64+NC, H_i, W_i) FP32 raw Detect maps and their (scaled) gradient
+    // host side
+    float *head_h[3], *dhead_h[3];   // host copies of the head maps and gradients for the CPU loss
+    void *loss_scratch;
+    size_t loss_bytes;
+    Optimizer opt;            // host: kind, lr, momentum, decay, step count (its m, v unused)
+    GradScaler scaler;
+    long ema_updates;
+} Gpu;
+
+// gpu_zalloc: arena_alloc plus an async memset to 0 on the device (nothing in a dry run)
+static void *gpu_zalloc(Gpu *g, size_t bytes, int group) {
+    void *p = arena_alloc(g->a, bytes, group);
+    if (!arena_dry(g->a)) GPU_CHECK(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)g->stream));
+    return p;
+}
+#define gf32(g, n, grp) ((float *)arena_alloc((g)->a, (size_t)(n) * 4, (grp)))
+#define gzf32(g, n, grp) ((float *)gpu_zalloc((g), (size_t)(n) * 4, (grp)))
+#define gf16(g, n, grp) ((uint16_t *)arena_alloc((g)->a, (size_t)(n) * 2, (grp)))
+
+// gpu_conv_dims: the ConvDims of conv c for the whole batch (dense x and z unless strides are set)
+static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
+    return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs};
+}
+
+// ---- forward ----
+
+// gpu_value_materialize: value vi of the whole batch, (B, C, H, W) FP16, into out whose images are
+// os elements apart (out may be a channel slice of a concat buffer). The twin of value_materialize.
+static void gpu_value_materialize(Gpu *g, int vi, uint16_t *out, long os) {
+    const Model *m = g->m;
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(g->a), HW = v->H * v->W;
+    long n = (long)v->C * HW;
+    switch (v->kind) {
+    case V_INPUT:
+        if (!dry) copy_f16_cuda(g->x, n, out, os, g->B, n, g->stream);
+        break;
+    case V_CONV:
+    case V_SLICE: {
+        const Conv *c = &m->conv[v->conv];
+        int c0 = v->kind == V_SLICE ? v->c0 : 0;
+        if (!c->bn) die("gpu: the output of %s (no BN) is read by a conv", c->name);
+        if (!dry)
+            bn_silu_forward_f16_cuda(g->z[v->conv] + (long)c0 * HW, g->zs[v->conv], g->stats[v->conv] + c0,
+                                     g->stats[v->conv] + c->cout + c0, g->params + c->g_off + c0, g->params + c->b_off + c0,
+                                     out, os, g->B, v->C, HW, g->stream);
+        break;
+    }
+    case V_ADD: {
+        gpu_value_materialize(g, v->src[0], out, os);
+        uint16_t *t = gf16(g, g->B * n, G_SCRATCH);          // (B, C, H, W)
+        gpu_value_materialize(g, v->src[1], t, n);
+        if (!dry) add_f16_cuda(t, n, out, os, g->B, n, g->stream);
+        arena_free(g->a, t);
+        break;
+    }
+    case V_CAT: {
+        long off = 0;
+        for (int i = 0; i < v->n; i++) {
+            gpu_value_materialize(g, v->src[i], out + off, os);
+            off += (long)m->val[v->src[i]].C * HW;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        long ns = (long)s->C * s->H * s->W;
+        uint16_t *t = gf16(g, g->B * ns, G_SCRATCH);         // (B, C, Hs, Ws)
+        gpu_value_materialize(g, v->src[0], t, ns);
+        if (!dry) {
+            if (v->kind == V_UP) upsample2_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
+            else maxpool5_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
+        }
+        arena_free(g->a, t);
+        break;
+    }
+    }
+}
+
+// gpu_conv_input: the FP16 input of conv c, (B, Cin, H, W): the input image itself, or a scratch
+// buffer materialised from the conv's input value (free it with gpu_input_free).
+static uint16_t *gpu_conv_input(Gpu *g, const Conv *c) {
+    if (g->m->val[c->in].kind == V_INPUT) return g->x;
+    long n = (long)c->cin * c->H * c->W;
+    uint16_t *x = gf16(g, g->B * n, G_SCRATCH);
+    gpu_value_materialize(g, c->in, x, n);
+    return x;
+}
+static void gpu_input_free(Gpu *g, uint16_t *x) { if (x != g->x) arena_free(g->a, x); }
+
+// gpu_conv_forward: z = conv(input) on tensor cores, then the BN batch statistics (train: running
+// stats updated). Detect output convs write FP32 with their bias into their channels of the head map.
+static void gpu_conv_forward(Gpu *g, int ci) {
+    Model *m = g->m;
+    Conv *c = &m->conv[ci];
+    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
+    uint16_t *x = gpu_conv_input(g, c);
+    if (!dry) {
+        const uint16_t *w = g->w16 + c->w_off;                          // (Cout, Cin, K, K)
+        if (c->bn) {
+            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, NULL, NULL, g->z[ci], g->stream);
+        } else {
+            float *z = g->head[c->level] + (c->branch ? (long)REG_MAX * 4 * HWo : 0);
+            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, g->params + c->b_off, z, NULL, g->stream);
+        }
+    }
+    gpu_input_free(g, x);
+    if (c->bn && !dry) {
+        float *rm = g->buffers + c->rs_off;
+        bn_stats_cuda(g->z[ci], g->zs[ci], g->B, c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout, BN_EPS,
+                      BN_MOMENTUM, m->train, g->stream);
+    }
+}
+
+// gpu_forward: the whole network on g->x; leaves the head maps in g->head (the twin of model_forward).
+static void gpu_forward(Gpu *g) {
+    Model *m = g->m;
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        g->head[i] = gf32(g, (long)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
+        g->dhead[i] = NULL;
+    }
+    for (int e = 0; e < m->nexec; e++) {
+        int ci = m->exec[e];
+        Conv *c = &m->conv[ci];
+        int HWo = c->Ho * c->Wo;
+        g->dA[ci] = NULL;
+        g->z[ci] = NULL;
+        g->stats[ci] = NULL;
+        if (c->level >= 0) {
+            g->zs[ci] = (long)(REG_MAX * 4 + m->nc) * HWo;
+        } else {
+            g->zs[ci] = (long)c->cout * HWo;
+            g->z[ci] = gf16(g, g->B * g->zs[ci], G_ACTS);
+            g->stats[ci] = gf32(g, 2 * c->cout, G_ACTS);
+        }
+        gpu_conv_forward(g, ci);
+    }
+}
+
+// ---- backward ----
+
+// gpu_dA: conv ci's gradient buffer, created zeroed on first use
+static float *gpu_dA(Gpu *g, int ci) {
+    if (!g->dA[ci]) g->dA[ci] = gzf32(g, g->B * g->zs[ci], G_BACKWARD);
+    return g->dA[ci];
+}
+
+// gpu_value_backprop: adds gr (B, C, H, W) FP32 with image stride gs, the gradient w.r.t. value
+// vi, into the dA of the convs it is made of (the twin of value_backprop).
+static void gpu_value_backprop(Gpu *g, int vi, const float *gr, long gs) {
+    const Model *m = g->m;
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(g->a), HW = v->H * v->W;
+    switch (v->kind) {
+    case V_INPUT:
+        break;
+    case V_CONV:
+    case V_SLICE: {
+        float *d = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * HW;
+        if (!dry) add_f32_cuda(gr, gs, d, g->zs[v->conv], g->B, (long)v->C * HW, g->stream);
+        break;
+    }
+    case V_ADD:
+        gpu_value_backprop(g, v->src[0], gr, gs);
+        gpu_value_backprop(g, v->src[1], gr, gs);
+        break;
+    case V_CAT: {
+        long off = 0;
+        for (int i = 0; i < v->n; i++) {
+            gpu_value_backprop(g, v->src[i], gr + off, gs);
+            off += (long)m->val[v->src[i]].C * HW;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        long ns = (long)s->C * s->H * s->W;
+        float *gsrc = gf32(g, g->B * ns, G_SCRATCH);          // (B, C, Hs, Ws)
+        if (v->kind == V_UP) {
+            for (int b = 0; b < g->B && !dry; b++)
+                upsample2_backward_cuda(gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
+        } else {   // the window argmax from the FP16 input, widened to FP32 for the kernel
+            uint16_t *xh = gf16(g, g->B * ns, G_SCRATCH);
+            gpu_value_materialize(g, v->src[0], xh, ns);
+            float *xf = gf32(g, g->B * ns, G_SCRATCH);
+            if (!dry) {
+                f16_to_f32_cuda(xh, xf, g->B * ns, g->stream);
+                for (int b = 0; b < g->B; b++)
+                    maxpool5_backward_cuda(xf + b * ns, gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
+            }
+            arena_free(g->a, xf);
+            arena_free(g->a, xh);
+        }
+        gpu_value_backprop(g, v->src[0], gsrc, ns);
+        arena_free(g->a, gsrc);
+        break;
+    }
+    }
+}
+
+// gpu_conv_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias), the weight gradient
+// (accumulated) and the input gradient: straight into the producer's dA when the input is a conv
+// output or a slice of one, else through a scratch buffer and gpu_value_backprop.
+static void gpu_conv_backward(Gpu *g, int ci) {
+    Model *m = g->m;
+    Conv *c = &m->conv[ci];
+    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
+    long zs = g->zs[ci];
+    float *dA = gpu_dA(g, ci);                                  // (B, Cout, Ho, Wo), image stride zs
+    uint16_t *dz = gf16(g, g->B * zs, G_BACKWARD);              // same layout, FP16
+    float *scratch = gf32(g, 2 * c->cout, G_SCRATCH);
+    if (!dry)
+        bn_silu_backward_cuda(g->z[ci], dA, zs, g->stats[ci], c->bn ? g->stats[ci] + c->cout : NULL,
+                              c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,
+                              g->grads + c->b_off, dz, scratch, g->B, c->cout, HWo, m->train, g->stream);
+    arena_free(g->a, scratch);
+    uint16_t *x = gpu_conv_input(g, c);
+    if (!dry) conv_wgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off, 1, g->stream);
+    gpu_input_free(g, x);
+    const Value *in = &m->val[c->in];
+    const uint16_t *w = g->w16 + c->w_off;
+    if (in->kind == V_CONV || in->kind == V_SLICE) {
+        float *d = gpu_dA(g, in->conv) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
+        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, g->zs[in->conv], zs), dz, w, d, NULL, 1, g->stream);
+    } else if (in->kind != V_INPUT) {
+        long n = (long)c->cin * c->H * c->W;
+        float *gx = gf32(g, g->B * n, G_SCRATCH);               // (B, Cin, H, W)
+        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, w, gx, NULL, 0, g->stream);
+        gpu_value_backprop(g, c->in, gx, n);
+        arena_free(g->a, gx);
+    }
+    arena_free(g->a, dz);
+}
+
+// gpu_backward: all parameter gradients (accumulated, scaled) from g->dhead; frees every buffer of
+// the step in reverse order (the twin of model_backward).
+static void gpu_backward(Gpu *g) {
+    Model *m = g->m;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            int ci = m->head_conv[i][j];
+            const Conv *box = &m->conv[m->head_conv[i][0]];
+            g->dA[ci] = g->dhead[i] + (j ? (long)REG_MAX * 4 * box->Ho * box->Wo : 0);
+        }
+    for (int e = m->nexec - 1; e >= 0; e--) {
+        int ci = m->exec[e];
+        gpu_conv_backward(g, ci);
+        if (m->conv[ci].level < 0) {
+            arena_free(g->a, g->dA[ci]);
+            arena_free(g->a, g->stats[ci]);
+            arena_free(g->a, g->z[ci]);
+        }
+        g->dA[ci] = g->stats[ci] = NULL;
+        g->z[ci] = NULL;
+    }
+    for (int i = 2; i >= 0; i--) {
+        arena_free(g->a, g->dhead[i]);
+        arena_free(g->a, g->head[i]);
+        g->dhead[i] = g->head[i] = NULL;
+    }
+}
+
+// ---- loss, step, optimizer ----
+
+// gpu_loss: head maps to the host, the CPU loss and its gradient scaled by the loss scale, back
+// into g->dhead (allocated here, as model_head_grad).
+static LossOut gpu_loss(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
+    Model *m = g->m;
+    LossOut lo = {0};
+    size_t bytes[3];
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        bytes[i] = (size_t)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
+        g->dhead[i] = (float *)arena_alloc(g->a, bytes[i], G_BACKWARD);
+    }
+    if (arena_dry(g->a)) return lo;
+    cudaStream_t s = (cudaStream_t)g->stream;
+    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], bytes[i], cudaMemcpyDeviceToHost, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < 3; i++) memset(g->dhead_h[i], 0, bytes[i]);
+    lo = loss_forward_backward(lcfg, g->B, m->nc, g->H, g->W, (const float *const *)g->head_h, g->dhead_h, tg, g->scaler.scale,
+                               g->loss_scratch, g->loss_bytes, 0);
+    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->dhead[i], g->dhead_h[i], bytes[i], cudaMemcpyHostToDevice, s));
+    GPU_CHECK(cudaStreamSynchronize(s));   // the host buffers are reused by the next step
+    return lo;
+}
+
+// gpu_schedule: the allocation sequence of one step (forward, loss gradient, backward); real and
+// dry runs share it. A non-finite loss still runs the backward: the optimizer's finite check skips it.
+static LossOut gpu_schedule(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
+    gpu_forward(g);
+    LossOut lo = gpu_loss(g, tg, lcfg);
+    gpu_backward(g);
+    return lo;
+}
+
+// gpu_alloc: the persistent groups, in a fixed order (the same in the plan and the run)
+static void gpu_alloc(Gpu *g) {
+    Model *m = g->m;
+    long n = (long)m->nparams, img = (long)g->B * 3 * g->H * g->W;
+    g->params = gf32(g, n, G_PARAMS);
+    g->w16 = gf16(g, n, G_PARAMS);
+    g->grads = gf32(g, n, G_GRADS);
+    g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
+    g->opt_m = gzf32(g, n, G_OPTIM);
+    g->opt_v = g->opt.kind == OPT_ADAMW ? gzf32(g, n, G_OPTIM) : NULL;
+    g->ema_p = gf32(g, n, G_EMA);
+    g->ema_b = gf32(g, m->nbuffers, G_EMA);
+    g->group = (uint8_t *)arena_alloc(g->a, n, G_OPTIM);
+    g->partials = gf32(g, 2 * OPT_NORM_BLOCKS + 1, G_OPTIM);
+    g->norm = g->partials + 2 * OPT_NORM_BLOCKS;
+    g->x8 = (uint8_t *)arena_alloc(g->a, img, G_INPUT);
+    g->x = gf16(g, img, G_INPUT);
+}
+
+// gpu_open: plans (dry run) and allocates the device arena for steps of (B, 3, H, W) with one
+// cudaMalloc, and uploads the host model's weights and running stats (the EMA starts from them).
+// opt: the optimizer hyper-parameters (kind, lr, momentum, decay; step 0).
+static Gpu *gpu_open(Model *m, int B, int H, int W, const Optimizer *opt, const LossConfig *lcfg) {
+    Gpu *g = xcalloc(1, sizeof(Gpu));
+    g->m = m;
+    g->B = B; g->H = H; g->W = W;
+    g->opt = *opt;
+    g->opt.m = g->opt.v = NULL;
+    g->opt.step = 0;
+    grad_scaler_init(&g->scaler);
+    model_shape(m, H, W);
+    m->B = B;
+    m->train = 1;
+    // the plan: the same schedule with no memory
+    g->a = xcalloc(1, sizeof(Arena));
+    g->a->cap = SIZE_MAX;
+    gpu_alloc(g);
+    gpu_schedule(g, NULL, lcfg);
+    g->plan = g->a->high;
+    memset(g->a, 0, sizeof(Arena));
+    void *base;
+    GPU_CHECK(cudaMalloc(&base, g->plan));
+    g->a->base = base;
+    g->a->cap = g->plan;
+    gpu_alloc(g);
+    // weights, running stats, EMA copies, parameter groups
+    long n = (long)m->nparams;
+    cudaStream_t s = (cudaStream_t)g->stream;
+    GPU_CHECK(cudaMemcpy(g->params, m->params, n * 4, cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(g->buffers, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(g->ema_p, m->params, n * 4, cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(g->ema_b, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
+    uint8_t *grp = xmalloc(n);
+    memset(grp, OPT_NO_GROUP, n);
+    for (int ci = 0; ci < m->nconv; ci++) {
+        size_t off[3], len[3];
+        int pg[3];
+        model_segments(m, ci, off, len, pg);
+        for (int k = 0; k < 3; k++) memset(grp + off[k], pg[k], len[k]);
+    }
+    GPU_CHECK(cudaMemcpy(g->group, grp, n, cudaMemcpyHostToDevice));
+    free(grp);
+    f32_to_f16_cuda(g->params, g->w16, n, s);
+    // host side of the loss
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        size_t hb = (size_t)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
+        g->head_h[i] = xmalloc(hb);
+        g->dhead_h[i] = xmalloc(hb);
+    }
+    g->loss_bytes = loss_scratch_bytes(B, loss_num_anchors(H, W), lcfg->max_boxes);
+    g->loss_scratch = xmalloc(g->loss_bytes);
+    GPU_CHECK(cudaStreamSynchronize(s));
+    return g;
+}
+
+static void gpu_close(Gpu *g) {
+    GPU_CHECK(cudaFree(g->a->base));
+    for (int i = 0; i < 3; i++) free(g->head_h[i]), free(g->dhead_h[i]);
+    free(g->loss_scratch);
+    free(g->a);
+    free(g);
+}
+
+// gpu_forward_backward: uploads the uint8 batch img (B, 3, H, W), runs forward, loss and backward;
+// g->grads then holds the gradients times the loss scale (zeroed first: no accumulation).
+static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
+    cudaStream_t s = (cudaStream_t)g->stream;
+    long n = (long)g->B * 3 * g->H * g->W;
+    g->m->train = 1;
+    GPU_CHECK(cudaMemcpyAsync(g->x8, img, n, cudaMemcpyHostToDevice, s));
+    u8_to_f16_cuda(g->x8, g->x, n, s);
+    GPU_CHECK(cudaMemsetAsync(g->grads, 0, g->m->nparams * sizeof(float), s));
+    return gpu_schedule(g, tg, lcfg);
+}
+
+// gpu_optim_hyper: the OptimHyper of the next step (step count o->step + 1), as optim_step computes it
+static OptimHyper gpu_optim_hyper(const Optimizer *o, float inv_scale, float max_norm) {
+    OptimHyper h;
+    memset(&h, 0, sizeof h);
+    long step = o->step + 1;
+    double bc1 = 1 - pow(o->momentum, (double)step), bc2 = 1 - pow(o->beta2, (double)step);
+    for (int k = 0; k < 3; k++) {
+        h.lr[k] = (float)o->lr[k];
+        h.wd[k] = k == PG_WEIGHT ? (float)o->weight_decay : 0.f;
+        h.adam_step[k] = (float)(o->lr[k] / bc1);
+    }
+    h.momentum = (float)o->momentum;
+    h.beta2 = (float)o->beta2;
+    h.eps = (float)o->eps;
+    h.bc2_sqrt = (float)sqrt(bc2);
+    h.inv_scale = inv_scale;
+    h.max_norm = max_norm;
+    h.adamw = o->kind == OPT_ADAMW;
+    h.first = step == 1;
+    return h;
+}
+
+// gpu_optimize: unscale, finite check, clip to norm 10, SGD/AdamW (fused kernels), then the
+// GradScaler update and, when the step was taken, EMA and the FP16 weight copy. Returns 1 when the
+// step was taken; *norm_out (optional) gets the unscaled norm (inf when skipped).
+static int gpu_optimize(Gpu *g, double *norm_out) {
+    Model *m = g->m;
+    cudaStream_t s = (cudaStream_t)g->stream;
+    long n = (long)m->nparams;
+    float inv = 1.0f / g->scaler.scale, norm;
+    OptimHyper h = gpu_optim_hyper(&g->opt, inv, 10.0f);
+    optim_norm_cuda(g->grads, g->group, n, inv, g->partials, s);
+    optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm, s);
+    GPU_CHECK(cudaMemcpyAsync(&norm, g->norm, sizeof norm, cudaMemcpyDeviceToHost, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    if (norm_out) *norm_out = norm;
+    int taken = grad_scaler_update(&g->scaler, !isfinite(norm));
+    if (!taken) return 0;
+    g->opt.step++;
+    g->ema_updates++;
+    float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
+    ema_update_cuda(g->ema_p, g->params, n, d, s);
+    ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
+    f32_to_f16_cuda(g->params, g->w16, n, s);
+    return 1;
+}
+
+#endif // YOLO_CUDA
+
+// ------------------------------------------------------------------------------------------
 // main
 // ------------------------------------------------------------------------------------------
 #ifndef TESTING

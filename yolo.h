@@ -73,6 +73,18 @@ void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, 
 void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream);
 // f32_to_f16_cuda: y = x rounded to nearest FP16 (the weights' FP16 copy).
 void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *stream);
+// Views of the device training step (parts/gpu.c). FP16 data; ys, ss, ds: image strides (0 = dense
+// for ys), so an output can be a channel slice of a concat buffer.
+// upsample2_forward_f16_cuda: x dense (B, C, H, W) -> y (B, C, 2H, 2W), nearest (bit-exact with _cpu).
+void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
+// maxpool5_forward_f16_cuda: x dense (B, C, H, W) -> y, 5x5 stride 1 pad 2 max (bit-exact with _cpu).
+void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
+// add_f16_cuda: B blocks of n FP16: dst + b*ds += src + b*ss (FP32 sum rounded once; V_ADD).
+void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
+// add_f32_cuda: B blocks of n floats: dst + b*ds += src + b*ss (gradients into a conv's dA slice).
+void add_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream);
+// f16_to_f32_cuda: y = x, exact (the max-pool backward reads FP32 inputs).
+void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *stream);
 // ema_update_cuda: ema = d*ema + (1-d)*p over n floats.
 void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream);
 

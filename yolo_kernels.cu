@@ -545,6 +545,86 @@ extern "C" void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *strea
 }
 
 // ------------------------------------------------------------------------------------------
+// views of the training step (parts/gpu.c): FP16 upsample / max-pool into a concat slice, adds
+// ------------------------------------------------------------------------------------------
+
+// upsample2_forward_f16: nearest x2, one thread per output element; grid (ceil(4HW/256), C, B).
+// x dense (B, C, H, W) -> y (B, C, 2H, 2W) with image stride ys (a channel slice of a concat).
+__global__ void upsample2_forward_f16_kernel(const __half *x, __half *y, long ys, int C, int H, int W) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
+    if (i >= 4 * H * W) return;
+    int ox = i % (2 * W), oy = i / (2 * W);
+    y[b * ys + (long)c * 4 * H * W + i] = x[((long)b * C + c) * H * W + (oy / 2) * W + ox / 2];
+}
+extern "C" void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+    if ((long)B * C * H * W == 0) return;
+    dim3 grid(cdiv(4L * H * W, 256), (unsigned)C, (unsigned)B);
+    upsample2_forward_f16_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>((const __half *)x, (__half *)y,
+                                                                        ys ? ys : 4L * C * H * W, C, H, W);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// maxpool5_forward_f16: 5x5, stride 1, pad 2 (-inf), one thread per output reading its window
+// (FP16 max is exact, so the result equals the FP32 pool of the same values); grid (ceil(HW/256), C, B).
+// x dense (B, C, H, W) -> y with image stride ys.
+__global__ void maxpool5_forward_f16_kernel(const __half *x, __half *y, long ys, int C, int H, int W) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
+    if (i >= H * W) return;
+    int ox = i % W, oy = i / W;
+    const __half *p = x + ((long)b * C + c) * H * W;
+    float m = -INFINITY;
+    for (int dy = -2; dy <= 2; dy++)
+        for (int dx = -2; dx <= 2; dx++) {
+            int iy = oy + dy, ix = ox + dx;
+            if (iy >= 0 && iy < H && ix >= 0 && ix < W) m = fmaxf(m, __half2float(p[iy * W + ix]));
+        }
+    y[b * ys + (long)c * H * W + i] = __float2half(m);
+}
+extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+    if ((long)B * C * H * W == 0) return;
+    dim3 grid(cdiv((long)H * W, 256), (unsigned)C, (unsigned)B);
+    maxpool5_forward_f16_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>((const __half *)x, (__half *)y,
+                                                                       ys ? ys : (long)C * H * W, C, H, W);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// add_f16: dst[b*ds + i] += src[b*ss + i] (FP32 sum, rounded once); grid (ceil(n/256), B)
+__global__ void add_f16_kernel(const __half *src, long ss, __half *dst, long ds, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        __half *d = dst + blockIdx.y * ds + i;
+        *d = __float2half(__half2float(*d) + __half2float(src[blockIdx.y * ss + i]));
+    }
+}
+extern "C" void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream) {
+    if (B == 0 || n == 0) return;
+    add_f16_kernel<<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>((const __half *)src, ss, (__half *)dst, ds, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// add_f32: dst[b*ds + i] += src[b*ss + i]; grid (ceil(n/256), B)
+__global__ void add_f32_kernel(const float *src, long ss, float *dst, long ds, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[blockIdx.y * ds + i] += src[blockIdx.y * ss + i];
+}
+extern "C" void add_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream) {
+    if (B == 0 || n == 0) return;
+    add_f32_kernel<<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>(src, ss, dst, ds, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// f16_to_f32: y = x (exact)
+__global__ void f16_to_f32_kernel(const __half *x, float *y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __half2float(x[i]);
+}
+extern "C" void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *stream) {
+    if (n == 0) return;
+    f16_to_f32_kernel<<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>((const __half *)x, y, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------------------------------
 // optimizer, gradient clipping, EMA
 // ------------------------------------------------------------------------------------------
 

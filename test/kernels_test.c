@@ -381,6 +381,64 @@ static void test_convert_copy(long n, void *stream) {
     cudaFree(du); cudaFree(df); cudaFree(dh); cudaFree(dh2); cudaFree(dst); free(u); free(f); free(g1); free(g2); free(g3);
 }
 
+// the view kernels of the device step (the GPU section of yolo.c): FP16 upsample and max-pool into a channel slice
+// (extra channels per image, NaN-poisoned, must stay untouched), FP16 and FP32 strided adds, FP16 ->
+// FP32. All are data movement or one rounding of an exact FP32 sum: bit-exact.
+static void test_views_f16(int B, int C, int H, int W, void *stream) {
+    long n = (long)B * C * H * W, HW = (long)H * W, extra = 2 * HW;   // two channels of slack per image
+    float *xr = xmalloc(4 * n), *ref = xmalloc(16 * n);
+    uint16_t *x = rand_f16(n, -3, 3, xr);
+    for (long i = 0; i < n; i += 5) { x[i] = x[i / 2]; xr[i] = xr[i / 2]; }   // repeated values: ties
+    uint16_t *dx = (uint16_t *)to_dev(x, 2 * n), *dy;
+    for (int up = 0; up < 2; up++) {
+        long ny = up ? 4 * n : n, img = ny / B, ys = img + (up ? 4 : 1) * extra;
+        CK(cudaMalloc((void **)&dy, 2 * (size_t)B * ys));
+        CK(cudaMemset(dy, 0xff, 2 * (size_t)B * ys));
+        if (up) upsample2_forward_f16_cuda(dx, dy + (up ? 4 : 1) * extra / 2, ys, B, C, H, W, stream);
+        else maxpool5_forward_f16_cuda(dx, dy + extra / 2, ys, B, C, H, W, stream);
+        if (up) upsample2_forward_cpu(xr, ref, B, C, H, W);
+        else maxpool5_forward_cpu(xr, ref, B, C, H, W);
+        uint16_t *got = (uint16_t *)from_dev(dy, 2 * (size_t)B * ys);
+        long bad = 0, off = (up ? 4 : 1) * extra / 2;
+        for (int b = 0; b < B; b++)
+            for (long i = 0; i < ys; i++) {
+                uint16_t g = got[b * ys + i];
+                if (i >= off && i < off + img) bad += g != f32_to_f16(ref[b * img + i - off]);
+                else bad += g != 0xffff;
+            }
+        check(!bad, "%s B=%d C=%d %dx%d into a channel slice: bit-exact with %s on the fp16 values, nothing else written (%ld differ)",
+              up ? "upsample2_forward_f16_cuda" : "maxpool5_forward_f16_cuda", B, C, H, W,
+              up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu", bad);
+        cudaFree(dy); free(got);
+    }
+    // adds: src dense (B, n/B), dst with image stride n/B + 3
+    long m = n / B, ds = m + 3;
+    float *ar = xmalloc(4 * (size_t)B * ds), *f = rand_host(n, -2, 2), *g = rand_host((long)B * ds, -2, 2);
+    uint16_t *a = rand_f16((long)B * ds, -2, 2, ar), *da = (uint16_t *)to_dev(a, 2 * (size_t)B * ds);
+    add_f16_cuda(dx, m, da, ds, B, m, stream);
+    float *df = to_dev(f, 4 * n), *dg = to_dev(g, 4 * (size_t)B * ds), *dh;
+    add_f32_cuda(df, m, dg, ds, B, m, stream);
+    CK(cudaMalloc((void **)&dh, 4 * n));
+    f16_to_f32_cuda(dx, dh, n, stream);
+    uint16_t *ga = (uint16_t *)from_dev(da, 2 * (size_t)B * ds);
+    float *gg = from_dev(dg, 4 * (size_t)B * ds), *gh = from_dev(dh, 4 * n);
+    long bad1 = 0, bad2 = 0, bad3 = 0;
+    for (int b = 0; b < B; b++)
+        for (long i = 0; i < ds; i++) {
+            long o = b * ds + i;
+            uint16_t wa = i < m ? f32_to_f16(ar[o] + xr[b * m + i]) : a[o];
+            float wg = i < m ? g[o] + f[b * m + i] : g[o];
+            bad1 += ga[o] != wa;
+            bad2 += memcmp(&gg[o], &wg, 4) != 0;
+        }
+    for (long i = 0; i < n; i++) bad3 += memcmp(&gh[i], &xr[i], 4) != 0;
+    check(!bad1, "add_f16_cuda B=%d n=%ld strided: bit-exact with fp16(a + b) in fp32, padding untouched (%ld differ)", B, m, bad1);
+    check(!bad2, "add_f32_cuda B=%d n=%ld strided: bit-exact, padding untouched (%ld differ)", B, m, bad2);
+    check(!bad3, "f16_to_f32_cuda n=%ld: exact (%ld differ)", n, bad3);
+    cudaFree(dx); cudaFree(da); cudaFree(df); cudaFree(dg); cudaFree(dh);
+    free(x); free(xr); free(ref); free(ar); free(f); free(g); free(a); free(ga); free(gg); free(gh);
+}
+
 // a small Model whose flat parameter layout has the three groups and the frozen DFL weight at the end
 static Model *optim_model(void) {
     Model *m = xmalloc(sizeof *m);
@@ -561,6 +619,8 @@ int main(void) {
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
     test_convert_copy(1000, s);
+    test_views_f16(2, 3, 7, 9, NULL);
+    test_views_f16(1, 2, 20, 17, s);
     test_optim(OPT_SGD, 1.f, 10.f, s);
     test_optim(OPT_SGD, 0.01f, 10.f, NULL);
     test_optim(OPT_ADAMW, 1.f, 10.f, s);

@@ -1,34 +1,55 @@
 #!/usr/bin/env bash
 # run_emu.sh: the emulated CUDA suite (../shared/spec/cuda-on-cpu.md). Runs the kernel tests in the
 # three thread orders in strict mode, once in async mode with host traps, and the emulator's
-# selftest; then fails any __global__ kernel of yolo_kernels.cu that no test launched. Every run
+# selftest, and the device training step test (gpu_step_test, two thread orders, in the background
+# on a second core); then fails any __global__ kernel of yolo_kernels.cu that no test launched. Every run
 # prints its own "N passed, N failed" line (test/run.sh sums them); exit status non-zero on failure.
 # EMU_BIN selects the build (test/bin/emu, or test/bin/emu-asan for make emu-asan).
 cd "$(dirname "$0")/.." || exit 1
 bin=${EMU_BIN:-test/bin/emu}
 failed=0
 log=$(mktemp); trap 'rm -f "$log"' EXIT
-run() {   # run NAME ENV... -- CMD: one test run; a crash without a summary counts as one failure
-    local name=$1; shift
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+report() { # report NAME RC OUTPUT: prints a run's output; a crash without a summary counts as one failure
+    local name=$1 rc=$2 out=$3
     echo "== $name"
-    local out rc
-    out=$(env "${envs[@]}" EMU_LAUNCH_LOG="$log" "$@" 2>&1); rc=$?
     printf '%s\n' "$out" | grep -v '^[0-9]* passed, [0-9]* failed'
     local line; line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     if [ -z "$line" ]; then echo "FAIL  $name crashed (exit $rc) without a summary line"; echo "0 passed, 1 failed"; failed=1; return; fi
     echo "$line"
     if [ "$rc" -ne 0 ]; then failed=1; fi
 }
-if [ ! -x "$bin/kernels_test" ] || [ ! -x "$bin/emu_selftest" ]; then
+run() {   # run NAME ENV... -- CMD: one test run, in the foreground
+    local name=$1; shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    local out rc
+    out=$(env "${envs[@]}" EMU_LAUNCH_LOG="$log" "$@" 2>&1); rc=$?
+    report "$name" "$rc" "$out"
+}
+if [ ! -x "$bin/kernels_test" ] || [ ! -x "$bin/emu_selftest" ] || [ ! -x "$bin/gpu_step_test" ]; then
     echo "FAIL  emulated binaries missing in $bin (make emu-bins)"; echo "0 passed, 1 failed"; exit 1
 fi
+# the device training step (test/gpu_step_test.c, about a minute each in emulation) in two thread
+# orders, started in the background so that they overlap the kernel tests on the second core;
+# each has its own output, status and launch log, collected below
+gpu_orders=(forward random)
+case "$bin" in *asan*) gpu_orders=(random) ;; esac   # under the sanitizers one order (several minutes) is enough
+for order in "${gpu_orders[@]}"; do
+    ( env EMU_ORDER=$order EMU_SEED=3 EMU_STRICT=1 EMU_LAUNCH_LOG="$log.$order" "$bin/gpu_step_test" >"$log.$order.out" 2>&1
+      echo $? >"$log.$order.rc" ) &
+done
+trap 'rm -f "$log" "$log".*' EXIT
 for order in forward reverse random; do
     run "kernels_test (emulated, $order order, strict)" EMU_ORDER=$order EMU_STRICT=1 -- "$bin/kernels_test"
 done
 run "kernels_test (emulated, async streams, host traps, random order)" EMU_ASYNC=1 EMU_HOSTTRAP=1 EMU_ORDER=random EMU_SEED=7 -- "$bin/kernels_test"
 run "emu_selftest (the emulator's own tests)" EMU_STRICT=0 -- "$bin/emu_selftest"
+
+wait
+for order in "${gpu_orders[@]}"; do
+    report "gpu_step_test (emulated, $order order, strict; YOLOv8n 64x64 batch 2)" "$(cat "$log.$order.rc" 2>/dev/null || echo 1)" "$(cat "$log.$order.out")"
+    cat "$log.$order" >>"$log" 2>/dev/null
+done
 
 # every __global__ kernel of yolo_kernels.cu must be launched by some test
 echo "== kernel coverage"

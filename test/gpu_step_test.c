@@ -1,0 +1,217 @@
+// gpu_step_test.c: the device training step (the GPU section of yolo.c) against the CPU step of yolo.c on the same
+// weights, input and targets: YOLOv8n, nc 3, batch 2, 64x64. Built by test/emu.mk against the CPU
+// emulation of yolo_kernels.cu (run by test/run_emu.sh) and, with make test-gpu, against the real
+// cudart. Not named test_*.c: the main Makefile would build it without kernels.
+// Both sides use the same FP16-rounded conv weights and input. Tolerances (FP16 activations and dz,
+// FP32 accumulation), set from the measured error and NOT the 5e-3: at 64x64 the deepest maps
+// are 2x2, so BN normalises over 8 values and amplifies FP16 rounding (the per-layer error grows from
+// 5e-4 at model.0 to ~4e-2 in the 2x2 layers; no jump anywhere, which a wrong index would show):
+// loss components 2e-3 relative; head maps 6e-2 of max(1, |ref|); whole gradient 6e-2 relative L2;
+// each gradient tensor max |diff| <= 5e-2 * (its L2 norm + 1e-6 * the whole gradient's norm: the
+// floor covers the ~1e-12 gradients of level-2 box convs with no foreground, flushed in FP16); the
+// parameters after one SGD step the same way at 8e-2; the gradient norm 1.5e-2 relative.
+#ifndef TESTING
+#define TESTING
+#endif
+#define YOLO_CUDA
+#include "../yolo.c"
+
+#include "../yolo.h"
+#include "test.h"
+
+enum { TB = 2, TS = 64, TNC = 3 };
+
+// the CPU step as trainer_step + the optimizer, on model m (its own arena a); heads copied out
+static LossOut cpu_step(Model *m, Arena *a, const float *x, const LossTargets *tg, const LossConfig *lc, void *scratch,
+                        size_t lb, float *head_copy[3], size_t head_n[3]) {
+    m->train = 1;
+    m->infer = 0;
+    model_zero_grad(m);
+    model_forward(m, a, x, TB, TS, TS);
+    for (int i = 0; i < 3; i++) memcpy(head_copy[i], m->head[i], head_n[i] * sizeof(float));
+    model_head_grad(m, a);
+    LossOut lo = loss_forward_backward(lc, TB, m->nc, TS, TS, (const float *const *)m->head, m->dhead, tg, 1.f, scratch, lb, 0);
+    model_backward(m, a);
+    return lo;
+}
+
+static float *dev_floats(const float *d, size_t n) {
+    float *h = xmalloc(n * sizeof(float));
+    GPU_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// worst relative difference of a map, |got - ref| / max(1, |ref|)
+static double worst_rel(const float *got, const float *ref, size_t n, size_t *at) {
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]) / fmax(1.0, fabs(ref[i]));
+        if (!(d <= w)) w = d, *at = i;
+    }
+    return w;
+}
+
+int main(void) {
+    double t0 = now_sec();
+    Model *m = xcalloc(1, sizeof(Model));
+    Arena *a = model_open(m, 'n', TNC, TB, TS, TS, 11);
+    // input: smooth random blobs (uint8), the CPU sees x/255 as input_from_batch makes it
+    size_t nimg = (size_t)TB * 3 * TS * TS;
+    uint8_t *img = xmalloc(nimg);
+    float *x = xmalloc(nimg * sizeof(float));
+    Rng r;
+    rng_seed(&r, 5);
+    for (size_t i = 0; i < nimg; i++) {
+        int px = (int)(i % TS), py = (int)(i / TS % TS), ch = (int)(i / (TS * TS) % 3);
+        double v = 128 + 90 * sin(px * 0.21 + ch) * cos(py * 0.17 - ch) + rng_range(&r, -30, 30);
+        img[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        x[i] = half_to_float(float_to_half(img[i] * (1.f / 255.f)));   // the device's FP16 input
+    }
+    // the conv weights rounded to FP16 on both sides: the device convs read exactly these values
+    for (int ci = 0; ci < m->nconv; ci++) {
+        const Conv *c = &m->conv[ci];
+        for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++)
+            m->params[c->w_off + j] = half_to_float(float_to_half(m->params[c->w_off + j]));
+    }
+    int bidx[5] = {0, 0, 1, 1, 1}, cls[5] = {0, 2, 1, 0, 2};
+    float box[5][4] = {{0.3f, 0.3f, 0.3f, 0.25f}, {0.7f, 0.6f, 0.4f, 0.5f}, {0.5f, 0.5f, 0.6f, 0.6f},
+                       {0.2f, 0.75f, 0.2f, 0.3f}, {0.8f, 0.2f, 0.25f, 0.2f}};
+    LossTargets tg = {5, bidx, cls, &box[0][0]};
+    LossConfig lc = loss_config_default();
+    size_t lb = loss_scratch_bytes(TB, loss_num_anchors(TS, TS), lc.max_boxes);
+    void *scratch = xmalloc(lb);
+    Optimizer opt = {.kind = OPT_SGD, .lr = {0.01, 0.01, 0.01}, .momentum = 0.937, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 5e-4};
+    opt.m = xcalloc(m->nparams, sizeof(float));
+
+    // the device step: plan, one cudaMalloc, weights uploaded before the CPU step moves the BN stats
+    Gpu *g = gpu_open(m, TB, TS, TS, &opt, &lc);
+    printf("device arena: %.2f MiB planned by a dry run, params %zu\n", g->plan / 1048576.0, m->nparams);
+    g->scaler.scale = 1024.f;   // a scale whose gradients stay finite in FP16 here (65536 overflows at step 1)
+
+    float *hc[3];
+    size_t hn[3];
+    for (int i = 0; i < 3; i++) {
+        const Conv *bx = &m->conv[m->head_conv[i][0]];
+        hn[i] = (size_t)TB * (REG_MAX * 4 + TNC) * bx->Ho * bx->Wo;
+        hc[i] = xmalloc(hn[i] * sizeof(float));
+    }
+    double t1 = now_sec();
+    LossOut lo_c = cpu_step(m, a, x, &tg, &lc, scratch, lb, hc, hn);
+    double t2 = now_sec();
+    LossOut lo_g = gpu_forward_backward(g, img, &tg, &lc);
+    GPU_CHECK(cudaDeviceSynchronize());
+    double t3 = now_sec();
+    printf("CPU step %.2f s, emulated device step %.2f s\n", t2 - t1, t3 - t2);
+
+    // 1. head maps (FP16 path) against the FP32 CPU forward
+    for (int i = 0; i < 3; i++) {
+        size_t at = 0;
+        double w = worst_rel(g->head_h[i], hc[i], hn[i], &at);
+        check(w <= 6e-2, "head map %d (%zu values): worst |gpu - cpu| / max(1, |cpu|) %.3g at %zu (gpu %g cpu %g), tol 6e-2 (FP16 through 50 layers)",
+              i, hn[i], w, at, g->head_h[i][at], hc[i][at]);
+    }
+    // 2. loss components
+    double lc_c[3] = {lo_c.box, lo_c.cls, lo_c.dfl}, lc_g[3] = {lo_g.box, lo_g.cls, lo_g.dfl};
+    const char *ln[3] = {"box", "cls", "dfl"};
+    for (int k = 0; k < 3; k++) {
+        double rel = fabs(lc_g[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12);
+        check(rel <= 2e-3, "loss %s: gpu %.7g cpu %.7g, relative diff %.3g, tol 2e-3", ln[k], lc_g[k], lc_c[k], rel);
+    }
+    check(lo_g.n_fg == lo_c.n_fg, "foreground anchors: gpu %d cpu %d (same assignment)", lo_g.n_fg, lo_c.n_fg);
+    // 3. gradients, per tensor: max |gpu/scale - cpu| <= 5e-3 * ||cpu||_2
+    float *gg = dev_floats(g->grads, m->nparams);
+    for (size_t i = 0; i < m->nparams; i++) gg[i] /= g->scaler.scale;
+    int nbad = 0, ntens = 0;
+    double worst = 0, tot = 0, dtot = 0;
+    char wname[80] = "";
+    for (size_t i = 0; i < m->nparams; i++) tot += (double)m->grads[i] * m->grads[i], dtot += ((double)gg[i] - m->grads[i]) * ((double)gg[i] - m->grads[i]);
+    tot = sqrt(tot), dtot = sqrt(dtot);
+    check(dtot <= 6e-2 * tot, "whole gradient: ||gpu - cpu||_2 / ||cpu||_2 = %.3g (||cpu||_2 %.4g), tol 6e-2", dtot / tot, tot);
+    for (int ci = 0; ci < m->nconv; ci++) {
+        size_t off[3], len[3];
+        int pg[3];
+        model_segments(m, ci, off, len, pg);
+        for (int k = 0; k < 3; k++) {
+            if (!len[k]) continue;
+            double nrm = 0, md = 0;
+            for (size_t j = 0; j < len[k]; j++) {
+                nrm += (double)m->grads[off[k] + j] * m->grads[off[k] + j];
+                md = fmax(md, fabs((double)gg[off[k] + j] - m->grads[off[k] + j]));
+            }
+            nrm = sqrt(nrm);
+            double rel = md / (nrm + 1e-6 * tot);
+            ntens++;
+            if (!(rel <= 5e-2)) {
+                nbad++;
+                if (nbad <= 5) printf("  over: %s (%dx%d) %s max|diff| %.3g norm %.3g (%.3g)\n", m->conv[ci].name, m->conv[ci].Ho, m->conv[ci].Wo, k == 0 ? "weight" : k == 1 ? "bias" : "gamma", md, nrm, rel);
+            }
+            if (!(rel <= worst)) worst = rel, snprintf(wname, sizeof wname, "%s %s", m->conv[ci].name, k == 0 ? "weight" : k == 1 ? "bias" : "gamma");
+        }
+    }
+    check(!nbad, "gradients of %d tensors: worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 ||cpu||_2) = %.3g (%s), tol 5e-2, %d over",
+          ntens, worst, wname, nbad);
+    // 4. BN running stats after the forward
+    float *bg = dev_floats(g->buffers, m->nbuffers);
+    size_t at = 0;
+    double wb = worst_rel(bg, m->buffers, m->nbuffers, &at);
+    check(wb <= 2e-3, "BN running mean/var after one train forward (%zu values): worst rel diff %.3g, tol 2e-3", m->nbuffers, wb);
+    free(bg);
+
+    // 5. one optimizer step on both: norm, then the parameters (SGD, clip 10)
+    float *p0 = xmalloc(m->nparams * sizeof(float));
+    memcpy(p0, m->params, m->nparams * sizeof(float));
+    double norm_c = grad_clip_norm(m, 10.0), norm_g = 0;
+    optim_step(&opt, m);
+    int taken = gpu_optimize(g, &norm_g);
+    check(taken, "device optimizer step taken (finite gradients at scale 1024)");
+    check_close("gradient norm (unscaled), gpu vs cpu (tol 1.5e-2 relative)", norm_g, norm_c, 1.5e-2 * norm_c);
+    float *pg_ = dev_floats(g->params, m->nparams);
+    nbad = 0; worst = 0;
+    double utot = 0;
+    for (size_t i = 0; i < m->nparams; i++) utot += ((double)m->params[i] - p0[i]) * ((double)m->params[i] - p0[i]);
+    utot = sqrt(utot);
+    for (int ci = 0; ci < m->nconv; ci++) {
+        size_t off[3], len[3];
+        int pgr[3];
+        model_segments(m, ci, off, len, pgr);
+        for (int k = 0; k < 3; k++) {
+            double un = 0, md = 0;
+            for (size_t j = 0; j < len[k]; j++) {
+                double d = m->params[off[k] + j] - p0[off[k] + j];
+                un += d * d;
+                md = fmax(md, fabs((double)pg_[off[k] + j] - m->params[off[k] + j]));
+            }
+            if (!len[k]) continue;
+            double rel = md / (sqrt(un) + 1e-6 * utot);
+            if (!(rel <= 8e-2)) nbad++;
+            if (!(rel <= worst)) worst = rel;
+        }
+    }
+    check(!nbad, "parameters after one SGD step: worst max|gpu - cpu| / (||cpu tensor update||_2 + 1e-6 ||cpu update||_2) = %.3g, tol 8e-2 (the clip factor differs too), %d tensors over", worst, nbad);
+    free(pg_);
+
+    // 6. a forced overflow: inf in one gradient of the last step (the optimizer leaves the gradients
+    //    as they are) -> step skipped, scale halved, nothing updated
+    float inf = INFINITY, scale0 = g->scaler.scale;
+    long step0 = g->opt.step;
+    GPU_CHECK(cudaMemcpy(g->grads + m->conv[5].w_off + 3, &inf, sizeof inf, cudaMemcpyHostToDevice));
+    float *pb = dev_floats(g->params, m->nparams), *eb = dev_floats(g->ema_p, m->nparams);
+    double nrm_inf = 0;
+    int took = gpu_optimize(g, &nrm_inf);
+    float *pa = dev_floats(g->params, m->nparams), *ea = dev_floats(g->ema_p, m->nparams);
+    check(!took && isinf(nrm_inf) && g->scaler.scale == scale0 / 2 && g->opt.step == step0 &&
+          !memcmp(pa, pb, m->nparams * 4) && !memcmp(ea, eb, m->nparams * 4),
+          "forced overflow (inf in %s.weight): step skipped (%d), norm %g, scale %g -> %g, step count kept, weights and EMA bit-identical",
+          m->conv[5].name, !took, nrm_inf, scale0, g->scaler.scale);
+    free(pa); free(pb); free(ea); free(eb);
+
+    // 7. memory: the device arena's high-water mark is exactly its dry-run plan
+    check(g->a->high == g->plan && g->a->n == 11 + (g->opt_v != NULL),
+          "device arena: high-water mark %zu bytes == plan %zu; %d blocks live after the steps (the persistent ones)",
+          g->a->high, g->plan, g->a->n);
+    printf("total %.1f s\n", now_sec() - t0);
+    gpu_close(g);
+    free(gg); free(p0); free(img); free(x); free(scratch); free(opt.m);
+    for (int i = 0; i < 3; i++) free(hc[i]);
+    return test_summary();
+}
