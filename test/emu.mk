@@ -59,13 +59,17 @@ emu-asan:
 cuda-check:
 	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o /dev/null
 
-test-gpu: test/bin/gpu/kernels_test
+test-gpu: test/bin/gpu/kernels_test test/bin/gpu/gpu_step_test
 test/bin/gpu/yolo_kernels.o: yolo_kernels.cu yolo.h
 	@mkdir -p test/bin/gpu
 	$(EMU_NVCC) -std=c++17 -O3 $(EMU_GENCODE) -c -o $@ $<
 test/bin/gpu/kernels_test: test/kernels_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
 	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include -c -o test/bin/gpu/kernels_test.o $<
 	$(EMU_CXX) -o $@ test/bin/gpu/kernels_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart -lcublas $(EMU_LDLIBS)
+	@echo "built $@ (run it on a machine with a GPU)"
+test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
+	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I. -I$(EMU_CUDA)/include -c -o test/bin/gpu/gpu_step_test.o $<
+	$(EMU_CXX) -o $@ test/bin/gpu/gpu_step_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart -lcublas $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 
 .PHONY: emu-bins test-emu emu-asan cuda-check test-gpu
