@@ -6976,8 +6976,11 @@ static int cmd_predict(int argc, char **argv) {
     a->cap = SIZE_MAX;
     model_alloc_params(m, a);
     float *x = afloat(a, (size_t)3 * S * S, G_INPUT);
-    model_forward(m, a, NULL, 1, S, S);
-    model_release(m, a);
+    for (int side = 32; side <= S; side += 32)   // every input shape predict can make: one side S
+        for (int o = 0; o < 2; o++) {
+            model_forward(m, a, NULL, 1, o ? S : side, o ? side : S);
+            model_release(m, a);
+        }
     size_t total = a->high;
     free(a);
     a = xcalloc(1, sizeof(Arena));
@@ -7007,14 +7010,19 @@ static int cmd_predict(int argc, char **argv) {
             nbad++;
             continue;
         }
+        // LetterBox(auto=True) as Ultralytics predicts: scale the long side to S, then pad only up
+        // to the next multiple of 32 (the largest stride), not to a square
         Letterbox lb;
         letterbox_params(img.w, img.h, S, S, 1, &lb);
-        letterbox_apply(img.px, img.w, img.h, lb_img, S, S, &lb);
+        int PW = lb.nw + (S - lb.nw) % 32, PH = lb.nh + (S - lb.nh) % 32;
+        lb.left = (int)nearbyint((PW - lb.nw) / 2.0 - 0.1);
+        lb.top = (int)nearbyint((PH - lb.nh) / 2.0 - 0.1);
+        letterbox_apply(img.px, img.w, img.h, lb_img, PW, PH, &lb);
         for (int ch = 0; ch < 3; ch++)
-            for (size_t i = 0; i < (size_t)S * S; i++) x[(size_t)ch * S * S + i] = lb_img[i * 3 + ch] * (1.f / 255.f);
+            for (size_t i = 0; i < (size_t)PW * PH; i++) x[(size_t)ch * PW * PH + i] = lb_img[i * 3 + ch] * (1.f / 255.f);
         double t0 = now_sec();
-        model_forward(m, a, x, 1, S, S);
-        int n = nms_run_maps(&nms, (const float *const *)m->head, 0, S, S, dets);
+        model_forward(m, a, x, 1, PH, PW);
+        int n = nms_run_maps(&nms, (const float *const *)m->head, 0, PH, PW, dets);
         model_release(m, a);
         double ms = (now_sec() - t0) * 1e3;
         const char *base = strrchr(files[f], '/') ? strrchr(files[f], '/') + 1 : files[f];
@@ -7023,7 +7031,7 @@ static int cmd_predict(int argc, char **argv) {
         if (strrchr(stem, '.')) *strrchr(stem, '.') = 0;
         snprintf(path, sizeof path, "%s/%s.txt", ldir, stem);
         FILE *tf = xfopen(path, "w");
-        printf("%s: %dx%d, %d detections, %.1f ms\n", files[f], img.w, img.h, n, ms);
+        printf("%s: %dx%d at %dx%d, %d detections, %.1f ms\n", files[f], img.w, img.h, PW, PH, n, ms);
         for (int i = 0; i < n; i++) {
             Det *d = &dets[i];
             // back to original pixels, clipped to the image (scale_boxes + clip_boxes)
