@@ -6180,6 +6180,7 @@ typedef struct {
     float *bn_keep;            // (nbuffers) running stats before the current step, restored if it fails
     int B, S, nb, accumulate;
     int vB;                    // validation batch: 2 x B when training (spec 4.5), batch= for yolo val
+    int B_last, vB_last;       // sizes of the short last batches (0: none), planned as well
     double wd, initial_lr;
     Nms nms;
     Det *dets;                 // (max_det)
@@ -6278,8 +6279,10 @@ static Plan trainer_plan_layout(Trainer *t, int nshape, const int (*shape)[2], s
     t->arena = a;
     trainer_alloc(t, a, xfloats, train);
     if (step) trainer_step(t, NULL, t->B, t->S, t->S, 1);
+    if (step && t->B_last) trainer_step(t, NULL, t->B_last, t->S, t->S, 1);   // the short last batch too
     for (int i = 0; i < nshape; i++) {
-        trainer_step(t, NULL, t->vB, shape[i][0], shape[i][1], 0);
+        int vb = i == nshape - 1 && t->vB_last ? t->vB_last : t->vB;
+        trainer_step(t, NULL, vb, shape[i][0], shape[i][1], 0);
         model_release(&t->m, a);
     }
     Plan p = {.total = a->high};
@@ -6680,6 +6683,8 @@ static int train_run(Config cfg) {
     const Loader *vl = t->val_ld;
     size_t xfloats = (size_t)t->B * 3 * t->S * t->S;
     for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
+    t->B_last = t->train_ds.n % t->B;
+    t->vB_last = t->val_ds.n % t->vB;
     Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 1);
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
@@ -6848,8 +6853,9 @@ static int train_run(Config cfg) {
     }
     double total = now_sec() - t_start;
     printf("%d epochs completed in %.1f s (%.3f hours); best fitness (mAP50-95) %.4f at epoch %d; %d steps skipped for "
-           "non-finite values\nresults saved to %s\n", t->epoch, total, total / 3600, t->best_fitness, t->best_epoch + 1,
-           t->nan_skips, t->dir);
+           "non-finite values\nmemory: the arena's high-water mark was %.1f of %.1f MiB planned\nresults saved to %s\n", t->epoch,
+           total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->arena->high / 1048576.0,
+           t->arena->cap / 1048576.0, t->dir);
     loader_close(t->train_ld);
     loader_close(t->val_ld);
     nms_free(&t->nms);
@@ -6891,6 +6897,7 @@ static int cmd_val(int argc, char **argv) {
         xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
         Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
     }
+    t->vB_last = t->val_ds.n % t->vB;
     Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 0);
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
