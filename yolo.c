@@ -6326,10 +6326,6 @@ static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed
     } else {   // load everything except the class branch outputs, which depend on nc
         Model *src = xmalloc(sizeof(Model));
         model_build(src, fscale, fnc);
-        Arena *a = xcalloc(1, sizeof(Arena));
-        a->cap = SIZE_MAX;
-        Plan p = model_plan(src, 1, 64, 64);
-        (void)p;
         src->params = xmalloc(src->nparams * sizeof(float));
         src->buffers = xmalloc(src->nbuffers * sizeof(float));
         StateDict *ssd = xcalloc(1, sizeof(StateDict));
@@ -6343,7 +6339,7 @@ static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed
             }
         fprintf(stderr, "model=%s has nc=%d, the data has nc=%d: the class outputs (model.22.cv3.*.2) are re-initialised, "
                 "%d other tensors loaded\n", spec, fnc, nc, copied);
-        free(src->params); free(src->buffers); free(src); free(ssd); free(a);
+        free(src->params); free(src->buffers); free(src); free(ssd);
     }
     free(sd);
 }
