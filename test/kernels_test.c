@@ -7,6 +7,7 @@
 #ifndef TESTING
 #define TESTING
 #endif
+#define YOLO_CUDA   // the GPU section of yolo.c too (gpu_optim_hyper)
 #include "../yolo.c"
 #include "../yolo.h"
 #include <cuda_runtime_api.h>
@@ -459,20 +460,6 @@ static Model *optim_model(void) {
     m->grads = xmalloc(4 * m->nparams);
     return m;
 }
-static OptimHyper optim_hyper(const Optimizer *o, float inv_scale, float max_norm) {
-    OptimHyper h;
-    memset(&h, 0, sizeof h);
-    long step = o->step + 1;
-    double bc1 = 1 - pow(o->momentum, (double)step), bc2 = 1 - pow(o->beta2, (double)step);
-    for (int g = 0; g < 3; g++) {
-        h.lr[g] = (float)o->lr[g];
-        h.wd[g] = g == PG_WEIGHT ? (float)o->weight_decay : 0.f;
-        h.adam_step[g] = (float)(o->lr[g] / bc1);
-    }
-    h.momentum = (float)o->momentum; h.beta2 = (float)o->beta2; h.eps = (float)o->eps; h.bc2_sqrt = (float)sqrt(bc2);
-    h.inv_scale = inv_scale; h.max_norm = max_norm; h.adamw = o->kind == OPT_ADAMW; h.first = step == 1;
-    return h;
-}
 // optim_norm_cuda + optim_step_cuda (loss scale 1024, gradients given scaled) against grad_clip_norm +
 // optim_step on the unscaled gradients, three steps; then a forced overflow skips the step and
 // halves the GradScaler.
@@ -504,7 +491,7 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         for (long i = 0; i < n; i++) { m->grads[i] = (float)rng_range(&rng, -gmag, gmag); gs[i] = m->grads[i] * S; }
         memcpy(p0, m->params, 4 * n);
         CK(cudaMemcpy(dg, gs, 4 * n, cudaMemcpyHostToDevice));
-        OptimHyper h = optim_hyper(&o, 1.f / S, max_norm);
+        OptimHyper h = gpu_optim_hyper(&o, 1.f / S, max_norm);
         optim_norm_cuda(dg, dgroup, n, 1.f / S, partials, stream);
         optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
         double norm = max_norm > 0 ? grad_clip_norm(m, max_norm) : 0;
@@ -540,7 +527,7 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         for (long i = 0; i < n; i++) gs[i] = (float)rng_range(&rng, -gmag, gmag) * gsc.scale;
         gs[n / 2] = t == 0 ? INFINITY : NAN;
         CK(cudaMemcpy(dg, gs, 4 * n, cudaMemcpyHostToDevice));
-        OptimHyper h = optim_hyper(&o, 1.f / gsc.scale, max_norm);
+        OptimHyper h = gpu_optim_hyper(&o, 1.f / gsc.scale, max_norm);
         optim_norm_cuda(dg, dgroup, n, 1.f / gsc.scale, partials, stream);
         optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
         float *gp = from_dev(dp, 4 * n), *gm = from_dev(dm, 4 * n), *gn = from_dev(dnorm, 4);
