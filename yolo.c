@@ -5881,6 +5881,14 @@ static const uint8_t SHAPE_COLORS[4][3] = {{225, 40, 40}, {40, 190, 60}, {45, 85
 static const uint8_t PALETTE[10][3] = {{255, 56, 56}, {72, 249, 10}, {0, 194, 255}, {255, 178, 29}, {207, 210, 49},
                                        {146, 204, 23}, {61, 219, 134}, {26, 147, 52}, {0, 212, 187}, {255, 112, 31}};
 
+// image_draw_detection: a box in class cls's palette colour with its text on a label above it
+// (inside the box when there is no room above); labels, predictions and validation pictures.
+static void image_draw_detection(Image *img, int x1, int y1, int x2, int y2, int cls, const char *text, int thickness) {
+    const uint8_t *col = PALETTE[cls % 10];
+    image_draw_box(img, x1, y1, x2, y2, col[0], col[1], col[2], thickness);
+    image_draw_label(img, x1, y1 - 9 >= 0 ? y1 - 9 : y1, text, col[0], col[1], col[2]);
+}
+
 // shape_inside: is (u, v) in [-1, 1]^2 (box-normalised) inside shape class cls? Every shape
 // touches all four sides of its box, so the box label is exact.
 static int shape_inside(int cls, double u, double v) {
@@ -6009,12 +6017,9 @@ static void batch_draw(const Batch *bt, int b, const DataConfig *cfg, Image *out
     for (int i = 0; i < bt->n; i++) {
         if (bt->batch_idx[i] != b) continue;
         const float *bx = bt->box + 4 * i;
-        const uint8_t *col = PALETTE[bt->cls[i] % 10];
         int x1 = (int)((bx[0] - bx[2] / 2) * W), y1 = (int)((bx[1] - bx[3] / 2) * H);
         int x2 = (int)((bx[0] + bx[2] / 2) * W), y2 = (int)((bx[1] + bx[3] / 2) * H);
-        image_draw_box(out, x1, y1, x2, y2, col[0], col[1], col[2], 2);
-        const char *name = bt->cls[i] < cfg->nc ? cfg->names[bt->cls[i]] : "?";
-        image_draw_label(out, x1, y1 - 9 >= 0 ? y1 - 9 : y1, name, col[0], col[1], col[2]);
+        image_draw_detection(out, x1, y1, x2, y2, bt->cls[i], bt->cls[i] < cfg->nc ? cfg->names[bt->cls[i]] : "?", 2);
     }
 }
 
@@ -6526,11 +6531,9 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
                 for (int i = 0; i < n; i++) {
                     if (t->dets[i].score < 0.25f) continue;
                     Det *d = &t->dets[i];
-                    const uint8_t *cl = PALETTE[d->cls % 10];
-                    image_draw_box(&pic, (int)d->x1 + b * bt->W, (int)d->y1, (int)d->x2 + b * bt->W, (int)d->y2, cl[0], cl[1], cl[2], 1);
                     char lab[96];
                     snprintf(lab, sizeof lab, "%s %.2f", t->data.names[d->cls], d->score);
-                    image_draw_label(&pic, (int)d->x1 + b * bt->W, (int)d->y1 - 9, lab, cl[0], cl[1], cl[2]);
+                    image_draw_detection(&pic, (int)d->x1 + b * bt->W, (int)d->y1, (int)d->x2 + b * bt->W, (int)d->y2, d->cls, lab, 1);
                 }
             }
         }
@@ -7042,12 +7045,10 @@ static int cmd_predict(int argc, char **argv) {
             float x2 = fminf(fmaxf((d->x2 - lb.left) / (float)lb.r, 0), img.w), y2 = fminf(fmaxf((d->y2 - lb.top) / (float)lb.r, 0), img.h);
             fprintf(tf, "%d %.6f %.6f %.6f %.6f %.5f\n", d->cls, (x1 + x2) / 2 / img.w, (y1 + y2) / 2 / img.h, (x2 - x1) / img.w,
                     (y2 - y1) / img.h, d->score);
-            const uint8_t *cl = PALETTE[d->cls % 10];
-            image_draw_box(&img, (int)x1, (int)y1, (int)x2, (int)y2, cl[0], cl[1], cl[2], 2);
             char lab[128];
-            snprintf(lab, sizeof lab, "%s %.2f", dc.names ? dc.names[d->cls] : "", d->score);
-            if (!dc.names) snprintf(lab, sizeof lab, "%d %.2f", d->cls, d->score);
-            image_draw_label(&img, (int)x1, (int)y1 - 9 < 0 ? (int)y1 : (int)y1 - 9, lab, cl[0], cl[1], cl[2]);
+            if (dc.names) snprintf(lab, sizeof lab, "%s %.2f", dc.names[d->cls], d->score);
+            else snprintf(lab, sizeof lab, "%d %.2f", d->cls, d->score);
+            image_draw_detection(&img, (int)x1, (int)y1, (int)x2, (int)y2, d->cls, lab, 2);
         }
         fclose(tf);
         snprintf(path, sizeof path, "%s/%s.jpg", dir, stem);
