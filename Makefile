@@ -10,12 +10,28 @@ BENCHES  = $(patsubst test/%.c,test/bin/%,$(wildcard test/bench_*.c))
 comma   := ,
 NVCC    := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
-BANNER  := $(shell $(CC) --version | head -n 1); OpenMP on; $(if $(NVCC),nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') found (kernels: make cuda-check$(comma) make test-gpu)$(if $(GPU_ARCH),$(comma) GPU sm_$(GPU_ARCH),$(comma) no GPU),no nvcc)
+# CUDA: on when nvcc is found (CUDA=0 forces the CPU-only build). The kernels are compiled for the
+# GPU nvidia-smi reports, else for every shipped architecture; CUDA_ARCH=86 (or "80 90") overrides.
+# Only the CUDA runtime (static) is linked; no cuDNN, no cuBLAS.
+CUDA      ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= $(if $(GPU_ARCH),$(GPU_ARCH),75 80 86 89 90)
+CUDA_GENCODE = $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+BANNER  := $(shell $(CC) --version | head -n 1); OpenMP on; $(if $(NVCC),nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')$(if $(GPU_ARCH),$(comma) GPU sm_$(GPU_ARCH),$(comma) no GPU on this machine),no nvcc)
 all: yolo
 
+ifeq ($(CUDA),1)
+yolo: $(SRC) yolo_kernels.o
+	@echo "yolo.c: CUDA + CPU build, kernels for sm_$(CUDA_ARCH) ($(BANNER)); without a GPU at run time it trains on the CPU"
+	$(CC) $(CFLAGS) -DYOLO_CUDA -I$(CUDA_HOME)/include -o $@ yolo.c yolo_kernels.o $(LDLIBS) -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -ldl -lpthread -lstdc++
+
+yolo_kernels.o: yolo_kernels.cu yolo.h
+	$(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -c -o $@ yolo_kernels.cu
+else
 yolo: $(SRC)
-	@echo "yolo.c: CPU trainer build ($(BANNER))"
+	@echo "yolo.c: CPU-only build ($(BANNER))"
 	$(CC) $(CFLAGS) -o $@ yolo.c $(LDLIBS)
+endif
 
 test/bin/%: test/%.c test/test.h $(SRC)
 	@mkdir -p test/bin
@@ -63,7 +79,7 @@ clean-tests:
 	rm -rf test/bin
 
 clean: clean-tests
-	rm -f yolo
+	rm -f yolo yolo_kernels.o
 
 -include test/emu.mk
 

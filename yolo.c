@@ -6071,6 +6071,691 @@ static int cmd_augment(int argc, char **argv) {
 }
 
 // ------------------------------------------------------------------------------------------
+// GPU training step (compiled with YOLO_CUDA; the kernels are in yolo_kernels.cu)
+// ------------------------------------------------------------------------------------------
+/*
+ * One training step on the device, mirroring the CPU step (model_forward, loss, model_backward,
+ * grad_clip_norm, optim_step, ema_update) conv for conv in m->exec order:
+ *   - memory: ONE cudaMalloc, a device Arena with the same first-fit allocator, sized by a dry
+ *     run of this same schedule (gpu_schedule with the arena's base NULL, nothing launched);
+ *   - numbers: FP32 master weights, gradients, optimizer state, EMA and BN statistics; an FP16
+ *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP32
+ *     gradient buffers dA; FP32 Detect head maps (B, 64+NC, H_i, W_i) with the bias added;
+ *   - views (V_SLICE, V_ADD, V_CAT, V_UP, V_POOL) are materialised for the whole batch by kernels
+ *     writing into channel slices of the conv's input buffer, as value_materialize does per image;
+ *   - loss scaling: torch.cuda.amp.GradScaler (yolo.h); the loss gradient is computed scaled, the
+ *     optimizer unscales, checks for inf/NaN (skip + halve) and clips the norm to 10.
+ * DEVIATIONS (GPU step):
+ *   - the loss runs on the host: the three head maps are copied down, loss_forward_backward runs
+ *     on the CPU and the scaled dhead is copied back (a device loss kernel is future work);
+ *   - activations, dz and the FP16 weight copy carry FP16 rounding (Ultralytics AMP does too);
+ *   - a skipped step (inf/NaN gradient) keeps the BN running statistics of its forward (as
+ *     Ultralytics); the CPU trainer restores them.
+ */
+#ifdef YOLO_CUDA
+#include <cuda_runtime_api.h>
+#include "yolo.h"
+
+#define GPU_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) \
+    die("%s: %s (hint: run the emulated tests, make test-emu)", #x, cudaGetErrorString(e_)); } while (0)
+
+typedef struct Gpu {
+    Model *m;                 // the host model: graph, shapes, parameter offsets (its arrays are not used here)
+    Arena *a;                 // device arena; base NULL in the dry run
+    void *stream;             // cudaStream_t, NULL = default stream
+    int B, H, W;              // the step's batch and input size (planned)
+    size_t plan;              // bytes of the arena: high-water mark of the dry run
+    // persistent (G_PARAMS .. G_INPUT)
+    float *params, *grads;    // (nparams) FP32 master weights / gradients (scaled by the loss scale)
+    uint16_t *w16;            // (nparams) FP16 copy of params, refreshed after every optimizer step
+    float *buffers;           // (nbuffers) BN running mean/var
+    float *bn_keep;           // (nbuffers) the running stats before the last training forward (gpu_bn_restore)
+    float *opt_m, *opt_v;     // (nparams) momentum / Adam moments (opt_v NULL for SGD)
+    float *ema_p, *ema_b;     // (nparams), (nbuffers) ModelEMA
+    uint8_t *group;           // (nparams) PG_* of each parameter, OPT_NO_GROUP for the frozen DFL weight
+    float *partials;          // (2*OPT_NORM_BLOCKS) optim_norm_cuda partial sums
+    float *norm;              // (1) the unscaled gradient norm of the last step (inf: skipped)
+    uint8_t *x8;              // (B, 3, H, W) uint8 input staging
+    uint16_t *x;              // (B, 3, H, W) FP16 input in [0, 1]
+    // per step
+    uint16_t *z[MAX_CONVS];   // (B, Cout, Ho, Wo) FP16 pre-BN conv output (NULL for Detect outputs)
+    float *stats[MAX_CONVS];  // (2, Cout) batch mean, then invstd
+    float *dA[MAX_CONVS];     // (B, Cout, Ho, Wo) FP32 gradient of the activated output, image stride zs
+    long zs[MAX_CONVS];       // elements between images of z / dA (the head map's for Detect outputs)
+    float *head[3], *dhead[3];// (B, 64+NC, H_i, W_i) FP32 raw Detect maps and their (scaled) gradient
+    // host side
+    float *head_h[3], *dhead_h[3];   // host copies of the head maps and gradients for the CPU loss
+    void *loss_scratch;
+    size_t loss_bytes;
+    Optimizer opt;            // host: kind, lr, momentum, decay, step count (its m, v unused)
+    GradScaler scaler;
+    long ema_updates;
+    int ema_on;               // gpu_use_ema: params/buffers are swapped with the EMA's
+    size_t plan_at[G_NGROUPS];// bytes per group live at the plan's high-water mark
+    size_t mem_total, mem_before, mem_after;   // cudaMemGetInfo: device total; in use before / after the cudaMalloc
+} Gpu;
+
+// GpuShape: one step the arena must hold: a training step (forward, loss, backward) or an
+// evaluation forward, for a batch of B images of H x W
+typedef struct { int B, H, W, train; } GpuShape;
+
+// gpu_zalloc: arena_alloc plus an async memset to 0 on the device (nothing in a dry run)
+static void *gpu_zalloc(Gpu *g, size_t bytes, int group) {
+    void *p = arena_alloc(g->a, bytes, group);
+    if (!arena_dry(g->a)) GPU_CHECK(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)g->stream));
+    return p;
+}
+#define gf32(g, n, grp) ((float *)arena_alloc((g)->a, (size_t)(n) * 4, (grp)))
+#define gzf32(g, n, grp) ((float *)gpu_zalloc((g), (size_t)(n) * 4, (grp)))
+#define gf16(g, n, grp) ((uint16_t *)arena_alloc((g)->a, (size_t)(n) * 2, (grp)))
+
+// gpu_conv_dims: the ConvDims of conv c for the whole batch (dense x and z unless strides are set)
+static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
+    return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs};
+}
+
+// ---- forward ----
+
+// gpu_value_materialize: value vi of the whole batch, (B, C, H, W) FP16, into out whose images are
+// os elements apart (out may be a channel slice of a concat buffer). The twin of value_materialize.
+static void gpu_value_materialize(Gpu *g, int vi, uint16_t *out, long os) {
+    const Model *m = g->m;
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(g->a), HW = v->H * v->W;
+    long n = (long)v->C * HW;
+    switch (v->kind) {
+    case V_INPUT:
+        if (!dry) copy_f16_cuda(g->x, n, out, os, g->B, n, g->stream);
+        break;
+    case V_CONV:
+    case V_SLICE: {
+        const Conv *c = &m->conv[v->conv];
+        int c0 = v->kind == V_SLICE ? v->c0 : 0;
+        if (!c->bn) die("gpu: the output of %s (no BN) is read by a conv", c->name);
+        if (!dry)
+            bn_silu_forward_f16_cuda(g->z[v->conv] + (long)c0 * HW, g->zs[v->conv], g->stats[v->conv] + c0,
+                                     g->stats[v->conv] + c->cout + c0, g->params + c->g_off + c0, g->params + c->b_off + c0,
+                                     out, os, g->B, v->C, HW, g->stream);
+        break;
+    }
+    case V_ADD: {
+        gpu_value_materialize(g, v->src[0], out, os);
+        uint16_t *t = gf16(g, g->B * n, G_SCRATCH);          // (B, C, H, W)
+        gpu_value_materialize(g, v->src[1], t, n);
+        if (!dry) add_f16_cuda(t, n, out, os, g->B, n, g->stream);
+        arena_free(g->a, t);
+        break;
+    }
+    case V_CAT: {
+        long off = 0;
+        for (int i = 0; i < v->n; i++) {
+            gpu_value_materialize(g, v->src[i], out + off, os);
+            off += (long)m->val[v->src[i]].C * HW;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        long ns = (long)s->C * s->H * s->W;
+        uint16_t *t = gf16(g, g->B * ns, G_SCRATCH);         // (B, C, Hs, Ws)
+        gpu_value_materialize(g, v->src[0], t, ns);
+        if (!dry) {
+            if (v->kind == V_UP) upsample2_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
+            else maxpool5_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
+        }
+        arena_free(g->a, t);
+        break;
+    }
+    }
+}
+
+// gpu_conv_input: the FP16 input of conv c, (B, Cin, H, W): the input image itself, or a scratch
+// buffer materialised from the conv's input value (free it with gpu_input_free).
+static uint16_t *gpu_conv_input(Gpu *g, const Conv *c) {
+    if (g->m->val[c->in].kind == V_INPUT) return g->x;
+    long n = (long)c->cin * c->H * c->W;
+    uint16_t *x = gf16(g, g->B * n, G_SCRATCH);
+    gpu_value_materialize(g, c->in, x, n);
+    return x;
+}
+static void gpu_input_free(Gpu *g, uint16_t *x) { if (x != g->x) arena_free(g->a, x); }
+
+// gpu_conv_forward: z = conv(input) on tensor cores, then the BN batch statistics (train: running
+// stats updated). Detect output convs write FP32 with their bias into their channels of the head map.
+static void gpu_conv_forward(Gpu *g, int ci) {
+    Model *m = g->m;
+    Conv *c = &m->conv[ci];
+    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
+    uint16_t *x = gpu_conv_input(g, c);
+    if (!dry) {
+        const uint16_t *w = g->w16 + c->w_off;                          // (Cout, Cin, K, K)
+        if (c->bn) {
+            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, NULL, NULL, g->z[ci], g->stream);
+        } else {
+            float *z = g->head[c->level] + (c->branch ? (long)REG_MAX * 4 * HWo : 0);
+            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, g->params + c->b_off, z, NULL, g->stream);
+        }
+    }
+    gpu_input_free(g, x);
+    if (c->bn && !dry) {
+        float *rm = g->buffers + c->rs_off;
+        bn_stats_cuda(g->z[ci], g->zs[ci], g->B, c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout, BN_EPS,
+                      BN_MOMENTUM, m->train, g->stream);
+    }
+}
+
+// gpu_forward: the whole network on g->x; leaves the head maps in g->head (the twin of model_forward).
+static void gpu_forward(Gpu *g) {
+    Model *m = g->m;
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        g->head[i] = gf32(g, (long)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
+        g->dhead[i] = NULL;
+    }
+    for (int e = 0; e < m->nexec; e++) {
+        int ci = m->exec[e];
+        Conv *c = &m->conv[ci];
+        int HWo = c->Ho * c->Wo;
+        g->dA[ci] = NULL;
+        g->z[ci] = NULL;
+        g->stats[ci] = NULL;
+        if (c->level >= 0) {
+            g->zs[ci] = (long)(REG_MAX * 4 + m->nc) * HWo;
+        } else {
+            g->zs[ci] = (long)c->cout * HWo;
+            g->z[ci] = gf16(g, g->B * g->zs[ci], G_ACTS);
+            g->stats[ci] = gf32(g, 2 * c->cout, G_ACTS);
+        }
+        gpu_conv_forward(g, ci);
+    }
+}
+
+// ---- backward ----
+
+// gpu_dA: conv ci's gradient buffer, created zeroed on first use
+static float *gpu_dA(Gpu *g, int ci) {
+    if (!g->dA[ci]) g->dA[ci] = gzf32(g, g->B * g->zs[ci], G_BACKWARD);
+    return g->dA[ci];
+}
+
+// gpu_value_backprop: adds gr (B, C, H, W) FP32 with image stride gs, the gradient w.r.t. value
+// vi, into the dA of the convs it is made of (the twin of value_backprop).
+static void gpu_value_backprop(Gpu *g, int vi, const float *gr, long gs) {
+    const Model *m = g->m;
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(g->a), HW = v->H * v->W;
+    switch (v->kind) {
+    case V_INPUT:
+        break;
+    case V_CONV:
+    case V_SLICE: {
+        float *d = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * HW;
+        if (!dry) add_f32_cuda(gr, gs, d, g->zs[v->conv], g->B, (long)v->C * HW, g->stream);
+        break;
+    }
+    case V_ADD:
+        gpu_value_backprop(g, v->src[0], gr, gs);
+        gpu_value_backprop(g, v->src[1], gr, gs);
+        break;
+    case V_CAT: {
+        long off = 0;
+        for (int i = 0; i < v->n; i++) {
+            gpu_value_backprop(g, v->src[i], gr + off, gs);
+            off += (long)m->val[v->src[i]].C * HW;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        long ns = (long)s->C * s->H * s->W;
+        float *gsrc = gf32(g, g->B * ns, G_SCRATCH);          // (B, C, Hs, Ws)
+        if (v->kind == V_UP) {
+            for (int b = 0; b < g->B && !dry; b++)
+                upsample2_backward_cuda(gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
+        } else {   // the window argmax from the FP16 input, widened to FP32 for the kernel
+            uint16_t *xh = gf16(g, g->B * ns, G_SCRATCH);
+            gpu_value_materialize(g, v->src[0], xh, ns);
+            float *xf = gf32(g, g->B * ns, G_SCRATCH);
+            if (!dry) {
+                f16_to_f32_cuda(xh, xf, g->B * ns, g->stream);
+                for (int b = 0; b < g->B; b++)
+                    maxpool5_backward_cuda(xf + b * ns, gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
+            }
+            arena_free(g->a, xf);
+            arena_free(g->a, xh);
+        }
+        gpu_value_backprop(g, v->src[0], gsrc, ns);
+        arena_free(g->a, gsrc);
+        break;
+    }
+    }
+}
+
+// gpu_conv_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias), the weight gradient
+// (accumulated) and the input gradient: straight into the producer's dA when the input is a conv
+// output or a slice of one, else through a scratch buffer and gpu_value_backprop.
+static void gpu_conv_backward(Gpu *g, int ci) {
+    Model *m = g->m;
+    Conv *c = &m->conv[ci];
+    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
+    long zs = g->zs[ci];
+    float *dA = gpu_dA(g, ci);                                  // (B, Cout, Ho, Wo), image stride zs
+    uint16_t *dz = gf16(g, g->B * zs, G_BACKWARD);              // same layout, FP16
+    float *scratch = gf32(g, 2 * c->cout, G_SCRATCH);
+    if (!dry)
+        bn_silu_backward_cuda(g->z[ci], dA, zs, g->stats[ci], c->bn ? g->stats[ci] + c->cout : NULL,
+                              c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,
+                              g->grads + c->b_off, dz, scratch, g->B, c->cout, HWo, m->train, g->stream);
+    arena_free(g->a, scratch);
+    uint16_t *x = gpu_conv_input(g, c);
+    if (!dry) conv_wgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off, 1, g->stream);
+    gpu_input_free(g, x);
+    const Value *in = &m->val[c->in];
+    const uint16_t *w = g->w16 + c->w_off;
+    if (in->kind == V_CONV || in->kind == V_SLICE) {
+        float *d = gpu_dA(g, in->conv) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
+        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, g->zs[in->conv], zs), dz, w, d, NULL, 1, g->stream);
+    } else if (in->kind != V_INPUT) {
+        long n = (long)c->cin * c->H * c->W;
+        float *gx = gf32(g, g->B * n, G_SCRATCH);               // (B, Cin, H, W)
+        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, w, gx, NULL, 0, g->stream);
+        gpu_value_backprop(g, c->in, gx, n);
+        arena_free(g->a, gx);
+    }
+    arena_free(g->a, dz);
+}
+
+// gpu_backward: all parameter gradients (accumulated, scaled) from g->dhead; frees every buffer of
+// the step in reverse order (the twin of model_backward).
+static void gpu_backward(Gpu *g) {
+    Model *m = g->m;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            int ci = m->head_conv[i][j];
+            const Conv *box = &m->conv[m->head_conv[i][0]];
+            g->dA[ci] = g->dhead[i] + (j ? (long)REG_MAX * 4 * box->Ho * box->Wo : 0);
+        }
+    for (int e = m->nexec - 1; e >= 0; e--) {
+        int ci = m->exec[e];
+        gpu_conv_backward(g, ci);
+        if (m->conv[ci].level < 0) {
+            arena_free(g->a, g->dA[ci]);
+            arena_free(g->a, g->stats[ci]);
+            arena_free(g->a, g->z[ci]);
+        }
+        g->dA[ci] = g->stats[ci] = NULL;
+        g->z[ci] = NULL;
+    }
+    for (int i = 2; i >= 0; i--) {
+        arena_free(g->a, g->dhead[i]);
+        arena_free(g->a, g->head[i]);
+        g->dhead[i] = g->head[i] = NULL;
+    }
+}
+
+// ---- loss, step, optimizer ----
+
+// gpu_loss: head maps to the host, the CPU loss and its gradient scaled by the loss scale, back
+// into g->dhead (allocated here, as model_head_grad).
+static LossOut gpu_loss(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
+    Model *m = g->m;
+    LossOut lo = {0};
+    size_t bytes[3];
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        bytes[i] = (size_t)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
+        g->dhead[i] = (float *)arena_alloc(g->a, bytes[i], G_BACKWARD);
+    }
+    if (arena_dry(g->a)) return lo;
+    cudaStream_t s = (cudaStream_t)g->stream;
+    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], bytes[i], cudaMemcpyDeviceToHost, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < 3; i++) memset(g->dhead_h[i], 0, bytes[i]);
+    lo = loss_forward_backward(lcfg, g->B, m->nc, g->H, g->W, (const float *const *)g->head_h, g->dhead_h, tg, g->scaler.scale,
+                               g->loss_scratch, g->loss_bytes, 0);
+    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->dhead[i], g->dhead_h[i], bytes[i], cudaMemcpyHostToDevice, s));
+    GPU_CHECK(cudaStreamSynchronize(s));   // the host buffers are reused by the next step
+    return lo;
+}
+
+// gpu_schedule: the allocation sequence of one step (forward, loss gradient, backward); real and
+// dry runs share it. A non-finite loss still runs the backward: the optimizer's finite check skips it.
+static LossOut gpu_schedule(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
+    gpu_forward(g);
+    LossOut lo = gpu_loss(g, tg, lcfg);
+    gpu_backward(g);
+    return lo;
+}
+
+// gpu_release: frees what gpu_forward allocated when no backward follows (evaluation), in reverse
+static void gpu_release(Gpu *g) {
+    Model *m = g->m;
+    for (int e = m->nexec - 1; e >= 0; e--) {
+        int ci = m->exec[e];
+        if (m->conv[ci].level < 0) {
+            arena_free(g->a, g->stats[ci]);
+            arena_free(g->a, g->z[ci]);
+        }
+        g->stats[ci] = NULL;
+        g->z[ci] = NULL;
+    }
+    for (int i = 2; i >= 0; i--) {
+        arena_free(g->a, g->head[i]);
+        g->head[i] = NULL;
+    }
+}
+
+// gpu_shape: makes s the current step shape (the model's spatial sizes included)
+static void gpu_shape(Gpu *g, const GpuShape *s) {
+    g->B = s->B, g->H = s->H, g->W = s->W;
+    g->m->B = s->B;
+    g->m->train = s->train;
+    model_shape(g->m, s->H, s->W);
+}
+
+// gpu_alloc: the persistent groups, in a fixed order (the same in the plan and the run); the
+// input staging holds the largest batch of img bytes
+static void gpu_alloc(Gpu *g, long img) {
+    Model *m = g->m;
+    long n = (long)m->nparams;
+    g->params = gf32(g, n, G_PARAMS);
+    g->w16 = gf16(g, n, G_PARAMS);
+    g->grads = gzf32(g, n, G_GRADS);
+    g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
+    g->bn_keep = gf32(g, m->nbuffers, G_BUFFERS);
+    g->opt_m = gzf32(g, n, G_OPTIM);
+    g->opt_v = g->opt.kind == OPT_ADAMW ? gzf32(g, n, G_OPTIM) : NULL;
+    g->ema_p = gf32(g, n, G_EMA);
+    g->ema_b = gf32(g, m->nbuffers, G_EMA);
+    g->group = (uint8_t *)arena_alloc(g->a, n, G_OPTIM);
+    g->partials = gf32(g, 2 * OPT_NORM_BLOCKS + 1, G_OPTIM);
+    g->norm = g->partials + 2 * OPT_NORM_BLOCKS;
+    g->x8 = (uint8_t *)arena_alloc(g->a, img, G_INPUT);
+    g->x = gf16(g, img, G_INPUT);
+}
+
+// gpu_in_use: bytes of device memory in use now (all processes), from cudaMemGetInfo
+static size_t gpu_in_use(Gpu *g) {
+    size_t fr = 0, total = 0;
+    GPU_CHECK(cudaMemGetInfo(&fr, &total));
+    g->mem_total = total;
+    return total - fr;
+}
+
+// gpu_select: the device= setting: -1 for the CPU, else the CUDA device index. "" (the default)
+// picks device 0 when a GPU is present, else the CPU with a one-line notice.
+static int gpu_select(const char *device) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) n = 0, (void)cudaGetLastError();
+    if (!strcmp(device, "cpu")) return -1;
+    if (!device[0]) {
+        if (n > 0) return 0;
+        fprintf(stderr, "no CUDA device found (%s): training on the CPU\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+        return -1;
+    }
+    if (strchr(device, ',')) die("device=%s: multi-GPU training is not supported yet; use one device", device);
+    const char *d = strncmp(device, "cuda:", 5) ? device : device + 5;
+    char *end;
+    long k = strtol(d, &end, 10);
+    if (*end || end == d || k < 0) die("device=%s: expected cpu, a device index (0) or cuda:0", device);
+    if (k >= n) die("device=%s: %d CUDA device(s) present%s%s%s", device, n, e == cudaSuccess ? "" : " (", e == cudaSuccess ? "" : cudaGetErrorString(e),
+                    e == cudaSuccess ? "" : ")");
+    return (int)k;
+}
+
+// gpu_open: plans (dry runs of every shape) and allocates the device arena with one cudaMalloc on
+// device dev, then uploads the host model's weights and running stats. ema_p, ema_b: the EMA's
+// starting point (NULL: the model's own). opt: the optimizer hyper-parameters and step count.
+static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const Optimizer *opt, const float *ema_p,
+                     const float *ema_b, const LossConfig *lcfg) {
+    Gpu *g = xcalloc(1, sizeof(Gpu));
+    g->m = m;
+    g->opt = *opt;
+    g->opt.m = g->opt.v = NULL;
+    grad_scaler_init(&g->scaler);
+    long img = 0;
+    size_t loss_bytes = 0, head_max[3] = {0, 0, 0};
+    for (int i = 0; i < nshape; i++) {
+        img = (long)fmax(img, (double)shape[i].B * 3 * shape[i].H * shape[i].W);
+        loss_bytes = (size_t)fmax(loss_bytes, loss_scratch_bytes(shape[i].B, loss_num_anchors(shape[i].H, shape[i].W), lcfg->max_boxes));
+        for (int l = 0; l < 3; l++) {
+            int st = 8 << l;
+            head_max[l] = (size_t)fmax(head_max[l], (double)shape[i].B * (REG_MAX * 4 + m->nc) * (shape[i].H / st) * (shape[i].W / st));
+        }
+    }
+    // the plan: the same schedules with no memory
+    g->a = xcalloc(1, sizeof(Arena));
+    g->a->cap = SIZE_MAX;
+    gpu_alloc(g, img);
+    for (int i = 0; i < nshape; i++) {
+        gpu_shape(g, &shape[i]);
+        if (shape[i].train) gpu_schedule(g, NULL, lcfg);
+        else gpu_forward(g), gpu_release(g);
+    }
+    g->plan = g->a->high;
+    memcpy(g->plan_at, g->a->at_high, sizeof g->plan_at);
+    // the device, and the memory in use before and after the one allocation
+    GPU_CHECK(cudaSetDevice(dev));
+    GPU_CHECK(cudaFree(NULL));   // creates the context
+    g->mem_before = gpu_in_use(g);
+    void *base;
+    cudaError_t e = cudaMalloc(&base, g->plan);
+    if (e != cudaSuccess)
+        die("device %d: cannot allocate the planned %.1f MiB (%s; %.1f MiB of %.1f MiB were in use already): see "
+            "`yolo plan gpu_mem=...` for what fits", dev, g->plan / 1048576.0, cudaGetErrorString(e), g->mem_before / 1048576.0,
+            g->mem_total / 1048576.0);
+    g->mem_after = gpu_in_use(g);
+    *g->a = (Arena){.base = base, .cap = g->plan};
+    gpu_alloc(g, img);
+    gpu_shape(g, &shape[0]);
+    // weights, running stats, EMA copies, parameter groups
+    long n = (long)m->nparams;
+    cudaStream_t s = (cudaStream_t)g->stream;
+    GPU_CHECK(cudaMemcpy(g->params, m->params, n * 4, cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(g->buffers, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(g->ema_p, ema_p ? ema_p : m->params, n * 4, cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(g->ema_b, ema_b ? ema_b : m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
+    if (opt->m) GPU_CHECK(cudaMemcpy(g->opt_m, opt->m, n * 4, cudaMemcpyHostToDevice));
+    if (opt->v && g->opt_v) GPU_CHECK(cudaMemcpy(g->opt_v, opt->v, n * 4, cudaMemcpyHostToDevice));
+    uint8_t *grp = xmalloc(n);
+    memset(grp, OPT_NO_GROUP, n);
+    for (int ci = 0; ci < m->nconv; ci++) {
+        size_t off[3], len[3];
+        int pg[3];
+        model_segments(m, ci, off, len, pg);
+        for (int k = 0; k < 3; k++) memset(grp + off[k], pg[k], len[k]);
+    }
+    GPU_CHECK(cudaMemcpy(g->group, grp, n, cudaMemcpyHostToDevice));
+    free(grp);
+    f32_to_f16_cuda(g->params, g->w16, n, s);
+    // host side of the loss
+    for (int i = 0; i < 3; i++) {
+        g->head_h[i] = xmalloc(head_max[i] * sizeof(float));
+        g->dhead_h[i] = xmalloc(head_max[i] * sizeof(float));
+    }
+    g->loss_bytes = loss_bytes;
+    g->loss_scratch = xmalloc(g->loss_bytes);
+    GPU_CHECK(cudaStreamSynchronize(s));
+    return g;
+}
+
+// gpu_report: the plan by group and the device memory actually in use, as the trainer prints it
+static void gpu_report(const Gpu *g, int dev) {
+    struct cudaDeviceProp pr;
+    GPU_CHECK(cudaGetDeviceProperties(&pr, dev));
+    const size_t *p = g->plan_at;
+    size_t got = g->mem_after - g->mem_before;
+    printf("device %d: %s (sm_%d%d, %.0f MiB)\n", dev, pr.name, pr.major, pr.minor, g->mem_total / 1048576.0);
+    printf("memory plan: %.1f MiB in one cudaMalloc (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, activations %.1f, "
+           "backward %.1f, input %.1f MiB); nothing is allocated after this\n", g->plan / 1048576.0, (p[G_PARAMS] + p[G_BUFFERS]) / 1048576.0,
+           p[G_GRADS] / 1048576.0, p[G_OPTIM] / 1048576.0, p[G_EMA] / 1048576.0, p[G_ACTS] / 1048576.0, p[G_BACKWARD] / 1048576.0,
+           p[G_INPUT] / 1048576.0);
+    printf("device memory in use: %.1f MiB before (CUDA context and other processes), %.1f MiB after: the arena took %.1f MiB "
+           "= plan %.1f MiB rounded up to the driver's 2 MiB pages%s\n", g->mem_before / 1048576.0, g->mem_after / 1048576.0,
+           got / 1048576.0, g->plan / 1048576.0,
+           got == (g->plan + (2u << 20) - 1) / (2u << 20) * (2u << 20) ? "" : " (NOT equal: another process allocated meanwhile?)");
+}
+
+static void gpu_close(Gpu *g) {
+    GPU_CHECK(cudaFree(g->a->base));
+    for (int i = 0; i < 3; i++) free(g->head_h[i]), free(g->dhead_h[i]);
+    free(g->loss_scratch);
+    free(g->a);
+    free(g);
+}
+
+// gpu_upload_batch: the uint8 batch (B, 3, H, W) to the device, as FP16 in [0, 1]
+static void gpu_upload_batch(Gpu *g, const uint8_t *img) {
+    cudaStream_t s = (cudaStream_t)g->stream;
+    long n = (long)g->B * 3 * g->H * g->W;
+    GPU_CHECK(cudaMemcpyAsync(g->x8, img, n, cudaMemcpyHostToDevice, s));
+    u8_to_f16_cuda(g->x8, g->x, n, s);
+}
+
+// gpu_zero_grad: the gradients to 0 (after an optimizer step; micro-batches accumulate in between)
+static void gpu_zero_grad(Gpu *g) {
+    GPU_CHECK(cudaMemsetAsync(g->grads, 0, g->m->nparams * sizeof(float), (cudaStream_t)g->stream));
+}
+
+// gpu_train_step: forward, loss and backward of the uint8 batch img at shape s (one planned by
+// gpu_open); the gradients, times the loss scale, are added to g->grads.
+static LossOut gpu_train_step(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
+    gpu_shape(g, s);
+    gpu_upload_batch(g, img);
+    GPU_CHECK(cudaMemcpyAsync(g->bn_keep, g->buffers, g->m->nbuffers * sizeof(float), cudaMemcpyDeviceToDevice,
+                              (cudaStream_t)g->stream));
+    return gpu_schedule(g, tg, lcfg);
+}
+
+// gpu_bn_restore: undoes the running-stat update of the last gpu_train_step (its loss was not finite)
+static void gpu_bn_restore(Gpu *g) {
+    GPU_CHECK(cudaMemcpyAsync(g->buffers, g->bn_keep, g->m->nbuffers * sizeof(float), cudaMemcpyDeviceToDevice,
+                              (cudaStream_t)g->stream));
+}
+
+// gpu_upload_grads: accumulated (unscaled) gradients from the host, times the loss scale (resume)
+static void gpu_upload_grads(Gpu *g, const float *grads) {
+    size_t n = g->m->nparams;
+    float *t = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) t[i] = grads[i] * g->scaler.scale;
+    GPU_CHECK(cudaMemcpy(g->grads, t, n * sizeof(float), cudaMemcpyHostToDevice));
+    free(t);
+}
+
+// gpu_forward_backward: gpu_train_step at the shape planned first, gradients zeroed first (tests)
+static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
+    GpuShape s = {g->B, g->H, g->W, 1};
+    gpu_zero_grad(g);
+    return gpu_train_step(g, &s, img, tg, lcfg);
+}
+
+// gpu_eval: an evaluation forward of the uint8 batch img at shape s (train == 0); the three head
+// maps come back in g->head_h (host) and nothing stays allocated on the device.
+static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img) {
+    cudaStream_t st = (cudaStream_t)g->stream;
+    gpu_shape(g, s);
+    gpu_upload_batch(g, img);
+    gpu_forward(g);
+    for (int i = 0; i < 3; i++) {
+        int sd = 8 << i;
+        size_t bytes = (size_t)g->B * (REG_MAX * 4 + g->m->nc) * (g->H / sd) * (g->W / sd) * sizeof(float);
+        GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], bytes, cudaMemcpyDeviceToHost, st));
+    }
+    GPU_CHECK(cudaStreamSynchronize(st));
+    gpu_release(g);
+    return g->head_h;
+}
+
+// gpu_use_ema: on: the EMA's weights and running stats take the model's place (validation), the
+// FP16 weight copy made from them; off: back to the model's.
+static void gpu_use_ema(Gpu *g, int on) {
+    if (on == g->ema_on) return;
+    float *t = g->params; g->params = g->ema_p; g->ema_p = t;
+    t = g->buffers; g->buffers = g->ema_b; g->ema_b = t;
+    g->ema_on = on;
+    f32_to_f16_cuda(g->params, g->w16, (long)g->m->nparams, g->stream);
+}
+
+// gpu_download: the training state to the host (checkpoints): weights, running stats, the
+// gradients accumulated so far (unscaled), the EMA and the optimizer's moments; any may be NULL.
+static void gpu_download(Gpu *g, float *params, float *buffers, float *grads, float *ema_p, float *ema_b, float *opt_m, float *opt_v) {
+    size_t n = g->m->nparams, nb = g->m->nbuffers;
+    if (g->ema_on) die("gpu_download: inside gpu_use_ema");
+    GPU_CHECK(cudaStreamSynchronize((cudaStream_t)g->stream));
+    if (params) GPU_CHECK(cudaMemcpy(params, g->params, n * 4, cudaMemcpyDeviceToHost));
+    if (buffers) GPU_CHECK(cudaMemcpy(buffers, g->buffers, nb * 4, cudaMemcpyDeviceToHost));
+    if (ema_p) GPU_CHECK(cudaMemcpy(ema_p, g->ema_p, n * 4, cudaMemcpyDeviceToHost));
+    if (ema_b) GPU_CHECK(cudaMemcpy(ema_b, g->ema_b, nb * 4, cudaMemcpyDeviceToHost));
+    if (opt_m) GPU_CHECK(cudaMemcpy(opt_m, g->opt_m, n * 4, cudaMemcpyDeviceToHost));
+    if (opt_v && g->opt_v) GPU_CHECK(cudaMemcpy(opt_v, g->opt_v, n * 4, cudaMemcpyDeviceToHost));
+    if (grads) {
+        GPU_CHECK(cudaMemcpy(grads, g->grads, n * 4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) grads[i] /= g->scaler.scale;
+    }
+}
+
+// gpu_optim_hyper: the OptimHyper of the next step (step count o->step + 1), as optim_step computes it
+static OptimHyper gpu_optim_hyper(const Optimizer *o, float inv_scale, float max_norm) {
+    OptimHyper h;
+    memset(&h, 0, sizeof h);
+    long step = o->step + 1;
+    double bc1 = 1 - pow(o->momentum, (double)step), bc2 = 1 - pow(o->beta2, (double)step);
+    for (int k = 0; k < 3; k++) {
+        h.lr[k] = (float)o->lr[k];
+        h.wd[k] = k == PG_WEIGHT ? (float)o->weight_decay : 0.f;
+        h.adam_step[k] = (float)(o->lr[k] / bc1);
+    }
+    h.momentum = (float)o->momentum;
+    h.beta2 = (float)o->beta2;
+    h.eps = (float)o->eps;
+    h.bc2_sqrt = (float)sqrt(bc2);
+    h.inv_scale = inv_scale;
+    h.max_norm = max_norm;
+    h.adamw = o->kind == OPT_ADAMW;
+    h.first = step == 1;
+    return h;
+}
+
+// gpu_optimize: unscale, finite check, clip to norm 10, SGD/AdamW (fused kernels), then the
+// GradScaler update and, when the step was taken, EMA and the FP16 weight copy. Returns 1 when the
+// step was taken; *norm_out (optional) gets the unscaled norm (inf when skipped).
+static int gpu_optimize(Gpu *g, double *norm_out) {
+    Model *m = g->m;
+    cudaStream_t s = (cudaStream_t)g->stream;
+    long n = (long)m->nparams;
+    float inv = 1.0f / g->scaler.scale, norm;
+    OptimHyper h = gpu_optim_hyper(&g->opt, inv, 10.0f);
+    optim_norm_cuda(g->grads, g->group, n, inv, g->partials, s);
+    optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm, s);
+    GPU_CHECK(cudaMemcpyAsync(&norm, g->norm, sizeof norm, cudaMemcpyDeviceToHost, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    if (norm_out) *norm_out = norm;
+    int taken = grad_scaler_update(&g->scaler, !isfinite(norm));
+    if (!taken) return 0;
+    g->opt.step++;
+    g->ema_updates++;
+    float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
+    ema_update_cuda(g->ema_p, g->params, n, d, s);
+    ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
+    f32_to_f16_cuda(g->params, g->w16, n, s);
+    return 1;
+}
+
+#else
+typedef struct Gpu Gpu;   // only a pointer in the Trainer, always NULL without CUDA
+
+// gpu_select without CUDA: the CPU, or a clear error for a GPU device
+static int gpu_select(const char *device) {
+    if (!device[0] || !strcmp(device, "cpu")) return -1;
+    if (strchr(device, ',')) die("device=%s: multi-GPU training is not supported yet; use one device", device);
+    die("device=%s: this yolo was built without CUDA (make found no nvcc); use device=cpu or rebuild with the CUDA Toolkit", device);
+}
+#endif // YOLO_CUDA
+
+// ------------------------------------------------------------------------------------------
 // training: the Ultralytics recipe, validation, checkpoints, predict
 // ------------------------------------------------------------------------------------------
 
@@ -6160,10 +6845,6 @@ static Config config_from_args(int argc, char **argv) {
     if (c.accumulate < 0) die("accumulate=%d: must be >= 1 (0 = nbs/batch)", c.accumulate);
     if (strcmp(c.optimizer, "auto") && strcmp(c.optimizer, "SGD") && strcmp(c.optimizer, "AdamW"))
         die("optimizer=%s: expected auto, SGD or AdamW", c.optimizer);
-    if (c.device[0] && strcmp(c.device, "cpu")) {
-        if (strchr(c.device, ',')) die("device=%s: multi-GPU training is not supported yet; use one device", c.device);
-        die("device=%s: this build has no CUDA backend yet; use device=cpu", c.device);
-    }
     if (strcmp(c.cache, "0") && strcmp(c.cache, "ram") && strcmp(c.cache, "False") && strcmp(c.cache, "false"))
         die("cache=%s: expected ram or 0 (disk caching is not supported)", c.cache);
     return c;
@@ -6181,6 +6862,8 @@ typedef struct {
     DataConfig data;
     Dataset train_ds, val_ds;
     Loader *train_ld, *val_ld;
+    Gpu *gpu;                  // the device step (NULL: training on the CPU)
+    int dev;                   // CUDA device index, -1 for the CPU
     float *x;                  // (B, 3, H, W) input staging, sized for the largest batch
     float *bn_keep;            // (nbuffers) running stats before the current step, restored if it fails
     int B, S, nb, accumulate;
@@ -6196,7 +6879,17 @@ typedef struct {
     long last_opt_step;
     double best_fitness;
     int best_epoch, nan_skips;
+    int amp_skips;             // GPU: optimizer steps the GradScaler skipped (inf/NaN gradients)
 } Trainer;
+
+// trainer_mem_mib: the memory column of the progress line: device memory in use (as Ultralytics'
+// GPU_mem), or the host arena
+static double trainer_mem_mib(Trainer *t) {
+#ifdef YOLO_CUDA
+    if (t->gpu) return gpu_in_use(t->gpu) / 1048576.0;
+#endif
+    return t->arena->cap / 1048576.0;
+}
 
 // lr_lambda: the per-epoch LR factor (LambdaLR of trainer._setup_scheduler).
 static double lr_lambda(const Config *c, int epoch) {
@@ -6500,9 +7193,25 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     float *gt = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * 4 * sizeof(float));
     int *gc = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * sizeof(int));
     Image pic = {0};
+#ifdef YOLO_CUDA
+    if (t->gpu) gpu_use_ema(t->gpu, 1);
+#endif
     while ((bt = loader_next(t->val_ld))) {
-        input_from_batch(t->x, bt);
-        LossOut lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 0);
+        LossOut lo;
+        const float *const *heads = (const float *const *)m->head;
+#ifdef YOLO_CUDA
+        if (t->gpu) {   // the forward on the device, the loss and NMS on the host
+            Gpu *g = t->gpu;
+            GpuShape sh = {bt->B, bt->H, bt->W, 0};
+            LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
+            heads = (const float *const *)gpu_eval(g, &sh, bt->img);
+            lo = loss_forward_backward(&t->lcfg, bt->B, m->nc, bt->H, bt->W, heads, NULL, &tg, 1.f, g->loss_scratch, g->loss_bytes, 0);
+        } else
+#endif
+        {
+            input_from_batch(t->x, bt);
+            lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 0);
+        }
         vloss[0] += lo.box, vloss[1] += lo.cls, vloss[2] += lo.dfl;
         nbv++;
         if (draw && nbv == 1) {
@@ -6511,7 +7220,7 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
             memset(pic.px, 114, (size_t)pic.w * pic.h * 3);
         }
         for (int b = 0; b < bt->B; b++) {
-            int n = nms_run_maps(&t->nms, (const float *const *)m->head, b, bt->H, bt->W, t->dets);
+            int n = nms_run_maps(&t->nms, heads, b, bt->H, bt->W, t->dets);
             int M = 0;
             for (int i = 0; i < bt->n; i++)
                 if (bt->batch_idx[i] == b) {
@@ -6537,8 +7246,11 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
                 }
             }
         }
-        model_release(m, t->arena);
+        if (!t->gpu) model_release(m, t->arena);
     }
+#ifdef YOLO_CUDA
+    if (t->gpu) gpu_use_ema(t->gpu, 0);
+#endif
     if (draw && pic.px) {
         char path[1024];
         snprintf(path, sizeof path, "%s/val_batch0_pred.jpg", t->dir);
@@ -6635,6 +7347,12 @@ static int train_run(Config cfg) {
     t->m.recompute = cfg.recompute;
     t->B = cfg.batch;
     t->S = cfg.imgsz;
+    t->dev = gpu_select(cfg.device);
+    if (t->dev >= 0 && !cfg.amp)
+        die("amp=0: the GPU step runs FP16 activations with FP32 master weights only (an FP32 device step is not built "
+            "yet); use amp=1, or device=cpu for FP32");
+    if (t->dev >= 0 && cfg.recompute)
+        fprintf(stderr, "recompute=1: not implemented in the GPU step yet; the device keeps every activation (see yolo plan)\n");
     // output folder runs/train/NAME (NAME2, NAME3, ... when it exists, unless resume/exist_ok)
     char base[700];
     snprintf(base, sizeof base, "%s/train/%s", cfg.project, cfg.name[0] ? cfg.name : "train");
@@ -6653,7 +7371,7 @@ static int train_run(Config cfg) {
     t->train_ld = loader_open(&t->train_ds, &lc);
     LoaderConfig vc = lc;
     vc.train = 0;
-    vc.batch = t->vB = 2 * t->B;
+    vc.batch = t->vB = t->dev >= 0 ? t->B : 2 * t->B;   // on the GPU validation shares the training step's memory
     t->val_ld = loader_open(&t->val_ds, &vc);
     t->nb = loader_batches(t->train_ld);
 
@@ -6684,13 +7402,17 @@ static int train_run(Config cfg) {
     for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
     t->B_last = t->train_ds.n % t->B;
     t->vB_last = t->val_ds.n % t->vB;
-    Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 1);
+    if (t->dev >= 0) xfloats = 1;   // the host keeps the master copies for checkpoints; no activations
+    Plan p = t->dev >= 0 ? trainer_plan_layout(t, 0, NULL, xfloats, 1, 0, 0)
+                         : trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 1);
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
     t->arena->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
     if (!t->arena->base) die("cannot allocate the %.1f MiB arena (see `yolo plan`; lower batch or imgsz)", p.total / 1048576.0);
     trainer_alloc(t, t->arena, xfloats, 1);
-    printf("memory plan: %.1f MiB in one arena (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, activations %.1f, "
+    if (t->dev >= 0)
+        printf("host memory: %.1f MiB (weights, gradients, optimizer state and EMA for checkpoints)\n", p.total / 1048576.0);
+    else printf("memory plan: %.1f MiB in one arena (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, activations %.1f, "
            "backward %.1f, loss %.1f, input %.1f MiB); nothing is allocated after this\n",
            p.total / 1048576.0, p.at_peak[G_PARAMS] / 1048576.0, p.at_peak[G_GRADS] / 1048576.0, p.at_peak[G_OPTIM] / 1048576.0,
            p.at_peak[G_EMA] / 1048576.0, p.at_peak[G_ACTS] / 1048576.0, p.at_peak[G_BACKWARD] / 1048576.0,
@@ -6701,6 +7423,25 @@ static int train_run(Config cfg) {
     t->best_fitness = -1;
     t->last_opt_step = -1;
     if (cfg.resume) trainer_resume(t);
+#ifdef YOLO_CUDA
+    if (t->dev >= 0) {   // the device arena: training steps (full and short last batch) and every validation shape
+        GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)(2 + vl->nbatch));
+        int ns = 0;
+        sh[ns++] = (GpuShape){t->B, t->S, t->S, 1};
+        if (t->B_last) sh[ns++] = (GpuShape){t->B_last, t->S, t->S, 1};
+        for (int i = 0; i < vl->nbatch; i++) {
+            GpuShape v = {i == vl->nbatch - 1 && t->vB_last ? t->vB_last : t->vB, vl->shape[i][0], vl->shape[i][1], 0};
+            int seen = 0;
+            for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
+            if (!seen) sh[ns++] = v;
+        }
+        t->gpu = gpu_open(&t->m, t->dev, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
+        t->gpu->ema_updates = t->ema.updates;
+        if (cfg.resume) gpu_upload_grads(t->gpu, t->m.grads);
+        gpu_report(t->gpu, t->dev);
+        free(sh);
+    }
+#endif
     state_dict_build(&t->sd, &t->m, t->m.params, t->m.buffers);
     state_dict_build(&t->sd_ema, &t->m, t->ema.params, t->ema.buffers);
     {   // the NMS buffers must hold the largest validation shape
@@ -6771,15 +7512,34 @@ static int train_run(Config cfg) {
             } else {
                 for (int g = 0; g < PG_N; g++) t->opt.lr[g] = lrs[g];
             }
-            input_from_batch(t->x, bt);
-            memcpy(t->bn_keep, t->m.buffers, t->m.nbuffers * sizeof(float));
-            LossOut lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 1);
-            if (!isfinite(lo.total) || !all_finite(t->m.buffers, t->m.nbuffers)) {
-                memcpy(t->m.buffers, t->bn_keep, t->m.nbuffers * sizeof(float));   // the BN update is undone too
+            LossOut lo;
+            int bad;
+#ifdef YOLO_CUDA
+            if (t->gpu) {
+                GpuShape sh = {bt->B, bt->H, bt->W, 1};
+                LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
+                lo = gpu_train_step(t->gpu, &sh, bt->img, &tg, &t->lcfg);
+                bad = !isfinite(lo.total);
+                if (bad) {   // its gradients are not finite either: drop this accumulation window
+                    gpu_bn_restore(t->gpu);
+                    gpu_zero_grad(t->gpu);
+                }
+            } else
+#endif
+            {
+                input_from_batch(t->x, bt);
+                memcpy(t->bn_keep, t->m.buffers, t->m.nbuffers * sizeof(float));
+                lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 1);
+                bad = !isfinite(lo.total) || !all_finite(t->m.buffers, t->m.nbuffers);
+                if (bad) {
+                    memcpy(t->m.buffers, t->bn_keep, t->m.nbuffers * sizeof(float));   // the BN update is undone too
+                    if (isfinite(lo.total)) model_zero_grad(&t->m);   // a backward ran on a batch with broken BN statistics
+                }
+            }
+            if (bad) {
                 t->nan_skips++;
                 consecutive_nan++;
                 fprintf(stderr, "warning: non-finite loss at epoch %d batch %d: step skipped (%d so far)\n", epoch + 1, nbatch, t->nan_skips);
-                if (isfinite(lo.total)) model_zero_grad(&t->m);   // a backward ran on a batch with broken BN statistics
                 if (consecutive_nan >= 10) {
                     fprintf(stderr, "stopping: 10 consecutive non-finite losses; the last checkpoint %s/weights/last.ckpt is intact "
                                     "(hint: lower lr0, check the labels)\n", t->dir);
@@ -6793,7 +7553,18 @@ static int train_run(Config cfg) {
             t->sd.nbt++;
             ngood++;
             tl[0] += lo.box, tl[1] += lo.cls, tl[2] += lo.dfl;
-            if (ni - t->last_opt_step >= accumulate) {
+#ifdef YOLO_CUDA
+            if (t->gpu && ni - t->last_opt_step >= accumulate) {   // GradScaler: an inf/NaN gradient skips and halves the scale
+                Optimizer *o = &t->gpu->opt;
+                memcpy(o->lr, t->opt.lr, sizeof o->lr);
+                o->momentum = t->opt.momentum;
+                o->weight_decay = t->opt.weight_decay;
+                if (!gpu_optimize(t->gpu, NULL)) t->amp_skips++;
+                gpu_zero_grad(t->gpu);
+                t->last_opt_step = ni;
+            }
+#endif
+            if (!t->gpu && ni - t->last_opt_step >= accumulate) {
                 double norm = grad_clip_norm(&t->m, 10.0);
                 if (isfinite(norm)) {
                     optim_step(&t->opt, &t->m);
@@ -6809,7 +7580,7 @@ static int train_run(Config cfg) {
             double el = now_sec() - t0;
             if (tty_out || nbatch == t->nb)
                 printf("%s%6d/%-4d %6.1f MiB %9.4f %9.4f %9.4f %6d %5d: %3d/%d %5.2f it/s%s", tty_out ? "\r" : "", epoch + 1, cfg.epochs,
-                       t->arena->cap / 1048576.0, tl[0] / ngood, tl[1] / ngood, tl[2] / ngood, bt->n, bt->W, nbatch, t->nb,
+                       trainer_mem_mib(t), tl[0] / ngood, tl[1] / ngood, tl[2] / ngood, bt->n, bt->W, nbatch, t->nb,
                        nbatch / el, tty_out && nbatch < t->nb ? "" : "\n");
             fflush(stdout);
         }
@@ -6817,6 +7588,14 @@ static int train_run(Config cfg) {
         // end of epoch: validate the EMA, log, checkpoint
         double vl3[3];
         Metrics mt = trainer_validate(t, vl3, 1);
+#ifdef YOLO_CUDA
+        if (t->gpu) {   // the device's state to the host for the checkpoint
+            Gpu *g = t->gpu;
+            gpu_download(g, t->m.params, t->m.buffers, t->m.grads, t->ema.params, t->ema.buffers, t->opt.m, t->opt.v);
+            t->opt.step = g->opt.step;
+            t->ema.updates = g->ema_updates;
+        }
+#endif
         double fit = mt.map;
         int best = fit >= t->best_fitness || t->best_fitness <= 0;   // Ultralytics: best.pt also on a tie
         if (fit > t->best_fitness || t->best_fitness <= 0) t->best_epoch = epoch;   // EarlyStopping's reset rule
@@ -6851,10 +7630,20 @@ static int train_run(Config cfg) {
         }
     }
     double total = now_sec() - t_start;
+    const Arena *ar = t->arena;
+#ifdef YOLO_CUDA
+    if (t->gpu) ar = t->gpu->a;
+#endif
     printf("%d epochs completed in %.1f s (%.3f hours); best fitness (mAP50-95) %.4f at epoch %d; %d steps skipped for "
-           "non-finite values\nmemory: the arena's high-water mark was %.1f of %.1f MiB planned\nresults saved to %s\n", t->epoch,
-           total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->arena->high / 1048576.0,
-           t->arena->cap / 1048576.0, t->dir);
+           "non-finite values\nmemory: the %s arena's high-water mark was %.1f of %.1f MiB planned\nresults saved to %s\n", t->epoch,
+           total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->gpu ? "device" : "host", ar->high / 1048576.0,
+           ar->cap / 1048576.0, t->dir);
+#ifdef YOLO_CUDA
+    if (t->gpu) {
+        printf("GradScaler: %d optimizer steps skipped for inf/NaN gradients, loss scale now %g\n", t->amp_skips, t->gpu->scaler.scale);
+        gpu_close(t->gpu);
+    }
+#endif
     loader_close(t->train_ld);
     loader_close(t->val_ld);
     nms_free(&t->nms);
@@ -6872,6 +7661,7 @@ static int train_run(Config cfg) {
 // validation split, in one planned arena, as the trainer computes them.
 static int cmd_val(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
+    if (gpu_select(c.device) >= 0) fprintf(stderr, "yolo val runs on the CPU in this version (the GPU validates during training)\n");
     Trainer *t = xcalloc(1, sizeof(Trainer));
     t->cfg = c;
     char err[1024];
@@ -6946,6 +7736,7 @@ static int has_image_ext(const char *p) {
 // runs/predict/NAME/, and YOLO-format results (class cx cy w h conf, normalised) in labels/.
 static int cmd_predict(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
+    if (gpu_select(c.device) >= 0) fprintf(stderr, "yolo predict runs on the CPU in this version\n");
     if (!c.source[0]) die("predict: source= is required (an image or a directory of images)");
     int fnc;
     char scale = model_spec_scale(c.model, &fnc), err[1024];
@@ -7279,501 +8070,6 @@ static int cmd_train(int argc, char **argv) {
     return train_run(c);
 }
 
-// ------------------------------------------------------------------------------------------
-// GPU training step (compiled with YOLO_CUDA; the kernels are in yolo_kernels.cu)
-// ------------------------------------------------------------------------------------------
-/*
- * One training step on the device, mirroring the CPU step (model_forward, loss, model_backward,
- * grad_clip_norm, optim_step, ema_update) conv for conv in m->exec order:
- *   - memory: ONE cudaMalloc, a device Arena with the same first-fit allocator, sized by a dry
- *     run of this same schedule (gpu_schedule with the arena's base NULL, nothing launched);
- *   - numbers: FP32 master weights, gradients, optimizer state, EMA and BN statistics; an FP16
- *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP32
- *     gradient buffers dA; FP32 Detect head maps (B, 64+NC, H_i, W_i) with the bias added;
- *   - views (V_SLICE, V_ADD, V_CAT, V_UP, V_POOL) are materialised for the whole batch by kernels
- *     writing into channel slices of the conv's input buffer, as value_materialize does per image;
- *   - loss scaling: torch.cuda.amp.GradScaler (yolo.h); the loss gradient is computed scaled, the
- *     optimizer unscales, checks for inf/NaN (skip + halve) and clips the norm to 10.
- * DEVIATIONS (GPU step):
- *   - the loss runs on the host: the three head maps are copied down, loss_forward_backward runs
- *     on the CPU and the scaled dhead is copied back (a device loss kernel is future work);
- *   - activations, dz and the FP16 weight copy carry FP16 rounding (Ultralytics AMP does too);
- *   - a skipped step (inf/NaN gradient) keeps the BN running statistics of its forward (as
- *     Ultralytics); the CPU trainer restores them.
- */
-#ifdef YOLO_CUDA
-#include <cuda_runtime_api.h>
-#include "yolo.h"
-
-#define GPU_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) \
-    die("%s: %s (hint: run the emulated tests, make test-emu)", #x, cudaGetErrorString(e_)); } while (0)
-
-typedef struct {
-    Model *m;                 // the host model: graph, shapes, parameter offsets (its arrays are not used here)
-    Arena *a;                 // device arena; base NULL in the dry run
-    void *stream;             // cudaStream_t, NULL = default stream
-    int B, H, W;              // the step's batch and input size (planned)
-    size_t plan;              // bytes of the arena: high-water mark of the dry run
-    // persistent (G_PARAMS .. G_INPUT)
-    float *params, *grads;    // (nparams) FP32 master weights / gradients (scaled by the loss scale)
-    uint16_t *w16;            // (nparams) FP16 copy of params, refreshed after every optimizer step
-    float *buffers;           // (nbuffers) BN running mean/var
-    float *opt_m, *opt_v;     // (nparams) momentum / Adam moments (opt_v NULL for SGD)
-    float *ema_p, *ema_b;     // (nparams), (nbuffers) ModelEMA
-    uint8_t *group;           // (nparams) PG_* of each parameter, OPT_NO_GROUP for the frozen DFL weight
-    float *partials;          // (2*OPT_NORM_BLOCKS) optim_norm_cuda partial sums
-    float *norm;              // (1) the unscaled gradient norm of the last step (inf: skipped)
-    uint8_t *x8;              // (B, 3, H, W) uint8 input staging
-    uint16_t *x;              // (B, 3, H, W) FP16 input in [0, 1]
-    // per step
-    uint16_t *z[MAX_CONVS];   // (B, Cout, Ho, Wo) FP16 pre-BN conv output (NULL for Detect outputs)
-    float *stats[MAX_CONVS];  // (2, Cout) batch mean, then invstd
-    float *dA[MAX_CONVS];     // (B, Cout, Ho, Wo) FP32 gradient of the activated output, image stride zs
-    long zs[MAX_CONVS];       // elements between images of z / dA (the head map's for Detect outputs)
-    float *head[3], *dhead[3];// (B, 64+NC, H_i, W_i) FP32 raw Detect maps and their (scaled) gradient
-    // host side
-    float *head_h[3], *dhead_h[3];   // host copies of the head maps and gradients for the CPU loss
-    void *loss_scratch;
-    size_t loss_bytes;
-    Optimizer opt;            // host: kind, lr, momentum, decay, step count (its m, v unused)
-    GradScaler scaler;
-    long ema_updates;
-} Gpu;
-
-// gpu_zalloc: arena_alloc plus an async memset to 0 on the device (nothing in a dry run)
-static void *gpu_zalloc(Gpu *g, size_t bytes, int group) {
-    void *p = arena_alloc(g->a, bytes, group);
-    if (!arena_dry(g->a)) GPU_CHECK(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)g->stream));
-    return p;
-}
-#define gf32(g, n, grp) ((float *)arena_alloc((g)->a, (size_t)(n) * 4, (grp)))
-#define gzf32(g, n, grp) ((float *)gpu_zalloc((g), (size_t)(n) * 4, (grp)))
-#define gf16(g, n, grp) ((uint16_t *)arena_alloc((g)->a, (size_t)(n) * 2, (grp)))
-
-// gpu_conv_dims: the ConvDims of conv c for the whole batch (dense x and z unless strides are set)
-static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
-    return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs};
-}
-
-// ---- forward ----
-
-// gpu_value_materialize: value vi of the whole batch, (B, C, H, W) FP16, into out whose images are
-// os elements apart (out may be a channel slice of a concat buffer). The twin of value_materialize.
-static void gpu_value_materialize(Gpu *g, int vi, uint16_t *out, long os) {
-    const Model *m = g->m;
-    const Value *v = &m->val[vi];
-    int dry = arena_dry(g->a), HW = v->H * v->W;
-    long n = (long)v->C * HW;
-    switch (v->kind) {
-    case V_INPUT:
-        if (!dry) copy_f16_cuda(g->x, n, out, os, g->B, n, g->stream);
-        break;
-    case V_CONV:
-    case V_SLICE: {
-        const Conv *c = &m->conv[v->conv];
-        int c0 = v->kind == V_SLICE ? v->c0 : 0;
-        if (!c->bn) die("gpu: the output of %s (no BN) is read by a conv", c->name);
-        if (!dry)
-            bn_silu_forward_f16_cuda(g->z[v->conv] + (long)c0 * HW, g->zs[v->conv], g->stats[v->conv] + c0,
-                                     g->stats[v->conv] + c->cout + c0, g->params + c->g_off + c0, g->params + c->b_off + c0,
-                                     out, os, g->B, v->C, HW, g->stream);
-        break;
-    }
-    case V_ADD: {
-        gpu_value_materialize(g, v->src[0], out, os);
-        uint16_t *t = gf16(g, g->B * n, G_SCRATCH);          // (B, C, H, W)
-        gpu_value_materialize(g, v->src[1], t, n);
-        if (!dry) add_f16_cuda(t, n, out, os, g->B, n, g->stream);
-        arena_free(g->a, t);
-        break;
-    }
-    case V_CAT: {
-        long off = 0;
-        for (int i = 0; i < v->n; i++) {
-            gpu_value_materialize(g, v->src[i], out + off, os);
-            off += (long)m->val[v->src[i]].C * HW;
-        }
-        break;
-    }
-    case V_UP:
-    case V_POOL: {
-        const Value *s = &m->val[v->src[0]];
-        long ns = (long)s->C * s->H * s->W;
-        uint16_t *t = gf16(g, g->B * ns, G_SCRATCH);         // (B, C, Hs, Ws)
-        gpu_value_materialize(g, v->src[0], t, ns);
-        if (!dry) {
-            if (v->kind == V_UP) upsample2_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
-            else maxpool5_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
-        }
-        arena_free(g->a, t);
-        break;
-    }
-    }
-}
-
-// gpu_conv_input: the FP16 input of conv c, (B, Cin, H, W): the input image itself, or a scratch
-// buffer materialised from the conv's input value (free it with gpu_input_free).
-static uint16_t *gpu_conv_input(Gpu *g, const Conv *c) {
-    if (g->m->val[c->in].kind == V_INPUT) return g->x;
-    long n = (long)c->cin * c->H * c->W;
-    uint16_t *x = gf16(g, g->B * n, G_SCRATCH);
-    gpu_value_materialize(g, c->in, x, n);
-    return x;
-}
-static void gpu_input_free(Gpu *g, uint16_t *x) { if (x != g->x) arena_free(g->a, x); }
-
-// gpu_conv_forward: z = conv(input) on tensor cores, then the BN batch statistics (train: running
-// stats updated). Detect output convs write FP32 with their bias into their channels of the head map.
-static void gpu_conv_forward(Gpu *g, int ci) {
-    Model *m = g->m;
-    Conv *c = &m->conv[ci];
-    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
-    uint16_t *x = gpu_conv_input(g, c);
-    if (!dry) {
-        const uint16_t *w = g->w16 + c->w_off;                          // (Cout, Cin, K, K)
-        if (c->bn) {
-            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, NULL, NULL, g->z[ci], g->stream);
-        } else {
-            float *z = g->head[c->level] + (c->branch ? (long)REG_MAX * 4 * HWo : 0);
-            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, g->params + c->b_off, z, NULL, g->stream);
-        }
-    }
-    gpu_input_free(g, x);
-    if (c->bn && !dry) {
-        float *rm = g->buffers + c->rs_off;
-        bn_stats_cuda(g->z[ci], g->zs[ci], g->B, c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout, BN_EPS,
-                      BN_MOMENTUM, m->train, g->stream);
-    }
-}
-
-// gpu_forward: the whole network on g->x; leaves the head maps in g->head (the twin of model_forward).
-static void gpu_forward(Gpu *g) {
-    Model *m = g->m;
-    for (int i = 0; i < 3; i++) {
-        const Conv *box = &m->conv[m->head_conv[i][0]];
-        g->head[i] = gf32(g, (long)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
-        g->dhead[i] = NULL;
-    }
-    for (int e = 0; e < m->nexec; e++) {
-        int ci = m->exec[e];
-        Conv *c = &m->conv[ci];
-        int HWo = c->Ho * c->Wo;
-        g->dA[ci] = NULL;
-        g->z[ci] = NULL;
-        g->stats[ci] = NULL;
-        if (c->level >= 0) {
-            g->zs[ci] = (long)(REG_MAX * 4 + m->nc) * HWo;
-        } else {
-            g->zs[ci] = (long)c->cout * HWo;
-            g->z[ci] = gf16(g, g->B * g->zs[ci], G_ACTS);
-            g->stats[ci] = gf32(g, 2 * c->cout, G_ACTS);
-        }
-        gpu_conv_forward(g, ci);
-    }
-}
-
-// ---- backward ----
-
-// gpu_dA: conv ci's gradient buffer, created zeroed on first use
-static float *gpu_dA(Gpu *g, int ci) {
-    if (!g->dA[ci]) g->dA[ci] = gzf32(g, g->B * g->zs[ci], G_BACKWARD);
-    return g->dA[ci];
-}
-
-// gpu_value_backprop: adds gr (B, C, H, W) FP32 with image stride gs, the gradient w.r.t. value
-// vi, into the dA of the convs it is made of (the twin of value_backprop).
-static void gpu_value_backprop(Gpu *g, int vi, const float *gr, long gs) {
-    const Model *m = g->m;
-    const Value *v = &m->val[vi];
-    int dry = arena_dry(g->a), HW = v->H * v->W;
-    switch (v->kind) {
-    case V_INPUT:
-        break;
-    case V_CONV:
-    case V_SLICE: {
-        float *d = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * HW;
-        if (!dry) add_f32_cuda(gr, gs, d, g->zs[v->conv], g->B, (long)v->C * HW, g->stream);
-        break;
-    }
-    case V_ADD:
-        gpu_value_backprop(g, v->src[0], gr, gs);
-        gpu_value_backprop(g, v->src[1], gr, gs);
-        break;
-    case V_CAT: {
-        long off = 0;
-        for (int i = 0; i < v->n; i++) {
-            gpu_value_backprop(g, v->src[i], gr + off, gs);
-            off += (long)m->val[v->src[i]].C * HW;
-        }
-        break;
-    }
-    case V_UP:
-    case V_POOL: {
-        const Value *s = &m->val[v->src[0]];
-        long ns = (long)s->C * s->H * s->W;
-        float *gsrc = gf32(g, g->B * ns, G_SCRATCH);          // (B, C, Hs, Ws)
-        if (v->kind == V_UP) {
-            for (int b = 0; b < g->B && !dry; b++)
-                upsample2_backward_cuda(gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
-        } else {   // the window argmax from the FP16 input, widened to FP32 for the kernel
-            uint16_t *xh = gf16(g, g->B * ns, G_SCRATCH);
-            gpu_value_materialize(g, v->src[0], xh, ns);
-            float *xf = gf32(g, g->B * ns, G_SCRATCH);
-            if (!dry) {
-                f16_to_f32_cuda(xh, xf, g->B * ns, g->stream);
-                for (int b = 0; b < g->B; b++)
-                    maxpool5_backward_cuda(xf + b * ns, gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
-            }
-            arena_free(g->a, xf);
-            arena_free(g->a, xh);
-        }
-        gpu_value_backprop(g, v->src[0], gsrc, ns);
-        arena_free(g->a, gsrc);
-        break;
-    }
-    }
-}
-
-// gpu_conv_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias), the weight gradient
-// (accumulated) and the input gradient: straight into the producer's dA when the input is a conv
-// output or a slice of one, else through a scratch buffer and gpu_value_backprop.
-static void gpu_conv_backward(Gpu *g, int ci) {
-    Model *m = g->m;
-    Conv *c = &m->conv[ci];
-    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
-    long zs = g->zs[ci];
-    float *dA = gpu_dA(g, ci);                                  // (B, Cout, Ho, Wo), image stride zs
-    uint16_t *dz = gf16(g, g->B * zs, G_BACKWARD);              // same layout, FP16
-    float *scratch = gf32(g, 2 * c->cout, G_SCRATCH);
-    if (!dry)
-        bn_silu_backward_cuda(g->z[ci], dA, zs, g->stats[ci], c->bn ? g->stats[ci] + c->cout : NULL,
-                              c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,
-                              g->grads + c->b_off, dz, scratch, g->B, c->cout, HWo, m->train, g->stream);
-    arena_free(g->a, scratch);
-    uint16_t *x = gpu_conv_input(g, c);
-    if (!dry) conv_wgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off, 1, g->stream);
-    gpu_input_free(g, x);
-    const Value *in = &m->val[c->in];
-    const uint16_t *w = g->w16 + c->w_off;
-    if (in->kind == V_CONV || in->kind == V_SLICE) {
-        float *d = gpu_dA(g, in->conv) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
-        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, g->zs[in->conv], zs), dz, w, d, NULL, 1, g->stream);
-    } else if (in->kind != V_INPUT) {
-        long n = (long)c->cin * c->H * c->W;
-        float *gx = gf32(g, g->B * n, G_SCRATCH);               // (B, Cin, H, W)
-        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, w, gx, NULL, 0, g->stream);
-        gpu_value_backprop(g, c->in, gx, n);
-        arena_free(g->a, gx);
-    }
-    arena_free(g->a, dz);
-}
-
-// gpu_backward: all parameter gradients (accumulated, scaled) from g->dhead; frees every buffer of
-// the step in reverse order (the twin of model_backward).
-static void gpu_backward(Gpu *g) {
-    Model *m = g->m;
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 2; j++) {
-            int ci = m->head_conv[i][j];
-            const Conv *box = &m->conv[m->head_conv[i][0]];
-            g->dA[ci] = g->dhead[i] + (j ? (long)REG_MAX * 4 * box->Ho * box->Wo : 0);
-        }
-    for (int e = m->nexec - 1; e >= 0; e--) {
-        int ci = m->exec[e];
-        gpu_conv_backward(g, ci);
-        if (m->conv[ci].level < 0) {
-            arena_free(g->a, g->dA[ci]);
-            arena_free(g->a, g->stats[ci]);
-            arena_free(g->a, g->z[ci]);
-        }
-        g->dA[ci] = g->stats[ci] = NULL;
-        g->z[ci] = NULL;
-    }
-    for (int i = 2; i >= 0; i--) {
-        arena_free(g->a, g->dhead[i]);
-        arena_free(g->a, g->head[i]);
-        g->dhead[i] = g->head[i] = NULL;
-    }
-}
-
-// ---- loss, step, optimizer ----
-
-// gpu_loss: head maps to the host, the CPU loss and its gradient scaled by the loss scale, back
-// into g->dhead (allocated here, as model_head_grad).
-static LossOut gpu_loss(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
-    Model *m = g->m;
-    LossOut lo = {0};
-    size_t bytes[3];
-    for (int i = 0; i < 3; i++) {
-        const Conv *box = &m->conv[m->head_conv[i][0]];
-        bytes[i] = (size_t)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
-        g->dhead[i] = (float *)arena_alloc(g->a, bytes[i], G_BACKWARD);
-    }
-    if (arena_dry(g->a)) return lo;
-    cudaStream_t s = (cudaStream_t)g->stream;
-    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], bytes[i], cudaMemcpyDeviceToHost, s));
-    GPU_CHECK(cudaStreamSynchronize(s));
-    for (int i = 0; i < 3; i++) memset(g->dhead_h[i], 0, bytes[i]);
-    lo = loss_forward_backward(lcfg, g->B, m->nc, g->H, g->W, (const float *const *)g->head_h, g->dhead_h, tg, g->scaler.scale,
-                               g->loss_scratch, g->loss_bytes, 0);
-    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->dhead[i], g->dhead_h[i], bytes[i], cudaMemcpyHostToDevice, s));
-    GPU_CHECK(cudaStreamSynchronize(s));   // the host buffers are reused by the next step
-    return lo;
-}
-
-// gpu_schedule: the allocation sequence of one step (forward, loss gradient, backward); real and
-// dry runs share it. A non-finite loss still runs the backward: the optimizer's finite check skips it.
-static LossOut gpu_schedule(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
-    gpu_forward(g);
-    LossOut lo = gpu_loss(g, tg, lcfg);
-    gpu_backward(g);
-    return lo;
-}
-
-// gpu_alloc: the persistent groups, in a fixed order (the same in the plan and the run)
-static void gpu_alloc(Gpu *g) {
-    Model *m = g->m;
-    long n = (long)m->nparams, img = (long)g->B * 3 * g->H * g->W;
-    g->params = gf32(g, n, G_PARAMS);
-    g->w16 = gf16(g, n, G_PARAMS);
-    g->grads = gf32(g, n, G_GRADS);
-    g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
-    g->opt_m = gzf32(g, n, G_OPTIM);
-    g->opt_v = g->opt.kind == OPT_ADAMW ? gzf32(g, n, G_OPTIM) : NULL;
-    g->ema_p = gf32(g, n, G_EMA);
-    g->ema_b = gf32(g, m->nbuffers, G_EMA);
-    g->group = (uint8_t *)arena_alloc(g->a, n, G_OPTIM);
-    g->partials = gf32(g, 2 * OPT_NORM_BLOCKS + 1, G_OPTIM);
-    g->norm = g->partials + 2 * OPT_NORM_BLOCKS;
-    g->x8 = (uint8_t *)arena_alloc(g->a, img, G_INPUT);
-    g->x = gf16(g, img, G_INPUT);
-}
-
-// gpu_open: plans (dry run) and allocates the device arena for steps of (B, 3, H, W) with one
-// cudaMalloc, and uploads the host model's weights and running stats (the EMA starts from them).
-// opt: the optimizer hyper-parameters (kind, lr, momentum, decay; step 0).
-static Gpu *gpu_open(Model *m, int B, int H, int W, const Optimizer *opt, const LossConfig *lcfg) {
-    Gpu *g = xcalloc(1, sizeof(Gpu));
-    g->m = m;
-    g->B = B; g->H = H; g->W = W;
-    g->opt = *opt;
-    g->opt.m = g->opt.v = NULL;
-    g->opt.step = 0;
-    grad_scaler_init(&g->scaler);
-    model_shape(m, H, W);
-    m->B = B;
-    m->train = 1;
-    // the plan: the same schedule with no memory
-    g->a = xcalloc(1, sizeof(Arena));
-    g->a->cap = SIZE_MAX;
-    gpu_alloc(g);
-    gpu_schedule(g, NULL, lcfg);
-    g->plan = g->a->high;
-    memset(g->a, 0, sizeof(Arena));
-    void *base;
-    GPU_CHECK(cudaMalloc(&base, g->plan));
-    g->a->base = base;
-    g->a->cap = g->plan;
-    gpu_alloc(g);
-    // weights, running stats, EMA copies, parameter groups
-    long n = (long)m->nparams;
-    cudaStream_t s = (cudaStream_t)g->stream;
-    GPU_CHECK(cudaMemcpy(g->params, m->params, n * 4, cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(g->buffers, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(g->ema_p, m->params, n * 4, cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(g->ema_b, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
-    uint8_t *grp = xmalloc(n);
-    memset(grp, OPT_NO_GROUP, n);
-    for (int ci = 0; ci < m->nconv; ci++) {
-        size_t off[3], len[3];
-        int pg[3];
-        model_segments(m, ci, off, len, pg);
-        for (int k = 0; k < 3; k++) memset(grp + off[k], pg[k], len[k]);
-    }
-    GPU_CHECK(cudaMemcpy(g->group, grp, n, cudaMemcpyHostToDevice));
-    free(grp);
-    f32_to_f16_cuda(g->params, g->w16, n, s);
-    // host side of the loss
-    for (int i = 0; i < 3; i++) {
-        const Conv *box = &m->conv[m->head_conv[i][0]];
-        size_t hb = (size_t)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
-        g->head_h[i] = xmalloc(hb);
-        g->dhead_h[i] = xmalloc(hb);
-    }
-    g->loss_bytes = loss_scratch_bytes(B, loss_num_anchors(H, W), lcfg->max_boxes);
-    g->loss_scratch = xmalloc(g->loss_bytes);
-    GPU_CHECK(cudaStreamSynchronize(s));
-    return g;
-}
-
-static void gpu_close(Gpu *g) {
-    GPU_CHECK(cudaFree(g->a->base));
-    for (int i = 0; i < 3; i++) free(g->head_h[i]), free(g->dhead_h[i]);
-    free(g->loss_scratch);
-    free(g->a);
-    free(g);
-}
-
-// gpu_forward_backward: uploads the uint8 batch img (B, 3, H, W), runs forward, loss and backward;
-// g->grads then holds the gradients times the loss scale (zeroed first: no accumulation).
-static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
-    cudaStream_t s = (cudaStream_t)g->stream;
-    long n = (long)g->B * 3 * g->H * g->W;
-    g->m->train = 1;
-    GPU_CHECK(cudaMemcpyAsync(g->x8, img, n, cudaMemcpyHostToDevice, s));
-    u8_to_f16_cuda(g->x8, g->x, n, s);
-    GPU_CHECK(cudaMemsetAsync(g->grads, 0, g->m->nparams * sizeof(float), s));
-    return gpu_schedule(g, tg, lcfg);
-}
-
-// gpu_optim_hyper: the OptimHyper of the next step (step count o->step + 1), as optim_step computes it
-static OptimHyper gpu_optim_hyper(const Optimizer *o, float inv_scale, float max_norm) {
-    OptimHyper h;
-    memset(&h, 0, sizeof h);
-    long step = o->step + 1;
-    double bc1 = 1 - pow(o->momentum, (double)step), bc2 = 1 - pow(o->beta2, (double)step);
-    for (int k = 0; k < 3; k++) {
-        h.lr[k] = (float)o->lr[k];
-        h.wd[k] = k == PG_WEIGHT ? (float)o->weight_decay : 0.f;
-        h.adam_step[k] = (float)(o->lr[k] / bc1);
-    }
-    h.momentum = (float)o->momentum;
-    h.beta2 = (float)o->beta2;
-    h.eps = (float)o->eps;
-    h.bc2_sqrt = (float)sqrt(bc2);
-    h.inv_scale = inv_scale;
-    h.max_norm = max_norm;
-    h.adamw = o->kind == OPT_ADAMW;
-    h.first = step == 1;
-    return h;
-}
-
-// gpu_optimize: unscale, finite check, clip to norm 10, SGD/AdamW (fused kernels), then the
-// GradScaler update and, when the step was taken, EMA and the FP16 weight copy. Returns 1 when the
-// step was taken; *norm_out (optional) gets the unscaled norm (inf when skipped).
-static int gpu_optimize(Gpu *g, double *norm_out) {
-    Model *m = g->m;
-    cudaStream_t s = (cudaStream_t)g->stream;
-    long n = (long)m->nparams;
-    float inv = 1.0f / g->scaler.scale, norm;
-    OptimHyper h = gpu_optim_hyper(&g->opt, inv, 10.0f);
-    optim_norm_cuda(g->grads, g->group, n, inv, g->partials, s);
-    optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm, s);
-    GPU_CHECK(cudaMemcpyAsync(&norm, g->norm, sizeof norm, cudaMemcpyDeviceToHost, s));
-    GPU_CHECK(cudaStreamSynchronize(s));
-    if (norm_out) *norm_out = norm;
-    int taken = grad_scaler_update(&g->scaler, !isfinite(norm));
-    if (!taken) return 0;
-    g->opt.step++;
-    g->ema_updates++;
-    float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
-    ema_update_cuda(g->ema_p, g->params, n, d, s);
-    ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
-    f32_to_f16_cuda(g->params, g->w16, n, s);
-    return 1;
-}
-
-#endif // YOLO_CUDA
 
 // ------------------------------------------------------------------------------------------
 // main

@@ -508,6 +508,11 @@ extern "C" void emu_set_hosttrap(int h) {
 // runtime API subset (NVIDIA's prototypes, so a signature mismatch is a compile error)
 // ------------------------------------------------------------------------------------------
 static cudaError_t ret(cudaError_t e) { if (e != cudaSuccess) last_err = e; return e; }
+// cudaMemGetInfo's picture of a 16 GiB device: a CUDA context of 300 MiB, then every live cudaMalloc
+// rounded up to 2 MiB (the driver's granularity for large allocations)
+static const size_t EMU_TOTAL = (size_t)16 << 30, EMU_CONTEXT = (size_t)300 << 20, EMU_GRAIN = (size_t)2 << 20;
+static size_t emu_in_use;
+static size_t emu_rounded(size_t n) { return (n + EMU_GRAIN - 1) / EMU_GRAIN * EMU_GRAIN; }
 extern "C" {
 cudaError_t cudaMalloc(void **p, size_t size) {
     install_handler();
@@ -523,6 +528,7 @@ cudaError_t cudaMalloc(void **p, size_t size) {
     allocs[(uintptr_t)a.ptr] = a;
     if (g_hosttrap && dev_depth == 0) protect(allocs[(uintptr_t)a.ptr], PROT_NONE);
     *p = a.ptr;
+    emu_in_use += emu_rounded(size);
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
@@ -533,6 +539,7 @@ cudaError_t cudaFree(void *p) {
     if (it->second.freed) fail("cudaFree(%p): double free", p);
     { Dev d; check_canaries(it->second, "cudaFree"); }
     it->second.freed = true;
+    emu_in_use -= emu_rounded(it->second.size);
     mprotect(it->second.map, it->second.maplen, PROT_NONE);   // later use faults as use-after-free
     return cudaSuccess;
 }
@@ -605,7 +612,7 @@ cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : ret(cudaErrorIn
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { drain(); return cudaSuccess; }
-cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) { *fr = (size_t)16 << 30; *total = (size_t)16 << 30; return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) { *fr = EMU_TOTAL - EMU_CONTEXT - emu_in_use; *total = EMU_TOTAL; return cudaSuccess; }
 cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int v) {
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (v < 0 || v > 232448) return ret(cudaErrorInvalidValue);

@@ -32,13 +32,21 @@ fi
 # the device training step (test/gpu_step_test.c, about a minute each in emulation) in two thread
 # orders, started in the background so that they overlap the kernel tests on the second core;
 # each has its own output, status and launch log, collected below
-gpu_orders=(forward random)
-case "$bin" in *asan*) gpu_orders=(random) ;; esac   # under the sanitizers one order (several minutes) is enough
+gpu_orders=(random)   # the kernels of the step run in all three orders in kernels_test
+
 for order in "${gpu_orders[@]}"; do
     ( env EMU_ORDER=$order EMU_SEED=3 EMU_STRICT=1 EMU_LAUNCH_LOG="$log.$order" "$bin/gpu_step_test" >"$log.$order.out" 2>&1
       echo $? >"$log.$order.rc" ) &
 done
 trap 'rm -f "$log" "$log".*' EXIT
+# the CUDA build of ./yolo (test/bin/emu/yolo) trains a tiny synthetic dataset with device=0: planning,
+# one cudaMalloc, steps, validation on the device, checkpoints downloaded (about two minutes; not
+# under the sanitizers, where it would take ten)
+case "$bin" in *asan*) ;; *)
+    ( tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+      EMU_LAUNCH_LOG="$log.train" bash test/emu_train.sh "$bin/yolo" "$tmp" >"$log.train.out" 2>&1; echo $? >"$log.train.rc" ) &
+    train_bg=1 ;;
+esac
 for order in forward reverse random; do
     run "kernels_test (emulated, $order order, strict)" EMU_ORDER=$order EMU_STRICT=1 -- "$bin/kernels_test"
 done
@@ -50,6 +58,11 @@ for order in "${gpu_orders[@]}"; do
     report "gpu_step_test (emulated, $order order, strict; YOLOv8n 64x64 batch 2)" "$(cat "$log.$order.rc" 2>/dev/null || echo 1)" "$(cat "$log.$order.out")"
     cat "$log.$order" >>"$log" 2>/dev/null
 done
+
+if [ -n "${train_bg:-}" ]; then
+    report "yolo train device=0 (emulated CUDA build, 1 epoch of a 4-image dataset at 32x32)" "$(cat "$log.train.rc" 2>/dev/null || echo 1)" "$(cat "$log.train.out")"
+    cat "$log.train" >>"$log" 2>/dev/null
+fi
 
 # every __global__ kernel of yolo_kernels.cu must be launched by some test
 echo "== kernel coverage"

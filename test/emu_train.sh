@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# emu_train.sh YOLO TMPDIR: `yolo train device=0` with the CUDA build of yolo.c on the emulated kernels
+# (run by test/run_emu.sh): a 4-image synthetic dataset, 1 epoch at 32x32, batch 2. Checks that the run
+# plans one cudaMalloc, that device memory in use grew by exactly the plan (emulated cudaMemGetInfo:
+# 2 MiB pages), that the arena's high-water mark equals the plan, that validation ran on the device
+# and that the checkpoints the device state was downloaded into load in the CPU build (yolo val).
+yolo=$1 tmp=$2
+pass=0 fail=0
+ok() { if [ "$1" = 1 ]; then echo "PASS  $2"; pass=$((pass + 1)); else echo "FAIL  $2"; fail=$((fail + 1)); fi; }
+"$yolo" shapes out="$tmp/data" ntrain=4 nval=2 imgsz=64 seed=3 >/dev/null || { echo "FAIL  yolo shapes"; echo "0 passed, 1 failed"; exit 1; }
+start=$(date +%s)
+out=$(EMU_STRICT=1 "$yolo" train data="$tmp/data/data.yaml" device=0 epochs=1 imgsz=32 batch=2 workers=1 project="$tmp/runs" name=e 2>&1)
+rc=$?
+printf '%s\n' "$out" | grep -E '^(device|memory|GradScaler)|epochs completed' | sed 's/^/  /'
+echo "  ($(( $(date +%s) - start )) s)"
+ok $([ $rc = 0 ] && echo 1) "yolo train device=0 exits 0 (got $rc)"
+ok $(printf '%s\n' "$out" | grep -q '^device 0: CUDA emulation' && echo 1) "the run chose the device"
+ok $(printf '%s\n' "$out" | grep -q 'in one cudaMalloc' && echo 1) "one cudaMalloc, planned"
+ok $(printf '%s\n' "$out" | grep -E 'the arena took .* pages$' | grep -vq NOT && echo 1) "device memory in use grew by exactly the plan (2 MiB pages)"
+hw=$(printf '%s\n' "$out" | sed -n 's/.*device arena.s high-water mark was \([0-9.]*\) of \([0-9.]*\) MiB.*/\1 \2/p')
+ok $([ -n "$hw" ] && [ "${hw% *}" = "${hw#* }" ] && echo 1) "device arena high-water mark equals the plan ($hw)"
+ok $([ "$(wc -l <"$tmp/runs/train/e/results.csv")" = 2 ] && echo 1) "results.csv has the epoch's row (validated on the device)"
+ok $([ -s "$tmp/runs/train/e/weights/last.ckpt" ] && [ -s "$tmp/runs/train/e/weights/best.safetensors" ] && echo 1) "last.ckpt and best.safetensors written"
+val=$("$yolo" val model="$tmp/runs/train/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=cpu project="$tmp/runs" name=v 2>&1)
+ok $([ $? = 0 ] && echo 1) "the downloaded weights validate on the CPU (yolo val device=cpu)"
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
