@@ -6074,9 +6074,11 @@ static int cmd_augment(int argc, char **argv) {
 // ------------------------------------------------------------------------------------------
 /*
  * One training step on the device, mirroring the CPU step (model_forward, loss, model_backward,
- * grad_clip_norm, optim_step, ema_update) conv for conv in m->exec order:
+ * grad_clip_norm, optim_step, ema_update) conv for conv in m->exec order, and the evaluation
+ * forward of validation:
  *   - memory: ONE cudaMalloc, a device Arena with the same first-fit allocator, sized by a dry
- *     run of this same schedule (gpu_schedule with the arena's base NULL, nothing launched);
+ *     run of these same schedules for every shape of the run (gpu_plan_run: the arena's base NULL,
+ *     nothing launched; compiled in every build, it is also what `yolo plan` reports);
  *   - numbers: FP32 master weights, gradients, optimizer state, EMA and BN statistics; an FP16
  *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP32
  *     gradient buffers dA; FP32 Detect head maps (B, 64+NC, H_i, W_i) with the bias added;
@@ -6088,8 +6090,10 @@ static int cmd_augment(int argc, char **argv) {
  *   - the loss runs on the host: the three head maps are copied down, loss_forward_backward runs
  *     on the CPU and the scaled dhead is copied back (a device loss kernel is future work);
  *   - activations, dz and the FP16 weight copy carry FP16 rounding (Ultralytics AMP does too);
- *   - a skipped step (inf/NaN gradient) keeps the BN running statistics of its forward (as
- *     Ultralytics); the CPU trainer restores them.
+ *   - a step the GradScaler skips (inf/NaN gradient) keeps the BN running statistics of its
+ *     forward (as Ultralytics) and does not update the EMA (Ultralytics does); a batch whose loss
+ *     is not finite has its running-stat update undone and its accumulation window dropped;
+ *   - validation batches are evaluated on the device (EMA weights), their loss and NMS on the host.
  */
 #include "yolo.h"
 #ifdef YOLO_CUDA
@@ -6116,6 +6120,7 @@ static void gpu_unreachable(int unused, ...) { (void)unused; die("internal error
 #define maxpool5_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define maxpool5_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define cudaMemsetAsync(...) (gpu_unreachable(0, __VA_ARGS__), 0)
+#define gpu_put_input(...) gpu_unreachable(0, __VA_ARGS__)
 #define GPU_CHECK(x) (void)(x)
 #endif
 
@@ -6135,7 +6140,6 @@ typedef struct Gpu {
     uint8_t *group;           // (nparams) PG_* of each parameter, OPT_NO_GROUP for the frozen DFL weight
     float *partials;          // (2*OPT_NORM_BLOCKS) optim_norm_cuda partial sums
     float *norm;              // (1) the unscaled gradient norm of the last step (inf: skipped)
-    uint8_t *x8;              // (B, 3, H, W) uint8 input staging
     uint16_t *x;              // (B, 3, H, W) FP16 input in [0, 1]
     // per step
     uint16_t *z[MAX_CONVS];   // (B, Cout, Ho, Wo) FP16 pre-BN conv output (NULL for Detect outputs)
@@ -6242,8 +6246,9 @@ static uint16_t *gpu_conv_input(Gpu *g, const Conv *c) {
 static void gpu_input_free(Gpu *g, uint16_t *x) { if (x != g->x) arena_free(g->a, x); }
 
 // gpu_conv_forward: z = conv(input) on tensor cores, then the BN batch statistics (train: running
-// stats updated). Detect output convs write FP32 with their bias into their channels of the head map.
-static void gpu_conv_forward(Gpu *g, int ci) {
+// stats updated; not when recomputing, where the forward's statistics stand). Detect output convs
+// write FP32 with their bias into their channels of the head map.
+static void gpu_conv_forward(Gpu *g, int ci, int recomputing) {
     Model *m = g->m;
     Conv *c = &m->conv[ci];
     int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
@@ -6258,10 +6263,30 @@ static void gpu_conv_forward(Gpu *g, int ci) {
         }
     }
     gpu_input_free(g, x);
-    if (c->bn && !dry) {
+    if (c->bn && !dry && !recomputing) {
         float *rm = g->buffers + c->rs_off;
         bn_stats_cuda(g->z[ci], g->zs[ci], g->B, c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout, BN_EPS,
                       BN_MOMENTUM, m->train, g->stream);
+    }
+}
+
+// gpu_block_drop / gpu_block_recompute: recompute=1 (the twins of block_drop, block_recompute): the
+// pre-BN outputs inside a C2f or Detect branch are freed once the block's output exists, and made
+// again from the block input just before the block's backward; the statistics are kept.
+static void gpu_block_drop(Gpu *g, int block) {
+    const Model *m = g->m;
+    for (int e = 0; e < m->nexec; e++) {
+        int ci = m->exec[e];
+        if (m->conv[ci].block == block && !m->conv[ci].block_out) arena_free(g->a, g->z[ci]), g->z[ci] = NULL;
+    }
+}
+static void gpu_block_recompute(Gpu *g, int block) {
+    const Model *m = g->m;
+    for (int e = 0; e < m->nexec; e++) {
+        int ci = m->exec[e];
+        if (m->conv[ci].block != block || m->conv[ci].block_out) continue;
+        g->z[ci] = gf16(g, g->B * g->zs[ci], G_ACTS);
+        gpu_conv_forward(g, ci, 1);
     }
 }
 
@@ -6287,7 +6312,16 @@ static void gpu_forward(Gpu *g) {
             g->z[ci] = gf16(g, g->B * g->zs[ci], G_ACTS);
             g->stats[ci] = gf32(g, 2 * c->cout, G_ACTS);
         }
-        gpu_conv_forward(g, ci);
+        gpu_conv_forward(g, ci, 0);
+        if (m->recompute && m->train && c->block_out) gpu_block_drop(g, c->block);
+        if (!m->train)   // no backward follows: free each z after its last reader (as model_forward's infer)
+            for (int k = 0; k < m->nconv; k++)
+                if (m->conv[k].last_use == e && m->conv[k].level < 0 && g->z[k]) {
+                    arena_free(g->a, g->stats[k]);
+                    arena_free(g->a, g->z[k]);
+                    g->z[k] = NULL;
+                    g->stats[k] = NULL;
+                }
     }
 }
 
@@ -6377,6 +6411,31 @@ static void gpu_conv_backward(Gpu *g, int ci) {
     if (in->kind == V_CONV || in->kind == V_SLICE) {
         float *d = gpu_dA(g, in->conv) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
         if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, g->zs[in->conv], zs), dz, w, d, NULL, 1, g->stream);
+    } else if (in->kind == V_CAT) {
+        // per source of the concat: its columns of the weights copied contiguous, then its input
+        // gradient straight into the producer's dA when it is a conv output or a slice of one, else
+        // through a scratch buffer of its own channels only
+        long KK = (long)c->k * c->k, off = 0;
+        for (int i = 0; i < in->n; i++) {
+            const Value *v = &m->val[in->src[i]];
+            uint16_t *ws = gf16(g, (long)c->cout * v->C * KK, G_SCRATCH);   // (Cout, C_i, K, K)
+            if (!dry) copy_f16_cuda(w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout, (long)v->C * KK, g->stream);
+            ConvDims d = gpu_conv_dims(g, c, 0, zs);
+            d.Cin = v->C;
+            if (v->kind == V_CONV || v->kind == V_SLICE) {
+                float *dst = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W;
+                d.xs = g->zs[v->conv];
+                if (!dry) conv_dgrad_cuda(d, dz, ws, dst, NULL, 1, g->stream);
+            } else {
+                long n = (long)v->C * c->H * c->W;
+                float *gx = gf32(g, g->B * n, G_SCRATCH);              // (B, C_i, H, W)
+                if (!dry) conv_dgrad_cuda(d, dz, ws, gx, NULL, 0, g->stream);
+                gpu_value_backprop(g, in->src[i], gx, n);
+                arena_free(g->a, gx);
+            }
+            arena_free(g->a, ws);
+            off += v->C;
+        }
     } else if (in->kind != V_INPUT) {
         long n = (long)c->cin * c->H * c->W;
         float *gx = gf32(g, g->B * n, G_SCRATCH);               // (B, Cin, H, W)
@@ -6399,6 +6458,7 @@ static void gpu_backward(Gpu *g) {
         }
     for (int e = m->nexec - 1; e >= 0; e--) {
         int ci = m->exec[e];
+        if (m->recompute && m->train && m->conv[ci].block_out) gpu_block_recompute(g, m->conv[ci].block);
         gpu_conv_backward(g, ci);
         if (m->conv[ci].level < 0) {
             arena_free(g->a, g->dA[ci]);
@@ -6477,11 +6537,30 @@ static void gpu_shape(Gpu *g, const GpuShape *s) {
     g->m->B = s->B;
     g->m->train = s->train;
     model_shape(g->m, s->H, s->W);
+    model_liveness(g->m);
 }
 
-// gpu_alloc: the persistent groups, in a fixed order (the same in the plan and the run); the
-// input staging holds the largest batch of img bytes
-static void gpu_alloc(Gpu *g, long img) {
+#ifdef YOLO_CUDA
+static void gpu_put_input(struct Gpu *g, uint8_t *x8, const uint8_t *img, long n);
+#endif
+
+// gpu_input_begin / gpu_input_end: the input of one step, (B, 3, H, W) at the current shape: the
+// uint8 batch img uploaded into a temporary, converted into g->x (FP16 in [0, 1]), which lives
+// until gpu_input_end after the step. The dry run (img NULL) makes the same allocations.
+static void gpu_input_begin(Gpu *g, const uint8_t *img) {
+    long n = (long)g->B * 3 * g->H * g->W;
+    uint8_t *x8 = (uint8_t *)arena_alloc(g->a, n, G_INPUT);
+    g->x = gf16(g, n, G_INPUT);
+    if (!arena_dry(g->a)) gpu_put_input(g, x8, img, n);
+    arena_free(g->a, x8);   // the conversion has it first: what is allocated next comes after it on the stream
+}
+static void gpu_input_end(Gpu *g) {
+    arena_free(g->a, g->x);
+    g->x = NULL;
+}
+
+// gpu_alloc: the persistent groups, in a fixed order (the same in the plan and the run)
+static void gpu_alloc(Gpu *g) {
     Model *m = g->m;
     long n = (long)m->nparams;
     g->params = gf32(g, n, G_PARAMS);
@@ -6496,24 +6575,24 @@ static void gpu_alloc(Gpu *g, long img) {
     g->group = (uint8_t *)arena_alloc(g->a, n, G_OPTIM);
     g->partials = gf32(g, 2 * OPT_NORM_BLOCKS + 1, G_OPTIM);
     g->norm = g->partials + 2 * OPT_NORM_BLOCKS;
-    g->x8 = (uint8_t *)arena_alloc(g->a, img, G_INPUT);
-    g->x = gf16(g, img, G_INPUT);
 }
 
 // gpu_plan_run: the device arena for the given step shapes (train and/or eval), by a dry run of the
-// persistent groups (input staging of img bytes) and of each shape's schedule in turn: the total
+// persistent groups and of each shape's schedule in turn (its input included): the total
 // (high-water mark) and each group's bytes at that mark. The plan gpu_open allocates, and `yolo plan`'s.
-static Plan gpu_plan_run(Model *m, int opt_kind, long img, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
+static Plan gpu_plan_run(Model *m, int opt_kind, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
     g->opt.kind = opt_kind;
     g->a = xcalloc(1, sizeof(Arena));
     g->a->cap = SIZE_MAX;
-    gpu_alloc(g, img);
+    gpu_alloc(g);
     for (int i = 0; i < nshape; i++) {
         gpu_shape(g, &shape[i]);
+        gpu_input_begin(g, NULL);
         if (shape[i].train) gpu_schedule(g, NULL, lcfg);
         else gpu_forward(g), gpu_release(g);
+        gpu_input_end(g);
     }
     Plan p = {.total = g->a->high};
     memcpy(p.at_peak, g->a->at_high, sizeof p.at_peak);
@@ -6564,10 +6643,8 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
     g->opt = *opt;
     g->opt.m = g->opt.v = NULL;
     grad_scaler_init(&g->scaler);
-    long img = 0;
     size_t loss_bytes = 0, head_max[3] = {0, 0, 0};
     for (int i = 0; i < nshape; i++) {
-        img = (long)fmax(img, (double)shape[i].B * 3 * shape[i].H * shape[i].W);
         loss_bytes = (size_t)fmax(loss_bytes, loss_scratch_bytes(shape[i].B, loss_num_anchors(shape[i].H, shape[i].W), lcfg->max_boxes));
         for (int l = 0; l < 3; l++) {
             int st = 8 << l;
@@ -6575,7 +6652,7 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
         }
     }
     // the plan: the same schedules with no memory
-    Plan pl = gpu_plan_run(m, opt->kind, img, nshape, shape, lcfg);
+    Plan pl = gpu_plan_run(m, opt->kind, nshape, shape, lcfg);
     g->plan = pl.total;
     memcpy(g->plan_at, pl.at_peak, sizeof g->plan_at);
     g->a = xcalloc(1, sizeof(Arena));
@@ -6591,7 +6668,7 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
             g->mem_total / 1048576.0);
     g->mem_after = gpu_in_use(g);
     *g->a = (Arena){.base = base, .cap = g->plan};
-    gpu_alloc(g, img);
+    gpu_alloc(g);
     gpu_shape(g, &shape[0]);
     // weights, running stats, EMA copies, parameter groups
     long n = (long)m->nparams;
@@ -6649,12 +6726,11 @@ static void gpu_close(Gpu *g) {
     free(g);
 }
 
-// gpu_upload_batch: the uint8 batch (B, 3, H, W) to the device, as FP16 in [0, 1]
-static void gpu_upload_batch(Gpu *g, const uint8_t *img) {
+// gpu_put_input: n uint8 values img (host) -> x8 (device) -> g->x, FP16 in [0, 1] (gpu_input_begin)
+static void gpu_put_input(Gpu *g, uint8_t *x8, const uint8_t *img, long n) {
     cudaStream_t s = (cudaStream_t)g->stream;
-    long n = (long)g->B * 3 * g->H * g->W;
-    GPU_CHECK(cudaMemcpyAsync(g->x8, img, n, cudaMemcpyHostToDevice, s));
-    u8_to_f16_cuda(g->x8, g->x, n, s);
+    GPU_CHECK(cudaMemcpyAsync(x8, img, n, cudaMemcpyHostToDevice, s));
+    u8_to_f16_cuda(x8, g->x, n, s);
 }
 
 // gpu_zero_grad: the gradients to 0 (after an optimizer step; micro-batches accumulate in between)
@@ -6666,10 +6742,12 @@ static void gpu_zero_grad(Gpu *g) {
 // gpu_open); the gradients, times the loss scale, are added to g->grads.
 static LossOut gpu_train_step(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
     gpu_shape(g, s);
-    gpu_upload_batch(g, img);
     GPU_CHECK(cudaMemcpyAsync(g->bn_keep, g->buffers, g->m->nbuffers * sizeof(float), cudaMemcpyDeviceToDevice,
                               (cudaStream_t)g->stream));
-    return gpu_schedule(g, tg, lcfg);
+    gpu_input_begin(g, img);
+    LossOut lo = gpu_schedule(g, tg, lcfg);
+    gpu_input_end(g);
+    return lo;
 }
 
 // gpu_bn_restore: undoes the running-stat update of the last gpu_train_step (its loss was not finite)
@@ -6699,7 +6777,7 @@ static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTarget
 static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img) {
     cudaStream_t st = (cudaStream_t)g->stream;
     gpu_shape(g, s);
-    gpu_upload_batch(g, img);
+    gpu_input_begin(g, img);
     gpu_forward(g);
     for (int i = 0; i < 3; i++) {
         int sd = 8 << i;
@@ -6708,6 +6786,7 @@ static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img) {
     }
     GPU_CHECK(cudaStreamSynchronize(st));
     gpu_release(g);
+    gpu_input_end(g);
     return g->head_h;
 }
 
@@ -6803,6 +6882,7 @@ static int gpu_select(const char *device) {
 // Config: every setting of `yolo train/val/predict`, with Ultralytics' keys and defaults.
 typedef struct {
     char data[512], model[512], project[256], name[128], optimizer[16], device[32], cache[16], source[512];
+    double batch_auto;         // batch=-1 (0.6) or a fraction: that share of the free device memory; 0 = off
     int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok, recompute;
     double lr0, lrf, momentum, weight_decay, warmup_epochs, warmup_momentum, warmup_bias_lr, box, cls, dfl, conf, iou;
     uint64_t seed;
@@ -6839,9 +6919,8 @@ static Config config_from_args(int argc, char **argv) {
     c.epochs = (int)arg_int(argc, argv, "epochs", 100);
     c.imgsz = (int)arg_int(argc, argv, "imgsz", 640);
     double bf = arg_num(argc, argv, "batch", 16);
-    if (bf == -1 || (bf > 0 && bf < 1)) {   // AutoBatch (Ultralytics: CUDA only, CPU uses 16)
-        fprintf(stderr, "batch=%g: AutoBatch sizes the batch from GPU memory, and this run is on the CPU; using batch=16 "
-                        "(`yolo plan batch=%g gpu_mem=8G` shows what a GPU would get)\n", bf, bf);
+    if (bf == -1 || (bf > 0 && bf < 1)) {   // AutoBatch: resolved by train_run on the device (Ultralytics: CUDA only, CPU uses 16)
+        c.batch_auto = bf == -1 ? 0.6 : bf;
         bf = 16;
     }
     if (bf != floor(bf)) die("batch=%g: expected a whole number, -1 or a fraction below 1", bf);
@@ -7371,6 +7450,33 @@ static int results_reload(const char *csv, int upto, double (*rows)[11], int max
 }
 
 // train_run: the whole training run (trainer.py _do_train).
+typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half; } PlanOpts;
+static int plan_max_batch(PlanOpts o, size_t budget);
+
+// trainer_auto_batch: batch=-1 / batch=0.7: the largest batch whose device plan fits that share of
+// the device's free memory (Ultralytics' AutoBatch, computed from the plan instead of probed; the
+// optimizer's moments planned as AdamW's, the larger). On the CPU: 16, as Ultralytics.
+static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
+    if (dev < 0) {
+        fprintf(stderr, "batch=%g: AutoBatch sizes the batch from GPU memory, and this run is on the CPU; using batch=16\n",
+                c->batch_auto == 0.6 ? -1.0 : c->batch_auto);
+        return 16;
+    }
+    size_t fr = 0, total = 0;
+#ifdef YOLO_CUDA
+    GPU_CHECK(cudaSetDevice(dev));
+    GPU_CHECK(cudaMemGetInfo(&fr, &total));
+#endif
+    PlanOpts o = {.scale = scale, .nc = nc, .S = c->imgsz, .max_boxes = c->max_boxes, .adamw = 1, .recompute = c->recompute, .half = 1};
+    // plan_max_batch adds the CUDA context estimate, which `fr` has already paid
+    int b = plan_max_batch(o, (size_t)(fr * c->batch_auto) + GPU_CONTEXT_BYTES);
+    if (b < 1) die("batch=%g: not even batch 1 fits %.0f%% of the %.0f MiB free on device %d (see yolo plan)",
+                   c->batch_auto == 0.6 ? -1.0 : c->batch_auto, c->batch_auto * 100, fr / 1048576.0, dev);
+    printf("AutoBatch: batch %d is the largest whose plan fits %.0f%% of the %.0f MiB free on device %d (of %.0f MiB)\n", b,
+           c->batch_auto * 100, fr / 1048576.0, dev, total / 1048576.0);
+    return b;
+}
+
 static int train_run(Config cfg) {
     Trainer *t = xcalloc(1, sizeof(Trainer));
     t->cfg = cfg;
@@ -7385,11 +7491,10 @@ static int train_run(Config cfg) {
     t->B = cfg.batch;
     t->S = cfg.imgsz;
     t->dev = gpu_select(cfg.device);
+    if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
     if (t->dev >= 0 && !cfg.amp)
         die("amp=0: the GPU step runs FP16 activations with FP32 master weights only (an FP32 device step is not built "
             "yet); use amp=1, or device=cpu for FP32");
-    if (t->dev >= 0 && cfg.recompute)
-        fprintf(stderr, "recompute=1: not implemented in the GPU step yet; the device keeps every activation (see yolo plan)\n");
     // output folder runs/train/NAME (NAME2, NAME3, ... when it exists, unless resume/exist_ok)
     char base[700];
     snprintf(base, sizeof base, "%s/train/%s", cfg.project, cfg.name[0] ? cfg.name : "train");
@@ -7408,7 +7513,7 @@ static int train_run(Config cfg) {
     t->train_ld = loader_open(&t->train_ds, &lc);
     LoaderConfig vc = lc;
     vc.train = 0;
-    vc.batch = t->vB = t->dev >= 0 ? t->B : 2 * t->B;   // on the GPU validation shares the training step's memory
+    vc.batch = t->vB = 2 * t->B;
     t->val_ld = loader_open(&t->val_ds, &vc);
     t->nb = loader_batches(t->train_ld);
 
@@ -7894,25 +7999,24 @@ static int cmd_predict(int argc, char **argv) {
 // `yolo plan`: what fits, before a GPU is touched
 // ------------------------------------------------------------------------------------------
 
-// PlanOpts: the settings that decide training memory.
-typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half; } PlanOpts;
+// PlanOpts (declared above train_run): the settings that decide training memory.
 
 // plan_train: the exact arena of a training run (persistent groups, a training step at (B, S, S)
 // and validation at (S+32, S+32), the largest rect shape of square images, spec 4.5), by the same
-// dry run the trainer does. half: the device step's own schedule (gpu_plan_run; validation batches
-// of B, recompute not implemented there); else the CPU trainer's (validation batches of 2 x B).
+// dry run the trainer does, validation batches of 2 x B as in training. half: the device step's own
+// schedule (gpu_plan_run); else the CPU trainer's.
 // tr/va: the composition at the peak of each phase.
 static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
     if (o->half) {
         Model *m = xcalloc(1, sizeof(Model));
         model_build(m, o->scale, o->nc);
+        m->recompute = o->recompute;
         LossConfig lc = loss_config_default();
         lc.max_boxes = o->max_boxes;
         int V = o->S + 32;
-        GpuShape st = {o->B, o->S, o->S, 1}, sv = {o->B, V, V, 0};
-        long img = (long)o->B * 3 * V * V;
-        Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, img, 1, &st, &lc);
-        Plan p2 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, img, 1, &sv, &lc);
+        GpuShape st = {o->B, o->S, o->S, 1}, sv = {2 * o->B, V, V, 0};
+        Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, 1, &st, &lc);
+        Plan p2 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, 1, &sv, &lc);
         if (tr) *tr = p1;
         if (va) *va = p2;
         free(m);
@@ -8037,8 +8141,7 @@ static int cmd_plan(int argc, char **argv) {
     g.half = 1;
     size_t gtotal = plan_train(&g, &tr, &va);
     plan_table("GPU layout (the device step's dry run: FP16 activations; FP32 master weights, gradients, optimizer state, "
-               "EMA; validation batches of `batch`; the loss on the host):", &tr, &va);
-    if (o.recompute) printf("  (recompute=1 is not implemented in the device step yet: these figures keep every activation)\n");
+               "EMA; the loss on the host):", &tr, &va);
     printf("  %-22s %8.1f MiB   (estimate; not part of the plan)\n", "+ CUDA context", GPU_CONTEXT_BYTES / 1048576.0);
     printf("  %-22s %8.1f MiB\n", "device total", (gtotal + GPU_CONTEXT_BYTES) / 1048576.0);
     PlanOpts one = g;
@@ -8102,22 +8205,22 @@ static int cmd_memtable(int argc, char **argv) {
     int S = (int)arg_int(argc, argv, "imgsz", 640), B = (int)arg_int(argc, argv, "batch", 16), nc = (int)arg_int(argc, argv, "nc", 80);
     if (S < 32 || S % 32 || B < 1 || nc < 1) die("memtable: imgsz must be a multiple of 32, batch and nc >= 1");
     static const double others[5] = {2.8, 4.0, 7.2, 9.8, 12.2};
-    printf("| model | yolo.c GPU plan, AMP (GB) | yolo.c CPU FP32 (GB) | CPU with recompute=1 (GB) | reported for PyTorch trainers, AMP (GB) |\n");
+    printf("| model | yolo.c GPU plan, AMP (GB) | with recompute=1 (GB) | yolo.c CPU FP32 (GB) | reported for PyTorch trainers, AMP (GB) |\n");
     printf("|---|---|---|---|---|\n");
     for (int i = 0; i < 5; i++) {
         PlanOpts o = {.scale = "nsmlx"[i], .nc = nc, .B = B, .S = S, .max_boxes = 400, .half = 1};
         double a = plan_train(&o, NULL, NULL) / 1e9;
-        o.half = 0;
-        double c = plan_train(&o, NULL, NULL) / 1e9;
         o.recompute = 1;
         double r = plan_train(&o, NULL, NULL) / 1e9;
+        o.recompute = 0, o.half = 0;
+        double c = plan_train(&o, NULL, NULL) / 1e9;
         char rep[16] = "n/a";
         if (S == 640 && B == 16 && nc == 80) snprintf(rep, sizeof rep, "%.1f", others[i]);
-        printf("| yolov8%c | %.2f | %.2f | %.2f | %s |\n", "nsmlx"[i], a, c, r, rep);
+        printf("| yolov8%c | %.2f | %.2f | %.2f | %s |\n", "nsmlx"[i], a, r, c, rep);
     }
     printf("\nimgsz %d, batch %d, nc %d, max_boxes 400, SGD. The yolo.c figures are the whole arena (weights, gradients, "
            "optimizer state, EMA, activations, backward buffers, loss, input staging); the CUDA context (~0.5 GB) comes on "
-           "top of the GPU figures. recompute=1 is implemented in the CPU step only so far.\n", S, B, nc);
+           "top of the GPU figures.\n", S, B, nc);
     return 0;
 }
 
