@@ -6155,6 +6155,7 @@ typedef struct Gpu {
     GradScaler scaler;
     long ema_updates;
     int ema_on;               // gpu_use_ema: params/buffers are swapped with the EMA's
+    int infer;                // evaluation only (yolo val): no gradients, optimizer state or EMA
     size_t plan_at[G_NGROUPS];// bytes per group live at the plan's high-water mark
     size_t mem_total, mem_before, mem_after;   // cudaMemGetInfo: device total; in use before / after the cudaMalloc
 } Gpu;
@@ -6565,6 +6566,10 @@ static void gpu_alloc(Gpu *g) {
     long n = (long)m->nparams;
     g->params = gf32(g, n, G_PARAMS);
     g->w16 = gf16(g, n, G_PARAMS);
+    if (g->infer) {
+        g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
+        return;
+    }
     g->grads = gzf32(g, n, G_GRADS);
     g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
     g->bn_keep = gf32(g, m->nbuffers, G_BUFFERS);
@@ -6584,6 +6589,8 @@ static Plan gpu_plan_run(Model *m, int opt_kind, int nshape, const GpuShape *sha
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
     g->opt.kind = opt_kind;
+    g->infer = 1;
+    for (int i = 0; i < nshape; i++) g->infer &= !shape[i].train;
     g->a = xcalloc(1, sizeof(Arena));
     g->a->cap = SIZE_MAX;
     gpu_alloc(g);
@@ -6642,6 +6649,8 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
     g->m = m;
     g->opt = *opt;
     g->opt.m = g->opt.v = NULL;
+    g->infer = 1;
+    for (int i = 0; i < nshape; i++) g->infer &= !shape[i].train;
     grad_scaler_init(&g->scaler);
     size_t loss_bytes = 0, head_max[3] = {0, 0, 0};
     for (int i = 0; i < nshape; i++) {
@@ -6675,21 +6684,23 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
     cudaStream_t s = (cudaStream_t)g->stream;
     GPU_CHECK(cudaMemcpy(g->params, m->params, n * 4, cudaMemcpyHostToDevice));
     GPU_CHECK(cudaMemcpy(g->buffers, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(g->ema_p, ema_p ? ema_p : m->params, n * 4, cudaMemcpyHostToDevice));
-    GPU_CHECK(cudaMemcpy(g->ema_b, ema_b ? ema_b : m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
-    if (opt->m) GPU_CHECK(cudaMemcpy(g->opt_m, opt->m, n * 4, cudaMemcpyHostToDevice));
-    if (opt->v && g->opt_v) GPU_CHECK(cudaMemcpy(g->opt_v, opt->v, n * 4, cudaMemcpyHostToDevice));
-    uint8_t *grp = xmalloc(n);
-    memset(grp, OPT_NO_GROUP, n);
-    for (int ci = 0; ci < m->nconv; ci++) {
-        size_t off[3], len[3];
-        int pg[3];
-        model_segments(m, ci, off, len, pg);
-        for (int k = 0; k < 3; k++) memset(grp + off[k], pg[k], len[k]);
-    }
-    GPU_CHECK(cudaMemcpy(g->group, grp, n, cudaMemcpyHostToDevice));
-    free(grp);
     f32_to_f16_cuda(g->params, g->w16, n, s);
+    if (!g->infer) {   // training: the EMA, the optimizer state and the parameter groups
+        GPU_CHECK(cudaMemcpy(g->ema_p, ema_p ? ema_p : m->params, n * 4, cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemcpy(g->ema_b, ema_b ? ema_b : m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
+        if (opt->m) GPU_CHECK(cudaMemcpy(g->opt_m, opt->m, n * 4, cudaMemcpyHostToDevice));
+        if (opt->v && g->opt_v) GPU_CHECK(cudaMemcpy(g->opt_v, opt->v, n * 4, cudaMemcpyHostToDevice));
+        uint8_t *grp = xmalloc(n);
+        memset(grp, OPT_NO_GROUP, n);
+        for (int ci = 0; ci < m->nconv; ci++) {
+            size_t off[3], len[3];
+            int pg[3];
+            model_segments(m, ci, off, len, pg);
+            for (int k = 0; k < 3; k++) memset(grp + off[k], pg[k], len[k]);
+        }
+        GPU_CHECK(cudaMemcpy(g->group, grp, n, cudaMemcpyHostToDevice));
+        free(grp);
+    }
     // host side of the loss
     for (int i = 0; i < 3; i++) {
         g->head_h[i] = xmalloc(head_max[i] * sizeof(float));
@@ -6793,7 +6804,7 @@ static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img) {
 // gpu_use_ema: on: the EMA's weights and running stats take the model's place (validation), the
 // FP16 weight copy made from them; off: back to the model's.
 static void gpu_use_ema(Gpu *g, int on) {
-    if (on == g->ema_on) return;
+    if (on == g->ema_on || g->infer) return;   // evaluation only: the weights are the ones to evaluate
     float *t = g->params; g->params = g->ema_p; g->ema_p = t;
     t = g->buffers; g->buffers = g->ema_b; g->ema_b = t;
     g->ema_on = on;
@@ -7803,9 +7814,9 @@ static int train_run(Config cfg) {
 // validation split, in one planned arena, as the trainer computes them.
 static int cmd_val(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
-    if (gpu_select(c.device) >= 0) fprintf(stderr, "yolo val runs on the CPU in this version (the GPU validates during training)\n");
     Trainer *t = xcalloc(1, sizeof(Trainer));
     t->cfg = c;
+    t->dev = gpu_select(c.device);
     char err[1024];
     if (!c.data[0]) die("val: data= is required");
     if (data_yaml_load(c.data, &t->data, err, sizeof err)) die("%s", err);
@@ -7829,20 +7840,41 @@ static int cmd_val(int argc, char **argv) {
         Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
     }
     t->vB_last = t->val_ds.n % t->vB;
-    Plan p = trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 0);
+    if (t->dev >= 0) xfloats = 1;   // on the device: the host holds the weights only
+    Plan p = t->dev >= 0 ? trainer_plan_layout(t, 0, NULL, xfloats, 0, 0, 0)
+                         : trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 0);
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
     t->arena->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
     if (!t->arena->base) die("cannot allocate the %.1f MiB arena", p.total / 1048576.0);
     trainer_alloc(t, t->arena, xfloats, 0);
     model_load_weights(&t->m, c.model, fnc, 0, 0);
+    size_t plan_bytes = p.total;
+#ifdef YOLO_CUDA
+    if (t->dev >= 0) {   // evaluation shapes only: weights, running stats and the forward
+        GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)vl->nbatch);
+        int ns = 0;
+        for (int i = 0; i < vl->nbatch; i++) {
+            GpuShape v = {i == vl->nbatch - 1 && t->vB_last ? t->vB_last : t->vB, vl->shape[i][0], vl->shape[i][1], 0};
+            int seen = 0;
+            for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
+            if (!seen) sh[ns++] = v;
+        }
+        Optimizer none = {.kind = OPT_SGD};
+        t->gpu = gpu_open(&t->m, t->dev, ns, sh, &none, NULL, NULL, &t->lcfg);
+        gpu_report(t->gpu, t->dev);
+        plan_bytes = t->gpu->plan;
+        free(sh);
+    }
+#endif
     NmsConfig nc = nms_config_val();
     if (c.conf >= 0) nc.conf = (float)c.conf;
     nc.iou = (float)c.iou;
     nms_init(&t->nms, nc, fnc, Amax);
     t->dets = xmalloc(sizeof(Det) * 300);
     evaluator_init(&t->ev, fnc);
-    printf("val: %s on %d images, batch %d, imgsz %d, memory plan %.1f MiB\n", c.model, t->val_ds.n, t->B, t->S, p.total / 1048576.0);
+    printf("val: %s on %d images, batch %d, imgsz %d, memory plan %.1f MiB (%s)\n", c.model, t->val_ds.n, t->B, t->S,
+           plan_bytes / 1048576.0, t->dev >= 0 ? "device" : "host");
     double vloss[3], t0 = now_sec();
     snprintf(t->dir, sizeof t->dir, "%s/val/%s", c.project, c.name[0] ? c.name : "val");
     mkdir_p(t->dir);
@@ -7854,6 +7886,9 @@ static int cmd_val(int argc, char **argv) {
     printf("val losses box %.4f cls %.4f dfl %.4f; %.2f s; predictions picture %s/val_batch0_pred.jpg\n", vloss[0], vloss[1],
            vloss[2], now_sec() - t0, t->dir);
     metrics_free(&mt);
+#ifdef YOLO_CUDA
+    if (t->gpu) gpu_close(t->gpu);
+#endif
     loader_close(t->val_ld);
     nms_free(&t->nms);
     evaluator_free(&t->ev);

@@ -3,7 +3,8 @@
 # (run by test/run_emu.sh): a 4-image synthetic dataset, 1 epoch at 32x32, batch 2. Checks that the run
 # plans one cudaMalloc, that device memory in use grew by exactly the plan (emulated cudaMemGetInfo:
 # 2 MiB pages), that the arena's high-water mark equals the plan, that validation ran on the device
-# and that the checkpoints the device state was downloaded into load in the CPU build (yolo val).
+# that the checkpoints the device state was downloaded into load in the CPU build (yolo val), and
+# that yolo val device=0 evaluates them on the device.
 yolo=$1 tmp=$2
 pass=0 fail=0
 ok() { if [ "$1" = 1 ]; then echo "PASS  $2"; pass=$((pass + 1)); else echo "FAIL  $2"; fail=$((fail + 1)); fi; }
@@ -23,5 +24,8 @@ ok $([ "$(wc -l <"$tmp/runs/train/e/results.csv")" = 2 ] && echo 1) "results.csv
 ok $([ -s "$tmp/runs/train/e/weights/last.ckpt" ] && [ -s "$tmp/runs/train/e/weights/best.safetensors" ] && echo 1) "last.ckpt and best.safetensors written"
 val=$("$yolo" val model="$tmp/runs/train/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=cpu project="$tmp/runs" name=v 2>&1)
 ok $([ $? = 0 ] && echo 1) "the downloaded weights validate on the CPU (yolo val device=cpu)"
+val=$(EMU_STRICT=1 "$yolo" val model="$tmp/runs/train/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=0 project="$tmp/runs" name=vd 2>&1)
+ok $([ $? = 0 ] && printf '%s\n' "$val" | grep -q 'MiB (device)' && printf '%s\n' "$val" | grep -E 'the arena took' | grep -vq NOT && echo 1) \
+   "yolo val device=0: evaluation-only device arena, in use == plan"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
