@@ -6086,9 +6086,9 @@ static int cmd_augment(int argc, char **argv) {
  *     writing into channel slices of the conv's input buffer, as value_materialize does per image;
  *   - loss scaling: torch.cuda.amp.GradScaler (yolo.h); the loss gradient is computed scaled, the
  *     optimizer unscales, checks for inf/NaN (skip + halve) and clips the norm to 10.
+ *   - the loss and its assigner run on the device (loss_cuda); the host only gathers each image's
+ *     boxes (a few KB) and reads back five sums.
  * DEVIATIONS (GPU step):
- *   - the loss runs on the host: the three head maps are copied down, loss_forward_backward runs
- *     on the CPU and the scaled dhead is copied back (a device loss kernel is future work);
  *   - activations, dz and the FP16 weight copy carry FP16 rounding (Ultralytics AMP does too);
  *   - a step the GradScaler skips (inf/NaN gradient) keeps the BN running statistics of its
  *     forward (as Ultralytics) and does not update the EMA (Ultralytics does); a batch whose loss
@@ -6121,6 +6121,7 @@ static void gpu_unreachable(int unused, ...) { (void)unused; die("internal error
 #define maxpool5_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define cudaMemsetAsync(...) (gpu_unreachable(0, __VA_ARGS__), 0)
 #define gpu_put_input(...) gpu_unreachable(0, __VA_ARGS__)
+#define gpu_loss_run(...) (gpu_unreachable(0, __VA_ARGS__), (LossOut){0})
 #define GPU_CHECK(x) (void)(x)
 #endif
 
@@ -6148,9 +6149,10 @@ typedef struct Gpu {
     long zs[MAX_CONVS];       // elements between images of z / dA (the head map's for Detect outputs)
     float *head[3], *dhead[3];// (B, 64+NC, H_i, W_i) FP32 raw Detect maps and their (scaled) gradient
     // host side
-    float *head_h[3], *dhead_h[3];   // host copies of the head maps and gradients for the CPU loss
-    void *loss_scratch;
-    size_t loss_bytes;
+    float *head_h[3];         // host copies of the head maps (validation's NMS; tests with copy_heads)
+    LossGt *gts_h;            // (B, max_boxes) the boxes of each image, gathered for upload
+    int *nbox_h;              // (B) boxes per image
+    int copy_heads;           // tests: gpu_loss also copies the head maps to head_h
     Optimizer opt;            // host: kind, lr, momentum, decay, step count (its m, v unused)
     GradScaler scaler;
     long ema_updates;
@@ -6163,6 +6165,12 @@ typedef struct Gpu {
 // GpuShape: one step the arena must hold: a training step (forward, loss, backward) or an
 // evaluation forward, for a batch of B images of H x W
 typedef struct { int B, H, W, train; } GpuShape;
+
+#ifdef YOLO_CUDA   // defined with the runtime calls below
+static void gpu_put_input(Gpu *g, uint8_t *x8, const uint8_t *img, long n);
+static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcfg, LossGtD *gts, int *nbox, double *out,
+                            void *scratch);
+#endif
 
 // gpu_zalloc: arena_alloc plus an async memset to 0 on the device (nothing in a dry run)
 static void *gpu_zalloc(Gpu *g, size_t bytes, int group) {
@@ -6478,30 +6486,28 @@ static void gpu_backward(Gpu *g) {
 
 // ---- loss, step, optimizer ----
 
-// gpu_loss: head maps to the host, the CPU loss and its gradient scaled by the loss scale, back
-// into g->dhead (allocated here, as model_head_grad).
+// gpu_loss: the loss of the head maps on the device (loss_cuda, the twin of loss_forward_backward)
+// and, in training, its gradient times the loss scale into g->dhead (allocated here, as
+// model_head_grad). The boxes are gathered per image on the host (loss_gather_gts, max_boxes cap)
+// and uploaded; the assigner's scratch is a temporary of the arena.
+_Static_assert(sizeof(LossGtD) == sizeof(LossGt), "yolo.h's LossGtD is yolo.c's LossGt");
 static LossOut gpu_loss(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
     Model *m = g->m;
     LossOut lo = {0};
-    size_t bytes[3];
+    int B = g->B, M = lcfg->max_boxes, A = loss_num_anchors(g->H, g->W);
     for (int i = 0; i < 3; i++) {
         const Conv *box = &m->conv[m->head_conv[i][0]];
-        bytes[i] = (size_t)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
-        g->dhead[i] = (float *)arena_alloc(g->a, bytes[i], G_BACKWARD);
+        g->dhead[i] = m->train ? gf32(g, (long)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_BACKWARD) : NULL;
     }
-    if (arena_dry(g->a)) return lo;
-#ifndef YOLO_CUDA
-    gpu_unreachable(0, tg, lcfg);
-#else
-    cudaStream_t s = (cudaStream_t)g->stream;
-    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], bytes[i], cudaMemcpyDeviceToHost, s));
-    GPU_CHECK(cudaStreamSynchronize(s));
-    for (int i = 0; i < 3; i++) memset(g->dhead_h[i], 0, bytes[i]);
-    lo = loss_forward_backward(lcfg, g->B, m->nc, g->H, g->W, (const float *const *)g->head_h, g->dhead_h, tg, g->scaler.scale,
-                               g->loss_scratch, g->loss_bytes, 0);
-    for (int i = 0; i < 3; i++) GPU_CHECK(cudaMemcpyAsync(g->dhead[i], g->dhead_h[i], bytes[i], cudaMemcpyHostToDevice, s));
-    GPU_CHECK(cudaStreamSynchronize(s));   // the host buffers are reused by the next step
-#endif
+    LossGtD *gts = (LossGtD *)arena_alloc(g->a, (size_t)B * M * sizeof(LossGtD), G_LOSS);   // (B, M)
+    int *nbox = (int *)arena_alloc(g->a, (size_t)B * sizeof(int), G_LOSS);                 // (B)
+    double *out = (double *)arena_alloc(g->a, 5 * sizeof(double), G_LOSS);
+    void *scratch = arena_alloc(g->a, loss_cuda_scratch_bytes(B, A, M), G_LOSS);
+    if (!arena_dry(g->a)) lo = gpu_loss_run(g, tg, lcfg, gts, nbox, out, scratch);
+    arena_free(g->a, scratch);
+    arena_free(g->a, out);
+    arena_free(g->a, nbox);
+    arena_free(g->a, gts);
     return lo;
 }
 
@@ -6540,10 +6546,6 @@ static void gpu_shape(Gpu *g, const GpuShape *s) {
     model_shape(g->m, s->H, s->W);
     model_liveness(g->m);
 }
-
-#ifdef YOLO_CUDA
-static void gpu_put_input(struct Gpu *g, uint8_t *x8, const uint8_t *img, long n);
-#endif
 
 // gpu_input_begin / gpu_input_end: the input of one step, (B, 3, H, W) at the current shape: the
 // uint8 batch img uploaded into a temporary, converted into g->x (FP16 in [0, 1]), which lives
@@ -6598,7 +6600,7 @@ static Plan gpu_plan_run(Model *m, int opt_kind, int nshape, const GpuShape *sha
         gpu_shape(g, &shape[i]);
         gpu_input_begin(g, NULL);
         if (shape[i].train) gpu_schedule(g, NULL, lcfg);
-        else gpu_forward(g), gpu_release(g);
+        else gpu_forward(g), gpu_loss(g, NULL, lcfg), gpu_release(g);
         gpu_input_end(g);
     }
     Plan p = {.total = g->a->high};
@@ -6652,9 +6654,10 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
     g->infer = 1;
     for (int i = 0; i < nshape; i++) g->infer &= !shape[i].train;
     grad_scaler_init(&g->scaler);
-    size_t loss_bytes = 0, head_max[3] = {0, 0, 0};
+    size_t head_max[3] = {0, 0, 0};
+    int bmax = 0;
     for (int i = 0; i < nshape; i++) {
-        loss_bytes = (size_t)fmax(loss_bytes, loss_scratch_bytes(shape[i].B, loss_num_anchors(shape[i].H, shape[i].W), lcfg->max_boxes));
+        bmax = shape[i].B > bmax ? shape[i].B : bmax;
         for (int l = 0; l < 3; l++) {
             int st = 8 << l;
             head_max[l] = (size_t)fmax(head_max[l], (double)shape[i].B * (REG_MAX * 4 + m->nc) * (shape[i].H / st) * (shape[i].W / st));
@@ -6704,10 +6707,9 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
     // host side of the loss
     for (int i = 0; i < 3; i++) {
         g->head_h[i] = xmalloc(head_max[i] * sizeof(float));
-        g->dhead_h[i] = xmalloc(head_max[i] * sizeof(float));
     }
-    g->loss_bytes = loss_bytes;
-    g->loss_scratch = xmalloc(g->loss_bytes);
+    g->gts_h = xmalloc((size_t)bmax * lcfg->max_boxes * sizeof(LossGt));
+    g->nbox_h = xmalloc((size_t)bmax * sizeof(int));
     GPU_CHECK(cudaStreamSynchronize(s));
     return g;
 }
@@ -6731,10 +6733,51 @@ static void gpu_report(const Gpu *g, int dev) {
 
 static void gpu_close(Gpu *g) {
     GPU_CHECK(cudaFree(g->a->base));
-    for (int i = 0; i < 3; i++) free(g->head_h[i]), free(g->dhead_h[i]);
-    free(g->loss_scratch);
+    for (int i = 0; i < 3; i++) free(g->head_h[i]);
+    free(g->gts_h);
+    free(g->nbox_h);
     free(g->a);
     free(g);
+}
+
+// gpu_loss_run: gpu_loss's launches: the boxes of each image gathered on the host (as
+// loss_forward_backward does, the max_boxes cap counted) and uploaded to gts/nbox, loss_cuda, and the
+// five sums back (the one synchronisation of a training step, for the loss the trainer prints).
+static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcfg, LossGtD *gts, int *nbox, double *out,
+                            void *scratch) {
+    cudaStream_t s = (cudaStream_t)g->stream;
+    int B = g->B, M = lcfg->max_boxes, NC = g->m->nc;
+    LossOut lo = {0};
+    for (int i = 0; i < tg->n; i++)
+        if (tg->batch_idx[i] < 0 || tg->batch_idx[i] >= B) die("loss: box %d has batch_idx %d, outside [0, %d)", i, tg->batch_idx[i], B);
+    for (int b = 0; b < B; b++) {
+        int n = loss_gather_gts(tg, b, NC, g->H, g->W, M, g->gts_h + (size_t)b * M);
+        if (n > M) lo.n_over_cap += n - M, lo.n_images_over_cap++, n = M;
+        g->nbox_h[b] = n;
+    }
+    if (lo.n_over_cap && !loss_cap_warned) {
+        loss_cap_warned = 1;
+        fprintf(stderr, "warning: %d boxes in %d images were over the max_boxes=%d cap and are ignored by the loss (reported "
+                "once; raise max_boxes to keep them)\n", lo.n_over_cap, lo.n_images_over_cap, M);
+    }
+    GPU_CHECK(cudaMemcpyAsync(gts, g->gts_h, (size_t)B * M * sizeof(LossGtD), cudaMemcpyHostToDevice, s));
+    GPU_CHECK(cudaMemcpyAsync(nbox, g->nbox_h, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, s));
+    loss_cuda(B, NC, g->H, g->W, (const float *const *)g->head, g->m->train ? g->dhead : NULL, gts, nbox, M, lcfg->box,
+              lcfg->cls, lcfg->dfl, g->m->train ? g->scaler.scale : 1.f, scratch, out, s);
+    double o[5];
+    GPU_CHECK(cudaMemcpyAsync(o, out, sizeof o, cudaMemcpyDeviceToHost, s));
+    if (g->copy_heads)   // tests: the head maps of the step, as the loss saw them
+        for (int i = 0; i < 3; i++) {
+            int sd = 8 << i;
+            GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], (size_t)B * (REG_MAX * 4 + NC) * (g->H / sd) * (g->W / sd) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, s));
+        }
+    GPU_CHECK(cudaStreamSynchronize(s));   // gts_h / nbox_h are reused by the next step
+    lo.box = o[0], lo.cls = o[1], lo.dfl = o[2];
+    lo.target_scores_sum = o[3];
+    lo.n_fg = (int)o[4];
+    lo.total = B * (lo.box + lo.cls + lo.dfl);
+    return lo;
 }
 
 // gpu_put_input: n uint8 values img (host) -> x8 (device) -> g->x, FP16 in [0, 1] (gpu_input_begin)
@@ -6783,13 +6826,16 @@ static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTarget
     return gpu_train_step(g, &s, img, tg, lcfg);
 }
 
-// gpu_eval: an evaluation forward of the uint8 batch img at shape s (train == 0); the three head
-// maps come back in g->head_h (host) and nothing stays allocated on the device.
-static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img) {
+// gpu_eval: an evaluation forward of the uint8 batch img at shape s (train == 0) and its loss
+// against tg (*lo); the three head maps come back in g->head_h (host, for NMS) and nothing stays
+// allocated on the device.
+static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg,
+                              LossOut *lo) {
     cudaStream_t st = (cudaStream_t)g->stream;
     gpu_shape(g, s);
     gpu_input_begin(g, img);
     gpu_forward(g);
+    *lo = gpu_loss(g, tg, lcfg);
     for (int i = 0; i < 3; i++) {
         int sd = 8 << i;
         size_t bytes = (size_t)g->B * (REG_MAX * 4 + g->m->nc) * (g->H / sd) * (g->W / sd) * sizeof(float);
@@ -7327,12 +7373,11 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
         LossOut lo;
         const float *const *heads = (const float *const *)m->head;
 #ifdef YOLO_CUDA
-        if (t->gpu) {   // the forward on the device, the loss and NMS on the host
+        if (t->gpu) {   // the forward and the loss on the device, NMS on the host
             Gpu *g = t->gpu;
             GpuShape sh = {bt->B, bt->H, bt->W, 0};
             LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
-            heads = (const float *const *)gpu_eval(g, &sh, bt->img);
-            lo = loss_forward_backward(&t->lcfg, bt->B, m->nc, bt->H, bt->W, heads, NULL, &tg, 1.f, g->loss_scratch, g->loss_bytes, 0);
+            heads = (const float *const *)gpu_eval(g, &sh, bt->img, &tg, &t->lcfg, &lo);
         } else
 #endif
         {
@@ -8176,7 +8221,7 @@ static int cmd_plan(int argc, char **argv) {
     g.half = 1;
     size_t gtotal = plan_train(&g, &tr, &va);
     plan_table("GPU layout (the device step's dry run: FP16 activations; FP32 master weights, gradients, optimizer state, "
-               "EMA; the loss on the host):", &tr, &va);
+               "EMA):", &tr, &va);
     printf("  %-22s %8.1f MiB   (estimate; not part of the plan)\n", "+ CUDA context", GPU_CONTEXT_BYTES / 1048576.0);
     printf("  %-22s %8.1f MiB\n", "device total", (gtotal + GPU_CONTEXT_BYTES) / 1048576.0);
     PlanOpts one = g;

@@ -4,6 +4,7 @@
 // enqueues its kernels and checks the launch. Each has a CPU twin in yolo.c with the same name
 // ending in _cpu instead of _cuda.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 #ifdef __cplusplus
 extern "C" {
@@ -87,6 +88,29 @@ void add_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n,
 void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *stream);
 // ema_update_cuda: ema = d*ema + (1-d)*p over n floats.
 void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream);
+
+// ---- loss ----
+
+// One box of an image for the loss: pixels xyxy, class, valid (mask_gt); the layout of yolo.c's LossGt,
+// so the host gathers with loss_gather_gts and uploads the array as it is.
+typedef struct { float x1, y1, x2, y2; int cls, valid; } LossGtD;
+// loss_cuda_scratch_bytes: the device scratch loss_cuda needs for B images of A anchors (all three
+// levels) and at most M boxes per image, alignment slack included: 5.0 MB for B=16, A=8400, M=1024
+// (nearly all of it (B, A) arrays).
+size_t loss_cuda_scratch_bytes(int B, int A, int M);
+// loss_cuda: the YOLOv8 loss of a batch and its gradient, the twin of loss_forward_backward (yolo.c;
+// same assignment, tie rules and float formulas; only the order of the double sums differs; CIoU's alpha
+// is held constant as in training). head[l]: device FP32 maps (B, 64+NC, H_l, W_l), H_l = imgH/(8<<l),
+// W_l = imgW/(8<<l), sizes multiples of 32. dhead[l]: same shape, fully overwritten with grad_scale *
+// d(B*(box+cls+dfl))/d(head); dhead NULL (or any dhead[l] NULL): no gradient. gts: device (B, M), image
+// b's boxes in its first m[b] rows (loss_gather_gts, capped at M); m: device (B). scratch: device,
+// loss_cuda_scratch_bytes(B, A, M) bytes, any alignment. out: 5 device doubles, read after the stream
+// synchronises: out[0] box, out[1] cls, out[2] dfl (after gains, before xB: LossOut.box/cls/dfl; the
+// host forms total = B*(box+cls+dfl)), out[3] target_scores_sum (max(sum of scores, 1)), out[4] n_fg.
+// Deterministic: the same inputs give the same bits on every run.
+void loss_cuda(int B, int NC, int imgH, int imgW, const float *const head[3], float *const dhead[3], const LossGtD *gts,
+               const int *m, int M, float box_gain, float cls_gain, float dfl_gain, float grad_scale, void *scratch,
+               double *out, void *stream);
 
 // Fused optimizer over the flat FP32 parameter array. group[i]: 0 bias, 1 weight, 2 BN gamma
 // (yolo.c's PG_*), OPT_NO_GROUP for values outside every group (the frozen DFL weight: neither in

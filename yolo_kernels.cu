@@ -625,6 +625,492 @@ extern "C" void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *strea
 }
 
 // ------------------------------------------------------------------------------------------
+// loss: task-aligned assigner, BCE, CIoU and DFL, forward and backward (loss_forward_backward)
+// ------------------------------------------------------------------------------------------
+/*
+ * The twin of loss_forward_backward in yolo.c, with the same float formulas in the same operation order
+ * (only the order of the double sums differs). The host gathers the boxes of each image (loss_gather_gts);
+ * then a memset of the claim counters and seven kernels on the stream:
+ *   kernel   threads  computes                                                   yolo.c
+ *   decode   B*A      predicted boxes in pixels (images with boxes)              tal_decode_batch
+ *   topk     B*M      each gt's top-10 over its anchor rectangle; its claims     tal_topk_gt
+ *   resolve  B*A      an anchor claimed twice goes to the gt of largest overlap; tal_resolve_image
+ *                     per-gt max align and max overlap (atomicMax on float bits)
+ *   score    B*A      target score of each foreground anchor; block sums         tal_resolve_image
+ *   norm     1 block  target_scores_sum, n_fg, the gradient scales               step 1 end
+ *   terms    B*A      BCE of every class logit, the foreground corrections,      steps 2-3, loss_fg_term
+ *                     CIoU and DFL, every dhead value of the anchor; block sums
+ *   out      1 block  the block sums in a fixed order -> out
+ * No foreground list: the per-anchor kernels skip background anchors, and every sum is a block sum in a
+ * fixed tree plus a fixed-order sum of the block partials, so results do not depend on scheduling. The
+ * integer claim counts are atomic (order-free); an anchor claimed by one gt keeps that gt's metrics,
+ * written by the one thread that claimed it. Known cost: topk walks a gt's rectangle in one thread, so a
+ * box covering the image costs that thread all A metric evaluations (as one CPU thread does).
+ */
+enum { LOSS_R = 16, LOSS_TOPK = 10, LOSS_BLOCK = 256 };
+
+// LossGeo: the batch geometry, by value to every loss kernel. Level l: H[l] x W[l] anchors from global
+// anchor off[l], stride 8<<l. head[l], dhead[l]: (B, 64+NC, H[l], W[l]); dhead all NULL: no gradient.
+struct LossGeo {
+    int B, NC, A, M;
+    int H[3], W[3], off[3];
+    const float *head[3];
+    float *dhead[3];
+};
+
+// LossAt: anchor a of image b: its level l, index r in the level (row-major), level width W, plane size HW,
+// stride s, and its head (z) and gradient (dz, NULL without gradient) values, channel c at [c * HW].
+// Built with constant indices only: a dynamic index would copy the parameter struct to the stack.
+struct LossAt { int l, r, W; long HW; float s; const float *z; float *dz; };
+__device__ __forceinline__ LossAt loss_at(const LossGeo &g, int b, int a) {
+    LossAt t;
+    t.l = a >= g.off[2] ? 2 : a >= g.off[1] ? 1 : 0;
+    int H = t.l == 0 ? g.H[0] : t.l == 1 ? g.H[1] : g.H[2];
+    t.W = t.l == 0 ? g.W[0] : t.l == 1 ? g.W[1] : g.W[2];
+    t.r = a - (t.l == 0 ? g.off[0] : t.l == 1 ? g.off[1] : g.off[2]);
+    t.HW = (long)H * t.W;
+    t.s = (float)(8 << t.l);
+    long o = (long)b * (64 + g.NC) * t.HW + t.r;
+    t.z = (t.l == 0 ? g.head[0] : t.l == 1 ? g.head[1] : g.head[2]) + o;
+    float *dh = t.l == 0 ? g.dhead[0] : t.l == 1 ? g.dhead[1] : g.dhead[2];
+    t.dz = dh ? dh + o : nullptr;
+    return t;
+}
+
+// loss_ciou: bbox_ciou of yolo.c (Ultralytics bbox_iou(..., CIoU=True), eps 1e-7), the same float ops.
+__device__ float loss_ciou(const float *b1, const float *b2) {
+    const float eps = 1e-7f;
+    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
+    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
+    float iw = fmaxf(fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), 0.0f);
+    float ih = fmaxf(fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), 0.0f);
+    float inter = iw * ih;
+    float uni = w1 * h1 + w2 * h2 - inter + eps;
+    float iou = inter / uni;
+    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
+    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
+    float c2 = cw * cw + ch * ch + eps;
+    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
+    float rho2 = (dx * dx + dy * dy) / 4.0f;
+    float dat = atanf(w2 / h2) - atanf(w1 / h1);
+    float v = (float)(4.0 / (M_PI * M_PI)) * (dat * dat);
+    float alpha = v / (v - iou + (1.0f + eps));
+    return iou - (rho2 / c2 + v * alpha);
+}
+
+// PyTorch's derivative of minimum/maximum w.r.t. its first argument: 1, 1/2 on ties, 0.
+__device__ __forceinline__ double loss_dmin(float a, float b) { return a < b ? 1.0 : a == b ? 0.5 : 0.0; }
+__device__ __forceinline__ double loss_dmax(float a, float b) { return a > b ? 1.0 : a == b ? 0.5 : 0.0; }
+
+// loss_ciou_backward: bbox_ciou_backward of yolo.c in training form (alpha held constant, as Ultralytics
+// computes it under no_grad; the CPU's test-only loss_ciou_alpha_grad has no twin here).
+// d1 (4) = g * dCIoU(b1, b2)/db1.
+__device__ void loss_ciou_backward(const float *b1, const float *b2, double g, double *d1) {
+    const float eps = 1e-7f;
+    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
+    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
+    float iwr = fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), iw = fmaxf(iwr, 0.0f);
+    float ihr = fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), ih = fmaxf(ihr, 0.0f);
+    float inter = iw * ih;
+    float uni = w1 * h1 + w2 * h2 - inter + eps;
+    float iou = inter / uni;
+    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
+    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
+    float c2 = cw * cw + ch * ch + eps;
+    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
+    float rho2 = (dx * dx + dy * dy) / 4.0f;
+    float r1 = w1 / h1;
+    float dat = atanf(w2 / h2) - atanf(r1);
+    float k = (float)(4.0 / (M_PI * M_PI));
+    float v = k * (dat * dat);
+    float alpha = v / (v - iou + (1.0f + eps));
+    // ciou = iou - rho2/c2 - v*alpha
+    double g_iou = g, g_q = -g, g_v = -g * alpha;
+    double g_inter = g_iou / uni, g_uni = -g_iou * (double)inter / ((double)uni * uni);
+    double g_w1 = g_uni * h1, g_h1 = g_uni * w1;
+    g_inter -= g_uni;
+    double g_iw = iwr >= 0.0f ? g_inter * ih : 0.0, g_ih = ihr >= 0.0f ? g_inter * iw : 0.0;
+    double g_rho2 = g_q / c2, g_c2 = -g_q * (double)rho2 / ((double)c2 * c2);
+    double g_cw = g_c2 * 2.0 * cw, g_ch = g_c2 * 2.0 * ch;
+    double g_dx = g_rho2 * dx / 2.0, g_dy = g_rho2 * dy / 2.0;
+    double g_r1 = g_v * k * 2.0 * dat * -1.0 / (1.0 + (double)r1 * r1);
+    g_w1 += g_r1 / h1;
+    g_h1 -= g_r1 * (double)w1 / ((double)h1 * h1);
+    d1[0] = -g_w1 - g_iw * loss_dmax(b1[0], b2[0]) - g_cw * loss_dmin(b1[0], b2[0]) - g_dx;
+    d1[2] = g_w1 + g_iw * loss_dmin(b1[2], b2[2]) + g_cw * loss_dmax(b1[2], b2[2]) - g_dx;
+    d1[1] = -g_h1 - g_ih * loss_dmax(b1[1], b2[1]) - g_ch * loss_dmin(b1[1], b2[1]) - g_dy;
+    d1[3] = g_h1 + g_ih * loss_dmin(b1[3], b2[3]) + g_ch * loss_dmax(b1[3], b2[3]) - g_dy;
+}
+
+// loss_decode_box: dfl_side_decode + loss_decode_box of yolo.c: box (4) xyxy in grid units of anchor t;
+// p (4, 16) the softmax of every side, lse (4) its log-sum-exp.
+__device__ void loss_decode_box(const LossAt &t, float *box, float *p, float *lse) {
+    float d[4];
+    for (int s = 0; s < 4; s++) {
+        const float *z = t.z + (long)s * LOSS_R * t.HW;
+        float *ps = p + s * LOSS_R;
+        float m = z[0];
+        for (int k = 1; k < LOSS_R; k++) m = fmaxf(m, z[k * t.HW]);
+        float sum = 0.0f;
+        for (int k = 0; k < LOSS_R; k++) { ps[k] = expf(z[k * t.HW] - m); sum += ps[k]; }
+        float e = 0.0f;
+        for (int k = 0; k < LOSS_R; k++) { ps[k] = ps[k] / sum; e += (float)k * ps[k]; }
+        lse[s] = m + logf(sum);
+        d[s] = e;
+    }
+    float ax = (float)(t.r % t.W) + 0.5f, ay = (float)(t.r / t.W) + 0.5f;
+    box[0] = ax - d[0]; box[1] = ay - d[1]; box[2] = ax + d[2]; box[3] = ay + d[3];
+}
+
+// loss_metric: tal_metric of yolo.c: 1 with o = max(CIoU(gt, pb), 0) and align = sigmoid(logit)^0.5 * o^6
+// when the anchor centre (ax, ay) (pixels) is strictly inside the valid gt, else 0 (o = align = 0).
+__device__ int loss_metric(const LossGtD &gt, float ax, float ay, const float *pb, float logit, float *o, float *align) {
+    float dmin = fminf(fminf(ax - gt.x1, ay - gt.y1), fminf(gt.x2 - ax, gt.y2 - ay));
+    *o = 0.0f;
+    *align = 0.0f;
+    if (!gt.valid || !(dmin > 1e-9f)) return 0;
+    float gb[4] = {gt.x1, gt.y1, gt.x2, gt.y2};
+    float ov = fmaxf(loss_ciou(gb, pb), 0.0f);
+    float s = 1.0f / (1.0f + expf(-logit));
+    *o = ov;
+    *align = sqrtf(s) * powf(ov, 6.0f);
+    return 1;
+}
+
+// block_sum_d: block_sum for doubles: the sum over the block (blockDim.x a multiple of 32, at most 1024),
+// the same value in every thread, the same order in every block and run. Block-uniform call sites only.
+__device__ double block_sum_d(double v) {
+    __shared__ double red[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) t += red[w];
+    __syncthreads();   // red is reused by the next call
+    return t;
+}
+
+// loss_decode: pbox (B, A, 4) = predicted box of every anchor in pixels, for images with boxes (m > 0).
+__global__ void loss_decode_kernel(LossGeo g, const int *m, float *pbox) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, b = i / g.A;
+    if (i >= g.B * g.A || m[b] == 0) return;
+    LossAt t = loss_at(g, b, i % g.A);
+    float p[4 * LOSS_R], lse[4], box[4];
+    loss_decode_box(t, box, p, lse);
+    for (int k = 0; k < 4; k++) pbox[(long)i * 4 + k] = box[k] * t.s;
+}
+
+// loss_topk: one thread per gt j < m[b] of image b: tal_topk_gt of yolo.c (top-10 align over the anchor
+// rectangle of each level, ties to the lower anchor, the zero-align fill of CUDA torch.topk), then claims
+// the candidates: cnt[b, a] += 1 and owner, align, iou of (b, a) = this gt's (kept only when cnt ends at 1).
+// gts (B, M); pbox (B, A, 4); cnt, owner, align, iou (B, A).
+__global__ void loss_topk_kernel(LossGeo g, const LossGtD *gts, const int *m, const float *pbox, int *cnt, int *owner,
+                                 float *align, float *iou) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, b = i / g.M, j = i % g.M;
+    if (i >= g.B * g.M || j >= m[b] || !gts[i].valid) return;
+    LossGtD gt = gts[i];
+    const float *pb = pbox + (long)b * g.A * 4;
+    struct Cand { int a; float align, o; } pos[LOSS_TOPK], zero[LOSS_TOPK];
+    int npos = 0, nzero = 0;
+    long npos_total = 0;
+    for (int l = 0; l < 3; l++) {
+        LossAt t = loss_at(g, b, l == 0 ? g.off[0] : l == 1 ? g.off[1] : g.off[2]);   // r = 0 of level l
+        int H = (int)(t.HW / t.W);
+        const float *plane = t.z + (long)(64 + gt.cls) * t.HW;   // class logits of this gt, (H, W)
+        float s = t.s;
+        int x0 = (int)floorf(gt.x1 / s - 0.5f) - 1, x1 = (int)ceilf(gt.x2 / s - 0.5f) + 1;
+        int y0 = (int)floorf(gt.y1 / s - 0.5f) - 1, y1 = (int)ceilf(gt.y2 / s - 0.5f) + 1;
+        if (x0 < 0) x0 = 0;
+        if (y0 < 0) y0 = 0;
+        if (x1 > t.W - 1) x1 = t.W - 1;
+        if (y1 > H - 1) y1 = H - 1;
+        for (int y = y0; y <= y1; y++)
+            for (int x = x0; x <= x1; x++) {
+                int r = y * t.W + x, a = (l == 0 ? g.off[0] : l == 1 ? g.off[1] : g.off[2]) + r;
+                float o, al;
+                if (!loss_metric(gt, ((float)x + 0.5f) * s, ((float)y + 0.5f) * s, pb + (long)a * 4, plane[r], &o, &al))
+                    continue;
+                Cand c = {a, al, o};
+                if (al > 0.0f) {
+                    npos_total++;
+                    // sorted by align descending; equal align keeps the lower (earlier) anchor first
+                    if (npos == LOSS_TOPK && !(al > pos[LOSS_TOPK - 1].align)) continue;
+                    int k = npos < LOSS_TOPK ? npos++ : LOSS_TOPK - 1;
+                    while (k > 0 && al > pos[k - 1].align) { pos[k] = pos[k - 1]; k--; }
+                    pos[k] = c;
+                } else if (nzero < LOSS_TOPK) {
+                    zero[nzero++] = c;   // anchors come in increasing index: the first zeros are the lowest
+                }
+            }
+    }
+    // topk fills the slots left by fewer than 10 positives with the lowest-index align-0 anchors over all A;
+    // an inside zero at index a is preceded by a - (positives before a) of them
+    int need = npos_total < LOSS_TOPK ? LOSS_TOPK - (int)npos_total : 0, nfill = 0;
+    for (int k = 0; k < nzero && need > 0; k++) {
+        int before = 0;
+        for (int q = 0; q < npos; q++) before += pos[q].a < zero[k].a;
+        if (zero[k].a - before >= need) break;
+        nfill++;
+    }
+    for (int k = 0; k < npos + nfill; k++) {
+        const Cand &c = k < npos ? pos[k] : zero[k - npos];
+        long at = (long)b * g.A + c.a;
+        atomicAdd(&cnt[at], 1);
+        owner[at] = j;
+        align[at] = c.align;
+        iou[at] = c.o;
+    }
+}
+
+// loss_resolve: one thread per anchor of every image (tal_resolve_image of yolo.c). Unclaimed: owner -1.
+// Claimed more than once: the gt of largest overlap over all m gts of the image (first max on ties) and its
+// metrics. Then max_align and max_iou (B, M) of the owner (float bits of non-negative values, zeroed
+// before, so int atomicMax orders them; NaN and -0 count as 0 like the CPU's "> max" from 0).
+__global__ void loss_resolve_kernel(LossGeo g, const LossGtD *gts, const int *m, const float *pbox, const int *cnt,
+                                    int *owner, float *align, float *iou, int *max_align, int *max_iou) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, b = i / g.A, a = i % g.A;
+    if (i >= g.B * g.A) return;
+    if (cnt[i] == 0) { owner[i] = -1; return; }
+    if (cnt[i] > 1) {
+        LossAt t = loss_at(g, b, a);
+        float ax = ((float)(t.r % t.W) + 0.5f) * t.s, ay = ((float)(t.r / t.W) + 0.5f) * t.s;
+        const LossGtD *gi = gts + (long)b * g.M;
+        int best = 0;
+        float best_o = -1.0f, best_al = 0.0f;
+        for (int j = 0; j < m[b]; j++) {
+            float o, al;
+            loss_metric(gi[j], ax, ay, pbox + (long)i * 4, t.z[(long)(64 + gi[j].cls) * t.HW], &o, &al);
+            if (o > best_o) { best_o = o; best = j; best_al = al; }
+        }
+        owner[i] = best;
+        align[i] = best_al;
+        iou[i] = best_o;
+    }
+    long bj = (long)b * g.M + owner[i];
+    float al = align[i], o = iou[i];
+    atomicMax(&max_align[bj], __float_as_int(al > 0.0f ? al : 0.0f));
+    atomicMax(&max_iou[bj], __float_as_int(o > 0.0f ? o : 0.0f));
+}
+
+// loss_score: score (B, A) = align * max_iou / (max_align + 1e-9) of every foreground anchor (the CPU's
+// LossFg.score); part (blocks, 2) = the block's sum of scores and its foreground count.
+__global__ void loss_score_kernel(LossGeo g, const int *owner, const float *align, const int *max_align,
+                                  const int *max_iou, float *score, double *part) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    double s = 0.0, n = 0.0;
+    if (i < g.B * g.A && owner[i] >= 0) {
+        long bj = (long)(i / g.A) * g.M + owner[i];
+        float sc = align[i] * __int_as_float(max_iou[bj]) / (__int_as_float(max_align[bj]) + 1e-9f);
+        score[i] = sc;
+        s = sc;
+        n = 1.0;
+    }
+    s = block_sum_d(s);
+    n = block_sum_d(n);
+    if (threadIdx.x == 0) { part[2 * blockIdx.x] = s; part[2 * blockIdx.x + 1] = n; }
+}
+
+// LossNorm: what the terms kernel needs from the whole assignment (written by loss_norm_kernel)
+struct LossNorm {
+    double tss;      // target_scores_sum = max(sum of scores, 1)
+    double n_fg;     // foreground anchors
+    double g_cls;    // B * cls_gain * grad_scale / tss: gradient of a class logit per unit of BCE'
+    double kb, kd;   // the same with box_gain and dfl_gain (times the score of each anchor)
+};
+
+// loss_norm: one block; the score partials of nblk blocks summed in a fixed order -> LossNorm.
+__global__ void loss_norm_kernel(const double *part, int nblk, int B, float box_gain, float cls_gain, float dfl_gain,
+                                 float grad_scale, LossNorm *nrm) {
+    double s = 0.0, n = 0.0;
+    for (int k = threadIdx.x; k < nblk; k += blockDim.x) { s += part[2 * k]; n += part[2 * k + 1]; }
+    s = block_sum_d(s);
+    n = block_sum_d(n);
+    if (threadIdx.x == 0) {
+        double tss = s > 1.0 ? s : 1.0;
+        nrm->tss = tss;
+        nrm->n_fg = n;
+        nrm->g_cls = (double)B * cls_gain * grad_scale / tss;
+        nrm->kb = (double)B * box_gain * grad_scale / tss;
+        nrm->kd = (double)B * dfl_gain * grad_scale / tss;
+    }
+}
+
+// loss_fg_term: loss_fg_term of yolo.c for foreground anchor t with target box gt (pixels): box (1 - CIoU)
+// and DFL terms, unweighted; when t.dz is set also the gradient gb * d(1-CIoU) + gd * d(DFL) of the
+// anchor's 64 box logits, written to t.dz.
+__device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, double gd, double *box_term, double *dfl_term) {
+    float p[4 * LOSS_R], lse[4], pb[4];
+    loss_decode_box(t, pb, p, lse);
+    float s = t.s, tb[4] = {gt.x1 / s, gt.y1 / s, gt.x2 / s, gt.y2 / s};   // target_bboxes /= stride_tensor
+    *box_term = 1.0 - (double)loss_ciou(pb, tb);
+    // DFL: bbox2dist then DFLoss, targets clamped to [0, 14.99]
+    float ax = (float)(t.r % t.W) + 0.5f, ay = (float)(t.r / t.W) + 0.5f;
+    float d[4] = {ax - tb[0], ay - tb[1], tb[2] - ax, tb[3] - ay};
+    double dfl = 0.0;
+    int tl[4];
+    float wl[4], wr[4];
+    for (int k = 0; k < 4; k++) {
+        float tk = fminf(fmaxf(d[k], 0.0f), (float)(LOSS_R - 1 - 0.01));
+        tl[k] = (int)tk;
+        wl[k] = (float)(tl[k] + 1) - tk;
+        wr[k] = 1.0f - wl[k];
+        const float *zk = t.z + (long)k * LOSS_R * t.HW;
+        float ce_l = lse[k] - zk[tl[k] * t.HW], ce_r = lse[k] - zk[(tl[k] + 1) * t.HW];
+        dfl += (double)(ce_l * wl[k] + ce_r * wr[k]);
+    }
+    *dfl_term = dfl / 4.0;
+    if (!t.dz) return;
+    double db[4], dd[4];
+    loss_ciou_backward(pb, tb, -gb, db);
+    dd[0] = -db[0]; dd[1] = -db[1]; dd[2] = db[2]; dd[3] = db[3];   // x1 = ax - l, x2 = ax + r
+    for (int k = 0; k < 4; k++) {
+        const float *pk = p + k * LOSS_R;
+        double dist = 0.0;
+        for (int i = 0; i < LOSS_R; i++) dist += (double)i * pk[i];
+        for (int i = 0; i < LOSS_R; i++) {
+            double gz = dd[k] * pk[i] * (i - dist);                    // through the expectation
+            double tgt = (i == tl[k] ? wl[k] : 0.0) + (i == tl[k] + 1 ? wr[k] : 0.0);
+            gz += gd / 4.0 * ((double)pk[i] * ((double)wl[k] + wr[k]) - tgt);   // through the CE
+            t.dz[(k * LOSS_R + i) * t.HW] = (float)gz;
+        }
+    }
+}
+
+// loss_terms: one thread per anchor of every image: BCE(x, 0) of its NC class logits (and gradient
+// g_cls*sigmoid(x)); at a foreground anchor the correction -x*score of its class logit (gradient
+// g_cls*(sigmoid(x) - score), in double as the CPU) and loss_fg_term with the score as weight; the 64
+// box-logit gradients of a background anchor are 0. part (blocks, 3): the block's BCE, box and DFL sums.
+__global__ void loss_terms_kernel(LossGeo g, const LossGtD *gts, const int *owner, const float *score,
+                                  const LossNorm *nrm, double *part) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    double bce = 0.0, box = 0.0, dfl = 0.0;
+    if (i < g.B * g.A) {
+        int b = i / g.A;
+        LossAt t = loss_at(g, b, i % g.A);
+        double g_cls = nrm->g_cls;
+        float g_clsf = (float)g_cls;
+        for (int c = 0; c < g.NC; c++) {
+            float x = t.z[(long)(64 + c) * t.HW], e = expf(-fabsf(x));
+            bce += (double)(fmaxf(x, 0.0f) + log1pf(e));
+            if (t.dz) t.dz[(long)(64 + c) * t.HW] = g_clsf * ((x >= 0.0f ? 1.0f : e) / (1.0f + e));   // sigmoid(x)
+        }
+        int j = owner[i];
+        if (j >= 0) {
+            const LossGtD gt = gts[(long)b * g.M + j];
+            float sc = score[i];
+            long at = (long)(64 + gt.cls) * t.HW;
+            float x = t.z[at];
+            bce -= (double)x * sc;
+            if (t.dz) t.dz[at] = (float)(g_cls * (1.0 / (1.0 + exp(-(double)x)) - sc));
+            double bt, dt, wa = sc;
+            loss_fg_term(t, gt, nrm->kb * wa, nrm->kd * wa, &bt, &dt);
+            box = bt * wa;
+            dfl = dt * wa;
+        } else if (t.dz) {
+            for (int c = 0; c < 64; c++) t.dz[(long)c * t.HW] = 0.0f;
+        }
+    }
+    bce = block_sum_d(bce);
+    box = block_sum_d(box);
+    dfl = block_sum_d(dfl);
+    if (threadIdx.x == 0) { part[3 * blockIdx.x] = bce; part[3 * blockIdx.x + 1] = box; part[3 * blockIdx.x + 2] = dfl; }
+}
+
+// loss_out: one block; the terms partials of nblk blocks in a fixed order -> out (see yolo.h).
+__global__ void loss_out_kernel(const double *part, int nblk, const LossNorm *nrm, float box_gain, float cls_gain,
+                                float dfl_gain, double *out) {
+    double bce = 0.0, box = 0.0, dfl = 0.0;
+    for (int k = threadIdx.x; k < nblk; k += blockDim.x) { bce += part[3 * k]; box += part[3 * k + 1]; dfl += part[3 * k + 2]; }
+    bce = block_sum_d(bce);
+    box = block_sum_d(box);
+    dfl = block_sum_d(dfl);
+    if (threadIdx.x == 0) {
+        double tss = nrm->tss;
+        out[0] = box_gain * box / tss;
+        out[1] = cls_gain * bce / tss;
+        out[2] = dfl_gain * dfl / tss;
+        out[3] = tss;
+        out[4] = nrm->n_fg;
+    }
+}
+
+// LossScratch: loss_cuda's working memory, carved from the caller's scratch (each part 256-byte aligned).
+struct LossScratch {
+    float *pbox;                     // (B, A, 4) predicted boxes, pixels xyxy
+    int *owner;                      // (B, A) the anchor's gt, -1 background
+    float *align, *iou, *score;      // (B, A) metrics of the owner; target score (foreground only)
+    int *cnt;                        // (B, A) claims            } zeroed together
+    int *max_align, *max_iou;        // (B, M) float bits        }  at the start of each call
+    size_t zero_bytes;               // bytes from cnt to the end of max_iou
+    double *part_score, *part_terms; // (nblk, 2), (nblk, 3) block partial sums, nblk = ceil(B*A / 256)
+    LossNorm *nrm;
+};
+// loss_scratch_carve: the parts at the first 256-byte boundary of scratch; returns the bytes needed
+// (with the alignment slack). Integer arithmetic only, so that a sizing call may pass scratch = 0.
+static size_t loss_scratch_carve(uintptr_t scratch, int B, int A, int M, LossScratch *w) {
+    size_t BA = (size_t)B * A, BM = (size_t)B * M, nblk = cdiv((long)BA, LOSS_BLOCK);
+    uintptr_t p0 = (scratch + 255) & ~(uintptr_t)255, p = p0;
+    auto take = [&p](size_t bytes) { uintptr_t r = p; p += (bytes + 255) & ~(size_t)255; return r; };
+    w->pbox = (float *)take(BA * 4 * sizeof(float));
+    w->owner = (int *)take(BA * sizeof(int));
+    w->align = (float *)take(BA * sizeof(float));
+    w->iou = (float *)take(BA * sizeof(float));
+    w->score = (float *)take(BA * sizeof(float));
+    w->cnt = (int *)take(BA * sizeof(int));
+    w->max_align = (int *)take(BM * sizeof(int));
+    w->max_iou = (int *)take(BM * sizeof(int));
+    w->zero_bytes = p - (uintptr_t)w->cnt;
+    w->part_score = (double *)take(nblk * 2 * sizeof(double));
+    w->part_terms = (double *)take(nblk * 3 * sizeof(double));
+    w->nrm = (LossNorm *)take(sizeof(LossNorm));
+    return 255 + (p - p0);
+}
+extern "C" size_t loss_cuda_scratch_bytes(int B, int A, int M) {
+    LossScratch w;
+    return loss_scratch_carve(0, B, A, M, &w);
+}
+
+extern "C" void loss_cuda(int B, int NC, int imgH, int imgW, const float *const head[3], float *const dhead[3],
+                          const LossGtD *gts, const int *m, int M, float box_gain, float cls_gain, float dfl_gain,
+                          float grad_scale, void *scratch, double *out, void *stream) {
+    if (B <= 0 || M <= 0 || imgH <= 0 || imgW <= 0 || imgH % 32 || imgW % 32) {
+        fprintf(stderr, "loss_cuda: B=%d, M=%d, image %dx%d: need B, M > 0 and sizes positive multiples of 32\n", B, M,
+                imgW, imgH);
+        exit(1);
+    }
+    LossGeo g;
+    g.B = B; g.NC = NC; g.M = M; g.A = 0;
+    int grad = dhead && dhead[0] && dhead[1] && dhead[2];
+    for (int l = 0; l < 3; l++) {
+        g.H[l] = imgH / (8 << l);
+        g.W[l] = imgW / (8 << l);
+        g.off[l] = g.A;
+        g.A += g.H[l] * g.W[l];
+        g.head[l] = head[l];
+        g.dhead[l] = grad ? dhead[l] : nullptr;
+    }
+    LossScratch w;
+    loss_scratch_carve((uintptr_t)scratch, B, g.A, M, &w);
+    cudaStream_t s = (cudaStream_t)stream;
+    unsigned nba = cdiv((long)B * g.A, LOSS_BLOCK), nbm = cdiv((long)B * M, 64);
+    CUDA_CHECK(cudaMemsetAsync(w.cnt, 0, w.zero_bytes, s));
+    loss_decode_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, m, w.pbox);
+    CUDA_CHECK(cudaGetLastError());
+    loss_topk_kernel<<<nbm, 64, 0, s>>>(g, gts, m, w.pbox, w.cnt, w.owner, w.align, w.iou);
+    CUDA_CHECK(cudaGetLastError());
+    loss_resolve_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, gts, m, w.pbox, w.cnt, w.owner, w.align, w.iou, w.max_align, w.max_iou);
+    CUDA_CHECK(cudaGetLastError());
+    loss_score_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, w.owner, w.align, w.max_align, w.max_iou, w.score, w.part_score);
+    CUDA_CHECK(cudaGetLastError());
+    loss_norm_kernel<<<1, LOSS_BLOCK, 0, s>>>(w.part_score, (int)nba, B, box_gain, cls_gain, dfl_gain, grad_scale, w.nrm);
+    CUDA_CHECK(cudaGetLastError());
+    loss_terms_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, gts, w.owner, w.score, w.nrm, w.part_terms);
+    CUDA_CHECK(cudaGetLastError());
+    loss_out_kernel<<<1, LOSS_BLOCK, 0, s>>>(w.part_terms, (int)nba, w.nrm, box_gain, cls_gain, dfl_gain, out);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------------------------------
 // optimizer, gradient clipping, EMA
 // ------------------------------------------------------------------------------------------
 

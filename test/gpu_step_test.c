@@ -123,6 +123,7 @@ int main(void) {
     // the device step: plan, one cudaMalloc, weights uploaded before the CPU step moves the BN stats
     GpuShape shp = {TB, TS, TS, 1};
     Gpu *g = gpu_open(m, 0, 1, &shp, &opt, NULL, NULL, &lc);
+    g->copy_heads = 1;   // the head maps of the step to g->head_h for the comparisons below
     // GPU_STEP_QUICK (run_emu.sh under the sanitizers, where a device step takes minutes): one step,
     // without the recompute=1 twin and the extra optimizer steps
     int quick = getenv("GPU_STEP_QUICK") != NULL;

@@ -440,6 +440,198 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
     free(x); free(xr); free(ref); free(ar); free(f); free(g); free(a); free(ga); free(gg); free(gh);
 }
 
+// ---- loss ----
+
+// loss_cuda against loss_forward_backward at grad_scale 1 and 1024, on random heads whose box logits point
+// at the boxes (so the overlaps are real), with planted situations that each failed under a mutation of the
+// rule it tests: anchors claimed by two gts (overlapping boxes; two equal boxes of two classes tie in
+// overlap: the first gt wins); the zero-align fill of the top-k, which counts the positives before a zero
+// (class 0 of image 0 has logits -100 but at anchors 0-2) and stops before far anchors; tied aligns across
+// the top-10 cut (the lower anchors win), with and without a larger align met after the ties; an image
+// with no boxes, an invalid (all zero) box, an image over the cap M. Boxes: pixels x1 y1 x2 y2, image,
+// class. The coverage is read from the CPU's scratch and checked too.
+// Tolerances (the same float formulas, the sums in double in another order; on a GPU also fused
+// multiply-adds and the last-bit differences of expf/logf/atanf/powf): loss components and
+// target_scores_sum 1e-5 relative; n_fg exact; each dhead value |got - ref| <= 1e-5 * max(|ref|, u),
+// u = grad_scale*B*box_gain/tss, the largest coefficient of a gradient term (each value is a few such
+// terms times probability-sized factors), so that values which cancel to near 0 are held to the rounding
+// of their terms. Two more calls: the same bits again (deterministic) and, without dhead, the same losses.
+typedef struct { float x1, y1, x2, y2; int b, cls; } LossTestBox;
+// loss_set_dist: the 64 box logits of anchor r of image b in level map z (C channels, HW anchors) such that
+// the decoded distances are d (4, grid units, clamped to [0, 14.9]): two adjacent bins per side whose
+// softmax mean is d, the rest -30. An integer d >= 1 decodes exactly (the other bins fall below half an ulp).
+static void loss_set_dist(float *z, int C, int HW, int b, int r, const float *d) {
+    z += (size_t)b * C * HW + r;
+    for (int k = 0; k < 4; k++) {
+        double dk = fmin(fmax(d[k], 0.0), 14.9), f = dk - floor(dk);
+        for (int i = 0; i < 16; i++) z[(size_t)(16 * k + i) * HW] = -30.f;
+        z[(size_t)(16 * k + (int)dk) * HW] = (float)log(1 - f + 1e-12);
+        z[(size_t)(16 * k + (int)dk + 1) * HW] = (float)log(f + 1e-12);
+    }
+}
+static void test_loss(int B, int NC, int imgH, int imgW, int M, const LossTestBox *bx, int nbox, int want_over, int tie,
+                      int tie_push, void *stream) {
+    _Static_assert(sizeof(LossGt) == sizeof(LossGtD), "LossGtD mirrors LossGt");
+    LossGrid g = loss_grid_make(imgH, imgW);
+    int A = g.A, C = 64 + NC;
+    LossConfig cfg = loss_config_default();
+    cfg.max_boxes = M;
+    // targets as the loader gives them (normalised cx cy w h), gathered per image as the host would
+    int *bi = xmalloc(sizeof(int) * (nbox + 1)), *cl = xmalloc(sizeof(int) * (nbox + 1));
+    float *nb = xmalloc(sizeof(float) * 4 * (nbox + 1));
+    for (int i = 0; i < nbox; i++) {
+        bi[i] = bx[i].b; cl[i] = bx[i].cls;
+        nb[4 * i] = (bx[i].x1 + bx[i].x2) / 2 / imgW; nb[4 * i + 1] = (bx[i].y1 + bx[i].y2) / 2 / imgH;
+        nb[4 * i + 2] = (bx[i].x2 - bx[i].x1) / imgW; nb[4 * i + 3] = (bx[i].y2 - bx[i].y1) / imgH;
+    }
+    LossTargets tg = {nbox, bi, cl, nb};
+    LossGt *gts = xcalloc((size_t)B * M, sizeof(LossGt));
+    int *m = xmalloc(sizeof(int) * B), over = 0;
+    for (int b = 0; b < B; b++) {
+        m[b] = loss_gather_gts(&tg, b, NC, imgH, imgW, M, gts + (size_t)b * M);
+        if (m[b] > M) { over += m[b] - M; m[b] = M; }
+    }
+    // head: box logits N(0, 0.5) plus a bump at the distance (bins) from the anchor to the edges of one of
+    // its image's boxes (with noise), or at random distances; class logits N(-1, 2). Image 0, class 0: logits
+    // -100 (align 0), except at anchors 0, 1, 2 (level 0, top row): logit 3 and box logits that predict the
+    // image's first class-0 box (two bins per side whose mean is the distance), so that box has positives
+    // at the lowest anchors and the zero-align fill must count them (a - positives before a < 10 - npos).
+    float *head[3], *dref[3], *dgot[3], *dh[3], *dd[3];
+    size_t n[3];
+    for (int l = 0; l < 3; l++) {
+        int W = g.W[l], HW = g.H[l] * W;
+        float s = g.stride[l];
+        n[l] = (size_t)B * C * HW;
+        head[l] = xmalloc(sizeof(float) * n[l]);
+        dref[l] = xmalloc(sizeof(float) * n[l]);
+        for (int b = 0; b < B; b++)
+            for (int r = 0; r < HW; r++) {
+                float ax = ((r % W) + 0.5f) * s, ay = ((r / W) + 0.5f) * s, d[4];
+                const LossGt *q = m[b] ? &gts[(size_t)b * M + rng_int(&rng, m[b])] : NULL;
+                for (int k = 0; k < 4; k++) d[k] = (float)rng_range(&rng, 0, 10);
+                if (q && rng_uniform(&rng) < 0.8) {
+                    float e[4] = {ax - q->x1, ay - q->y1, q->x2 - ax, q->y2 - ay};
+                    for (int k = 0; k < 4; k++) d[k] = fminf(fmaxf(e[k] / s + (float)rng_range(&rng, -0.7, 0.7), 0.f), 15.f);
+                }
+                float *z = head[l] + (size_t)b * C * HW + r;
+                for (int k = 0; k < 4; k++)
+                    for (int i = 0; i < 16; i++)
+                        z[(size_t)(16 * k + i) * HW] = (float)(0.5 * rng_normal(&rng) + 3.0 * exp(-0.5 * (i - d[k]) * (i - d[k])));
+                for (int c = 0; c < NC; c++) z[(size_t)(64 + c) * HW] = b == 0 && c == 0 ? -100.f : (float)(2 * rng_normal(&rng) - 1);
+            }
+    }
+    int HW0 = g.H[0] * g.W[0], W0 = g.W[0], ntie = 0;
+    const LossGt *q0 = NULL;
+    for (int j = 0; j < m[0] && !q0; j++) q0 = gts[j].cls == 0 ? &gts[j] : NULL;
+    for (int a = 0; a < 3 && q0; a++) {
+        float ax = a + 0.5f, ay = 0.5f, e[4] = {ax - q0->x1 / 8, ay - q0->y1 / 8, q0->x2 / 8 - ax, q0->y2 / 8 - ay};
+        head[0][(size_t)64 * HW0 + a] = 3.f;
+        loss_set_dist(head[0], C, HW0, 0, a, e);
+    }
+    // tie: box bx[tie] is predicted by every level-0 anchor of its image inside the box snapped outwards to
+    // 4 + 8k pixels, at integer distances (exact), with class logit 2: equal align at every such anchor, so
+    // that box's top-10 is a choice among ties (the lowest anchors win, also when a larger align comes later)
+    if (tie >= 0) {
+        const LossTestBox *t = &bx[tie];
+        float px1 = floorf((t->x1 - 4) / 8), py1 = floorf((t->y1 - 4) / 8), px2 = ceilf((t->x2 - 4) / 8), py2 = ceilf((t->y2 - 4) / 8);
+        for (int r = 0; r < HW0; r++) {
+            float cx = (float)(r % W0), cy = (float)(r / W0), e[4] = {cx - px1, cy - py1, px2 - cx, py2 - cy};
+            if (e[0] < 1 || e[1] < 1 || e[2] < 1 || e[3] < 1) continue;
+            head[0][((size_t)t->b * C + 64 + t->cls) * HW0 + r] = 2.f;
+            loss_set_dist(head[0], C, HW0, t->b, r, e);
+            ntie++;
+        }
+        // tie_push: and one level-1 anchor inside, met after the ties, predicts the box itself with logit 5: a
+        // larger align that pushes the last of the kept ties out
+        if (tie_push) {
+            int W1 = g.W[1], r1 = (int)((t->y1 + t->y2) / 32) * W1 + (int)((t->x1 + t->x2) / 32);
+            float cx = (r1 % W1) + 0.5f, cy = (r1 / W1) + 0.5f;
+            float e[4] = {cx - t->x1 / 16, cy - t->y1 / 16, t->x2 / 16 - cx, t->y2 / 16 - cy};
+            head[1][((size_t)t->b * C + 64 + t->cls) * g.H[1] * W1 + r1] = 5.f;
+            loss_set_dist(head[1], C, g.H[1] * W1, t->b, r1, e);
+        }
+    }
+    for (int l = 0; l < 3; l++) {
+        dh[l] = to_dev(head[l], sizeof(float) * n[l]);
+        CK(cudaMalloc((void **)&dd[l], sizeof(float) * n[l]));
+    }
+    size_t cbytes = loss_scratch_bytes(B, A, M), gbytes = loss_cuda_scratch_bytes(B, A, M);
+    void *cscratch = xmalloc(cbytes), *gscratch;
+    CK(cudaMalloc(&gscratch, gbytes));
+    LossGtD *dgts = (LossGtD *)to_dev(gts, sizeof(LossGt) * B * M);
+    int *dm = (int *)to_dev(m, sizeof(int) * B);
+    double *dout;
+    CK(cudaMalloc((void **)&dout, 5 * sizeof(double)));
+    char what[256];
+    for (int gsi = 0; gsi < 2; gsi++) {
+        float gs = gsi ? 1024.f : 1.f;
+        LossOut ref = loss_forward_backward(&cfg, B, NC, imgH, imgW, (const float *const *)head, dref, &tg, gs, cscratch, cbytes, 0);
+        if (gsi == 0) {   // what the case covers, from the CPU's assignment
+            LossWork w = loss_work_carve(cscratch, B, A, M);
+            int twice = 0, zero_al = 0;
+            for (int b = 0; b < B; b++) {
+                size_t o = (size_t)b * M;
+                for (int j = 0; j < m[b]; j++)
+                    for (int i = 0; i < w.nsel[o + j]; i++) {
+                        zero_al += w.cand[(o + j) * LOSS_TOPK + i].align == 0.0f;
+                        for (int j2 = 0; j2 < j; j2++)
+                            for (int i2 = 0; i2 < w.nsel[o + j2]; i2++)
+                                twice += w.cand[(o + j) * LOSS_TOPK + i].a == w.cand[(o + j2) * LOSS_TOPK + i2].a;
+                    }
+            }
+            check(twice > 0 && zero_al > 0 && over == want_over && ref.n_over_cap == want_over && (tie < 0 || ntie > 10),
+                  "loss case B=%d NC=%d %dx%d M=%d covers: %d claims of an anchor by a second gt, %d top-k candidates "
+                  "of align 0 (zero-align fill), %d boxes over the cap (want %d), %d anchors of equal align for one box",
+                  B, NC, imgW, imgH, M, twice, zero_al, over, want_over, ntie);
+        }
+        for (int l = 0; l < 3; l++) CK(cudaMemset(dd[l], 0xff, sizeof(float) * n[l]));   // NaN: all must be written
+        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, dd, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch, dout, stream);
+        double *out = (double *)from_dev(dout, 5 * sizeof(double));
+        const char *nm[3] = {"box", "cls", "dfl"};
+        double rv[3] = {ref.box, ref.cls, ref.dfl};
+        for (int k = 0; k < 3; k++) {
+            snprintf(what, sizeof what, "loss_cuda B=%d NC=%d %dx%d M=%d grad_scale %g: %s vs loss_forward_backward (tol 1e-5 rel)",
+                     B, NC, imgW, imgH, M, gs, nm[k]);
+            check_close(what, out[k], rv[k], 1e-5 * fabs(rv[k]));
+        }
+        snprintf(what, sizeof what, "loss_cuda B=%d NC=%d %dx%d: target_scores_sum (tol 1e-5 rel)", B, NC, imgW, imgH);
+        check_close(what, out[3], ref.target_scores_sum, 1e-5 * ref.target_scores_sum);
+        check(out[4] == ref.n_fg, "loss_cuda B=%d NC=%d %dx%d: n_fg %g, want %d (exact)", B, NC, imgW, imgH, out[4], ref.n_fg);
+        double u = gs * B * cfg.box / ref.target_scores_sum, worst = 0, wg = 0, wr = 0;
+        long bad = 0, cnt = 0;
+        for (int l = 0; l < 3; l++) {
+            dgot[l] = from_dev(dd[l], sizeof(float) * n[l]);
+            for (size_t i = 0; i < n[l]; i++, cnt++) {
+                double d = fabs((double)dgot[l][i] - dref[l][i]), tol = 1e-5 * fmax(fabs(dref[l][i]), u);
+                if (!(d <= tol)) bad++;
+                if (!(d / tol <= worst)) { worst = d / tol; wg = dgot[l][i]; wr = dref[l][i]; }
+            }
+        }
+        check(!bad, "loss_cuda B=%d NC=%d %dx%d grad_scale %g: dhead vs loss_forward_backward, %ld values: worst "
+              "|diff|/tol %.3g (got %.9g ref %.9g), tol 1e-5*max(|ref|, grad_scale*B*box_gain/tss = %.3g), %ld over",
+              B, NC, imgW, imgH, gs, cnt, worst, wg, wr, u, bad);
+        // again: the same bits; then without a gradient: the same losses
+        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, dd, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch, dout, stream);
+        double *out2 = (double *)from_dev(dout, 5 * sizeof(double));
+        long diff = memcmp(out, out2, 5 * sizeof(double)) != 0;
+        for (int l = 0; l < 3; l++) {
+            float *again = from_dev(dd[l], sizeof(float) * n[l]);
+            diff += memcmp(again, dgot[l], sizeof(float) * n[l]) != 0;
+            free(again);
+        }
+        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, NULL, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch, dout, stream);
+        double *out3 = (double *)from_dev(dout, 5 * sizeof(double));
+        check(!diff && !memcmp(out, out3, 5 * sizeof(double)),
+              "loss_cuda B=%d NC=%d %dx%d grad_scale %g: a second call gives the same bits (losses and dhead), a call "
+              "without dhead the same losses", B, NC, imgW, imgH, gs);
+        free(out); free(out2); free(out3);
+        for (int l = 0; l < 3; l++) free(dgot[l]);
+    }
+    for (int l = 0; l < 3; l++) { free(head[l]); free(dref[l]); cudaFree(dh[l]); cudaFree(dd[l]); }
+    cudaFree(gscratch); cudaFree(dgts); cudaFree(dm); cudaFree(dout);
+    free(cscratch); free(gts); free(m); free(bi); free(cl); free(nb);
+}
+
 // a small Model whose flat parameter layout has the three groups and the frozen DFL weight at the end
 static Model *optim_model(void) {
     Model *m = xmalloc(sizeof *m);
@@ -608,6 +800,21 @@ int main(void) {
     test_convert_copy(1000, s);
     test_views_f16(2, 3, 7, 9, NULL);
     test_views_f16(1, 2, 20, 17, s);
+    {   // image 0: overlapping boxes, boxes of class 0 (align 0 but at anchors 0-2); image 1 none; image 2: two over
+        // M = 6, an invalid box, and box 8 with tied aligns
+        LossTestBox bx[] = {{8, 8, 40, 40, 0, 1}, {10, 12, 44, 42, 0, 2}, {30, 20, 60, 62, 0, 1}, {1, 1, 40, 15, 0, 0},
+                            {41, 41, 46, 47, 0, 0}, {20, 36, 52, 60, 0, 0}, {0, 0, 0, 0, 2, 1}, {4, 30, 36, 62, 2, 2},
+                            {5, 5, 60, 58, 2, 0}, {20, 2, 30, 22, 2, 1}, {6, 6, 30, 30, 2, 1}, {33, 33, 63, 63, 2, 2},
+                            {8, 40, 24, 56, 2, 0}, {40, 8, 56, 24, 2, 1}};
+        test_loss(3, 3, 64, 64, 6, bx, (int)(sizeof bx / sizeof bx[0]), 2, 8, 1, s);
+    }
+    {   // 96 wide, 64 high, 80 classes, no cap; image 0 tiny class-0 boxes at anchor 0 (positive) and 3 (align 0);
+        // image 1 two equal boxes of two classes (overlap ties: the first gt wins)
+        LossTestBox bx[] = {{2, 3, 9, 8, 0, 0}, {25, 1, 31, 7, 0, 0}, {10, 10, 90, 60, 0, 7}, {12, 8, 88, 62, 0, 79}, {50, 5, 95, 40, 0, 3},
+                            {56, 0, 96, 28, 1, 5}, {16, 16, 48, 40, 1, 5}, {16, 16, 48, 40, 1, 6}, {60, 30, 70, 52, 1, 0},
+                            {33, 1, 40, 9, 1, 0}, {70, 40, 94, 63, 1, 79}};
+        test_loss(2, 80, 64, 96, 16, bx, (int)(sizeof bx / sizeof bx[0]), 0, 5, 0, NULL);
+    }
     test_optim(OPT_SGD, 1.f, 10.f, s);
     test_optim(OPT_SGD, 0.01f, 10.f, NULL);
     test_optim(OPT_ADAMW, 1.f, 10.f, s);
