@@ -6119,6 +6119,15 @@ static void gpu_unreachable(int unused, ...) { (void)unused; die("internal error
 #define upsample2_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define maxpool5_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define maxpool5_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define conv_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define conv_dgrad_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define conv_wgrad_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_stats_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_silu_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_silu_backward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define copy_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define upsample2_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define maxpool5_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define cudaMemsetAsync(...) (gpu_unreachable(0, __VA_ARGS__), 0)
 #define gpu_put_input(...) gpu_unreachable(0, __VA_ARGS__)
 #define gpu_loss_run(...) (gpu_unreachable(0, __VA_ARGS__), (LossOut){0})
@@ -6133,7 +6142,9 @@ typedef struct Gpu {
     size_t plan;              // bytes of the arena: high-water mark of the dry run
     // persistent (G_PARAMS .. G_INPUT)
     float *params, *grads;    // (nparams) FP32 master weights / gradients (scaled by the loss scale)
-    uint16_t *w16;            // (nparams) FP16 copy of params, refreshed after every optimizer step
+    int f32;                  // amp=0: activations, dz and the convs' weights in FP32 (no w16)
+    int esz;                  // bytes of an activation value: 2 (FP16, AMP) or 4 (amp=0)
+    uint16_t *w16;            // (nparams) FP16 copy of params, refreshed after every optimizer step (AMP)
     float *buffers;           // (nbuffers) BN running mean/var
     float *bn_keep;           // (nbuffers) the running stats before the last training forward (gpu_bn_restore)
     float *opt_m, *opt_v;     // (nparams) momentum / Adam moments (opt_v NULL for SGD)
@@ -6141,9 +6152,9 @@ typedef struct Gpu {
     uint8_t *group;           // (nparams) PG_* of each parameter, OPT_NO_GROUP for the frozen DFL weight
     float *partials;          // (2*OPT_NORM_BLOCKS) optim_norm_cuda partial sums
     float *norm;              // (1) the unscaled gradient norm of the last step (inf: skipped)
-    uint16_t *x;              // (B, 3, H, W) FP16 input in [0, 1]
+    void *x;                  // (B, 3, H, W) input in [0, 1], FP16 (FP32 with amp=0)
     // per step
-    uint16_t *z[MAX_CONVS];   // (B, Cout, Ho, Wo) FP16 pre-BN conv output (NULL for Detect outputs)
+    void *z[MAX_CONVS];       // (B, Cout, Ho, Wo) pre-BN conv output, FP16 (FP32 with amp=0); NULL for Detect outputs
     float *stats[MAX_CONVS];  // (2, Cout) batch mean, then invstd
     float *dA[MAX_CONVS];     // (B, Cout, Ho, Wo) FP32 gradient of the activated output, image stride zs
     long zs[MAX_CONVS];       // elements between images of z / dA (the head map's for Detect outputs)
@@ -6181,6 +6192,58 @@ static void *gpu_zalloc(Gpu *g, size_t bytes, int group) {
 #define gf32(g, n, grp) ((float *)arena_alloc((g)->a, (size_t)(n) * 4, (grp)))
 #define gzf32(g, n, grp) ((float *)gpu_zalloc((g), (size_t)(n) * 4, (grp)))
 #define gf16(g, n, grp) ((uint16_t *)arena_alloc((g)->a, (size_t)(n) * 2, (grp)))
+#define gact(g, n, grp) arena_alloc((g)->a, (size_t)(n) * (g)->esz, (grp))   // activation-typed
+#define GOFF(g, p, off) ((void *)((char *)(p) + (long)(off) * (g)->esz))    // activation p + off elements
+
+// Launches of the activation-typed ops in the step's precision: FP16 (AMP; the weights' FP16 copy)
+// or FP32 (amp=0; the master weights themselves).
+static const void *gpu_w(const Gpu *g, const Conv *c) {
+    return g->f32 ? (const void *)(g->params + c->w_off) : (const void *)(g->w16 + c->w_off);
+}
+static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const void *w, const float *bias, float *z32, void *z) {
+    if (g->f32) conv_forward_f32_cuda(d, x, w, bias, z32 ? z32 : z, g->stream);
+    else conv_forward_cuda(d, x, w, bias, z32, z32 ? NULL : z, g->stream);
+}
+static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, float *dx, int acc) {
+    if (g->f32) conv_dgrad_f32_cuda(d, dz, w, dx, acc, g->stream);
+    else conv_dgrad_cuda(d, dz, w, dx, NULL, acc, g->stream);
+}
+static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, float *dw) {
+    if (g->f32) conv_wgrad_f32_cuda(d, dz, x, dw, 1, g->stream);
+    else conv_wgrad_cuda(d, dz, x, dw, 1, g->stream);
+}
+static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mean, float *invstd, float *rm, float *rv) {
+    if (g->f32) bn_stats_f32_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, g->stream);
+    else bn_stats_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, g->stream);
+}
+static void k_bn_silu(Gpu *g, const void *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                      const float *beta, void *y, long ys, int C, int HW) {
+    if (g->f32) bn_silu_forward_f32_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, g->stream);
+    else bn_silu_forward_f16_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, g->stream);
+}
+static void k_bn_silu_backward(Gpu *g, const void *z, const float *dA, long zs, const float *mean, const float *invstd,
+                               const float *gamma, const float *beta, float *dgamma, float *dbeta, void *dz, float *scratch,
+                               int C, int HW) {
+    if (g->f32)
+        bn_silu_backward_f32_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW, g->m->train, g->stream);
+    else bn_silu_backward_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW, g->m->train, g->stream);
+}
+static void k_copy(Gpu *g, const void *src, long ss, void *dst, long ds, long n) {
+    if (g->f32) copy_f32_cuda(src, ss, dst, ds, g->B, n, g->stream);
+    else copy_f16_cuda(src, ss, dst, ds, g->B, n, g->stream);
+}
+static void k_add(Gpu *g, const void *src, long ss, void *dst, long ds, long n) {
+    if (g->f32) add_f32_cuda(src, ss, dst, ds, g->B, n, g->stream);
+    else add_f16_cuda(src, ss, dst, ds, g->B, n, g->stream);
+}
+static void k_upsample(Gpu *g, const void *x, void *y, long ys, int C, int H, int W) {
+    if (g->f32) upsample2_forward_f32_cuda(x, y, ys, g->B, C, H, W, g->stream);
+    else upsample2_forward_f16_cuda(x, y, ys, g->B, C, H, W, g->stream);
+}
+static void k_maxpool(Gpu *g, const void *x, void *y, long ys, int C, int H, int W) {
+    if (g->f32) maxpool5_forward_f32_cuda(x, y, ys, g->B, C, H, W, g->stream);
+    else maxpool5_forward_f16_cuda(x, y, ys, g->B, C, H, W, g->stream);
+}
 
 // gpu_conv_dims: the ConvDims of conv c for the whole batch (dense x and z unless strides are set)
 static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
@@ -6189,16 +6252,17 @@ static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
 
 // ---- forward ----
 
-// gpu_value_materialize: value vi of the whole batch, (B, C, H, W) FP16, into out whose images are
-// os elements apart (out may be a channel slice of a concat buffer). The twin of value_materialize.
-static void gpu_value_materialize(Gpu *g, int vi, uint16_t *out, long os) {
+// gpu_value_materialize: value vi of the whole batch, (B, C, H, W) in the step's precision, into out
+// whose images are os elements apart (out may be a channel slice of a concat buffer). The twin of
+// value_materialize.
+static void gpu_value_materialize(Gpu *g, int vi, void *out, long os) {
     const Model *m = g->m;
     const Value *v = &m->val[vi];
     int dry = arena_dry(g->a), HW = v->H * v->W;
     long n = (long)v->C * HW;
     switch (v->kind) {
     case V_INPUT:
-        if (!dry) copy_f16_cuda(g->x, n, out, os, g->B, n, g->stream);
+        if (!dry) k_copy(g, g->x, n, out, os, n);
         break;
     case V_CONV:
     case V_SLICE: {
@@ -6206,23 +6270,22 @@ static void gpu_value_materialize(Gpu *g, int vi, uint16_t *out, long os) {
         int c0 = v->kind == V_SLICE ? v->c0 : 0;
         if (!c->bn) die("gpu: the output of %s (no BN) is read by a conv", c->name);
         if (!dry)
-            bn_silu_forward_f16_cuda(g->z[v->conv] + (long)c0 * HW, g->zs[v->conv], g->stats[v->conv] + c0,
-                                     g->stats[v->conv] + c->cout + c0, g->params + c->g_off + c0, g->params + c->b_off + c0,
-                                     out, os, g->B, v->C, HW, g->stream);
+            k_bn_silu(g, GOFF(g, g->z[v->conv], (long)c0 * HW), g->zs[v->conv], g->stats[v->conv] + c0,
+                      g->stats[v->conv] + c->cout + c0, g->params + c->g_off + c0, g->params + c->b_off + c0, out, os, v->C, HW);
         break;
     }
     case V_ADD: {
         gpu_value_materialize(g, v->src[0], out, os);
-        uint16_t *t = gf16(g, g->B * n, G_SCRATCH);          // (B, C, H, W)
+        void *t = gact(g, g->B * n, G_SCRATCH);              // (B, C, H, W)
         gpu_value_materialize(g, v->src[1], t, n);
-        if (!dry) add_f16_cuda(t, n, out, os, g->B, n, g->stream);
+        if (!dry) k_add(g, t, n, out, os, n);
         arena_free(g->a, t);
         break;
     }
     case V_CAT: {
         long off = 0;
         for (int i = 0; i < v->n; i++) {
-            gpu_value_materialize(g, v->src[i], out + off, os);
+            gpu_value_materialize(g, v->src[i], GOFF(g, out, off), os);
             off += (long)m->val[v->src[i]].C * HW;
         }
         break;
@@ -6231,11 +6294,11 @@ static void gpu_value_materialize(Gpu *g, int vi, uint16_t *out, long os) {
     case V_POOL: {
         const Value *s = &m->val[v->src[0]];
         long ns = (long)s->C * s->H * s->W;
-        uint16_t *t = gf16(g, g->B * ns, G_SCRATCH);         // (B, C, Hs, Ws)
+        void *t = gact(g, g->B * ns, G_SCRATCH);             // (B, C, Hs, Ws)
         gpu_value_materialize(g, v->src[0], t, ns);
         if (!dry) {
-            if (v->kind == V_UP) upsample2_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
-            else maxpool5_forward_f16_cuda(t, out, os, g->B, s->C, s->H, s->W, g->stream);
+            if (v->kind == V_UP) k_upsample(g, t, out, os, s->C, s->H, s->W);
+            else k_maxpool(g, t, out, os, s->C, s->H, s->W);
         }
         arena_free(g->a, t);
         break;
@@ -6243,16 +6306,16 @@ static void gpu_value_materialize(Gpu *g, int vi, uint16_t *out, long os) {
     }
 }
 
-// gpu_conv_input: the FP16 input of conv c, (B, Cin, H, W): the input image itself, or a scratch
-// buffer materialised from the conv's input value (free it with gpu_input_free).
-static uint16_t *gpu_conv_input(Gpu *g, const Conv *c) {
+// gpu_conv_input: the input of conv c, (B, Cin, H, W): the input image itself, or a scratch buffer
+// materialised from the conv's input value (free it with gpu_input_free).
+static void *gpu_conv_input(Gpu *g, const Conv *c) {
     if (g->m->val[c->in].kind == V_INPUT) return g->x;
     long n = (long)c->cin * c->H * c->W;
-    uint16_t *x = gf16(g, g->B * n, G_SCRATCH);
+    void *x = gact(g, g->B * n, G_SCRATCH);
     gpu_value_materialize(g, c->in, x, n);
     return x;
 }
-static void gpu_input_free(Gpu *g, uint16_t *x) { if (x != g->x) arena_free(g->a, x); }
+static void gpu_input_free(Gpu *g, void *x) { if (x != g->x) arena_free(g->a, x); }
 
 // gpu_conv_forward: z = conv(input) on tensor cores, then the BN batch statistics (train: running
 // stats updated; not when recomputing, where the forward's statistics stand). Detect output convs
@@ -6261,21 +6324,20 @@ static void gpu_conv_forward(Gpu *g, int ci, int recomputing) {
     Model *m = g->m;
     Conv *c = &m->conv[ci];
     int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
-    uint16_t *x = gpu_conv_input(g, c);
+    void *x = gpu_conv_input(g, c);
     if (!dry) {
-        const uint16_t *w = g->w16 + c->w_off;                          // (Cout, Cin, K, K)
+        const void *w = gpu_w(g, c);                                    // (Cout, Cin, K, K)
         if (c->bn) {
-            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, NULL, NULL, g->z[ci], g->stream);
+            k_conv_forward(g, gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, NULL, NULL, g->z[ci]);
         } else {
             float *z = g->head[c->level] + (c->branch ? (long)REG_MAX * 4 * HWo : 0);
-            conv_forward_cuda(gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, g->params + c->b_off, z, NULL, g->stream);
+            k_conv_forward(g, gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, g->params + c->b_off, z, NULL);
         }
     }
     gpu_input_free(g, x);
     if (c->bn && !dry && !recomputing) {
         float *rm = g->buffers + c->rs_off;
-        bn_stats_cuda(g->z[ci], g->zs[ci], g->B, c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout, BN_EPS,
-                      BN_MOMENTUM, m->train, g->stream);
+        k_bn_stats(g, g->z[ci], g->zs[ci], c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout);
     }
 }
 
@@ -6294,7 +6356,7 @@ static void gpu_block_recompute(Gpu *g, int block) {
     for (int e = 0; e < m->nexec; e++) {
         int ci = m->exec[e];
         if (m->conv[ci].block != block || m->conv[ci].block_out) continue;
-        g->z[ci] = gf16(g, g->B * g->zs[ci], G_ACTS);
+        g->z[ci] = gact(g, g->B * g->zs[ci], G_ACTS);
         gpu_conv_forward(g, ci, 1);
     }
 }
@@ -6318,7 +6380,7 @@ static void gpu_forward(Gpu *g) {
             g->zs[ci] = (long)(REG_MAX * 4 + m->nc) * HWo;
         } else {
             g->zs[ci] = (long)c->cout * HWo;
-            g->z[ci] = gf16(g, g->B * g->zs[ci], G_ACTS);
+            g->z[ci] = gact(g, g->B * g->zs[ci], G_ACTS);
             g->stats[ci] = gf32(g, 2 * c->cout, G_ACTS);
         }
         gpu_conv_forward(g, ci, 0);
@@ -6377,16 +6439,16 @@ static void gpu_value_backprop(Gpu *g, int vi, const float *gr, long gs) {
         if (v->kind == V_UP) {
             for (int b = 0; b < g->B && !dry; b++)
                 upsample2_backward_cuda(gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
-        } else {   // the window argmax from the FP16 input, widened to FP32 for the kernel
-            uint16_t *xh = gf16(g, g->B * ns, G_SCRATCH);
+        } else {   // the window argmax from the input as the forward saw it (FP16 widened to FP32 for the kernel)
+            void *xh = gact(g, g->B * ns, G_SCRATCH);
             gpu_value_materialize(g, v->src[0], xh, ns);
-            float *xf = gf32(g, g->B * ns, G_SCRATCH);
+            float *xf = g->f32 ? (float *)xh : gf32(g, g->B * ns, G_SCRATCH);
             if (!dry) {
-                f16_to_f32_cuda(xh, xf, g->B * ns, g->stream);
+                if (!g->f32) f16_to_f32_cuda(xh, xf, g->B * ns, g->stream);
                 for (int b = 0; b < g->B; b++)
                     maxpool5_backward_cuda(xf + b * ns, gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
             }
-            arena_free(g->a, xf);
+            if (!g->f32) arena_free(g->a, xf);
             arena_free(g->a, xh);
         }
         gpu_value_backprop(g, v->src[0], gsrc, ns);
@@ -6405,21 +6467,21 @@ static void gpu_conv_backward(Gpu *g, int ci) {
     int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
     long zs = g->zs[ci];
     float *dA = gpu_dA(g, ci);                                  // (B, Cout, Ho, Wo), image stride zs
-    uint16_t *dz = gf16(g, g->B * zs, G_BACKWARD);              // same layout, FP16
+    void *dz = gact(g, g->B * zs, G_BACKWARD);                  // same layout, the step's precision
     float *scratch = gf32(g, 2 * c->cout, G_SCRATCH);
     if (!dry)
-        bn_silu_backward_cuda(g->z[ci], dA, zs, g->stats[ci], c->bn ? g->stats[ci] + c->cout : NULL,
-                              c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,
-                              g->grads + c->b_off, dz, scratch, g->B, c->cout, HWo, m->train, g->stream);
+        k_bn_silu_backward(g, g->z[ci], dA, zs, g->stats[ci], c->bn ? g->stats[ci] + c->cout : NULL,
+                           c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,
+                           g->grads + c->b_off, dz, scratch, c->cout, HWo);
     arena_free(g->a, scratch);
-    uint16_t *x = gpu_conv_input(g, c);
-    if (!dry) conv_wgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off, 1, g->stream);
+    void *x = gpu_conv_input(g, c);
+    if (!dry) k_conv_wgrad(g, gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off);
     gpu_input_free(g, x);
     const Value *in = &m->val[c->in];
-    const uint16_t *w = g->w16 + c->w_off;
+    const void *w = gpu_w(g, c);
     if (in->kind == V_CONV || in->kind == V_SLICE) {
         float *d = gpu_dA(g, in->conv) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
-        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, g->zs[in->conv], zs), dz, w, d, NULL, 1, g->stream);
+        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, g->zs[in->conv], zs), dz, w, d, 1);
     } else if (in->kind == V_CAT) {
         // per source of the concat: its columns of the weights copied contiguous, then its input
         // gradient straight into the producer's dA when it is a conv output or a slice of one, else
@@ -6427,18 +6489,21 @@ static void gpu_conv_backward(Gpu *g, int ci) {
         long KK = (long)c->k * c->k, off = 0;
         for (int i = 0; i < in->n; i++) {
             const Value *v = &m->val[in->src[i]];
-            uint16_t *ws = gf16(g, (long)c->cout * v->C * KK, G_SCRATCH);   // (Cout, C_i, K, K)
-            if (!dry) copy_f16_cuda(w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout, (long)v->C * KK, g->stream);
+            void *ws = gact(g, (long)c->cout * v->C * KK, G_SCRATCH);      // (Cout, C_i, K, K)
+            if (!dry) {
+                if (g->f32) copy_f32_cuda((const float *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout, (long)v->C * KK, g->stream);
+                else copy_f16_cuda((const uint16_t *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout, (long)v->C * KK, g->stream);
+            }
             ConvDims d = gpu_conv_dims(g, c, 0, zs);
             d.Cin = v->C;
             if (v->kind == V_CONV || v->kind == V_SLICE) {
                 float *dst = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W;
                 d.xs = g->zs[v->conv];
-                if (!dry) conv_dgrad_cuda(d, dz, ws, dst, NULL, 1, g->stream);
+                if (!dry) k_conv_dgrad(g, d, dz, ws, dst, 1);
             } else {
                 long n = (long)v->C * c->H * c->W;
                 float *gx = gf32(g, g->B * n, G_SCRATCH);              // (B, C_i, H, W)
-                if (!dry) conv_dgrad_cuda(d, dz, ws, gx, NULL, 0, g->stream);
+                if (!dry) k_conv_dgrad(g, d, dz, ws, gx, 0);
                 gpu_value_backprop(g, in->src[i], gx, n);
                 arena_free(g->a, gx);
             }
@@ -6448,7 +6513,7 @@ static void gpu_conv_backward(Gpu *g, int ci) {
     } else if (in->kind != V_INPUT) {
         long n = (long)c->cin * c->H * c->W;
         float *gx = gf32(g, g->B * n, G_SCRATCH);               // (B, Cin, H, W)
-        if (!dry) conv_dgrad_cuda(gpu_conv_dims(g, c, 0, zs), dz, w, gx, NULL, 0, g->stream);
+        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, 0, zs), dz, w, gx, 0);
         gpu_value_backprop(g, c->in, gx, n);
         arena_free(g->a, gx);
     }
@@ -6553,7 +6618,7 @@ static void gpu_shape(Gpu *g, const GpuShape *s) {
 static void gpu_input_begin(Gpu *g, const uint8_t *img) {
     long n = (long)g->B * 3 * g->H * g->W;
     uint8_t *x8 = (uint8_t *)arena_alloc(g->a, n, G_INPUT);
-    g->x = gf16(g, n, G_INPUT);
+    g->x = gact(g, n, G_INPUT);
     if (!arena_dry(g->a)) gpu_put_input(g, x8, img, n);
     arena_free(g->a, x8);   // the conversion has it first: what is allocated next comes after it on the stream
 }
@@ -6567,7 +6632,7 @@ static void gpu_alloc(Gpu *g) {
     Model *m = g->m;
     long n = (long)m->nparams;
     g->params = gf32(g, n, G_PARAMS);
-    g->w16 = gf16(g, n, G_PARAMS);
+    g->w16 = g->f32 ? NULL : gf16(g, n, G_PARAMS);
     if (g->infer) {
         g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
         return;
@@ -6587,10 +6652,12 @@ static void gpu_alloc(Gpu *g) {
 // gpu_plan_run: the device arena for the given step shapes (train and/or eval), by a dry run of the
 // persistent groups and of each shape's schedule in turn (its input included): the total
 // (high-water mark) and each group's bytes at that mark. The plan gpu_open allocates, and `yolo plan`'s.
-static Plan gpu_plan_run(Model *m, int opt_kind, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
+static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
     g->opt.kind = opt_kind;
+    g->f32 = !amp;
+    g->esz = amp ? 2 : 4;
     g->infer = 1;
     for (int i = 0; i < nshape; i++) g->infer &= !shape[i].train;
     g->a = xcalloc(1, sizeof(Arena));
@@ -6645,7 +6712,7 @@ static int gpu_select(const char *device) {
 // gpu_open: plans (dry runs of every shape) and allocates the device arena with one cudaMalloc on
 // device dev, then uploads the host model's weights and running stats. ema_p, ema_b: the EMA's
 // starting point (NULL: the model's own). opt: the optimizer hyper-parameters and step count.
-static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const Optimizer *opt, const float *ema_p,
+static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *shape, const Optimizer *opt, const float *ema_p,
                      const float *ema_b, const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
@@ -6664,7 +6731,10 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
         }
     }
     // the plan: the same schedules with no memory
-    Plan pl = gpu_plan_run(m, opt->kind, nshape, shape, lcfg);
+    g->f32 = !amp;
+    g->esz = amp ? 2 : 4;
+    if (!amp) g->scaler.scale = 1.f;   // amp=0: no loss scaling (GradScaler disabled, as Ultralytics)
+    Plan pl = gpu_plan_run(m, opt->kind, amp, nshape, shape, lcfg);
     g->plan = pl.total;
     memcpy(g->plan_at, pl.at_peak, sizeof g->plan_at);
     g->a = xcalloc(1, sizeof(Arena));
@@ -6687,7 +6757,7 @@ static Gpu *gpu_open(Model *m, int dev, int nshape, const GpuShape *shape, const
     cudaStream_t s = (cudaStream_t)g->stream;
     GPU_CHECK(cudaMemcpy(g->params, m->params, n * 4, cudaMemcpyHostToDevice));
     GPU_CHECK(cudaMemcpy(g->buffers, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
-    f32_to_f16_cuda(g->params, g->w16, n, s);
+    if (!g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
     if (!g->infer) {   // training: the EMA, the optimizer state and the parameter groups
         GPU_CHECK(cudaMemcpy(g->ema_p, ema_p ? ema_p : m->params, n * 4, cudaMemcpyHostToDevice));
         GPU_CHECK(cudaMemcpy(g->ema_b, ema_b ? ema_b : m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
@@ -6784,7 +6854,8 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
 static void gpu_put_input(Gpu *g, uint8_t *x8, const uint8_t *img, long n) {
     cudaStream_t s = (cudaStream_t)g->stream;
     GPU_CHECK(cudaMemcpyAsync(x8, img, n, cudaMemcpyHostToDevice, s));
-    u8_to_f16_cuda(x8, g->x, n, s);
+    if (g->f32) u8_to_f32_cuda(x8, g->x, n, s);
+    else u8_to_f16_cuda(x8, g->x, n, s);
 }
 
 // gpu_zero_grad: the gradients to 0 (after an optimizer step; micro-batches accumulate in between)
@@ -6854,7 +6925,7 @@ static void gpu_use_ema(Gpu *g, int on) {
     float *t = g->params; g->params = g->ema_p; g->ema_p = t;
     t = g->buffers; g->buffers = g->ema_b; g->ema_b = t;
     g->ema_on = on;
-    f32_to_f16_cuda(g->params, g->w16, (long)g->m->nparams, g->stream);
+    if (!g->f32) f32_to_f16_cuda(g->params, g->w16, (long)g->m->nparams, g->stream);
 }
 
 // gpu_download: the training state to the host (checkpoints): weights, running stats, the
@@ -6911,14 +6982,14 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
     GPU_CHECK(cudaMemcpyAsync(&norm, g->norm, sizeof norm, cudaMemcpyDeviceToHost, s));
     GPU_CHECK(cudaStreamSynchronize(s));
     if (norm_out) *norm_out = norm;
-    int taken = grad_scaler_update(&g->scaler, !isfinite(norm));
+    int taken = g->f32 ? isfinite(norm) : grad_scaler_update(&g->scaler, !isfinite(norm));   // amp=0: no scaling
     if (!taken) return 0;
     g->opt.step++;
     g->ema_updates++;
     float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
     ema_update_cuda(g->ema_p, g->params, n, d, s);
     ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
-    f32_to_f16_cuda(g->params, g->w16, n, s);
+    if (!g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
     return 1;
 }
 
@@ -7506,7 +7577,7 @@ static int results_reload(const char *csv, int upto, double (*rows)[11], int max
 }
 
 // train_run: the whole training run (trainer.py _do_train).
-typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half; } PlanOpts;
+typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half, fp32; } PlanOpts;   // half: the device step; fp32: its amp=0 form
 static int plan_max_batch(PlanOpts o, size_t budget);
 
 // trainer_auto_batch: batch=-1 / batch=0.7: the largest batch whose device plan fits that share of
@@ -7523,7 +7594,7 @@ static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
     GPU_CHECK(cudaSetDevice(dev));
     GPU_CHECK(cudaMemGetInfo(&fr, &total));
 #endif
-    PlanOpts o = {.scale = scale, .nc = nc, .S = c->imgsz, .max_boxes = c->max_boxes, .adamw = 1, .recompute = c->recompute, .half = 1};
+    PlanOpts o = {.scale = scale, .nc = nc, .S = c->imgsz, .max_boxes = c->max_boxes, .adamw = 1, .recompute = c->recompute, .half = 1, .fp32 = !c->amp};
     // plan_max_batch adds the CUDA context estimate, which `fr` has already paid
     int b = plan_max_batch(o, (size_t)(fr * c->batch_auto) + GPU_CONTEXT_BYTES);
     if (b < 1) die("batch=%g: not even batch 1 fits %.0f%% of the %.0f MiB free on device %d (see yolo plan)",
@@ -7548,9 +7619,6 @@ static int train_run(Config cfg) {
     t->S = cfg.imgsz;
     t->dev = gpu_select(cfg.device);
     if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
-    if (t->dev >= 0 && !cfg.amp)
-        die("amp=0: the GPU step runs FP16 activations with FP32 master weights only (an FP32 device step is not built "
-            "yet); use amp=1, or device=cpu for FP32");
     // output folder runs/train/NAME (NAME2, NAME3, ... when it exists, unless resume/exist_ok)
     char base[700];
     snprintf(base, sizeof base, "%s/train/%s", cfg.project, cfg.name[0] ? cfg.name : "train");
@@ -7633,7 +7701,7 @@ static int train_run(Config cfg) {
             for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
             if (!seen) sh[ns++] = v;
         }
-        t->gpu = gpu_open(&t->m, t->dev, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
+        t->gpu = gpu_open(&t->m, t->dev, cfg.amp, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
         t->gpu->ema_updates = t->ema.updates;
         if (cfg.resume) gpu_upload_grads(t->gpu, t->m.grads);
         gpu_report(t->gpu, t->dev);
@@ -7906,7 +7974,7 @@ static int cmd_val(int argc, char **argv) {
             if (!seen) sh[ns++] = v;
         }
         Optimizer none = {.kind = OPT_SGD};
-        t->gpu = gpu_open(&t->m, t->dev, ns, sh, &none, NULL, NULL, &t->lcfg);
+        t->gpu = gpu_open(&t->m, t->dev, 1, ns, sh, &none, NULL, NULL, &t->lcfg);
         gpu_report(t->gpu, t->dev);
         plan_bytes = t->gpu->plan;
         free(sh);
@@ -8095,8 +8163,8 @@ static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
         lc.max_boxes = o->max_boxes;
         int V = o->S + 32;
         GpuShape st = {o->B, o->S, o->S, 1}, sv = {2 * o->B, V, V, 0};
-        Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, 1, &st, &lc);
-        Plan p2 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, 1, &sv, &lc);
+        Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 1, &st, &lc);
+        Plan p2 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 1, &sv, &lc);
         if (tr) *tr = p1;
         if (va) *va = p2;
         free(m);
@@ -8189,7 +8257,8 @@ static int cmd_plan(int argc, char **argv) {
         if (!gm) die("batch=%g picks the batch from the GPU memory: give gpu_mem= (e.g. gpu_mem=8G)", bf);
         double frac = bf == -1 ? 0.6 : bf;
         PlanOpts q = o;
-        q.half = amp;
+        q.half = 1;
+        q.fp32 = !amp;
         o.B = plan_max_batch(q, (size_t)(budget * frac));
         if (o.B < 1) die("batch=%g: not even batch 1 fits %.0f%% of gpu_mem=%s; see the suggestions with batch=1", bf, frac * 100, gm);
         printf("batch=%g: the largest batch whose plan fits %.0f%% of %s is %d\n", bf, frac * 100, gm, o.B);
@@ -8213,15 +8282,13 @@ static int cmd_plan(int argc, char **argv) {
         1
 #endif
         ) / 1048576.0);
-    if (!amp) {
-        printf("amp=0: the device step runs FP16 activations only for now; an amp=0 run trains on the CPU (the figures above)\n");
-        return 0;
-    }
     PlanOpts g = o;
     g.half = 1;
+    g.fp32 = !amp;
     size_t gtotal = plan_train(&g, &tr, &va);
-    plan_table("GPU layout (the device step's dry run: FP16 activations; FP32 master weights, gradients, optimizer state, "
-               "EMA):", &tr, &va);
+    plan_table(amp ? "GPU layout (the device step's dry run: FP16 activations; FP32 master weights, gradients, optimizer "
+                     "state, EMA):"
+                   : "GPU layout (the device step's dry run, amp=0: everything FP32):", &tr, &va);
     printf("  %-22s %8.1f MiB   (estimate; not part of the plan)\n", "+ CUDA context", GPU_CONTEXT_BYTES / 1048576.0);
     printf("  %-22s %8.1f MiB\n", "device total", (gtotal + GPU_CONTEXT_BYTES) / 1048576.0);
     PlanOpts one = g;

@@ -24,6 +24,8 @@ void maxpool5_forward_cuda(const float *x, float *y, int B, int C, int H, int W,
 void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint16_t *B, float *C, void *stream);
 
 // ---- training step (FP16 activations, FP32 accumulation; FP16 data as IEEE binary16 bit patterns) ----
+// Each activation-typed launcher has an FP32 twin named _f32_cuda (the step with amp=0): the same
+// semantics and strides with float activations, gradients and weights; FP32 math throughout.
 
 // Convolution geometry: x (B, Cin, H, W) -> z (B, Cout, Ho, Wo), weights (Cout, Cin, K, K), padding
 // K/2, stride S; Ho = (H + 2*(K/2) - K)/S + 1. xs, zs: elements between images of x (and dx) and of
@@ -36,13 +38,21 @@ typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs; } ConvDims;
 // when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL.
 void conv_forward_cuda(ConvDims d, const uint16_t *x, const uint16_t *w, const float *bias, float *z, uint16_t *zh,
                        void *stream);
+// conv_forward_f32_cuda: z = conv(x, w) (+ bias[co] when bias != NULL), FP32 in and out, FP32 accumulation
+// (SIMT implicit GEMM, one fmaf chain per output in a fixed order: deterministic); xs, zs as above.
+void conv_forward_f32_cuda(ConvDims d, const float *x, const float *w, const float *bias, float *z, void *stream);
 // conv_dgrad_cuda: input gradient dx = conv_transpose(dz, w), implicit GEMM on tensor cores. Written to
 // dx (FP32) and/or dxh (FP16), either may be NULL; accumulate != 0 adds to what is there.
 void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
                      void *stream);
+// conv_dgrad_f32_cuda: dx (+)= conv_transpose(dz, w), all FP32; accumulate != 0 adds to what is there.
+void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx, int accumulate, void *stream);
 // conv_wgrad_cuda: weight gradient dW (Cout, Cin*K*K) (+)= sum over images and pixels of dz x col(x),
 // FP32 accumulation; accumulate != 0 adds to dW (gradient accumulation), else overwrites.
 void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, int accumulate, void *stream);
+// conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32, summed over images then pixels in a fixed order
+// by one block per 64x64 tile of dW (no atomics: the same bits on every run).
+void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, int accumulate, void *stream);
 
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
 // conv_forward_cpu: train: mean and biased variance (two passes, FP32 accumulation), invstd =
@@ -50,10 +60,16 @@ void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *d
 // variance; eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps).
 void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
                    float eps, float momentum, int train, void *stream);
+// bn_stats_f32_cuda: the same from an FP32 z.
+void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
+                       float eps, float momentum, int train, void *stream);
 // bn_silu_forward_f16_cuda: y = silu(gamma*(z-mean)*invstd + beta), FP16 in and out, FP32 math.
 // zs, ys: image strides of z and y (0 = dense): y may be a channel slice of a concat buffer.
 void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
                               const float *beta, uint16_t *y, long ys, int B, int C, int HW, void *stream);
+// bn_silu_forward_f32_cuda: the same, FP32 in and out.
+void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                              const float *beta, float *y, long ys, int B, int C, int HW, void *stream);
 // bn_silu_backward_cuda: conv_backward's first half. From dA (FP32, gradient of the activated output,
 // image stride zs like z) and z (FP16): gy = dA * silu'(y); dgamma[c] += sum gy*xhat, dbeta[c] +=
 // sum gy; dz = gamma*invstd*(gy - mean(gy) - xhat*mean(gy*xhat)) (train; eval drops the means),
@@ -62,6 +78,10 @@ void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, con
 void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
                            const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                            float *scratch, int B, int C, int HW, int train, void *stream);
+// bn_silu_backward_f32_cuda: the same with z and dz in FP32; dz is a buffer of its own (not dA).
+void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean, const float *invstd,
+                               const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,
+                               float *scratch, int B, int C, int HW, int train, void *stream);
 
 // upsample2_backward_cuda: dx (B,C,H,W) = sum of the 2x2 gradients in dy (B,C,2H,2W) (overwrites).
 void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, int W, void *stream);
@@ -70,16 +90,22 @@ void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, in
 void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W, void *stream);
 // copy_f16_cuda: B blocks of n FP16 values, src block b at src + b*ss -> dst + b*ds (concat by offset).
 void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
+// copy_f32_cuda: the same for floats (bit-exact).
+void copy_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream);
 // u8_to_f16_cuda: y = x * (1/255) rounded to FP16 (the input image).
 void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream);
+// u8_to_f32_cuda: y = x * (1/255) in float, bit-exact with input_from_batch.
+void u8_to_f32_cuda(const uint8_t *x, float *y, long n, void *stream);
 // f32_to_f16_cuda: y = x rounded to nearest FP16 (the weights' FP16 copy).
 void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *stream);
-// Views of the device training step (parts/gpu.c). FP16 data; ys, ss, ds: image strides (0 = dense
-// for ys), so an output can be a channel slice of a concat buffer.
+// Views of the device training step (parts/gpu.c). FP16 data (the _f32 twins: FP32); ys, ss, ds: image
+// strides (0 = dense for ys), so an output can be a channel slice of a concat buffer.
 // upsample2_forward_f16_cuda: x dense (B, C, H, W) -> y (B, C, 2H, 2W), nearest (bit-exact with _cpu).
 void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
+void upsample2_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream);
 // maxpool5_forward_f16_cuda: x dense (B, C, H, W) -> y, 5x5 stride 1 pad 2 max (bit-exact with _cpu).
 void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
+void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream);
 // add_f16_cuda: B blocks of n FP16: dst + b*ds += src + b*ss (FP32 sum rounded once; V_ADD).
 void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
 // add_f32_cuda: B blocks of n floats: dst + b*ds += src + b*ss (gradients into a conv's dA slice).
@@ -97,7 +123,18 @@ typedef struct { float x1, y1, x2, y2; int cls, valid; } LossGtD;
 // loss_cuda_scratch_bytes: the device scratch loss_cuda needs for B images of A anchors (all three
 // levels) and at most M boxes per image, alignment slack included: 5.0 MB for B=16, A=8400, M=1024
 // (nearly all of it (B, A) arrays).
-size_t loss_cuda_scratch_bytes(int B, int A, int M);
+static inline size_t loss_cuda_scratch_bytes(int B, int A, int M) {
+    // the parts loss_cuda carves, each 256-byte aligned (it checks that it carves exactly this):
+    // pbox (B,A,4) f32; owner, align, iou, score, cnt (B,A) 4 bytes each; max_align, max_iou (B,M)
+    // 4 bytes each; block partial sums (nblk, 2) and (nblk, 3) doubles, nblk = ceil(B*A / 256); one
+    // 256-byte record of the batch's normalisers; plus the slack to align an unaligned scratch
+    size_t BA = (size_t)B * A, BM = (size_t)B * M, nblk = (BA + 255) / 256;
+#define LOSS_PART_(n) (((size_t)(n) + 255) & ~(size_t)255)
+    size_t n = 255 + LOSS_PART_(BA * 16) + 5 * LOSS_PART_(BA * 4) + 2 * LOSS_PART_(BM * 4) + LOSS_PART_(nblk * 16) +
+               LOSS_PART_(nblk * 24) + 256;
+#undef LOSS_PART_
+    return n;
+}
 // loss_cuda: the YOLOv8 loss of a batch and its gradient, the twin of loss_forward_backward (yolo.c;
 // same assignment, tie rules and float formulas; only the order of the double sums differs; CIoU's alpha
 // is held constant as in training). head[l]: device FP32 maps (B, 64+NC, H_l, W_l), H_l = imgH/(8<<l),

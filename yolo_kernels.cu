@@ -16,6 +16,15 @@
 
 static inline unsigned cdiv(long a, long b) { return (unsigned)((a + b - 1) / b); }
 
+// Activation element type of the training step: __half (AMP) or float (amp=0). The activation-typed
+// kernels are templates on it: they load through act_f and store through act_from<T>, with FP32 math
+// in between, so the FP16 and FP32 launchers run one body (the FP16 code is what it was before).
+__device__ __forceinline__ float act_f(float v) { return v; }
+__device__ __forceinline__ float act_f(__half v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T act_from(float v);
+template <> __device__ __forceinline__ float act_from<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half act_from<__half>(float v) { return __float2half(v); }
+
 // ------------------------------------------------------------------------------------------
 // CPU ops, device side: elementwise and data movement
 // ------------------------------------------------------------------------------------------
@@ -161,13 +170,25 @@ static ConvGeo conv_geo(const ConvDims &d) {
     return g;
 }
 
-// im2col element: col[k = (ci, ky, kx)][n = (b, oy, ox)] of x (0 in the padding)
-__device__ __forceinline__ __half conv_col(const ConvGeo &g, const __half *x, int k, int n) {
+// im2col element: col[k = (ci, ky, kx)][n = (b, oy, ox)] of x (0 in the padding). T: __half or float.
+template <class T>
+__device__ __forceinline__ T conv_col(const ConvGeo &g, const T *x, int k, int n) {
     int ci = k / g.KK, kk = k % g.KK, HWo = g.Ho * g.Wo;
     int b = n / HWo, p = n % HWo;
     int iy = (p / g.Wo) * g.S - g.pad + kk / g.K, ix = (p % g.Wo) * g.S - g.pad + kk % g.K;
-    if (iy < 0 || iy >= g.H || ix < 0 || ix >= g.W) return __float2half(0.0f);
+    if (iy < 0 || iy >= g.H || ix < 0 || ix >= g.W) return act_from<T>(0.0f);
     return x[b * g.xs + ((long)ci * g.H + iy) * g.W + ix];
+}
+// dgrad's gathered operand: dzg[k = (co, kk)][n = (b, iy, ix)] = dz at the output pixel that read input
+// pixel n through tap kk, 0 where no output did (stride gaps, borders).
+template <class T>
+__device__ __forceinline__ T conv_dz_gather(const ConvGeo &g, const T *dz, int k, int n) {
+    int HW = g.H * g.W, co = k / g.KK, kk = k % g.KK, b = n / HW, q = n % HW;
+    int ty = q / g.W + g.pad - kk / g.K, tx = q % g.W + g.pad - kk % g.K;
+    if (ty < 0 || tx < 0 || ty % g.S || tx % g.S) return act_from<T>(0.0f);
+    int oy = ty / g.S, ox = tx / g.S;
+    if (oy >= g.Ho || ox >= g.Wo) return act_from<T>(0.0f);
+    return dz[b * g.zs + ((long)co * g.Ho + oy) * g.Wo + ox];
 }
 
 template <bool B_KFAST, class LA, class LB, class ST>
@@ -260,14 +281,7 @@ __global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half
     int HW = g.H * g.W;
     igemm_block<false>(g.Cin, N, 0, Kd,
         [=](int m, int k) { return w[((long)(k / g.KK) * g.Cin + m) * g.KK + k % g.KK]; },
-        [=](int k, int n) {
-            int co = k / g.KK, kk = k % g.KK, b = n / HW, q = n % HW;
-            int ty = q / g.W + g.pad - kk / g.K, tx = q % g.W + g.pad - kk % g.K;
-            if (ty < 0 || tx < 0 || ty % g.S || tx % g.S) return __float2half(0.0f);
-            int oy = ty / g.S, ox = tx / g.S;
-            if (oy >= g.Ho || ox >= g.Wo) return __float2half(0.0f);
-            return dz[b * g.zs + ((long)co * g.Ho + oy) * g.Wo + ox];
-        },
+        [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
         [=](int m, int n, float v) { conv_store(dx, dxh, (n / HW) * g.xs + (long)m * HW + n % HW, v, accumulate); });
 }
 extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
@@ -319,7 +333,139 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 }
 
 // ------------------------------------------------------------------------------------------
-// BatchNorm statistics and BN+SiLU, forward and backward (FP16 activations, FP32 math)
+// convolution in FP32 (amp=0): the same three implicit GEMMs on the FP32 cores
+// ------------------------------------------------------------------------------------------
+/*
+ * WMMA takes no FP32 inputs, so the FP32 step runs the products above as a SIMT tiled GEMM:
+ * sgemm_block computes one 64x64 tile with 256 threads, staging 16-deep slices of both operands in
+ * shared memory (gathered by the caller's functors, zero past every edge); each thread keeps a 4x4
+ * register block, rows ty + 16i and columns tx + 16j, so a warp reads 16 consecutive B values and two
+ * broadcast A values per step (no bank conflicts in the inner loop). Every output is one chain of fmaf
+ * over Kd in ascending order: no atomics and no split of Kd, so a result is the same bits on every run
+ * and every block schedule. The price: wgrad's Kd (B*Ho*Wo) is not split over blocks either, so an
+ * early layer with a small Cout x Cin*K*K runs on few blocks (a deterministic split needs a scratch
+ * buffer for a fixed-order reduction of the slices, which these launchers do not take).
+ */
+#define SG_BM 64
+#define SG_BN 64
+#define SG_BK 16
+#define SG_THREADS 256
+template <bool B_KFAST, class LA, class LB, class ST>
+__device__ void sgemm_block(int M, int N, int Kd, LA la, LB lb, ST st) {
+    __shared__ float As[SG_BK][SG_BM + 4];   // (16 of Kd, 64 rows): A transposed, k-major
+    __shared__ float Bs[SG_BK][SG_BN + 4];   // (16 of Kd, 64 columns)
+    int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    int row0 = blockIdx.y * SG_BM, col0 = blockIdx.x * SG_BN;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < Kd; k0 += SG_BK) {
+#pragma unroll
+        for (int e = 0; e < SG_BM * SG_BK / SG_THREADS; e++) {   // consecutive threads along Kd
+            int t = tid + e * SG_THREADS, r = t / SG_BK, c = t % SG_BK, gk = k0 + c;
+            As[c][r] = (row0 + r < M && gk < Kd) ? la(row0 + r, gk) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < SG_BK * SG_BN / SG_THREADS; e++) {   // along Kd (B_KFAST) or along N
+            int t = tid + e * SG_THREADS;
+            int r = B_KFAST ? t % SG_BK : t / SG_BN, c = B_KFAST ? t / SG_BK : t % SG_BN;
+            int gk = k0 + r, gn = col0 + c;
+            Bs[r][c] = (gk < Kd && gn < N) ? lb(gk, gn) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < SG_BK; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r = row0 + ty + 16 * i, c = col0 + tx + 16 * j;
+            if (r < M && c < N) st(r, c, acc[i][j]);
+        }
+}
+
+// conv_fwd_f32: z = w col(x) (+ bias); M = Cout, N = B*Ho*Wo, Kd = Cin*KK. grid (ceil(N/64), ceil(Cout/64))
+__global__ __launch_bounds__(SG_THREADS) void conv_fwd_f32_kernel(ConvGeo g, const float *x, const float *w,
+                                                                  const float *bias, float *z) {
+    int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo;
+    sgemm_block<false>(g.Cout, N, Kd,
+        [=](int m, int k) { return w[(long)m * Kd + k]; },
+        [=](int k, int n) { return conv_col(g, x, k, n); },
+        [=](int m, int n, float v) { z[(n / HWo) * g.zs + (long)m * HWo + n % HWo] = bias ? v + bias[m] : v; });
+}
+extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const float *w, const float *bias, float *z, void *stream) {
+    ConvGeo g = conv_geo(d);
+    long N = (long)g.B * g.Ho * g.Wo;
+    if (N == 0 || g.Cout == 0 || !z) return;
+    dim3 grid(cdiv(N, SG_BN), cdiv(g.Cout, SG_BM));
+    conv_fwd_f32_kernel<<<grid, SG_THREADS, 0, (cudaStream_t)stream>>>(g, x, w, bias, z);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// conv_dgrad_f32: dx (+)= w^T dzg; M = Cin, N = B*H*W, Kd = Cout*KK. grid (ceil(N/64), ceil(Cin/64))
+__global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, const float *dz, const float *w, float *dx,
+                                                                    int accumulate) {
+    int Kd = g.Cout * g.KK, N = g.B * g.H * g.W, HW = g.H * g.W;
+    sgemm_block<false>(g.Cin, N, Kd,
+        [=](int m, int k) { return w[((long)(k / g.KK) * g.Cin + m) * g.KK + k % g.KK]; },
+        [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
+        [=](int m, int n, float v) {
+            long i = (n / HW) * g.xs + (long)m * HW + n % HW;
+            dx[i] = accumulate ? dx[i] + v : v;
+        });
+}
+extern "C" void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx, int accumulate, void *stream) {
+    ConvGeo g = conv_geo(d);
+    long N = (long)g.B * g.H * g.W;
+    if (N == 0 || g.Cin == 0 || !dx) return;
+    dim3 grid(cdiv(N, SG_BN), cdiv(g.Cin, SG_BM));
+    conv_dgrad_f32_kernel<<<grid, SG_THREADS, 0, (cudaStream_t)stream>>>(g, dz, w, dx, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// conv_wgrad_f32: dW (+)= dz col(x)^T; M = Cout, N = Cin*KK, Kd = B*Ho*Wo (images, then pixels, in
+// order, one block per tile). grid (ceil(Cin*KK/64), ceil(Cout/64))
+__global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x, float *dw,
+                                                                    int accumulate) {
+    int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo;
+    sgemm_block<true>(g.Cout, N, Kd,
+        [=](int m, int k) { return dz[(k / HWo) * g.zs + (long)m * HWo + k % HWo]; },
+        [=](int k, int n) { return conv_col(g, x, n, k); },
+        [=](int m, int n, float v) {
+            long i = (long)m * N + n;
+            dw[i] = accumulate ? dw[i] + v : v;
+        });
+}
+extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, int accumulate, void *stream) {
+    ConvGeo g = conv_geo(d);
+    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (N == 0 || g.Cout == 0) return;
+    if (Kd == 0) {
+        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
+        return;
+    }
+    dim3 grid(cdiv(N, SG_BN), cdiv(g.Cout, SG_BM));
+    conv_wgrad_f32_kernel<<<grid, SG_THREADS, 0, s>>>(g, dz, x, dw, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------------------------------
+// BatchNorm statistics and BN+SiLU, forward and backward (FP16 or FP32 activations, FP32 math)
 // ------------------------------------------------------------------------------------------
 
 // block_sum: the sum of v over the block (blockDim.x a multiple of 32, at most 1024), the same
@@ -336,8 +482,9 @@ __device__ float block_sum(float v) {
 }
 
 // bn_stats: one block per channel; train: two passes over the channel (sum, then centred sum of
-// squares) as conv_forward_cpu, FP32 accumulation. grid (C), block 256.
-__global__ void bn_stats_kernel(const __half *z, long zs, int B, int HW, float *mean, float *invstd, float *rm, float *rv,
+// squares) as conv_forward_cpu, FP32 accumulation. grid (C), block 256. T: __half or float.
+template <class T>
+__global__ void bn_stats_kernel(const T *z, long zs, int B, int HW, float *mean, float *invstd, float *rm, float *rv,
                                 float eps, float momentum, int train) {
     int c = blockIdx.x;
     if (!train) {
@@ -346,13 +493,13 @@ __global__ void bn_stats_kernel(const __half *z, long zs, int B, int HW, float *
     }
     float s = 0.0f, cnt = (float)B * HW;
     for (int b = 0; b < B; b++) {
-        const __half *zc = z + b * zs + (long)c * HW;
-        for (int i = threadIdx.x; i < HW; i += blockDim.x) s += __half2float(zc[i]);
+        const T *zc = z + b * zs + (long)c * HW;
+        for (int i = threadIdx.x; i < HW; i += blockDim.x) s += act_f(zc[i]);
     }
     float mu = block_sum(s) / cnt, ss = 0.0f;
     for (int b = 0; b < B; b++) {
-        const __half *zc = z + b * zs + (long)c * HW;
-        for (int i = threadIdx.x; i < HW; i += blockDim.x) { float d = __half2float(zc[i]) - mu; ss += d * d; }
+        const T *zc = z + b * zs + (long)c * HW;
+        for (int i = threadIdx.x; i < HW; i += blockDim.x) { float d = act_f(zc[i]) - mu; ss += d * d; }
     }
     float var = block_sum(ss) / cnt;
     if (threadIdx.x == 0) {
@@ -362,30 +509,50 @@ __global__ void bn_stats_kernel(const __half *z, long zs, int B, int HW, float *
         if (rv) rv[c] = (1 - momentum) * rv[c] + momentum * (cnt > 1 ? var * cnt / (cnt - 1) : var);
     }
 }
-extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                              float eps, float momentum, int train, void *stream) {
+template <class T>
+static void bn_stats_launch(const T *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
+                            float eps, float momentum, int train, void *stream) {
     if (C == 0) return;
     if (!zs) zs = (long)C * HW;
-    bn_stats_kernel<<<C, 256, 0, (cudaStream_t)stream>>>((const __half *)z, zs, B, HW, mean, invstd, rm, rv, eps, momentum, train);
+    bn_stats_kernel<T><<<C, 256, 0, (cudaStream_t)stream>>>(z, zs, B, HW, mean, invstd, rm, rv, eps, momentum, train);
     CUDA_CHECK(cudaGetLastError());
 }
+extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
+                              float eps, float momentum, int train, void *stream) {
+    bn_stats_launch((const __half *)z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, stream);
+}
+extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
+                                  float eps, float momentum, int train, void *stream) {
+    bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, stream);
+}
 
-// bn_silu_forward_f16: grid (ceil(HW/256), C, B), one thread per element
-__global__ void bn_silu_forward_f16_kernel(const __half *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                                           const float *beta, __half *y, long ys, int HW) {
+// bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
+// math; grid (ceil(HW/256), C, B), one thread per element
+template <class T>
+__global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                                           const float *beta, T *y, long ys, int HW) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
     if (i >= HW) return;
     float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
-    float v = __half2float(z[b * zs + (long)c * HW + i]) * sc + sh;
-    y[b * ys + (long)c * HW + i] = __float2half(v / (1.0f + expf(-v)));
+    float v = act_f(z[b * zs + (long)c * HW + i]) * sc + sh;
+    y[b * ys + (long)c * HW + i] = act_from<T>(v / (1.0f + expf(-v)));
+}
+template <class T>
+static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                                       const float *beta, T *y, long ys, int B, int C, int HW, void *stream) {
+    if ((long)B * C * HW == 0) return;
+    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
+    bn_silu_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(z, zs ? zs : (long)C * HW, mean, invstd, gamma, beta, y,
+                                                                          ys ? ys : (long)C * HW, HW);
+    CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
                                          const float *beta, uint16_t *y, long ys, int B, int C, int HW, void *stream) {
-    if ((long)B * C * HW == 0) return;
-    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
-    bn_silu_forward_f16_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>((const __half *)z, zs ? zs : (long)C * HW, mean, invstd, gamma,
-                                                                       beta, (__half *)y, ys ? ys : (long)C * HW, HW);
-    CUDA_CHECK(cudaGetLastError());
+    bn_silu_forward_act_launch((const __half *)z, zs, mean, invstd, gamma, beta, (__half *)y, ys, B, C, HW, stream);
+}
+extern "C" void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                                         const float *beta, float *y, long ys, int B, int C, int HW, void *stream) {
+    bn_silu_forward_act_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, stream);
 }
 
 // gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (conv_backward_cpu's first loop)
@@ -395,7 +562,8 @@ __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, flo
 }
 // bn_bwd_reduce: one block per channel: sums of gy and gy*xhat into dgamma/dbeta (+=) and the two
 // means the apply pass needs into scratch (C mean(gy), then C mean(gy*xhat); 0 in eval).
-__global__ void bn_bwd_reduce_kernel(const __half *z, const float *dA, long zs, const float *mean, const float *invstd,
+template <class T>
+__global__ void bn_bwd_reduce_kernel(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
                                      const float *gamma, const float *beta, float *dgamma, float *dbeta, float *scratch, int B,
                                      int C, int HW, int train) {
     int c = blockIdx.x;
@@ -405,7 +573,7 @@ __global__ void bn_bwd_reduce_kernel(const __half *z, const float *dA, long zs, 
         long o = b * zs + (long)c * HW;
         for (int i = threadIdx.x; i < HW; i += blockDim.x) {
             if (!gamma) { sg += dA[o + i]; continue; }
-            float xh = (__half2float(z[o + i]) - mu) * is, gy = bn_silu_gy(dA[o + i], xh, ga, be);
+            float xh = (act_f(z[o + i]) - mu) * is, gy = bn_silu_gy(dA[o + i], xh, ga, be);
             sg += gy;
             sgx += gy * xh;
         }
@@ -421,29 +589,42 @@ __global__ void bn_bwd_reduce_kernel(const __half *z, const float *dA, long zs, 
         }
     }
 }
-// bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in FP16 (or dz = dA without BN).
+// bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN).
 // grid (ceil(HW/256), C, B)
-__global__ void bn_bwd_apply_kernel(const __half *z, const float *dA, long zs, const float *mean, const float *invstd,
-                                    const float *gamma, const float *beta, const float *scratch, __half *dz, int C, int HW) {
+template <class T>
+__global__ void bn_bwd_apply_kernel(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
+                                    const float *gamma, const float *beta, const float *scratch, T *dz, int C, int HW) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
     if (i >= HW) return;
     long o = blockIdx.z * zs + (long)c * HW + i;
-    if (!gamma) { dz[o] = __float2half(dA[o]); return; }
-    float is = invstd[c], xh = (__half2float(z[o]) - mean[c]) * is, gy = bn_silu_gy(dA[o], xh, gamma[c], beta[c]);
-    dz[o] = __float2half(gamma[c] * is * (gy - scratch[c] - xh * scratch[C + c]));
+    if (!gamma) { dz[o] = act_from<T>(dA[o]); return; }
+    float is = invstd[c], xh = (act_f(z[o]) - mean[c]) * is, gy = bn_silu_gy(dA[o], xh, gamma[c], beta[c]);
+    dz[o] = act_from<T>(gamma[c] * is * (gy - scratch[c] - xh * scratch[C + c]));
+}
+template <class T>
+static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
+                                    const float *gamma, const float *beta, float *dgamma, float *dbeta, T *dz, float *scratch,
+                                    int B, int C, int HW, int train, void *stream) {
+    if (C == 0) return;
+    if (!zs) zs = (long)C * HW;
+    cudaStream_t s = (cudaStream_t)stream;
+    bn_bwd_reduce_kernel<T><<<C, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, scratch, B, C, HW, train);
+    CUDA_CHECK(cudaGetLastError());
+    if ((long)B * HW == 0) return;
+    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
+    bn_bwd_apply_kernel<T><<<grid, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
+    CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
                                       const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                                       float *scratch, int B, int C, int HW, int train, void *stream) {
-    if (C == 0) return;
-    if (!zs) zs = (long)C * HW;
-    cudaStream_t s = (cudaStream_t)stream;
-    bn_bwd_reduce_kernel<<<C, 256, 0, s>>>((const __half *)z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, scratch, B, C, HW, train);
-    CUDA_CHECK(cudaGetLastError());
-    if ((long)B * HW == 0) return;
-    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
-    bn_bwd_apply_kernel<<<grid, 256, 0, s>>>((const __half *)z, dA, zs, mean, invstd, gamma, beta, scratch, (__half *)dz, C, HW);
-    CUDA_CHECK(cudaGetLastError());
+    bn_silu_backward_launch((const __half *)z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, (__half *)dz, scratch, B, C, HW,
+                            train, stream);
+}
+extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean, const float *invstd,
+                                          const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,
+                                          float *scratch, int B, int C, int HW, int train, void *stream) {
+    bn_silu_backward_launch(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, B, C, HW, train, stream);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -515,25 +696,38 @@ extern "C" void maxpool5_backward_cuda(const float *x, const float *dy, float *d
     CUDA_CHECK(cudaGetLastError());
 }
 
-// copy_f16: grid (ceil(n/256), B)
-__global__ void copy_f16_kernel(const __half *src, long ss, __half *dst, long ds, long n) {
+// copy_act: B blocks of n values of T (__half or float); grid (ceil(n/256), B)
+template <class T>
+__global__ void copy_act_kernel(const T *src, long ss, T *dst, long ds, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[blockIdx.y * ds + i] = src[blockIdx.y * ss + i];
 }
-extern "C" void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream) {
+template <class T>
+static void copy_act_launch(const T *src, long ss, T *dst, long ds, int B, long n, void *stream) {
     if (B == 0 || n == 0) return;
-    copy_f16_kernel<<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>((const __half *)src, ss, (__half *)dst, ds, n);
+    copy_act_kernel<T><<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>(src, ss, dst, ds, n);
     CUDA_CHECK(cudaGetLastError());
 }
-__global__ void u8_to_f16_kernel(const uint8_t *x, __half *y, long n) {
+extern "C" void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream) {
+    copy_act_launch((const __half *)src, ss, (__half *)dst, ds, B, n, stream);
+}
+extern "C" void copy_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream) {
+    copy_act_launch(src, ss, dst, ds, B, n, stream);
+}
+// u8_to_act: the input image, x * (1/255) in float (input_from_batch), stored as T
+template <class T>
+__global__ void u8_to_act_kernel(const uint8_t *x, T *y, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2half(x[i] * (1.f / 255.f));
+    if (i < n) y[i] = act_from<T>(x[i] * (1.f / 255.f));
 }
-extern "C" void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream) {
+template <class T>
+static void u8_to_act_launch(const uint8_t *x, T *y, long n, void *stream) {
     if (n == 0) return;
-    u8_to_f16_kernel<<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(x, (__half *)y, n);
+    u8_to_act_kernel<T><<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(x, y, n);
     CUDA_CHECK(cudaGetLastError());
 }
+extern "C" void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream) { u8_to_act_launch(x, (__half *)y, n, stream); }
+extern "C" void u8_to_f32_cuda(const uint8_t *x, float *y, long n, void *stream) { u8_to_act_launch(x, y, n, stream); }
 __global__ void f32_to_f16_kernel(const float *x, __half *y, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __float2half(x[i]);
@@ -545,47 +739,61 @@ extern "C" void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *strea
 }
 
 // ------------------------------------------------------------------------------------------
-// views of the training step (parts/gpu.c): FP16 upsample / max-pool into a concat slice, adds
+// views of the training step (parts/gpu.c): upsample / max-pool (FP16 or FP32) into a concat slice, adds
 // ------------------------------------------------------------------------------------------
 
-// upsample2_forward_f16: nearest x2, one thread per output element; grid (ceil(4HW/256), C, B).
-// x dense (B, C, H, W) -> y (B, C, 2H, 2W) with image stride ys (a channel slice of a concat).
-__global__ void upsample2_forward_f16_kernel(const __half *x, __half *y, long ys, int C, int H, int W) {
+// upsample2_forward_act: nearest x2 of T (__half or float), one thread per output element; grid
+// (ceil(4HW/256), C, B). x dense (B, C, H, W) -> y (B, C, 2H, 2W) with image stride ys (a channel slice).
+template <class T>
+__global__ void upsample2_forward_act_kernel(const T *x, T *y, long ys, int C, int H, int W) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
     if (i >= 4 * H * W) return;
     int ox = i % (2 * W), oy = i / (2 * W);
     y[b * ys + (long)c * 4 * H * W + i] = x[((long)b * C + c) * H * W + (oy / 2) * W + ox / 2];
 }
-extern "C" void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+template <class T>
+static void upsample2_forward_act_launch(const T *x, T *y, long ys, int B, int C, int H, int W, void *stream) {
     if ((long)B * C * H * W == 0) return;
     dim3 grid(cdiv(4L * H * W, 256), (unsigned)C, (unsigned)B);
-    upsample2_forward_f16_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>((const __half *)x, (__half *)y,
-                                                                        ys ? ys : 4L * C * H * W, C, H, W);
+    upsample2_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, ys ? ys : 4L * C * H * W, C, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
+extern "C" void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+    upsample2_forward_act_launch((const __half *)x, (__half *)y, ys, B, C, H, W, stream);
+}
+extern "C" void upsample2_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream) {
+    upsample2_forward_act_launch(x, y, ys, B, C, H, W, stream);
+}
 
-// maxpool5_forward_f16: 5x5, stride 1, pad 2 (-inf), one thread per output reading its window
-// (FP16 max is exact, so the result equals the FP32 pool of the same values); grid (ceil(HW/256), C, B).
-// x dense (B, C, H, W) -> y with image stride ys.
-__global__ void maxpool5_forward_f16_kernel(const __half *x, __half *y, long ys, int C, int H, int W) {
+// maxpool5_forward_act: 5x5, stride 1, pad 2 (-inf) of T (__half or float), one thread per output
+// reading its window (max is exact, so the FP16 result equals the FP32 pool of the same values); grid
+// (ceil(HW/256), C, B). x dense (B, C, H, W) -> y with image stride ys.
+template <class T>
+__global__ void maxpool5_forward_act_kernel(const T *x, T *y, long ys, int C, int H, int W) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
     if (i >= H * W) return;
     int ox = i % W, oy = i / W;
-    const __half *p = x + ((long)b * C + c) * H * W;
+    const T *p = x + ((long)b * C + c) * H * W;
     float m = -INFINITY;
     for (int dy = -2; dy <= 2; dy++)
         for (int dx = -2; dx <= 2; dx++) {
             int iy = oy + dy, ix = ox + dx;
-            if (iy >= 0 && iy < H && ix >= 0 && ix < W) m = fmaxf(m, __half2float(p[iy * W + ix]));
+            if (iy >= 0 && iy < H && ix >= 0 && ix < W) m = fmaxf(m, act_f(p[iy * W + ix]));
         }
-    y[b * ys + (long)c * H * W + i] = __float2half(m);
+    y[b * ys + (long)c * H * W + i] = act_from<T>(m);
 }
-extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+template <class T>
+static void maxpool5_forward_act_launch(const T *x, T *y, long ys, int B, int C, int H, int W, void *stream) {
     if ((long)B * C * H * W == 0) return;
     dim3 grid(cdiv((long)H * W, 256), (unsigned)C, (unsigned)B);
-    maxpool5_forward_f16_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>((const __half *)x, (__half *)y,
-                                                                       ys ? ys : (long)C * H * W, C, H, W);
+    maxpool5_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, ys ? ys : (long)C * H * W, C, H, W);
     CUDA_CHECK(cudaGetLastError());
+}
+extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+    maxpool5_forward_act_launch((const __half *)x, (__half *)y, ys, B, C, H, W, stream);
+}
+extern "C" void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream) {
+    maxpool5_forward_act_launch(x, y, ys, B, C, H, W, stream);
 }
 
 // add_f16: dst[b*ds + i] += src[b*ss + i] (FP32 sum, rounded once); grid (ceil(n/256), B)
@@ -1065,10 +1273,7 @@ static size_t loss_scratch_carve(uintptr_t scratch, int B, int A, int M, LossScr
     w->nrm = (LossNorm *)take(sizeof(LossNorm));
     return 255 + (p - p0);
 }
-extern "C" size_t loss_cuda_scratch_bytes(int B, int A, int M) {
-    LossScratch w;
-    return loss_scratch_carve(0, B, A, M, &w);
-}
+static_assert(sizeof(LossNorm) <= 256, "loss_cuda_scratch_bytes (yolo.h) keeps 256 bytes for LossNorm");
 
 extern "C" void loss_cuda(int B, int NC, int imgH, int imgW, const float *const head[3], float *const dhead[3],
                           const LossGtD *gts, const int *m, int M, float box_gain, float cls_gain, float dfl_gain,
@@ -1090,7 +1295,10 @@ extern "C" void loss_cuda(int B, int NC, int imgH, int imgW, const float *const 
         g.dhead[l] = grad ? dhead[l] : nullptr;
     }
     LossScratch w;
-    loss_scratch_carve((uintptr_t)scratch, B, g.A, M, &w);
+    if (loss_scratch_carve((uintptr_t)scratch, B, g.A, M, &w) != loss_cuda_scratch_bytes(B, g.A, M)) {
+        fprintf(stderr, "loss_cuda: internal error: the scratch layout and loss_cuda_scratch_bytes (yolo.h) disagree\n");
+        exit(1);
+    }
     cudaStream_t s = (cudaStream_t)stream;
     unsigned nba = cdiv((long)B * g.A, LOSS_BLOCK), nbm = cdiv((long)B * M, 64);
     CUDA_CHECK(cudaMemsetAsync(w.cnt, 0, w.zero_bytes, s));

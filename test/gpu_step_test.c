@@ -122,7 +122,7 @@ int main(void) {
 
     // the device step: plan, one cudaMalloc, weights uploaded before the CPU step moves the BN stats
     GpuShape shp = {TB, TS, TS, 1};
-    Gpu *g = gpu_open(m, 0, 1, &shp, &opt, NULL, NULL, &lc);
+    Gpu *g = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
     g->copy_heads = 1;   // the head maps of the step to g->head_h for the comparisons below
     // GPU_STEP_QUICK (run_emu.sh under the sanitizers, where a device step takes minutes): one step,
     // without the recompute=1 twin and the extra optimizer steps
@@ -130,7 +130,7 @@ int main(void) {
     Gpu *gr = NULL;
     if (!quick) {
         m->recompute = 1;   // a second device, recompute=1, from the same weights and running stats
-        gr = gpu_open(m, 0, 1, &shp, &opt, NULL, NULL, &lc);
+        gr = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
         m->recompute = 0;
         printf("device arenas: recompute=0 %.2f MiB, recompute=1 %.2f MiB\n", g->plan / 1048576.0, gr->plan / 1048576.0);
     }
@@ -299,6 +299,40 @@ int main(void) {
               "down by more than 10%% after two steps (steps taken: %d)", l[0], l[1], l[2], ok);
     }
     gpu_close(g);
+
+    // 9. amp=0: the same step in FP32 on the device (the master weights in the convs, FP32 activations
+    //    and input x/255 unrounded) against the FP32 CPU step from the same weights and running stats
+    if (!quick) {
+        float *x32 = xmalloc(nimg * sizeof(float));
+        for (size_t i = 0; i < nimg; i++) x32[i] = img[i] * (1.f / 255.f);
+        Gpu *gf = gpu_open(m, 0, 0, 1, &shp, &opt, NULL, NULL, &lc);
+        gf->copy_heads = 1;
+        LossOut lf_c = cpu_step(m, a, x32, &tg, &lc, scratch, lb, hc, hn);
+        double t4 = now_sec();
+        LossOut lf_g = gpu_forward_backward(gf, img, &tg, &lc);
+        GPU_CHECK(cudaDeviceSynchronize());
+        printf("emulated FP32 device step %.2f s\n", now_sec() - t4);
+        double c3[3] = {lf_c.box, lf_c.cls, lf_c.dfl}, g3[3] = {lf_g.box, lf_g.cls, lf_g.dfl}, worst_l = 0;
+        for (int k = 0; k < 3; k++) worst_l = fmax(worst_l, fabs(g3[k] - c3[k]) / fabs(c3[k]));
+        check(worst_l <= 1e-5 && lf_g.n_fg == lf_c.n_fg, "amp=0 FP32 device step: loss box %.8g / %.8g, cls %.8g / %.8g, dfl %.8g / %.8g "
+              "(gpu / cpu): worst relative diff %.3g, tol 1e-5; foreground %d / %d", g3[0], c3[0], g3[1], c3[1], g3[2], c3[2], worst_l,
+              lf_g.n_fg, lf_c.n_fg);
+        double hw = 0;
+        for (int i = 0; i < 3; i++) {
+            size_t at = 0;
+            hw = fmax(hw, worst_rel(gf->head_h[i], hc[i], hn[i], &at));
+        }
+        check(hw <= 1e-4, "amp=0 FP32 device step: head maps worst |gpu - cpu| / max(1, |cpu|) %.3g, tol 1e-4", hw);
+        float *fg = dev_floats(gf->grads, m->nparams);
+        double fw, fwhole;
+        char fname[80] = "";
+        int fbad = grad_compare(m, fg, m->grads, 1e-3, &fw, &fwhole, fname, sizeof fname, &ntens);
+        check(!fbad, "amp=0 FP32 device step: gradients of %d tensors, worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 ||cpu||_2) = "
+              "%.3g (%s), tol 1e-3; whole %.3g", ntens, fw, fname, fwhole);
+        free(fg);
+        free(x32);
+        gpu_close(gf);
+    }
     printf("total %.1f s\n", now_sec() - t0);
     free(gg); free(p0); free(img); free(x); free(scratch); free(opt.m);
     for (int i = 0; i < 3; i++) free(hc[i]);

@@ -440,6 +440,255 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
     free(x); free(xr); free(ref); free(ar); free(f); free(g); free(a); free(ga); free(gg); free(gh);
 }
 
+// ---- the FP32 twins of the training step's activation-typed launchers (amp=0) ----
+
+// check_slice_f32: B images `stride` values apart, the first `in` of each compared with check_rel (|got -
+// ref| <= 1e-5 * scale + 1e-6); the rest of each image must still hold the bits of `outside` (NULL: the
+// 0xFF poison the buffer was filled with).
+static void check_slice_f32(const char *what, const float *got, const float *ref, const float *scale, int B, long stride,
+                            long in, const float *outside) {
+    float *g = xmalloc(4 * (size_t)B * in + 4), *r = xmalloc(4 * (size_t)B * in + 4), *s = xmalloc(4 * (size_t)B * in + 4);
+    long bad_out = 0;
+    const uint32_t poison = 0xffffffffu;
+    for (int b = 0; b < B; b++) {
+        memcpy(g + b * in, got + b * stride, 4 * in);
+        memcpy(r + b * in, ref + b * stride, 4 * in);
+        memcpy(s + b * in, scale + b * stride, 4 * in);
+        for (long i = in; i < stride; i++) bad_out += memcmp(&got[b * stride + i], outside ? (const void *)&outside[b * stride + i] : &poison, 4) != 0;
+    }
+    check_rel(what, g, r, s, (long)B * in, 1e-5);
+    if (stride > in) check(!bad_out, "%s: the %ld values outside the slices untouched (%ld differ)", what, (long)B * (stride - in), bad_out);
+    free(g); free(r); free(s);
+}
+static float *abs_host(const float *p, long n) {
+    float *a = xmalloc(4 * (size_t)(n ? n : 1));
+    for (long i = 0; i < n; i++) a[i] = fabsf(p[i]);
+    return a;
+}
+static float *poisoned_dev(long n) {   // n floats of 0xFF bytes (NaN): a value never written shows
+    float *d; CK(cudaMalloc((void **)&d, 4 * (size_t)(n ? n : 1)));
+    CK(cudaMemset(d, 0xff, 4 * (size_t)(n ? n : 1)));
+    return d;
+}
+
+// conv_{forward,dgrad,wgrad}_f32_cuda against im2col/col2im + gemm_cpu on the same floats. Tolerance per
+// value 1e-5 * sum|terms| + 1e-6, the sums of |terms| from the same products of absolute values (plus
+// |bias|, plus |initial value| when accumulating). x and dz are channel slices (xextra/zextra channels
+// of NaN between images, never to be read); every output outside its slice must stay as it was. The
+// wgrad overwrite runs twice: the same bits (deterministic, no atomics).
+static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, int with_bias, void *stream) {
+    int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo, Kd = Cin * KK;
+    long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs, nw = (long)Cout * Kd;
+    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0};
+    float *x = rand_host(nx, -1, 1), *w = rand_host(nw, -1, 1), *dz = rand_host(nz, -1, 1), *bias = rand_host(Cout, -1, 1);
+    float *dx0 = rand_host(nx, -1, 1), *dw0 = rand_host(nw, -1, 1);
+    for (int b = 0; b < B; b++) {
+        for (long i = (long)Cin * HW; i < xs; i++) x[b * xs + i] = NAN;
+        for (long i = (long)Cout * HWo; i < zs; i++) dz[b * zs + i] = NAN;
+    }
+    float *ax = abs_host(x, nx), *aw = abs_host(w, nw), *adz = abs_host(dz, nz);
+    float *col = xmalloc(4 * (size_t)Kd * HWo + 4), *acol = xmalloc(4 * (size_t)Kd * HWo + 4), *dcol = xmalloc(4 * (size_t)Kd * HWo + 4);
+    float *dxi = xmalloc(4 * (size_t)Cin * HW + 4);
+    float *zref = xmalloc(4 * nz), *zsc = xmalloc(4 * nz), *dxref = xmalloc(4 * nx), *dxsc = xmalloc(4 * nx);
+    float *dwref = xmalloc(4 * nw), *dwsc = xmalloc(4 * nw);
+    memset(zref, 0, 4 * nz); memset(zsc, 0, 4 * nz); memset(dxref, 0, 4 * nx); memset(dxsc, 0, 4 * nx);
+    memset(dwref, 0, 4 * nw); memset(dwsc, 0, 4 * nw);
+    for (int b = 0; b < B; b++) {
+        for (int pass = 0; pass < 2; pass++) {   // 0: values, 1: sums of |terms|
+            const float *xx = pass ? ax : x, *ww = pass ? aw : w, *gz = (pass ? adz : dz) + b * zs;
+            float *zo = (pass ? zsc : zref) + b * zs, *dxo = (pass ? dxsc : dxref) + b * xs, *c = pass ? acol : col;
+            im2col(xx + b * xs, Cin, H, W, K, S, c);
+            gemm_cpu(0, 0, Cout, HWo, Kd, ww, Kd, c, HWo, 0.f, zo, HWo);
+            if (with_bias) for (int o = 0; o < Cout; o++) for (int i = 0; i < HWo; i++) zo[(long)o * HWo + i] += pass ? fabsf(bias[o]) : bias[o];
+            gemm_cpu(0, 1, Cout, Kd, HWo, gz, HWo, c, HWo, 1.f, pass ? dwsc : dwref, Kd);
+            gemm_cpu(1, 0, Kd, HWo, Cout, ww, Kd, gz, HWo, 0.f, dcol, HWo);
+            col2im(dcol, Cin, H, W, K, S, dxi);
+            memcpy(dxo, dxi, 4 * (size_t)Cin * HW);
+        }
+    }
+    float *dxd = to_dev(x, 4 * nx), *dwd = to_dev(w, 4 * nw), *ddz = to_dev(dz, 4 * nz), *dbias = to_dev(bias, 4 * Cout);
+    float *zd = poisoned_dev(nz), *dxacc = to_dev(dx0, 4 * nx), *dxnew = poisoned_dev(nx), *dwacc = to_dev(dw0, 4 * nw), *dwnew = poisoned_dev(nw);
+    conv_forward_f32_cuda(d, dxd, dwd, with_bias ? dbias : NULL, zd, stream);
+    conv_dgrad_f32_cuda(d, ddz, dwd, dxacc, 1, stream);
+    conv_dgrad_f32_cuda(d, ddz, dwd, dxnew, 0, stream);
+    conv_wgrad_f32_cuda(d, ddz, dxd, dwacc, 1, stream);
+    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, 0, stream);
+    float *gz = from_dev(zd, 4 * nz), *gdxa = from_dev(dxacc, 4 * nx), *gdxn = from_dev(dxnew, 4 * nx);
+    float *gdwa = from_dev(dwacc, 4 * nw), *gdwn = from_dev(dwnew, 4 * nw);
+    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, 0, stream);
+    float *gdwn2 = from_dev(dwnew, 4 * nw);
+    char what[240];
+    snprintf(what, sizeof what, "conv_forward_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d %s vs im2col+gemm_cpu (tol 1e-5*sum|terms|+1e-6)",
+             B, Cin, H, W, Cout, K, S, xextra, zextra, with_bias ? "bias" : "no bias");
+    check_slice_f32(what, gz, zref, zsc, B, zs, (long)Cout * HWo, NULL);
+    snprintf(what, sizeof what, "conv_dgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d overwrite vs gemm_cpu^T+col2im", B, Cin, H, W, Cout, K, S, xextra);
+    check_slice_f32(what, gdxn, dxref, dxsc, B, xs, (long)Cin * HW, NULL);
+    for (long i = 0; i < nx; i++) { dxref[i] += dx0[i]; dxsc[i] += fabsf(dx0[i]); }
+    snprintf(what, sizeof what, "conv_dgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d accumulate", B, Cin, H, W, Cout, K, S, xextra);
+    check_slice_f32(what, gdxa, dxref, dxsc, B, xs, (long)Cin * HW, dx0);
+    snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d overwrite vs gemm_cpu(dz, col^T)", B, Cin, H, W, Cout, K, S, zextra);
+    check_rel(what, gdwn, dwref, dwsc, nw, 1e-5);
+    for (long i = 0; i < nw; i++) { dwref[i] += dw0[i]; dwsc[i] += fabsf(dw0[i]); }
+    snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d accumulate", B, Cin, H, W, Cout, K, S);
+    check_rel(what, gdwa, dwref, dwsc, nw, 1e-5);
+    check(!memcmp(gdwn, gdwn2, 4 * nw), "conv_wgrad_f32_cuda B=%d Cin=%d Cout=%d K=%d S=%d: a second call gives the same bits", B, Cin, Cout, K, S);
+    cudaFree(dxd); cudaFree(dwd); cudaFree(ddz); cudaFree(dbias); cudaFree(zd); cudaFree(dxacc); cudaFree(dxnew); cudaFree(dwacc); cudaFree(dwnew);
+    free(x); free(w); free(dz); free(bias); free(dx0); free(dw0); free(ax); free(aw); free(adz); free(col); free(acol); free(dcol); free(dxi);
+    free(zref); free(zsc); free(dxref); free(dxsc); free(dwref); free(dwsc); free(gz); free(gdxa); free(gdxn); free(gdwa); free(gdwn); free(gdwn2);
+}
+
+// bn_stats_f32_cuda (train, then eval) against bn_stats_cpu with test_bn's scales, then
+// bn_silu_forward_f32_cuda into a channel slice against bn_silu_forward_cpu: tolerance 1e-5 * (|z*sc| +
+// |mean*sc| + |beta| + |y|) + 1e-6 (sc = gamma*invstd; the terms of the affine pre-activation and the
+// SiLU's own rounding). z's padding channels are NaN (never read).
+static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stream) {
+    long zs = (long)(C + zextra) * HW, ys = (long)(C + yextra) * HW, nz = B * zs, ny = B * ys;
+    float *z = rand_host(nz, -3, 5), *mean = xmalloc(4 * C), *invstd = xmalloc(4 * C), *rm = rand_host(C, -1, 1), *rv = rand_host(C, 0.5f, 2);
+    float *rm0 = xmalloc(4 * C), *rv0 = xmalloc(4 * C), *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1);
+    for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) z[b * zs + i] = NAN;
+    memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
+    float *dz = to_dev(z, 4 * nz), *dmean = poisoned_dev(C), *dinv = poisoned_dev(C), *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C);
+    float *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    char what[200];
+    for (int train = 1; train >= 0; train--) {
+        bn_stats_f32_cuda(dz, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, stream);
+        bn_stats_cpu(z, zs, B, C, HW, mean, invstd, rm, rv, train);
+        float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C), *grv = from_dev(drv, 4 * C);
+        float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
+        for (int c = 0; c < C; c++) {
+            double sa = 0;
+            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) sa += fabs(z[b * zs + (long)c * HW + i]);
+            sc[c] = (float)(sa / ((double)B * HW)); sc2[c] = fabsf(invstd[c]) * 4;
+            sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
+        }
+        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d zs+%d %s: mean vs bn_stats_cpu", B, C, HW, zextra, train ? "train" : "eval");
+        check_rel(what, gm, mean, sc, C, 1e-5);
+        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d %s: invstd", B, C, HW, train ? "train" : "eval");
+        check_rel(what, gi, invstd, sc2, C, 1e-5);
+        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW, train ? "train" : "eval");
+        check_rel(what, grm, rm, sc3, C, 1e-5);
+        check_rel(what, grv, rv, sc4, C, 1e-5);
+        memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
+        free(gm); free(gi); free(grm); free(grv); free(sc); free(sc2); free(sc3); free(sc4);
+    }
+    float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *dy = poisoned_dev(ny);
+    float *zd = xmalloc(4 * (size_t)B * C * HW + 4), *yd = xmalloc(4 * (size_t)B * C * HW + 4), *yref = xmalloc(4 * ny), *ysc = xmalloc(4 * ny);
+    bn_silu_forward_f32_cuda(dz, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, stream);
+    float *gy = from_dev(dy, 4 * ny);
+    for (int b = 0; b < B; b++) memcpy(zd + (size_t)b * C * HW, z + b * zs, 4 * (size_t)C * HW);
+    bn_silu_forward_cpu(zd, mean, invstd, gamma, beta, yd, B, C, HW);
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            float s = gamma[c] * invstd[c];
+            for (int i = 0; i < HW; i++) {
+                long o = b * ys + (long)c * HW + i, q = ((long)b * C + c) * HW + i;
+                yref[o] = yd[q];
+                ysc[o] = fabsf(zd[q] * s) + fabsf(mean[c] * s) + fabsf(beta[c]) + fabsf(yd[q]);
+            }
+        }
+    snprintf(what, sizeof what, "bn_silu_forward_f32_cuda B=%d C=%d HW=%d zs+%d ys+%d vs bn_silu_forward_cpu", B, C, HW, zextra, yextra);
+    check_slice_f32(what, gy, yref, ysc, B, ys, (long)C * HW, NULL);
+    cudaFree(dz); cudaFree(dmean); cudaFree(dinv); cudaFree(drm); cudaFree(drv); cudaFree(dg); cudaFree(db); cudaFree(dm2); cudaFree(di2); cudaFree(dy);
+    free(z); free(mean); free(invstd); free(rm); free(rv); free(rm0); free(rv0); free(gamma); free(beta); free(zd); free(yd); free(yref); free(ysc); free(gy);
+}
+
+// bn_silu_backward_f32_cuda against bn_silu_backward_cpu (which works in place on a copy of dA). dz is a
+// buffer of its own, poisoned outside the slice. Tolerance of dz: 1e-5 * |gamma*invstd| * (|gy terms| +
+// |dA*gamma*xhat| (xhat's rounding through silu'') + |mean(gy)| + |xhat*mean(gy*xhat)| + the sums'
+// own scales sum|gy|/cnt + |xhat|*sum|gy*xhat|/cnt) + 1e-6; without BN dz = dA. dgamma/dbeta as test_bn_backward.
+static void test_bn_backward_f32(int B, int C, int HW, int zextra, int bn, int train, void *stream) {
+    long zs = (long)(C + zextra) * HW, nz = B * zs;
+    float *z = rand_host(nz, -3, 3), *dA = rand_host(nz, -1, 1), *mean = rand_host(C, -0.5f, 0.5f), *invstd = rand_host(C, 0.5f, 2);
+    float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1), *dbet = rand_host(C, -1, 1);
+    for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) z[b * zs + i] = dA[b * zs + i] = NAN;
+    float *zd = to_dev(z, 4 * nz), *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C);
+    float *db = to_dev(beta, 4 * C), *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *scratch = poisoned_dev(2 * C), *ddz = poisoned_dev(nz);
+    bn_silu_backward_f32_cuda(zd, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW, train, stream);
+    float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz), *sc = xmalloc(4 * nz), *gyt = xmalloc(4 * nz);
+    double cnt = (double)B * HW;
+    memcpy(ref, dA, 4 * nz);
+    for (int c = 0; c < C; c++) {
+        double a = 0, ax = 0, gm = 0, gmx = 0;
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
+            long o = b * zs + (long)c * HW + i;
+            float xh = (z[o] - mean[c]) * invstd[c], y = gamma[c] * xh + beta[c], s1 = 1.f / (1.f + expf(-y));
+            float gy = bn ? dA[o] * s1 * (1.f + y * (1.f - s1)) : dA[o];
+            gyt[o] = bn ? fabsf(dA[o] * s1) * (1.f + fabsf(y) * (1.f - s1)) + fabsf(dA[o] * gamma[c] * xh) : fabsf(dA[o]);
+            a += fabs(gy); ax += fabs(gy * xh); gm += gy; gmx += (double)gy * xh;
+        }
+        sg[c] = (float)(a + fabs(dbet[c])); sgx[c] = (float)(ax + fabs(dgam[c]));
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
+            long o = b * zs + (long)c * HW + i;
+            double xh = fabs((z[o] - mean[c]) * invstd[c]);
+            sc[o] = !bn ? gyt[o] : (float)(fabs(gamma[c] * invstd[c]) * (gyt[o] + (train ? fabs(gm) / cnt + xh * fabs(gmx) / cnt + a / cnt + xh * ax / cnt : 0)));
+        }
+    }
+    bn_silu_backward_cpu(z, ref, zs, mean, invstd, bn ? gamma : NULL, beta, dgam, dbet, B, C, HW, train);
+    float *gdg = from_dev(ddg, 4 * C), *gdb = from_dev(ddb, 4 * C), *gz = from_dev(ddz, 4 * nz);
+    char what[200];
+    snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d zs+%d %s %s: dz vs bn_silu_backward_cpu", B, C, HW, zextra,
+             bn ? "BN" : "bias", train ? "train" : "eval");
+    check_slice_f32(what, gz, ref, sc, B, zs, (long)C * HW, NULL);
+    snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d %s: dbeta (+=)", B, C, HW, bn ? "BN" : "bias");
+    check_rel(what, gdb, dbet, sg, C, 1e-5);
+    if (bn) {
+        snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d: dgamma (+=)", B, C, HW);
+        check_rel(what, gdg, dgam, sgx, C, 1e-5);
+    }
+    cudaFree(zd); cudaFree(dAd); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(ddg); cudaFree(ddb); cudaFree(scratch); cudaFree(ddz);
+    free(z); free(dA); free(mean); free(invstd); free(gamma); free(beta); free(dgam); free(dbet); free(sg); free(sgx); free(ref); free(sc); free(gyt);
+    free(gdg); free(gdb); free(gz);
+}
+
+// The FP32 views, all data movement: upsample2_forward_f32_cuda and maxpool5_forward_f32_cuda into a channel
+// slice (ties, -inf, a NaN that the pool skips as the CPU does), copy_f32_cuda by offset, u8_to_f32_cuda
+// against input_from_batch over all 256 byte values: bit-exact, and nothing written outside.
+static void test_views_f32(int B, int C, int H, int W, void *stream) {
+    long n = (long)B * C * H * W, extra = 2L * H * W;   // two channels of slack per image
+    float *x = rand_host(n, -3, 3), *ref = xmalloc(16 * n);
+    for (long i = 0; i < n; i += 5) x[i] = x[i / 2];   // repeated values: ties
+    if (n > 9) { x[3] = -INFINITY; x[9] = NAN; }
+    float *dx = to_dev(x, 4 * n);
+    char what[200];
+    for (int up = 0; up < 2; up++) {
+        long img = (up ? 4 : 1) * n / B, ys = img + (up ? 4 : 1) * extra, off = (up ? 4 : 1) * extra / 2;
+        float *dy = poisoned_dev((long)B * ys), *yref = xmalloc(4 * (size_t)B * ys);
+        if (up) { upsample2_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream); upsample2_forward_cpu(x, ref, B, C, H, W); }
+        else { maxpool5_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream); maxpool5_forward_cpu(x, ref, B, C, H, W); }
+        float *got = from_dev(dy, 4 * (size_t)B * ys);
+        memset(yref, 0xff, 4 * (size_t)B * ys);
+        for (int b = 0; b < B; b++) memcpy(yref + b * ys + off, ref + b * img, 4 * img);
+        snprintf(what, sizeof what, "%s B=%d C=%d %dx%d into a channel slice vs %s (incl. the untouched rest)",
+                 up ? "upsample2_forward_f32_cuda" : "maxpool5_forward_f32_cuda", B, C, H, W, up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu");
+        check_bits(what, got, yref, (long)B * ys);
+        cudaFree(dy); free(yref); free(got);
+    }
+    // copy: B images of m values into the middle of larger per-image blocks
+    long m = n / B, ds = m + 5;
+    float *dst = poisoned_dev((long)B * ds + 2), *cref = xmalloc(4 * ((size_t)B * ds + 2));
+    copy_f32_cuda(dx, m, dst + 2, ds, B, m, stream);
+    float *gc = from_dev(dst, 4 * ((size_t)B * ds + 2));
+    memset(cref, 0xff, 4 * ((size_t)B * ds + 2));
+    for (int b = 0; b < B; b++) memcpy(cref + 2 + b * ds, x + b * m, 4 * m);
+    snprintf(what, sizeof what, "copy_f32_cuda B=%d n=%ld strided block copy (incl. the untouched rest)", B, m);
+    check_bits(what, gc, cref, (long)B * ds + 2);
+    // u8 -> f32: an image batch of 2 x 3 x 5 x 29 bytes, every byte value
+    Batch bt; memset(&bt, 0, sizeof bt);
+    bt.B = 2; bt.H = 5; bt.W = 29;
+    long nu = 2L * 3 * 5 * 29;
+    bt.img = xmalloc(nu);
+    for (long i = 0; i < nu; i++) bt.img[i] = (uint8_t)(i * 37 + 11);
+    void *du = to_dev(bt.img, nu);
+    float *df = poisoned_dev(nu), *uref = xmalloc(4 * nu);
+    u8_to_f32_cuda(du, df, nu, stream);
+    float *gu = from_dev(df, 4 * nu);
+    input_from_batch(uref, &bt);
+    snprintf(what, sizeof what, "u8_to_f32_cuda n=%ld vs input_from_batch", nu);
+    check_bits(what, gu, uref, nu);
+    cudaFree(dx); cudaFree(dst); cudaFree(du); cudaFree(df);
+    free(x); free(ref); free(cref); free(gc); free(bt.img); free(uref); free(gu);
+}
+
 // ---- loss ----
 
 // loss_cuda against loss_forward_backward at grad_scale 1 and 1024, on random heads whose box logits point
@@ -820,6 +1069,21 @@ int main(void) {
     test_optim(OPT_ADAMW, 1.f, 10.f, s);
     test_optim(OPT_ADAMW, 0.01f, 0.f, s);
     test_ema(s);
+    // the FP32 twins (amp=0), last so that the tests above see the random values they always had
+    test_conv_f32(2, 5, 9, 7, 7, 3, 1, 0, 0, 1, NULL);     // K=3 S=1, odd sizes, Kd=45
+    test_conv_f32(1, 3, 10, 9, 70, 3, 2, 2, 1, 0, s);     // K=3 S=2, strides, Cout over one tile, no bias
+    test_conv_f32(2, 20, 6, 6, 9, 1, 1, 1, 3, 1, s);      // K=1 S=1, strides
+    test_conv_f32(1, 6, 7, 5, 4, 1, 2, 0, 0, 1, NULL);    // K=1 S=2
+    test_conv_f32(1, 1, 1, 1, 1, 3, 2, 0, 0, 1, s);       // 1x1 image, K=3 S=2
+    test_conv_f32(2, 8, 11, 13, 66, 3, 1, 1, 2, 1, s);    // 2x5 tiles, Kd=72 (4.5 k-steps); wgrad 2x2 tiles, Kd=286
+    test_bn_f32(2, 3, 45, 0, 0, NULL);
+    test_bn_f32(2, 5, 300, 2, 3, s);
+    test_bn_backward_f32(2, 3, 45, 0, 1, 1, NULL);
+    test_bn_backward_f32(2, 4, 300, 1, 1, 1, s);
+    test_bn_backward_f32(1, 3, 50, 0, 1, 0, s);
+    test_bn_backward_f32(2, 3, 40, 2, 0, 1, s);
+    test_views_f32(2, 3, 7, 9, NULL);
+    test_views_f32(1, 2, 20, 17, s);
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
     return test_summary();

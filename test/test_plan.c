@@ -91,5 +91,10 @@ int main(void) {
         check(gb < want[i].limit_gb, "planned device arena yolov8%c 640 batch 16 AMP recompute=%d: %.3f GB < %.1f GB", want[i].s,
               want[i].rc, gb, want[i].limit_gb);
     }
+    // amp=0 on the device: the same schedule with FP32 activations, larger than AMP's but below twice it
+    PlanOpts a16 = {.scale = 'n', .nc = 80, .B = 16, .S = 640, .max_boxes = 400, .half = 1}, a32 = a16;
+    a32.fp32 = 1;
+    double g16 = plan_train(&a16, NULL, NULL) / 1e9, g32 = plan_train(&a32, NULL, NULL) / 1e9;
+    check(g32 > g16 && g32 < 2 * g16, "device plan yolov8n 640 batch 16: amp=0 %.3f GB, between AMP's %.3f GB and twice it", g32, g16);
     return test_summary();
 }
