@@ -6650,16 +6650,16 @@ static void gpu_alloc(Gpu *g) {
 }
 
 // gpu_plan_run: the device arena for the given step shapes (train and/or eval), by a dry run of the
-// persistent groups and of each shape's schedule in turn (its input included): the total
+// persistent groups (infer: the weights and running stats only) and of each shape's schedule in
+// turn (its input included): the total
 // (high-water mark) and each group's bytes at that mark. The plan gpu_open allocates, and `yolo plan`'s.
-static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
+static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int infer, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
     g->opt.kind = opt_kind;
     g->f32 = !amp;
     g->esz = amp ? 2 : 4;
-    g->infer = 1;
-    for (int i = 0; i < nshape; i++) g->infer &= !shape[i].train;
+    g->infer = infer;
     g->a = xcalloc(1, sizeof(Arena));
     g->a->cap = SIZE_MAX;
     gpu_alloc(g);
@@ -6734,7 +6734,7 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     g->f32 = !amp;
     g->esz = amp ? 2 : 4;
     if (!amp) g->scaler.scale = 1.f;   // amp=0: no loss scaling (GradScaler disabled, as Ultralytics)
-    Plan pl = gpu_plan_run(m, opt->kind, amp, nshape, shape, lcfg);
+    Plan pl = gpu_plan_run(m, opt->kind, amp, g->infer, nshape, shape, lcfg);
     g->plan = pl.total;
     memcpy(g->plan_at, pl.at_peak, sizeof g->plan_at);
     g->a = xcalloc(1, sizeof(Arena));
@@ -8163,8 +8163,8 @@ static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
         lc.max_boxes = o->max_boxes;
         int V = o->S + 32;
         GpuShape st = {o->B, o->S, o->S, 1}, sv = {2 * o->B, V, V, 0};
-        Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 1, &st, &lc);
-        Plan p2 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 1, &sv, &lc);
+        Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 0, 1, &st, &lc);
+        Plan p2 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 0, 1, &sv, &lc);   // with the training state
         if (tr) *tr = p1;
         if (va) *va = p2;
         free(m);
