@@ -6696,7 +6696,7 @@ static int gpu_select(const char *device) {
     if (!strcmp(device, "cpu")) return -1;
     if (!device[0]) {
         if (n > 0) return 0;
-        fprintf(stderr, "no CUDA device found (%s): training on the CPU\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+        fprintf(stderr, "no CUDA device found (%s): running on the CPU\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
         return -1;
     }
     if (strchr(device, ',')) die("device=%s: multi-GPU training is not supported yet; use one device", device);
@@ -8026,7 +8026,7 @@ static int has_image_ext(const char *p) {
 // runs/predict/NAME/, and YOLO-format results (class cx cy w h conf, normalised) in labels/.
 static int cmd_predict(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
-    if (gpu_select(c.device) >= 0) fprintf(stderr, "yolo predict runs on the CPU in this version\n");
+    int dev = gpu_select(c.device);
     if (!c.source[0]) die("predict: source= is required (an image or a directory of images)");
     int fnc;
     char scale = model_spec_scale(c.model, &fnc), err[1024];
@@ -8063,7 +8063,7 @@ static int cmd_predict(int argc, char **argv) {
     a->cap = SIZE_MAX;
     model_alloc_params(m, a);
     float *x = afloat(a, (size_t)3 * S * S, G_INPUT);
-    for (int side = 32; side <= S; side += 32)   // every input shape predict can make: one side S
+    for (int side = 32; side <= S && dev < 0; side += 32)   // every input shape predict can make: one side S
         for (int o = 0; o < 2; o++) {
             model_forward(m, a, NULL, 1, o ? S : side, o ? side : S);
             model_release(m, a);
@@ -8078,6 +8078,26 @@ static int cmd_predict(int argc, char **argv) {
     model_load_weights(m, c.model, fnc, 0, 0);
     m->train = 0;
     m->infer = 1;
+#ifdef YOLO_CUDA
+    Gpu *g = NULL;
+    LossConfig plc = loss_config_default();   // the device forward computes a loss too; no boxes here
+    plc.max_boxes = 1;
+    LossTargets none = {0, NULL, NULL, NULL};
+    uint8_t *chw = NULL;
+    if (dev >= 0) {   // an evaluation-only device arena for every input shape predict can make
+        GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)(2 * (S / 32)));
+        int ns = 0;
+        for (int side = 32; side <= S; side += 32) {
+            sh[ns++] = (GpuShape){1, S, side, 0};
+            if (side != S) sh[ns++] = (GpuShape){1, side, S, 0};
+        }
+        Optimizer no = {.kind = OPT_SGD};
+        g = gpu_open(m, dev, 1, ns, sh, &no, NULL, NULL, &plc);
+        gpu_report(g, dev);
+        free(sh);
+        chw = xmalloc((size_t)3 * S * S);
+    }
+#endif
     NmsConfig ncfg = nms_config_predict();
     if (c.conf >= 0) ncfg.conf = (float)c.conf;
     ncfg.iou = (float)c.iou;
@@ -8105,12 +8125,25 @@ static int cmd_predict(int argc, char **argv) {
         lb.left = (int)nearbyint((PW - lb.nw) / 2.0 - 0.1);
         lb.top = (int)nearbyint((PH - lb.nh) / 2.0 - 0.1);
         letterbox_apply(img.px, img.w, img.h, lb_img, PW, PH, &lb);
-        for (int ch = 0; ch < 3; ch++)
-            for (size_t i = 0; i < (size_t)PW * PH; i++) x[(size_t)ch * PW * PH + i] = lb_img[i * 3 + ch] * (1.f / 255.f);
         double t0 = now_sec();
-        model_forward(m, a, x, 1, PH, PW);
-        int n = nms_run_maps(&nms, (const float *const *)m->head, 0, PH, PW, dets);
-        model_release(m, a);
+        int n;
+#ifdef YOLO_CUDA
+        if (g) {   // the forward on the device, NMS on the host
+            for (int ch = 0; ch < 3; ch++)
+                for (size_t i = 0; i < (size_t)PW * PH; i++) chw[(size_t)ch * PW * PH + i] = lb_img[i * 3 + ch];
+            GpuShape sh = {1, PH, PW, 0};
+            LossOut lo;
+            float *const *heads = gpu_eval(g, &sh, chw, &none, &plc, &lo);
+            n = nms_run_maps(&nms, (const float *const *)heads, 0, PH, PW, dets);
+        } else
+#endif
+        {
+            for (int ch = 0; ch < 3; ch++)
+                for (size_t i = 0; i < (size_t)PW * PH; i++) x[(size_t)ch * PW * PH + i] = lb_img[i * 3 + ch] * (1.f / 255.f);
+            model_forward(m, a, x, 1, PH, PW);
+            n = nms_run_maps(&nms, (const float *const *)m->head, 0, PH, PW, dets);
+            model_release(m, a);
+        }
         double ms = (now_sec() - t0) * 1e3;
         const char *base = strrchr(files[f], '/') ? strrchr(files[f], '/') + 1 : files[f];
         char stem[512], path[2048];
@@ -8138,6 +8171,10 @@ static int cmd_predict(int argc, char **argv) {
         ndone++;
     }
     printf("predict: %d images -> %s (labels in %s), %d unreadable\n", ndone, dir, ldir, nbad);
+#ifdef YOLO_CUDA
+    if (g) gpu_close(g);
+    free(chw);
+#endif
     for (int f = 0; f < nfiles; f++) free(files[f]);
     free(files); free(lb_img); free(dets); nms_free(&nms); free(a->base); free(a); free(m);
     return nbad && !ndone ? 1 : 0;

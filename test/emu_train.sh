@@ -4,7 +4,7 @@
 # plans one cudaMalloc, that device memory in use grew by exactly the plan (emulated cudaMemGetInfo:
 # 2 MiB pages), that the arena's high-water mark equals the plan, that validation ran on the device
 # that the checkpoints the device state was downloaded into load in the CPU build (yolo val), and
-# that yolo val device=0 evaluates them on the device.
+# that yolo val device=0 and yolo predict device=0 run them on the device.
 yolo=$1 tmp=$2
 pass=0 fail=0
 ok() { if [ "$1" = 1 ]; then echo "PASS  $2"; pass=$((pass + 1)); else echo "FAIL  $2"; fail=$((fail + 1)); fi; }
@@ -27,5 +27,11 @@ ok $([ $? = 0 ] && echo 1) "the downloaded weights validate on the CPU (yolo val
 val=$(EMU_STRICT=1 "$yolo" val model="$tmp/runs/train/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=0 project="$tmp/runs" name=vd 2>&1)
 ok $([ $? = 0 ] && printf '%s\n' "$val" | grep -q 'MiB (device)' && printf '%s\n' "$val" | grep -E 'the arena took' | grep -vq NOT && echo 1) \
    "yolo val device=0: evaluation-only device arena, in use == plan"
+img=$(ls "$tmp"/data/images/val/* | head -n 1)
+pred=$(EMU_STRICT=1 "$yolo" predict model="$tmp/runs/train/e/weights/best.safetensors" source="$img" imgsz=64 device=0 conf=0.001 project="$tmp/runs" name=pd 2>&1)
+cpu=$("$yolo" predict model="$tmp/runs/train/e/weights/best.safetensors" source="$img" imgsz=64 device=cpu conf=0.001 project="$tmp/runs" name=pc 2>&1)
+nd=$(printf '%s\n' "$pred" | sed -n 's/.*, \([0-9]*\) detections.*/\1/p'); nc=$(printf '%s\n' "$cpu" | sed -n 's/.*, \([0-9]*\) detections.*/\1/p')
+ok $([ -n "$nd" ] && [ -s "$tmp/runs/predict/pd/labels/$(basename "${img%.*}").txt" ] && printf '%s\n' "$pred" | grep -E 'the arena took' | grep -vq NOT && echo 1) \
+   "yolo predict device=0: $nd detections at conf 0.001 (CPU: $nc), labels written, in use == plan for every input shape"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
