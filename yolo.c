@@ -6091,8 +6091,8 @@ static int cmd_augment(int argc, char **argv) {
  * DEVIATIONS (GPU step):
  *   - activations, dz and the FP16 weight copy carry FP16 rounding (Ultralytics AMP does too);
  *   - a step the GradScaler skips (inf/NaN gradient) keeps the BN running statistics of its
- *     forward (as Ultralytics) and does not update the EMA (Ultralytics does); a batch whose loss
- *     is not finite has its running-stat update undone and its accumulation window dropped;
+ *     forward and still updates the EMA (both as Ultralytics); a batch whose loss is not finite has
+ *     its running-stat update undone and its accumulation window dropped;
  *   - validation batches are evaluated on the device (EMA weights), their loss and NMS on the host.
  */
 #include "yolo.h"
@@ -6969,7 +6969,7 @@ static OptimHyper gpu_optim_hyper(const Optimizer *o, float inv_scale, float max
 }
 
 // gpu_optimize: unscale, finite check, clip to norm 10, SGD/AdamW (fused kernels), then the
-// GradScaler update and, when the step was taken, EMA and the FP16 weight copy. Returns 1 when the
+// GradScaler update, the EMA and, when the step was taken, the FP16 weight copy. Returns 1 when the
 // step was taken; *norm_out (optional) gets the unscaled norm (inf when skipped).
 static int gpu_optimize(Gpu *g, double *norm_out) {
     Model *m = g->m;
@@ -6983,14 +6983,16 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
     GPU_CHECK(cudaStreamSynchronize(s));
     if (norm_out) *norm_out = norm;
     int taken = g->f32 ? isfinite(norm) : grad_scaler_update(&g->scaler, !isfinite(norm));   // amp=0: no scaling
-    if (!taken) return 0;
-    g->opt.step++;
+    if (taken) g->opt.step++;
+    // the EMA follows every optimizer_step call, also one the GradScaler skipped (Ultralytics:
+    // scaler.step, scaler.update, zero_grad, then ema.update); amp=0 skips a non-finite step whole
+    if (!taken && g->f32) return 0;
     g->ema_updates++;
     float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
     ema_update_cuda(g->ema_p, g->params, n, d, s);
     ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
-    if (!g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
-    return 1;
+    if (taken && !g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
+    return taken;
 }
 
 #else
