@@ -6100,7 +6100,8 @@ static int cmd_augment(int argc, char **argv) {
 #include <cuda_runtime_api.h>
 
 #define GPU_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) \
-    die("%s: %s (hint: run the emulated tests, make test-emu)", #x, cudaGetErrorString(e_)); } while (0)
+    die("%s: %s (CUDA_LAUNCH_BLOCKING=1 makes the failing kernel's launch report it; make test-emu runs every kernel on the CPU)", \
+        #x, cudaGetErrorString(e_)); } while (0)
 #else
 // Without CUDA the device schedule below still runs dry: it is how `yolo plan` sizes the device
 // arena. Its launches sit behind `if (!dry)` and are never reached; these names keep it linkable.
@@ -6690,6 +6691,9 @@ static size_t gpu_in_use(Gpu *g) {
 // gpu_select: the device= setting: -1 for the CPU, else the CUDA device index. "" (the default)
 // picks device 0 when a GPU is present, else the CPU with a one-line notice.
 static int gpu_select(const char *device) {
+    // load every kernel at start-up, so that no module or its local memory is allocated by the
+    // driver after the arena (CUDA 12 loads them lazily at first launch by default)
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) n = 0, (void)cudaGetLastError();
@@ -6724,6 +6728,9 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     size_t head_max[3] = {0, 0, 0};
     int bmax = 0;
     for (int i = 0; i < nshape; i++) {
+        if ((long)shape[i].B * shape[i].H * shape[i].W >= (1L << 31) / 4)   // the kernels' 32-bit index math (yolo.h)
+            die("device: batch %d at %dx%d is beyond the kernels' 32-bit indexing; lower batch or imgsz", shape[i].B, shape[i].W,
+                shape[i].H);
         bmax = shape[i].B > bmax ? shape[i].B : bmax;
         for (int l = 0; l < 3; l++) {
             int st = 8 << l;
@@ -7130,6 +7137,8 @@ typedef struct {
     double best_fitness;
     int best_epoch, nan_skips;
     int amp_skips;             // GPU: optimizer steps the GradScaler skipped (inf/NaN gradients)
+    double amp_scale;          // GPU: the GradScaler's scale and good-step count, saved in checkpoints
+    int amp_good;
 } Trainer;
 
 // trainer_mem_mib: the memory column of the progress line: device memory in use (as Ultralytics'
@@ -7364,10 +7373,12 @@ static void trainer_save(Trainer *t, int best) {
     snprintf(meta[5], 64, "%d", t->best_epoch);
     snprintf(meta[6], 64, "%lld", (long long)t->sd.nbt);
     snprintf(meta[7], 64, "%.17g", t->opt.momentum);
+    snprintf(meta[8], 64, "%.17g", t->amp_scale);
+    snprintf(meta[9], 64, "%d", t->amp_good);
     trainer_signature(t, sig, sizeof sig);
     const char *kv[] = {"epoch", meta[0], "opt_step", meta[1], "ema_updates", meta[2], "last_opt_step", meta[3],
                         "best_fitness", meta[4], "best_epoch", meta[5], "num_batches_tracked", meta[6], "momentum", meta[7],
-                        "settings", sig, NULL};
+                        "amp_scale", meta[8], "amp_good_steps", meta[9], "settings", sig, NULL};
     snprintf(path, sizeof path, "%s/weights/last.ckpt", t->dir);
     if (st_write(path, ts, n, kv, err, sizeof err)) fprintf(stderr, "warning: checkpoint not saved: %s\n", err);
     free(ts);
@@ -7419,6 +7430,11 @@ static void trainer_resume(Trainer *t) {
     t->best_fitness = atof(st_meta(&st, "best_fitness"));
     t->best_epoch = atoi(st_meta(&st, "best_epoch"));
     t->sd.nbt = atoll(st_meta(&st, "num_batches_tracked"));
+    if (st_meta(&st, "amp_scale") && st_meta(&st, "amp_good_steps")) {   // absent in older checkpoints: a fresh GradScaler
+        t->amp_scale = atof(st_meta(&st, "amp_scale"));
+        t->amp_good = atoi(st_meta(&st, "amp_good_steps"));
+        if (!(t->amp_scale > 0) || !isfinite(t->amp_scale)) die("resume: %s: metadata amp_scale=%s is not a positive number", path, st_meta(&st, "amp_scale"));
+    }
     st_close(&st);
     free(sd);
     printf("resuming %s from epoch %d\n", path, t->epoch + 1);
@@ -7690,6 +7706,7 @@ static int train_run(Config cfg) {
     memcpy(t->ema.buffers, t->m.buffers, t->m.nbuffers * sizeof(float));
     t->best_fitness = -1;
     t->last_opt_step = -1;
+    t->amp_scale = 65536;
     if (cfg.resume) trainer_resume(t);
 #ifdef YOLO_CUDA
     if (t->dev >= 0) {   // the device arena: training steps (full and short last batch) and every validation shape
@@ -7705,7 +7722,8 @@ static int train_run(Config cfg) {
         }
         t->gpu = gpu_open(&t->m, t->dev, cfg.amp, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
         t->gpu->ema_updates = t->ema.updates;
-        if (cfg.resume) gpu_upload_grads(t->gpu, t->m.grads);
+        if (cfg.amp) t->gpu->scaler.scale = (float)t->amp_scale, t->gpu->scaler.good_steps = t->amp_good;
+        if (cfg.resume) gpu_upload_grads(t->gpu, t->m.grads);   // at the restored scale
         gpu_report(t->gpu, t->dev);
         free(sh);
     }
@@ -7827,9 +7845,24 @@ static int train_run(Config cfg) {
                 memcpy(o->lr, t->opt.lr, sizeof o->lr);
                 o->momentum = t->opt.momentum;
                 o->weight_decay = t->opt.weight_decay;
-                if (!gpu_optimize(t->gpu, NULL)) t->amp_skips++;
+                double norm;
+                if (!gpu_optimize(t->gpu, &norm)) {
+                    if (t->gpu->f32) {   // amp=0: no GradScaler, so a skip is as unusual as on the CPU
+                        t->nan_skips++;
+                        fprintf(stderr, "warning: non-finite gradient norm: step skipped\n");
+                    } else if (++t->amp_skips > 20 || t->gpu->scaler.scale < 1) {
+                        fprintf(stderr, "warning: GradScaler skipped a step for inf/NaN gradients (%d so far), loss scale now %g\n",
+                                t->amp_skips, t->gpu->scaler.scale);
+                    }
+                    if (!t->gpu->f32 && t->gpu->scaler.scale < 1) {   // only NaN gradients bring it this low
+                        fprintf(stderr, "stopping: the loss scale fell below 1, so the gradients are NaN whatever the scale; the last "
+                                        "checkpoint %s/weights/last.ckpt is intact (hint: lower lr0, check the labels, try amp=0)\n", t->dir);
+                        stop = 2;
+                    }
+                }
                 gpu_zero_grad(t->gpu);
                 t->last_opt_step = ni;
+                if (stop) break;
             }
 #endif
             if (!t->gpu && ni - t->last_opt_step >= accumulate) {
@@ -7862,6 +7895,7 @@ static int train_run(Config cfg) {
             gpu_download(g, t->m.params, t->m.buffers, t->m.grads, t->ema.params, t->ema.buffers, t->opt.m, t->opt.v);
             t->opt.step = g->opt.step;
             t->ema.updates = g->ema_updates;
+            if (!g->f32) t->amp_scale = g->scaler.scale, t->amp_good = g->scaler.good_steps;
         }
 #endif
         double fit = mt.map;

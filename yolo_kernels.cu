@@ -1353,13 +1353,13 @@ extern "C" void optim_norm_cuda(const float *g, const uint8_t *group, long n, fl
 
 // optim_step: block size OPT_NORM_BLOCKS; every block reduces the partials the same way (so all
 // agree on the norm bit for bit), then strides over the parameters. No update at all when a
-// gradient is not finite.
+// gradient or the norm is not finite.
 __global__ void optim_step_kernel(float *p, const float *g, float *m, float *v, const uint8_t *group, long n,
                                   const float *partials, OptimHyper h, float *norm_out) {
     float ss = block_sum(partials[2 * threadIdx.x]), bad = block_sum(partials[2 * threadIdx.x + 1]);
-    float norm = bad > 0 ? INFINITY : sqrtf(ss);
+    float norm = bad > 0 ? INFINITY : sqrtf(ss);   // finite gradients whose squares overflow FP32: inf too
     if (blockIdx.x == 0 && threadIdx.x == 0) norm_out[0] = norm;
-    if (bad > 0) return;
+    if (!isfinite(norm)) return;   // the host sees the same inf and counts the step as skipped
     float coef = h.max_norm / (norm + 1e-6f);
     bool clip = h.max_norm > 0 && coef < 1.0f;   // grad_clip_norm: g *= coef after unscaling
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
