@@ -7942,7 +7942,8 @@ static int train_run(Config cfg) {
            ar->cap / 1048576.0, t->dir);
 #ifdef YOLO_CUDA
     if (t->gpu) {
-        printf("GradScaler: %d optimizer steps skipped for inf/NaN gradients, loss scale now %g\n", t->amp_skips, t->gpu->scaler.scale);
+        if (!t->gpu->f32)
+            printf("GradScaler: %d optimizer steps skipped for inf/NaN gradients, loss scale now %g\n", t->amp_skips, t->gpu->scaler.scale);
         gpu_close(t->gpu);
     }
 #endif

@@ -4,7 +4,8 @@
 # plans one cudaMalloc, that device memory in use grew by exactly the plan (emulated cudaMemGetInfo:
 # 2 MiB pages), that the arena's high-water mark equals the plan, that validation ran on the device
 # that the checkpoints the device state was downloaded into load in the CPU build (yolo val), and
-# that yolo val device=0 and yolo predict device=0 run them on the device.
+# that yolo val device=0 and yolo predict device=0 run them on the device, and that an amp=0 run killed
+# and resumed on the device ends byte for byte as an uninterrupted one.
 yolo=$1 tmp=$2
 pass=0 fail=0
 ok() { if [ "$1" = 1 ]; then echo "PASS  $2"; pass=$((pass + 1)); else echo "FAIL  $2"; fail=$((fail + 1)); fi; }
@@ -33,5 +34,18 @@ cpu=$("$yolo" predict model="$tmp/runs/train/e/weights/best.safetensors" source=
 nd=$(printf '%s\n' "$pred" | sed -n 's/.*, \([0-9]*\) detections.*/\1/p'); nc=$(printf '%s\n' "$cpu" | sed -n 's/.*, \([0-9]*\) detections.*/\1/p')
 ok $([ -n "$nd" ] && [ -s "$tmp/runs/predict/pd/labels/$(basename "${img%.*}").txt" ] && printf '%s\n' "$pred" | grep -E 'the arena took' | grep -vq NOT && echo 1) \
    "yolo predict device=0: $nd detections at conf 0.001 (CPU: $nc), labels written, in use == plan for every input shape"
+# amp=0 (FP32 device step, fast under emulation): an uninterrupted 2-epoch run, and the same run killed
+# after epoch 1's checkpoint and resumed: last.safetensors byte for byte (the device state round trip)
+common="data=$tmp/data/data.yaml device=0 amp=0 epochs=2 imgsz=32 batch=2 workers=1 project=$tmp/runs"
+EMU_STRICT=1 "$yolo" train $common name=fa >"$tmp/fa.log" 2>&1; rca=$?
+( EMU_STRICT=1 exec "$yolo" train $common name=fb >"$tmp/fb.log" 2>&1 ) & pid=$!
+for _ in $(seq 1500); do   # until epoch 1's checkpoint exists (written whole, then renamed), at most 5 min
+    [ -f "$tmp/runs/train/fb/weights/last.ckpt" ] && break; sleep 0.2
+done
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+EMU_STRICT=1 "$yolo" train $common name=fb resume=1 >"$tmp/fb2.log" 2>&1; rcb=$?
+ok $([ $rca = 0 ] && [ $rcb = 0 ] && grep -q 'resuming .* from epoch 2' "$tmp/fb2.log" &&
+     cmp -s "$tmp/runs/train/fa/weights/last.safetensors" "$tmp/runs/train/fb/weights/last.safetensors" && echo 1) \
+   "amp=0 on the device: a run killed after epoch 1 and resumed ends with last.safetensors identical to an uninterrupted run (rc $rca, $rcb)"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
