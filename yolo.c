@@ -6164,7 +6164,7 @@ typedef struct Gpu {
     float *head_h[3];         // host copies of the head maps (validation's NMS; tests with copy_heads)
     LossGt *gts_h;            // (B, max_boxes) the boxes of each image, gathered for upload
     int *nbox_h;              // (B) boxes per image
-    int copy_heads;           // tests: gpu_loss also copies the head maps to head_h
+    int copy_heads;           // tests: gpu_loss also copies the head maps of a training step to head_h
     Optimizer opt;            // host: kind, lr, momentum, decay, step count (its m, v unused)
     GradScaler scaler;
     long ema_updates;
@@ -6843,13 +6843,13 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
               lcfg->cls, lcfg->dfl, g->m->train ? g->scaler.scale : 1.f, scratch, out, s);
     double o[5];
     GPU_CHECK(cudaMemcpyAsync(o, out, sizeof o, cudaMemcpyDeviceToHost, s));
-    if (g->copy_heads)   // tests: the head maps of the step, as the loss saw them
+    if (g->copy_heads || !g->m->train)   // evaluation (NMS on the host) and tests: the head maps, as the loss saw them
         for (int i = 0; i < 3; i++) {
             int sd = 8 << i;
             GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], (size_t)B * (REG_MAX * 4 + NC) * (g->H / sd) * (g->W / sd) * sizeof(float),
                                       cudaMemcpyDeviceToHost, s));
         }
-    GPU_CHECK(cudaStreamSynchronize(s));   // gts_h / nbox_h are reused by the next step
+    GPU_CHECK(cudaStreamSynchronize(s));   // o and head_h are read now, gts_h / nbox_h reused by the next step
     lo.box = o[0], lo.cls = o[1], lo.dfl = o[2];
     lo.target_scores_sum = o[3];
     lo.n_fg = (int)o[4];
@@ -6909,17 +6909,10 @@ static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTarget
 // allocated on the device.
 static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg,
                               LossOut *lo) {
-    cudaStream_t st = (cudaStream_t)g->stream;
     gpu_shape(g, s);
     gpu_input_begin(g, img);
     gpu_forward(g);
-    *lo = gpu_loss(g, tg, lcfg);
-    for (int i = 0; i < 3; i++) {
-        int sd = 8 << i;
-        size_t bytes = (size_t)g->B * (REG_MAX * 4 + g->m->nc) * (g->H / sd) * (g->W / sd) * sizeof(float);
-        GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], bytes, cudaMemcpyDeviceToHost, st));
-    }
-    GPU_CHECK(cudaStreamSynchronize(st));
+    *lo = gpu_loss(g, tg, lcfg);   // in evaluation it also brings the head maps to head_h
     gpu_release(g);
     gpu_input_end(g);
     return g->head_h;
@@ -7595,7 +7588,24 @@ static int results_reload(const char *csv, int upto, double (*rows)[11], int max
 }
 
 // train_run: the whole training run (trainer.py _do_train).
-typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half, fp32; } PlanOpts;   // half: the device step; fp32: its amp=0 form
+typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half, fp32; } PlanOpts;
+
+// trainer_gpu_shapes: the steps a run's device arena must hold, into sh (2 + validation batches):
+// with train, the training step at (B, S, S) and the short last batch; then every distinct
+// validation batch shape (the last batch short too). Returns how many.
+static int trainer_gpu_shapes(const Trainer *t, int train, GpuShape *sh) {
+    const Loader *vl = t->val_ld;
+    int ns = 0;
+    if (train) sh[ns++] = (GpuShape){t->B, t->S, t->S, 1};
+    if (train && t->B_last) sh[ns++] = (GpuShape){t->B_last, t->S, t->S, 1};
+    for (int i = 0; i < vl->nbatch; i++) {
+        GpuShape v = {i == vl->nbatch - 1 && t->vB_last ? t->vB_last : t->vB, vl->shape[i][0], vl->shape[i][1], 0};
+        int seen = 0;
+        for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
+        if (!seen) sh[ns++] = v;
+    }
+    return ns;
+}   // half: the device step; fp32: its amp=0 form
 static int plan_max_batch(PlanOpts o, size_t budget);
 
 // trainer_auto_batch: batch=-1 / batch=0.7: the largest batch whose device plan fits that share of
@@ -7711,15 +7721,7 @@ static int train_run(Config cfg) {
 #ifdef YOLO_CUDA
     if (t->dev >= 0) {   // the device arena: training steps (full and short last batch) and every validation shape
         GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)(2 + vl->nbatch));
-        int ns = 0;
-        sh[ns++] = (GpuShape){t->B, t->S, t->S, 1};
-        if (t->B_last) sh[ns++] = (GpuShape){t->B_last, t->S, t->S, 1};
-        for (int i = 0; i < vl->nbatch; i++) {
-            GpuShape v = {i == vl->nbatch - 1 && t->vB_last ? t->vB_last : t->vB, vl->shape[i][0], vl->shape[i][1], 0};
-            int seen = 0;
-            for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
-            if (!seen) sh[ns++] = v;
-        }
+        int ns = trainer_gpu_shapes(t, 1, sh);
         t->gpu = gpu_open(&t->m, t->dev, cfg.amp, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
         t->gpu->ema_updates = t->ema.updates;
         if (cfg.amp) t->gpu->scaler.scale = (float)t->amp_scale, t->gpu->scaler.good_steps = t->amp_good;
@@ -8003,13 +8005,7 @@ static int cmd_val(int argc, char **argv) {
 #ifdef YOLO_CUDA
     if (t->dev >= 0) {   // evaluation shapes only: weights, running stats and the forward
         GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)vl->nbatch);
-        int ns = 0;
-        for (int i = 0; i < vl->nbatch; i++) {
-            GpuShape v = {i == vl->nbatch - 1 && t->vB_last ? t->vB_last : t->vB, vl->shape[i][0], vl->shape[i][1], 0};
-            int seen = 0;
-            for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
-            if (!seen) sh[ns++] = v;
-        }
+        int ns = trainer_gpu_shapes(t, 0, sh);
         Optimizer none = {.kind = OPT_SGD};
         t->gpu = gpu_open(&t->m, t->dev, 1, ns, sh, &none, NULL, NULL, &t->lcfg);
         gpu_report(t->gpu, t->dev);
