@@ -582,6 +582,8 @@ typedef struct {
     const float *x;         // (B, 3, H, W) current input (not owned)
     int train;              // 1: BN uses batch statistics and updates running stats
     int infer;              // 1: no backward will follow: free each z after its last reader
+    float half;             // nonzero: the CPU twin of the device's FP16 step (tests): tensors the device
+                            // stores in FP16 are rounded the same way, gradients at loss scale `half`
 } Model;
 
 typedef struct { char name; double depth, width; int max_ch; } Scale;
@@ -883,13 +885,23 @@ static double model_flops(Model *m, int imgsz, int fused) {
 // ------------------------------------------------------------------------------------------
 
 // conv_act: the activated output of conv c for image b, channels [c0, c0+C), into out (C, Ho, Wo)
+static float half_to_float(uint16_t h);
+static uint16_t float_to_half(float x);
+
+// half_store: x (n) rounded as the device stores it in FP16: x*s to the nearest FP16 and back, /s
+// (s a power of two: the loss scale for gradients, 1 for activations). For the FP16 twin (m->half).
+static void half_store(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] = half_to_float(float_to_half(x[i] * s)) / s;
+}
+
 static void conv_act(const Model *m, const Conv *c, int b, int c0, int C, float *out) {
     int HW = c->Ho * c->Wo;
     const float *z = c->z + (size_t)b * c->zstride + (size_t)c0 * HW;
-    if (c->bn)
+    if (c->bn) {
         bn_silu_forward_cpu(z, c->mean + c0, c->invstd + c0, m->params + c->g_off + c0, m->params + c->b_off + c0,
                             out, 1, C, HW);
-    else
+        if (m->half) half_store(out, (size_t)C * HW, 1.f);
+    } else
         memcpy(out, z, (size_t)C * HW * sizeof(float));
 }
 
@@ -944,6 +956,7 @@ static void value_materialize(const Model *m, Arena *a, int vi, int b, float *ou
         float *t = aact(a, n, G_SCRATCH);
         value_materialize(m, a, v->src[1], b, t);
         if (!dry) for (size_t i = 0; i < n; i++) out[i] += t[i];
+        if (!dry && m->half) half_store(out, n, 1.f);
         arena_free(a, t);
         break;
     }
@@ -1105,6 +1118,8 @@ static void conv_forward(Model *m, Arena *a, Conv *c, int recomputing) {
         if (!c->bn)
             for (int o = 0; o < c->cout; o++)
                 for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += m->params[c->b_off + o];
+        else if (m->half)   // the device keeps z in FP16 (the head maps in FP32)
+            half_store(z, (size_t)c->cout * HWo, 1.f);
     }
     if (!direct) arena_free(a, col);
     arena_free(a, x);
@@ -1124,6 +1139,8 @@ static void conv_backward(Model *m, Arena *a, Conv *c) {
     if (!dry)
         bn_silu_backward_cpu(c->z, c->dA, (long)c->zstride, c->mean, c->invstd, c->bn ? m->params + c->g_off : NULL,
                              m->params + c->b_off, c->bn ? m->grads + c->g_off : NULL, m->grads + c->b_off, B, c->cout, HWo, m->train);
+    if (!dry && m->half)   // the device's dz: FP16 at the loss scale
+        for (int b = 0; b < B; b++) half_store(c->dA + (size_t)b * c->zstride, (size_t)c->cout * HWo, m->half);
     float *x = aact(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);
     float *col = direct ? x : aact(a, (size_t)KK * HWo, G_SCRATCH);
     const float *w = m->params + c->w_off;

@@ -265,11 +265,15 @@ template <int M, int N, int K, class TA, class LA, class LB, class TC, class TD>
 static inline void mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
                             const fragment<matrix_b, M, N, K, TA, LB> &b, const fragment<accumulator, M, N, K, TC, void> &c) {
     warp_check(nullptr, 0, 0, "mma_sync", __FILE__, __LINE__);
-    float acc[M * N];
+    // the FP16 inputs widened once (exact), then each element summed in k order as before
+    float fa[M * K], fbt[N * K], acc[M * N];
+    for (int i = 0; i < M * K; i++) fa[i] = (float)a.x[i];
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < N; j++) fbt[j * K + k] = (float)b.x[k * N + j];
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             float s = (float)c.x[i * N + j];
-            for (int k = 0; k < K; k++) s += (float)a.x[i * K + k] * (float)b.x[k * N + j];
+            for (int k = 0; k < K; k++) s += fa[i * K + k] * fbt[j * K + k];
             acc[i * N + j] = s;
         }
     for (int i = 0; i < M * N; i++) d.x[i] = (TD)acc[i];

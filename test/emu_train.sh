@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # emu_train.sh YOLO TMPDIR: `yolo train device=0` with the CUDA build of yolo.c on the emulated kernels
-# (run by test/run_emu.sh): a 4-image synthetic dataset, 1 epoch at 32x32, batch 2. Checks that the run
+# (run by test/run_emu.sh): a 4-image synthetic dataset, 2 epochs at 32x32, batch 2. Checks that the run
 # plans one cudaMalloc, that device memory in use grew by exactly the plan (emulated cudaMemGetInfo:
 # 2 MiB pages), that the arena's high-water mark equals the plan, that validation ran on the device
 # that the checkpoints the device state was downloaded into load in the CPU build (yolo val), and
-# that yolo val device=0 and yolo predict device=0 run them on the device, and that an amp=0 run killed
-# and resumed on the device ends byte for byte as an uninterrupted one.
+# that yolo val device=0 and yolo predict device=0 run them on the device, and that runs killed after
+# epoch 1 and resumed on the device (AMP, with its GradScaler state, and amp=0) end byte for byte as
+# uninterrupted ones.
 yolo=$1 tmp=$2
 pass=0 fail=0
 ok() { if [ "$1" = 1 ]; then echo "PASS  $2"; pass=$((pass + 1)); else echo "FAIL  $2"; fail=$((fail + 1)); fi; }
 "$yolo" shapes out="$tmp/data" ntrain=4 nval=2 imgsz=64 seed=3 >/dev/null || { echo "FAIL  yolo shapes"; echo "0 passed, 1 failed"; exit 1; }
 start=$(date +%s)
-out=$(EMU_STRICT=1 "$yolo" train data="$tmp/data/data.yaml" device=0 epochs=1 imgsz=32 batch=2 workers=1 project="$tmp/runs" name=e 2>&1)
+out=$(EMU_STRICT=1 "$yolo" train data="$tmp/data/data.yaml" device=0 epochs=2 imgsz=32 batch=2 workers=1 project="$tmp/runs" name=e 2>&1)
 rc=$?
 printf '%s\n' "$out" | grep -E '^(device|memory|GradScaler)|epochs completed' | sed 's/^/  /'
 echo "  ($(( $(date +%s) - start )) s)"
@@ -21,7 +22,7 @@ ok $(printf '%s\n' "$out" | grep -q 'in one cudaMalloc' && echo 1) "one cudaMall
 ok $(printf '%s\n' "$out" | grep -E 'the arena took .* pages$' | grep -vq NOT && echo 1) "device memory in use grew by exactly the plan (2 MiB pages)"
 hw=$(printf '%s\n' "$out" | sed -n 's/.*device arena.s high-water mark was \([0-9.]*\) of \([0-9.]*\) MiB.*/\1 \2/p')
 ok $([ -n "$hw" ] && [ "${hw% *}" = "${hw#* }" ] && echo 1) "device arena high-water mark equals the plan ($hw)"
-ok $([ "$(wc -l <"$tmp/runs/train/e/results.csv")" = 2 ] && echo 1) "results.csv has the epoch's row (validated on the device)"
+ok $([ "$(wc -l <"$tmp/runs/train/e/results.csv")" = 3 ] && echo 1) "results.csv has both epochs' rows (validated on the device)"
 ok $([ -s "$tmp/runs/train/e/weights/last.ckpt" ] && [ -s "$tmp/runs/train/e/weights/best.safetensors" ] && echo 1) "last.ckpt and best.safetensors written"
 val=$("$yolo" val model="$tmp/runs/train/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=cpu project="$tmp/runs" name=v 2>&1)
 ok $([ $? = 0 ] && echo 1) "the downloaded weights validate on the CPU (yolo val device=cpu)"
@@ -34,18 +35,27 @@ cpu=$("$yolo" predict model="$tmp/runs/train/e/weights/best.safetensors" source=
 nd=$(printf '%s\n' "$pred" | sed -n 's/.*, \([0-9]*\) detections.*/\1/p'); nc=$(printf '%s\n' "$cpu" | sed -n 's/.*, \([0-9]*\) detections.*/\1/p')
 ok $([ -n "$nd" ] && [ -s "$tmp/runs/predict/pd/labels/$(basename "${img%.*}").txt" ] && printf '%s\n' "$pred" | grep -E 'the arena took' | grep -vq NOT && echo 1) \
    "yolo predict device=0: $nd detections at conf 0.001 (CPU: $nc), labels written, in use == plan for every input shape"
-# amp=0 (FP32 device step, fast under emulation): an uninterrupted 2-epoch run, and the same run killed
-# after epoch 1's checkpoint and resumed: last.safetensors byte for byte (the device state round trip)
-common="data=$tmp/data/data.yaml device=0 amp=0 epochs=2 imgsz=32 batch=2 workers=1 project=$tmp/runs"
-EMU_STRICT=1 "$yolo" train $common name=fa >"$tmp/fa.log" 2>&1; rca=$?
-( EMU_STRICT=1 exec "$yolo" train $common name=fb >"$tmp/fb.log" 2>&1 ) & pid=$!
-for _ in $(seq 1500); do   # until epoch 1's checkpoint exists (written whole, then renamed), at most 5 min
-    [ -f "$tmp/runs/train/fb/weights/last.ckpt" ] && break; sleep 0.2
-done
-kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
-EMU_STRICT=1 "$yolo" train $common name=fb resume=1 >"$tmp/fb2.log" 2>&1; rcb=$?
-ok $([ $rca = 0 ] && [ $rcb = 0 ] && grep -q 'resuming .* from epoch 2' "$tmp/fb2.log" &&
-     cmp -s "$tmp/runs/train/fa/weights/last.safetensors" "$tmp/runs/train/fb/weights/last.safetensors" && echo 1) \
+# killed_resumed NAME ARGS...: the run killed once epoch 1's checkpoint exists (written whole, then
+# renamed; at most 5 min), then resumed; its rc
+killed_resumed() {
+    local name=$1; shift
+    ( EMU_STRICT=1 exec "$yolo" train "$@" name="$name" >"$tmp/$name.log" 2>&1 ) & local pid=$!
+    for _ in $(seq 1500); do [ -f "$tmp/runs/train/$name/weights/last.ckpt" ] && break; sleep 0.2; done
+    kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+    EMU_STRICT=1 "$yolo" train "$@" name="$name" resume=1 >"$tmp/$name.resumed.log" 2>&1
+    local rc=$?
+    grep -q 'resuming .* from epoch 2' "$tmp/$name.resumed.log" || rc=99
+    return $rc
+}
+# AMP: against run e (the GradScaler's scale and good steps come back with the checkpoint)
+common="data=$tmp/data/data.yaml device=0 epochs=2 imgsz=32 batch=2 workers=1 project=$tmp/runs"
+killed_resumed eb $common; rcb=$?
+ok $([ $rc = 0 ] && [ $rcb = 0 ] && cmp -s "$tmp/runs/train/e/weights/last.safetensors" "$tmp/runs/train/eb/weights/last.safetensors" && echo 1) \
+   "AMP on the device: a run killed after epoch 1 and resumed ends with last.safetensors identical to an uninterrupted run (rc $rcb)"
+# amp=0 (FP32 device step): an uninterrupted run and the same run killed and resumed
+EMU_STRICT=1 "$yolo" train $common amp=0 name=fa >"$tmp/fa.log" 2>&1; rca=$?
+killed_resumed fb $common amp=0; rcb=$?
+ok $([ $rca = 0 ] && [ $rcb = 0 ] && cmp -s "$tmp/runs/train/fa/weights/last.safetensors" "$tmp/runs/train/fb/weights/last.safetensors" && echo 1) \
    "amp=0 on the device: a run killed after epoch 1 and resumed ends with last.safetensors identical to an uninterrupted run (rc $rca, $rcb)"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

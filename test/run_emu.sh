@@ -62,7 +62,7 @@ for order in "${gpu_orders[@]}"; do
 done
 
 if [ -n "${train_bg:-}" ]; then
-    report "yolo train device=0 (emulated CUDA build, 1 epoch of a 4-image dataset at 32x32)" "$(cat "$log.train.rc" 2>/dev/null || echo 1)" "$(cat "$log.train.out")"
+    report "yolo train device=0 (emulated CUDA build, a 4-image dataset at 32x32: 2 epochs, val, predict, kill and resume)" "$(cat "$log.train.rc" 2>/dev/null || echo 1)" "$(cat "$log.train.out")"
     cat "$log.train" >>"$log" 2>/dev/null
 fi
 
