@@ -6226,9 +6226,15 @@ static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, floa
     if (g->f32) conv_dgrad_f32_cuda(d, dz, w, dx, acc, g->stream);
     else conv_dgrad_cuda(d, dz, w, dx, NULL, acc, g->stream);
 }
+// k_conv_wgrad: dw += the weight gradient, with the workspace of its split (a temporary, < 8 MiB)
 static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, float *dw) {
-    if (g->f32) conv_wgrad_f32_cuda(d, dz, x, dw, 1, g->stream);
-    else conv_wgrad_cuda(d, dz, x, dw, 1, g->stream);
+    size_t wsb = conv_wgrad_ws_bytes(d, g->f32);
+    float *ws = wsb ? gf32(g, (long)(wsb / sizeof(float)), G_SCRATCH) : NULL;
+    if (!arena_dry(g->a)) {
+        if (g->f32) conv_wgrad_f32_cuda(d, dz, x, dw, ws, 1, g->stream);
+        else conv_wgrad_cuda(d, dz, x, dw, ws, 1, g->stream);
+    }
+    arena_free(g->a, ws);
 }
 static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mean, float *invstd, float *rm, float *rv) {
     if (g->f32) bn_stats_f32_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, g->stream);
@@ -6493,7 +6499,7 @@ static void gpu_conv_backward(Gpu *g, int ci) {
                            g->grads + c->b_off, dz, scratch, c->cout, HWo);
     arena_free(g->a, scratch);
     void *x = gpu_conv_input(g, c);
-    if (!dry) k_conv_wgrad(g, gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off);
+    k_conv_wgrad(g, gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off);
     gpu_input_free(g, x);
     const Value *in = &m->val[c->in];
     const void *w = gpu_w(g, c);

@@ -47,12 +47,37 @@ void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *d
                      void *stream);
 // conv_dgrad_f32_cuda: dx (+)= conv_transpose(dz, w), all FP32; accumulate != 0 adds to what is there.
 void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx, int accumulate, void *stream);
+// conv_wgrad_split: the weight gradient reduces over B*Ho*Wo, long in the early layers where dW
+// (Cout, Cin*K*K) has few 64x64 tiles. When the tiles alone would give fewer than 256 blocks, the
+// reduction is split into slices of *kchunk values (a multiple of the k-step bk: 32 FP16, 16 FP32;
+// each slice at least 8 k-steps deep); returns the number of slices (1: no split). Each slice writes
+// its partial dW to a workspace and one kernel adds the slices in order: no atomics, the same bits
+// on every run and every block schedule.
+static inline long conv_wgrad_split(ConvDims d, int f32, long *kchunk) {
+    long bk = f32 ? 16 : 32, Ho = (d.H + 2 * (d.K / 2) - d.K) / d.S + 1, Wo = (d.W + 2 * (d.K / 2) - d.K) / d.S + 1;
+    long N = (long)d.Cin * d.K * d.K, Kd = (long)d.B * Ho * Wo;
+    long tiles = ((N + 63) / 64) * ((d.Cout + 63) / 64), splits = (256 + tiles - 1) / tiles, maxs = (Kd + 8 * bk - 1) / (8 * bk);
+    if (splits > maxs) splits = maxs;
+    if (splits > 65535) splits = 65535;
+    if (splits < 1) splits = 1;
+    long kc = (Kd + splits - 1) / splits;
+    kc = (kc + bk - 1) / bk * bk;
+    if (kc < 1) kc = bk;
+    *kchunk = kc;
+    return (Kd + kc - 1) / kc;
+}
+// conv_wgrad_ws_bytes: the workspace a weight gradient of d needs (0: not split); under 8 MiB
+static inline size_t conv_wgrad_ws_bytes(ConvDims d, int f32) {
+    long kc, n = conv_wgrad_split(d, f32, &kc);
+    return n > 1 ? (size_t)n * d.Cout * d.Cin * d.K * d.K * sizeof(float) : 0;
+}
 // conv_wgrad_cuda: weight gradient dW (Cout, Cin*K*K) (+)= sum over images and pixels of dz x col(x),
-// FP32 accumulation; accumulate != 0 adds to dW (gradient accumulation), else overwrites.
-void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, int accumulate, void *stream);
-// conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32, summed over images then pixels in a fixed order
-// by one block per 64x64 tile of dW (no atomics: the same bits on every run).
-void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, int accumulate, void *stream);
+// FP32 accumulation; accumulate != 0 adds to dW (gradient accumulation), else overwrites. ws: the
+// workspace of conv_wgrad_ws_bytes(d, 0) bytes (NULL when that is 0).
+void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, float *ws, int accumulate, void *stream);
+// conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32 (one fmaf chain per slice, the slices added in
+// order); ws of conv_wgrad_ws_bytes(d, 1) bytes.
+void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, float *ws, int accumulate, void *stream);
 
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
 // conv_forward_cpu: train: mean and biased variance (two passes, FP32 accumulation), invstd =

@@ -295,41 +295,49 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 }
 
 // wgrad reduces over B*Ho*Wo, long for the early layers while M and N are small: the launcher
-// splits that range over grid.z (kchunk values each, a multiple of IG_BK) when the tile grid alone
-// would leave the GPU idle; the slices then add into dw atomically (summation order not fixed).
+// splits that range over grid.z (conv_wgrad_split: kchunk values each) when the tile grid alone would
+// leave the GPU idle; each slice then stores its partial dW into the workspace ws (Cout*N floats per
+// slice) and wgrad_reduce_kernel adds the slices in order (deterministic).
 __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, float *dw,
-                                                         int accumulate, int kchunk) {
+                                                         float *ws, int accumulate, int kchunk) {
     int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
     int kend = min(Kd, kbeg + kchunk);
-    bool split = gridDim.z > 1;
+    float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
     igemm_block<true>(g.Cout, N, kbeg, kend,
         [=](int m, int k) { return dz[(k / HWo) * g.zs + (long)m * HWo + k % HWo]; },
         [=](int k, int n) { return conv_col(g, x, n, k); },
         [=](int m, int n, float v) {
-            if (split) atomicAdd(&dw[(long)m * N + n], v);
+            if (part) part[(long)m * N + n] = v;
             else conv_store(dw, nullptr, (long)m * N + n, v, accumulate);
         });
 }
-extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, int accumulate, void *stream) {
+// wgrad_reduce: dw[i] (+)= ws[0][i] + ws[1][i] + ... + ws[S-1][i], in that order
+__global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, int accumulate) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float s = ws[i];
+    for (int z = 1; z < S; z++) s += ws[(long)z * n + i];
+    dw[i] = accumulate ? dw[i] + s : s;
+}
+static void wgrad_reduce(const float *ws, long n, int S, float *dw, int accumulate, cudaStream_t s) {
+    wgrad_reduce_kernel<<<cdiv(n, 256), 256, 0, s>>>(ws, n, S, dw, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, float *ws, int accumulate,
+                                void *stream) {
     ConvGeo g = conv_geo(d);
-    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo;
+    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo, kchunk;
     cudaStream_t s = (cudaStream_t)stream;
     if (N == 0 || g.Cout == 0) return;
     if (Kd == 0) {
         if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
         return;
     }
-    dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM));
-    // aim at >= 256 blocks, each slice at least 8 k-steps deep
-    long tiles = (long)grid.x * grid.y, splits = (256 + tiles - 1) / tiles, maxs = (Kd + 8 * IG_BK - 1) / (8 * IG_BK);
-    if (splits > maxs) splits = maxs;
-    if (splits > 65535) splits = 65535;
-    long kchunk = (Kd + splits - 1) / splits;
-    kchunk = (kchunk + IG_BK - 1) / IG_BK * IG_BK;
-    grid.z = cdiv(Kd, kchunk);
-    if (grid.z > 1 && !accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
-    conv_wgrad_kernel<<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, dw, accumulate, (int)kchunk);
+    dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM), (unsigned)conv_wgrad_split(d, 0, &kchunk));
+    if (grid.z > 1 && !ws) { fprintf(stderr, "conv_wgrad_cuda: a split of %u slices needs its workspace\n", grid.z); exit(1); }
+    conv_wgrad_kernel<<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, dw, ws, accumulate, (int)kchunk);
     CUDA_CHECK(cudaGetLastError());
+    if (grid.z > 1) wgrad_reduce(ws, (long)g.Cout * N, (int)grid.z, dw, accumulate, s);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -342,16 +350,15 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
  * register block, rows ty + 16i and columns tx + 16j, so a warp reads 16 consecutive B values and two
  * broadcast A values per step (no bank conflicts in the inner loop). Every output is one chain of fmaf
  * over Kd in ascending order: no atomics and no split of Kd, so a result is the same bits on every run
- * and every block schedule. The price: wgrad's Kd (B*Ho*Wo) is not split over blocks either, so an
- * early layer with a small Cout x Cin*K*K runs on few blocks (a deterministic split needs a scratch
- * buffer for a fixed-order reduction of the slices, which these launchers do not take).
+ * and every block schedule. wgrad's Kd (B*Ho*Wo) is split as the FP16 one's (conv_wgrad_split), each
+ * slice one chain, the slices added in order by wgrad_reduce_kernel.
  */
 #define SG_BM 64
 #define SG_BN 64
 #define SG_BK 16
 #define SG_THREADS 256
 template <bool B_KFAST, class LA, class LB, class ST>
-__device__ void sgemm_block(int M, int N, int Kd, LA la, LB lb, ST st) {
+__device__ void sgemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st) {
     __shared__ float As[SG_BK][SG_BM + 4];   // (16 of Kd, 64 rows): A transposed, k-major
     __shared__ float Bs[SG_BK][SG_BN + 4];   // (16 of Kd, 64 columns)
     int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -361,7 +368,7 @@ __device__ void sgemm_block(int M, int N, int Kd, LA la, LB lb, ST st) {
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    for (int k0 = 0; k0 < Kd; k0 += SG_BK) {
+    for (int k0 = kbeg; k0 < Kd; k0 += SG_BK) {
 #pragma unroll
         for (int e = 0; e < SG_BM * SG_BK / SG_THREADS; e++) {   // consecutive threads along Kd
             int t = tid + e * SG_THREADS, r = t / SG_BK, c = t % SG_BK, gk = k0 + c;
@@ -402,7 +409,7 @@ __device__ void sgemm_block(int M, int N, int Kd, LA la, LB lb, ST st) {
 __global__ __launch_bounds__(SG_THREADS) void conv_fwd_f32_kernel(ConvGeo g, const float *x, const float *w,
                                                                   const float *bias, float *z) {
     int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo;
-    sgemm_block<false>(g.Cout, N, Kd,
+    sgemm_block<false>(g.Cout, N, 0, Kd,
         [=](int m, int k) { return w[(long)m * Kd + k]; },
         [=](int k, int n) { return conv_col(g, x, k, n); },
         [=](int m, int n, float v) { z[(n / HWo) * g.zs + (long)m * HWo + n % HWo] = bias ? v + bias[m] : v; });
@@ -420,7 +427,7 @@ extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const float *w
 __global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, const float *dz, const float *w, float *dx,
                                                                     int accumulate) {
     int Kd = g.Cout * g.KK, N = g.B * g.H * g.W, HW = g.H * g.W;
-    sgemm_block<false>(g.Cin, N, Kd,
+    sgemm_block<false>(g.Cin, N, 0, Kd,
         [=](int m, int k) { return w[((long)(k / g.KK) * g.Cin + m) * g.KK + k % g.KK]; },
         [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
         [=](int m, int n, float v) {
@@ -438,30 +445,35 @@ extern "C" void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w,
 }
 
 // conv_wgrad_f32: dW (+)= dz col(x)^T; M = Cout, N = Cin*KK, Kd = B*Ho*Wo (images, then pixels, in
-// order, one block per tile). grid (ceil(Cin*KK/64), ceil(Cout/64))
+// order), split over grid.z as the FP16 wgrad. grid (ceil(Cin*KK/64), ceil(Cout/64), slices)
 __global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x, float *dw,
-                                                                    int accumulate) {
-    int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo;
-    sgemm_block<true>(g.Cout, N, Kd,
+                                                                    float *ws, int accumulate, int kchunk) {
+    int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
+    float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
+    sgemm_block<true>(g.Cout, N, kbeg, min(Kd, kbeg + kchunk),
         [=](int m, int k) { return dz[(k / HWo) * g.zs + (long)m * HWo + k % HWo]; },
         [=](int k, int n) { return conv_col(g, x, n, k); },
         [=](int m, int n, float v) {
             long i = (long)m * N + n;
-            dw[i] = accumulate ? dw[i] + v : v;
+            if (part) part[i] = v;
+            else dw[i] = accumulate ? dw[i] + v : v;
         });
 }
-extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, int accumulate, void *stream) {
+extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, float *ws, int accumulate,
+                                    void *stream) {
     ConvGeo g = conv_geo(d);
-    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo;
+    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo, kchunk;
     cudaStream_t s = (cudaStream_t)stream;
     if (N == 0 || g.Cout == 0) return;
     if (Kd == 0) {
         if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
         return;
     }
-    dim3 grid(cdiv(N, SG_BN), cdiv(g.Cout, SG_BM));
-    conv_wgrad_f32_kernel<<<grid, SG_THREADS, 0, s>>>(g, dz, x, dw, accumulate);
+    dim3 grid(cdiv(N, SG_BN), cdiv(g.Cout, SG_BM), (unsigned)conv_wgrad_split(d, 1, &kchunk));
+    if (grid.z > 1 && !ws) { fprintf(stderr, "conv_wgrad_f32_cuda: a split of %u slices needs its workspace\n", grid.z); exit(1); }
+    conv_wgrad_f32_kernel<<<grid, SG_THREADS, 0, s>>>(g, dz, x, dw, ws, accumulate, (int)kchunk);
     CUDA_CHECK(cudaGetLastError());
+    if (grid.z > 1) wgrad_reduce(ws, (long)g.Cout * N, (int)grid.z, dw, accumulate, s);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -837,7 +849,8 @@ extern "C" void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *strea
 // ------------------------------------------------------------------------------------------
 /*
  * The twin of loss_forward_backward in yolo.c, with the same float formulas in the same operation order
- * (only the order of the double sums differs). The host gathers the boxes of each image (loss_gather_gts);
+ * (only the order of the double sums differs; on a GPU nvcc contracts a*b + c into FMAs and its expf,
+ * atanf differ in the last bits, so there the results agree to rounding, not bit for bit). The host gathers the boxes of each image (loss_gather_gts);
  * then a memset of the claim counters and seven kernels on the stream:
  *   kernel   threads  computes                                                   yolo.c
  *   decode   B*A      predicted boxes in pixels (images with boxes)              tal_decode_batch

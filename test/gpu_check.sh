@@ -16,9 +16,13 @@ echo "== build (sm_${cap:-default})"
 make -s -j"$(nproc)" yolo ${cap:+CUDA_ARCH=$cap} || exit 1
 make -s test-gpu ${cap:+EMU_ARCHS=$cap} || exit 1
 echo "== kernel tests on the GPU (each kernel against its CPU twin)"
-test/bin/gpu/kernels_test | tail -n 30 || status=1
+# the tests' own exit status, not tail's: a failure anywhere fails the script
+out=$(test/bin/gpu/kernels_test 2>&1) || status=1
+printf '%s\n' "$out" | grep -E '^FAIL' | head -n 20
+printf '%s\n' "$out" | tail -n 3
 echo "== whole training step on the GPU vs the CPU (YOLOv8n 64x64 batch 2, FP16)"
-test/bin/gpu/gpu_step_test | tail -n 30 || status=1
+out=$(test/bin/gpu/gpu_step_test 2>&1) || status=1
+printf '%s\n' "$out" | tail -n 40
 echo "build + tests: $(( $(date +%s) - t0 )) s"
 echo "== training on the GPU: synthetic shapes at 640, batch 16, 2 epochs"
 data=$(mktemp -d)
@@ -35,4 +39,5 @@ echo "device memory in use now (nvidia-smi):"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv 2>&1 | tail -n 1
 echo "total: $(( $(date +%s) - t0 )) s"
 rm -rf "$data"
+[ $status = 0 ] && echo "gpu_check: all passed" || echo "gpu_check: FAILURES above"
 exit $status

@@ -187,10 +187,6 @@ int main(void) {
     }
     double lc_c[3] = {lo_c.box, lo_c.cls, lo_c.dfl}, lc_g[3] = {lo_g.box, lo_g.cls, lo_g.dfl};
     const char *ln[3] = {"box", "cls", "dfl"};
-    for (int k = 0; k < 3; k++) {
-        double rel = fabs(lc_g[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12);
-        check(rel <= 2e-3, "FP32 ref: loss %s: gpu %.7g cpu %.7g, relative diff %.3g, tol 2e-3", ln[k], lc_g[k], lc_c[k], rel);
-    }
     int ntens;
     double worst, whole;
     char wname[80] = "";
@@ -228,6 +224,14 @@ int main(void) {
            "whole %.3g; the device vs the twin: worst tensor %.3g (%s), whole %.3g\n", fabs(lo_h.box - lo_c.box) / lo_c.box,
            fabs(lo_h.cls - lo_c.cls) / lo_c.cls, fabs(lo_h.dfl - lo_c.dfl) / lo_c.dfl, twin, tname, twin_whole, gt_worst, gname, gt_whole);
     check(gpu_worst <= 2 * twin, "gradients: the GPU's worst tensor difference from FP32 %.3g is within 2x the FP16 twin's own %.3g", gpu_worst, twin);
+    // the loss components: the 2e-3, or on hardware whose roundings fall elsewhere (tensor-core
+    // accumulation, FMA contraction) 2x the twin's own distance from FP32, whichever is larger
+    double lh[3] = {lo_h.box, lo_h.cls, lo_h.dfl};
+    for (int k = 0; k < 3; k++) {
+        double rel = fabs(lc_g[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12), trel = fabs(lh[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12);
+        check(rel <= fmax(2e-3, 2 * trel), "FP32 ref: loss %s: gpu %.7g cpu %.7g, relative diff %.3g, tol max(2e-3, 2x the FP16 twin's %.3g)",
+              ln[k], lc_g[k], lc_c[k], rel, trel);
+    }
     memcpy(m->grads, g32, m->nparams * sizeof(float));   // the FP32 step's state for the checks below
     memcpy(m->buffers, buf1, m->nbuffers * sizeof(float));
     free(buf1);

@@ -186,7 +186,12 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     conv_forward_cuda(d, dxh_, dwh, dbias, dz32, dz16, stream);
     conv_dgrad_cuda(d, ddz, dwh, ddx, NULL, 1, stream);
     conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 0, stream);
-    conv_wgrad_cuda(d, ddz, dxh_, ddw, 1, stream);
+    // the split's workspace, NaN-filled: a slice that left part of its share unwritten would show
+    long kchunk, nsplit = conv_wgrad_split(d, 0, &kchunk);
+    size_t wsb = conv_wgrad_ws_bytes(d, 0);
+    float *ws = NULL;
+    if (wsb) { CK(cudaMalloc((void **)&ws, wsb)); CK(cudaMemset(ws, 0xff, wsb)); }
+    conv_wgrad_cuda(d, ddz, dxh_, ddw, ws, 1, stream);
     float *z = from_dev(dz32, 4 * nz), *dx = from_dev(ddx, 4 * nx), *dw = from_dev(ddw, 4 * nw);
     uint16_t *zh = (uint16_t *)from_dev(dz16, 2 * nz), *dxh = (uint16_t *)from_dev(ddx16, 2 * nx);
     float *zhf = f16_host_to_f32(zh, nz), *dxhf = f16_host_to_f32(dxh, nx);
@@ -207,15 +212,22 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     for (int b = 0; b < B; b++) for (long i = (long)Cin * HW; i < xs; i++) dxhf[b * xs + i] = dxref[b * xs + i];
     snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 overwrite", B, Cin, H, W, Cout, K, S);
     check_f16tol(what, dxhf, dxref, nx);
-    snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP32 accumulate vs gemm_cpu(dz, col^T)", B, Cin, H, W, Cout, K, S);
+    snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d (%ld slice%s), FP32 accumulate vs gemm_cpu(dz, col^T)",
+             B, Cin, H, W, Cout, K, S, nsplit, nsplit > 1 ? "s" : "");
     check_f16tol(what, dw, dwref, nw);
     check(!bad_out, "conv B=%d Cin=%d Cout=%d K=%d S=%d: nothing written outside the channel slices (%ld values touched)", B, Cin, Cout, K, S, bad_out);
     // wgrad overwrite
-    conv_wgrad_cuda(d, ddz, dxh_, ddw, 0, stream);
+    conv_wgrad_cuda(d, ddz, dxh_, ddw, ws, 0, stream);
     free(dw); dw = from_dev(ddw, 4 * nw);
     for (long i = 0; i < nw; i++) dwref[i] -= dw0[i];
     snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d, overwrite", B, Cin, Cout, K, S);
     check_f16tol(what, dw, dwref, nw);
+    conv_wgrad_cuda(d, ddz, dxh_, ddw, ws, 0, stream);   // deterministic: the slices are added in order
+    float *dw2 = from_dev(ddw, 4 * nw);
+    check(!memcmp(dw, dw2, 4 * nw), "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d (%ld slice%s): a second call gives the same bits", B, Cin, Cout, K, S, nsplit,
+          nsplit > 1 ? "s" : "");
+    free(dw2);
+    cudaFree(ws);
     cudaFree(dxh_); cudaFree(dwh); cudaFree(ddz); cudaFree(dbias); cudaFree(dz32); cudaFree(ddx); cudaFree(ddw); cudaFree(dz16); cudaFree(ddx16);
     free(xf); free(wf); free(dzf); free(bias); free(xh); free(wh); free(dzh); free(col); free(zref); free(dxref); free(dx0); free(dwref); free(dw0);
     free(dcol); free(dxi); free(z); free(dx); free(dw); free(zh); free(dxh); free(zhf); free(dxhf);
@@ -475,7 +487,7 @@ static float *poisoned_dev(long n) {   // n floats of 0xFF bytes (NaN): a value 
 // value 1e-5 * sum|terms| + 1e-6, the sums of |terms| from the same products of absolute values (plus
 // |bias|, plus |initial value| when accumulating). x and dz are channel slices (xextra/zextra channels
 // of NaN between images, never to be read); every output outside its slice must stay as it was. The
-// wgrad overwrite runs twice: the same bits (deterministic, no atomics).
+// wgrad overwrite runs twice: the same bits (deterministic: no atomics, split slices added in order).
 static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, int with_bias, void *stream) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo, Kd = Cin * KK;
     long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs, nw = (long)Cout * Kd;
@@ -511,11 +523,14 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
     conv_forward_f32_cuda(d, dxd, dwd, with_bias ? dbias : NULL, zd, stream);
     conv_dgrad_f32_cuda(d, ddz, dwd, dxacc, 1, stream);
     conv_dgrad_f32_cuda(d, ddz, dwd, dxnew, 0, stream);
-    conv_wgrad_f32_cuda(d, ddz, dxd, dwacc, 1, stream);
-    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, 0, stream);
+    long kchunk, nsplit = conv_wgrad_split(d, 1, &kchunk);
+    size_t wsb = conv_wgrad_ws_bytes(d, 1);
+    float *ws = wsb ? poisoned_dev((long)(wsb / 4)) : NULL;
+    conv_wgrad_f32_cuda(d, ddz, dxd, dwacc, ws, 1, stream);
+    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, ws, 0, stream);
     float *gz = from_dev(zd, 4 * nz), *gdxa = from_dev(dxacc, 4 * nx), *gdxn = from_dev(dxnew, 4 * nx);
     float *gdwa = from_dev(dwacc, 4 * nw), *gdwn = from_dev(dwnew, 4 * nw);
-    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, 0, stream);
+    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, ws, 0, stream);
     float *gdwn2 = from_dev(dwnew, 4 * nw);
     char what[240];
     snprintf(what, sizeof what, "conv_forward_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d %s vs im2col+gemm_cpu (tol 1e-5*sum|terms|+1e-6)",
@@ -526,12 +541,14 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
     for (long i = 0; i < nx; i++) { dxref[i] += dx0[i]; dxsc[i] += fabsf(dx0[i]); }
     snprintf(what, sizeof what, "conv_dgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d accumulate", B, Cin, H, W, Cout, K, S, xextra);
     check_slice_f32(what, gdxa, dxref, dxsc, B, xs, (long)Cin * HW, dx0);
-    snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d overwrite vs gemm_cpu(dz, col^T)", B, Cin, H, W, Cout, K, S, zextra);
+    snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d (%ld slice%s) overwrite vs gemm_cpu(dz, col^T)",
+             B, Cin, H, W, Cout, K, S, zextra, nsplit, nsplit > 1 ? "s" : "");
     check_rel(what, gdwn, dwref, dwsc, nw, 1e-5);
     for (long i = 0; i < nw; i++) { dwref[i] += dw0[i]; dwsc[i] += fabsf(dw0[i]); }
     snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d accumulate", B, Cin, H, W, Cout, K, S);
     check_rel(what, gdwa, dwref, dwsc, nw, 1e-5);
     check(!memcmp(gdwn, gdwn2, 4 * nw), "conv_wgrad_f32_cuda B=%d Cin=%d Cout=%d K=%d S=%d: a second call gives the same bits", B, Cin, Cout, K, S);
+    cudaFree(ws);
     cudaFree(dxd); cudaFree(dwd); cudaFree(ddz); cudaFree(dbias); cudaFree(zd); cudaFree(dxacc); cudaFree(dxnew); cudaFree(dwacc); cudaFree(dwnew);
     free(x); free(w); free(dz); free(bias); free(dx0); free(dw0); free(ax); free(aw); free(adz); free(col); free(acol); free(dcol); free(dxi);
     free(zref); free(zsc); free(dxref); free(dxsc); free(dwref); free(dwsc); free(gz); free(gdxa); free(gdxn); free(gdwa); free(gdwn); free(gdwn2);
@@ -1075,7 +1092,8 @@ int main(void) {
     test_conv_f32(2, 20, 6, 6, 9, 1, 1, 1, 3, 1, s);      // K=1 S=1, strides
     test_conv_f32(1, 6, 7, 5, 4, 1, 2, 0, 0, 1, NULL);    // K=1 S=2
     test_conv_f32(1, 1, 1, 1, 1, 3, 2, 0, 0, 1, s);       // 1x1 image, K=3 S=2
-    test_conv_f32(2, 8, 11, 13, 66, 3, 1, 1, 2, 1, s);    // 2x5 tiles, Kd=72 (4.5 k-steps); wgrad 2x2 tiles, Kd=286
+    test_conv_f32(2, 8, 11, 13, 66, 3, 1, 1, 2, 1, s);    // 2x5 tiles, Kd=72 (4.5 k-steps); wgrad 2x2 tiles, Kd=286 in 3 slices
+    test_conv_f32(2, 3, 24, 20, 4, 3, 1, 0, 0, 1, s);     // wgrad Kd=960 in 8 slices, the last one ragged
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
     test_bn_backward_f32(2, 3, 45, 0, 1, 1, NULL);
