@@ -11,9 +11,7 @@
 // moved by one FP16 ulp) and it is ~3e-2 per tensor, as large as the GPU's difference. At 64x64 the
 // deepest maps are 2x2, BN normalises over 8 values and every rounding difference grows layer by
 // layer (with FP16 storage emulated on the CPU, model.0's z is bit-identical to the GPU's, model.1's
-// differs by one ulp in a few values, and by the 2x2 layers almost every value differs). Rounding
-// only model.0's output to FP16 in the FP32 step already moves its gradients by 2.7e-2 per tensor.
-// So the GPU must also stay within 2x the measured sensitivity, and within 2x of what FP16 storage
+// differs by one ulp in a few values, and by the 2x2 layers almost every value differs). So the GPU must also stay within 2x the measured sensitivity, and within 2x of what FP16 storage
 // itself costs: the CPU step's FP16 twin (Model.half: the CPU rounds every tensor where the device
 // stores FP16, at the same loss scale) is ~3.5e-2 per tensor and ~7e-3 in the loss components from
 // the FP32 step, and the device is as far from that twin as from FP32. A wrong index or a missing
