@@ -230,6 +230,9 @@ int main(void) {
         check(rel <= fmax(2e-3, 2 * trel), "FP32 ref: loss %s: gpu %.7g cpu %.7g, relative diff %.3g, tol max(2e-3, 2x the FP16 twin's %.3g)",
               ln[k], lc_g[k], lc_c[k], rel, trel);
     }
+    // bounds for the optimizer checks below, from the same measured FP16 cost
+    double ptol = fmax(8e-2, 2 * twin + 1.5e-2), ltol = 1e-2;
+    for (int k = 0; k < 3; k++) ltol = fmax(ltol, 2 * fabs(lh[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12));
     memcpy(m->grads, g32, m->nparams * sizeof(float));   // the FP32 step's state for the checks below
     memcpy(m->buffers, buf1, m->nbuffers * sizeof(float));
     free(buf1);
@@ -269,11 +272,13 @@ int main(void) {
             }
             if (!len[k]) continue;
             double rel = md / (sqrt(un) + 1e-6 * utot);
-            if (!(rel <= 8e-2)) nbad++;
+            if (!(rel <= ptol)) nbad++;
             if (!(rel <= worst)) worst = rel;
         }
     }
-    check(!nbad, "parameters after one SGD step: worst max|gpu - cpu| / (||cpu tensor update||_2 + 1e-6 ||cpu update||_2) = %.3g, tol 8e-2 (the clip factor differs too), %d tensors over", worst, nbad);
+    check(!nbad, "parameters after one SGD step: worst max|gpu - cpu| / (||cpu tensor update||_2 + 1e-6 ||cpu update||_2) = %.3g, "
+          "tol %.3g (max(8e-2, 2x the FP16 twin's gradients + 1.5e-2: the update is linear in them, and the clip factor "
+          "differs too), %d tensors over", worst, ptol, nbad);
     free(pg_);
 
     // 6. a forced overflow: inf in one gradient of the last step (the optimizer leaves the gradients
@@ -320,9 +325,9 @@ int main(void) {
         free(p1);
         LossOut lo_c1 = cpu_step(m, a, x, &tg, &lc, scratch, lb, hc, hn);
         double l1c = lo_c1.box + lo_c1.cls + lo_c1.dfl;
-        check(fabs(l[2] - l1c) <= 1e-2 * l1c, "after two SGD steps the device loss %.4f matches the CPU forward of the device's "
-              "updated weights %.4f (1e-2 relative: the FP16 forward, 2e-3 at the start, in a sharper place after two large steps)",
-              l[2], l1c);
+        check(fabs(l[2] - l1c) <= ltol * l1c, "after two SGD steps the device loss %.4f matches the CPU forward of the device's "
+              "updated weights %.4f (%.3g relative, max(1e-2, 2x the FP16 twin's loss difference): the FP16 forward, in a sharper "
+              "place after two large steps)", l[2], l1c, ltol);
         check(ok && l[2] < 0.9 * l[0], "device SGD steps on one batch (lr 0.01, momentum 0.937): loss %.4f -> %.4f -> %.4f, "
               "down by more than 10%% after two steps (steps taken: %d)", l[0], l[1], l[2], ok);
     }
