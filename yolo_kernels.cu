@@ -319,25 +319,40 @@ __global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, i
     for (int z = 1; z < S; z++) s += ws[(long)z * n + i];
     dw[i] = accumulate ? dw[i] + s : s;
 }
-static void wgrad_reduce(const float *ws, long n, int S, float *dw, int accumulate, cudaStream_t s) {
-    wgrad_reduce_kernel<<<cdiv(n, 256), 256, 0, s>>>(ws, n, S, dw, accumulate);
+// wgrad_begin / wgrad_end: what both weight-gradient launchers (FP16 and FP32, 64x64 tiles) do around
+// their kernel: the grid with its slices (false: nothing to launch; an empty reduction zeroes dw
+// when overwriting), then the ordered sum of the slices
+static bool wgrad_begin(const ConvGeo &g, const ConvDims &d, int f32, float *dw, const float *ws, int accumulate,
+                        cudaStream_t s, dim3 *grid, long *kchunk) {
+    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo;
+    if (N == 0 || g.Cout == 0) return false;
+    if (Kd == 0) {
+        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
+        return false;
+    }
+    *grid = dim3(cdiv(N, 64), cdiv(g.Cout, 64), (unsigned)conv_wgrad_split(d, f32, kchunk));
+    if (grid->z > 1 && !ws) {
+        fprintf(stderr, "conv_wgrad%s_cuda: a split of %u slices needs its workspace\n", f32 ? "_f32" : "", grid->z);
+        exit(1);
+    }
+    return true;
+}
+static void wgrad_end(const ConvGeo &g, dim3 grid, const float *ws, float *dw, int accumulate, cudaStream_t s) {
+    CUDA_CHECK(cudaGetLastError());
+    if (grid.z < 2) return;
+    long n = (long)g.Cout * g.Cin * g.KK;
+    wgrad_reduce_kernel<<<cdiv(n, 256), 256, 0, s>>>(ws, n, (int)grid.z, dw, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, float *ws, int accumulate,
                                 void *stream) {
     ConvGeo g = conv_geo(d);
-    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo, kchunk;
     cudaStream_t s = (cudaStream_t)stream;
-    if (N == 0 || g.Cout == 0) return;
-    if (Kd == 0) {
-        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
-        return;
-    }
-    dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM), (unsigned)conv_wgrad_split(d, 0, &kchunk));
-    if (grid.z > 1 && !ws) { fprintf(stderr, "conv_wgrad_cuda: a split of %u slices needs its workspace\n", grid.z); exit(1); }
+    dim3 grid;
+    long kchunk;
+    if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
     conv_wgrad_kernel<<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, dw, ws, accumulate, (int)kchunk);
-    CUDA_CHECK(cudaGetLastError());
-    if (grid.z > 1) wgrad_reduce(ws, (long)g.Cout * N, (int)grid.z, dw, accumulate, s);
+    wgrad_end(g, grid, ws, dw, accumulate, s);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -357,6 +372,8 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 #define SG_BN 64
 #define SG_BK 16
 #define SG_THREADS 256
+static_assert(IG_BM == 64 && IG_BN == 64 && IG_BK == 32 && SG_BM == 64 && SG_BN == 64 && SG_BK == 16,
+              "conv_wgrad_split (yolo.h) and wgrad_begin assume these tiles");
 template <bool B_KFAST, class LA, class LB, class ST>
 __device__ void sgemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st) {
     __shared__ float As[SG_BK][SG_BM + 4];   // (16 of Kd, 64 rows): A transposed, k-major
@@ -462,18 +479,12 @@ __global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, c
 extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, float *ws, int accumulate,
                                     void *stream) {
     ConvGeo g = conv_geo(d);
-    long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo, kchunk;
     cudaStream_t s = (cudaStream_t)stream;
-    if (N == 0 || g.Cout == 0) return;
-    if (Kd == 0) {
-        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
-        return;
-    }
-    dim3 grid(cdiv(N, SG_BN), cdiv(g.Cout, SG_BM), (unsigned)conv_wgrad_split(d, 1, &kchunk));
-    if (grid.z > 1 && !ws) { fprintf(stderr, "conv_wgrad_f32_cuda: a split of %u slices needs its workspace\n", grid.z); exit(1); }
+    dim3 grid;
+    long kchunk;
+    if (!wgrad_begin(g, d, 1, dw, ws, accumulate, s, &grid, &kchunk)) return;
     conv_wgrad_f32_kernel<<<grid, SG_THREADS, 0, s>>>(g, dz, x, dw, ws, accumulate, (int)kchunk);
-    CUDA_CHECK(cudaGetLastError());
-    if (grid.z > 1) wgrad_reduce(ws, (long)g.Cout * N, (int)grid.z, dw, accumulate, s);
+    wgrad_end(g, grid, ws, dw, accumulate, s);
 }
 
 // ------------------------------------------------------------------------------------------
