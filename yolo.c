@@ -6213,60 +6213,132 @@ static void *gpu_zalloc(Gpu *g, size_t bytes, int group) {
 #define gact(g, n, grp) arena_alloc((g)->a, (size_t)(n) * (g)->esz, (grp))   // activation-typed
 #define GOFF(g, p, off) ((void *)((char *)(p) + (long)(off) * (g)->esz))    // activation p + off elements
 
+// ---- YOLO_PROFILE=1: where the device's time goes ----
+// With YOLO_PROFILE=1 in the environment, each launch of the step is timed between two CUDA events
+// (the host waits for each, so the run gets slower, but the shares stay meaningful) and summed by
+// kind; gpu_close prints the table, with the convolutions' achieved TFLOP/s. For a first look at
+// a GPU (test/gpu_check.sh) and for choosing which kernel to work on next.
+#ifdef YOLO_CUDA
+typedef struct { char name[32]; double ms, flop; long n; } ProfRow;
+static struct { int on; int nrow; ProfRow row[40]; void *ev[2]; } gprof = {.on = -1};
+static int prof_on(void) {
+    if (gprof.on < 0) {
+        const char *e = getenv("YOLO_PROFILE");
+        gprof.on = e && *e && strcmp(e, "0") != 0;
+        for (int i = 0; i < 2 && gprof.on; i++) GPU_CHECK(cudaEventCreate((cudaEvent_t *)&gprof.ev[i]));
+    }
+    return gprof.on;
+}
+static void prof_begin(const Gpu *g);
+static void prof_end(const Gpu *g, const char *name, double flop);
+// prof_end_conv: prof_end for a conv launch: the row "conv fwd 3x3 s2", its multiply-adds x 2
+static void prof_end_conv(const Gpu *g, ConvDims d, const char *op) {
+    if (!gprof.on) return;
+    int Ho = (d.H + 2 * (d.K / 2) - d.K) / d.S + 1, Wo = (d.W + 2 * (d.K / 2) - d.K) / d.S + 1;
+    char name[32];
+    snprintf(name, sizeof name, "conv %s %dx%d s%d", op, d.K, d.K, d.S);
+    prof_end(g, name, 2.0 * d.B * d.Cout * Ho * Wo * (double)d.Cin * d.K * d.K);
+}
+// prof_report: the table, most time first (nothing unless YOLO_PROFILE=1 timed something)
+static void prof_report(void) {
+    if (gprof.on <= 0 || !gprof.nrow) return;
+    ProfRow r[40];
+    int n = gprof.nrow;
+    double tot = 0;
+    memcpy(r, gprof.row, n * sizeof(ProfRow));
+    for (int i = 0; i < n; i++) tot += r[i].ms;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && r[j].ms > r[j - 1].ms; j--) { ProfRow t = r[j]; r[j] = r[j - 1]; r[j - 1] = t; }
+    fprintf(stderr, "device time by kind of launch (YOLO_PROFILE=1; each launch waited for):\n"
+                    "  %-24s %8s %10s %6s %9s %8s\n", "kind", "launches", "total ms", "share", "ms each", "TFLOP/s");
+    for (int i = 0; i < n; i++) {
+        fprintf(stderr, "  %-24s %8ld %10.1f %5.1f%% %9.3f", r[i].name, r[i].n, r[i].ms, 100 * r[i].ms / tot, r[i].ms / r[i].n);
+        if (r[i].flop > 0) fprintf(stderr, " %8.3g", r[i].flop / (r[i].ms * 1e-3) / 1e12);
+        fputc('\n', stderr);
+    }
+    fprintf(stderr, "  %-24s %8s %10.1f\n", "total", "", tot);
+    gprof.nrow = 0;
+}
+#else
+#define prof_begin(g) ((void)0)
+#define prof_end(g, name, flop) ((void)0)
+#define prof_end_conv(g, d, op) ((void)0)
+#endif
+
 // Launches of the activation-typed ops in the step's precision: FP16 (AMP; the weights' FP16 copy)
 // or FP32 (amp=0; the master weights themselves).
 static const void *gpu_w(const Gpu *g, const Conv *c) {
     return g->f32 ? (const void *)(g->params + c->w_off) : (const void *)(g->w16 + c->w_off);
 }
 static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const void *w, const float *bias, float *z32, void *z) {
+    prof_begin(g);
     if (g->f32) conv_forward_f32_cuda(d, x, w, bias, z32 ? z32 : z, g->stream);
     else conv_forward_cuda(d, x, w, bias, z32, z32 ? NULL : z, g->stream);
+    prof_end_conv(g, d, "fwd");
 }
 static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, float *dx, int acc) {
+    prof_begin(g);
     if (g->f32) conv_dgrad_f32_cuda(d, dz, w, dx, acc, g->stream);
     else conv_dgrad_cuda(d, dz, w, dx, NULL, acc, g->stream);
+    prof_end_conv(g, d, "dgrad");
 }
 // k_conv_wgrad: dw += the weight gradient, with the workspace of its split (a temporary, < 8 MiB)
 static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, float *dw) {
     size_t wsb = conv_wgrad_ws_bytes(d, g->f32);
     float *ws = wsb ? gf32(g, (long)(wsb / sizeof(float)), G_SCRATCH) : NULL;
     if (!arena_dry(g->a)) {
+        prof_begin(g);
         if (g->f32) conv_wgrad_f32_cuda(d, dz, x, dw, ws, 1, g->stream);
         else conv_wgrad_cuda(d, dz, x, dw, ws, 1, g->stream);
+        prof_end_conv(g, d, "wgrad");
     }
     arena_free(g->a, ws);
 }
 static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mean, float *invstd, float *rm, float *rv) {
+    prof_begin(g);
     if (g->f32) bn_stats_f32_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, g->stream);
     else bn_stats_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, g->stream);
+    prof_end(g, "bn stats", 0);
 }
 static void k_bn_silu(Gpu *g, const void *z, long zs, const float *mean, const float *invstd, const float *gamma,
                       const float *beta, void *y, long ys, int C, int HW) {
+    prof_begin(g);
     if (g->f32) bn_silu_forward_f32_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, g->stream);
     else bn_silu_forward_f16_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, g->stream);
+    prof_end(g, "bn+silu forward", 0);
 }
 static void k_bn_silu_backward(Gpu *g, const void *z, const float *dA, long zs, const float *mean, const float *invstd,
                                const float *gamma, const float *beta, float *dgamma, float *dbeta, void *dz, float *scratch,
                                int C, int HW) {
+    prof_begin(g);
     if (g->f32)
         bn_silu_backward_f32_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW, g->m->train, g->stream);
     else bn_silu_backward_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW, g->m->train, g->stream);
+    prof_end(g, "bn+silu backward", 0);
 }
 static void k_copy(Gpu *g, const void *src, long ss, void *dst, long ds, long n) {
+    prof_begin(g);
     if (g->f32) copy_f32_cuda(src, ss, dst, ds, g->B, n, g->stream);
     else copy_f16_cuda(src, ss, dst, ds, g->B, n, g->stream);
+    prof_end(g, "copy", 0);
 }
 static void k_add(Gpu *g, const void *src, long ss, void *dst, long ds, long n) {
+    prof_begin(g);
     if (g->f32) add_f32_cuda(src, ss, dst, ds, g->B, n, g->stream);
     else add_f16_cuda(src, ss, dst, ds, g->B, n, g->stream);
+    prof_end(g, "residual add", 0);
 }
 static void k_upsample(Gpu *g, const void *x, void *y, long ys, int C, int H, int W) {
+    prof_begin(g);
     if (g->f32) upsample2_forward_f32_cuda(x, y, ys, g->B, C, H, W, g->stream);
     else upsample2_forward_f16_cuda(x, y, ys, g->B, C, H, W, g->stream);
+    prof_end(g, "upsample", 0);
 }
 static void k_maxpool(Gpu *g, const void *x, void *y, long ys, int C, int H, int W) {
+    prof_begin(g);
     if (g->f32) maxpool5_forward_f32_cuda(x, y, ys, g->B, C, H, W, g->stream);
     else maxpool5_forward_f16_cuda(x, y, ys, g->B, C, H, W, g->stream);
+    prof_end(g, "maxpool", 0);
 }
 
 // gpu_conv_dims: the ConvDims of conv c for the whole batch (dense x and z unless strides are set)
@@ -6440,7 +6512,11 @@ static void gpu_value_backprop(Gpu *g, int vi, const float *gr, long gs) {
     case V_CONV:
     case V_SLICE: {
         float *d = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * HW;
-        if (!dry) add_f32_cuda(gr, gs, d, g->zs[v->conv], g->B, (long)v->C * HW, g->stream);
+        if (!dry) {
+            prof_begin(g);
+            add_f32_cuda(gr, gs, d, g->zs[v->conv], g->B, (long)v->C * HW, g->stream);
+            prof_end(g, "gradient add", 0);
+        }
         break;
     }
     case V_ADD:
@@ -6461,16 +6537,20 @@ static void gpu_value_backprop(Gpu *g, int vi, const float *gr, long gs) {
         long ns = (long)s->C * s->H * s->W;
         float *gsrc = gf32(g, g->B * ns, G_SCRATCH);          // (B, C, Hs, Ws)
         if (v->kind == V_UP) {
+            if (!dry) prof_begin(g);
             for (int b = 0; b < g->B && !dry; b++)
                 upsample2_backward_cuda(gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
+            if (!dry) prof_end(g, "upsample backward", 0);
         } else {   // the window argmax from the input as the forward saw it (FP16 widened to FP32 for the kernel)
             void *xh = gact(g, g->B * ns, G_SCRATCH);
             gpu_value_materialize(g, v->src[0], xh, ns);
             float *xf = g->f32 ? (float *)xh : gf32(g, g->B * ns, G_SCRATCH);
             if (!dry) {
                 if (!g->f32) f16_to_f32_cuda(xh, xf, g->B * ns, g->stream);
+                prof_begin(g);
                 for (int b = 0; b < g->B; b++)
                     maxpool5_backward_cuda(xf + b * ns, gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
+                prof_end(g, "maxpool backward", 0);
             }
             if (!g->f32) arena_free(g->a, xf);
             arena_free(g->a, xh);
@@ -6832,6 +6912,7 @@ static void gpu_report(const Gpu *g, int dev) {
 }
 
 static void gpu_close(Gpu *g) {
+    prof_report();
     GPU_CHECK(cudaFree(g->a->base));
     for (int i = 0; i < 3; i++) free(g->head_h[i]);
     free(g->gts_h);
@@ -6860,6 +6941,7 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
         fprintf(stderr, "warning: %d boxes in %d images were over the max_boxes=%d cap and are ignored by the loss (reported "
                 "once; raise max_boxes to keep them)\n", lo.n_over_cap, lo.n_images_over_cap, M);
     }
+    prof_begin(g);
     GPU_CHECK(cudaMemcpyAsync(gts, g->gts_h, (size_t)B * M * sizeof(LossGtD), cudaMemcpyHostToDevice, s));
     GPU_CHECK(cudaMemcpyAsync(nbox, g->nbox_h, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, s));
     loss_cuda(B, NC, g->H, g->W, (const float *const *)g->head, g->m->train ? g->dhead : NULL, gts, nbox, M, lcfg->box,
@@ -6873,6 +6955,7 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
                                       cudaMemcpyDeviceToHost, s));
         }
     GPU_CHECK(cudaStreamSynchronize(s));   // o and head_h are read now, gts_h / nbox_h reused by the next step
+    prof_end(g, g->copy_heads || !g->m->train ? "loss + head maps to host" : "loss", 0);
     lo.box = o[0], lo.cls = o[1], lo.dfl = o[2];
     lo.target_scores_sum = o[3];
     lo.n_fg = (int)o[4];
@@ -6883,9 +6966,35 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
 // gpu_put_input: n uint8 values img (host) -> x8 (device) -> g->x, FP16 in [0, 1] (gpu_input_begin)
 static void gpu_put_input(Gpu *g, uint8_t *x8, const uint8_t *img, long n) {
     cudaStream_t s = (cudaStream_t)g->stream;
+    prof_begin(g);
     GPU_CHECK(cudaMemcpyAsync(x8, img, n, cudaMemcpyHostToDevice, s));
     if (g->f32) u8_to_f32_cuda(x8, g->x, n, s);
     else u8_to_f16_cuda(x8, g->x, n, s);
+    prof_end(g, "input upload + convert", 0);
+}
+
+// prof_begin / prof_end: a launch (or a few) between two events, its time added to the row name
+static void prof_begin(const Gpu *g) {
+    if (prof_on()) GPU_CHECK(cudaEventRecord((cudaEvent_t)gprof.ev[0], (cudaStream_t)g->stream));
+}
+static void prof_end(const Gpu *g, const char *name, double flop) {
+    if (!gprof.on) return;
+    float ms = 0;
+    GPU_CHECK(cudaEventRecord((cudaEvent_t)gprof.ev[1], (cudaStream_t)g->stream));
+    GPU_CHECK(cudaEventSynchronize((cudaEvent_t)gprof.ev[1]));
+    GPU_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)gprof.ev[0], (cudaEvent_t)gprof.ev[1]));
+    int i = 0;
+    while (i < gprof.nrow && strcmp(gprof.row[i].name, name)) i++;
+    if (i == gprof.nrow) {
+        if (i == (int)(sizeof gprof.row / sizeof gprof.row[0])) return;   // more kinds than rows: not timed
+        snprintf(gprof.row[i].name, sizeof gprof.row[i].name, "%s", name);
+        gprof.row[i].ms = gprof.row[i].flop = 0;
+        gprof.row[i].n = 0;
+        gprof.nrow++;
+    }
+    gprof.row[i].ms += ms;
+    gprof.row[i].flop += flop;
+    gprof.row[i].n++;
 }
 
 // gpu_zero_grad: the gradients to 0 (after an optimizer step; micro-batches accumulate in between)
@@ -7000,6 +7109,7 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
     long n = (long)m->nparams;
     float inv = 1.0f / g->scaler.scale, norm;
     OptimHyper h = gpu_optim_hyper(&g->opt, inv, 10.0f);
+    prof_begin(g);
     optim_norm_cuda(g->grads, g->group, n, inv, g->partials, s);
     optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm, s);
     GPU_CHECK(cudaMemcpyAsync(&norm, g->norm, sizeof norm, cudaMemcpyDeviceToHost, s));
@@ -7009,12 +7119,16 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
     if (taken) g->opt.step++;
     // the EMA follows every optimizer_step call, also one the GradScaler skipped (Ultralytics:
     // scaler.step, scaler.update, zero_grad, then ema.update); amp=0 skips a non-finite step whole
-    if (!taken && g->f32) return 0;
+    if (!taken && g->f32) {
+        prof_end(g, "optimizer + EMA", 0);
+        return 0;
+    }
     g->ema_updates++;
     float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
     ema_update_cuda(g->ema_p, g->params, n, d, s);
     ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
     if (taken && !g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
+    prof_end(g, "optimizer + EMA", 0);
     return taken;
 }
 

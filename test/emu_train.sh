@@ -29,6 +29,9 @@ ok $([ $? = 0 ] && echo 1) "the downloaded weights validate on the CPU (yolo val
 val=$(EMU_STRICT=1 "$yolo" val model="$tmp/runs/train/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=0 project="$tmp/runs" name=vd 2>&1)
 ok $([ $? = 0 ] && printf '%s\n' "$val" | grep -q 'MiB (device)' && printf '%s\n' "$val" | grep -E 'the arena took' | grep -vq NOT && echo 1) \
    "yolo val device=0: evaluation-only device arena, in use == plan"
+prof=$(YOLO_PROFILE=1 EMU_STRICT=1 "$yolo" val model="$tmp/runs/train/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=0 project="$tmp/runs" name=vp 2>&1)
+ok $([ $? = 0 ] && printf '%s\n' "$prof" | grep -q '^device time by kind of launch' && printf '%s\n' "$prof" | grep -Eq '^  conv fwd 3x3 s1 +[0-9]+ ' &&
+     printf '%s\n' "$prof" | grep -Eq '^  total +[0-9.]+$' && echo 1) "YOLO_PROFILE=1 yolo val device=0 prints the device time by kind of launch"
 img=$(ls "$tmp"/data/images/val/* | head -n 1)
 pred=$(EMU_STRICT=1 "$yolo" predict model="$tmp/runs/train/e/weights/best.safetensors" source="$img" imgsz=64 device=0 conf=0.001 project="$tmp/runs" name=pd 2>&1)
 cpu=$("$yolo" predict model="$tmp/runs/train/e/weights/best.safetensors" source="$img" imgsz=64 device=cpu conf=0.001 project="$tmp/runs" name=pc 2>&1)

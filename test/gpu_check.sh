@@ -3,7 +3,7 @@
 # ./yolo and the tests with nvcc for the GPU it finds, runs every kernel test and the whole-step test
 # against the CPU on the real device (no emulation), then trains the synthetic dataset at 640 with
 # batch 16 for yolov8n and yolov8s (2 epochs each) and prints images/s and the planned device memory
-# beside what the device reports in use.
+# beside what the device reports in use, then where the time of a training step goes (YOLO_PROFILE=1).
 #   bash test/gpu_check.sh            (from the repository root)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -35,6 +35,10 @@ for m in yolov8n yolov8s; do
     its=$(printf '%s\n' "$out" | grep -E '^ +2/2 ' | tail -n 1 | sed -n 's/.* \([0-9.]*\) it\/s.*/\1/p')
     [ -n "$its" ] && echo "$m: $(echo "$its * 16" | bc) images/s in epoch 2 (training steps; validation and data loading excluded from it/s)"
 done
+echo "== where a training step's time goes: yolov8n 640 batch 16, 1 epoch of 64 images, YOLO_PROFILE=1"
+./yolo shapes out="$data/small" ntrain=64 nval=16 imgsz=640 >/dev/null || exit 1
+YOLO_PROFILE=1 ./yolo train data="$data/small/data.yaml" model=yolov8n imgsz=640 batch=16 epochs=1 device=0 workers="$(nproc)" \
+    project="$data/runs" name=prof 2>&1 | sed -n '/^device time by kind/,/^  total/p'
 echo "device memory in use now (nvidia-smi):"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv 2>&1 | tail -n 1
 echo "total: $(( $(date +%s) - t0 )) s"
