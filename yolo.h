@@ -34,6 +34,32 @@ void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint16_t *B, fl
 // B*H*W, B*Ho*Wo and Cin*K*K stay below 2^31.
 typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs; } ConvDims;
 
+// FastDiv: n / d for 0 <= n < 2^31 by a multiply and a shift, the divisor's magic number made once on
+// the host (as CUTLASS's FastDivmod: m = ceil(2^p / d), p = 31 + ceil(log2 d)). The convolutions'
+// index math divides by runtime sizes (K*K, K, Ho*Wo, Wo, ...) for every gathered element, and an
+// integer division by a runtime value costs a GPU some 20 instructions. kernels_test checks it.
+typedef struct { int d, s; uint32_t m; } FastDiv;
+static inline FastDiv fast_div(int d) {
+    FastDiv f = {d, 0, 0};
+    if (d > 1) {
+        int l = 0;
+        while ((1LL << l) < d) l++;
+        f.m = (uint32_t)(((1ULL << (31 + l)) + (uint64_t)d - 1) / (uint64_t)d);
+        f.s = l - 1;   // p - 32
+    }
+    return f;
+}
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int div_fast(int n, FastDiv f) {
+#if defined(__CUDA_ARCH__)
+    return f.d == 1 ? n : (int)(__umulhi((unsigned)n, f.m) >> f.s);
+#else
+    return f.d == 1 ? n : (int)((uint32_t)(((uint64_t)(uint32_t)n * f.m) >> 32) >> f.s);
+#endif
+}
+
 // conv_forward_cuda: implicit GEMM on tensor cores (WMMA), FP32 accumulation. z = conv(x, w) (+ bias[co]
 // when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL.
 void conv_forward_cuda(ConvDims d, const uint16_t *x, const uint16_t *w, const float *bias, float *z, uint16_t *zh,

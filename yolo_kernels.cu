@@ -160,22 +160,28 @@ extern "C" void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint
 #define IG_BM 64
 #define IG_BN 64
 #define IG_BK 32
-struct ConvGeo { int B, Cin, H, W, Cout, K, S, Ho, Wo, KK, pad; long xs, zs; };
+struct ConvGeo {
+    int B, Cin, H, W, Cout, K, S, Ho, Wo, KK, pad;
+    long xs, zs;
+    FastDiv fK, fKK, fS, fW, fHW, fWo, fHWo;   // the divisors of the index math (yolo.h)
+};
 static ConvGeo conv_geo(const ConvDims &d) {
     ConvGeo g;
     g.B = d.B; g.Cin = d.Cin; g.H = d.H; g.W = d.W; g.Cout = d.Cout; g.K = d.K; g.S = d.S; g.pad = d.K / 2;
     g.Ho = (d.H + 2 * g.pad - d.K) / d.S + 1; g.Wo = (d.W + 2 * g.pad - d.K) / d.S + 1; g.KK = d.K * d.K;
     g.xs = d.xs ? d.xs : (long)d.Cin * d.H * d.W;
     g.zs = d.zs ? d.zs : (long)d.Cout * g.Ho * g.Wo;
+    g.fK = fast_div(g.K); g.fKK = fast_div(g.KK); g.fS = fast_div(g.S);
+    g.fW = fast_div(g.W); g.fHW = fast_div(g.H * g.W); g.fWo = fast_div(g.Wo); g.fHWo = fast_div(g.Ho * g.Wo);
     return g;
 }
 
 // im2col element: col[k = (ci, ky, kx)][n = (b, oy, ox)] of x (0 in the padding). T: __half or float.
 template <class T>
 __device__ __forceinline__ T conv_col(const ConvGeo &g, const T *x, int k, int n) {
-    int ci = k / g.KK, kk = k % g.KK, HWo = g.Ho * g.Wo;
-    int b = n / HWo, p = n % HWo;
-    int iy = (p / g.Wo) * g.S - g.pad + kk / g.K, ix = (p % g.Wo) * g.S - g.pad + kk % g.K;
+    int ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
+    int b = div_fast(n, g.fHWo), p = n - b * (g.Ho * g.Wo), oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
+    int iy = oy * g.S - g.pad + ky, ix = ox * g.S - g.pad + kx;
     if (iy < 0 || iy >= g.H || ix < 0 || ix >= g.W) return act_from<T>(0.0f);
     return x[b * g.xs + ((long)ci * g.H + iy) * g.W + ix];
 }
@@ -183,11 +189,12 @@ __device__ __forceinline__ T conv_col(const ConvGeo &g, const T *x, int k, int n
 // pixel n through tap kk, 0 where no output did (stride gaps, borders).
 template <class T>
 __device__ __forceinline__ T conv_dz_gather(const ConvGeo &g, const T *dz, int k, int n) {
-    int HW = g.H * g.W, co = k / g.KK, kk = k % g.KK, b = n / HW, q = n % HW;
-    int ty = q / g.W + g.pad - kk / g.K, tx = q % g.W + g.pad - kk % g.K;
-    if (ty < 0 || tx < 0 || ty % g.S || tx % g.S) return act_from<T>(0.0f);
-    int oy = ty / g.S, ox = tx / g.S;
-    if (oy >= g.Ho || ox >= g.Wo) return act_from<T>(0.0f);
+    int co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
+    int b = div_fast(n, g.fHW), q = n - b * (g.H * g.W), qy = div_fast(q, g.fW), qx = q - qy * g.W;
+    int ty = qy + g.pad - ky, tx = qx + g.pad - kx;
+    if (ty < 0 || tx < 0) return act_from<T>(0.0f);
+    int oy = div_fast(ty, g.fS), ox = div_fast(tx, g.fS);
+    if (oy * g.S != ty || ox * g.S != tx || oy >= g.Ho || ox >= g.Wo) return act_from<T>(0.0f);
     return dz[b * g.zs + ((long)co * g.Ho + oy) * g.Wo + ox];
 }
 
@@ -261,8 +268,8 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
         [=](int m, int k) { return w[(long)m * Kd + k]; },
         [=](int k, int n) { return conv_col(g, x, k, n); },
         [=](int m, int n, float v) {
-            long i = (n / HWo) * g.zs + (long)m * HWo + n % HWo;
-            conv_store(z, zh, i, bias ? v + bias[m] : v, 0);
+            int b = div_fast(n, g.fHWo);
+            conv_store(z, zh, b * g.zs + (long)m * HWo + (n - b * HWo), bias ? v + bias[m] : v, 0);
         });
 }
 extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const uint16_t *w, const float *bias, float *z,
@@ -275,14 +282,18 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const uint16_t 
     CUDA_CHECK(cudaGetLastError());
 }
 
-__global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
+// (128, 1): without the minimum of one block, ptxas for sm_80 caps this kernel at 72 registers and spills
+__global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
                                                          __half *dxh, int accumulate) {
     int Kd = g.Cout * g.KK, N = g.B * g.H * g.W;
     int HW = g.H * g.W;
     igemm_block<false>(g.Cin, N, 0, Kd,
-        [=](int m, int k) { return w[((long)(k / g.KK) * g.Cin + m) * g.KK + k % g.KK]; },
+        [=](int m, int k) { int co = div_fast(k, g.fKK); return w[((long)co * g.Cin + m) * g.KK + (k - co * g.KK)]; },
         [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
-        [=](int m, int n, float v) { conv_store(dx, dxh, (n / HW) * g.xs + (long)m * HW + n % HW, v, accumulate); });
+        [=](int m, int n, float v) {
+            int b = div_fast(n, g.fHW);
+            conv_store(dx, dxh, b * g.xs + (long)m * HW + (n - b * HW), v, accumulate);
+        });
 }
 extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
                                 void *stream) {
@@ -304,7 +315,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
     int kend = min(Kd, kbeg + kchunk);
     float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
     igemm_block<true>(g.Cout, N, kbeg, kend,
-        [=](int m, int k) { return dz[(k / HWo) * g.zs + (long)m * HWo + k % HWo]; },
+        [=](int m, int k) { int b = div_fast(k, g.fHWo); return dz[b * g.zs + (long)m * HWo + (k - b * HWo)]; },
         [=](int k, int n) { return conv_col(g, x, n, k); },
         [=](int m, int n, float v) {
             if (part) part[(long)m * N + n] = v;
@@ -429,7 +440,10 @@ __global__ __launch_bounds__(SG_THREADS) void conv_fwd_f32_kernel(ConvGeo g, con
     sgemm_block<false>(g.Cout, N, 0, Kd,
         [=](int m, int k) { return w[(long)m * Kd + k]; },
         [=](int k, int n) { return conv_col(g, x, k, n); },
-        [=](int m, int n, float v) { z[(n / HWo) * g.zs + (long)m * HWo + n % HWo] = bias ? v + bias[m] : v; });
+        [=](int m, int n, float v) {
+            int b = div_fast(n, g.fHWo);
+            z[b * g.zs + (long)m * HWo + (n - b * HWo)] = bias ? v + bias[m] : v;
+        });
 }
 extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const float *w, const float *bias, float *z, void *stream) {
     ConvGeo g = conv_geo(d);
@@ -445,10 +459,11 @@ __global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, c
                                                                     int accumulate) {
     int Kd = g.Cout * g.KK, N = g.B * g.H * g.W, HW = g.H * g.W;
     sgemm_block<false>(g.Cin, N, 0, Kd,
-        [=](int m, int k) { return w[((long)(k / g.KK) * g.Cin + m) * g.KK + k % g.KK]; },
+        [=](int m, int k) { int co = div_fast(k, g.fKK); return w[((long)co * g.Cin + m) * g.KK + (k - co * g.KK)]; },
         [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
         [=](int m, int n, float v) {
-            long i = (n / HW) * g.xs + (long)m * HW + n % HW;
+            int b = div_fast(n, g.fHW);
+            long i = b * g.xs + (long)m * HW + (n - b * HW);
             dx[i] = accumulate ? dx[i] + v : v;
         });
 }
@@ -468,7 +483,7 @@ __global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, c
     int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
     float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
     sgemm_block<true>(g.Cout, N, kbeg, min(Kd, kbeg + kchunk),
-        [=](int m, int k) { return dz[(k / HWo) * g.zs + (long)m * HWo + k % HWo]; },
+        [=](int m, int k) { int b = div_fast(k, g.fHWo); return dz[b * g.zs + (long)m * HWo + (k - b * HWo)]; },
         [=](int k, int n) { return conv_col(g, x, n, k); },
         [=](int m, int n, float v) {
             long i = (long)m * N + n;

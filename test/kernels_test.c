@@ -1028,8 +1028,30 @@ static void test_ema(void *stream) {
     free(gp); free(gb); free(sc); free(e.params); free(e.buffers); free(m->buffers); free(m->params); free(m->grads); free(m);
 }
 
+// fast_div / fdiv (yolo.h), the conv kernels' index division: every divisor 1..4096 and random ones up
+// to 2^30, each against dividends at and around its multiples, random ones and 2^31 - 1
+static void test_fast_div(void) {
+    long bad = 0, n_checked = 0;
+    for (int t = 0; t < 4096 + 2000; t++) {
+        int d = t < 4096 ? t + 1 : 1 + (int)(rng_uniform(&rng) * (double)(1 << 30));
+        FastDiv f = fast_div(d);
+        for (int j = 0; j < 40; j++) {
+            long n;
+            if (j < 3) n = j;
+            else if (j < 6) n = 0x7fffffffL - (j - 3);
+            else if (j < 24) n = (long)(rng_uniform(&rng) * (0x7fffffffL / d)) * d + (j % 3) - 1;
+            else n = (long)(rng_uniform(&rng) * 0x7fffffffL);
+            if (n < 0 || n > 0x7fffffffL) continue;
+            n_checked++;
+            bad += div_fast((int)n, f) != (int)(n / d);
+        }
+    }
+    check(!bad, "div_fast(n, fast_div(d)) == n / d: %ld of %ld dividends wrong (divisors 1..4096 and 2000 random up to 2^30)", bad, n_checked);
+}
+
 int main(void) {
     rng_seed(&rng, 6);
+    test_fast_div();
     // software fp16 conversion against known encodings (the reference must be right on its own)
     check(f32_to_f16(1.0f) == 0x3c00 && f32_to_f16(-2.0f) == 0xc000 && f32_to_f16(65504.0f) == 0x7bff && f32_to_f16(1e6f) == 0x7c00 &&
           f32_to_f16(5.9604645e-8f) == 0x0001 && f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00 && f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02 &&
