@@ -6294,11 +6294,16 @@ static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, floa
     }
     arena_free(g->a, ws);
 }
+// k_bn_stats: the batch statistics (train) with their chunks' scratch (a temporary), or the running ones
 static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mean, float *invstd, float *rm, float *rv) {
-    prof_begin(g);
-    if (g->f32) bn_stats_f32_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, g->stream);
-    else bn_stats_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, g->stream);
-    prof_end(g, "bn stats", 0);
+    float *scratch = g->m->train ? gf32(g, (long)bn_scratch_floats(g->B, C, HW), G_SCRATCH) : NULL;
+    if (!arena_dry(g->a)) {
+        prof_begin(g);
+        if (g->f32) bn_stats_f32_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, scratch, g->stream);
+        else bn_stats_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, scratch, g->stream);
+        prof_end(g, "bn stats", 0);
+    }
+    arena_free(g->a, scratch);
 }
 static void k_bn_silu(Gpu *g, const void *z, long zs, const float *mean, const float *invstd, const float *gamma,
                       const float *beta, void *y, long ys, int C, int HW) {
@@ -6431,7 +6436,7 @@ static void gpu_conv_forward(Gpu *g, int ci, int recomputing) {
         }
     }
     gpu_input_free(g, x);
-    if (c->bn && !dry && !recomputing) {
+    if (c->bn && !recomputing) {
         float *rm = g->buffers + c->rs_off;
         k_bn_stats(g, g->z[ci], g->zs[ci], c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout);
     }
@@ -6572,7 +6577,7 @@ static void gpu_conv_backward(Gpu *g, int ci) {
     long zs = g->zs[ci];
     float *dA = gpu_dA(g, ci);                                  // (B, Cout, Ho, Wo), image stride zs
     void *dz = gact(g, g->B * zs, G_BACKWARD);                  // same layout, the step's precision
-    float *scratch = gf32(g, 2 * c->cout, G_SCRATCH);
+    float *scratch = gf32(g, (long)bn_scratch_floats(g->B, c->cout, HWo), G_SCRATCH);
     if (!dry)
         k_bn_silu_backward(g, g->z[ci], dA, zs, g->stats[ci], c->bn ? g->stats[ci] + c->cout : NULL,
                            c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,

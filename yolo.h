@@ -105,15 +105,24 @@ void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *d
 // order); ws of conv_wgrad_ws_bytes(d, 1) bytes.
 void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, float *ws, int accumulate, void *stream);
 
+// BN reductions (bn_stats_cuda, bn_silu_backward_cuda) split each channel's B*HW values into
+// bn_chunks chunks (about 16384 values each, at most 64), summed by blocks of their own and then in
+// chunk order: the early layers' 16-64 channels of ~10^6 values keep every SM busy, and the result is
+// the same bits on every run. Their scratch: bn_scratch_floats(B, C, HW) floats.
+static inline int bn_chunks(int B, int HW) {
+    long k = ((long)B * HW + 16383) / 16384;
+    return k < 1 ? 1 : k > 64 ? 64 : (int)k;
+}
+static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C * (2 * bn_chunks(B, HW) + 2); }
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
 // conv_forward_cpu: train: mean and biased variance (two passes, FP32 accumulation), invstd =
 // 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased
-// variance; eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps).
+// variance; eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps). scratch: see bn_chunks (train).
 void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                   float eps, float momentum, int train, void *stream);
+                   float eps, float momentum, int train, float *scratch, void *stream);
 // bn_stats_f32_cuda: the same from an FP32 z.
 void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                       float eps, float momentum, int train, void *stream);
+                       float eps, float momentum, int train, float *scratch, void *stream);
 // bn_silu_forward_f16_cuda: y = silu(gamma*(z-mean)*invstd + beta), FP16 in and out, FP32 math.
 // zs, ys: image strides of z and y (0 = dense): y may be a channel slice of a concat buffer.
 void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
@@ -125,7 +134,7 @@ void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const 
 // image stride zs like z) and z (FP16): gy = dA * silu'(y); dgamma[c] += sum gy*xhat, dbeta[c] +=
 // sum gy; dz = gamma*invstd*(gy - mean(gy) - xhat*mean(gy*xhat)) (train; eval drops the means),
 // written FP16 with image stride zs. gamma == NULL: a plain conv with bias (Detect output):
-// dbeta[c] += sum dA, dz = dA. scratch: 2*C floats.
+// dbeta[c] += sum dA, dz = dA. scratch: bn_scratch_floats(B, C, HW) floats.
 void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
                            const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                            float *scratch, int B, int C, int HW, int train, void *stream);

@@ -519,49 +519,77 @@ __device__ float block_sum(float v) {
     return t;
 }
 
-// bn_stats: one block per channel; train: two passes over the channel (sum, then centred sum of
-// squares) as conv_forward_cpu, FP32 accumulation. grid (C), block 256. T: __half or float.
+// BN reductions, chunked (yolo.h's bn_chunks): grid (K chunks, C channels), block 256; chunk k of a
+// channel holds its values j in [k*len, (k+1)*len) of B*HW (image j / HW, pixel j % HW); each block
+// writes its partial sums, then one thread per channel adds the K partials in chunk order.
+struct BnGeo { long n, len, zs; int HW, K; FastDiv fHW; };
+static BnGeo bn_geo(int B, int C, int HW, long zs) {
+    BnGeo q;
+    q.n = (long)B * HW; q.K = bn_chunks(B, HW); q.len = (q.n + q.K - 1) / q.K;
+    q.zs = zs ? zs : (long)C * HW; q.HW = HW; q.fHW = fast_div(HW > 0 ? HW : 1);
+    return q;
+}
+// offset of value j of channel c in z (and dA, same layout)
+__device__ __forceinline__ long bn_at(const BnGeo &q, int c, int j) {
+    int b = div_fast(j, q.fHW);
+    return b * q.zs + (long)c * q.HW + (j - b * q.HW);
+}
+
+// bn_stats_partial: part[c*K + k] = the sum over chunk k of z (mean NULL) or of (z - mean[c])^2
 template <class T>
-__global__ void bn_stats_kernel(const T *z, long zs, int B, int HW, float *mean, float *invstd, float *rm, float *rv,
-                                float eps, float momentum, int train) {
-    int c = blockIdx.x;
-    if (!train) {
-        if (threadIdx.x == 0) { mean[c] = rm[c]; invstd[c] = 1.0f / sqrtf(rv[c] + eps); }
-        return;
+__global__ void bn_stats_partial_kernel(const T *z, BnGeo q, const float *mean, float *part) {
+    int k = blockIdx.x, c = blockIdx.y;
+    long j1 = min(q.n, (k + 1) * q.len);
+    float mu = mean ? mean[c] : 0.0f, s = 0.0f;
+    for (long j = k * q.len + threadIdx.x; j < j1; j += blockDim.x) {
+        float v = act_f(z[bn_at(q, c, (int)j)]) - mu;
+        s += mean ? v * v : v;
     }
-    float s = 0.0f, cnt = (float)B * HW;
-    for (int b = 0; b < B; b++) {
-        const T *zc = z + b * zs + (long)c * HW;
-        for (int i = threadIdx.x; i < HW; i += blockDim.x) s += act_f(zc[i]);
-    }
-    float mu = block_sum(s) / cnt, ss = 0.0f;
-    for (int b = 0; b < B; b++) {
-        const T *zc = z + b * zs + (long)c * HW;
-        for (int i = threadIdx.x; i < HW; i += blockDim.x) { float d = act_f(zc[i]) - mu; ss += d * d; }
-    }
-    float var = block_sum(ss) / cnt;
-    if (threadIdx.x == 0) {
-        mean[c] = mu;
-        invstd[c] = 1.0f / sqrtf(var + eps);
-        if (rm) rm[c] = (1 - momentum) * rm[c] + momentum * mu;
-        if (rv) rv[c] = (1 - momentum) * rv[c] + momentum * (cnt > 1 ? var * cnt / (cnt - 1) : var);
-    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) part[(long)c * q.K + k] = s;
+}
+// bn_stats_finish: one thread per channel. pass 0: mean from the partial sums; pass 1: invstd and the
+// running stats from the partial squared deviations; pass 2 (eval): mean = rm, invstd from rv
+__global__ void bn_stats_finish_kernel(const float *part, int K, int C, float cnt, float *mean, float *invstd, float *rm,
+                                       float *rv, float eps, float momentum, int pass) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    if (pass == 2) { mean[c] = rm[c]; invstd[c] = 1.0f / sqrtf(rv[c] + eps); return; }
+    float s = 0.0f;
+    for (int k = 0; k < K; k++) s += part[(long)c * K + k];
+    if (pass == 0) { mean[c] = s / cnt; return; }
+    float var = s / cnt, mu = mean[c];
+    invstd[c] = 1.0f / sqrtf(var + eps);
+    if (rm) rm[c] = (1 - momentum) * rm[c] + momentum * mu;
+    if (rv) rv[c] = (1 - momentum) * rv[c] + momentum * (cnt > 1 ? var * cnt / (cnt - 1) : var);
 }
 template <class T>
 static void bn_stats_launch(const T *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                            float eps, float momentum, int train, void *stream) {
+                            float eps, float momentum, int train, float *scratch, void *stream) {
     if (C == 0) return;
-    if (!zs) zs = (long)C * HW;
-    bn_stats_kernel<T><<<C, 256, 0, (cudaStream_t)stream>>>(z, zs, B, HW, mean, invstd, rm, rv, eps, momentum, train);
-    CUDA_CHECK(cudaGetLastError());
+    cudaStream_t s = (cudaStream_t)stream;
+    float cnt = (float)B * HW;
+    if (!train) {
+        bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(nullptr, 0, C, cnt, mean, invstd, rm, rv, eps, momentum, 2);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    BnGeo q = bn_geo(B, C, HW, zs);
+    dim3 grid((unsigned)q.K, (unsigned)C);
+    for (int pass = 0; pass < 2; pass++) {   // the sum, then the squared deviations from the mean
+        bn_stats_partial_kernel<T><<<grid, 256, 0, s>>>(z, q, pass ? mean : nullptr, scratch);
+        CUDA_CHECK(cudaGetLastError());
+        bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(scratch, q.K, C, cnt, mean, invstd, rm, rv, eps, momentum, pass);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                              float eps, float momentum, int train, void *stream) {
-    bn_stats_launch((const __half *)z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, stream);
+                              float eps, float momentum, int train, float *scratch, void *stream) {
+    bn_stats_launch((const __half *)z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
 extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                                  float eps, float momentum, int train, void *stream) {
-    bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, stream);
+                                  float eps, float momentum, int train, float *scratch, void *stream) {
+    bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
 
 // bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
@@ -598,34 +626,42 @@ __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, flo
     float y = gamma * xh + beta, s = 1.0f / (1.0f + expf(-y));
     return dA * s * (1.0f + y * (1.0f - s));
 }
-// bn_bwd_reduce: one block per channel: sums of gy and gy*xhat into dgamma/dbeta (+=) and the two
-// means the apply pass needs into scratch (C mean(gy), then C mean(gy*xhat); 0 in eval).
+// bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)
+// into part[c*K + k] and part[C*K + c*K + k]
 template <class T>
-__global__ void bn_bwd_reduce_kernel(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
-                                     const float *gamma, const float *beta, float *dgamma, float *dbeta, float *scratch, int B,
-                                     int C, int HW, int train) {
-    int c = blockIdx.x;
-    float sg = 0.0f, sgx = 0.0f, cnt = (float)B * HW;
+__global__ void bn_bwd_partial_kernel(const T *z, const float *dA, BnGeo q, int C, const float *mean, const float *invstd,
+                                      const float *gamma, const float *beta, float *part) {
+    int k = blockIdx.x, c = blockIdx.y;
+    long j1 = min(q.n, (k + 1) * q.len);
+    float sg = 0.0f, sgx = 0.0f;
     float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f, be = gamma ? beta[c] : 0.0f;
-    for (int b = 0; b < B; b++) {
-        long o = b * zs + (long)c * HW;
-        for (int i = threadIdx.x; i < HW; i += blockDim.x) {
-            if (!gamma) { sg += dA[o + i]; continue; }
-            float xh = (act_f(z[o + i]) - mu) * is, gy = bn_silu_gy(dA[o + i], xh, ga, be);
-            sg += gy;
-            sgx += gy * xh;
-        }
+    for (long j = k * q.len + threadIdx.x; j < j1; j += blockDim.x) {
+        long o = bn_at(q, c, (int)j);
+        if (!gamma) { sg += dA[o]; continue; }
+        float xh = (act_f(z[o]) - mu) * is, gy = bn_silu_gy(dA[o], xh, ga, be);
+        sg += gy;
+        sgx += gy * xh;
     }
     sg = block_sum(sg);
     sgx = block_sum(sgx);
     if (threadIdx.x == 0) {
-        dbeta[c] += sg;
-        if (gamma) {
-            dgamma[c] += sgx;
-            scratch[c] = train ? sg / cnt : 0.0f;
-            scratch[C + c] = train ? sgx / cnt : 0.0f;
-        }
+        part[(long)c * q.K + k] = sg;
+        part[(long)C * q.K + (long)c * q.K + k] = sgx;
     }
+}
+// bn_bwd_finish: one thread per channel: the partials in chunk order into dbeta/dgamma (+=) and the
+// two means the apply pass needs into means (C mean(gy), then C mean(gy*xhat); 0 in eval)
+__global__ void bn_bwd_finish_kernel(const float *part, int K, int C, float cnt, int bn, int train, float *dgamma,
+                                     float *dbeta, float *means) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float sg = 0.0f, sgx = 0.0f;
+    for (int k = 0; k < K; k++) sg += part[(long)c * K + k], sgx += part[(long)C * K + (long)c * K + k];
+    dbeta[c] += sg;
+    if (!bn) return;
+    dgamma[c] += sgx;
+    means[c] = train ? sg / cnt : 0.0f;
+    means[C + c] = train ? sgx / cnt : 0.0f;
 }
 // bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN).
 // grid (ceil(HW/256), C, B)
@@ -646,7 +682,11 @@ static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const 
     if (C == 0) return;
     if (!zs) zs = (long)C * HW;
     cudaStream_t s = (cudaStream_t)stream;
-    bn_bwd_reduce_kernel<T><<<C, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, scratch, B, C, HW, train);
+    BnGeo q = bn_geo(B, C, HW, zs);
+    float *part = scratch + 2 * (long)C;   // after the two means
+    bn_bwd_partial_kernel<T><<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
+    CUDA_CHECK(cudaGetLastError());
+    bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta, scratch);
     CUDA_CHECK(cudaGetLastError());
     if ((long)B * HW == 0) return;
     dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);

@@ -304,15 +304,19 @@ int main(void) {
     check(g->a->high == g->plan && g->a->n == 10 + (g->opt_v != NULL),
           "device arena: high-water mark %zu bytes == plan %zu; %d blocks live after the steps (the persistent ones)",
           g->a->high, g->plan, g->a->n);
-    // 8. one more optimizer step on the same batch (SGD, lr 0.01): the loss goes down; the device's weights
-    //    then give the CPU the same loss
+    // 8. more SGD steps on the same batch (lr 0.01, momentum 0.937, clip 10): the loss goes down; the
+    //    device's weights then give the CPU the same loss. The first steps from random weights move the
+    //    loss up or down by chance (the assigner re-assigns, BN over 8 values; the FP32 CPU step does the
+    //    same: over seeds 11-13, FP32 and the FP16 twin, the loss after 2 steps was 0.97-1.30x the first,
+    //    after 7 steps 0.43-0.55x), so the check is after 7 steps: section 5's, then 6 here
     if (!quick) {
-        double l[3] = {lo_g.box + lo_g.cls + lo_g.dfl};
-        int ok = 1;
-        for (int k = 1; k < 3; k++) {
+        enum { NSTEP = 7 };
+        double l[NSTEP + 1] = {lo_g.box + lo_g.cls + lo_g.dfl};   // at the initial weights
+        int ok = 1;                                                  // steps taken (section 5's was)
+        for (int k = 1; k <= NSTEP; k++) {
             LossOut lo = gpu_forward_backward(g, img, &tg, &lc);
             l[k] = lo.box + lo.cls + lo.dfl;
-            if (k < 2) ok &= gpu_optimize(g, NULL);
+            if (k < NSTEP) ok += gpu_optimize(g, NULL);
         }
         // the CPU forward of the device's weights after those steps (conv weights FP16-rounded as the device uses them)
         float *p1 = dev_floats(g->params, m->nparams);
@@ -325,11 +329,14 @@ int main(void) {
         free(p1);
         LossOut lo_c1 = cpu_step(m, a, x, &tg, &lc, scratch, lb, hc, hn);
         double l1c = lo_c1.box + lo_c1.cls + lo_c1.dfl;
-        check(fabs(l[2] - l1c) <= ltol * l1c, "after two SGD steps the device loss %.4f matches the CPU forward of the device's "
-              "updated weights %.4f (%.3g relative, max(1e-2, 2x the FP16 twin's loss difference): the FP16 forward, in a sharper "
-              "place after two large steps)", l[2], l1c, ltol);
-        check(ok && l[2] < 0.9 * l[0], "device SGD steps on one batch (lr 0.01, momentum 0.937): loss %.4f -> %.4f -> %.4f, "
-              "down by more than 10%% after two steps (steps taken: %d)", l[0], l[1], l[2], ok);
+        check(fabs(l[NSTEP] - l1c) <= ltol * l1c, "after %d SGD steps the device loss %.4f matches the CPU forward of the device's "
+              "updated weights %.4f (%.3g relative, max(1e-2, 2x the FP16 twin's loss difference): the FP16 forward)", NSTEP, l[NSTEP],
+              l1c, ltol);
+        char traj[200];
+        int tn = 0;
+        for (int k = 0; k <= NSTEP; k++) tn += snprintf(traj + tn, sizeof traj - tn, "%s%.3f", k ? " -> " : "", l[k]);
+        check(l[NSTEP] < 0.7 * l[0], "device SGD steps on one batch (lr 0.01, momentum 0.937): loss %s, below 0.7x the first after "
+              "%d steps (%d taken, the others skipped by the GradScaler)", traj, NSTEP, ok);
     }
     gpu_close(g);
 

@@ -60,6 +60,8 @@ static float *from_dev(const void *d, size_t bytes) {
     return h;
 }
 
+static float *poisoned_dev(long n);
+
 static void test_bn_silu(int B, int C, int HW, void *stream) {
     long n = (long)B * C * HW;
     float *z = rand_host(n, -4, 4), *mean = rand_host(C, -1, 1), *invstd = rand_host(C, 0.2f, 3), *gamma = rand_host(C, -2, 2),
@@ -253,9 +255,10 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
     void *dzh = to_dev(zh, 2 * nz);
     float *dmean, *dinv, *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
     CK(cudaMalloc((void **)&dmean, 4 * C)); CK(cudaMalloc((void **)&dinv, 4 * C));
+    float *dscr = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     char what[200];
     for (int train = 1; train >= 0; train--) {
-        bn_stats_cuda(dzh, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, stream);
+        bn_stats_cuda(dzh, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, dscr, stream);
         bn_stats_cpu(zf, zs, B, C, HW, mean, invstd, rm, rv, train);
         float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C), *grv = from_dev(drv, 4 * C);
         float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
@@ -265,7 +268,8 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
             sc[c] = (float)(sa / ((double)B * HW)); sc2[c] = fabsf(invstd[c]) * 4;   // variance error 1e-5 rel -> invstd 0.5e-5
             sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
         }
-        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d zs+%d %s: mean vs conv_forward's (bn_stats_cpu)", B, C, HW, zextra, train ? "train" : "eval");
+        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d zs+%d %s (%d chunk%s): mean vs conv_forward's (bn_stats_cpu)", B, C, HW, zextra,
+                 train ? "train" : "eval", bn_chunks(B, HW), bn_chunks(B, HW) > 1 ? "s" : "");
         check_rel(what, gm, mean, sc, C, 1e-5);
         snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: invstd", B, C, HW, train ? "train" : "eval");
         check_rel(what, gi, invstd, sc2, C, 1e-5);
@@ -292,6 +296,7 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
     check_f16tol(what, yf, yref, ny);
     check(untouched == (long)B * yextra * HW, "bn_silu_forward_f16_cuda: the %ld values outside the output slice untouched", (long)B * yextra * HW);
     cudaFree(dzh); cudaFree(dmean); cudaFree(dinv); cudaFree(drm); cudaFree(drv); cudaFree(dg); cudaFree(db); cudaFree(dm2); cudaFree(di2); cudaFree(dy);
+    cudaFree(dscr);
     free(zf); free(mean); free(invstd); free(rm); free(rv); free(zh); free(rm0); free(rv0); free(gamma); free(beta); free(yref); free(zd); free(yh); free(yf);
 }
 
@@ -303,7 +308,8 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     float *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
     float *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *scratch;
     void *dz16 = to_dev(zh, 2 * nz);
-    uint16_t *ddz; CK(cudaMalloc((void **)&ddz, 2 * nz)); CK(cudaMalloc((void **)&scratch, 8 * C));
+    uint16_t *ddz; CK(cudaMalloc((void **)&ddz, 2 * nz));
+    scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     CK(cudaMemset(ddz, 0xff, 2 * nz));
     bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW, train, stream);
     // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
@@ -565,10 +571,10 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
     for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) z[b * zs + i] = NAN;
     memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
     float *dz = to_dev(z, 4 * nz), *dmean = poisoned_dev(C), *dinv = poisoned_dev(C), *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C);
-    float *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    float *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C), *dscr = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     char what[200];
     for (int train = 1; train >= 0; train--) {
-        bn_stats_f32_cuda(dz, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, stream);
+        bn_stats_f32_cuda(dz, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, dscr, stream);
         bn_stats_cpu(z, zs, B, C, HW, mean, invstd, rm, rv, train);
         float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C), *grv = from_dev(drv, 4 * C);
         float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
@@ -606,6 +612,7 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
     snprintf(what, sizeof what, "bn_silu_forward_f32_cuda B=%d C=%d HW=%d zs+%d ys+%d vs bn_silu_forward_cpu", B, C, HW, zextra, yextra);
     check_slice_f32(what, gy, yref, ysc, B, ys, (long)C * HW, NULL);
     cudaFree(dz); cudaFree(dmean); cudaFree(dinv); cudaFree(drm); cudaFree(drv); cudaFree(dg); cudaFree(db); cudaFree(dm2); cudaFree(di2); cudaFree(dy);
+    cudaFree(dscr);
     free(z); free(mean); free(invstd); free(rm); free(rv); free(rm0); free(rv0); free(gamma); free(beta); free(zd); free(yd); free(yref); free(ysc); free(gy);
 }
 
@@ -619,7 +626,7 @@ static void test_bn_backward_f32(int B, int C, int HW, int zextra, int bn, int t
     float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1), *dbet = rand_host(C, -1, 1);
     for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) z[b * zs + i] = dA[b * zs + i] = NAN;
     float *zd = to_dev(z, 4 * nz), *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C);
-    float *db = to_dev(beta, 4 * C), *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *scratch = poisoned_dev(2 * C), *ddz = poisoned_dev(nz);
+    float *db = to_dev(beta, 4 * C), *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW)), *ddz = poisoned_dev(nz);
     bn_silu_backward_f32_cuda(zd, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW, train, stream);
     float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz), *sc = xmalloc(4 * nz), *gyt = xmalloc(4 * nz);
     double cnt = (double)B * HW;
@@ -1078,10 +1085,13 @@ int main(void) {
     test_conv(1, 3, 40, 36, 5, 3, 2, 0, 0, NULL); // wgrad split in 2, ragged last slice
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
+    test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
     test_bn_backward(2, 3, 45, 0, 1, 1, NULL);
     test_bn_backward(2, 4, 300, 1, 1, 1, s);
     test_bn_backward(1, 3, 50, 0, 1, 0, s);
     test_bn_backward(2, 3, 40, 2, 0, 1, s);
+    test_bn_backward(2, 3, 20000, 1, 1, 1, s);   // 40000 values a channel: 3 chunks, the last one short
+    test_bn_backward(2, 2, 20000, 0, 0, 1, s);
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
@@ -1118,10 +1128,12 @@ int main(void) {
     test_conv_f32(2, 3, 24, 20, 4, 3, 1, 0, 0, 1, s);     // wgrad Kd=960 in 8 slices, the last one ragged
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
+    test_bn_f32(2, 3, 20000, 1, 0, s);
     test_bn_backward_f32(2, 3, 45, 0, 1, 1, NULL);
     test_bn_backward_f32(2, 4, 300, 1, 1, 1, s);
     test_bn_backward_f32(1, 3, 50, 0, 1, 0, s);
     test_bn_backward_f32(2, 3, 40, 2, 0, 1, s);
+    test_bn_backward_f32(2, 3, 20000, 1, 1, 1, s);
     test_views_f32(2, 3, 7, 9, NULL);
     test_views_f32(1, 2, 20, 17, s);
     CK(cudaStreamSynchronize(s));
