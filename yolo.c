@@ -6099,8 +6099,10 @@ static int cmd_augment(int argc, char **argv) {
  *   - numbers: FP32 master weights, gradients, optimizer state, EMA and BN statistics; an FP16
  *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP32
  *     gradient buffers dA; FP32 Detect head maps (B, 64+NC, H_i, W_i) with the bias added;
- *   - views (V_SLICE, V_ADD, V_CAT, V_UP, V_POOL) are materialised for the whole batch by kernels
- *     writing into channel slices of the conv's input buffer, as value_materialize does per image;
+ *   - a conv whose input is one conv's output or a channel slice of it (V_CONV, V_SLICE: most convs)
+ *     reads that conv's pre-BN z and applies its BN+SiLU in the gather (ConvAct, yolo.h); the other
+ *     views (V_ADD, V_CAT, V_UP, V_POOL) are materialised for the whole batch by kernels writing
+ *     into channel slices of the conv's input buffer, as value_materialize does per image;
  *   - loss scaling: torch.cuda.amp.GradScaler (yolo.h); the loss gradient is computed scaled, the
  *     optimizer unscales, checks for inf/NaN (skip + halve) and clips the norm to 10.
  *   - the loss and its assigner run on the device (loss_cuda); the host only gathers each image's
@@ -6270,10 +6272,11 @@ static void prof_report(void) {
 static const void *gpu_w(const Gpu *g, const Conv *c) {
     return g->f32 ? (const void *)(g->params + c->w_off) : (const void *)(g->w16 + c->w_off);
 }
-static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const void *w, const float *bias, float *z32, void *z) {
+static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const float *bias, float *z32,
+                           void *z) {
     prof_begin(g);
-    if (g->f32) conv_forward_f32_cuda(d, x, w, bias, z32 ? z32 : z, g->stream);
-    else conv_forward_cuda(d, x, w, bias, z32, z32 ? NULL : z, g->stream);
+    if (g->f32) conv_forward_f32_cuda(d, x, act, w, bias, z32 ? z32 : z, g->stream);
+    else conv_forward_cuda(d, x, act, w, bias, z32, z32 ? NULL : z, g->stream);
     prof_end_conv(g, d, "fwd");
 }
 static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, float *dx, int acc) {
@@ -6283,13 +6286,13 @@ static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, floa
     prof_end_conv(g, d, "dgrad");
 }
 // k_conv_wgrad: dw += the weight gradient, with the workspace of its split (a temporary, < 8 MiB)
-static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, float *dw) {
+static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, const ConvAct *act, float *dw) {
     size_t wsb = conv_wgrad_ws_bytes(d, g->f32);
     float *ws = wsb ? gf32(g, (long)(wsb / sizeof(float)), G_SCRATCH) : NULL;
     if (!arena_dry(g->a)) {
         prof_begin(g);
-        if (g->f32) conv_wgrad_f32_cuda(d, dz, x, dw, ws, 1, g->stream);
-        else conv_wgrad_cuda(d, dz, x, dw, ws, 1, g->stream);
+        if (g->f32) conv_wgrad_f32_cuda(d, dz, x, act, dw, ws, 1, g->stream);
+        else conv_wgrad_cuda(d, dz, x, act, dw, ws, 1, g->stream);
         prof_end_conv(g, d, "wgrad");
     }
     arena_free(g->a, ws);
@@ -6407,16 +6410,36 @@ static void gpu_value_materialize(Gpu *g, int vi, void *out, long os) {
     }
 }
 
-// gpu_conv_input: the input of conv c, (B, Cin, H, W): the input image itself, or a scratch buffer
-// materialised from the conv's input value (free it with gpu_input_free).
-static void *gpu_conv_input(Gpu *g, const Conv *c) {
-    if (g->m->val[c->in].kind == V_INPUT) return g->x;
+// GpuIn: the input of a conv as its kernels read it: x with image stride xs (0: dense), and act set
+// when the kernels apply the producer's BN+SiLU in their gather (ConvAct, yolo.h)
+typedef struct { void *x; long xs; ConvAct act; int fused, owned; } GpuIn;
+
+// gpu_conv_input: the input of conv c, (B, Cin, H, W): the input image itself; the pre-BN output
+// (or channel slice) of the one conv it comes from, activated in the conv's gather (nothing
+// allocated); or a scratch buffer materialised from the conv's input value (an add, a concat, an
+// upsample or max-pool: gpu_input_free frees it).
+static GpuIn gpu_conv_input(Gpu *g, const Conv *c) {
+    const Model *m = g->m;
+    const Value *v = &m->val[c->in];
+    GpuIn in = {g->x, 0, {0}, 0, 0};
+    if (v->kind == V_INPUT) return in;
+    if ((v->kind == V_CONV || v->kind == V_SLICE) && m->conv[v->conv].bn) {
+        const Conv *p = &m->conv[v->conv];
+        int c0 = v->kind == V_SLICE ? v->c0 : 0;
+        const float *st = g->stats[v->conv];
+        in.x = g->z[v->conv] ? GOFF(g, g->z[v->conv], (long)c0 * v->H * v->W) : NULL;
+        in.xs = g->zs[v->conv];
+        in.act = (ConvAct){st ? st + c0 : NULL, st ? st + p->cout + c0 : NULL, g->params + p->g_off + c0, g->params + p->b_off + c0};
+        in.fused = 1;
+        return in;
+    }
     long n = (long)c->cin * c->H * c->W;
-    void *x = gact(g, g->B * n, G_SCRATCH);
-    gpu_value_materialize(g, c->in, x, n);
-    return x;
+    in.x = gact(g, g->B * n, G_SCRATCH);
+    in.owned = 1;
+    gpu_value_materialize(g, c->in, in.x, n);
+    return in;
 }
-static void gpu_input_free(Gpu *g, void *x) { if (x != g->x) arena_free(g->a, x); }
+static void gpu_input_free(Gpu *g, GpuIn *in) { if (in->owned) arena_free(g->a, in->x); }
 
 // gpu_conv_forward: z = conv(input) on tensor cores, then the BN batch statistics (train: running
 // stats updated; not when recomputing, where the forward's statistics stand). Detect output convs
@@ -6425,17 +6448,19 @@ static void gpu_conv_forward(Gpu *g, int ci, int recomputing) {
     Model *m = g->m;
     Conv *c = &m->conv[ci];
     int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
-    void *x = gpu_conv_input(g, c);
+    GpuIn in = gpu_conv_input(g, c);
     if (!dry) {
         const void *w = gpu_w(g, c);                                    // (Cout, Cin, K, K)
+        ConvDims d = gpu_conv_dims(g, c, in.xs, g->zs[ci]);
+        const ConvAct *act = in.fused ? &in.act : NULL;
         if (c->bn) {
-            k_conv_forward(g, gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, NULL, NULL, g->z[ci]);
+            k_conv_forward(g, d, in.x, act, w, NULL, NULL, g->z[ci]);
         } else {
             float *z = g->head[c->level] + (c->branch ? (long)REG_MAX * 4 * HWo : 0);
-            k_conv_forward(g, gpu_conv_dims(g, c, 0, g->zs[ci]), x, w, g->params + c->b_off, z, NULL);
+            k_conv_forward(g, d, in.x, act, w, g->params + c->b_off, z, NULL);
         }
     }
-    gpu_input_free(g, x);
+    gpu_input_free(g, &in);
     if (c->bn && !recomputing) {
         float *rm = g->buffers + c->rs_off;
         k_bn_stats(g, g->z[ci], g->zs[ci], c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout);
@@ -6583,9 +6608,9 @@ static void gpu_conv_backward(Gpu *g, int ci) {
                            c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,
                            g->grads + c->b_off, dz, scratch, c->cout, HWo);
     arena_free(g->a, scratch);
-    void *x = gpu_conv_input(g, c);
-    k_conv_wgrad(g, gpu_conv_dims(g, c, 0, zs), dz, x, g->grads + c->w_off);
-    gpu_input_free(g, x);
+    GpuIn xin = gpu_conv_input(g, c);
+    k_conv_wgrad(g, gpu_conv_dims(g, c, xin.xs, zs), dz, xin.x, xin.fused ? &xin.act : NULL, g->grads + c->w_off);
+    gpu_input_free(g, &xin);
     const Value *in = &m->val[c->in];
     const void *w = gpu_w(g, c);
     if (in->kind == V_CONV || in->kind == V_SLICE) {

@@ -60,13 +60,20 @@ static inline int div_fast(int n, FastDiv f) {
 #endif
 }
 
+// ConvAct: a conv whose input is SiLU(BN(z)) of the conv that made it, applied in the kernels' gather
+// (the activated input is never materialised: one pass over memory and one buffer fewer). x is then
+// the producer's pre-BN z (its channel slice; xs its image stride) and these its per-channel batch
+// statistics and BN parameters from that slice's first channel. The gather computes exactly what
+// bn_silu_forward_*_cuda writes. act NULL: x is the input itself.
+typedef struct { const float *mean, *invstd, *gamma, *beta; } ConvAct;
+
 // conv_forward_cuda: implicit GEMM on tensor cores (WMMA), FP32 accumulation. z = conv(x, w) (+ bias[co]
 // when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL.
-void conv_forward_cuda(ConvDims d, const uint16_t *x, const uint16_t *w, const float *bias, float *z, uint16_t *zh,
+void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias, float *z, uint16_t *zh,
                        void *stream);
 // conv_forward_f32_cuda: z = conv(x, w) (+ bias[co] when bias != NULL), FP32 in and out, FP32 accumulation
 // (SIMT implicit GEMM, one fmaf chain per output in a fixed order: deterministic); xs, zs as above.
-void conv_forward_f32_cuda(ConvDims d, const float *x, const float *w, const float *bias, float *z, void *stream);
+void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias, float *z, void *stream);
 // conv_dgrad_cuda: input gradient dx = conv_transpose(dz, w), implicit GEMM on tensor cores. Written to
 // dx (FP32) and/or dxh (FP16), either may be NULL; accumulate != 0 adds to what is there.
 void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
@@ -100,10 +107,12 @@ static inline size_t conv_wgrad_ws_bytes(ConvDims d, int f32) {
 // conv_wgrad_cuda: weight gradient dW (Cout, Cin*K*K) (+)= sum over images and pixels of dz x col(x),
 // FP32 accumulation; accumulate != 0 adds to dW (gradient accumulation), else overwrites. ws: the
 // workspace of conv_wgrad_ws_bytes(d, 0) bytes (NULL when that is 0).
-void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, float *ws, int accumulate, void *stream);
+void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw, float *ws, int accumulate,
+                     void *stream);
 // conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32 (one fmaf chain per slice, the slices added in
 // order); ws of conv_wgrad_ws_bytes(d, 1) bytes.
-void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, float *ws, int accumulate, void *stream);
+void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const ConvAct *act, float *dw, float *ws, int accumulate,
+                         void *stream);
 
 // BN reductions (bn_stats_cuda, bn_silu_backward_cuda) split each channel's B*HW values into
 // bn_chunks chunks (about 16384 values each, at most 64), summed by blocks of their own and then in

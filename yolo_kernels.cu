@@ -24,6 +24,12 @@ __device__ __forceinline__ float act_f(__half v) { return __half2float(v); }
 template <class T> __device__ __forceinline__ T act_from(float v);
 template <> __device__ __forceinline__ float act_from<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half act_from<__half>(float v) { return __float2half(v); }
+// bn_silu_value: SiLU(BN(v)) in FP32: the one formula of bn_silu_forward_*_cuda and the fused conv gathers
+__device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd, float gamma, float beta) {
+    float sc = gamma * invstd, sh = beta - mean * sc;
+    v = v * sc + sh;
+    return v / (1.0f + expf(-v));
+}
 
 // ------------------------------------------------------------------------------------------
 // CPU ops, device side: elementwise and data movement
@@ -177,13 +183,17 @@ static ConvGeo conv_geo(const ConvDims &d) {
 }
 
 // im2col element: col[k = (ci, ky, kx)][n = (b, oy, ox)] of x (0 in the padding). T: __half or float.
-template <class T>
-__device__ __forceinline__ T conv_col(const ConvGeo &g, const T *x, int k, int n) {
+// ACT (a ConvAct conv): x holds the producer's pre-BN z and the element is SiLU(BN(z)) rounded to T,
+// as bn_silu_forward_act writes it; the padding stays 0 (it pads the activated input).
+template <bool ACT = false, class T>
+__device__ __forceinline__ T conv_col(const ConvGeo &g, const T *x, int k, int n, const ConvAct &a = ConvAct()) {
     int ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
     int b = div_fast(n, g.fHWo), p = n - b * (g.Ho * g.Wo), oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
     int iy = oy * g.S - g.pad + ky, ix = ox * g.S - g.pad + kx;
     if (iy < 0 || iy >= g.H || ix < 0 || ix >= g.W) return act_from<T>(0.0f);
-    return x[b * g.xs + ((long)ci * g.H + iy) * g.W + ix];
+    T v = x[b * g.xs + ((long)ci * g.H + iy) * g.W + ix];
+    if (!ACT) return v;
+    return act_from<T>(bn_silu_value(act_f(v), a.mean[ci], a.invstd[ci], a.gamma[ci], a.beta[ci]));
 }
 // dgrad's gathered operand: dzg[k = (co, kk)][n = (b, iy, ix)] = dz at the output pixel that read input
 // pixel n through tap kk, 0 where no output did (stride gaps, borders).
@@ -260,25 +270,28 @@ __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float 
     if (oh) oh[i] = __float2half(accumulate ? __half2float(oh[i]) + v : v);
 }
 
-__global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, const __half *w, const float *bias,
+template <bool ACT>
+__global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias,
                                                        float *z, __half *zh) {
     int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo;
     int HWo = g.Ho * g.Wo;
     igemm_block<false>(g.Cout, N, 0, Kd,
         [=](int m, int k) { return w[(long)m * Kd + k]; },
-        [=](int k, int n) { return conv_col(g, x, k, n); },
+        [=](int k, int n) { return conv_col<ACT>(g, x, k, n, a); },
         [=](int m, int n, float v) {
             int b = div_fast(n, g.fHWo);
             conv_store(z, zh, b * g.zs + (long)m * HWo + (n - b * HWo), bias ? v + bias[m] : v, 0);
         });
 }
-extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const uint16_t *w, const float *bias, float *z,
-                                  uint16_t *zh, void *stream) {
+extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
+                                  float *z, uint16_t *zh, void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.Ho * g.Wo;
     if (N == 0 || g.Cout == 0 || (!z && !zh)) return;
     dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM));
-    conv_fwd_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(g, (const __half *)x, (const __half *)w, bias, z, (__half *)zh);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (act) conv_fwd_kernel<true><<<grid, 128, 0, s>>>(g, (const __half *)x, *act, (const __half *)w, bias, z, (__half *)zh);
+    else conv_fwd_kernel<false><<<grid, 128, 0, s>>>(g, (const __half *)x, ConvAct(), (const __half *)w, bias, z, (__half *)zh);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -309,14 +322,15 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 // splits that range over grid.z (conv_wgrad_split: kchunk values each) when the tile grid alone would
 // leave the GPU idle; each slice then stores its partial dW into the workspace ws (Cout*N floats per
 // slice) and wgrad_reduce_kernel adds the slices in order (deterministic).
-__global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, float *dw,
+template <bool ACT>
+__global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, float *dw,
                                                          float *ws, int accumulate, int kchunk) {
     int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
     int kend = min(Kd, kbeg + kchunk);
     float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
     igemm_block<true>(g.Cout, N, kbeg, kend,
         [=](int m, int k) { int b = div_fast(k, g.fHWo); return dz[b * g.zs + (long)m * HWo + (k - b * HWo)]; },
-        [=](int k, int n) { return conv_col(g, x, n, k); },
+        [=](int k, int n) { return conv_col<ACT>(g, x, n, k, a); },
         [=](int m, int n, float v) {
             if (part) part[(long)m * N + n] = v;
             else conv_store(dw, nullptr, (long)m * N + n, v, accumulate);
@@ -355,14 +369,15 @@ static void wgrad_end(const ConvGeo &g, dim3 grid, const float *ws, float *dw, i
     wgrad_reduce_kernel<<<cdiv(n, 256), 256, 0, s>>>(ws, n, (int)grid.z, dw, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, float *dw, float *ws, int accumulate,
-                                void *stream) {
+extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw, float *ws,
+                                int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
-    conv_wgrad_kernel<<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, dw, ws, accumulate, (int)kchunk);
+    if (act) conv_wgrad_kernel<true><<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, *act, dw, ws, accumulate, (int)kchunk);
+    else conv_wgrad_kernel<false><<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, ConvAct(), dw, ws, accumulate, (int)kchunk);
     wgrad_end(g, grid, ws, dw, accumulate, s);
 }
 
@@ -434,23 +449,27 @@ __device__ void sgemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st)
 }
 
 // conv_fwd_f32: z = w col(x) (+ bias); M = Cout, N = B*Ho*Wo, Kd = Cin*KK. grid (ceil(N/64), ceil(Cout/64))
-__global__ __launch_bounds__(SG_THREADS) void conv_fwd_f32_kernel(ConvGeo g, const float *x, const float *w,
+template <bool ACT>
+__global__ __launch_bounds__(SG_THREADS) void conv_fwd_f32_kernel(ConvGeo g, const float *x, ConvAct a, const float *w,
                                                                   const float *bias, float *z) {
     int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo;
     sgemm_block<false>(g.Cout, N, 0, Kd,
         [=](int m, int k) { return w[(long)m * Kd + k]; },
-        [=](int k, int n) { return conv_col(g, x, k, n); },
+        [=](int k, int n) { return conv_col<ACT>(g, x, k, n, a); },
         [=](int m, int n, float v) {
             int b = div_fast(n, g.fHWo);
             z[b * g.zs + (long)m * HWo + (n - b * HWo)] = bias ? v + bias[m] : v;
         });
 }
-extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const float *w, const float *bias, float *z, void *stream) {
+extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias, float *z,
+                                      void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.Ho * g.Wo;
     if (N == 0 || g.Cout == 0 || !z) return;
     dim3 grid(cdiv(N, SG_BN), cdiv(g.Cout, SG_BM));
-    conv_fwd_f32_kernel<<<grid, SG_THREADS, 0, (cudaStream_t)stream>>>(g, x, w, bias, z);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (act) conv_fwd_f32_kernel<true><<<grid, SG_THREADS, 0, s>>>(g, x, *act, w, bias, z);
+    else conv_fwd_f32_kernel<false><<<grid, SG_THREADS, 0, s>>>(g, x, ConvAct(), w, bias, z);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -478,27 +497,29 @@ extern "C" void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w,
 
 // conv_wgrad_f32: dW (+)= dz col(x)^T; M = Cout, N = Cin*KK, Kd = B*Ho*Wo (images, then pixels, in
 // order), split over grid.z as the FP16 wgrad. grid (ceil(Cin*KK/64), ceil(Cout/64), slices)
-__global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x, float *dw,
+template <bool ACT>
+__global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x, ConvAct a, float *dw,
                                                                     float *ws, int accumulate, int kchunk) {
     int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
     float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
     sgemm_block<true>(g.Cout, N, kbeg, min(Kd, kbeg + kchunk),
         [=](int m, int k) { int b = div_fast(k, g.fHWo); return dz[b * g.zs + (long)m * HWo + (k - b * HWo)]; },
-        [=](int k, int n) { return conv_col(g, x, n, k); },
+        [=](int k, int n) { return conv_col<ACT>(g, x, n, k, a); },
         [=](int m, int n, float v) {
             long i = (long)m * N + n;
             if (part) part[i] = v;
             else dw[i] = accumulate ? dw[i] + v : v;
         });
 }
-extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, float *dw, float *ws, int accumulate,
-                                    void *stream) {
+extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const ConvAct *act, float *dw, float *ws,
+                                    int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 1, dw, ws, accumulate, s, &grid, &kchunk)) return;
-    conv_wgrad_f32_kernel<<<grid, SG_THREADS, 0, s>>>(g, dz, x, dw, ws, accumulate, (int)kchunk);
+    if (act) conv_wgrad_f32_kernel<true><<<grid, SG_THREADS, 0, s>>>(g, dz, x, *act, dw, ws, accumulate, (int)kchunk);
+    else conv_wgrad_f32_kernel<false><<<grid, SG_THREADS, 0, s>>>(g, dz, x, ConvAct(), dw, ws, accumulate, (int)kchunk);
     wgrad_end(g, grid, ws, dw, accumulate, s);
 }
 
@@ -599,9 +620,7 @@ __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mea
                                            const float *beta, T *y, long ys, int HW) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
     if (i >= HW) return;
-    float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
-    float v = act_f(z[b * zs + (long)c * HW + i]) * sc + sh;
-    y[b * ys + (long)c * HW + i] = act_from<T>(v / (1.0f + expf(-v)));
+    y[b * ys + (long)c * HW + i] = act_from<T>(bn_silu_value(act_f(z[b * zs + (long)c * HW + i]), mean[c], invstd[c], gamma[c], beta[c]));
 }
 template <class T>
 static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,

@@ -185,7 +185,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     float *dbias = to_dev(bias, 4 * Cout), *dz32, *ddx = to_dev(dx0, 4 * nx), *ddw = to_dev(dw0, 4 * nw);
     uint16_t *dz16, *ddx16;
     CK(cudaMalloc((void **)&dz32, 4 * nz)); CK(cudaMalloc((void **)&dz16, 2 * nz)); CK(cudaMalloc((void **)&ddx16, 2 * nx));
-    conv_forward_cuda(d, dxh_, dwh, dbias, dz32, dz16, stream);
+    conv_forward_cuda(d, dxh_, NULL, dwh, dbias, dz32, dz16, stream);
     conv_dgrad_cuda(d, ddz, dwh, ddx, NULL, 1, stream);
     conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 0, stream);
     // the split's workspace, NaN-filled: a slice that left part of its share unwritten would show
@@ -193,7 +193,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     size_t wsb = conv_wgrad_ws_bytes(d, 0);
     float *ws = NULL;
     if (wsb) { CK(cudaMalloc((void **)&ws, wsb)); CK(cudaMemset(ws, 0xff, wsb)); }
-    conv_wgrad_cuda(d, ddz, dxh_, ddw, ws, 1, stream);
+    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 1, stream);
     float *z = from_dev(dz32, 4 * nz), *dx = from_dev(ddx, 4 * nx), *dw = from_dev(ddw, 4 * nw);
     uint16_t *zh = (uint16_t *)from_dev(dz16, 2 * nz), *dxh = (uint16_t *)from_dev(ddx16, 2 * nx);
     float *zhf = f16_host_to_f32(zh, nz), *dxhf = f16_host_to_f32(dxh, nx);
@@ -219,12 +219,12 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     check_f16tol(what, dw, dwref, nw);
     check(!bad_out, "conv B=%d Cin=%d Cout=%d K=%d S=%d: nothing written outside the channel slices (%ld values touched)", B, Cin, Cout, K, S, bad_out);
     // wgrad overwrite
-    conv_wgrad_cuda(d, ddz, dxh_, ddw, ws, 0, stream);
+    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);
     free(dw); dw = from_dev(ddw, 4 * nw);
     for (long i = 0; i < nw; i++) dwref[i] -= dw0[i];
     snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d, overwrite", B, Cin, Cout, K, S);
     check_f16tol(what, dw, dwref, nw);
-    conv_wgrad_cuda(d, ddz, dxh_, ddw, ws, 0, stream);   // deterministic: the slices are added in order
+    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);   // deterministic: the slices are added in order
     float *dw2 = from_dev(ddw, 4 * nw);
     check(!memcmp(dw, dw2, 4 * nw), "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d (%ld slice%s): a second call gives the same bits", B, Cin, Cout, K, S, nsplit,
           nsplit > 1 ? "s" : "");
@@ -526,17 +526,17 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
     }
     float *dxd = to_dev(x, 4 * nx), *dwd = to_dev(w, 4 * nw), *ddz = to_dev(dz, 4 * nz), *dbias = to_dev(bias, 4 * Cout);
     float *zd = poisoned_dev(nz), *dxacc = to_dev(dx0, 4 * nx), *dxnew = poisoned_dev(nx), *dwacc = to_dev(dw0, 4 * nw), *dwnew = poisoned_dev(nw);
-    conv_forward_f32_cuda(d, dxd, dwd, with_bias ? dbias : NULL, zd, stream);
+    conv_forward_f32_cuda(d, dxd, NULL, dwd, with_bias ? dbias : NULL, zd, stream);
     conv_dgrad_f32_cuda(d, ddz, dwd, dxacc, 1, stream);
     conv_dgrad_f32_cuda(d, ddz, dwd, dxnew, 0, stream);
     long kchunk, nsplit = conv_wgrad_split(d, 1, &kchunk);
     size_t wsb = conv_wgrad_ws_bytes(d, 1);
     float *ws = wsb ? poisoned_dev((long)(wsb / 4)) : NULL;
-    conv_wgrad_f32_cuda(d, ddz, dxd, dwacc, ws, 1, stream);
-    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, ws, 0, stream);
+    conv_wgrad_f32_cuda(d, ddz, dxd, NULL, dwacc, ws, 1, stream);
+    conv_wgrad_f32_cuda(d, ddz, dxd, NULL, dwnew, ws, 0, stream);
     float *gz = from_dev(zd, 4 * nz), *gdxa = from_dev(dxacc, 4 * nx), *gdxn = from_dev(dxnew, 4 * nx);
     float *gdwa = from_dev(dwacc, 4 * nw), *gdwn = from_dev(dwnew, 4 * nw);
-    conv_wgrad_f32_cuda(d, ddz, dxd, dwnew, ws, 0, stream);
+    conv_wgrad_f32_cuda(d, ddz, dxd, NULL, dwnew, ws, 0, stream);
     float *gdwn2 = from_dev(dwnew, 4 * nw);
     char what[240];
     snprintf(what, sizeof what, "conv_forward_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d %s vs im2col+gemm_cpu (tol 1e-5*sum|terms|+1e-6)",
@@ -1035,6 +1035,54 @@ static void test_ema(void *stream) {
     free(gp); free(gb); free(sc); free(e.params); free(e.buffers); free(m->buffers); free(m->params); free(m->grads); free(m);
 }
 
+// ConvAct: conv_forward and conv_wgrad (FP16 and FP32) reading the producer's pre-BN z (channels c0..c0+Cin
+// of a Cp-channel z) with BN+SiLU applied in the gather, against bn_silu_forward_*_cuda into a buffer and
+// the plain conv: the same bits (the gather computes exactly what the materialising kernel writes)
+static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W, int Cout, int K, int S, void *stream) {
+    int HW = H * W, Ho = (H + 2 * (K / 2) - K) / S + 1, Wo = (W + 2 * (K / 2) - K) / S + 1, HWo = Ho * Wo;
+    long nzp = (long)B * Cp * HW, nx = (long)B * Cin * HW, nw = (long)Cout * Cin * K * K, nz = (long)B * Cout * HWo;
+    int es = f32 ? 4 : 2;
+    float *zf = rand_host(nzp, -3, 3), *wf = rand_host(nw, -1, 1), *dzf = rand_host(nz, -1, 1);
+    float *mean = rand_host(Cp, -0.5f, 0.5f), *invstd = rand_host(Cp, 0.5f, 2), *gamma = rand_host(Cp, 0.5f, 2), *beta = rand_host(Cp, -1, 1);
+    void *hz = zf, *hw = wf, *hdz = dzf;
+    if (!f32) hz = rand_f16(nzp, -3, 3, zf), hw = rand_f16(nw, -1, 1, wf), hdz = rand_f16(nz, -1, 1, dzf);
+    char *dzp = (char *)to_dev(hz, es * nzp), *dwt = (char *)to_dev(hw, es * nw), *ddz = (char *)to_dev(hdz, es * nz);
+    float *dm = to_dev(mean, 4 * Cp), *di = to_dev(invstd, 4 * Cp), *dg = to_dev(gamma, 4 * Cp), *db = to_dev(beta, 4 * Cp);
+    void *dy;
+    CK(cudaMalloc(&dy, es * nx));
+    ConvDims dense = {B, Cin, H, W, Cout, K, S, 0, 0}, slice = dense;
+    slice.xs = (long)Cp * HW;
+    const char *xin = dzp + (long)es * c0 * HW;
+    ConvAct act = {dm + c0, di + c0, dg + c0, db + c0};
+    size_t wsb = conv_wgrad_ws_bytes(dense, f32);
+    float *ws = wsb ? poisoned_dev((long)(wsb / 4)) : NULL, *z1 = poisoned_dev(nz), *z2 = poisoned_dev(nz);
+    float *w1 = poisoned_dev(nw), *w2 = poisoned_dev(nw);
+    if (f32) {
+        bn_silu_forward_f32_cuda((const float *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (float *)dy, 0, B, Cin, HW, stream);
+        conv_forward_f32_cuda(dense, (const float *)dy, NULL, (const float *)dwt, NULL, z1, stream);
+        conv_forward_f32_cuda(slice, (const float *)xin, &act, (const float *)dwt, NULL, z2, stream);
+        conv_wgrad_f32_cuda(dense, (const float *)ddz, (const float *)dy, NULL, w1, ws, 0, stream);
+        conv_wgrad_f32_cuda(slice, (const float *)ddz, (const float *)xin, &act, w2, ws, 0, stream);
+    } else {
+        bn_silu_forward_f16_cuda((const uint16_t *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (uint16_t *)dy, 0, B, Cin, HW, stream);
+        conv_forward_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, NULL, z1, NULL, stream);
+        conv_forward_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, NULL, z2, NULL, stream);
+        conv_wgrad_cuda(dense, (const uint16_t *)ddz, (const uint16_t *)dy, NULL, w1, ws, 0, stream);
+        conv_wgrad_cuda(slice, (const uint16_t *)ddz, (const uint16_t *)xin, &act, w2, ws, 0, stream);
+    }
+    float *g1 = from_dev(z1, 4 * nz), *g2 = from_dev(z2, 4 * nz), *v1 = from_dev(w1, 4 * nw), *v2 = from_dev(w2, 4 * nw);
+    long dz_ = 0, dw_ = 0, nan_ = 0;
+    for (long i = 0; i < nz; i++) dz_ += memcmp(&g1[i], &g2[i], 4) != 0, nan_ += isnan(g1[i]);
+    for (long i = 0; i < nw; i++) dw_ += memcmp(&v1[i], &v2[i], 4) != 0, nan_ += isnan(v1[i]);
+    check(!dz_ && !dw_ && !nan_, "conv%s with ConvAct (B=%d, channels %d..%d of %d, %dx%d, Cout=%d K=%d S=%d): forward and wgrad "
+          "bit-identical to bn_silu_forward + the plain conv (%ld of %ld outputs, %ld of %ld weight gradients differ)", f32 ? " FP32" : "",
+          B, c0, c0 + Cin - 1, Cp, H, W, Cout, K, S, dz_, nz, dw_, nw);
+    cudaFree(dzp); cudaFree(dwt); cudaFree(ddz); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(dy);
+    cudaFree(ws); cudaFree(z1); cudaFree(z2); cudaFree(w1); cudaFree(w2);
+    if (!f32) free(hz), free(hw), free(hdz);
+    free(zf); free(wf); free(dzf); free(mean); free(invstd); free(gamma); free(beta); free(g1); free(g2); free(v1); free(v2);
+}
+
 // fast_div / fdiv (yolo.h), the conv kernels' index division: every divisor 1..4096 and random ones up
 // to 2^30, each against dividends at and around its multiples, random ones and 2^31 - 1
 static void test_fast_div(void) {
@@ -1126,6 +1174,11 @@ int main(void) {
     test_conv_f32(1, 1, 1, 1, 1, 3, 2, 0, 0, 1, s);       // 1x1 image, K=3 S=2
     test_conv_f32(2, 8, 11, 13, 66, 3, 1, 1, 2, 1, s);    // 2x5 tiles, Kd=72 (4.5 k-steps); wgrad 2x2 tiles, Kd=286 in 3 slices
     test_conv_f32(2, 3, 24, 20, 4, 3, 1, 0, 0, 1, s);     // wgrad Kd=960 in 8 slices, the last one ragged
+    for (int f32 = 0; f32 < 2; f32++) {
+        test_conv_act(f32, 2, 8, 0, 8, 9, 7, 5, 3, 1, s);        // the whole z, 3x3
+        test_conv_act(f32, 2, 12, 4, 6, 10, 11, 70, 3, 2, s);    // a channel slice (C2f's split), stride 2, Cout over a tile
+        test_conv_act(f32, 1, 6, 3, 3, 20, 20, 4, 1, 1, NULL);   // 1x1, wgrad split
+    }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
     test_bn_f32(2, 3, 20000, 1, 0, s);
