@@ -2,7 +2,7 @@
 // x86-64 switch of the callee-saved registers, 64 KB stacks with a guard page); the threads of
 // one block run on one OS thread and blocks run one after another. Also here: device memory with
 // guard pages and poisoning, the runtime API subset, deferred (async) streams and a naive cuBLAS.
-// Environment: EMU_ORDER=forward|reverse|random (thread order between rendezvous), EMU_SEED,
+// Environment: EMU_ORDER=forward|reverse|random (thread order between rendezvous, and block order), EMU_SEED,
 // EMU_STRICT=1 (a thread returning while others wait at a barrier aborts), EMU_ASYNC=1 (queue work
 // until a synchronisation point), EMU_HOSTTRAP=1 (device memory is PROT_NONE while host code runs).
 #include "cuda_emu.h"
@@ -15,6 +15,7 @@
 #include <time.h>
 #include <map>
 #include <set>
+#include <utility>
 #include <deque>
 #include <vector>
 #include <string>
@@ -482,13 +483,20 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
         smem_size = c.smem;
         smem_ptr = smem_map + PAGE + smem_cap - (c.smem + 15) / 16 * 16;
         int n = (int)(c.block.x * c.block.y * c.block.z);
-        for (unsigned z = 0; z < c.grid.z; z++)
-            for (unsigned y = 0; y < c.grid.y; y++)
-                for (unsigned x = 0; x < c.grid.x; x++) {
-                    cur_bid = make_uint3(x, y, z);
-                    memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
-                    run_block(body, n);
-                }
+        // blocks one after another, in the order EMU_ORDER gives threads too: forward, reverse or a
+        // random permutation, so a result that depends on which block runs first (float atomics
+        // across blocks, a block reading another's output) differs between the orders
+        unsigned long nb = (unsigned long)c.grid.x * c.grid.y * c.grid.z;
+        std::vector<unsigned long> order(nb);
+        for (unsigned long i = 0; i < nb; i++) order[i] = g_order == 1 ? nb - 1 - i : i;
+        if (g_order == 2)
+            for (unsigned long i = nb; i > 1; i--) std::swap(order[i - 1], order[rng_next() % i]);
+        for (unsigned long i = 0; i < nb; i++) {
+            unsigned long bi = order[i];
+            cur_bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y), (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
+            memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
+            run_block(body, n);
+        }
         check_all_canaries(c.name);
         K = nullptr;
     });

@@ -237,6 +237,31 @@ static void test_atomics() {
     cudaFree(f); cudaFree(i); cudaFree(m);
 }
 
+// block order follows EMU_ORDER: a float sum by atomics across blocks whose result depends on the
+// order (1e8 first absorbs the small terms) comes out differently forward and reverse, as it may on
+// hardware; each block records its turn, so the orders themselves are checked too
+__global__ void order_sum(float *f, int *turn, int *seen) {
+    if (threadIdx.x) return;
+    atomicAdd(f, blockIdx.x == 0 ? 1e8f : 3.0f);
+    seen[blockIdx.x] = atomicAdd(turn, 1);
+}
+static void test_block_order() {
+    float *f, got[3];
+    int *turn, *seen, hs[3][8];
+    CK(cudaMalloc((void **)&f, 4)); CK(cudaMalloc((void **)&turn, 4)); CK(cudaMalloc((void **)&seen, 32));
+    for (int o = 0; o < 3; o++) {
+        emu_set_order(o);
+        CK(cudaMemset(f, 0, 4)); CK(cudaMemset(turn, 0, 4));
+        order_sum<<<8, 32>>>(f, turn, seen);
+        CK(cudaMemcpy(&got[o], f, 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(hs[o], seen, 32, cudaMemcpyDeviceToHost));
+    }
+    emu_set_order(0);
+    int fwd = 1, rev = 1, perm = 0;
+    for (int b = 0; b < 8; b++) fwd &= hs[0][b] == b, rev &= hs[1][b] == 7 - b, perm |= 1 << hs[2][b];
+    check(fwd && rev && perm == 0xff && got[0] != got[1], "EMU_ORDER orders blocks too: forward 0..7, reverse 7..0, random a permutation; "
+          "an order-dependent float atomic sum differs (forward %.9g, reverse %.9g)", got[0], got[1]);
+    cudaFree(f); cudaFree(turn); cudaFree(seen);
+}
 
 // ---- device math, __half2 arithmetic and __half atomics on the host path ----
 __global__ void math_half(const float *x, float *y, __half *hsum) {
@@ -430,6 +455,7 @@ int main() {
     test_warps();
     test_wmma();
     test_atomics();
+    test_block_order();
     test_math();
     test_limits();
     test_async();
