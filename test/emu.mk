@@ -1,6 +1,6 @@
 # emu.mk: the CUDA-on-CPU emulation (../shared/spec/cuda-on-cpu.md), included by the Makefile.
 #   make emu-bins     emulated build of yolo_kernels.cu + test/kernels_test.c, and the emulator selftest
-#   make test-emu     runs them (test/run_emu.sh: three thread orders, strict, async, host traps)
+#   make test-emu     runs them (test/run_emu.sh: three thread and block orders, strict, async, host traps)
 #   make emu-asan     the same under -fsanitize=address,undefined
 #   make cuda-check   nvcc device compile for every shipped arch, warnings as errors
 #   make test-gpu     kernels_test.c against the nvcc-built kernels and the real cudart/cuBLAS

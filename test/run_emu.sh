@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_emu.sh: the emulated CUDA suite (../shared/spec/cuda-on-cpu.md). Runs the kernel tests in the
-# three thread orders in strict mode, once in async mode with host traps, and the emulator's
+# three thread and block orders in strict mode, once in async mode with host traps, and the emulator's
 # selftest; in the background on the second core, the device training step test (gpu_step_test,
 # random order) and a whole `yolo train device=0` run of the CUDA build (test/emu_train.sh; not under
 # the sanitizers); then fails any __global__ kernel of yolo_kernels.cu that no test launched. Every
