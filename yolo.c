@@ -6235,7 +6235,7 @@ static void prof_begin(const Gpu *g);
 static void prof_end(const Gpu *g, const char *name, double flop);
 // prof_end_conv: prof_end for a conv launch: the row "conv fwd 3x3 s2", its multiply-adds x 2
 static void prof_end_conv(const Gpu *g, ConvDims d, const char *op) {
-    if (!gprof.on) return;
+    if (gprof.on <= 0) return;   // off, or not yet asked (prof_begin asks)
     int Ho = (d.H + 2 * (d.K / 2) - d.K) / d.S + 1, Wo = (d.W + 2 * (d.K / 2) - d.K) / d.S + 1;
     char name[32];
     snprintf(name, sizeof name, "conv %s %dx%d s%d", op, d.K, d.K, d.S);
@@ -7008,7 +7008,7 @@ static void prof_begin(const Gpu *g) {
     if (prof_on()) GPU_CHECK(cudaEventRecord((cudaEvent_t)gprof.ev[0], (cudaStream_t)g->stream));
 }
 static void prof_end(const Gpu *g, const char *name, double flop) {
-    if (!gprof.on) return;
+    if (gprof.on <= 0) return;   // off, or not yet asked (prof_begin asks)
     float ms = 0;
     GPU_CHECK(cudaEventRecord((cudaEvent_t)gprof.ev[1], (cudaStream_t)g->stream));
     GPU_CHECK(cudaEventSynchronize((cudaEvent_t)gprof.ev[1]));
