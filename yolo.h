@@ -124,7 +124,7 @@ static inline int bn_chunks(int B, int HW) {
 }
 static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C * (2 * bn_chunks(B, HW) + 2); }
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
-// conv_forward_cpu: train: mean and biased variance (two passes, FP32 accumulation), invstd =
+// conv_forward_cpu: train: mean and biased variance (FP32; two passes over each chunk, the chunks combined in order), invstd =
 // 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased
 // variance; eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps). scratch: see bn_chunks (train).
 void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,

@@ -556,30 +556,41 @@ __device__ __forceinline__ long bn_at(const BnGeo &q, int c, int j) {
     return b * q.zs + (long)c * q.HW + (j - b * q.HW);
 }
 
-// bn_stats_partial: part[c*K + k] = the sum over chunk k of z (mean NULL) or of (z - mean[c])^2
+// bn_stats_partial: chunk k of channel c in two passes over the chunk (the second from cache): its
+// mean and its sum of squared deviations from that mean, into part[2*(c*K + k)] and [2*(c*K + k) + 1]
 template <class T>
-__global__ void bn_stats_partial_kernel(const T *z, BnGeo q, const float *mean, float *part) {
+__global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
-    long j1 = min(q.n, (k + 1) * q.len);
-    float mu = mean ? mean[c] : 0.0f, s = 0.0f;
-    for (long j = k * q.len + threadIdx.x; j < j1; j += blockDim.x) {
-        float v = act_f(z[bn_at(q, c, (int)j)]) - mu;
-        s += mean ? v * v : v;
+    long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
+    float s = 0.0f, ss = 0.0f, cnt = (float)(j1 > j0 ? j1 - j0 : 1);
+    for (long j = j0 + threadIdx.x; j < j1; j += blockDim.x) s += act_f(z[bn_at(q, c, (int)j)]);
+    float mu = block_sum(s) / cnt;
+    for (long j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        float d = act_f(z[bn_at(q, c, (int)j)]) - mu;
+        ss += d * d;
     }
-    s = block_sum(s);
-    if (threadIdx.x == 0) part[(long)c * q.K + k] = s;
+    ss = block_sum(ss);
+    if (threadIdx.x == 0) part[2 * ((long)c * q.K + k)] = mu, part[2 * ((long)c * q.K + k) + 1] = ss;
 }
-// bn_stats_finish: one thread per channel. pass 0: mean from the partial sums; pass 1: invstd and the
-// running stats from the partial squared deviations; pass 2 (eval): mean = rm, invstd from rv
-__global__ void bn_stats_finish_kernel(const float *part, int K, int C, float cnt, float *mean, float *invstd, float *rm,
-                                       float *rv, float eps, float momentum, int pass) {
+// bn_stats_finish: one thread per channel. train: the chunks' means and squared deviations combined in
+// chunk order (Chan et al.'s pairwise update) into the mean, invstd and the running stats; eval:
+// mean = rm, invstd from rv
+__global__ void bn_stats_finish_kernel(const float *part, BnGeo q, int C, float *mean, float *invstd, float *rm, float *rv,
+                                       float eps, float momentum, int train) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    if (pass == 2) { mean[c] = rm[c]; invstd[c] = 1.0f / sqrtf(rv[c] + eps); return; }
-    float s = 0.0f;
-    for (int k = 0; k < K; k++) s += part[(long)c * K + k];
-    if (pass == 0) { mean[c] = s / cnt; return; }
-    float var = s / cnt, mu = mean[c];
+    if (!train) { mean[c] = rm[c]; invstd[c] = 1.0f / sqrtf(rv[c] + eps); return; }
+    float mu = 0.0f, m2 = 0.0f, na = 0.0f;
+    for (int k = 0; k < q.K; k++) {
+        long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
+        if (j1 <= j0) continue;
+        float nb = (float)(j1 - j0), nab = na + nb, d = part[2 * ((long)c * q.K + k)] - mu;
+        mu += d * (nb / nab);
+        m2 += part[2 * ((long)c * q.K + k) + 1] + d * d * (na * nb / nab);
+        na = nab;
+    }
+    float cnt = (float)q.n, var = m2 / cnt;
+    mean[c] = mu;
     invstd[c] = 1.0f / sqrtf(var + eps);
     if (rm) rm[c] = (1 - momentum) * rm[c] + momentum * mu;
     if (rv) rv[c] = (1 - momentum) * rv[c] + momentum * (cnt > 1 ? var * cnt / (cnt - 1) : var);
@@ -589,20 +600,13 @@ static void bn_stats_launch(const T *z, long zs, int B, int C, int HW, float *me
                             float eps, float momentum, int train, float *scratch, void *stream) {
     if (C == 0) return;
     cudaStream_t s = (cudaStream_t)stream;
-    float cnt = (float)B * HW;
-    if (!train) {
-        bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(nullptr, 0, C, cnt, mean, invstd, rm, rv, eps, momentum, 2);
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
     BnGeo q = bn_geo(B, C, HW, zs);
-    dim3 grid((unsigned)q.K, (unsigned)C);
-    for (int pass = 0; pass < 2; pass++) {   // the sum, then the squared deviations from the mean
-        bn_stats_partial_kernel<T><<<grid, 256, 0, s>>>(z, q, pass ? mean : nullptr, scratch);
-        CUDA_CHECK(cudaGetLastError());
-        bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(scratch, q.K, C, cnt, mean, invstd, rm, rv, eps, momentum, pass);
+    if (train) {
+        bn_stats_partial_kernel<T><<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, q, scratch);
         CUDA_CHECK(cudaGetLastError());
     }
+    bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(scratch, q, C, mean, invstd, rm, rv, eps, momentum, train);
+    CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
                               float eps, float momentum, int train, float *scratch, void *stream) {
