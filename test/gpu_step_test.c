@@ -176,22 +176,22 @@ int main(void) {
         gpu_close(gr);
     }
 
-    // A. against the FP32 CPU step: FP16 rounding itself, amplified by BN over 8 values
+    // A. against the FP32 CPU step: FP16 rounding itself, amplified by BN over 8 values. Measured here,
+    // checked after C against fixed bounds or 2x what the FP16 twin measures, whichever is larger (on a
+    // GPU, tensor-core accumulation and FMA contraction put the roundings elsewhere: a fresh draw)
+    double hw[3], lc_c[3] = {lo_c.box, lo_c.cls, lo_c.dfl}, lc_g[3] = {lo_g.box, lo_g.cls, lo_g.dfl};
+    size_t hat[3];
+    float *h32[3];
     for (int i = 0; i < 3; i++) {
-        size_t at = 0;
-        double w = worst_rel(g->head_h[i], hc[i], hn[i], &at);
-        check(w <= 6e-2, "FP32 ref: head map %d (%zu values): worst |gpu - cpu| / max(1, |cpu|) %.3g at %zu (gpu %g cpu %g), tol 6e-2 (FP16 through 50 layers)",
-              i, hn[i], w, at, g->head_h[i][at], hc[i][at]);
+        hw[i] = worst_rel(g->head_h[i], hc[i], hn[i], &hat[i]);
+        h32[i] = xmalloc(hn[i] * sizeof(float));
+        memcpy(h32[i], hc[i], hn[i] * sizeof(float));
     }
-    double lc_c[3] = {lo_c.box, lo_c.cls, lo_c.dfl}, lc_g[3] = {lo_g.box, lo_g.cls, lo_g.dfl};
     const char *ln[3] = {"box", "cls", "dfl"};
     int ntens;
     double worst, whole;
     char wname[80] = "";
-    int nbad = grad_compare(m, gg, g32, 5e-2, &worst, &whole, wname, sizeof wname, &ntens);
-    check(whole <= 6e-2, "FP32 ref: whole gradient ||gpu - cpu||_2 / ||cpu||_2 = %.3g, tol 6e-2", whole);
-    check(!nbad, "FP32 ref: gradients of %d tensors: worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 ||cpu||_2) = %.3g (%s), tol 5e-2, %d over",
-          ntens, worst, wname, nbad);
+    grad_compare(m, gg, g32, 1, &worst, &whole, wname, sizeof wname, &ntens);
 
     // B. the reference's own sensitivity: the FP32 CPU step with half of the input pixels one FP16 ulp up (FP16-rounding-sized noise)
     float *xp = xmalloc(nimg * sizeof(float));
@@ -214,7 +214,7 @@ int main(void) {
     m->half = g->scaler.scale;
     LossOut lo_h = cpu_step(m, a, x, &tg, &lc, scratch, lb, hc, hn);
     m->half = 0;
-    double twin, twin_whole, gt_worst, gt_whole;
+    double twin, twin_whole, gt_worst, gt_whole, th[3];
     char tname[80] = "", gname[80] = "";
     grad_compare(m, m->grads, g32, 1, &twin, &twin_whole, tname, sizeof tname, &ntens);
     grad_compare(m, gg, m->grads, 1, &gt_worst, &gt_whole, gname, sizeof gname, &ntens);
@@ -222,8 +222,22 @@ int main(void) {
            "whole %.3g; the device vs the twin: worst tensor %.3g (%s), whole %.3g\n", fabs(lo_h.box - lo_c.box) / lo_c.box,
            fabs(lo_h.cls - lo_c.cls) / lo_c.cls, fabs(lo_h.dfl - lo_c.dfl) / lo_c.dfl, twin, tname, twin_whole, gt_worst, gname, gt_whole);
     check(gpu_worst <= 2 * twin, "gradients: the GPU's worst tensor difference from FP32 %.3g is within 2x the FP16 twin's own %.3g", gpu_worst, twin);
-    // the loss components: the 2e-3, or on hardware whose roundings fall elsewhere (tensor-core
-    // accumulation, FMA contraction) 2x the twin's own distance from FP32, whichever is larger
+    for (int i = 0; i < 3; i++) {
+        size_t at;
+        th[i] = worst_rel(hc[i], h32[i], hn[i], &at);
+        double tol = fmax(6e-2, 2 * th[i]);
+        check(hw[i] <= tol, "FP32 ref: head map %d (%zu values): worst |gpu - cpu| / max(1, |cpu|) %.3g at %zu (gpu %g cpu %g), "
+              "tol %.3g (max(6e-2, 2x the FP16 twin's %.3g): FP16 through 50 layers)", i, hn[i], hw[i], hat[i], g->head_h[i][hat[i]],
+              h32[i][hat[i]], tol, th[i]);
+        free(h32[i]);
+    }
+    check(whole <= fmax(6e-2, 2 * twin_whole), "FP32 ref: whole gradient ||gpu - cpu||_2 / ||cpu||_2 = %.3g, tol max(6e-2, 2x the "
+          "FP16 twin's %.3g)", whole, twin_whole);
+    double gtol = fmax(5e-2, 2 * twin);
+    int nbad = grad_compare(m, gg, g32, gtol, &worst, &whole, wname, sizeof wname, &ntens);
+    check(!nbad, "FP32 ref: gradients of %d tensors: worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 ||cpu||_2) = %.3g (%s), tol %.3g "
+          "(max(5e-2, 2x the FP16 twin's %.3g)), %d over", ntens, worst, wname, gtol, twin, nbad);
+    // the loss components: the 2e-3, or 2x the twin's own distance from FP32, whichever is larger
     double lh[3] = {lo_h.box, lo_h.cls, lo_h.dfl};
     for (int k = 0; k < 3; k++) {
         double rel = fabs(lc_g[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12), trel = fabs(lh[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12);
