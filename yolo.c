@@ -6236,7 +6236,7 @@ static void prof_end(const Gpu *g, const char *name, double flop);
 // prof_end_conv: prof_end for a conv launch: the row "conv fwd 3x3 s2", its multiply-adds x 2
 static void prof_end_conv(const Gpu *g, ConvDims d, const char *op) {
     if (gprof.on <= 0) return;   // off, or not yet asked (prof_begin asks)
-    int Ho = (d.H + 2 * (d.K / 2) - d.K) / d.S + 1, Wo = (d.W + 2 * (d.K / 2) - d.K) / d.S + 1;
+    int Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S);
     char name[32];
     snprintf(name, sizeof name, "conv %s %dx%d s%d", op, d.K, d.K, d.S);
     prof_end(g, name, 2.0 * d.B * d.Cout * Ho * Wo * (double)d.Cin * d.K * d.K);

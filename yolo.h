@@ -33,6 +33,8 @@ void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint16_t *B, fl
 // slice of a larger concat buffer or a Detect head map. Index math is 32-bit inside an image batch:
 // B*H*W, B*Ho*Wo and Cin*K*K stay below 2^31.
 typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs; } ConvDims;
+// conv_out: an output side of a conv with padding K/2: (n + 2*(K/2) - K)/S + 1
+static inline int conv_out(int n, int K, int S) { return (n + 2 * (K / 2) - K) / S + 1; }
 
 // FastDiv: n / d for 0 <= n < 2^31 by a multiply and a shift, the divisor's magic number made once on
 // the host (as CUTLASS's FastDivmod: m = ceil(2^p / d), p = 31 + ceil(log2 d)). The convolutions'
@@ -87,7 +89,7 @@ void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx,
 // its partial dW to a workspace and one kernel adds the slices in order: no atomics, the same bits
 // on every run and every block schedule.
 static inline long conv_wgrad_split(ConvDims d, int f32, long *kchunk) {
-    long bk = f32 ? 16 : 32, Ho = (d.H + 2 * (d.K / 2) - d.K) / d.S + 1, Wo = (d.W + 2 * (d.K / 2) - d.K) / d.S + 1;
+    long bk = f32 ? 16 : 32, Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S);
     long N = (long)d.Cin * d.K * d.K, Kd = (long)d.B * Ho * Wo;
     long tiles = ((N + 63) / 64) * ((d.Cout + 63) / 64), splits = (256 + tiles - 1) / tiles, maxs = (Kd + 8 * bk - 1) / (8 * bk);
     if (splits > maxs) splits = maxs;

@@ -174,7 +174,7 @@ struct ConvGeo {
 static ConvGeo conv_geo(const ConvDims &d) {
     ConvGeo g;
     g.B = d.B; g.Cin = d.Cin; g.H = d.H; g.W = d.W; g.Cout = d.Cout; g.K = d.K; g.S = d.S; g.pad = d.K / 2;
-    g.Ho = (d.H + 2 * g.pad - d.K) / d.S + 1; g.Wo = (d.W + 2 * g.pad - d.K) / d.S + 1; g.KK = d.K * d.K;
+    g.Ho = conv_out(d.H, d.K, d.S); g.Wo = conv_out(d.W, d.K, d.S); g.KK = d.K * d.K;
     g.xs = d.xs ? d.xs : (long)d.Cin * d.H * d.W;
     g.zs = d.zs ? d.zs : (long)d.Cout * g.Ho * g.Wo;
     g.fK = fast_div(g.K); g.fKK = fast_div(g.KK); g.fS = fast_div(g.S);
@@ -527,14 +527,16 @@ extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x,
 // BatchNorm statistics and BN+SiLU, forward and backward (FP16 or FP32 activations, FP32 math)
 // ------------------------------------------------------------------------------------------
 
-// block_sum: the sum of v over the block (blockDim.x a multiple of 32, at most 1024), the same
-// value in every thread and the same summation order in every block. Block-uniform call sites only.
-__device__ float block_sum(float v) {
-    __shared__ float red[32];
+// block_sum: the sum of v (float or double) over the block (blockDim.x a multiple of 32, at most
+// 1024), the same value in every thread and the same summation order in every block and run.
+// Block-uniform call sites only.
+template <class V>
+__device__ V block_sum(V v) {
+    __shared__ V red[32];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
     __syncthreads();
-    float t = 0.0f;
+    V t = 0;
     for (int w = 0; w < (int)blockDim.x / 32; w++) t += red[w];
     __syncthreads();   // red is reused by the next call
     return t;
@@ -1087,18 +1089,6 @@ __device__ int loss_metric(const LossGtD &gt, float ax, float ay, const float *p
     return 1;
 }
 
-// block_sum_d: block_sum for doubles: the sum over the block (blockDim.x a multiple of 32, at most 1024),
-// the same value in every thread, the same order in every block and run. Block-uniform call sites only.
-__device__ double block_sum_d(double v) {
-    __shared__ double red[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    double t = 0.0;
-    for (int w = 0; w < (int)blockDim.x / 32; w++) t += red[w];
-    __syncthreads();   // red is reused by the next call
-    return t;
-}
 
 // loss_decode: pbox (B, A, 4) = predicted box of every anchor in pixels, for images with boxes (m > 0).
 __global__ void loss_decode_kernel(LossGeo g, const int *m, float *pbox) {
@@ -1215,8 +1205,8 @@ __global__ void loss_score_kernel(LossGeo g, const int *owner, const float *alig
         s = sc;
         n = 1.0;
     }
-    s = block_sum_d(s);
-    n = block_sum_d(n);
+    s = block_sum(s);
+    n = block_sum(n);
     if (threadIdx.x == 0) { part[2 * blockIdx.x] = s; part[2 * blockIdx.x + 1] = n; }
 }
 
@@ -1233,8 +1223,8 @@ __global__ void loss_norm_kernel(const double *part, int nblk, int B, float box_
                                  float grad_scale, LossNorm *nrm) {
     double s = 0.0, n = 0.0;
     for (int k = threadIdx.x; k < nblk; k += blockDim.x) { s += part[2 * k]; n += part[2 * k + 1]; }
-    s = block_sum_d(s);
-    n = block_sum_d(n);
+    s = block_sum(s);
+    n = block_sum(n);
     if (threadIdx.x == 0) {
         double tss = s > 1.0 ? s : 1.0;
         nrm->tss = tss;
@@ -1320,9 +1310,9 @@ __global__ void loss_terms_kernel(LossGeo g, const LossGtD *gts, const int *owne
             for (int c = 0; c < 64; c++) t.dz[(long)c * t.HW] = 0.0f;
         }
     }
-    bce = block_sum_d(bce);
-    box = block_sum_d(box);
-    dfl = block_sum_d(dfl);
+    bce = block_sum(bce);
+    box = block_sum(box);
+    dfl = block_sum(dfl);
     if (threadIdx.x == 0) { part[3 * blockIdx.x] = bce; part[3 * blockIdx.x + 1] = box; part[3 * blockIdx.x + 2] = dfl; }
 }
 
@@ -1331,9 +1321,9 @@ __global__ void loss_out_kernel(const double *part, int nblk, const LossNorm *nr
                                 float dfl_gain, double *out) {
     double bce = 0.0, box = 0.0, dfl = 0.0;
     for (int k = threadIdx.x; k < nblk; k += blockDim.x) { bce += part[3 * k]; box += part[3 * k + 1]; dfl += part[3 * k + 2]; }
-    bce = block_sum_d(bce);
-    box = block_sum_d(box);
-    dfl = block_sum_d(dfl);
+    bce = block_sum(bce);
+    box = block_sum(box);
+    dfl = block_sum(dfl);
     if (threadIdx.x == 0) {
         double tss = nrm->tss;
         out[0] = box_gain * box / tss;
