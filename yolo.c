@@ -54,6 +54,7 @@
 #include <png.h>
 #include <yaml.h>
 #include <signal.h>
+#include "yolo.h"          // the launchers of yolo_kernels.cu and the structs they share
 
 // ------------------------------------------------------------------------------------------
 // checks and small utilities
@@ -188,8 +189,6 @@ static const char *const group_names[G_NGROUPS] = {
 typedef struct { size_t off, size; int group; } ArenaBlock;
 typedef struct {
     char *base;                     // NULL in a dry run
-    int half;                       // dry run of the GPU layout: activation-sized buffers are FP16
-                                    // and convolutions need no im2col buffer (implicit GEMM)
     size_t cap;                     // bytes available (SIZE_MAX in a dry run)
     size_t high;                    // high-water mark: end of the furthest block ever live
     size_t live[G_NGROUPS];         // bytes live per group now
@@ -243,9 +242,6 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 }
 #define afloat(a, n, g) ((float *)arena_alloc((a), (size_t)(n) * sizeof(float), (g)))
 #define azfloat(a, n, g) ((float *)arena_zalloc((a), (size_t)(n) * sizeof(float), (g)))
-// activation-sized buffers: FP32 on the CPU, FP16 in the GPU layout
-#define aact(a, n, g) ((float *)arena_alloc((a), (size_t)(n) * ((a)->half ? 2 : 4), (g)))
-#define azact(a, n, g) ((float *)arena_zalloc((a), (size_t)(n) * ((a)->half ? 2 : 4), (g)))
 
 // ------------------------------------------------------------------------------------------
 // CPU ops: GEMM, im2col, BN + SiLU, upsample, max-pool
@@ -549,10 +545,12 @@ typedef struct {
     int H, W, Ho, Wo;       // input and output size for the current input size
     size_t w_off, b_off, g_off;   // offsets into the flat parameter array: weight, bias/beta, gamma
     size_t rs_off;          // offset into the BN buffer array: running mean, then running var
-    float *z;               // (B, Cout, Ho, Wo) pre-BN output, image stride zstride (Detect: into head)
-    size_t zstride;         // floats between images in z and dA
+    // the step's state, on whichever backend runs the walk (pointers into its arena)
+    float *z;               // (B, Cout, Ho, Wo) pre-BN output, image stride zstride (Detect: into head); FP32,
+                            // or FP16 on the device with AMP (then only the address is a float *)
+    size_t zstride;         // elements between images in z and dA
     float *mean, *invstd;   // (Cout) statistics used by the last forward
-    float *dA;              // (B, Cout, Ho, Wo) gradient of the output, live during backward only
+    float *dA;              // (B, Cout, Ho, Wo) FP32 gradient of the output, live during backward only
 } Conv;
 
 // a row of the `yolo info` table, one per yaml layer
@@ -577,13 +575,11 @@ typedef struct {
     int B, H, W;            // batch and input size the arena was planned for
     float *params, *grads;  // (nparams) flat, state_dict order
     float *buffers;         // (nbuffers) BN running mean/var
-    float *head[3];         // (B, 64+NC, H_i, W_i) raw Detect maps
+    float *head[3];         // (B, 64+NC, H_i, W_i) raw Detect maps (in the arena of the backend that ran)
     float *dhead[3];        // same shapes: gradient of the loss w.r.t. the maps
-    const float *x;         // (B, 3, H, W) current input (not owned)
+    const float *x;         // (B, 3, H, W) current input of the CPU walk (not owned)
     int train;              // 1: BN uses batch statistics and updates running stats
     int infer;              // 1: no backward will follow: free each z after its last reader
-    float half;             // nonzero: the CPU twin of the device's FP16 step (tests): tensors the device
-                            // stores in FP16 are rounded the same way, gradients at loss scale `half`
 } Model;
 
 typedef struct { char name; double depth, width; int max_ch; } Scale;
@@ -881,29 +877,310 @@ static double model_flops(Model *m, int imgsz, int fused) {
 }
 
 // ------------------------------------------------------------------------------------------
-// model: forward and backward on the CPU
+// model: the graph walk (forward, backward, views, recompute), once for the CPU and the device
 // ------------------------------------------------------------------------------------------
+/*
+ * The walk below is the only code that visits the network: forward, backward, materialising a
+ * value (a view) into a buffer, back-propagating into a value's convs, dropping and recomputing
+ * a block. Every computation in it is a call into a Backend: the CPU's (cpu_backend, further
+ * down: FP32, one image at a time, im2col + GEMM) or the device's (gpu_backend, in the GPU
+ * section: the whole batch per launch, FP16 or FP32 activations). The state of a step lives in
+ * the Model whichever backend runs it: each Conv's z, mean, invstd and dA, and the head maps.
+ * Both backends allocate from their arena in the same order, so one dry run of this walk plans
+ * either side's memory (model_plan on the CPU, gpu_plan_run on the device).
+ *
+ * Flags: m->train selects BN's batch statistics (and running-stat updates); m->infer says no
+ * backward follows, so each z is freed after its last reader and recompute blocks keep nothing.
+ */
+typedef struct Backend Backend;
+struct LossOut;
+struct LossTargets;
+struct LossConfig;
 
-// conv_act: the activated output of conv c for image b, channels [c0, c0+C), into out (C, Ho, Wo)
-static float half_to_float(uint16_t h);
-static uint16_t float_to_half(float x);
+// Exec: one walk and what it runs on (built per call: exec_cpu, exec_gpu)
+typedef struct {
+    const Backend *be;
+    Model *m;                 // the graph, its shapes and the step's state
+    Arena *a;                 // the backend's arena; base NULL in a dry run
+    float *params, *grads;    // (nparams) the backend's weights and gradients (FP32)
+    float *buffers;           // (nbuffers) its BN running mean/var
+    const void *x;            // (B, 3, H, W) the input in the backend's memory and activation type
+    int nb;                   // images per op call: 1 (CPU, called for b = 0..B-1) or B (device, b = 0)
+    int esz;                  // bytes of an activation value: 4 (FP32) or 2 (device FP16)
+    void *ctx;                // the backend's own state (the device's Gpu)
+} Exec;
 
-// half_store: x (n) rounded as the device stores it in FP16: x*s to the nearest FP16 and back, /s
-// (s a power of two: the loss scale for gradients, 1 for activations). For the FP16 twin (m->half).
-static void half_store(float *x, size_t n, float s) {
-    for (size_t i = 0; i < n; i++) x[i] = half_to_float(float_to_half(x[i] * s)) / s;
+// Backend: the computations the walk asks for. Tensors are nb images from image b; an image
+// stride (os, ts, gs, ds, ys) is the distance in elements between two images of a buffer.
+// Activations are of the backend's activation type (esz bytes); gradients are FP32.
+struct Backend {
+    // called only when the arena is real
+    void (*zero)(Exec *e, void *p, size_t bytes);                               // p = 0
+    void (*input)(Exec *e, int b, void *out, long os, long n);                  // the input image, n values
+    void (*act)(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os);   // SiLU(BN(z)), channels c0..
+    void (*add)(Exec *e, const void *t, long ts, void *out, long os, long n);    // out += t (residual)
+    void (*upsample)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);     // nearest x2
+    void (*maxpool)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);      // 5x5, stride 1
+    void (*grad_add)(Exec *e, const float *g, long gs, float *d, long ds, long n);       // d += g
+    void (*upsample_back)(Exec *e, const float *g, long gs, float *gx, int C, int H, int W);   // gx (C, H, W) dense
+    // called in dry runs too (their temporaries come from e->a): they compute only when it is real
+    void (*maxpool_back)(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W);
+    void (*conv)(Exec *e, Conv *c);            // c->z = conv(input); Detect outputs: + bias, into the head map
+    void (*bn_stats)(Exec *e, Conv *c);        // c->mean, c->invstd: batch (m->train, running stats updated) or running
+    void *(*bn_backward)(Exec *e, Conv *c);    // dz from c->dA through BN and SiLU, dgamma/dbeta (or bias) +=
+    void (*conv_grads)(Exec *e, Conv *c, void *dz);   // weight gradient += and the input value's gradient
+    struct LossOut (*loss)(Exec *e, const struct LossTargets *tg, const struct LossConfig *lcfg);   // + m->dhead
+};
+
+static void value_materialize(Exec *e, int vi, int b, void *out, long os);
+static void value_backprop(Exec *e, int vi, int b, const float *g, long gs);
+
+// walk_act / walk_f32: a buffer of n activation-typed / FP32 values from the walk's arena
+static void *walk_act(Exec *e, long n, int group) { return arena_alloc(e->a, (size_t)n * e->esz, group); }
+static float *walk_f32(Exec *e, long n, int group) {
+    return (float *)arena_alloc(e->a, (size_t)n * sizeof(float), group);
+}
+// walk_dA: conv c's gradient buffer dA (B, Cout, Ho, Wo) FP32, created zeroed on first use
+static float *walk_dA(Exec *e, Conv *c) {
+    if (!c->dA) {
+        size_t bytes = (size_t)e->m->B * c->zstride * sizeof(float);
+        c->dA = arena_alloc(e->a, bytes, G_BACKWARD);
+        if (!arena_dry(e->a)) e->be->zero(e, c->dA, bytes);
+    }
+    return c->dA;
+}
+// walk_head_bytes: bytes of head map i, (B, 64+NC, H_i, W_i) FP32
+static size_t walk_head_bytes(const Model *m, int i) {
+    const Conv *box = &m->conv[m->head_conv[i][0]];
+    return (size_t)m->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
 }
 
-static void conv_act(const Model *m, const Conv *c, int b, int c0, int C, float *out) {
-    int HW = c->Ho * c->Wo;
-    const float *z = c->z + (size_t)b * c->zstride + (size_t)c0 * HW;
-    if (c->bn) {
-        bn_silu_forward_cpu(z, c->mean + c0, c->invstd + c0, m->params + c->g_off + c0, m->params + c->b_off + c0,
-                            out, 1, C, HW);
-        if (m->half) half_store(out, (size_t)C * HW, 1.f);
-    } else
-        memcpy(out, z, (size_t)C * HW * sizeof(float));
+// value_materialize: value vi of nb images from image b, (C, H, W) each, into out (image stride os).
+// Views recurse into their sources; temporaries come from the arena (planned like everything).
+static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
+    const Model *m = e->m;
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(e->a);
+    long n = (long)v->C * v->H * v->W;
+    switch (v->kind) {
+    case V_INPUT:
+        if (!dry) e->be->input(e, b, out, os, n);
+        break;
+    case V_CONV:
+    case V_SLICE:
+        if (!dry) e->be->act(e, &m->conv[v->conv], v->kind == V_SLICE ? v->c0 : 0, v->C, b, out, os);
+        break;
+    case V_ADD: {
+        value_materialize(e, v->src[0], b, out, os);
+        void *t = walk_act(e, e->nb * n, G_SCRATCH);         // (nb, C, H, W)
+        value_materialize(e, v->src[1], b, t, n);
+        if (!dry) e->be->add(e, t, n, out, os, n);
+        arena_free(e->a, t);
+        break;
+    }
+    case V_CAT: {
+        long off = 0;
+        for (int i = 0; i < v->n; i++) {
+            value_materialize(e, v->src[i], b, (char *)out + off * e->esz, os);
+            off += (long)m->val[v->src[i]].C * v->H * v->W;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        long ns = (long)s->C * s->H * s->W;
+        void *t = walk_act(e, e->nb * ns, G_SCRATCH);         // (nb, C, Hs, Ws)
+        value_materialize(e, v->src[0], b, t, ns);
+        if (!dry) {
+            if (v->kind == V_UP) e->be->upsample(e, t, out, os, s->C, s->H, s->W);
+            else e->be->maxpool(e, t, out, os, s->C, s->H, s->W);
+        }
+        arena_free(e->a, t);
+        break;
+    }
+    }
 }
+
+// value_backprop: adds g, the gradient w.r.t. value vi of nb images from image b ((C, H, W) each,
+// FP32, image stride gs), into the dA of the convs the value is made of.
+static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
+    Model *m = e->m;
+    const Value *v = &m->val[vi];
+    int dry = arena_dry(e->a), HW = v->H * v->W;
+    switch (v->kind) {
+    case V_INPUT:
+        break;
+    case V_CONV:
+    case V_SLICE: {
+        Conv *c = &m->conv[v->conv];
+        float *d = walk_dA(e, c) + (long)b * c->zstride + (long)(v->kind == V_SLICE ? v->c0 : 0) * HW;
+        if (!dry) e->be->grad_add(e, g, gs, d, (long)c->zstride, (long)v->C * HW);
+        break;
+    }
+    case V_ADD:
+        value_backprop(e, v->src[0], b, g, gs);
+        value_backprop(e, v->src[1], b, g, gs);
+        break;
+    case V_CAT: {
+        long off = 0;
+        for (int i = 0; i < v->n; i++) {
+            value_backprop(e, v->src[i], b, g + off, gs);
+            off += (long)m->val[v->src[i]].C * HW;
+        }
+        break;
+    }
+    case V_UP:
+    case V_POOL: {
+        const Value *s = &m->val[v->src[0]];
+        long ns = (long)s->C * s->H * s->W;
+        float *gx = walk_f32(e, e->nb * ns, G_SCRATCH);       // (nb, C, Hs, Ws)
+        if (v->kind == V_UP) {
+            if (!dry) e->be->upsample_back(e, g, gs, gx, s->C, s->H, s->W);
+        } else {   // the window argmax, found again from the input as the forward saw it
+            void *x = walk_act(e, e->nb * ns, G_SCRATCH);
+            value_materialize(e, v->src[0], b, x, ns);
+            e->be->maxpool_back(e, x, g, gs, gx, s->C, s->H, s->W);
+            arena_free(e->a, x);
+        }
+        value_backprop(e, v->src[0], b, gx, ns);
+        arena_free(e->a, gx);
+        break;
+    }
+    }
+}
+
+// conv_forward: z = conv(input) for the whole batch, then the BN statistics, except when
+// recomputing (the statistics of the forward stand).
+static void conv_forward(Exec *e, Conv *c, int recomputing) {
+    e->be->conv(e, c);
+    if (c->bn && !recomputing) e->be->bn_stats(e, c);
+}
+
+// conv_backward: from dA (gradient of the activated output) through BN and SiLU (recomputed from
+// z) to dz, then the weight gradient and the input value's gradient.
+static void conv_backward(Exec *e, Conv *c) {
+    walk_dA(e, c);   // an output nobody read: zero
+    void *dz = e->be->bn_backward(e, c);
+    e->be->conv_grads(e, c, dz);
+    if (dz != (void *)c->dA) arena_free(e->a, dz);
+}
+
+// block_drop / block_recompute: recompute=1. After a block's forward its inner convs give their
+// z back; before the block's backward they are computed again from the block input with the
+// batch statistics of the forward, so the result is bit-identical to keeping them.
+static void block_drop(Exec *e, int block) {
+    Model *m = e->m;
+    for (int k = 0; k < m->nexec; k++) {
+        Conv *c = &m->conv[m->exec[k]];
+        if (c->block == block && !c->block_out) arena_free(e->a, c->z), c->z = NULL;
+    }
+}
+static void block_recompute(Exec *e, int block) {
+    Model *m = e->m;
+    for (int k = 0; k < m->nexec; k++) {
+        Conv *c = &m->conv[m->exec[k]];
+        if (c->block != block || c->block_out) continue;
+        c->z = walk_act(e, (long)m->B * c->zstride, G_ACTS);
+        conv_forward(e, c, 1);
+    }
+}
+
+// walk_forward: the whole network on e->x at the model's shape (m->B, model_shape); leaves the
+// three raw Detect maps in m->head. Allocates what backward needs (freed by walk_backward, or by
+// walk_release after a forward with m->infer).
+static void walk_forward(Exec *e) {
+    Model *m = e->m;
+    for (int i = 0; i < 3 && m->has_head; i++) {
+        m->head[i] = (float *)arena_alloc(e->a, walk_head_bytes(m, i), G_ACTS);
+        m->dhead[i] = NULL;
+    }
+    for (int k = 0; k < m->nexec; k++) {
+        Conv *c = &m->conv[m->exec[k]];
+        int HWo = c->Ho * c->Wo;
+        c->dA = NULL;
+        c->mean = c->invstd = NULL;
+        if (c->level >= 0) {   // a Detect output conv writes its channels of the level's map
+            c->zstride = (size_t)(REG_MAX * 4 + m->nc) * HWo;
+            c->z = m->head[c->level] + (c->branch ? (size_t)REG_MAX * 4 * HWo : 0);
+        } else {
+            c->zstride = (size_t)c->cout * HWo;
+            c->z = walk_act(e, (long)m->B * c->zstride, G_ACTS);
+        }
+        if (c->bn) {
+            c->mean = walk_f32(e, 2 * (long)c->cout, G_ACTS);
+            c->invstd = c->mean + c->cout;
+        }
+        conv_forward(e, c, 0);
+        if (m->recompute && !m->infer && c->block_out) block_drop(e, c->block);
+        if (m->infer)   // no backward follows: free each z after its last reader
+            for (int j = 0; j < m->nconv; j++) {
+                Conv *d = &m->conv[j];
+                if (d->last_use == k && d->level < 0 && d->z) {
+                    arena_free(e->a, d->z);
+                    arena_free(e->a, d->mean);
+                    d->z = d->mean = d->invstd = NULL;
+                }
+            }
+    }
+}
+
+// walk_head_grad: the gradient buffers of the three head maps (zeroed) and the Detect output
+// convs' dA inside them; the loss writes them, walk_backward consumes and frees them.
+static void walk_head_grad(Exec *e) {
+    Model *m = e->m;
+    for (int i = 0; i < 3; i++) {
+        const Conv *box = &m->conv[m->head_conv[i][0]];
+        size_t bytes = walk_head_bytes(m, i);
+        m->dhead[i] = (float *)arena_alloc(e->a, bytes, G_BACKWARD);
+        if (!arena_dry(e->a)) e->be->zero(e, m->dhead[i], bytes);
+        for (int j = 0; j < 2; j++)
+            m->conv[m->head_conv[i][j]].dA = m->dhead[i] + (j ? (size_t)REG_MAX * 4 * box->Ho * box->Wo : 0);
+    }
+}
+
+// walk_backward: gradients of all parameters (accumulated into e->grads) from m->dhead; frees
+// every buffer walk_forward and walk_head_grad allocated, in reverse order.
+static void walk_backward(Exec *e) {
+    Model *m = e->m;
+    for (int k = m->nexec - 1; k >= 0; k--) {
+        Conv *c = &m->conv[m->exec[k]];
+        if (m->recompute && c->block_out) block_recompute(e, c->block);
+        conv_backward(e, c);
+        if (c->level < 0) {
+            arena_free(e->a, c->dA);
+            arena_free(e->a, c->mean);
+            arena_free(e->a, c->z);
+        }
+        c->dA = c->z = c->mean = c->invstd = NULL;
+    }
+    for (int i = 2; i >= 0 && m->has_head; i--) {
+        arena_free(e->a, m->dhead[i]);
+        arena_free(e->a, m->head[i]);
+        m->dhead[i] = m->head[i] = NULL;
+    }
+}
+
+// walk_release: frees what a forward allocated when no backward follows, in reverse order
+static void walk_release(Exec *e) {
+    Model *m = e->m;
+    for (int k = m->nexec - 1; k >= 0; k--) {
+        Conv *c = &m->conv[m->exec[k]];
+        if (c->level < 0) {
+            arena_free(e->a, c->mean);
+            arena_free(e->a, c->z);
+        }
+        c->z = c->mean = c->invstd = NULL;
+    }
+    for (int i = 2; i >= 0 && m->has_head; i--) {
+        arena_free(e->a, m->head[i]);
+        m->head[i] = NULL;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// model: the CPU backend (FP32, one image at a time) and the CPU entry points
+// ------------------------------------------------------------------------------------------
 
 #ifdef TESTING
 // pool_hold: test-only record/replay of max-pool window choices, so finite differences of a
@@ -937,110 +1214,59 @@ static void maxpool5_hold(const float *x, float *y, int C, int H, int W) {
 }
 #endif
 
-// value_materialize: value vi of image b, (C, H, W), into out. Views recurse into their
-// sources; temporaries come from the arena (and are planned by the dry run like everything).
-static void value_materialize(const Model *m, Arena *a, int vi, int b, float *out) {
-    const Value *v = &m->val[vi];
-    int dry = arena_dry(a);
-    size_t n = (size_t)v->C * v->H * v->W;
-    switch (v->kind) {
-    case V_INPUT:
-        if (!dry) memcpy(out, m->x + (size_t)b * n, n * sizeof(float));
-        break;
-    case V_CONV:
-    case V_SLICE:
-        if (!dry) conv_act(m, &m->conv[v->conv], b, v->kind == V_SLICE ? v->c0 : 0, v->C, out);
-        break;
-    case V_ADD: {
-        value_materialize(m, a, v->src[0], b, out);
-        float *t = aact(a, n, G_SCRATCH);
-        value_materialize(m, a, v->src[1], b, t);
-        if (!dry) for (size_t i = 0; i < n; i++) out[i] += t[i];
-        if (!dry && m->half) half_store(out, n, 1.f);
-        arena_free(a, t);
-        break;
-    }
-    case V_CAT: {
-        size_t off = 0;
-        for (int i = 0; i < v->n; i++) {
-            value_materialize(m, a, v->src[i], b, out + off);
-            off += (size_t)m->val[v->src[i]].C * v->H * v->W;
-        }
-        break;
-    }
-    case V_UP:
-    case V_POOL: {
-        const Value *s = &m->val[v->src[0]];
-        float *t = aact(a, (size_t)s->C * s->H * s->W, G_SCRATCH);
-        value_materialize(m, a, v->src[0], b, t);
-        if (!dry) {
-            if (v->kind == V_UP) upsample2_forward_cpu(t, out, 1, s->C, s->H, s->W);
-#ifdef TESTING
-            else if (pool_hold.mode) maxpool5_hold(t, out, s->C, s->H, s->W);
-#endif
-            else maxpool5_forward_cpu(t, out, 1, s->C, s->H, s->W);
-        }
-        arena_free(a, t);
-        break;
-    }
-    }
+// The CPU's views: one image (nb = 1), so the image strides are not needed.
+static void cpu_input(Exec *e, int b, void *out, long os, long n) {
+    (void)os;
+    memcpy(out, (const float *)e->x + (size_t)b * n, (size_t)n * sizeof(float));
 }
-
-// value_backprop: adds g (C, H, W), the gradient w.r.t. value vi of image b, into the gradient
-// buffers of the convs it is made of. A conv's dA (B, C, H, W) is created zeroed on first use.
-static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
-    const Value *v = &m->val[vi];
-    int dry = arena_dry(a);
-    size_t n = (size_t)v->C * v->H * v->W;
-    switch (v->kind) {
-    case V_INPUT:
-        break;
-    case V_CONV:
-    case V_SLICE: {
-        Conv *c = &m->conv[v->conv];
-        if (!c->dA) c->dA = azact(a, (size_t)m->B * c->zstride, G_BACKWARD);
-        if (!dry) {
-            float *d = c->dA + (size_t)b * c->zstride + (size_t)(v->kind == V_SLICE ? v->c0 : 0) * v->H * v->W;
-            for (size_t i = 0; i < n; i++) d[i] += g[i];
-        }
-        break;
+// cpu_act: channels [c0, c0+C) of conv c's activated output for image b, (C, Ho, Wo)
+static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
+    (void)os;
+    int HW = c->Ho * c->Wo;
+    const float *z = c->z + (size_t)b * c->zstride + (size_t)c0 * HW;
+    if (c->bn)
+        bn_silu_forward_cpu(z, c->mean + c0, c->invstd + c0, e->params + c->g_off + c0, e->params + c->b_off + c0,
+                            out, 1, C, HW);
+    else
+        memcpy(out, z, (size_t)C * HW * sizeof(float));
+}
+static void cpu_add(Exec *e, const void *t, long ts, void *out, long os, long n) {
+    (void)e, (void)ts, (void)os;
+    const float *tf = t;
+    float *o = out;
+    for (long i = 0; i < n; i++) o[i] += tf[i];
+}
+static void cpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
+    (void)e, (void)ys;
+    upsample2_forward_cpu(x, y, 1, C, H, W);
+}
+static void cpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
+    (void)e, (void)ys;
+#ifdef TESTING
+    if (pool_hold.mode) {
+        maxpool5_hold(x, y, C, H, W);
+        return;
     }
-    case V_ADD:
-        value_backprop(m, a, v->src[0], b, g);
-        value_backprop(m, a, v->src[1], b, g);
-        break;
-    case V_CAT: {
-        size_t off = 0;
-        for (int i = 0; i < v->n; i++) {
-            value_backprop(m, a, v->src[i], b, g + off);
-            off += (size_t)m->val[v->src[i]].C * v->H * v->W;
-        }
-        break;
-    }
-    case V_UP:
-    case V_POOL: {
-        const Value *s = &m->val[v->src[0]];
-        size_t ns = (size_t)s->C * s->H * s->W;
-        float *gs = aact(a, ns, G_SCRATCH);
-        if (v->kind == V_UP) {
-            if (!dry) upsample2_backward(g, gs, 1, s->C, s->H, s->W);
-        } else {
-            float *x = aact(a, ns, G_SCRATCH);
-            value_materialize(m, a, v->src[0], b, x);
-            if (!dry) maxpool5_backward(x, g, gs, 1, s->C, s->H, s->W);
-            arena_free(a, x);
-        }
-        value_backprop(m, a, v->src[0], b, gs);
-        arena_free(a, gs);
-        break;
-    }
-    }
+#endif
+    maxpool5_forward_cpu(x, y, 1, C, H, W);
+}
+static void cpu_zero(Exec *e, void *p, size_t bytes) { (void)e, memset(p, 0, bytes); }
+static void cpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
+    (void)e, (void)gs, (void)ds;
+    for (long i = 0; i < n; i++) d[i] += g[i];
+}
+static void cpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C, int H, int W) {
+    (void)e, (void)gs;
+    upsample2_backward(g, gx, 1, C, H, W);
+}
+static void cpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
+    (void)gs;
+    if (!arena_dry(e->a)) maxpool5_backward(x, g, gx, 1, C, H, W);
 }
 
 // bn_stats_cpu: per-channel batch statistics of a conv output (train: mean, 1/sqrt(biased var +
 // eps), running stats updated with the unbiased variance, momentum 0.03; eval: from the running
 // stats). z (B, C, HW) with image stride zs; mean, invstd, rm, rv (C). Twin of bn_stats_cuda.
-// (A twin for yolo.c: conv_forward would call it.)
 static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv, int train) {
     double cnt = (double)B * HW;
 #pragma omp parallel for if (C * cnt > 65536)
@@ -1100,54 +1326,58 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
     }
 }
 
-// conv_forward: z = conv(input) for the whole batch, then BN statistics (train: batch mean and
-// biased variance, running stats updated with the unbiased one, momentum 0.03; eval: running
-// stats). Detect output convs add their bias and keep the result as the head map.
-static void conv_forward(Model *m, Arena *a, Conv *c, int recomputing) {
-    int dry = arena_dry(a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
-    int direct = (c->k == 1 && c->s == 1) || a->half;
-    float *x = aact(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);               // (Cin, H, W)
-    float *col = direct ? x : aact(a, (size_t)KK * HWo, G_SCRATCH);            // (Cin*K*K, Ho*Wo)
-    const float *w = m->params + c->w_off;                                      // (Cout, Cin*K*K)
+// cpu_conv: z = conv(input), one image at a time (materialise, im2col unless 1x1, GEMM). Detect
+// output convs add their bias and keep the result as the head map.
+static void cpu_conv(Exec *e, Conv *c) {
+    Model *m = e->m;
+    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
+    int direct = c->k == 1 && c->s == 1;
+    long nx = (long)c->cin * c->H * c->W;
+    float *x = walk_f32(e, nx, G_SCRATCH);                                   // (Cin, H, W)
+    float *col = direct ? x : walk_f32(e, (long)KK * HWo, G_SCRATCH);      // (Cin*K*K, Ho*Wo)
+    const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
     for (int b = 0; b < m->B; b++) {
-        value_materialize(m, a, c->in, b, x);
+        value_materialize(e, c->in, b, x, nx);
         if (dry) continue;
         if (!direct) im2col(x, c->cin, c->H, c->W, c->k, c->s, col);
         float *z = c->z + (size_t)b * c->zstride;
         gemm_cpu(0, 0, c->cout, HWo, KK, w, KK, col, HWo, 0.f, z, HWo);
         if (!c->bn)
             for (int o = 0; o < c->cout; o++)
-                for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += m->params[c->b_off + o];
-        else if (m->half)   // the device keeps z in FP16 (the head maps in FP32)
-            half_store(z, (size_t)c->cout * HWo, 1.f);
+                for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
     }
-    if (!direct) arena_free(a, col);
-    arena_free(a, x);
-    if (!c->bn || dry || recomputing) return;   // recomputing: the statistics of the forward stand
-    float *rm = m->buffers + c->rs_off;
-    bn_stats_cpu(c->z, (long)c->zstride, m->B, c->cout, HWo, c->mean, c->invstd, rm, rm + c->cout, m->train);
+    if (!direct) arena_free(e->a, col);
+    arena_free(e->a, x);
 }
-
-// conv_backward: from dA (gradient of the activated output) to the weight, gamma/beta (or bias)
-// gradients and, through value_backprop, the gradients of its input. BN and SiLU are recomputed
-// from z. dA is overwritten with dz on the way.
-static void conv_backward(Model *m, Arena *a, Conv *c) {
-    int dry = arena_dry(a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, B = m->B;
-    int direct = (c->k == 1 && c->s == 1) || a->half;
+static void cpu_bn_stats(Exec *e, Conv *c) {
+    if (arena_dry(e->a)) return;
+    float *rm = e->buffers + c->rs_off;
+    bn_stats_cpu(c->z, (long)c->zstride, e->m->B, c->cout, c->Ho * c->Wo, c->mean, c->invstd, rm, rm + c->cout,
+                 e->m->train);
+}
+// cpu_bn_backward: dz in place of dA
+static void *cpu_bn_backward(Exec *e, Conv *c) {
+    if (!arena_dry(e->a))
+        bn_silu_backward_cpu(c->z, c->dA, (long)c->zstride, c->mean, c->invstd, c->bn ? e->params + c->g_off : NULL,
+                             e->params + c->b_off, c->bn ? e->grads + c->g_off : NULL, e->grads + c->b_off, e->m->B,
+                             c->cout, c->Ho * c->Wo, e->m->train);
+    return c->dA;
+}
+// cpu_conv_grads: per image, the weight gradient (GEMM on the re-materialised input) and the
+// input's gradient (GEMM, col2im), handed to value_backprop
+static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
+    Model *m = e->m;
+    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
+    int direct = c->k == 1 && c->s == 1;
     int need_dx = m->val[c->in].kind != V_INPUT;
-    if (!c->dA) c->dA = azact(a, (size_t)B * c->zstride, G_BACKWARD);  // an output nobody used
-    if (!dry)
-        bn_silu_backward_cpu(c->z, c->dA, (long)c->zstride, c->mean, c->invstd, c->bn ? m->params + c->g_off : NULL,
-                             m->params + c->b_off, c->bn ? m->grads + c->g_off : NULL, m->grads + c->b_off, B, c->cout, HWo, m->train);
-    if (!dry && m->half)   // the device's dz: FP16 at the loss scale
-        for (int b = 0; b < B; b++) half_store(c->dA + (size_t)b * c->zstride, (size_t)c->cout * HWo, m->half);
-    float *x = aact(a, (size_t)c->cin * c->H * c->W, G_SCRATCH);
-    float *col = direct ? x : aact(a, (size_t)KK * HWo, G_SCRATCH);
-    const float *w = m->params + c->w_off;
-    float *gw = m->grads + c->w_off;
-    for (int b = 0; b < B; b++) {
-        const float *dz = c->dA + (size_t)b * c->zstride;     // (Cout, Ho*Wo)
-        value_materialize(m, a, c->in, b, x);
+    long nx = (long)c->cin * c->H * c->W;
+    float *x = walk_f32(e, nx, G_SCRATCH);
+    float *col = direct ? x : walk_f32(e, (long)KK * HWo, G_SCRATCH);
+    const float *w = e->params + c->w_off;
+    float *gw = e->grads + c->w_off;
+    for (int b = 0; b < m->B; b++) {
+        const float *dz = (const float *)dzv + (size_t)b * c->zstride;     // (Cout, Ho*Wo)
+        value_materialize(e, c->in, b, x, nx);
         if (!dry) {
             if (!direct) im2col(x, c->cin, c->H, c->W, c->k, c->s, col);
             gemm_cpu(0, 1, c->cout, KK, HWo, dz, HWo, col, HWo, 1.f, gw, KK);
@@ -1156,10 +1386,27 @@ static void conv_backward(Model *m, Arena *a, Conv *c) {
                 if (!direct) col2im(col, c->cin, c->H, c->W, c->k, c->s, x);
             }
         }
-        if (need_dx) value_backprop(m, a, c->in, b, x);
+        if (need_dx) value_backprop(e, c->in, b, x, nx);
     }
-    if (!direct) arena_free(a, col);
-    arena_free(a, x);
+    if (!direct) arena_free(e->a, col);
+    arena_free(e->a, x);
+}
+static struct LossOut cpu_loss(Exec *e, const struct LossTargets *tg, const struct LossConfig *lcfg);
+
+// cpu_backend: the table; the FP16 twin of the device step in test/gpu_step_test.c wraps it
+static const Backend cpu_backend = {
+    .zero = cpu_zero, .input = cpu_input, .act = cpu_act, .add = cpu_add, .upsample = cpu_upsample,
+    .maxpool = cpu_maxpool,
+    .grad_add = cpu_grad_add, .upsample_back = cpu_upsample_back, .maxpool_back = cpu_maxpool_back,
+    .conv = cpu_conv, .bn_stats = cpu_bn_stats, .bn_backward = cpu_bn_backward, .conv_grads = cpu_conv_grads,
+    .loss = cpu_loss,
+};
+// model_cpu_backend: the backend the CPU entry points below run on (tests put a twin in its place)
+static const Backend *model_cpu_backend = &cpu_backend;
+
+// exec_cpu: a walk of model m on the CPU, in arena a, with the model's own weights and input m->x
+static Exec exec_cpu(Model *m, Arena *a) {
+    return (Exec){model_cpu_backend, m, a, m->params, m->grads, m->buffers, m->x, 1, sizeof(float), NULL};
 }
 
 // model_alloc_params: the persistent groups: weights and gradients (flat, state_dict order)
@@ -1170,119 +1417,26 @@ static void model_alloc_params(Model *m, Arena *a) {
     m->buffers = azfloat(a, m->nbuffers, G_BUFFERS);
 }
 
-// block_drop / block_recompute: recompute mode (spec/memory.md technique 3). After a block's
-// forward its inner convs give their z back; before the block's backward they are computed
-// again from the block input with the batch statistics of the forward, so the result is
-// bit-identical to keeping them.
-static void block_drop(Model *m, Arena *a, int block) {
-    for (int e = 0; e < m->nexec; e++) {
-        Conv *k = &m->conv[m->exec[e]];
-        if (k->block == block && !k->block_out) arena_free(a, k->z), k->z = NULL;
-    }
-}
-static void block_recompute(Model *m, Arena *a, int block) {
-    for (int e = 0; e < m->nexec; e++) {
-        Conv *k = &m->conv[m->exec[e]];
-        if (k->block != block || k->block_out) continue;
-        k->z = aact(a, (size_t)m->B * k->zstride, G_ACTS);
-        conv_forward(m, a, k, 1);
-    }
-}
-
-// model_forward: the whole network on x (B, 3, H, W) in [0,1]; leaves the three raw Detect
-// maps in m->head. Allocates what backward needs (freed by model_backward, or by model_release
-// after an eval-only forward).
-static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int W) {
+// model_input: the input x (B, 3, H, W) in [0,1] of the next CPU walk, and the shapes for it
+static void model_input(Model *m, const float *x, int B, int H, int W) {
     m->x = x;
     m->B = B;
     m->H = H;
     m->W = W;
     model_shape(m, H, W);
     model_liveness(m);
-    for (int i = 0; i < 3 && m->has_head; i++) {
-        const Conv *box = &m->conv[m->head_conv[i][0]];
-        m->head[i] = afloat(a, (size_t)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
-        m->dhead[i] = NULL;
-    }
-    for (int e = 0; e < m->nexec; e++) {
-        Conv *c = &m->conv[m->exec[e]];
-        int HWo = c->Ho * c->Wo;
-        c->dA = NULL;
-        c->mean = c->invstd = NULL;
-        if (c->level >= 0) {   // a Detect output conv writes its channels of the level's map
-            c->zstride = (size_t)(REG_MAX * 4 + m->nc) * HWo;
-            c->z = m->head[c->level] + (c->branch ? (size_t)REG_MAX * 4 * HWo : 0);
-        } else {
-            c->zstride = (size_t)c->cout * HWo;
-            c->z = aact(a, (size_t)B * c->zstride, G_ACTS);
-        }
-        if (c->bn) {
-            c->mean = afloat(a, 2 * (size_t)c->cout, G_ACTS);
-            c->invstd = c->mean + c->cout;
-        }
-        conv_forward(m, a, c, 0);
-        if (m->recompute && c->block_out) block_drop(m, a, c->block);
-        if (m->infer)   // no backward follows: free each z after its last reader
-            for (int k = 0; k < m->nconv; k++) {
-                Conv *d = &m->conv[k];
-                if (d->last_use == e && d->level < 0 && d->z) {
-                    arena_free(a, d->z);
-                    arena_free(a, d->mean);
-                    d->z = d->mean = d->invstd = NULL;
-                }
-            }
-    }
 }
 
-// model_head_grad: allocates the gradient buffers of the three head maps (zeroed); the loss
-// writes them, model_backward consumes and frees them.
-static void model_head_grad(Model *m, Arena *a) {
-    for (int i = 0; i < 3; i++) {
-        const Conv *box = &m->conv[m->head_conv[i][0]];
-        m->dhead[i] = azfloat(a, (size_t)m->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_BACKWARD);
-        for (int j = 0; j < 2; j++) {
-            Conv *c = &m->conv[m->head_conv[i][j]];
-            c->dA = m->dhead[i] + (j ? (size_t)REG_MAX * 4 * box->Ho * box->Wo : 0);
-        }
-    }
+// model_forward: the whole network on x on the CPU (walk_forward); leaves the three raw Detect
+// maps in m->head.
+static void model_forward(Model *m, Arena *a, const float *x, int B, int H, int W) {
+    model_input(m, x, B, H, W);
+    Exec e = exec_cpu(m, a);
+    walk_forward(&e);
 }
-
-// model_backward: gradients of all parameters (accumulated into m->grads) from m->dhead; frees
-// every buffer model_forward and model_head_grad allocated, in reverse order.
-static void model_backward(Model *m, Arena *a) {
-    for (int e = m->nexec - 1; e >= 0; e--) {
-        Conv *c = &m->conv[m->exec[e]];
-        if (m->recompute && c->block_out) block_recompute(m, a, c->block);
-        conv_backward(m, a, c);
-        if (c->level < 0) {
-            arena_free(a, c->dA);
-            arena_free(a, c->mean);
-            arena_free(a, c->z);
-        }
-        c->dA = c->z = c->mean = c->invstd = NULL;
-    }
-    for (int i = 2; i >= 0 && m->has_head; i--) {
-        arena_free(a, m->dhead[i]);
-        arena_free(a, m->head[i]);
-        m->dhead[i] = m->head[i] = NULL;
-    }
-}
-
-// model_release: frees what an eval-only forward allocated (no backward).
-static void model_release(Model *m, Arena *a) {
-    for (int e = m->nexec - 1; e >= 0; e--) {
-        Conv *c = &m->conv[m->exec[e]];
-        if (c->level < 0) {
-            arena_free(a, c->mean);
-            arena_free(a, c->z);
-        }
-        c->z = c->mean = c->invstd = NULL;
-    }
-    for (int i = 2; i >= 0 && m->has_head; i--) {
-        arena_free(a, m->head[i]);
-        m->head[i] = NULL;
-    }
-}
+static void model_head_grad(Model *m, Arena *a) { Exec e = exec_cpu(m, a); walk_head_grad(&e); }
+static void model_backward(Model *m, Arena *a) { Exec e = exec_cpu(m, a); walk_backward(&e); }
+static void model_release(Model *m, Arena *a) { Exec e = exec_cpu(m, a); walk_release(&e); }
 
 // ------------------------------------------------------------------------------------------
 // planning: the exact bytes of a training step, and `yolo info` / `yolo plan`
@@ -1304,10 +1458,9 @@ static void model_step_schedule(Model *m, Arena *a, const float *x, int B, int H
 }
 
 // model_plan: dry-runs a step for (B, H, W) and reports the arena size and its composition.
-static Plan model_plan_layout(Model *m, int B, int H, int W, int half) {
+static Plan model_plan(Model *m, int B, int H, int W) {
     Arena *a = xcalloc(1, sizeof(Arena));
     a->cap = SIZE_MAX;
-    a->half = half;
     float *keep[3] = {m->params, m->grads, m->buffers};   // a dry run must not lose the real ones
     model_alloc_params(m, a);
     model_step_schedule(m, a, NULL, B, H, W);
@@ -1318,8 +1471,6 @@ static Plan model_plan_layout(Model *m, int B, int H, int W, int half) {
     free(a);
     return p;
 }
-
-static Plan model_plan(Model *m, int B, int H, int W) { return model_plan_layout(m, B, H, W, 0); }
 
 // model_open: builds the model and allocates its arena (one malloc) for a step of (B, H, W);
 // returns the arena, whose high-water mark tests compare against the plan.
@@ -1441,19 +1592,19 @@ static int cmd_info(int argc, char **argv) {
 
 enum { LOSS_R = 16, LOSS_TOPK = 10, LOSS_REUSE_ASSIGNMENT = 1 };
 
-typedef struct {
+typedef struct LossConfig {
     float box, cls, dfl;   // loss gains (hyp box, cls, dfl)
     int max_boxes;         // per-image box cap M; a mosaic holds ~4x the boxes of one source image
 } LossConfig;
 
-typedef struct {
+typedef struct LossTargets {
     int n;                 // number of boxes in the batch
     const int *batch_idx;  // (n) image of each box
     const int *cls;        // (n) class of each box
     const float *box;      // (n, 4) normalised cx, cy, w, h
 } LossTargets;
 
-typedef struct {
+typedef struct LossOut {
     double box, cls, dfl;       // components after gains, before xB
     double total;               // B*(box+cls+dfl), the back-propagated scalar
     int n_fg;                   // foreground anchors in the batch
@@ -2048,6 +2199,43 @@ static LossOut loss_forward_backward(const LossConfig *cfg, int B, int NC, int i
     out.n_fg = n_fg;
     out.target_scores_sum = tss;
     return out;
+}
+
+// ------------------------------------------------------------------------------------------
+// the step: forward, loss, backward, on any backend
+// ------------------------------------------------------------------------------------------
+
+// cpu_loss: the CPU backend's loss (loss_forward_backward, FP32), its scratch from the arena; in
+// training the gradient goes to m->dhead (walk_head_grad)
+static LossOut cpu_loss(Exec *e, const LossTargets *tg, const LossConfig *lcfg) {
+    Model *m = e->m;
+    LossOut lo = {0};
+    size_t lb = loss_scratch_bytes(m->B, loss_num_anchors(m->H, m->W), lcfg->max_boxes);
+    void *scratch = arena_alloc(e->a, lb, G_LOSS);
+    if (tg && !arena_dry(e->a))
+        lo = loss_forward_backward(lcfg, m->B, m->nc, m->H, m->W, (const float *const *)m->head,
+                                   m->infer ? NULL : m->dhead, tg, 1.f, scratch, lb, 0);
+    arena_free(e->a, scratch);
+    return lo;
+}
+
+// walk_step: one step, the same schedule on every backend and in its dry run (tg NULL), which is
+// what the plans measure: the forward; unless m->infer, the head gradient buffers; the loss; then
+// the backward, except after a non-finite loss (no NaN reaches the gradients: the step's buffers
+// are freed instead). With m->infer the caller reads m->head, then walk_release.
+static LossOut walk_step(Exec *e, const LossTargets *tg, const LossConfig *lcfg) {
+    Model *m = e->m;
+    walk_forward(e);
+    if (!m->infer) walk_head_grad(e);
+    LossOut lo = e->be->loss(e, tg, lcfg);
+    if (m->infer) return lo;
+    if (tg && !isfinite(lo.total)) {
+        for (int i = 0; i < 3; i++) arena_free(e->a, m->dhead[i]), m->dhead[i] = NULL;
+        walk_release(e);
+        return lo;
+    }
+    walk_backward(e);
+    return lo;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -6090,11 +6278,11 @@ static int cmd_augment(int argc, char **argv) {
 // GPU training step (compiled with YOLO_CUDA; the kernels are in yolo_kernels.cu)
 // ------------------------------------------------------------------------------------------
 /*
- * One training step on the device, mirroring the CPU step (model_forward, loss, model_backward,
- * grad_clip_norm, optim_step, ema_update) conv for conv in m->exec order, and the evaluation
- * forward of validation:
+ * One training step on the device: the graph walk of the model section (walk_step: forward, loss,
+ * backward) over the device backend below (gpu_backend), then the optimizer (grad_clip_norm,
+ * optim_step, ema_update on the device), and the evaluation forward of validation:
  *   - memory: ONE cudaMalloc, a device Arena with the same first-fit allocator, sized by a dry
- *     run of these same schedules for every shape of the run (gpu_plan_run: the arena's base NULL,
+ *     run of the same walk for every shape of the run (gpu_plan_run: the arena's base NULL,
  *     nothing launched; compiled in every build, it is also what `yolo plan` reports);
  *   - numbers: FP32 master weights, gradients, optimizer state, EMA and BN statistics; an FP16
  *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP32
@@ -6102,7 +6290,7 @@ static int cmd_augment(int argc, char **argv) {
  *   - a conv whose input is one conv's output or a channel slice of it (V_CONV, V_SLICE: most convs)
  *     reads that conv's pre-BN z and applies its BN+SiLU in the gather (ConvAct, yolo.h); the other
  *     views (V_ADD, V_CAT, V_UP, V_POOL) are materialised for the whole batch by kernels writing
- *     into channel slices of the conv's input buffer, as value_materialize does per image;
+ *     into channel slices of the conv's input buffer (value_materialize with nb = B);
  *   - loss scaling: torch.cuda.amp.GradScaler (yolo.h); the loss gradient is computed scaled, the
  *     optimizer unscales, checks for inf/NaN (skip + halve) and clips the norm to 10.
  *   - the loss and its assigner run on the device (loss_cuda); the host only gathers each image's
@@ -6114,7 +6302,6 @@ static int cmd_augment(int argc, char **argv) {
  *     its running-stat update undone and its accumulation window dropped;
  *   - validation batches are evaluated on the device (EMA weights), their loss and NMS on the host.
  */
-#include "yolo.h"
 #ifdef YOLO_CUDA
 #include <cuda_runtime_api.h>
 
@@ -6173,12 +6360,7 @@ typedef struct Gpu {
     float *partials;          // (2*OPT_NORM_BLOCKS) optim_norm_cuda partial sums
     float *norm;              // (1) the unscaled gradient norm of the last step (inf: skipped)
     void *x;                  // (B, 3, H, W) input in [0, 1], FP16 (FP32 with amp=0)
-    // per step
-    void *z[MAX_CONVS];       // (B, Cout, Ho, Wo) pre-BN conv output, FP16 (FP32 with amp=0); NULL for Detect outputs
-    float *stats[MAX_CONVS];  // (2, Cout) batch mean, then invstd
-    float *dA[MAX_CONVS];     // (B, Cout, Ho, Wo) FP32 gradient of the activated output, image stride zs
-    long zs[MAX_CONVS];       // elements between images of z / dA (the head map's for Detect outputs)
-    float *head[3], *dhead[3];// (B, 64+NC, H_i, W_i) FP32 raw Detect maps and their (scaled) gradient
+    // the step's state (z, statistics, dA, head maps) is the walk's, in m's Convs and head
     // host side
     float *head_h[3];         // host copies of the head maps (validation's NMS; tests with copy_heads)
     LossGt *gts_h;            // (B, max_boxes) the boxes of each image, gathered for upload
@@ -6188,7 +6370,7 @@ typedef struct Gpu {
     GradScaler scaler;
     long ema_updates;
     int ema_on;               // gpu_use_ema: params/buffers are swapped with the EMA's
-    int infer;                // evaluation only (yolo val): no gradients, optimizer state or EMA
+    int eval_only;            // evaluation only (yolo val): no gradients, optimizer state or EMA
     size_t plan_at[G_NGROUPS];// bytes per group live at the plan's high-water mark
     size_t mem_total, mem_before, mem_after;   // cudaMemGetInfo: device total; in use before / after the cudaMalloc
 } Gpu;
@@ -6354,60 +6536,59 @@ static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
     return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs};
 }
 
-// ---- forward ----
+// ---- the device backend of the graph walk (gpu_backend): the whole batch per launch ----
 
-// gpu_value_materialize: value vi of the whole batch, (B, C, H, W) in the step's precision, into out
-// whose images are os elements apart (out may be a channel slice of a concat buffer). The twin of
-// value_materialize.
-static void gpu_value_materialize(Gpu *g, int vi, void *out, long os) {
-    const Model *m = g->m;
-    const Value *v = &m->val[vi];
-    int dry = arena_dry(g->a), HW = v->H * v->W;
-    long n = (long)v->C * HW;
-    switch (v->kind) {
-    case V_INPUT:
-        if (!dry) k_copy(g, g->x, n, out, os, n);
-        break;
-    case V_CONV:
-    case V_SLICE: {
-        const Conv *c = &m->conv[v->conv];
-        int c0 = v->kind == V_SLICE ? v->c0 : 0;
-        if (!c->bn) die("gpu: the output of %s (no BN) is read by a conv", c->name);
-        if (!dry)
-            k_bn_silu(g, GOFF(g, g->z[v->conv], (long)c0 * HW), g->zs[v->conv], g->stats[v->conv] + c0,
-                      g->stats[v->conv] + c->cout + c0, g->params + c->g_off + c0, g->params + c->b_off + c0, out, os, v->C, HW);
-        break;
+// The views: all B images at once (b = 0), in the step's precision.
+static void gpu_zero(Exec *e, void *p, size_t bytes) {
+    Gpu *g = e->ctx;
+    GPU_CHECK(cudaMemsetAsync(p, 0, bytes, g->stream));
+}
+static void gpu_input(Exec *e, int b, void *out, long os, long n) {
+    (void)b;
+    k_copy(e->ctx, e->x, n, out, os, n);
+}
+// gpu_act: channels [c0, c0+C) of conv c's activated output, (B, C, Ho, Wo) with image stride os
+static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
+    (void)b;
+    Gpu *g = e->ctx;
+    int HW = c->Ho * c->Wo;
+    if (!c->bn) die("gpu: the output of %s (no BN) is read by a conv", c->name);
+    k_bn_silu(g, GOFF(g, c->z, (long)c0 * HW), (long)c->zstride, c->mean + c0, c->invstd + c0,
+              e->params + c->g_off + c0, e->params + c->b_off + c0, out, os, C, HW);
+}
+static void gpu_add(Exec *e, const void *t, long ts, void *out, long os, long n) { k_add(e->ctx, t, ts, out, os, n); }
+static void gpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
+    k_upsample(e->ctx, x, y, ys, C, H, W);
+}
+static void gpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
+    k_maxpool(e->ctx, x, y, ys, C, H, W);
+}
+static void gpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
+    Gpu *gp = e->ctx;
+    prof_begin(gp);
+    add_f32_cuda(g, gs, d, ds, gp->B, n, gp->stream);
+    prof_end(gp, "gradient add", 0);
+}
+static void gpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C, int H, int W) {
+    Gpu *gp = e->ctx;
+    long ns = (long)C * H * W;
+    prof_begin(gp);
+    for (int b = 0; b < gp->B; b++) upsample2_backward_cuda(g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
+    prof_end(gp, "upsample backward", 0);
+}
+// gpu_maxpool_back: the kernel reads x in FP32: FP16 activations are widened into a temporary first
+static void gpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
+    Gpu *gp = e->ctx;
+    long ns = (long)C * H * W;
+    float *xf = gp->f32 ? (float *)x : gf32(gp, gp->B * ns, G_SCRATCH);
+    if (!arena_dry(gp->a)) {
+        if (!gp->f32) f16_to_f32_cuda(x, xf, gp->B * ns, gp->stream);
+        prof_begin(gp);
+        for (int b = 0; b < gp->B; b++)
+            maxpool5_backward_cuda(xf + b * ns, g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
+        prof_end(gp, "maxpool backward", 0);
     }
-    case V_ADD: {
-        gpu_value_materialize(g, v->src[0], out, os);
-        void *t = gact(g, g->B * n, G_SCRATCH);              // (B, C, H, W)
-        gpu_value_materialize(g, v->src[1], t, n);
-        if (!dry) k_add(g, t, n, out, os, n);
-        arena_free(g->a, t);
-        break;
-    }
-    case V_CAT: {
-        long off = 0;
-        for (int i = 0; i < v->n; i++) {
-            gpu_value_materialize(g, v->src[i], GOFF(g, out, off), os);
-            off += (long)m->val[v->src[i]].C * HW;
-        }
-        break;
-    }
-    case V_UP:
-    case V_POOL: {
-        const Value *s = &m->val[v->src[0]];
-        long ns = (long)s->C * s->H * s->W;
-        void *t = gact(g, g->B * ns, G_SCRATCH);             // (B, C, Hs, Ws)
-        gpu_value_materialize(g, v->src[0], t, ns);
-        if (!dry) {
-            if (v->kind == V_UP) k_upsample(g, t, out, os, s->C, s->H, s->W);
-            else k_maxpool(g, t, out, os, s->C, s->H, s->W);
-        }
-        arena_free(g->a, t);
-        break;
-    }
-    }
+    if (!gp->f32) arena_free(gp->a, xf);
 }
 
 // GpuIn: the input of a conv as its kernels read it: x with image stride xs (0: dense), and act set
@@ -6418,204 +6599,80 @@ typedef struct { void *x; long xs; ConvAct act; int fused, owned; } GpuIn;
 // (or channel slice) of the one conv it comes from, activated in the conv's gather (nothing
 // allocated); or a scratch buffer materialised from the conv's input value (an add, a concat, an
 // upsample or max-pool: gpu_input_free frees it).
-static GpuIn gpu_conv_input(Gpu *g, const Conv *c) {
-    const Model *m = g->m;
+static GpuIn gpu_conv_input(Exec *e, const Conv *c) {
+    Gpu *g = e->ctx;
+    const Model *m = e->m;
     const Value *v = &m->val[c->in];
-    GpuIn in = {g->x, 0, {0}, 0, 0};
+    GpuIn in = {(void *)e->x, 0, {0}, 0, 0};
     if (v->kind == V_INPUT) return in;
     if ((v->kind == V_CONV || v->kind == V_SLICE) && m->conv[v->conv].bn) {
         const Conv *p = &m->conv[v->conv];
         int c0 = v->kind == V_SLICE ? v->c0 : 0;
-        const float *st = g->stats[v->conv];
-        in.x = g->z[v->conv] ? GOFF(g, g->z[v->conv], (long)c0 * v->H * v->W) : NULL;
-        in.xs = g->zs[v->conv];
-        in.act = (ConvAct){st ? st + c0 : NULL, st ? st + p->cout + c0 : NULL, g->params + p->g_off + c0, g->params + p->b_off + c0};
+        in.x = p->z ? GOFF(g, p->z, (long)c0 * v->H * v->W) : NULL;
+        in.xs = (long)p->zstride;
+        in.act = (ConvAct){p->mean ? p->mean + c0 : NULL, p->invstd ? p->invstd + c0 : NULL, e->params + p->g_off + c0,
+                           e->params + p->b_off + c0};
         in.fused = 1;
         return in;
     }
     long n = (long)c->cin * c->H * c->W;
     in.x = gact(g, g->B * n, G_SCRATCH);
     in.owned = 1;
-    gpu_value_materialize(g, c->in, in.x, n);
+    value_materialize(e, c->in, 0, in.x, n);
     return in;
 }
 static void gpu_input_free(Gpu *g, GpuIn *in) { if (in->owned) arena_free(g->a, in->x); }
 
-// gpu_conv_forward: z = conv(input) on tensor cores, then the BN batch statistics (train: running
-// stats updated; not when recomputing, where the forward's statistics stand). Detect output convs
-// write FP32 with their bias into their channels of the head map.
-static void gpu_conv_forward(Gpu *g, int ci, int recomputing) {
-    Model *m = g->m;
-    Conv *c = &m->conv[ci];
-    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
-    GpuIn in = gpu_conv_input(g, c);
-    if (!dry) {
+// gpu_conv: z = conv(input) on tensor cores. Detect output convs write FP32 with their bias into
+// their channels of the head map (c->z points there).
+static void gpu_conv(Exec *e, Conv *c) {
+    Gpu *g = e->ctx;
+    GpuIn in = gpu_conv_input(e, c);
+    if (!arena_dry(g->a)) {
         const void *w = gpu_w(g, c);                                    // (Cout, Cin, K, K)
-        ConvDims d = gpu_conv_dims(g, c, in.xs, g->zs[ci]);
+        ConvDims d = gpu_conv_dims(g, c, in.xs, (long)c->zstride);
         const ConvAct *act = in.fused ? &in.act : NULL;
-        if (c->bn) {
-            k_conv_forward(g, d, in.x, act, w, NULL, NULL, g->z[ci]);
-        } else {
-            float *z = g->head[c->level] + (c->branch ? (long)REG_MAX * 4 * HWo : 0);
-            k_conv_forward(g, d, in.x, act, w, g->params + c->b_off, z, NULL);
-        }
+        if (c->bn) k_conv_forward(g, d, in.x, act, w, NULL, NULL, c->z);
+        else k_conv_forward(g, d, in.x, act, w, e->params + c->b_off, c->z, NULL);
     }
     gpu_input_free(g, &in);
-    if (c->bn && !recomputing) {
-        float *rm = g->buffers + c->rs_off;
-        k_bn_stats(g, g->z[ci], g->zs[ci], c->cout, HWo, g->stats[ci], g->stats[ci] + c->cout, rm, rm + c->cout);
-    }
 }
-
-// gpu_block_drop / gpu_block_recompute: recompute=1 (the twins of block_drop, block_recompute): the
-// pre-BN outputs inside a C2f or Detect branch are freed once the block's output exists, and made
-// again from the block input just before the block's backward; the statistics are kept.
-static void gpu_block_drop(Gpu *g, int block) {
-    const Model *m = g->m;
-    for (int e = 0; e < m->nexec; e++) {
-        int ci = m->exec[e];
-        if (m->conv[ci].block == block && !m->conv[ci].block_out) arena_free(g->a, g->z[ci]), g->z[ci] = NULL;
-    }
+static void gpu_bn_stats(Exec *e, Conv *c) {
+    float *rm = e->buffers + c->rs_off;
+    k_bn_stats(e->ctx, c->z, (long)c->zstride, c->cout, c->Ho * c->Wo, c->mean, c->invstd, rm, rm + c->cout);
 }
-static void gpu_block_recompute(Gpu *g, int block) {
-    const Model *m = g->m;
-    for (int e = 0; e < m->nexec; e++) {
-        int ci = m->exec[e];
-        if (m->conv[ci].block != block || m->conv[ci].block_out) continue;
-        g->z[ci] = gact(g, g->B * g->zs[ci], G_ACTS);
-        gpu_conv_forward(g, ci, 1);
-    }
-}
-
-// gpu_forward: the whole network on g->x; leaves the head maps in g->head (the twin of model_forward).
-static void gpu_forward(Gpu *g) {
-    Model *m = g->m;
-    for (int i = 0; i < 3; i++) {
-        const Conv *box = &m->conv[m->head_conv[i][0]];
-        g->head[i] = gf32(g, (long)g->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_ACTS);
-        g->dhead[i] = NULL;
-    }
-    for (int e = 0; e < m->nexec; e++) {
-        int ci = m->exec[e];
-        Conv *c = &m->conv[ci];
-        int HWo = c->Ho * c->Wo;
-        g->dA[ci] = NULL;
-        g->z[ci] = NULL;
-        g->stats[ci] = NULL;
-        if (c->level >= 0) {
-            g->zs[ci] = (long)(REG_MAX * 4 + m->nc) * HWo;
-        } else {
-            g->zs[ci] = (long)c->cout * HWo;
-            g->z[ci] = gact(g, g->B * g->zs[ci], G_ACTS);
-            g->stats[ci] = gf32(g, 2 * c->cout, G_ACTS);
-        }
-        gpu_conv_forward(g, ci, 0);
-        if (m->recompute && m->train && c->block_out) gpu_block_drop(g, c->block);
-        if (!m->train)   // no backward follows: free each z after its last reader (as model_forward's infer)
-            for (int k = 0; k < m->nconv; k++)
-                if (m->conv[k].last_use == e && m->conv[k].level < 0 && g->z[k]) {
-                    arena_free(g->a, g->stats[k]);
-                    arena_free(g->a, g->z[k]);
-                    g->z[k] = NULL;
-                    g->stats[k] = NULL;
-                }
-    }
-}
-
-// ---- backward ----
-
-// gpu_dA: conv ci's gradient buffer, created zeroed on first use
-static float *gpu_dA(Gpu *g, int ci) {
-    if (!g->dA[ci]) g->dA[ci] = gzf32(g, g->B * g->zs[ci], G_BACKWARD);
-    return g->dA[ci];
-}
-
-// gpu_value_backprop: adds gr (B, C, H, W) FP32 with image stride gs, the gradient w.r.t. value
-// vi, into the dA of the convs it is made of (the twin of value_backprop).
-static void gpu_value_backprop(Gpu *g, int vi, const float *gr, long gs) {
-    const Model *m = g->m;
-    const Value *v = &m->val[vi];
-    int dry = arena_dry(g->a), HW = v->H * v->W;
-    switch (v->kind) {
-    case V_INPUT:
-        break;
-    case V_CONV:
-    case V_SLICE: {
-        float *d = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * HW;
-        if (!dry) {
-            prof_begin(g);
-            add_f32_cuda(gr, gs, d, g->zs[v->conv], g->B, (long)v->C * HW, g->stream);
-            prof_end(g, "gradient add", 0);
-        }
-        break;
-    }
-    case V_ADD:
-        gpu_value_backprop(g, v->src[0], gr, gs);
-        gpu_value_backprop(g, v->src[1], gr, gs);
-        break;
-    case V_CAT: {
-        long off = 0;
-        for (int i = 0; i < v->n; i++) {
-            gpu_value_backprop(g, v->src[i], gr + off, gs);
-            off += (long)m->val[v->src[i]].C * HW;
-        }
-        break;
-    }
-    case V_UP:
-    case V_POOL: {
-        const Value *s = &m->val[v->src[0]];
-        long ns = (long)s->C * s->H * s->W;
-        float *gsrc = gf32(g, g->B * ns, G_SCRATCH);          // (B, C, Hs, Ws)
-        if (v->kind == V_UP) {
-            if (!dry) prof_begin(g);
-            for (int b = 0; b < g->B && !dry; b++)
-                upsample2_backward_cuda(gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
-            if (!dry) prof_end(g, "upsample backward", 0);
-        } else {   // the window argmax from the input as the forward saw it (FP16 widened to FP32 for the kernel)
-            void *xh = gact(g, g->B * ns, G_SCRATCH);
-            gpu_value_materialize(g, v->src[0], xh, ns);
-            float *xf = g->f32 ? (float *)xh : gf32(g, g->B * ns, G_SCRATCH);
-            if (!dry) {
-                if (!g->f32) f16_to_f32_cuda(xh, xf, g->B * ns, g->stream);
-                prof_begin(g);
-                for (int b = 0; b < g->B; b++)
-                    maxpool5_backward_cuda(xf + b * ns, gr + b * gs, gsrc + b * ns, 1, s->C, s->H, s->W, g->stream);
-                prof_end(g, "maxpool backward", 0);
-            }
-            if (!g->f32) arena_free(g->a, xf);
-            arena_free(g->a, xh);
-        }
-        gpu_value_backprop(g, v->src[0], gsrc, ns);
-        arena_free(g->a, gsrc);
-        break;
-    }
-    }
-}
-
-// gpu_conv_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias), the weight gradient
-// (accumulated) and the input gradient: straight into the producer's dA when the input is a conv
-// output or a slice of one, else through a scratch buffer and gpu_value_backprop.
-static void gpu_conv_backward(Gpu *g, int ci) {
-    Model *m = g->m;
-    Conv *c = &m->conv[ci];
-    int dry = arena_dry(g->a), HWo = c->Ho * c->Wo;
-    long zs = g->zs[ci];
-    float *dA = gpu_dA(g, ci);                                  // (B, Cout, Ho, Wo), image stride zs
-    void *dz = gact(g, g->B * zs, G_BACKWARD);                  // same layout, the step's precision
+// gpu_bn_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias) into dz, a buffer of its own
+// in the step's precision
+static void *gpu_bn_backward(Exec *e, Conv *c) {
+    Gpu *g = e->ctx;
+    int HWo = c->Ho * c->Wo;
+    long zs = (long)c->zstride;
+    void *dz = gact(g, g->B * zs, G_BACKWARD);                  // (B, Cout, Ho, Wo), image stride zs
     float *scratch = gf32(g, (long)bn_scratch_floats(g->B, c->cout, HWo), G_SCRATCH);
-    if (!dry)
-        k_bn_silu_backward(g, g->z[ci], dA, zs, g->stats[ci], c->bn ? g->stats[ci] + c->cout : NULL,
-                           c->bn ? g->params + c->g_off : NULL, g->params + c->b_off, c->bn ? g->grads + c->g_off : NULL,
-                           g->grads + c->b_off, dz, scratch, c->cout, HWo);
+    if (!arena_dry(g->a))
+        k_bn_silu_backward(g, c->bn ? c->z : NULL, c->dA, zs, c->mean, c->bn ? c->invstd : NULL,
+                           c->bn ? e->params + c->g_off : NULL, e->params + c->b_off,
+                           c->bn ? e->grads + c->g_off : NULL, e->grads + c->b_off, dz, scratch, c->cout, HWo);
     arena_free(g->a, scratch);
-    GpuIn xin = gpu_conv_input(g, c);
-    k_conv_wgrad(g, gpu_conv_dims(g, c, xin.xs, zs), dz, xin.x, xin.fused ? &xin.act : NULL, g->grads + c->w_off);
+    return dz;
+}
+// gpu_conv_grads: the weight gradient (accumulated) and the input gradient: straight into the
+// producer's dA when the input is a conv output or a slice of one, else through a scratch buffer
+// and value_backprop.
+static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
+    Gpu *g = e->ctx;
+    Model *m = e->m;
+    int dry = arena_dry(g->a);
+    long zs = (long)c->zstride;
+    GpuIn xin = gpu_conv_input(e, c);
+    k_conv_wgrad(g, gpu_conv_dims(g, c, xin.xs, zs), dz, xin.x, xin.fused ? &xin.act : NULL, e->grads + c->w_off);
     gpu_input_free(g, &xin);
     const Value *in = &m->val[c->in];
     const void *w = gpu_w(g, c);
     if (in->kind == V_CONV || in->kind == V_SLICE) {
-        float *d = gpu_dA(g, in->conv) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
-        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, g->zs[in->conv], zs), dz, w, d, 1);
+        Conv *p = &m->conv[in->conv];
+        float *d = walk_dA(e, p) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
+        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, d, 1);
     } else if (in->kind == V_CAT) {
         // per source of the concat: its columns of the weights copied contiguous, then its input
         // gradient straight into the producer's dA when it is a conv output or a slice of one, else
@@ -6625,20 +6682,23 @@ static void gpu_conv_backward(Gpu *g, int ci) {
             const Value *v = &m->val[in->src[i]];
             void *ws = gact(g, (long)c->cout * v->C * KK, G_SCRATCH);      // (Cout, C_i, K, K)
             if (!dry) {
-                if (g->f32) copy_f32_cuda((const float *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout, (long)v->C * KK, g->stream);
-                else copy_f16_cuda((const uint16_t *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout, (long)v->C * KK, g->stream);
+                if (g->f32) copy_f32_cuda((const float *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout,
+                                          (long)v->C * KK, g->stream);
+                else copy_f16_cuda((const uint16_t *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout,
+                                   (long)v->C * KK, g->stream);
             }
             ConvDims d = gpu_conv_dims(g, c, 0, zs);
             d.Cin = v->C;
             if (v->kind == V_CONV || v->kind == V_SLICE) {
-                float *dst = gpu_dA(g, v->conv) + (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W;
-                d.xs = g->zs[v->conv];
+                Conv *p = &m->conv[v->conv];
+                float *dst = walk_dA(e, p) + (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W;
+                d.xs = (long)p->zstride;
                 if (!dry) k_conv_dgrad(g, d, dz, ws, dst, 1);
             } else {
                 long n = (long)v->C * c->H * c->W;
                 float *gx = gf32(g, g->B * n, G_SCRATCH);              // (B, C_i, H, W)
                 if (!dry) k_conv_dgrad(g, d, dz, ws, gx, 0);
-                gpu_value_backprop(g, in->src[i], gx, n);
+                value_backprop(e, in->src[i], 0, gx, n);
                 arena_free(g->a, gx);
             }
             arena_free(g->a, ws);
@@ -6648,61 +6708,25 @@ static void gpu_conv_backward(Gpu *g, int ci) {
         long n = (long)c->cin * c->H * c->W;
         float *gx = gf32(g, g->B * n, G_SCRATCH);               // (B, Cin, H, W)
         if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, 0, zs), dz, w, gx, 0);
-        gpu_value_backprop(g, c->in, gx, n);
+        value_backprop(e, c->in, 0, gx, n);
         arena_free(g->a, gx);
     }
-    arena_free(g->a, dz);
 }
-
-// gpu_backward: all parameter gradients (accumulated, scaled) from g->dhead; frees every buffer of
-// the step in reverse order (the twin of model_backward).
-static void gpu_backward(Gpu *g) {
-    Model *m = g->m;
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 2; j++) {
-            int ci = m->head_conv[i][j];
-            const Conv *box = &m->conv[m->head_conv[i][0]];
-            g->dA[ci] = g->dhead[i] + (j ? (long)REG_MAX * 4 * box->Ho * box->Wo : 0);
-        }
-    for (int e = m->nexec - 1; e >= 0; e--) {
-        int ci = m->exec[e];
-        if (m->recompute && m->train && m->conv[ci].block_out) gpu_block_recompute(g, m->conv[ci].block);
-        gpu_conv_backward(g, ci);
-        if (m->conv[ci].level < 0) {
-            arena_free(g->a, g->dA[ci]);
-            arena_free(g->a, g->stats[ci]);
-            arena_free(g->a, g->z[ci]);
-        }
-        g->dA[ci] = g->stats[ci] = NULL;
-        g->z[ci] = NULL;
-    }
-    for (int i = 2; i >= 0; i--) {
-        arena_free(g->a, g->dhead[i]);
-        arena_free(g->a, g->head[i]);
-        g->dhead[i] = g->head[i] = NULL;
-    }
-}
-
-// ---- loss, step, optimizer ----
 
 // gpu_loss: the loss of the head maps on the device (loss_cuda, the twin of loss_forward_backward)
-// and, in training, its gradient times the loss scale into g->dhead (allocated here, as
-// model_head_grad). The boxes are gathered per image on the host (loss_gather_gts, max_boxes cap)
-// and uploaded; the assigner's scratch is a temporary of the arena.
+// and, in training, its gradient times the loss scale into m->dhead (walk_head_grad). The boxes are
+// gathered per image on the host (loss_gather_gts, max_boxes cap) and uploaded; the assigner's
+// scratch is a temporary of the arena.
 _Static_assert(sizeof(LossGtD) == sizeof(LossGt), "yolo.h's LossGtD is yolo.c's LossGt");
-static LossOut gpu_loss(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
-    Model *m = g->m;
+static LossOut gpu_loss(Exec *e, const LossTargets *tg, const LossConfig *lcfg) {
+    Gpu *g = e->ctx;
     LossOut lo = {0};
     int B = g->B, M = lcfg->max_boxes, A = loss_num_anchors(g->H, g->W);
-    for (int i = 0; i < 3; i++) {
-        const Conv *box = &m->conv[m->head_conv[i][0]];
-        g->dhead[i] = m->train ? gf32(g, (long)B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo, G_BACKWARD) : NULL;
-    }
     LossGtD *gts = (LossGtD *)arena_alloc(g->a, (size_t)B * M * sizeof(LossGtD), G_LOSS);   // (B, M)
     int *nbox = (int *)arena_alloc(g->a, (size_t)B * sizeof(int), G_LOSS);                 // (B)
     double *out = (double *)arena_alloc(g->a, 5 * sizeof(double), G_LOSS);
     void *scratch = arena_alloc(g->a, loss_cuda_scratch_bytes(B, A, M), G_LOSS);
-    if (!arena_dry(g->a)) lo = gpu_loss_run(g, tg, lcfg, gts, nbox, out, scratch);
+    if (!arena_dry(g->a) && tg) lo = gpu_loss_run(g, tg, lcfg, gts, nbox, out, scratch);
     arena_free(g->a, scratch);
     arena_free(g->a, out);
     arena_free(g->a, nbox);
@@ -6710,31 +6734,17 @@ static LossOut gpu_loss(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
     return lo;
 }
 
-// gpu_schedule: the allocation sequence of one step (forward, loss gradient, backward); real and
-// dry runs share it. A non-finite loss still runs the backward: the optimizer's finite check skips it.
-static LossOut gpu_schedule(Gpu *g, const LossTargets *tg, const LossConfig *lcfg) {
-    gpu_forward(g);
-    LossOut lo = gpu_loss(g, tg, lcfg);
-    gpu_backward(g);
-    return lo;
-}
+static const Backend gpu_backend = {
+    .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .add = gpu_add, .upsample = gpu_upsample,
+    .maxpool = gpu_maxpool,
+    .grad_add = gpu_grad_add, .upsample_back = gpu_upsample_back, .maxpool_back = gpu_maxpool_back,
+    .conv = gpu_conv, .bn_stats = gpu_bn_stats, .bn_backward = gpu_bn_backward, .conv_grads = gpu_conv_grads,
+    .loss = gpu_loss,
+};
 
-// gpu_release: frees what gpu_forward allocated when no backward follows (evaluation), in reverse
-static void gpu_release(Gpu *g) {
-    Model *m = g->m;
-    for (int e = m->nexec - 1; e >= 0; e--) {
-        int ci = m->exec[e];
-        if (m->conv[ci].level < 0) {
-            arena_free(g->a, g->stats[ci]);
-            arena_free(g->a, g->z[ci]);
-        }
-        g->stats[ci] = NULL;
-        g->z[ci] = NULL;
-    }
-    for (int i = 2; i >= 0; i--) {
-        arena_free(g->a, g->head[i]);
-        g->head[i] = NULL;
-    }
+// exec_gpu: a walk on the device, with the weights in use now (the EMA's during validation)
+static Exec exec_gpu(Gpu *g) {
+    return (Exec){&gpu_backend, g->m, g->a, g->params, g->grads, g->buffers, g->x, g->B, g->esz, g};
 }
 
 // gpu_shape: makes s the current step shape (the model's spatial sizes included)
@@ -6742,6 +6752,7 @@ static void gpu_shape(Gpu *g, const GpuShape *s) {
     g->B = s->B, g->H = s->H, g->W = s->W;
     g->m->B = s->B;
     g->m->train = s->train;
+    g->m->infer = !s->train;
     model_shape(g->m, s->H, s->W);
     model_liveness(g->m);
 }
@@ -6767,7 +6778,7 @@ static void gpu_alloc(Gpu *g) {
     long n = (long)m->nparams;
     g->params = gf32(g, n, G_PARAMS);
     g->w16 = g->f32 ? NULL : gf16(g, n, G_PARAMS);
-    if (g->infer) {
+    if (g->eval_only) {
         g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
         return;
     }
@@ -6784,24 +6795,25 @@ static void gpu_alloc(Gpu *g) {
 }
 
 // gpu_plan_run: the device arena for the given step shapes (train and/or eval), by a dry run of the
-// persistent groups (infer: the weights and running stats only) and of each shape's schedule in
+// persistent groups (eval_only: the weights and running stats only) and of each shape's schedule in
 // turn (its input included): the total
 // (high-water mark) and each group's bytes at that mark. The plan gpu_open allocates, and `yolo plan`'s.
-static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int infer, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
+static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int eval_only, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
     g->opt.kind = opt_kind;
     g->f32 = !amp;
     g->esz = amp ? 2 : 4;
-    g->infer = infer;
+    g->eval_only = eval_only;
     g->a = xcalloc(1, sizeof(Arena));
     g->a->cap = SIZE_MAX;
     gpu_alloc(g);
     for (int i = 0; i < nshape; i++) {
         gpu_shape(g, &shape[i]);
         gpu_input_begin(g, NULL);
-        if (shape[i].train) gpu_schedule(g, NULL, lcfg);
-        else gpu_forward(g), gpu_loss(g, NULL, lcfg), gpu_release(g);
+        Exec e = exec_gpu(g);
+        walk_step(&e, NULL, lcfg);
+        if (!shape[i].train) walk_release(&e);
         gpu_input_end(g);
     }
     Plan p = {.total = g->a->high};
@@ -6819,6 +6831,12 @@ static size_t gpu_in_use(Gpu *g) {
     GPU_CHECK(cudaMemGetInfo(&fr, &total));
     g->mem_total = total;
     return total - fr;
+}
+
+// gpu_mem_info: free and total memory of device dev (cudaMemGetInfo)
+static void gpu_mem_info(int dev, size_t *fr, size_t *total) {
+    GPU_CHECK(cudaSetDevice(dev));
+    GPU_CHECK(cudaMemGetInfo(fr, total));
 }
 
 // gpu_select: the device= setting: -1 for the CPU, else the CUDA device index. "" (the default)
@@ -6855,8 +6873,8 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     g->m = m;
     g->opt = *opt;
     g->opt.m = g->opt.v = NULL;
-    g->infer = 1;
-    for (int i = 0; i < nshape; i++) g->infer &= !shape[i].train;
+    g->eval_only = 1;
+    for (int i = 0; i < nshape; i++) g->eval_only &= !shape[i].train;
     grad_scaler_init(&g->scaler);
     size_t head_max[3] = {0, 0, 0};
     int bmax = 0;
@@ -6874,7 +6892,7 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     g->f32 = !amp;
     g->esz = amp ? 2 : 4;
     if (!amp) g->scaler.scale = 1.f;   // amp=0: no loss scaling (GradScaler disabled, as Ultralytics)
-    Plan pl = gpu_plan_run(m, opt->kind, amp, g->infer, nshape, shape, lcfg);
+    Plan pl = gpu_plan_run(m, opt->kind, amp, g->eval_only, nshape, shape, lcfg);
     g->plan = pl.total;
     memcpy(g->plan_at, pl.at_peak, sizeof g->plan_at);
     g->a = xcalloc(1, sizeof(Arena));
@@ -6898,7 +6916,7 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     GPU_CHECK(cudaMemcpy(g->params, m->params, n * 4, cudaMemcpyHostToDevice));
     GPU_CHECK(cudaMemcpy(g->buffers, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
     if (!g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
-    if (!g->infer) {   // training: the EMA, the optimizer state and the parameter groups
+    if (!g->eval_only) {   // training: the EMA, the optimizer state and the parameter groups
         GPU_CHECK(cudaMemcpy(g->ema_p, ema_p ? ema_p : m->params, n * 4, cudaMemcpyHostToDevice));
         GPU_CHECK(cudaMemcpy(g->ema_b, ema_b ? ema_b : m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
         if (opt->m) GPU_CHECK(cudaMemcpy(g->opt_m, opt->m, n * 4, cudaMemcpyHostToDevice));
@@ -6974,18 +6992,20 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
     prof_begin(g);
     GPU_CHECK(cudaMemcpyAsync(gts, g->gts_h, (size_t)B * M * sizeof(LossGtD), cudaMemcpyHostToDevice, s));
     GPU_CHECK(cudaMemcpyAsync(nbox, g->nbox_h, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, s));
-    loss_cuda(B, NC, g->H, g->W, (const float *const *)g->head, g->m->train ? g->dhead : NULL, gts, nbox, M, lcfg->box,
-              lcfg->cls, lcfg->dfl, g->m->train ? g->scaler.scale : 1.f, scratch, out, s);
+    const Model *m = g->m;
+    loss_cuda(B, NC, g->H, g->W, (const float *const *)m->head, m->infer ? NULL : m->dhead, gts, nbox, M, lcfg->box,
+              lcfg->cls, lcfg->dfl, m->infer ? 1.f : g->scaler.scale, scratch, out, s);
     double o[5];
     GPU_CHECK(cudaMemcpyAsync(o, out, sizeof o, cudaMemcpyDeviceToHost, s));
-    if (g->copy_heads || !g->m->train)   // evaluation (NMS on the host) and tests: the head maps, as the loss saw them
+    if (g->copy_heads || m->infer)   // evaluation (NMS on the host) and tests: the head maps, as the loss saw them
         for (int i = 0; i < 3; i++) {
             int sd = 8 << i;
-            GPU_CHECK(cudaMemcpyAsync(g->head_h[i], g->head[i], (size_t)B * (REG_MAX * 4 + NC) * (g->H / sd) * (g->W / sd) * sizeof(float),
+            GPU_CHECK(cudaMemcpyAsync(g->head_h[i], m->head[i],
+                                      (size_t)B * (REG_MAX * 4 + NC) * (g->H / sd) * (g->W / sd) * sizeof(float),
                                       cudaMemcpyDeviceToHost, s));
         }
     GPU_CHECK(cudaStreamSynchronize(s));   // o and head_h are read now, gts_h / nbox_h reused by the next step
-    prof_end(g, g->copy_heads || !g->m->train ? "loss + head maps to host" : "loss", 0);
+    prof_end(g, g->copy_heads || m->infer ? "loss + head maps to host" : "loss", 0);
     lo.box = o[0], lo.cls = o[1], lo.dfl = o[2];
     lo.target_scores_sum = o[3];
     lo.n_fg = (int)o[4];
@@ -7039,7 +7059,8 @@ static LossOut gpu_train_step(Gpu *g, const GpuShape *s, const uint8_t *img, con
     GPU_CHECK(cudaMemcpyAsync(g->bn_keep, g->buffers, g->m->nbuffers * sizeof(float), cudaMemcpyDeviceToDevice,
                               (cudaStream_t)g->stream));
     gpu_input_begin(g, img);
-    LossOut lo = gpu_schedule(g, tg, lcfg);
+    Exec e = exec_gpu(g);
+    LossOut lo = walk_step(&e, tg, lcfg);   // a non-finite loss skips the backward: the caller drops the window
     gpu_input_end(g);
     return lo;
 }
@@ -7073,9 +7094,9 @@ static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img, con
                               LossOut *lo) {
     gpu_shape(g, s);
     gpu_input_begin(g, img);
-    gpu_forward(g);
-    *lo = gpu_loss(g, tg, lcfg);   // in evaluation it also brings the head maps to head_h
-    gpu_release(g);
+    Exec e = exec_gpu(g);
+    *lo = walk_step(&e, tg, lcfg);   // in evaluation the loss also brings the head maps to head_h
+    walk_release(&e);
     gpu_input_end(g);
     return g->head_h;
 }
@@ -7083,7 +7104,7 @@ static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img, con
 // gpu_use_ema: on: the EMA's weights and running stats take the model's place (validation), the
 // FP16 weight copy made from them; off: back to the model's.
 static void gpu_use_ema(Gpu *g, int on) {
-    if (on == g->ema_on || g->infer) return;   // evaluation only: the weights are the ones to evaluate
+    if (on == g->ema_on || g->eval_only) return;   // evaluation only: the weights are the ones to evaluate
     float *t = g->params; g->params = g->ema_p; g->ema_p = t;
     t = g->buffers; g->buffers = g->ema_b; g->ema_b = t;
     g->ema_on = on;
@@ -7163,6 +7184,9 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
 }
 
 #else
+
+// gpu_mem_info without CUDA: no device memory (never asked: gpu_select returns the CPU)
+static void gpu_mem_info(int dev, size_t *fr, size_t *total) { (void)dev, *fr = *total = 0; }
 
 // gpu_select without CUDA: the CPU, or a clear error for a GPU device
 static int gpu_select(const char *device) {
@@ -7268,7 +7292,9 @@ static Config config_from_args(int argc, char **argv) {
 }
 
 // Trainer: everything a run holds. All numeric state of the model, optimizer and EMA lives in the arena.
+typedef struct TrainerOps TrainerOps;
 typedef struct {
+    const TrainerOps *ops;     // where the steps run: the CPU or the device (trainer_ops)
     Config cfg;
     Model m;
     Arena *arena;
@@ -7296,19 +7322,28 @@ typedef struct {
     long last_opt_step;
     double best_fitness;
     int best_epoch, nan_skips;
+    int consecutive_nan;       // non-finite losses in a row (10 stop the run)
     int amp_skips;             // GPU: optimizer steps the GradScaler skipped (inf/NaN gradients)
     double amp_scale;          // GPU: the GradScaler's scale and good-step count, saved in checkpoints
     int amp_good;
 } Trainer;
 
-// trainer_mem_mib: the memory column of the progress line: device memory in use (as Ultralytics'
-// GPU_mem), or the host arena
-static double trainer_mem_mib(Trainer *t) {
-#ifdef YOLO_CUDA
-    if (t->gpu) return gpu_in_use(t->gpu) / 1048576.0;
-#endif
-    return t->arena->cap / 1048576.0;
-}
+// TrainerOps: what the training loop, validation and `yolo val` ask of the CPU (the host arena) or
+// the device (the Gpu); the loop itself has no device code. Implementations: cpu_trainer_ops,
+// gpu_trainer_ops (above train_run).
+struct TrainerOps {
+    const char *where;                          // "host" or "device"
+    void (*open)(Trainer *t, int train);        // the device's arena (one cudaMalloc), the state uploaded
+    LossOut (*step)(Trainer *t, const Batch *bt, int *bad);   // forward, loss, backward; *bad: not finite, undone
+    int (*optimize)(Trainer *t);                // clip, step, EMA, gradients zeroed; 1: stop the run
+    const float *const *(*eval)(Trainer *t, const Batch *bt, LossOut *lo);   // validation forward + loss: the maps
+    void (*eval_done)(Trainer *t);              // frees what eval left
+    void (*use_ema)(Trainer *t, int on);        // validation on the EMA's weights (the host swaps its own)
+    void (*sync)(Trainer *t);                   // the state to the host for a checkpoint
+    double (*mem_mib)(Trainer *t);              // the progress line's memory: device in use (as GPU_mem) or the arena
+    const Arena *(*arena)(Trainer *t);          // the arena the steps run in
+    void (*close)(Trainer *t, int train);
+};
 
 // lr_lambda: the per-epoch LR factor (LambdaLR of trainer._setup_scheduler).
 static double lr_lambda(const Config *c, int epoch) {
@@ -7337,32 +7372,16 @@ static void input_from_batch(float *x, const Batch *bt) {
     for (size_t i = 0; i < n; i++) x[i] = bt->img[i] * (1.f / 255.f);
 }
 
-// trainer_step: one forward (+ loss, + backward when train) on the arena. In a dry run (no
-// batch) it makes exactly the allocations of a real one, which is how the plan is computed.
+// trainer_step: one forward (+ loss, + backward when train) on the arena (walk_step). In a dry
+// run (no batch) it makes exactly the allocations of a real one, which is how the plan is computed.
 static LossOut trainer_step(Trainer *t, const Batch *bt, int B, int H, int W, int train) {
     Model *m = &t->m;
-    Arena *a = t->arena;
-    LossOut lo = {0};
     m->train = train;
     m->infer = !train;
-    model_forward(m, a, t->x, B, H, W);
-    if (train) model_head_grad(m, a);
-    size_t lb = loss_scratch_bytes(B, loss_num_anchors(H, W), t->lcfg.max_boxes);
-    void *scratch = arena_alloc(a, lb, G_LOSS);
-    if (bt) {
-        LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
-        lo = loss_forward_backward(&t->lcfg, B, m->nc, H, W, (const float *const *)m->head, train ? m->dhead : NULL, &tg, 1.f,
-                                   scratch, lb, 0);
-    }
-    arena_free(a, scratch);
-    if (!train) return lo;   // the caller reads m->head, then model_release
-    if (bt && !isfinite(lo.total)) {   // never let a NaN reach the gradients
-        for (int i = 0; i < 3; i++) arena_free(a, m->dhead[i]), m->dhead[i] = NULL;
-        model_release(m, a);
-        return lo;
-    }
-    model_backward(m, a);
-    return lo;
+    model_input(m, t->x, B, H, W);
+    Exec e = exec_cpu(m, t->arena);
+    LossTargets tg = bt ? (LossTargets){bt->n, bt->batch_idx, bt->cls, bt->box} : (LossTargets){0};
+    return walk_step(&e, bt ? &tg : NULL, &t->lcfg);   // eval: the caller reads m->head, then model_release
 }
 
 // trainer_alloc: the persistent groups, in a fixed order (the same in the plan and the run).
@@ -7379,15 +7398,14 @@ static void trainer_alloc(Trainer *t, Arena *a, size_t xfloats, int train) {
         t->ema.buffers = afloat(a, m->nbuffers, G_EMA);
         t->bn_keep = afloat(a, m->nbuffers, G_BUFFERS);
     }
-    t->x = aact(a, xfloats, G_INPUT);
+    t->x = afloat(a, xfloats, G_INPUT);
 }
 
 // trainer_plan: dry-runs the persistent allocations, a training step at (B, S, S) and a
 // validation step at every validation batch shape; the arena is the largest high-water mark.
-static Plan trainer_plan_layout(Trainer *t, int nshape, const int (*shape)[2], size_t xfloats, int train, int step, int half) {
+static Plan trainer_plan_layout(Trainer *t, int nshape, const int (*shape)[2], size_t xfloats, int train, int step) {
     Arena *a = xcalloc(1, sizeof(Arena));
     a->cap = SIZE_MAX;
-    a->half = half;
     Arena *keep = t->arena;
     t->arena = a;
     trainer_alloc(t, a, xfloats, train);
@@ -7407,7 +7425,7 @@ static Plan trainer_plan_layout(Trainer *t, int nshape, const int (*shape)[2], s
 }
 
 static Plan trainer_plan(Trainer *t, int nshape, const int (*shape)[2], size_t xfloats, int train) {
-    return trainer_plan_layout(t, nshape, shape, xfloats, train, train, 0);
+    return trainer_plan_layout(t, nshape, shape, xfloats, train, train);
 }
 
 static void mkdir_p(const char *path) {
@@ -7615,24 +7633,10 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     float *gt = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * 4 * sizeof(float));
     int *gc = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * sizeof(int));
     Image pic = {0};
-#ifdef YOLO_CUDA
-    if (t->gpu) gpu_use_ema(t->gpu, 1);
-#endif
+    t->ops->use_ema(t, 1);
     while ((bt = loader_next(t->val_ld))) {
         LossOut lo;
-        const float *const *heads = (const float *const *)m->head;
-#ifdef YOLO_CUDA
-        if (t->gpu) {   // the forward and the loss on the device, NMS on the host
-            Gpu *g = t->gpu;
-            GpuShape sh = {bt->B, bt->H, bt->W, 0};
-            LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
-            heads = (const float *const *)gpu_eval(g, &sh, bt->img, &tg, &t->lcfg, &lo);
-        } else
-#endif
-        {
-            input_from_batch(t->x, bt);
-            lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 0);
-        }
+        const float *const *heads = t->ops->eval(t, bt, &lo);   // the forward and the loss; NMS below, on the host
         vloss[0] += lo.box, vloss[1] += lo.cls, vloss[2] += lo.dfl;
         nbv++;
         if (draw && nbv == 1) {
@@ -7667,11 +7671,9 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
                 }
             }
         }
-        if (!t->gpu) model_release(m, t->arena);
+        t->ops->eval_done(t);
     }
-#ifdef YOLO_CUDA
-    if (t->gpu) gpu_use_ema(t->gpu, 0);
-#endif
+    t->ops->use_ema(t, 0);
     if (draw && pic.px) {
         char path[1024];
         snprintf(path, sizeof path, "%s/val_batch0_pred.jpg", t->dir);
@@ -7785,10 +7787,7 @@ static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
         return 16;
     }
     size_t fr = 0, total = 0;
-#ifdef YOLO_CUDA
-    GPU_CHECK(cudaSetDevice(dev));
-    GPU_CHECK(cudaMemGetInfo(&fr, &total));
-#endif
+    gpu_mem_info(dev, &fr, &total);
     PlanOpts o = {.scale = scale, .nc = nc, .S = c->imgsz, .max_boxes = c->max_boxes, .adamw = 1, .recompute = c->recompute, .half = 1, .fp32 = !c->amp};
     // plan_max_batch adds the CUDA context estimate, which `fr` has already paid
     int b = plan_max_batch(o, (size_t)(fr * c->batch_auto) + GPU_CONTEXT_BYTES);
@@ -7799,72 +7798,218 @@ static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
     return b;
 }
 
-static int train_run(Config cfg) {
-    Trainer *t = xcalloc(1, sizeof(Trainer));
-    t->cfg = cfg;
-    char err[1024];
-    if (!cfg.data[0]) die("train: data= is required (a data.yaml; `yolo shapes out=DIR` makes one)");
-    if (data_yaml_load(cfg.data, &t->data, err, sizeof err)) die("%s", err);
-    int nc = t->data.nc;
-    int file_nc;
-    char scale = model_spec_scale(cfg.model, &file_nc);
-    model_build(&t->m, scale, nc);
-    t->m.recompute = cfg.recompute;
-    t->B = cfg.batch;
-    t->S = cfg.imgsz;
-    t->dev = gpu_select(cfg.device);
-    if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
-    // output folder runs/train/NAME (NAME2, NAME3, ... when it exists, unless resume/exist_ok)
+// ---- the trainer's backends: where the steps run, chosen once (trainer_ops) ----
+
+// CPU: the host arena holds the whole step (trainer_step on the CPU walk)
+static void cpu_trainer_open(Trainer *t, int train) { (void)t, (void)train; }
+// cpu_trainer_step: forward, loss, backward of one batch; a non-finite loss or running stat undoes
+// the BN update (and a backward that ran on broken statistics); the accumulation window goes on
+static LossOut cpu_trainer_step(Trainer *t, const Batch *bt, int *bad) {
+    input_from_batch(t->x, bt);
+    memcpy(t->bn_keep, t->m.buffers, t->m.nbuffers * sizeof(float));
+    LossOut lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 1);
+    *bad = !isfinite(lo.total) || !all_finite(t->m.buffers, t->m.nbuffers);
+    if (*bad) {
+        memcpy(t->m.buffers, t->bn_keep, t->m.nbuffers * sizeof(float));   // the BN update is undone too
+        if (isfinite(lo.total)) model_zero_grad(&t->m);   // a backward ran on a batch with broken BN statistics
+    }
+    return lo;
+}
+// cpu_trainer_optimize: clip to norm 10, the optimizer and the EMA (a non-finite norm skips both)
+static int cpu_trainer_optimize(Trainer *t) {
+    double norm = grad_clip_norm(&t->m, 10.0);
+    if (isfinite(norm)) {
+        optim_step(&t->opt, &t->m);
+        ema_update(&t->ema, &t->m);
+    } else {
+        t->nan_skips++;
+        fprintf(stderr, "warning: non-finite gradient norm: step skipped\n");
+    }
+    model_zero_grad(&t->m);
+    return 0;
+}
+static const float *const *cpu_trainer_eval(Trainer *t, const Batch *bt, LossOut *lo) {
+    input_from_batch(t->x, bt);
+    *lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 0);
+    return (const float *const *)t->m.head;
+}
+static void cpu_trainer_eval_done(Trainer *t) { model_release(&t->m, t->arena); }
+static void cpu_trainer_use_ema(Trainer *t, int on) { (void)t, (void)on; }   // trainer_validate swaps the host's
+static void cpu_trainer_sync(Trainer *t) { (void)t; }
+static double cpu_trainer_mem_mib(Trainer *t) { return t->arena->cap / 1048576.0; }
+static const Arena *cpu_trainer_arena(Trainer *t) { return t->arena; }
+static void cpu_trainer_close(Trainer *t, int train) { (void)t, (void)train; }
+static const TrainerOps cpu_trainer_ops = {
+    "host", cpu_trainer_open, cpu_trainer_step, cpu_trainer_optimize, cpu_trainer_eval, cpu_trainer_eval_done,
+    cpu_trainer_use_ema, cpu_trainer_sync, cpu_trainer_mem_mib, cpu_trainer_arena, cpu_trainer_close,
+};
+
+#ifdef YOLO_CUDA
+// gpu_trainer_open: the device arena for the run's steps (training: full and short last batch; and
+// every validation shape), one cudaMalloc, the host's state uploaded
+static void gpu_trainer_open(Trainer *t, int train) {
+    GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)(2 + t->val_ld->nbatch));
+    int ns = trainer_gpu_shapes(t, train, sh);
+    if (train) {
+        t->gpu = gpu_open(&t->m, t->dev, t->cfg.amp, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
+        t->gpu->ema_updates = t->ema.updates;
+        if (t->cfg.amp) t->gpu->scaler.scale = (float)t->amp_scale, t->gpu->scaler.good_steps = t->amp_good;
+        if (t->cfg.resume) gpu_upload_grads(t->gpu, t->m.grads);   // at the restored scale
+    } else {   // evaluation shapes only: weights, running stats and the forward
+        Optimizer none = {.kind = OPT_SGD};
+        t->gpu = gpu_open(&t->m, t->dev, 1, ns, sh, &none, NULL, NULL, &t->lcfg);
+    }
+    gpu_report(t->gpu, t->dev);
+    free(sh);
+}
+// gpu_trainer_step: a non-finite loss skips the backward; its BN update is undone and the
+// accumulation window dropped
+static LossOut gpu_trainer_step(Trainer *t, const Batch *bt, int *bad) {
+    GpuShape sh = {bt->B, bt->H, bt->W, 1};
+    LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
+    LossOut lo = gpu_train_step(t->gpu, &sh, bt->img, &tg, &t->lcfg);
+    *bad = !isfinite(lo.total);
+    if (*bad) {
+        gpu_bn_restore(t->gpu);
+        gpu_zero_grad(t->gpu);
+    }
+    return lo;
+}
+// gpu_trainer_optimize: the host's lr, momentum and decay, then gpu_optimize (GradScaler: an inf/NaN
+// gradient skips and halves the scale); 1 when the scale fell below 1 (NaN gradients whatever the scale)
+static int gpu_trainer_optimize(Trainer *t) {
+    Gpu *g = t->gpu;
+    int stop = 0;
+    memcpy(g->opt.lr, t->opt.lr, sizeof g->opt.lr);
+    g->opt.momentum = t->opt.momentum;
+    g->opt.weight_decay = t->opt.weight_decay;
+    double norm;
+    if (!gpu_optimize(g, &norm)) {
+        if (g->f32) {   // amp=0: no GradScaler, so a skip is as unusual as on the CPU
+            t->nan_skips++;
+            fprintf(stderr, "warning: non-finite gradient norm: step skipped\n");
+        } else if (++t->amp_skips > 20 || g->scaler.scale < 1) {
+            fprintf(stderr, "warning: GradScaler skipped a step for inf/NaN gradients (%d so far), loss scale now %g\n",
+                    t->amp_skips, g->scaler.scale);
+        }
+        if (!g->f32 && g->scaler.scale < 1) {
+            fprintf(stderr, "stopping: the loss scale fell below 1, so the gradients are NaN whatever the scale; "
+                            "the last checkpoint %s/weights/last.ckpt is intact (hint: lower lr0, check the labels, "
+                            "try amp=0)\n", t->dir);
+            stop = 1;
+        }
+    }
+    gpu_zero_grad(g);
+    return stop;
+}
+// gpu_trainer_eval: the forward and the loss on the device, the head maps back for NMS on the host
+static const float *const *gpu_trainer_eval(Trainer *t, const Batch *bt, LossOut *lo) {
+    GpuShape sh = {bt->B, bt->H, bt->W, 0};
+    LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
+    return (const float *const *)gpu_eval(t->gpu, &sh, bt->img, &tg, &t->lcfg, lo);
+}
+static void gpu_trainer_eval_done(Trainer *t) { (void)t; }
+static void gpu_trainer_use_ema(Trainer *t, int on) { gpu_use_ema(t->gpu, on); }
+// gpu_trainer_sync: the device's state to the host for the checkpoint
+static void gpu_trainer_sync(Trainer *t) {
+    Gpu *g = t->gpu;
+    gpu_download(g, t->m.params, t->m.buffers, t->m.grads, t->ema.params, t->ema.buffers, t->opt.m, t->opt.v);
+    t->opt.step = g->opt.step;
+    t->ema.updates = g->ema_updates;
+    if (!g->f32) t->amp_scale = g->scaler.scale, t->amp_good = g->scaler.good_steps;
+}
+static double gpu_trainer_mem_mib(Trainer *t) { return gpu_in_use(t->gpu) / 1048576.0; }
+static const Arena *gpu_trainer_arena(Trainer *t) { return t->gpu->a; }
+static void gpu_trainer_close(Trainer *t, int train) {
+    if (train && !t->gpu->f32)
+        printf("GradScaler: %d optimizer steps skipped for inf/NaN gradients, loss scale now %g\n", t->amp_skips,
+               t->gpu->scaler.scale);
+    gpu_close(t->gpu);
+}
+static const TrainerOps gpu_trainer_ops = {
+    "device", gpu_trainer_open, gpu_trainer_step, gpu_trainer_optimize, gpu_trainer_eval, gpu_trainer_eval_done,
+    gpu_trainer_use_ema, gpu_trainer_sync, gpu_trainer_mem_mib, gpu_trainer_arena, gpu_trainer_close,
+};
+#endif
+
+// trainer_ops: the backend of device dev (-1: the CPU); the one place the trainer dispatches on it
+static const TrainerOps *trainer_ops(int dev) {
+#ifdef YOLO_CUDA
+    if (dev >= 0) return &gpu_trainer_ops;
+#endif
+    (void)dev;
+    return &cpu_trainer_ops;
+}
+
+// ---- train_run and its parts ----
+
+// trainer_open_data: the dataset, the output folder runs/train/NAME (NAME2, NAME3, ... when it
+// exists, unless resume/exist_ok) and the two loaders (validation batches 2 x B)
+static void trainer_open_data(Trainer *t) {
+    const Config *cfg = &t->cfg;
     char base[700];
-    snprintf(base, sizeof base, "%s/train/%s", cfg.project, cfg.name[0] ? cfg.name : "train");
+    snprintf(base, sizeof base, "%s/train/%s", cfg->project, cfg->name[0] ? cfg->name : "train");
     snprintf(t->dir, sizeof t->dir, "%s", base);
     struct stat sb;
-    for (int i = 2; !cfg.resume && !cfg.exist_ok && stat(t->dir, &sb) == 0; i++) snprintf(t->dir, sizeof t->dir, "%s%d", base, i);
+    for (int i = 2; !cfg->resume && !cfg->exist_ok && stat(t->dir, &sb) == 0; i++)
+        snprintf(t->dir, sizeof t->dir, "%s%d", base, i);
     char wdir[800];
     snprintf(wdir, sizeof wdir, "%s/weights", t->dir);
     mkdir_p(wdir);
 
-    if (dataset_load(&t->data, 0, &t->train_ds)) die("train: no usable training images in %s", cfg.data);
-    if (dataset_load(&t->data, 1, &t->val_ds)) die("train: no usable validation images in %s", cfg.data);
-    int cache = !strcmp(cfg.cache, "ram");
-    LoaderConfig lc = {.batch = t->B, .imgsz = t->S, .workers = cfg.workers, .max_boxes = cfg.max_boxes, .train = 1,
-                       .cache_ram = cache, .seed = cfg.seed, .aug = cfg.aug};
+    if (dataset_load(&t->data, 0, &t->train_ds)) die("train: no usable training images in %s", cfg->data);
+    if (dataset_load(&t->data, 1, &t->val_ds)) die("train: no usable validation images in %s", cfg->data);
+    int cache = !strcmp(cfg->cache, "ram");
+    LoaderConfig lc = {.batch = t->B, .imgsz = t->S, .workers = cfg->workers, .max_boxes = cfg->max_boxes, .train = 1,
+                       .cache_ram = cache, .seed = cfg->seed, .aug = cfg->aug};
     t->train_ld = loader_open(&t->train_ds, &lc);
     LoaderConfig vc = lc;
     vc.train = 0;
     vc.batch = t->vB = 2 * t->B;
     t->val_ld = loader_open(&t->val_ds, &vc);
     t->nb = loader_batches(t->train_ld);
+}
 
-    // optimizer (trainer.build_optimizer), decay scaling and accumulation
-    t->accumulate = cfg.accumulate ? cfg.accumulate : (int)fmax(rint((double)cfg.nbs / t->B), 1);   // rint: Python's round
-    t->wd = cfg.weight_decay * t->B * t->accumulate / cfg.nbs;
-    double lr = cfg.lr0, mom = cfg.momentum, wbias = cfg.warmup_bias_lr;
+// trainer_open_optim: the optimizer (trainer.build_optimizer), decay scaling, accumulation, loss gains
+static void trainer_open_optim(Trainer *t) {
+    const Config *cfg = &t->cfg;
+    int nc = t->data.nc;
+    // rint: Python's round
+    t->accumulate = cfg->accumulate ? cfg->accumulate : (int)fmax(rint((double)cfg->nbs / t->B), 1);
+    t->wd = cfg->weight_decay * t->B * t->accumulate / cfg->nbs;
+    double lr = cfg->lr0, mom = cfg->momentum, wbias = cfg->warmup_bias_lr;
     int kind = OPT_SGD;
-    if (!strcmp(cfg.optimizer, "auto")) {
-        long iters = (long)ceil((double)t->train_ds.n / fmax(t->B, cfg.nbs)) * cfg.epochs;
+    if (!strcmp(cfg->optimizer, "auto")) {
+        long iters = (long)ceil((double)t->train_ds.n / fmax(t->B, cfg->nbs)) * cfg->epochs;
         if (iters > 10000) lr = 0.01, mom = 0.9, kind = OPT_SGD;
         else lr = round(0.002 * 5 / (4 + nc) * 1e6) / 1e6, mom = 0.9, kind = OPT_ADAMW;
         wbias = 0;
         printf("optimizer: 'optimizer=auto' found, choosing %s(lr=%g, momentum=%g) from %ld iterations\n",
                kind == OPT_SGD ? "SGD" : "AdamW", lr, mom, iters);
-    } else if (!strcmp(cfg.optimizer, "AdamW")) {
+    } else if (!strcmp(cfg->optimizer, "AdamW")) {
         kind = OPT_ADAMW;
     }
     t->opt = (Optimizer){.kind = kind, .momentum = mom, .beta2 = 0.999, .eps = 1e-8, .weight_decay = t->wd};
     t->initial_lr = lr;
     t->cfg.warmup_bias_lr = wbias;
     t->lcfg = loss_config_default();
-    t->lcfg.box = (float)cfg.box, t->lcfg.cls = (float)cfg.cls, t->lcfg.dfl = (float)cfg.dfl, t->lcfg.max_boxes = cfg.max_boxes;
+    t->lcfg.box = (float)cfg->box, t->lcfg.cls = (float)cfg->cls, t->lcfg.dfl = (float)cfg->dfl;
+    t->lcfg.max_boxes = cfg->max_boxes;
+}
 
-    // the memory plan: training step and every validation shape, one arena
+// trainer_open_memory: the memory plan (training step and every validation shape, one arena; with a
+// device, the host keeps only the master copies for checkpoints), the weights, a resume, then the
+// backend's own memory (the device arena), the state dicts and the NMS/evaluation buffers
+static void trainer_open_memory(Trainer *t) {
+    const Config *cfg = &t->cfg;
+    int nc = t->data.nc;
     const Loader *vl = t->val_ld;
     size_t xfloats = (size_t)t->B * 3 * t->S * t->S;
     for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
     t->B_last = t->train_ds.n % t->B;
     t->vB_last = t->val_ds.n % t->vB;
     if (t->dev >= 0) xfloats = 1;   // the host keeps the master copies for checkpoints; no activations
-    Plan p = t->dev >= 0 ? trainer_plan_layout(t, 0, NULL, xfloats, 1, 0, 0)
+    Plan p = t->dev >= 0 ? trainer_plan_layout(t, 0, NULL, xfloats, 1, 0)
                          : trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 1);
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
@@ -7878,58 +8023,176 @@ static int train_run(Config cfg) {
            p.total / 1048576.0, p.at_peak[G_PARAMS] / 1048576.0, p.at_peak[G_GRADS] / 1048576.0, p.at_peak[G_OPTIM] / 1048576.0,
            p.at_peak[G_EMA] / 1048576.0, p.at_peak[G_ACTS] / 1048576.0, p.at_peak[G_BACKWARD] / 1048576.0,
            p.peak[G_LOSS] / 1048576.0, p.at_peak[G_INPUT] / 1048576.0);
-    model_load_weights(&t->m, cfg.model, nc, cfg.seed, 0);
+    model_load_weights(&t->m, cfg->model, nc, cfg->seed, 0);
     memcpy(t->ema.params, t->m.params, t->m.nparams * sizeof(float));
     memcpy(t->ema.buffers, t->m.buffers, t->m.nbuffers * sizeof(float));
     t->best_fitness = -1;
     t->last_opt_step = -1;
     t->amp_scale = 65536;
-    if (cfg.resume) trainer_resume(t);
-#ifdef YOLO_CUDA
-    if (t->dev >= 0) {   // the device arena: training steps (full and short last batch) and every validation shape
-        GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)(2 + vl->nbatch));
-        int ns = trainer_gpu_shapes(t, 1, sh);
-        t->gpu = gpu_open(&t->m, t->dev, cfg.amp, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
-        t->gpu->ema_updates = t->ema.updates;
-        if (cfg.amp) t->gpu->scaler.scale = (float)t->amp_scale, t->gpu->scaler.good_steps = t->amp_good;
-        if (cfg.resume) gpu_upload_grads(t->gpu, t->m.grads);   // at the restored scale
-        gpu_report(t->gpu, t->dev);
-        free(sh);
-    }
-#endif
+    if (cfg->resume) trainer_resume(t);
+    t->ops->open(t, 1);
     state_dict_build(&t->sd, &t->m, t->m.params, t->m.buffers);
     state_dict_build(&t->sd_ema, &t->m, t->ema.params, t->ema.buffers);
     {   // the NMS buffers must hold the largest validation shape
         int Amax = head_anchor_count(t->S, t->S);
         for (int i = 0; i < vl->nbatch; i++) Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
         NmsConfig ncfg = nms_config_val();
-        if (cfg.conf >= 0) ncfg.conf = (float)cfg.conf;
-        ncfg.iou = (float)cfg.iou;
+        if (cfg->conf >= 0) ncfg.conf = (float)cfg->conf;
+        ncfg.iou = (float)cfg->iou;
         nms_init(&t->nms, ncfg, nc, Amax);
     }
     t->dets = xmalloc(sizeof(Det) * 300);
     evaluator_init(&t->ev, nc);
+}
 
-    // args.yaml
-    {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/args.yaml", t->dir);
-        FILE *f = xfopen(path, "w");
-        fprintf(f, "task: detect\nmode: train\nmodel: %s\ndata: %s\nepochs: %d\npatience: %d\nbatch: %d\nimgsz: %d\n"
-                   "workers: %d\nproject: %s\nname: %s\noptimizer: %s\nseed: %llu\ncos_lr: %s\nclose_mosaic: %d\nresume: %s\n"
-                   "amp: false\nlr0: %g\nlrf: %g\nmomentum: %g\nweight_decay: %g\nwarmup_epochs: %g\nwarmup_momentum: %g\n"
-                   "warmup_bias_lr: %g\nbox: %g\ncls: %g\ndfl: %g\nnbs: %d\nhsv_h: %g\nhsv_s: %g\nhsv_v: %g\ndegrees: %g\n"
-                   "translate: %g\nscale: %g\nshear: %g\nperspective: %g\nflipud: %g\nfliplr: %g\nmosaic: %g\nmixup: %g\n"
-                   "cache: %s\nmax_boxes: %d\naccumulate: %d\n",
-                cfg.model, cfg.data, cfg.epochs, cfg.patience, cfg.batch, cfg.imgsz, cfg.workers, cfg.project, t->dir,
-                cfg.optimizer, (unsigned long long)cfg.seed, cfg.cos_lr ? "true" : "false", cfg.close_mosaic,
-                cfg.resume ? "true" : "false", cfg.lr0, cfg.lrf, cfg.momentum, cfg.weight_decay, cfg.warmup_epochs,
-                cfg.warmup_momentum, cfg.warmup_bias_lr, cfg.box, cfg.cls, cfg.dfl, cfg.nbs, cfg.aug.hsv_h, cfg.aug.hsv_s,
-                cfg.aug.hsv_v, cfg.aug.degrees, cfg.aug.translate, cfg.aug.scale, cfg.aug.shear, cfg.aug.perspective,
-                cfg.aug.flipud, cfg.aug.fliplr, cfg.aug.mosaic, cfg.aug.mixup, cache ? "ram" : "false", cfg.max_boxes,
-                t->accumulate);
+// trainer_write_args: args.yaml, the run's settings c as Ultralytics writes them
+static void trainer_write_args(const Trainer *t, const Config *c) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/args.yaml", t->dir);
+    FILE *f = xfopen(path, "w");
+    fprintf(f, "task: detect\nmode: train\nmodel: %s\ndata: %s\nepochs: %d\npatience: %d\nbatch: %d\nimgsz: %d\n"
+               "workers: %d\nproject: %s\nname: %s\noptimizer: %s\nseed: %llu\ncos_lr: %s\nclose_mosaic: %d\n"
+               "resume: %s\n"
+               "amp: false\nlr0: %g\nlrf: %g\nmomentum: %g\nweight_decay: %g\nwarmup_epochs: %g\nwarmup_momentum: %g\n"
+               "warmup_bias_lr: %g\nbox: %g\ncls: %g\ndfl: %g\nnbs: %d\nhsv_h: %g\nhsv_s: %g\nhsv_v: %g\ndegrees: %g\n"
+               "translate: %g\nscale: %g\nshear: %g\nperspective: %g\nflipud: %g\nfliplr: %g\nmosaic: %g\nmixup: %g\n"
+               "cache: %s\nmax_boxes: %d\naccumulate: %d\n",
+            c->model, c->data, c->epochs, c->patience, c->batch, c->imgsz, c->workers, c->project, t->dir,
+            c->optimizer, (unsigned long long)c->seed, c->cos_lr ? "true" : "false", c->close_mosaic,
+            c->resume ? "true" : "false", c->lr0, c->lrf, c->momentum, c->weight_decay, c->warmup_epochs,
+            c->warmup_momentum, c->warmup_bias_lr, c->box, c->cls, c->dfl, c->nbs, c->aug.hsv_h, c->aug.hsv_s,
+            c->aug.hsv_v, c->aug.degrees, c->aug.translate, c->aug.scale, c->aug.shear, c->aug.perspective,
+            c->aug.flipud, c->aug.fliplr, c->aug.mosaic, c->aug.mixup, !strcmp(c->cache, "ram") ? "ram" : "false",
+            c->max_boxes, t->accumulate);
+    fclose(f);
+}
+
+// trainer_lr: the learning rates, momentum and accumulation of iteration ni (warmup ramps them up,
+// trainer._do_train); returns the accumulation
+static int trainer_lr(Trainer *t, long ni, int nw, double lf) {
+    const Config *cfg = &t->cfg;
+    if (ni > nw) {
+        for (int g = 0; g < PG_N; g++) t->opt.lr[g] = t->initial_lr * lf;
+        return t->accumulate;
+    }
+    for (int g = 0; g < PG_N; g++)
+        t->opt.lr[g] = interp((double)ni, 0, nw, g == PG_BIAS ? t->cfg.warmup_bias_lr : 0.0, t->initial_lr * lf);
+    if (t->opt.kind == OPT_SGD) t->opt.momentum = interp((double)ni, 0, nw, cfg->warmup_momentum, cfg->momentum);
+    return (int)fmax(1, rint(interp((double)ni, 0, nw, 1, (double)cfg->nbs / t->B)));
+}
+
+// train_epoch: one pass over the training set: a step per batch, an optimizer step every
+// `accumulate` batches, the progress line; tl gets the summed losses, *ngood the good batches.
+// Returns 2 to stop the run (10 non-finite losses in a row, or the device's loss scale gave up).
+static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) {
+    const Config *cfg = &t->cfg;
+    double lf = lr_lambda(cfg, epoch), t0 = now_sec();
+    int close_at = cfg->epochs - cfg->close_mosaic;   // never, when close_mosaic > epochs (as Ultralytics)
+    int closing = close_at >= 0 && epoch >= close_at;
+    if (closing && epoch == close_at) printf("closing dataloader mosaic\n");
+    loader_start_epoch(t->train_ld, epoch, closing);
+    int nbatch = 0;
+    *ngood = 0;
+    const Batch *bt;
+    while ((bt = loader_next(t->train_ld))) {
+        long ni = (long)nbatch + (long)t->nb * epoch;
+        int accumulate = trainer_lr(t, ni, nw, lf), bad;
+        LossOut lo = t->ops->step(t, bt, &bad);
+        if (bad) {
+            t->nan_skips++;
+            t->consecutive_nan++;
+            fprintf(stderr, "warning: non-finite loss at epoch %d batch %d: step skipped (%d so far)\n", epoch + 1,
+                    nbatch, t->nan_skips);
+            if (t->consecutive_nan >= 10) {
+                fprintf(stderr, "stopping: 10 consecutive non-finite losses; the last checkpoint "
+                                "%s/weights/last.ckpt is intact (hint: lower lr0, check the labels)\n", t->dir);
+                return 2;
+            }
+            nbatch++;
+            continue;
+        }
+        t->consecutive_nan = 0;
+        t->sd.nbt++;
+        (*ngood)++;
+        tl[0] += lo.box, tl[1] += lo.cls, tl[2] += lo.dfl;
+        if (ni - t->last_opt_step >= accumulate) {
+            int stop = t->ops->optimize(t);
+            t->last_opt_step = ni;
+            if (stop) return 2;
+        }
+        nbatch++;
+        double el = now_sec() - t0;
+        if (tty_out || nbatch == t->nb)
+            printf("%s%6d/%-4d %6.1f MiB %9.4f %9.4f %9.4f %6d %5d: %3d/%d %5.2f it/s%s", tty_out ? "\r" : "",
+                   epoch + 1, cfg->epochs, t->ops->mem_mib(t), tl[0] / *ngood, tl[1] / *ngood, tl[2] / *ngood, bt->n,
+                   bt->W, nbatch, t->nb, nbatch / el, tty_out && nbatch < t->nb ? "" : "\n");
+        fflush(stdout);
+    }
+    return 0;
+}
+
+// train_epoch_end: validate the EMA, log, checkpoint (results row and weights first, last.ckpt last:
+// it is the commit point, and a resume drops any row beyond it, results_reload). Returns 1 to stop
+// early (patience), 2 to stop on non-finite weights.
+static int train_epoch_end(Trainer *t, int epoch, const double tl[3], int ngood, double (*rows)[11], int *nrows,
+                           const char *csv, double t_start) {
+    const Config *cfg = &t->cfg;
+    double vl3[3];
+    Metrics mt = trainer_validate(t, vl3, 1);
+    t->ops->sync(t);
+    double fit = mt.map;
+    int best = fit >= t->best_fitness || t->best_fitness <= 0;   // Ultralytics: best.pt also on a tie
+    if (fit > t->best_fitness || t->best_fitness <= 0) t->best_epoch = epoch;   // EarlyStopping's reset rule
+    t->best_fitness = fmax(t->best_fitness, fit);
+    printf("%22s %9s %9s %9s %9s\n", "", "P", "R", "mAP50", "mAP50-95");
+    printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
+    double *row = rows[*nrows < cfg->epochs ? *nrows : cfg->epochs - 1];
+    int ng = ngood ? ngood : 1;
+    double row11[11] = {epoch + 1, tl[0] / ng, tl[1] / ng, tl[2] / ng, mt.P, mt.R, mt.map50, mt.map,
+                        vl3[0], vl3[1], vl3[2]};
+    memcpy(row, row11, sizeof row11);
+    metrics_free(&mt);
+    (*nrows)++;
+    t->epoch = epoch + 1;
+    if (!trainer_weights_ok(t)) return 2;
+    FILE *f = fopen(csv, "a");
+    if (f) {
+        fprintf(f, "%d,%.3f,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g\n", epoch + 1,
+                now_sec() - t_start, row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10],
+                t->opt.lr[0], t->opt.lr[1], t->opt.lr[2]);
+        if (fflush(f) || fsync(fileno(f))) fprintf(stderr, "warning: %s: %s\n", csv, strerror(errno));
         fclose(f);
     }
+    trainer_save(t, best);
+    if (*nrows > 1) plot_results(t->dir, rows, *nrows);
+    if (cfg->patience > 0 && epoch - t->best_epoch >= cfg->patience) {
+        printf("stopping early: no improvement in %d epochs (best epoch %d)\n", cfg->patience, t->best_epoch + 1);
+        return 1;
+    }
+    return 0;
+}
+
+// train_run: `yolo train`: set up (data, optimizer, memory, backend), then epochs of training,
+// validation and checkpoints (trainer.BaseTrainer._do_train)
+static int train_run(Config cfg) {
+    Trainer *t = xcalloc(1, sizeof(Trainer));
+    t->cfg = cfg;
+    char err[1024];
+    if (!cfg.data[0]) die("train: data= is required (a data.yaml; `yolo shapes out=DIR` makes one)");
+    if (data_yaml_load(cfg.data, &t->data, err, sizeof err)) die("%s", err);
+    int nc = t->data.nc, file_nc;
+    char scale = model_spec_scale(cfg.model, &file_nc);
+    model_build(&t->m, scale, nc);
+    t->m.recompute = cfg.recompute;
+    t->B = cfg.batch;
+    t->S = cfg.imgsz;
+    t->dev = gpu_select(cfg.device);
+    t->ops = trainer_ops(t->dev);
+    if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
+    trainer_open_data(t);
+    trainer_open_optim(t);
+    trainer_open_memory(t);
+    trainer_write_args(t, &cfg);   // the settings as given (warmup_bias_lr before optimizer=auto)
     char csv[1024];
     snprintf(csv, sizeof csv, "%s/results.csv", t->dir);
     if (!cfg.resume) {
@@ -7944,178 +8207,21 @@ static int train_run(Config cfg) {
     int nw = cfg.warmup_epochs > 0 ? (int)fmax(rint(cfg.warmup_epochs * t->nb), 100) : -1;
     double t_start = now_sec();
     double (*rows)[11] = xcalloc((size_t)cfg.epochs, sizeof *rows);
-    int nrows = cfg.resume ? results_reload(csv, t->epoch, rows, cfg.epochs) : 0, stop = 0, consecutive_nan = 0;
+    int nrows = cfg.resume ? results_reload(csv, t->epoch, rows, cfg.epochs) : 0, stop = 0;
     if (!cfg.resume) model_zero_grad(&t->m);   // once: batches after an epoch's last step carry into the next epoch's
     for (int epoch = t->epoch; epoch < cfg.epochs && !stop; epoch++) {
-        double lf = lr_lambda(&cfg, epoch), lrs[PG_N];
-        for (int g = 0; g < PG_N; g++) lrs[g] = t->initial_lr * lf;
-        int close_at = cfg.epochs - cfg.close_mosaic;   // never, when close_mosaic > epochs (as Ultralytics)
-        int closing = close_at >= 0 && epoch >= close_at;
-        if (closing && epoch == close_at) printf("closing dataloader mosaic\n");
-        loader_start_epoch(t->train_ld, epoch, closing);
-        double tl[3] = {0, 0, 0}, t0 = now_sec();
-        int nbatch = 0, ngood = 0;
-        const Batch *bt;
-        while ((bt = loader_next(t->train_ld))) {
-            long ni = (long)nbatch + (long)t->nb * epoch;
-            int accumulate = t->accumulate;
-            if (ni <= nw) {   // warmup: lr, momentum and accumulation ramp up (trainer._do_train)
-                accumulate = (int)fmax(1, rint(interp((double)ni, 0, nw, 1, (double)cfg.nbs / t->B)));
-                for (int g = 0; g < PG_N; g++)
-                    t->opt.lr[g] = interp((double)ni, 0, nw, g == PG_BIAS ? t->cfg.warmup_bias_lr : 0.0, t->initial_lr * lf);
-                if (t->opt.kind == OPT_SGD) t->opt.momentum = interp((double)ni, 0, nw, cfg.warmup_momentum, cfg.momentum);
-            } else {
-                for (int g = 0; g < PG_N; g++) t->opt.lr[g] = lrs[g];
-            }
-            LossOut lo;
-            int bad;
-#ifdef YOLO_CUDA
-            if (t->gpu) {
-                GpuShape sh = {bt->B, bt->H, bt->W, 1};
-                LossTargets tg = {bt->n, bt->batch_idx, bt->cls, bt->box};
-                lo = gpu_train_step(t->gpu, &sh, bt->img, &tg, &t->lcfg);
-                bad = !isfinite(lo.total);
-                if (bad) {   // its gradients are not finite either: drop this accumulation window
-                    gpu_bn_restore(t->gpu);
-                    gpu_zero_grad(t->gpu);
-                }
-            } else
-#endif
-            {
-                input_from_batch(t->x, bt);
-                memcpy(t->bn_keep, t->m.buffers, t->m.nbuffers * sizeof(float));
-                lo = trainer_step(t, bt, bt->B, bt->H, bt->W, 1);
-                bad = !isfinite(lo.total) || !all_finite(t->m.buffers, t->m.nbuffers);
-                if (bad) {
-                    memcpy(t->m.buffers, t->bn_keep, t->m.nbuffers * sizeof(float));   // the BN update is undone too
-                    if (isfinite(lo.total)) model_zero_grad(&t->m);   // a backward ran on a batch with broken BN statistics
-                }
-            }
-            if (bad) {
-                t->nan_skips++;
-                consecutive_nan++;
-                fprintf(stderr, "warning: non-finite loss at epoch %d batch %d: step skipped (%d so far)\n", epoch + 1, nbatch, t->nan_skips);
-                if (consecutive_nan >= 10) {
-                    fprintf(stderr, "stopping: 10 consecutive non-finite losses; the last checkpoint %s/weights/last.ckpt is intact "
-                                    "(hint: lower lr0, check the labels)\n", t->dir);
-                    stop = 2;
-                    break;
-                }
-                nbatch++;
-                continue;
-            }
-            consecutive_nan = 0;
-            t->sd.nbt++;
-            ngood++;
-            tl[0] += lo.box, tl[1] += lo.cls, tl[2] += lo.dfl;
-#ifdef YOLO_CUDA
-            if (t->gpu && ni - t->last_opt_step >= accumulate) {   // GradScaler: an inf/NaN gradient skips and halves the scale
-                Optimizer *o = &t->gpu->opt;
-                memcpy(o->lr, t->opt.lr, sizeof o->lr);
-                o->momentum = t->opt.momentum;
-                o->weight_decay = t->opt.weight_decay;
-                double norm;
-                if (!gpu_optimize(t->gpu, &norm)) {
-                    if (t->gpu->f32) {   // amp=0: no GradScaler, so a skip is as unusual as on the CPU
-                        t->nan_skips++;
-                        fprintf(stderr, "warning: non-finite gradient norm: step skipped\n");
-                    } else if (++t->amp_skips > 20 || t->gpu->scaler.scale < 1) {
-                        fprintf(stderr, "warning: GradScaler skipped a step for inf/NaN gradients (%d so far), loss scale now %g\n",
-                                t->amp_skips, t->gpu->scaler.scale);
-                    }
-                    if (!t->gpu->f32 && t->gpu->scaler.scale < 1) {   // only NaN gradients bring it this low
-                        fprintf(stderr, "stopping: the loss scale fell below 1, so the gradients are NaN whatever the scale; the last "
-                                        "checkpoint %s/weights/last.ckpt is intact (hint: lower lr0, check the labels, try amp=0)\n", t->dir);
-                        stop = 2;
-                    }
-                }
-                gpu_zero_grad(t->gpu);
-                t->last_opt_step = ni;
-                if (stop) break;
-            }
-#endif
-            if (!t->gpu && ni - t->last_opt_step >= accumulate) {
-                double norm = grad_clip_norm(&t->m, 10.0);
-                if (isfinite(norm)) {
-                    optim_step(&t->opt, &t->m);
-                    ema_update(&t->ema, &t->m);
-                } else {
-                    t->nan_skips++;
-                    fprintf(stderr, "warning: non-finite gradient norm: step skipped\n");
-                }
-                model_zero_grad(&t->m);
-                t->last_opt_step = ni;
-            }
-            nbatch++;
-            double el = now_sec() - t0;
-            if (tty_out || nbatch == t->nb)
-                printf("%s%6d/%-4d %6.1f MiB %9.4f %9.4f %9.4f %6d %5d: %3d/%d %5.2f it/s%s", tty_out ? "\r" : "", epoch + 1, cfg.epochs,
-                       trainer_mem_mib(t), tl[0] / ngood, tl[1] / ngood, tl[2] / ngood, bt->n, bt->W, nbatch, t->nb,
-                       nbatch / el, tty_out && nbatch < t->nb ? "" : "\n");
-            fflush(stdout);
-        }
-        if (stop) break;
-        // end of epoch: validate the EMA, log, checkpoint
-        double vl3[3];
-        Metrics mt = trainer_validate(t, vl3, 1);
-#ifdef YOLO_CUDA
-        if (t->gpu) {   // the device's state to the host for the checkpoint
-            Gpu *g = t->gpu;
-            gpu_download(g, t->m.params, t->m.buffers, t->m.grads, t->ema.params, t->ema.buffers, t->opt.m, t->opt.v);
-            t->opt.step = g->opt.step;
-            t->ema.updates = g->ema_updates;
-            if (!g->f32) t->amp_scale = g->scaler.scale, t->amp_good = g->scaler.good_steps;
-        }
-#endif
-        double fit = mt.map;
-        int best = fit >= t->best_fitness || t->best_fitness <= 0;   // Ultralytics: best.pt also on a tie
-        if (fit > t->best_fitness || t->best_fitness <= 0) t->best_epoch = epoch;   // EarlyStopping's reset rule
-        t->best_fitness = fmax(t->best_fitness, fit);
-        printf("%22s %9s %9s %9s %9s\n", "", "P", "R", "mAP50", "mAP50-95");
-        printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
-        double *row = rows[nrows < cfg.epochs ? nrows : cfg.epochs - 1];
-        double row11[11] = {epoch + 1, tl[0] / (ngood ? ngood : 1), tl[1] / (ngood ? ngood : 1), tl[2] / (ngood ? ngood : 1),
-                            mt.P, mt.R, mt.map50, mt.map, vl3[0], vl3[1], vl3[2]};
-        memcpy(row, row11, sizeof row11);
-        metrics_free(&mt);
-        nrows++;
-        t->epoch = epoch + 1;
-        if (!trainer_weights_ok(t)) {
-            stop = 2;
-            break;
-        }
-        // the results row and the weights first, last.ckpt last: it is the commit point, and a resume
-        // drops any row beyond it (results_reload)
-        FILE *f = fopen(csv, "a");
-        if (f) {
-            fprintf(f, "%d,%.3f,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g,%.5g\n", epoch + 1, now_sec() - t_start,
-                    row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], row[10], t->opt.lr[0], t->opt.lr[1], t->opt.lr[2]);
-            if (fflush(f) || fsync(fileno(f))) fprintf(stderr, "warning: %s: %s\n", csv, strerror(errno));
-            fclose(f);
-        }
-        trainer_save(t, best);
-        if (nrows > 1) plot_results(t->dir, rows, nrows);
-        if (cfg.patience > 0 && epoch - t->best_epoch >= cfg.patience) {
-            printf("stopping early: no improvement in %d epochs (best epoch %d)\n", cfg.patience, t->best_epoch + 1);
-            break;
-        }
+        double tl[3] = {0, 0, 0};
+        int ngood;
+        stop = train_epoch(t, epoch, nw, tl, &ngood);
+        if (!stop) stop = train_epoch_end(t, epoch, tl, ngood, rows, &nrows, csv, t_start);
     }
     double total = now_sec() - t_start;
-    const Arena *ar = t->arena;
-#ifdef YOLO_CUDA
-    if (t->gpu) ar = t->gpu->a;
-#endif
+    const Arena *ar = t->ops->arena(t);
     printf("%d epochs completed in %.1f s (%.3f hours); best fitness (mAP50-95) %.4f at epoch %d; %d steps skipped for "
            "non-finite values\nmemory: the %s arena's high-water mark was %.1f of %.1f MiB planned\nresults saved to %s\n", t->epoch,
-           total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->gpu ? "device" : "host", ar->high / 1048576.0,
+           total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->ops->where, ar->high / 1048576.0,
            ar->cap / 1048576.0, t->dir);
-#ifdef YOLO_CUDA
-    if (t->gpu) {
-        if (!t->gpu->f32)
-            printf("GradScaler: %d optimizer steps skipped for inf/NaN gradients, loss scale now %g\n", t->amp_skips, t->gpu->scaler.scale);
-        gpu_close(t->gpu);
-    }
-#endif
+    t->ops->close(t, 1);
     loader_close(t->train_ld);
     loader_close(t->val_ld);
     nms_free(&t->nms);
@@ -8136,6 +8242,7 @@ static int cmd_val(int argc, char **argv) {
     Trainer *t = xcalloc(1, sizeof(Trainer));
     t->cfg = c;
     t->dev = gpu_select(c.device);
+    t->ops = trainer_ops(t->dev);
     char err[1024];
     if (!c.data[0]) die("val: data= is required");
     if (data_yaml_load(c.data, &t->data, err, sizeof err)) die("%s", err);
@@ -8160,7 +8267,7 @@ static int cmd_val(int argc, char **argv) {
     }
     t->vB_last = t->val_ds.n % t->vB;
     if (t->dev >= 0) xfloats = 1;   // on the device: the host holds the weights only
-    Plan p = t->dev >= 0 ? trainer_plan_layout(t, 0, NULL, xfloats, 0, 0, 0)
+    Plan p = t->dev >= 0 ? trainer_plan_layout(t, 0, NULL, xfloats, 0, 0)
                          : trainer_plan(t, vl->nbatch, (const int (*)[2])vl->shape, xfloats, 0);
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
@@ -8168,18 +8275,8 @@ static int cmd_val(int argc, char **argv) {
     if (!t->arena->base) die("cannot allocate the %.1f MiB arena", p.total / 1048576.0);
     trainer_alloc(t, t->arena, xfloats, 0);
     model_load_weights(&t->m, c.model, fnc, 0, 0);
-    size_t plan_bytes = p.total;
-#ifdef YOLO_CUDA
-    if (t->dev >= 0) {   // evaluation shapes only: weights, running stats and the forward
-        GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)vl->nbatch);
-        int ns = trainer_gpu_shapes(t, 0, sh);
-        Optimizer none = {.kind = OPT_SGD};
-        t->gpu = gpu_open(&t->m, t->dev, 1, ns, sh, &none, NULL, NULL, &t->lcfg);
-        gpu_report(t->gpu, t->dev);
-        plan_bytes = t->gpu->plan;
-        free(sh);
-    }
-#endif
+    t->ops->open(t, 0);
+    size_t plan_bytes = t->gpu ? t->gpu->plan : p.total;
     NmsConfig nc = nms_config_val();
     if (c.conf >= 0) nc.conf = (float)c.conf;
     nc.iou = (float)c.iou;
@@ -8199,9 +8296,7 @@ static int cmd_val(int argc, char **argv) {
     printf("val losses box %.4f cls %.4f dfl %.4f; %.2f s; predictions picture %s/val_batch0_pred.jpg\n", vloss[0], vloss[1],
            vloss[2], now_sec() - t0, t->dir);
     metrics_free(&mt);
-#ifdef YOLO_CUDA
-    if (t->gpu) gpu_close(t->gpu);
-#endif
+    t->ops->close(t, 0);
     loader_close(t->val_ld);
     nms_free(&t->nms);
     evaluator_free(&t->ev);
@@ -8418,8 +8513,8 @@ static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
     t->opt.kind = o->adamw ? OPT_ADAMW : OPT_SGD;
     int V = o->S + 32, shape[1][2] = {{V, V}};
     size_t xfloats = (size_t)t->vB * 3 * V * V;
-    Plan p1 = trainer_plan_layout(t, 0, NULL, xfloats, 1, 1, 0);
-    Plan p2 = trainer_plan_layout(t, 1, (const int (*)[2])shape, xfloats, 1, 0, 0);
+    Plan p1 = trainer_plan_layout(t, 0, NULL, xfloats, 1, 1);
+    Plan p2 = trainer_plan_layout(t, 1, (const int (*)[2])shape, xfloats, 1, 0);
     if (tr) *tr = p1;
     if (va) *va = p2;
     free(t);

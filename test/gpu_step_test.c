@@ -12,7 +12,7 @@
 // deepest maps are 2x2, BN normalises over 8 values and every rounding difference grows layer by
 // layer (with FP16 storage emulated on the CPU, model.0's z is bit-identical to the GPU's, model.1's
 // differs by one ulp in a few values, and by the 2x2 layers almost every value differs). So the GPU must also stay within 2x the measured sensitivity, and within 2x of what FP16 storage
-// itself costs: the CPU step's FP16 twin (Model.half: the CPU rounds every tensor where the device
+// itself costs: the CPU step's FP16 twin (twin_backend: the CPU rounds every tensor where the device
 // stores FP16, at the same loss scale) is ~3.5e-2 per tensor and ~7e-3 in the loss components from
 // the FP32 step, and the device is as far from that twin as from FP32. A wrong index or a missing
 // term would be far outside these bounds.
@@ -26,6 +26,44 @@
 #include "test.h"
 
 enum { TB = 2, TS = 64, TNC = 3 };
+
+// The CPU step's FP16 twin: the CPU backend with every tensor the device stores in FP16 rounded
+// the same way (activations it materialises, residual sums, pre-BN outputs; dz at the loss scale
+// twin_scale). The Detect maps stay FP32, as on the device. Installed as model_cpu_backend.
+static float twin_scale;
+static Backend twin_backend;
+
+// half_store: x (n) rounded as the device stores it in FP16: x*s to the nearest FP16 and back, /s
+// (s a power of two: the loss scale for gradients, 1 for activations)
+static void half_store(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] = half_to_float(float_to_half(x[i] * s)) / s;
+}
+static void twin_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
+    cpu_backend.act(e, c, c0, C, b, out, os);
+    if (c->bn) half_store(out, (size_t)C * c->Ho * c->Wo, 1.f);
+}
+static void twin_add(Exec *e, const void *t, long ts, void *out, long os, long n) {
+    cpu_backend.add(e, t, ts, out, os, n);
+    half_store(out, (size_t)n, 1.f);
+}
+static void twin_conv(Exec *e, Conv *c) {
+    cpu_backend.conv(e, c);
+    for (int b = 0; b < e->m->B && c->bn && !arena_dry(e->a); b++)
+        half_store(c->z + (size_t)b * c->zstride, (size_t)c->cout * c->Ho * c->Wo, 1.f);
+}
+static void *twin_bn_backward(Exec *e, Conv *c) {
+    float *dz = cpu_backend.bn_backward(e, c);
+    for (int b = 0; b < e->m->B && !arena_dry(e->a); b++)
+        half_store(dz + (size_t)b * c->zstride, (size_t)c->cout * c->Ho * c->Wo, twin_scale);
+    return dz;
+}
+static void twin_init(void) {
+    twin_backend = cpu_backend;
+    twin_backend.act = twin_act;
+    twin_backend.add = twin_add;
+    twin_backend.conv = twin_conv;
+    twin_backend.bn_backward = twin_bn_backward;
+}
 
 // the CPU step as trainer_step + the optimizer, on model m (its own arena a); heads copied out
 static LossOut cpu_step(Model *m, Arena *a, const float *x, const LossTargets *tg, const LossConfig *lc, void *scratch,
@@ -206,14 +244,16 @@ int main(void) {
            fabs(lo_p.cls - lo_c.cls) / lo_c.cls, fabs(lo_p.dfl - lo_c.dfl) / lo_c.dfl, sens, sname, sens_whole);
     check(gpu_worst <= 2 * sens, "gradients: the GPU's worst tensor difference %.3g is within 2x the reference's own sensitivity %.3g", gpu_worst, sens);
 
-    // C. the CPU step's FP16 twin (m->half: the CPU rounds every tensor the device stores in FP16, at
+    // C. the CPU step's FP16 twin (twin_backend: the CPU rounds every tensor the device stores in FP16, at
     // the same loss scale) against the FP32 step: what FP16 storage itself costs here. The device may
     // differ from FP32 by no more than 2x that; its distance from the twin is printed (as large: the
     // order of FP32 sums alone flips FP16 roundings, and those grow like any other 1-ulp change)
     memcpy(m->buffers, buf0, m->nbuffers * sizeof(float));
-    m->half = g->scaler.scale;
+    twin_init();
+    twin_scale = g->scaler.scale;
+    model_cpu_backend = &twin_backend;
     LossOut lo_h = cpu_step(m, a, x, &tg, &lc, scratch, lb, hc, hn);
-    m->half = 0;
+    model_cpu_backend = &cpu_backend;
     double twin, twin_whole, gt_worst, gt_whole, th[3];
     char tname[80] = "", gname[80] = "";
     grad_compare(m, m->grads, g32, 1, &twin, &twin_whole, tname, sizeof tname, &ntens);

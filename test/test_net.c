@@ -65,14 +65,15 @@ static double graph_f(Model *m, Arena *a, int out, const float *x, const float *
         Value *v = &m->val[out];
         size_t n = (size_t)v->C * v->H * v->W;
         float *o = afloat(a, n, G_SCRATCH);
+        Exec e = exec_cpu(m, a);
         for (int b = 0; b < B; b++) {
-            value_materialize(m, a, out, b, o);
+            value_materialize(&e, out, b, o, (long)n);
             for (size_t i = 0; i < n; i++) f += (double)rw[b * n + i] * o[i], graph_fabs += fabs((double)rw[b * n + i] * o[i]);
         }
         arena_free(a, o);
         if (grad) {
             model_zero_grad(m);
-            for (int b = 0; b < B; b++) value_backprop(m, a, out, b, rw + b * n);
+            for (int b = 0; b < B; b++) value_backprop(&e, out, b, rw + b * n, (long)n);
             model_backward(m, a);
         } else {
             model_release(m, a);
