@@ -7101,6 +7101,38 @@ static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img, con
     return g->head_h;
 }
 
+// gpu_predict_open: an evaluation-only device arena for every input shape `yolo predict` makes at
+// imgsz S (one side S, the other a multiple of 32 up to S)
+static Gpu *gpu_predict_open(Model *m, int dev, int S) {
+    LossConfig plc = loss_config_default();   // the device forward computes a loss too; no boxes here
+    plc.max_boxes = 1;
+    GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)(2 * (S / 32)));
+    int ns = 0;
+    for (int side = 32; side <= S; side += 32) {
+        sh[ns++] = (GpuShape){1, S, side, 0};
+        if (side != S) sh[ns++] = (GpuShape){1, side, S, 0};
+    }
+    Optimizer no = {.kind = OPT_SGD};
+    Gpu *g = gpu_open(m, dev, 1, ns, sh, &no, NULL, NULL, &plc);
+    gpu_report(g, dev);
+    free(sh);
+    return g;
+}
+// gpu_predict: the head maps (host copies) of one image hwc (H, W, 3) uint8
+static const float *const *gpu_predict(Gpu *g, const uint8_t *hwc, int H, int W) {
+    LossConfig plc = loss_config_default();
+    plc.max_boxes = 1;
+    LossTargets none = {0, NULL, NULL, NULL};
+    uint8_t *chw = xmalloc((size_t)3 * H * W);
+    for (int ch = 0; ch < 3; ch++)
+        for (size_t i = 0; i < (size_t)W * H; i++) chw[(size_t)ch * W * H + i] = hwc[i * 3 + ch];
+    GpuShape sh = {1, H, W, 0};
+    LossOut lo;
+    float *const *heads = gpu_eval(g, &sh, chw, &none, &plc, &lo);
+    free(chw);
+    return (const float *const *)heads;
+}
+
 // gpu_use_ema: on: the EMA's weights and running stats take the model's place (validation), the
 // FP16 weight copy made from them; off: back to the model's.
 static void gpu_use_ema(Gpu *g, int on) {
@@ -7187,6 +7219,14 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
 
 // gpu_mem_info without CUDA: no device memory (never asked: gpu_select returns the CPU)
 static void gpu_mem_info(int dev, size_t *fr, size_t *total) { (void)dev, *fr = *total = 0; }
+// without CUDA no Gpu is ever opened (gpu_select returns the CPU): what predict names for it
+static Gpu *gpu_predict_open(Model *m, int dev, int S) { (void)m, (void)dev, (void)S; return NULL; }
+static const float *const *gpu_predict(Gpu *g, const uint8_t *hwc, int H, int W) {
+    (void)g, (void)hwc, (void)H, (void)W;
+    die("internal error: a device forward in a build without CUDA");
+    return NULL;
+}
+static void gpu_close(Gpu *g) { (void)g; }
 
 // gpu_select without CUDA: the CPU, or a clear error for a GPU device
 static int gpu_select(const char *device) {
@@ -8316,6 +8356,107 @@ static int has_image_ext(const char *p) {
     return 0;
 }
 
+// predict_files: source= as a sorted list of image files (a directory's images, or the file itself)
+static char **predict_files(const char *source, int *nfiles) {
+    int n = 0, cap = 16;
+    char **files = xmalloc(cap * sizeof(char *));
+    struct stat sb;
+    if (stat(source, &sb)) die("predict: source=%s: %s", source, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        DIR *d = opendir(source);
+        if (!d) die("predict: cannot list %s", source);
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (has_image_ext(e->d_name)) {
+                if (n == cap) files = realloc(files, (cap *= 2) * sizeof(char *));
+                files[n] = xmalloc(strlen(source) + strlen(e->d_name) + 2);
+                sprintf(files[n++], "%s/%s", source, e->d_name);
+            }
+        closedir(d);
+        qsort(files, n, sizeof(char *), (int (*)(const void *, const void *))strcmp_ptr);
+    } else {
+        files[n++] = strdup(source);
+    }
+    *nfiles = n;
+    return files;
+}
+
+// Predictor: the model, its host arena (planned for every input shape predict makes at imgsz S:
+// one side S, the other a multiple of 32 up to S) and, on a device, the Gpu (gpu_predict_open)
+typedef struct { Model *m; Arena *a; float *x; Gpu *g; int S; } Predictor;
+
+static void predict_open(Predictor *p, const char *model, char scale, int fnc, int dev, int S) {
+    Model *m = p->m = xcalloc(1, sizeof(Model));
+    model_build(m, scale, fnc);
+    m->infer = 1;   // set before the dry run, so the plan is the inference plan
+    p->S = S;
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->cap = SIZE_MAX;
+    model_alloc_params(m, a);
+    afloat(a, (size_t)3 * S * S, G_INPUT);
+    for (int side = 32; side <= S && dev < 0; side += 32)   // every input shape predict can make: one side S
+        for (int o = 0; o < 2; o++) {
+            model_forward(m, a, NULL, 1, o ? S : side, o ? side : S);
+            model_release(m, a);
+        }
+    size_t total = a->high;
+    free(a);
+    a = p->a = xcalloc(1, sizeof(Arena));
+    a->cap = total;
+    a->base = aligned_alloc(ARENA_ALIGN, (total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+    model_alloc_params(m, a);
+    p->x = afloat(a, (size_t)3 * S * S, G_INPUT);
+    model_load_weights(m, model, fnc, 0, 0);
+    m->train = 0;
+    m->infer = 1;
+    p->g = dev >= 0 ? gpu_predict_open(m, dev, S) : NULL;
+}
+
+// predict_heads: the forward of one letterboxed image hwc (PH, PW, 3) uint8: the head maps (host)
+static const float *const *predict_heads(Predictor *p, const uint8_t *hwc, int PH, int PW) {
+    if (p->g) return gpu_predict(p->g, hwc, PH, PW);   // the forward on the device, NMS on the host
+    for (int ch = 0; ch < 3; ch++)
+        for (size_t i = 0; i < (size_t)PW * PH; i++) p->x[(size_t)ch * PW * PH + i] = hwc[i * 3 + ch] * (1.f / 255.f);
+    model_forward(p->m, p->a, p->x, 1, PH, PW);
+    return (const float *const *)p->m->head;
+}
+static void predict_heads_done(Predictor *p) { if (!p->g) model_release(p->m, p->a); }
+
+static void predict_close(Predictor *p) {
+    if (p->g) gpu_close(p->g);
+    free(p->a->base);
+    free(p->a);
+    free(p->m);
+}
+
+// predict_write: the detections of one image, back in its pixels (scale_boxes + clip_boxes), as a
+// YOLO-format labels/STEM.txt and drawn into STEM.jpg
+static void predict_write(const char *file, Image *img, const Letterbox *lb, const Det *dets, int n,
+                          const DataConfig *dc, const char *dir, const char *ldir) {
+    const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+    char stem[512], path[2048];
+    snprintf(stem, sizeof stem, "%s", base);
+    if (strrchr(stem, '.')) *strrchr(stem, '.') = 0;
+    snprintf(path, sizeof path, "%s/%s.txt", ldir, stem);
+    FILE *tf = xfopen(path, "w");
+    for (int i = 0; i < n; i++) {
+        const Det *d = &dets[i];
+        float x1 = fminf(fmaxf((d->x1 - lb->left) / (float)lb->r, 0), img->w);
+        float y1 = fminf(fmaxf((d->y1 - lb->top) / (float)lb->r, 0), img->h);
+        float x2 = fminf(fmaxf((d->x2 - lb->left) / (float)lb->r, 0), img->w);
+        float y2 = fminf(fmaxf((d->y2 - lb->top) / (float)lb->r, 0), img->h);
+        fprintf(tf, "%d %.6f %.6f %.6f %.6f %.5f\n", d->cls, (x1 + x2) / 2 / img->w, (y1 + y2) / 2 / img->h,
+                (x2 - x1) / img->w, (y2 - y1) / img->h, d->score);
+        char lab[128];
+        if (dc->names) snprintf(lab, sizeof lab, "%s %.2f", dc->names[d->cls], d->score);
+        else snprintf(lab, sizeof lab, "%d %.2f", d->cls, d->score);
+        image_draw_detection(img, (int)x1, (int)y1, (int)x2, (int)y2, d->cls, lab, 2);
+    }
+    fclose(tf);
+    snprintf(path, sizeof path, "%s/%s.jpg", dir, stem);
+    image_save_jpg(path, img, 90);
+}
+
 // cmd_predict: `yolo predict model=FILE source=IMAGE|DIR [conf=0.25 iou=0.7 imgsz=640]`: each
 // image letterboxed to imgsz, detections drawn with class names and scores into
 // runs/predict/NAME/, and YOLO-format results (class cx cy w h conf, normalised) in labels/.
@@ -8326,73 +8467,15 @@ static int cmd_predict(int argc, char **argv) {
     int fnc;
     char scale = model_spec_scale(c.model, &fnc), err[1024];
     if (fnc < 0) die("predict: model= must be a weights file (.safetensors)");
-    Model *m = xcalloc(1, sizeof(Model));
-    model_build(m, scale, fnc);
-    m->infer = 1;   // set before the dry run, so the plan is the inference plan
     const char *names_file = c.data[0] ? c.data : NULL;
     DataConfig dc = {0};
     if (names_file && data_yaml_load(names_file, &dc, err, sizeof err)) die("%s", err);
-    if (names_file && dc.nc != fnc) die("predict: %s names %d classes but model=%s has nc=%d", names_file, dc.nc, c.model, fnc);
-    // files to process
-    int nfiles = 0, cap = 16;
-    char **files = xmalloc(cap * sizeof(char *));
-    struct stat sb;
-    if (stat(c.source, &sb)) die("predict: source=%s: %s", c.source, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) {
-        DIR *d = opendir(c.source);
-        if (!d) die("predict: cannot list %s", c.source);
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (has_image_ext(e->d_name)) {
-                if (nfiles == cap) files = realloc(files, (cap *= 2) * sizeof(char *));
-                files[nfiles] = xmalloc(strlen(c.source) + strlen(e->d_name) + 2);
-                sprintf(files[nfiles++], "%s/%s", c.source, e->d_name);
-            }
-        closedir(d);
-        qsort(files, nfiles, sizeof(char *), (int (*)(const void *, const void *))strcmp_ptr);
-    } else {
-        files[nfiles++] = strdup(c.source);
-    }
-    int S = c.imgsz;
-    Arena *a = xcalloc(1, sizeof(Arena));
-    a->cap = SIZE_MAX;
-    model_alloc_params(m, a);
-    float *x = afloat(a, (size_t)3 * S * S, G_INPUT);
-    for (int side = 32; side <= S && dev < 0; side += 32)   // every input shape predict can make: one side S
-        for (int o = 0; o < 2; o++) {
-            model_forward(m, a, NULL, 1, o ? S : side, o ? side : S);
-            model_release(m, a);
-        }
-    size_t total = a->high;
-    free(a);
-    a = xcalloc(1, sizeof(Arena));
-    a->cap = total;
-    a->base = aligned_alloc(ARENA_ALIGN, (total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
-    model_alloc_params(m, a);
-    x = afloat(a, (size_t)3 * S * S, G_INPUT);
-    model_load_weights(m, c.model, fnc, 0, 0);
-    m->train = 0;
-    m->infer = 1;
-#ifdef YOLO_CUDA
-    Gpu *g = NULL;
-    LossConfig plc = loss_config_default();   // the device forward computes a loss too; no boxes here
-    plc.max_boxes = 1;
-    LossTargets none = {0, NULL, NULL, NULL};
-    uint8_t *chw = NULL;
-    if (dev >= 0) {   // an evaluation-only device arena for every input shape predict can make
-        GpuShape *sh = xmalloc(sizeof(GpuShape) * (size_t)(2 * (S / 32)));
-        int ns = 0;
-        for (int side = 32; side <= S; side += 32) {
-            sh[ns++] = (GpuShape){1, S, side, 0};
-            if (side != S) sh[ns++] = (GpuShape){1, side, S, 0};
-        }
-        Optimizer no = {.kind = OPT_SGD};
-        g = gpu_open(m, dev, 1, ns, sh, &no, NULL, NULL, &plc);
-        gpu_report(g, dev);
-        free(sh);
-        chw = xmalloc((size_t)3 * S * S);
-    }
-#endif
+    if (names_file && dc.nc != fnc)
+        die("predict: %s names %d classes but model=%s has nc=%d", names_file, dc.nc, c.model, fnc);
+    int nfiles, S = c.imgsz;
+    char **files = predict_files(c.source, &nfiles);
+    Predictor p;
+    predict_open(&p, c.model, scale, fnc, dev, S);
     NmsConfig ncfg = nms_config_predict();
     if (c.conf >= 0) ncfg.conf = (float)c.conf;
     ncfg.iou = (float)c.iou;
@@ -8421,57 +8504,18 @@ static int cmd_predict(int argc, char **argv) {
         lb.top = (int)nearbyint((PH - lb.nh) / 2.0 - 0.1);
         letterbox_apply(img.px, img.w, img.h, lb_img, PW, PH, &lb);
         double t0 = now_sec();
-        int n;
-#ifdef YOLO_CUDA
-        if (g) {   // the forward on the device, NMS on the host
-            for (int ch = 0; ch < 3; ch++)
-                for (size_t i = 0; i < (size_t)PW * PH; i++) chw[(size_t)ch * PW * PH + i] = lb_img[i * 3 + ch];
-            GpuShape sh = {1, PH, PW, 0};
-            LossOut lo;
-            float *const *heads = gpu_eval(g, &sh, chw, &none, &plc, &lo);
-            n = nms_run_maps(&nms, (const float *const *)heads, 0, PH, PW, dets);
-        } else
-#endif
-        {
-            for (int ch = 0; ch < 3; ch++)
-                for (size_t i = 0; i < (size_t)PW * PH; i++) x[(size_t)ch * PW * PH + i] = lb_img[i * 3 + ch] * (1.f / 255.f);
-            model_forward(m, a, x, 1, PH, PW);
-            n = nms_run_maps(&nms, (const float *const *)m->head, 0, PH, PW, dets);
-            model_release(m, a);
-        }
-        double ms = (now_sec() - t0) * 1e3;
-        const char *base = strrchr(files[f], '/') ? strrchr(files[f], '/') + 1 : files[f];
-        char stem[512], path[2048];
-        snprintf(stem, sizeof stem, "%s", base);
-        if (strrchr(stem, '.')) *strrchr(stem, '.') = 0;
-        snprintf(path, sizeof path, "%s/%s.txt", ldir, stem);
-        FILE *tf = xfopen(path, "w");
-        printf("%s: %dx%d at %dx%d, %d detections, %.1f ms\n", files[f], img.w, img.h, PW, PH, n, ms);
-        for (int i = 0; i < n; i++) {
-            Det *d = &dets[i];
-            // back to original pixels, clipped to the image (scale_boxes + clip_boxes)
-            float x1 = fminf(fmaxf((d->x1 - lb.left) / (float)lb.r, 0), img.w), y1 = fminf(fmaxf((d->y1 - lb.top) / (float)lb.r, 0), img.h);
-            float x2 = fminf(fmaxf((d->x2 - lb.left) / (float)lb.r, 0), img.w), y2 = fminf(fmaxf((d->y2 - lb.top) / (float)lb.r, 0), img.h);
-            fprintf(tf, "%d %.6f %.6f %.6f %.6f %.5f\n", d->cls, (x1 + x2) / 2 / img.w, (y1 + y2) / 2 / img.h, (x2 - x1) / img.w,
-                    (y2 - y1) / img.h, d->score);
-            char lab[128];
-            if (dc.names) snprintf(lab, sizeof lab, "%s %.2f", dc.names[d->cls], d->score);
-            else snprintf(lab, sizeof lab, "%d %.2f", d->cls, d->score);
-            image_draw_detection(&img, (int)x1, (int)y1, (int)x2, (int)y2, d->cls, lab, 2);
-        }
-        fclose(tf);
-        snprintf(path, sizeof path, "%s/%s.jpg", dir, stem);
-        image_save_jpg(path, &img, 90);
+        int n = nms_run_maps(&nms, predict_heads(&p, lb_img, PH, PW), 0, PH, PW, dets);
+        predict_heads_done(&p);
+        printf("%s: %dx%d at %dx%d, %d detections, %.1f ms\n", files[f], img.w, img.h, PW, PH, n,
+               (now_sec() - t0) * 1e3);
+        predict_write(files[f], &img, &lb, dets, n, &dc, dir, ldir);
         image_free(&img);
         ndone++;
     }
     printf("predict: %d images -> %s (labels in %s), %d unreadable\n", ndone, dir, ldir, nbad);
-#ifdef YOLO_CUDA
-    if (g) gpu_close(g);
-    free(chw);
-#endif
+    predict_close(&p);
     for (int f = 0; f < nfiles; f++) free(files[f]);
-    free(files); free(lb_img); free(dets); nms_free(&nms); free(a->base); free(a); free(m);
+    free(files); free(lb_img); free(dets); nms_free(&nms);
     return nbad && !ndone ? 1 : 0;
 }
 
