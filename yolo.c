@@ -1182,38 +1182,6 @@ static void walk_release(Exec *e) {
 // model: the CPU backend (FP32, one image at a time) and the CPU entry points
 // ------------------------------------------------------------------------------------------
 
-#ifdef TESTING
-// pool_hold: test-only record/replay of max-pool window choices, so finite differences of a
-// graph with max-pools stay on one linear piece (see gradcheck in test/test_net.c).
-static struct { int mode; size_t pos, cap; int *idx; } pool_hold;   // mode 0 off, 1 record, 2 replay
-
-static void maxpool5_hold(const float *x, float *y, int C, int H, int W) {
-    size_t n = (size_t)C * H * W;
-    if (pool_hold.pos + n > pool_hold.cap) {
-        if (pool_hold.mode == 2) die("pool_hold: replay past the recording");
-        pool_hold.cap = (pool_hold.pos + n) * 2;
-        pool_hold.idx = realloc(pool_hold.idx, pool_hold.cap * sizeof(int));
-    }
-    int *idx = pool_hold.idx + pool_hold.pos;
-    pool_hold.pos += n;
-    for (int c = 0; c < C; c++)
-        for (int oy = 0; oy < H; oy++)
-            for (int ox = 0; ox < W; ox++) {
-                size_t o = ((size_t)c * H + oy) * W + ox;
-                if (pool_hold.mode == 1) {
-                    float mx = -INFINITY;
-                    for (int dy = -2; dy <= 2; dy++)
-                        for (int dx = -2; dx <= 2; dx++) {
-                            int iy = oy + dy, ix = ox + dx;
-                            if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[((size_t)c * H + iy) * W + ix] > mx)
-                                mx = x[((size_t)c * H + iy) * W + ix], idx[o] = iy * W + ix;
-                        }
-                }
-                y[o] = x[(size_t)c * H * W + idx[o]];
-            }
-}
-#endif
-
 // The CPU's views: one image (nb = 1), so the image strides are not needed.
 static void cpu_input(Exec *e, int b, void *out, long os, long n) {
     (void)os;
@@ -1242,12 +1210,6 @@ static void cpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H,
 }
 static void cpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
     (void)e, (void)ys;
-#ifdef TESTING
-    if (pool_hold.mode) {
-        maxpool5_hold(x, y, C, H, W);
-        return;
-    }
-#endif
     maxpool5_forward_cpu(x, y, 1, C, H, W);
 }
 static void cpu_zero(Exec *e, void *p, size_t bytes) { (void)e, memset(p, 0, bytes); }
@@ -1396,8 +1358,8 @@ static struct LossOut cpu_loss(Exec *e, const struct LossTargets *tg, const stru
 // cpu_backend: the table; the FP16 twin of the device step in test/gpu_step_test.c wraps it
 static const Backend cpu_backend = {
     .zero = cpu_zero, .input = cpu_input, .act = cpu_act, .add = cpu_add, .upsample = cpu_upsample,
-    .maxpool = cpu_maxpool,
-    .grad_add = cpu_grad_add, .upsample_back = cpu_upsample_back, .maxpool_back = cpu_maxpool_back,
+    .maxpool = cpu_maxpool, .grad_add = cpu_grad_add, .upsample_back = cpu_upsample_back,
+    .maxpool_back = cpu_maxpool_back,
     .conv = cpu_conv, .bn_stats = cpu_bn_stats, .bn_backward = cpu_bn_backward, .conv_grads = cpu_conv_grads,
     .loss = cpu_loss,
 };
@@ -6734,10 +6696,11 @@ static LossOut gpu_loss(Exec *e, const LossTargets *tg, const LossConfig *lcfg) 
     return lo;
 }
 
+// gpu_backend: the device's implementation of the walk's computations (the CPU's: cpu_backend)
 static const Backend gpu_backend = {
     .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .add = gpu_add, .upsample = gpu_upsample,
-    .maxpool = gpu_maxpool,
-    .grad_add = gpu_grad_add, .upsample_back = gpu_upsample_back, .maxpool_back = gpu_maxpool_back,
+    .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .upsample_back = gpu_upsample_back,
+    .maxpool_back = gpu_maxpool_back,
     .conv = gpu_conv, .bn_stats = gpu_bn_stats, .bn_backward = gpu_bn_backward, .conv_grads = gpu_conv_grads,
     .loss = gpu_loss,
 };
@@ -6798,7 +6761,8 @@ static void gpu_alloc(Gpu *g) {
 // persistent groups (eval_only: the weights and running stats only) and of each shape's schedule in
 // turn (its input included): the total
 // (high-water mark) and each group's bytes at that mark. The plan gpu_open allocates, and `yolo plan`'s.
-static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int eval_only, int nshape, const GpuShape *shape, const LossConfig *lcfg) {
+static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int eval_only, int nshape, const GpuShape *shape,
+                         const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
     g->opt.kind = opt_kind;

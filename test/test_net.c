@@ -16,6 +16,42 @@ void *aligned_alloc(size_t al, size_t n) { n_allocs++; return __libc_memalign(al
 
 // --- helpers ------------------------------------------------------------------------------
 
+// pool_hold: record/replay of max-pool window choices, so finite differences of a graph with
+// max-pools stay on one linear piece (see gradcheck). hold_backend, the CPU backend with this
+// max-pool, is the CPU walk's backend in this test (model_cpu_backend, set in main).
+static struct { int mode; size_t pos, cap; int *idx; } pool_hold;   // mode 0 off, 1 record, 2 replay
+
+static void maxpool5_hold(const float *x, float *y, int C, int H, int W) {
+    size_t n = (size_t)C * H * W;
+    if (pool_hold.pos + n > pool_hold.cap) {
+        if (pool_hold.mode == 2) die("pool_hold: replay past the recording");
+        pool_hold.cap = (pool_hold.pos + n) * 2;
+        pool_hold.idx = realloc(pool_hold.idx, pool_hold.cap * sizeof(int));
+    }
+    int *idx = pool_hold.idx + pool_hold.pos;
+    pool_hold.pos += n;
+    for (int c = 0; c < C; c++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                size_t o = ((size_t)c * H + oy) * W + ox;
+                if (pool_hold.mode == 1) {
+                    float mx = -INFINITY;
+                    for (int dy = -2; dy <= 2; dy++)
+                        for (int dx = -2; dx <= 2; dx++) {
+                            int iy = oy + dy, ix = ox + dx;
+                            if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[((size_t)c * H + iy) * W + ix] > mx)
+                                mx = x[((size_t)c * H + iy) * W + ix], idx[o] = iy * W + ix;
+                        }
+                }
+                y[o] = x[(size_t)c * H * W + idx[o]];
+            }
+}
+static void hold_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
+    if (pool_hold.mode) maxpool5_hold(x, y, C, H, W);
+    else cpu_backend.maxpool(e, x, y, ys, C, H, W);
+}
+static Backend hold_backend;
+
 // graph_new: an empty model with an input of C channels, for building small test graphs.
 static void graph_new(Model *m, int C) {
     memset(m, 0, sizeof *m);
@@ -420,6 +456,9 @@ static void test_recompute(void) {
 }
 
 int main(void) {
+    hold_backend = cpu_backend;
+    hold_backend.maxpool = hold_maxpool;
+    model_cpu_backend = &hold_backend;
     test_totals();
     test_gemm();
     test_pool_up();
