@@ -7760,25 +7760,9 @@ static int results_reload(const char *csv, int upto, double (*rows)[11], int max
     return n;
 }
 
-// train_run: the whole training run (trainer.py _do_train).
+// PlanOpts: the settings that decide training memory (yolo plan, AutoBatch); half: the device
+// step's plan; fp32: its amp=0 form
 typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half, fp32; } PlanOpts;
-
-// trainer_gpu_shapes: the steps a run's device arena must hold, into sh (2 + validation batches):
-// with train, the training step at (B, S, S) and the short last batch; then every distinct
-// validation batch shape (the last batch short too). Returns how many.
-static int trainer_gpu_shapes(const Trainer *t, int train, GpuShape *sh) {
-    const Loader *vl = t->val_ld;
-    int ns = 0;
-    if (train) sh[ns++] = (GpuShape){t->B, t->S, t->S, 1};
-    if (train && t->B_last) sh[ns++] = (GpuShape){t->B_last, t->S, t->S, 1};
-    for (int i = 0; i < vl->nbatch; i++) {
-        GpuShape v = {i == vl->nbatch - 1 && t->vB_last ? t->vB_last : t->vB, vl->shape[i][0], vl->shape[i][1], 0};
-        int seen = 0;
-        for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
-        if (!seen) sh[ns++] = v;
-    }
-    return ns;
-}   // half: the device step; fp32: its amp=0 form
 static int plan_max_batch(PlanOpts o, size_t budget);
 
 // trainer_auto_batch: batch=-1 / batch=0.7: the largest batch whose device plan fits that share of
@@ -7849,6 +7833,23 @@ static const TrainerOps cpu_trainer_ops = {
 };
 
 #ifdef YOLO_CUDA
+// trainer_gpu_shapes: the steps a run's device arena must hold, into sh (2 + validation batches):
+// with train, the training step at (B, S, S) and the short last batch; then every distinct
+// validation batch shape (the last batch short too). Returns how many.
+static int trainer_gpu_shapes(const Trainer *t, int train, GpuShape *sh) {
+    const Loader *vl = t->val_ld;
+    int ns = 0;
+    if (train) sh[ns++] = (GpuShape){t->B, t->S, t->S, 1};
+    if (train && t->B_last) sh[ns++] = (GpuShape){t->B_last, t->S, t->S, 1};
+    for (int i = 0; i < vl->nbatch; i++) {
+        GpuShape v = {i == vl->nbatch - 1 && t->vB_last ? t->vB_last : t->vB, vl->shape[i][0], vl->shape[i][1], 0};
+        int seen = 0;
+        for (int k = 0; k < ns && !seen; k++) seen = !memcmp(&sh[k], &v, sizeof v);
+        if (!seen) sh[ns++] = v;
+    }
+    return ns;
+}
+
 // gpu_trainer_open: the device arena for the run's steps (training: full and short last batch; and
 // every validation shape), one cudaMalloc, the host's state uploaded
 static void gpu_trainer_open(Trainer *t, int train) {
