@@ -9,7 +9,7 @@
  *         ./yolo val / predict / check-ref / memtable / augment  (`./yolo` lists them)
  * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it)
  *
- * The network is the Ultralytics YOLOv8 detection model (../shared/spec/yolov8.md section 1):
+ * The network is the Ultralytics YOLOv8 detection model (ultralytics/cfg/models/v8/yolov8.yaml):
  * same layer graph, parameter names and numbers. Memory is planned before the first step:
  * every buffer a step uses comes out of one arena whose size is computed by running the same
  * schedule in "dry" mode (no memory touched), see the arena section.
@@ -434,7 +434,7 @@ static inline float silu_f(float y) { return y / (1.f + expf(-y)); }
 
 // bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
 // z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
-// pre-BN values (spec/memory.md technique 1).
+// pre-BN values: only z is kept between forward and backward, the activation is made again when needed.
 static void bn_silu_forward_cpu(const float *z, const float *mean, const float *invstd, const float *gamma,
                                 const float *beta, float *y, int B, int C, int HW) {
 #pragma omp parallel for collapse(2) if ((size_t)B * C * HW > 65536)
@@ -716,7 +716,7 @@ static int sppf_add(Model *m, const char *p, int in, int c2) {
 
 static int ceil8(double x) { return (int)ceil(x / 8.0) * 8; }
 
-// model_build: the YOLOv8 detection graph for a scale and class count (yolov8.yaml; spec 1.2).
+// model_build: the YOLOv8 detection graph for a scale and class count (Ultralytics yolov8.yaml, DetectionModel).
 // Shapes are set later by model_shape; memory by model_alloc.
 static void model_build(Model *m, char scale, int nc) {
     const Scale *sc = NULL;
@@ -866,7 +866,7 @@ static void model_init_params(Model *m, uint64_t seed) {
 }
 
 // model_flops: Ultralytics' GFLOPs figure (thop on a 32x32 input, x2, x(imgsz/32)^2): conv MACs
-// plus 4 per BN output element (spec 1.1). fused=1 leaves out the BN term.
+// plus 4 per BN output element (thop's count for BatchNorm2d). fused=1 leaves out the BN term.
 static double model_flops(Model *m, int imgsz, int fused) {
     model_shape(m, 32, 32);
     double macs = 0;
@@ -1170,7 +1170,7 @@ static void model_alloc_params(Model *m, Arena *a) {
     m->buffers = azfloat(a, m->nbuffers, G_BUFFERS);
 }
 
-// block_drop / block_recompute: recompute mode (spec/memory.md technique 3). After a block's
+// block_drop / block_recompute: recompute mode (activation checkpointing per block). After a block's
 // forward its inner convs give their z back; before the block's backward they are computed
 // again from the block input with the batch statistics of the forward, so the result is
 // bit-identical to keeping them.
@@ -1352,7 +1352,7 @@ static void model_from_args(Model *m, int argc, char **argv) {
 }
 
 // cmd_info: `yolo info model=yolov8n nc=80 imgsz=640`: the layer table and totals, counted as
-// Ultralytics counts them (parameters incl. the frozen DFL weight; GFLOPs per spec 1.1).
+// Ultralytics counts them (parameters incl. the frozen DFL weight; GFLOPs as model_flops).
 static int cmd_info(int argc, char **argv) {
     arg_check(argc, argv, model_args_keys);
     Model *m = xmalloc(sizeof(Model));
@@ -1385,7 +1385,7 @@ static int cmd_info(int argc, char **argv) {
 /*
  * loss: the YOLOv8 detection loss, forward and backward, on the CPU in FP32 (double accumulators).
  * Matches Ultralytics v8DetectionLoss (utils/loss.py) with TaskAlignedAssigner (utils/tal.py), BboxLoss and
- * DFLoss; spec yolov8.md section 2.
+ * DFLoss.
  *
  * Public API
  *   LossConfig loss_config_default(void)      gains box 7.5, cls 0.5, dfl 1.5; max_boxes 1024
@@ -2054,7 +2054,7 @@ static LossOut loss_forward_backward(const LossConfig *cfg, int B, int NC, int i
 // optimizer, gradient clipping, EMA
 // ------------------------------------------------------------------------------------------
 /*
- * Ultralytics' three parameter groups (trainer.build_optimizer, spec 3): pg0 every "bias" (BN beta
+ * Ultralytics' three parameter groups (BaseTrainer.build_optimizer): pg0 every "bias" (BN beta
  * and the Detect output biases, no decay), pg1 conv weights (decay), pg2 BN gamma (no decay). The
  * frozen DFL weight is in no group. Parameters live in one flat array, so a group is a list of
  * segments.
@@ -3208,7 +3208,7 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 // evaluation: decode, NMS, matching, mAP
 // ------------------------------------------------------------------------------------------
 // ------------------------------------------------------------------------------------------
-// evaluation: head decode, NMS, matching, mAP (spec sections 1.3 "Inference decode" and 5)
+// evaluation: head decode, NMS, matching, mAP (Ultralytics Detect inference, non_max_suppression, DetMetrics)
 // ------------------------------------------------------------------------------------------
 //
 // Public API (all static; shapes use B, NC, A, R = 16 DFL bins):
@@ -3235,7 +3235,7 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 //                                                     releases its per-class arrays
 //
 // Matching follows match_predictions literally, which is not a pure greedy-by-IoU matching
-// (the spec's summary): each detection takes its best-IoU label, then each label goes to the
+// (what a summary of it suggests): each detection takes its best-IoU label, then each label goes to the
 // lowest-index (highest-confidence) detection that chose it; other detections are FP at that
 // threshold even when a second-best label was free. Perfect detections score AP 0.995, not 1
 // (the (1, 0) sentinel of compute_ap is hit by the last of the 101 points).
@@ -4058,7 +4058,7 @@ static int cmd_check_ref(int argc, char **argv) {
 // ------------------------------------------------------------------------------------------
 /*
  * data: images, drawing, data.yaml, labels, letterbox, augmentation, the batch loader and the
- * synthetic shapes dataset. Follows ../shared/spec/yolov8.md section 4. Tests: test/test_data.c,
+ * synthetic shapes dataset. Follows Ultralytics' YOLODataset and data/augment.py. Tests: test/test_data.c,
  * fuzz targets: test/fuzz_data.c, throughput: test/bench_loader.c.
  *
  * PUBLIC API (all static; pixels are uint8 RGB; sizes in pixels unless "normalised")
@@ -4097,14 +4097,14 @@ static int cmd_check_ref(int argc, char **argv) {
  *   int  label_line_parse(line, nc, out[5], err, errlen)   1 box, 0 blank, -1 bad (err why)
  *   void label_path_from_image(img_path, out, outlen)   last /images/ -> /labels/, ext -> .txt
  *
- * Geometry (spec 4.2, 4.4, 4.5)
+ * Geometry (load_image resize, LetterBox, rect batch shapes)
  *   Letterbox { double r; int nw, nh, left, top }
  *   void letterbox_params(w, h, new_w, new_h, scaleup, &lb)     Ultralytics LetterBox numbers
  *   void letterbox_apply(src, w, h, dst (new_h, new_w, 3), new_w, new_h, &lb)   114 padding
  *   void rect_batch_shapes(ar (n) sorted h/w, n, batch, imgsz, hw (nbatch, 2))   (h, w) each
  *   void resized_size(w0, h0, S, &w, &h)          load_image size: long side S
  *
- * Augmentation and loader (spec 4.3)
+ * Augmentation and loader (v8_transforms: Mosaic, RandomPerspective, MixUp, RandomHSV, RandomFlip)
  *   AugConfig { hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, perspective, flipud,
  *               fliplr, mosaic, mixup }     aug_defaults(); aug_from_args(&a, argc, argv)
  *   LoaderConfig { int batch, imgsz (multiple of 32), workers (0 = caller's thread),
@@ -4721,7 +4721,7 @@ static void image_draw_label(Image *img, int x, int y, const char *text, int r, 
     image_draw_text(img, x + 1, y + 1, text, light ? 0 : 255, light ? 0 : 255, light ? 0 : 255, 1);
 }
 // ==========================================================================================
-// data.yaml (spec 4.1), read with libyaml
+// data.yaml (Ultralytics check_det_dataset), read with libyaml
 // ==========================================================================================
 
 #define DATA_MAX_SOURCES 16
@@ -4882,7 +4882,7 @@ static int data_yaml_load(const char *path, DataConfig *cfg, char *err, size_t e
 }
 
 // ==========================================================================================
-// labels and dataset scan (spec 4.1; Ultralytics verify_image_label, img2label_paths)
+// labels and dataset scan (Ultralytics verify_image_label, img2label_paths)
 // ==========================================================================================
 
 // label_path_from_image: replace the last "/images/" with "/labels/" and the extension with .txt.
@@ -5073,7 +5073,7 @@ static int label_file_read(const char *path, int nc, float **lab, int *nlab, int
 
 // dataset_load: list, verify and label one split; prints a summary and one message per bad file.
 // Returns 0, or -1 when the split lists no usable image. Matches Ultralytics' YOLODataset
-// get_labels / verify_image_label checks (spec 4.1).
+// get_labels / verify_image_label checks.
 static int dataset_load(const DataConfig *cfg, int split, Dataset *ds) {
     memset(ds, 0, sizeof *ds);
     ds->nc = cfg->nc;
@@ -5128,7 +5128,7 @@ static int dataset_load(const DataConfig *cfg, int split, Dataset *ds) {
 }
 
 // ==========================================================================================
-// letterbox and rectangular batches (spec 4.4, 4.5)
+// letterbox and rectangular batches (LetterBox, YOLODataset.set_rectangle)
 // ==========================================================================================
 
 typedef struct {
@@ -5172,7 +5172,7 @@ static void rect_batch_shapes(const double *ar, int n, int batch, int imgsz, int
     }
 }
 
-// resized_size: the size load_image gives an image of (w0, h0) for long side S (spec 4.2).
+// resized_size: the size load_image gives an image of (w0, h0) for long side S (BaseDataset.load_image).
 static void resized_size(int w0, int h0, int S, int *w, int *h) {
     double r = (double)S / (w0 > h0 ? w0 : h0);
     *w = w0; *h = h0;
@@ -5185,7 +5185,7 @@ static void resized_size(int w0, int h0, int S, int *w, int *h) {
 }
 
 // ==========================================================================================
-// augmentation (spec 4.3): mosaic, random perspective, mixup, HSV, flips
+// augmentation (Ultralytics v8_transforms): mosaic, random perspective, mixup, HSV, flips
 // ==========================================================================================
 
 typedef struct {
@@ -5501,7 +5501,8 @@ static int labels_pixels(const Loader *L, int idx, float w, float h, float dx, f
     return k;
 }
 
-// partner_index: a random image from the recent window before position pos (spec 4.2 buffer).
+// partner_index: a random image from the recent window before position pos (as Mosaic picks its
+// partners from BaseDataset's buffer of recently loaded images).
 static int partner_index(const Loader *L, Rng *rng, int pos) {
     int back = 1 + rng_int(rng, L->nbuf);
     return L->order[((pos - back) % L->n + L->n) % L->n];
@@ -7284,7 +7285,7 @@ typedef struct {
     float *x;                  // (B, 3, H, W) input staging, sized for the largest batch
     float *bn_keep;            // (nbuffers) running stats before the current step, restored if it fails
     int B, S, nb, accumulate;
-    int vB;                    // validation batch: 2 x B when training (spec 4.5), batch= for yolo val
+    int vB;                    // validation batch: 2 x B when training (as Ultralytics), batch= for yolo val
     int B_last, vB_last;       // sizes of the short last batches (0: none), planned as well
     double wd, initial_lr;
     Nms nms;
@@ -7601,7 +7602,7 @@ static void trainer_resume(Trainer *t) {
 }
 
 // trainer_validate: the EMA in eval mode over the validation set: loss, NMS (conf 0.001, IoU
-// 0.7, multi-label, max_det 300), matching and mAP (spec 5). Runs inside the training arena.
+// 0.7, multi-label, max_det 300), matching and mAP (DetectionValidator). Runs inside the training arena.
 static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     Model *m = &t->m;
     float *keep_p = m->params, *keep_b = m->buffers;
@@ -8387,9 +8388,9 @@ static int cmd_predict(int argc, char **argv) {
 // PlanOpts (declared above train_run): the settings that decide training memory.
 
 // plan_train: the exact arena of a training run (persistent groups, a training step at (B, S, S)
-// and validation at (S+32, S+32), the largest rect shape of square images, spec 4.5), by the same
-// dry run the trainer does, validation batches of 2 x B as in training. half: the device step's own
-// schedule (gpu_plan_run); else the CPU trainer's.
+// and validation at (S+32, S+32), the largest rect shape of square images: ceil(S/32 + 0.5)*32 in
+// set_rectangle), by the same dry run the trainer does, validation batches of 2 x B as in training.
+// half: the device step's own schedule (gpu_plan_run); else the CPU trainer's.
 // tr/va: the composition at the peak of each phase.
 static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
     if (o->half) {
@@ -8582,7 +8583,7 @@ static int cmd_plan(int argc, char **argv) {
 
 // cmd_memtable: `yolo memtable [imgsz=640 batch=16]`: the README's table of planned training
 // memory for every scale, with and without recompute, beside what Ultralytics users see
-// (MMYOLO's YOLOv8 table at 640, batch 16, AMP; spec/memory.md).
+// (MMYOLO's YOLOv8 table at 640, batch 16, AMP).
 static int cmd_memtable(int argc, char **argv) {
     static const char *keys[] = {"imgsz", "batch", "nc", NULL};
     arg_check(argc, argv, keys);

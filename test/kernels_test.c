@@ -2,8 +2,9 @@
 // test/emu.mk twice: against the CPU emulation of the .cu (make test-emu, run in three thread
 // orders, strict mode and async mode by test/run_emu.sh) and against the nvcc build with the real
 // cudart (make test-gpu). Not named test_*.c: the main Makefile would build it without kernels.
-// Tolerances (../shared/spec/cuda-on-cpu.md): fp32 |got-ref| <= 1e-5 * sum|terms| + 1e-6;
-// fp16 inputs <= 2e-3 * max(1, |ref|); data movement bit-exact.
+// Tolerances (they hold in the emulation and on a GPU alike, whose FMA contraction and summation order
+// differ from the CPU's): fp32 |got-ref| <= 1e-5 * sum|terms| + 1e-6 per dot product; fp16 inputs
+// <= 2e-3 * max(1, |ref|); integer and data-movement kernels bit-exact.
 #ifndef TESTING
 #define TESTING
 #endif

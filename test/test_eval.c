@@ -25,7 +25,7 @@ static void set_box(float *pred, int NC, int A, int a, float x1, float y1, float
     for (int c = 0; c < NC; c++) pred[(4 + c) * A + a] = scores[c];
 }
 
-// naive_nms: spec section 5 written the slow obvious way: all (anchor, class) candidates
+// naive_nms: Ultralytics' non_max_suppression written the slow obvious way: all (anchor, class) candidates
 // (or the max class), stable sort by score, top max_nms, full greedy torchvision NMS over all
 // of them on class-offset boxes with a suppressed[] array, then the first max_det.
 static int naive_nms(const float *pred, int NC, int A, NmsConfig cfg, Det *out) {

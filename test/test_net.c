@@ -192,7 +192,7 @@ static void run_graph_check(const char *what, Model *m, int out, int B, int C, i
 // --- tests --------------------------------------------------------------------------------
 
 static void test_totals(void) {
-    // Ultralytics' own figures for nc=80 (spec 1.1, from running its code)
+    // Ultralytics' own figures for nc=80 (from running its code)
     static const struct { char s; size_t params; double gflops; } want[] = {
         {'n', 3157200, 8.9}, {'s', 11166560, 28.8}, {'m', 25902640, 79.3}, {'l', 43691520, 165.7}, {'x', 68229648, 258.5}};
     Model *m = xmalloc(sizeof(Model));
@@ -204,8 +204,8 @@ static void test_totals(void) {
               want[i].s, gf, want[i].gflops);
     }
     model_build(m, 'n', 80);
-    check_close("yolov8n GFLOPs@640 unrounded (spec 8.855)", model_flops(m, 640, 0), 8.855, 5e-4);
-    check_close("yolov8n fused GFLOPs@640 (spec 8.744)", model_flops(m, 640, 1), 8.744, 5e-4);
+    check_close("yolov8n GFLOPs@640 unrounded (Ultralytics 8.855)", model_flops(m, 640, 0), 8.855, 5e-4);
+    check_close("yolov8n fused GFLOPs@640 (Ultralytics 8.744)", model_flops(m, 640, 1), 8.744, 5e-4);
     free(m);
 }
 
