@@ -1,13 +1,15 @@
 /*
  * yolo.c: YOLOv8 object detection training in plain C, with a CPU reference of every op.
  *
- * Build:  make                 (the CPU binary; yolo_kernels.cu is compiled by `make cuda-check`)
+ * Build:  make   (the CPU binary; when nvcc is found, the same binary with the CUDA backend of
+ *                 yolo_kernels.cu, which trains on a GPU with device=0; CUDA=0 forces CPU-only)
  * Run:    ./yolo info model=yolov8n nc=80 imgsz=640
  *         ./yolo plan model=yolov8n nc=80 batch=16 imgsz=640 gpu_mem=8G
  *         ./yolo shapes out=data/shapes         (synthetic dataset)
  *         ./yolo train data=data/shapes/data.yaml model=yolov8n epochs=40 imgsz=160
  *         ./yolo val / predict / check-ref / memtable / augment  (`./yolo` lists them)
- * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it)
+ * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it; the
+ *                     kernels run against their CPU twins on a CPU emulation of CUDA, test/emu.mk)
  *
  * The network is the Ultralytics YOLOv8 detection model (ultralytics/cfg/models/v8/yolov8.yaml):
  * same layer graph, parameter names and numbers. Memory is planned before the first step:
@@ -16,7 +18,8 @@
  *
  * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
  * forward/backward · planning · loss · optimizer and EMA · safetensors weights · evaluation ·
- * state_dict and check-ref · data · training, val, predict, plan · main.
+ * state_dict and check-ref · data · GPU training step (YOLO_CUDA) · training, val, predict ·
+ * `yolo plan` · main.
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
  *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
@@ -26,7 +29,8 @@
  *  - Sorts in NMS and mAP are stable (numpy/torch quicksort is not): only exact ties can differ.
  *  - Resizes use float bilinear weights (OpenCV: fixed point): pixels may differ by 1.
  *  - No labels/SPLIT.cache file; cutmix, copy_paste, Albumentations and multi_scale are not implemented.
- *  - AMP, the GPU and multi-GPU training are not available yet: training runs on the CPU in FP32.
+ *  - One device per run: no multi-GPU (DDP) training. On the CPU training is FP32 (amp= applies
+ *    to the GPU step: FP16 activations, FP32 master weights, GradScaler; see the device section).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -3204,9 +3208,6 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
     return rc;
 }
 
-// ------------------------------------------------------------------------------------------
-// evaluation: decode, NMS, matching, mAP
-// ------------------------------------------------------------------------------------------
 // ------------------------------------------------------------------------------------------
 // evaluation: head decode, NMS, matching, mAP (Ultralytics Detect inference, non_max_suppression, DetMetrics)
 // ------------------------------------------------------------------------------------------

@@ -169,7 +169,7 @@ void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream);
 void u8_to_f32_cuda(const uint8_t *x, float *y, long n, void *stream);
 // f32_to_f16_cuda: y = x rounded to nearest FP16 (the weights' FP16 copy).
 void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *stream);
-// Views of the device training step (parts/gpu.c). FP16 data (the _f32 twins: FP32); ys, ss, ds: image
+// Views of the device training step (yolo.c, GPU training step). FP16 data (the _f32 twins: FP32); ys, ss, ds: image
 // strides (0 = dense for ys), so an output can be a channel slice of a concat buffer.
 // upsample2_forward_f16_cuda: x dense (B, C, H, W) -> y (B, C, 2H, 2W), nearest (bit-exact with _cpu).
 void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);

@@ -843,7 +843,7 @@ extern "C" void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *strea
 }
 
 // ------------------------------------------------------------------------------------------
-// views of the training step (parts/gpu.c): upsample / max-pool (FP16 or FP32) into a concat slice, adds
+// views of the training step (yolo.c gpu_*): upsample / max-pool (FP16 or FP32) into a concat slice, adds
 // ------------------------------------------------------------------------------------------
 
 // upsample2_forward_act: nearest x2 of T (__half or float), one thread per output element; grid
