@@ -1,7 +1,7 @@
 # yolo.c Makefile. Targets by intent: all, test, demo, bench, clean, asan.
 CC      ?= gcc
 CFLAGS  ?= -O3 -march=native
-CFLAGS  += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-function
+CFLAGS  += -std=c11 -fopenmp -Wall -Wextra
 LDLIBS  += -ljpeg -lpng -lyaml -lm
 SRC      = yolo.c $(wildcard yolo.h)
 TESTS    = $(patsubst test/%.c,test/bin/%,$(wildcard test/test_*.c))
@@ -62,7 +62,7 @@ test: tests
 
 # the input parsers under AddressSanitizer + UBSan: fuzz targets (deterministic mutation runs)
 # and the parser tests; CI runs this
-ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra -Wno-unused-function
+ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra
 ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights
 
 test/bin/asan/%: test/%.c test/test.h $(SRC)

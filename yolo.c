@@ -58,6 +58,9 @@
 #include <png.h>
 #include <yaml.h>
 #include <signal.h>
+#ifdef TESTING   // a test includes the whole program and calls only its part of it
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
 
 // ------------------------------------------------------------------------------------------
 // checks and small utilities
@@ -374,17 +377,6 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
                 }
         }
     }
-}
-
-// gemm_naive: the same product with plain loops in double; the GEMM's own test reference.
-static void gemm_naive(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                       float beta, float *C, int ldc) {
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double s = 0;
-            for (int k = 0; k < K; k++) s += (double)OPA(i, k) * OPB(k, j);
-            C[(size_t)i * ldc + j] = (float)(s + (beta != 0 ? beta * C[(size_t)i * ldc + j] : 0));
-        }
 }
 
 // im2col: x (C, H, W) -> col (C*K*K, Ho*Wo) for a KxK conv with stride S and padding K/2.
@@ -910,35 +902,9 @@ static void conv_act(const Model *m, const Conv *c, int b, int c0, int C, float 
 }
 
 #ifdef TESTING
-// pool_hold: test-only record/replay of max-pool window choices, so finite differences of a
-// graph with max-pools stay on one linear piece (see gradcheck in test/test_net.c).
-static struct { int mode; size_t pos, cap; int *idx; } pool_hold;   // mode 0 off, 1 record, 2 replay
-
-static void maxpool5_hold(const float *x, float *y, int C, int H, int W) {
-    size_t n = (size_t)C * H * W;
-    if (pool_hold.pos + n > pool_hold.cap) {
-        if (pool_hold.mode == 2) die("pool_hold: replay past the recording");
-        pool_hold.cap = (pool_hold.pos + n) * 2;
-        pool_hold.idx = realloc(pool_hold.idx, pool_hold.cap * sizeof(int));
-    }
-    int *idx = pool_hold.idx + pool_hold.pos;
-    pool_hold.pos += n;
-    for (int c = 0; c < C; c++)
-        for (int oy = 0; oy < H; oy++)
-            for (int ox = 0; ox < W; ox++) {
-                size_t o = ((size_t)c * H + oy) * W + ox;
-                if (pool_hold.mode == 1) {
-                    float mx = -INFINITY;
-                    for (int dy = -2; dy <= 2; dy++)
-                        for (int dx = -2; dx <= 2; dx++) {
-                            int iy = oy + dy, ix = ox + dx;
-                            if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[((size_t)c * H + iy) * W + ix] > mx)
-                                mx = x[((size_t)c * H + iy) * W + ix], idx[o] = iy * W + ix;
-                        }
-                }
-                y[o] = x[(size_t)c * H * W + idx[o]];
-            }
-}
+// maxpool5_view_test: when a test sets it, the CPU forward's max-pool views call it instead of
+// maxpool5_forward_cpu (test/test_net.c's gradcheck replays the window choices of a forward).
+static void (*maxpool5_view_test)(const float *x, float *y, int C, int H, int W);
 #endif
 
 // value_materialize: value vi of image b, (C, H, W), into out. Views recurse into their
@@ -980,7 +946,7 @@ static void value_materialize(const Model *m, Arena *a, int vi, int b, float *ou
         if (!dry) {
             if (v->kind == V_UP) upsample2_forward_cpu(t, out, 1, s->C, s->H, s->W);
 #ifdef TESTING
-            else if (pool_hold.mode) maxpool5_hold(t, out, s->C, s->H, s->W);
+            else if (maxpool5_view_test) maxpool5_view_test(t, out, s->C, s->H, s->W);
 #endif
             else maxpool5_forward_cpu(t, out, 1, s->C, s->H, s->W);
         }
@@ -1324,24 +1290,6 @@ static Plan model_plan_layout(Model *m, int B, int H, int W, int half) {
 }
 
 static Plan model_plan(Model *m, int B, int H, int W) { return model_plan_layout(m, B, H, W, 0); }
-
-// model_open: builds the model and allocates its arena (one malloc) for a step of (B, H, W);
-// returns the arena, whose high-water mark tests compare against the plan.
-static Arena *model_open(Model *m, char scale, int nc, int B, int H, int W, uint64_t seed) {
-    model_build(m, scale, nc);
-    Plan p = model_plan(m, B, H, W);
-    Arena *a = xcalloc(1, sizeof(Arena));
-    a->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
-    if (!a->base) die("cannot allocate the %.1f MiB arena (hint: lower batch or imgsz; see `yolo plan`)", p.total / 1048576.0);
-    a->cap = p.total;
-    model_alloc_params(m, a);
-    model_init_params(m, seed);
-    model_shape(m, H, W);
-    m->B = B;
-    m->H = H;
-    m->W = W;
-    return a;
-}
 
 static void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
 
@@ -1845,31 +1793,6 @@ static int tal_resolve_image(const LossGrid *g, int NC, const float *const head[
         fg[n++] = f;
     }
     return n;
-}
-
-// tal_assign_image: the whole assignment of one image b with gts (m <= w->M, pixels), using image b's
-// slices of the work arrays; the batch path in loss_forward_backward runs the same three steps for all
-// images at once. Appends the foreground anchors to fg and returns their count.
-static int tal_assign_image(const LossGrid *g, int NC, const float *const head[3], int b, const LossGt *gts,
-                            int m, LossWork *w, LossFg *fg) {
-    size_t o = (size_t)b * w->M;
-    float *pbox = w->pbox + (size_t)b * g->A * 4;
-    for (int a = 0; a < g->A; a++) {
-        int l = loss_anchor_level(g, a);
-        float p[4 * LOSS_R], lse[4], box[4];
-        loss_decode_box(g, NC, head, b, l, a - g->off[l], box, p, lse);
-        for (int k = 0; k < 4; k++) pbox[(size_t)a * 4 + k] = box[k] * g->stride[l];
-    }
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < m; j++) {
-        const float *planes[3];
-        for (int l = 0; l < 3; l++) {
-            size_t HW = (size_t)g->H[l] * g->W[l];
-            planes[l] = head[l] + ((size_t)b * (64 + NC) + 64 + gts[j].cls) * HW;
-        }
-        w->nsel[o + j] = tal_topk_gt(g, &gts[j], pbox, planes, w->cand + (o + j) * LOSS_TOPK);
-    }
-    return tal_resolve_image(g, NC, head, b, gts, m, w->cand + o * LOSS_TOPK, w->nsel + o, pbox, w, fg);
 }
 
 // loss_gather_gts: the boxes of image b in input order, pixels xyxy (preprocess + xywh2xyxy of Ultralytics:
@@ -3225,8 +3148,6 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 //   nms_run_maps(&nms, maps, b, imgH, imgW, out)      NMS of image b straight from the raw maps
 //                                                     (only candidate anchors are decoded);
 //                                                     out must hold cfg.max_det Dets; returns count
-//   nms_run_decoded(&nms, pred, out)                  the same from one image of head_decode's output,
-//                                                     pred (4+NC, A)
 //   evaluator_init(&ev, NC) / evaluator_reset / evaluator_free
 //   evaluator_add_image(&ev, dets, n, gt_box, gt_cls, M)   match one image (gt_box (M, 4) xyxy, same
 //                                                     pixel space as the dets) and store per-detection
@@ -3525,20 +3446,7 @@ static int nms_finish(Nms *n, int64_t count, Det *out) {
     return nk;
 }
 
-// nms_run_decoded: non_max_suppression for one image of head_decode's output.
-// pred: (4+NC, A) rows cx, cy, w, h, scores. out: (max_det). Returns the number of detections.
-static int nms_run_decoded(Nms *n, const float *pred, Det *out) {
-    int A = n->A;
-    int64_t count = 0;
-    for (int a = 0; a < A; a++)
-        if (nms_add_anchor(n, &count, a, pred + (size_t)4 * A + a, (size_t)A)) {
-            float xywh[4] = {pred[a], pred[(size_t)A + a], pred[(size_t)2 * A + a], pred[(size_t)3 * A + a]};
-            nms_store_box(n, a, xywh);
-        }
-    return nms_finish(n, count, out);
-}
-
-// nms_run_maps: the same result as head_decode + nms_run_decoded for image b, computed from the
+// nms_run_maps: the same result as head_decode + non_max_suppression for image b, computed from the
 // raw maps (B, 64+NC, H_l, W_l). Scores are sigmoid'ed only for logits near or above
 // logit(conf), and DFL boxes are decoded only for candidate anchors.
 static int nms_run_maps(Nms *n, const float *const maps[3], int b, int imgH, int imgW, Det *out) {
@@ -5220,13 +5128,7 @@ static int box_candidate(float bw0, float bh0, float bw, float bh, float s) {
     return bw > 2 && bh > 2 && bw * bh / (bw0 * s * bh0 * s + eps) > 0.1 && ar < 100;
 }
 
-// mat3_mul / mat3_inv: 3x3 row-major product (out may alias) and inverse by the adjugate.
-static void mat3_mul(const double a[9], const double b[9], double out[9]) {
-    double t[9];
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++) t[3 * i + j] = a[3 * i] * b[j] + a[3 * i + 1] * b[3 + j] + a[3 * i + 2] * b[6 + j];
-    memcpy(out, t, sizeof t);
-}
+// mat3_inv: the inverse of a 3x3 row-major matrix by the adjugate (zeros when singular).
 static void mat3_inv(const double m[9], double out[9]) {
     double a = m[0], b = m[1], c = m[2], d = m[3], e = m[4], f = m[5], g = m[6], h = m[7], k = m[8];
     double A = e * k - f * h, B = -(d * k - f * g), C = d * h - e * g;
@@ -7061,13 +6963,6 @@ static void gpu_upload_grads(Gpu *g, const float *grads) {
     free(t);
 }
 
-// gpu_forward_backward: gpu_train_step at the shape planned first, gradients zeroed first (tests)
-static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
-    GpuShape s = {g->B, g->H, g->W, 1};
-    gpu_zero_grad(g);
-    return gpu_train_step(g, &s, img, tg, lcfg);
-}
-
 // gpu_eval: an evaluation forward of the uint8 batch img at shape s (train == 0) and its loss
 // against tg (*lo); the three head maps come back in g->head_h (host, for NMS) and nothing stays
 // allocated on the device.
@@ -7757,8 +7652,10 @@ static int results_reload(const char *csv, int upto, double (*rows)[11], int max
 }
 
 // train_run: the whole training run (trainer.py _do_train).
+// PlanOpts: the settings that decide training memory. half: the device step; fp32: its amp=0 form.
 typedef struct { char scale; int nc, B, S, max_boxes, adamw, recompute, half, fp32; } PlanOpts;
 
+#ifdef YOLO_CUDA
 // trainer_gpu_shapes: the steps a run's device arena must hold, into sh (2 + validation batches):
 // with train, the training step at (B, S, S) and the short last batch; then every distinct
 // validation batch shape (the last batch short too). Returns how many.
@@ -7774,7 +7671,8 @@ static int trainer_gpu_shapes(const Trainer *t, int train, GpuShape *sh) {
         if (!seen) sh[ns++] = v;
     }
     return ns;
-}   // half: the device step; fp32: its amp=0 form
+}
+#endif
 static int plan_max_batch(PlanOpts o, size_t budget);
 
 // trainer_auto_batch: batch=-1 / batch=0.7: the largest batch whose device plan fits that share of

@@ -18,8 +18,8 @@ EMU_DIR      ?= test/bin/emu
 EMU_OPT      ?= -O2 -g
 EMU_SAN      ?=
 EMU_INC       = -Itest/emu_include
-EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas $(EMU_INC) -I. -include test/cuda_emu.h
-EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra -Wno-unused-function $(EMU_INC)
+EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unknown-pragmas $(EMU_INC) -I. -include test/cuda_emu.h
+EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra $(EMU_INC)
 EMU_LDLIBS    = -ljpeg -lpng -lyaml -lm -fopenmp
 EMU_DEPS      = test/cuda_emu.h test/emu_rewrite.sh $(wildcard test/emu_include/*.h)
 EMU_ARCHS    ?= 75 80 86 89 90
@@ -80,11 +80,11 @@ test/bin/gpu/yolo_kernels.o: yolo_kernels.cu yolo.h
 	@mkdir -p test/bin/gpu
 	$(EMU_NVCC) -std=c++17 -O3 $(EMU_GENCODE) -c -o $@ $<
 test/bin/gpu/kernels_test: test/kernels_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
-	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include -c -o test/bin/gpu/kernels_test.o $<
+	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -I$(EMU_CUDA)/include -c -o test/bin/gpu/kernels_test.o $<
 	$(EMU_CXX) -o $@ test/bin/gpu/kernels_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
-	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I. -I$(EMU_CUDA)/include -c -o test/bin/gpu/gpu_step_test.o $<
+	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -I. -I$(EMU_CUDA)/include -c -o test/bin/gpu/gpu_step_test.o $<
 	$(EMU_CXX) -o $@ test/bin/gpu/gpu_step_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 

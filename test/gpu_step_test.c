@@ -24,6 +24,14 @@
 
 #include "../yolo.h"
 #include "test.h"
+#include "yolo_test.h"
+
+// gpu_forward_backward: gpu_train_step at the shape planned first, gradients zeroed first (tests)
+static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
+    GpuShape s = {g->B, g->H, g->W, 1};
+    gpu_zero_grad(g);
+    return gpu_train_step(g, &s, img, tg, lcfg);
+}
 
 enum { TB = 2, TS = 64, TNC = 3 };
 

@@ -3,6 +3,7 @@
 #define TESTING
 #include "../yolo.c"
 #include "test.h"
+#include "yolo_test.h"
 #include <malloc.h>
 
 // --- counting heap allocations: the test binary interposes malloc and friends -------------
@@ -15,6 +16,48 @@ void *realloc(void *p, size_t n) { n_allocs++; return __libc_realloc(p, n); }
 void *aligned_alloc(size_t al, size_t n) { n_allocs++; return __libc_memalign(al, n); }
 
 // --- helpers ------------------------------------------------------------------------------
+
+// gemm_naive: the same product with plain loops in double; the GEMM's own test reference.
+static void gemm_naive(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                       float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += (double)OPA(i, k) * OPB(k, j);
+            C[(size_t)i * ldc + j] = (float)(s + (beta != 0 ? beta * C[(size_t)i * ldc + j] : 0));
+        }
+}
+
+// pool_hold: record/replay of max-pool window choices (yolo.c's maxpool5_view_test), so finite differences of a
+// graph with max-pools stay on one linear piece (see gradcheck in test/test_net.c).
+static struct { int mode; size_t pos, cap; int *idx; } pool_hold;   // mode 0 off, 1 record, 2 replay
+
+static void maxpool5_hold(const float *x, float *y, int C, int H, int W) {
+    if (!pool_hold.mode) { maxpool5_forward_cpu(x, y, 1, C, H, W); return; }
+    size_t n = (size_t)C * H * W;
+    if (pool_hold.pos + n > pool_hold.cap) {
+        if (pool_hold.mode == 2) die("pool_hold: replay past the recording");
+        pool_hold.cap = (pool_hold.pos + n) * 2;
+        pool_hold.idx = realloc(pool_hold.idx, pool_hold.cap * sizeof(int));
+    }
+    int *idx = pool_hold.idx + pool_hold.pos;
+    pool_hold.pos += n;
+    for (int c = 0; c < C; c++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                size_t o = ((size_t)c * H + oy) * W + ox;
+                if (pool_hold.mode == 1) {
+                    float mx = -INFINITY;
+                    for (int dy = -2; dy <= 2; dy++)
+                        for (int dx = -2; dx <= 2; dx++) {
+                            int iy = oy + dy, ix = ox + dx;
+                            if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[((size_t)c * H + iy) * W + ix] > mx)
+                                mx = x[((size_t)c * H + iy) * W + ix], idx[o] = iy * W + ix;
+                        }
+                }
+                y[o] = x[(size_t)c * H * W + idx[o]];
+            }
+}
 
 // graph_new: an empty model with an input of C channels, for building small test graphs.
 static void graph_new(Model *m, int C) {
@@ -115,6 +158,7 @@ static double graph_f(Model *m, Arena *a, int out, const float *x, const float *
 // Tolerance: |num - ana| <= tol * (|ana| + |g||d|*1e-3 + 1e-6*sum|rw*out|/h): relative to the
 // derivative, with a floor at the FP32 rounding noise of f divided by the step.
 static void gradcheck(const char *what, Model *m, Arena *a, int out, const float *x, size_t nout, Rng *r, double tol) {
+    maxpool5_view_test = maxpool5_hold;   // the forward's max-pools go through pool_hold from here on
     float *rw = xmalloc(nout * sizeof(float));
     for (size_t i = 0; i < nout; i++) rw[i] = (float)rng_normal(r);
     pool_hold.mode = 1;   // record which window element each max-pool output took
