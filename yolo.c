@@ -66,6 +66,8 @@
 // checks and small utilities
 // ------------------------------------------------------------------------------------------
 
+#define OMP_MIN_WORK 65536   // loops over fewer elements run on one thread: a team costs more than it saves
+
 // die: print file:line, what failed and a hint, then exit(1). Used for impossible settings and
 // programmer errors; bad user data gets a message and is skipped instead (see the data section).
 #define die(...) die_at(__FILE__, __LINE__, __VA_ARGS__)
@@ -383,7 +385,7 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
 // Matches PyTorch's Conv2d(padding=k//2) geometry: Ho = (H + 2p - K)/S + 1.
 static void im2col(const float *x, int C, int H, int W, int K, int S, float *col) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1;
-#pragma omp parallel for collapse(2) if ((size_t)C * K * K * Ho * Wo > 65536)
+#pragma omp parallel for collapse(2) if ((size_t)C * K * K * Ho * Wo > OMP_MIN_WORK)
     for (int c = 0; c < C; c++)
         for (int kk = 0; kk < K * K; kk++) {
             int ky = kk / K, kx = kk % K;
@@ -405,7 +407,7 @@ static void im2col(const float *x, int C, int H, int W, int K, int S, float *col
 // col2im: the adjoint of im2col: dx (C, H, W) = sum of col entries into the pixels they read.
 static void col2im(const float *col, int C, int H, int W, int K, int S, float *dx) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1;
-#pragma omp parallel for if ((size_t)C * K * K * Ho * Wo > 65536)
+#pragma omp parallel for if ((size_t)C * K * K * Ho * Wo > OMP_MIN_WORK)
     for (int c = 0; c < C; c++) {
         float *d = dx + (size_t)c * H * W;
         memset(d, 0, (size_t)H * W * sizeof(float));
@@ -433,7 +435,7 @@ static inline float silu_f(float y) { return y / (1.f + expf(-y)); }
 // pre-BN values: only z is kept between forward and backward, the activation is made again when needed.
 static void bn_silu_forward_cpu(const float *z, const float *mean, const float *invstd, const float *gamma,
                                 const float *beta, float *y, int B, int C, int HW) {
-#pragma omp parallel for collapse(2) if ((size_t)B * C * HW > 65536)
+#pragma omp parallel for collapse(2) if ((size_t)B * C * HW > OMP_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++) {
             float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
@@ -522,6 +524,8 @@ enum { V_INPUT, V_CONV, V_SLICE, V_ADD, V_CAT, V_UP, V_POOL };
 #define MAX_CONVS 160
 #define MAX_VALUES 320
 #define MAX_CAT 8
+#define YOLO_LAYERS 23                   // rows of yolov8.yaml: backbone 0-9, head 10-21, Detect 22
+#define DETECT_LAYER (YOLO_LAYERS - 1)   // its module path prefix is "model.22."
 #define REG_MAX 16
 #define BN_EPS 1e-3f
 #define BN_MOMENTUM 0.03f
@@ -561,7 +565,7 @@ typedef struct {
     Conv conv[MAX_CONVS];   // in Ultralytics state_dict order
     int exec[MAX_CONVS];    // in execution order
     Value val[MAX_VALUES];
-    LayerRow layer[23];
+    LayerRow layer[YOLO_LAYERS];
     int input;              // value id of the image
     int head_conv[3][2];    // Detect output convs: [level][0 box, 1 cls]
     int has_head;           // 0 for the small graphs the gradient checks build
@@ -725,7 +729,7 @@ static void model_build(Model *m, char scale, int nc) {
     m->nc = nc;
 #define CH(c) ceil8((c < sc->max_ch ? c : sc->max_ch) * sc->width)
 #define REP(r) ((r) > 1 ? ((int)lround((r) * sc->depth) > 1 ? (int)lround((r) * sc->depth) : 1) : (r))
-    int L[23];
+    int L[YOLO_LAYERS];
     long pstart = 0;
     m->input = value_new(m, V_INPUT, 3);
     int prev = m->input;
@@ -780,14 +784,14 @@ static void model_build(Model *m, char scale, int nc) {
         m->dfl_off = m->nparams;
         m->nparams += REG_MAX;
         m->has_head = 1;
-        LayerRow *r = &m->layer[22];
+        LayerRow *r = &m->layer[DETECT_LAYER];
         snprintf(r->from, sizeof r->from, "[15, 18, 21]");
         snprintf(r->module, sizeof r->module, "Detect");
         r->params = (long)m->nparams - pstart;
         r->value = -1;
         r->nrep = 1;
     }
-    m->nlayer = 23;
+    m->nlayer = YOLO_LAYERS;
 #undef ROW
 #undef CH
 #undef REP
@@ -1013,7 +1017,7 @@ static void value_backprop(Model *m, Arena *a, int vi, int b, const float *g) {
 // (A twin for yolo.c: conv_forward would call it.)
 static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv, int train) {
     double cnt = (double)B * HW;
-#pragma omp parallel for if (C * cnt > 65536)
+#pragma omp parallel for if (C * cnt > OMP_MIN_WORK)
     for (int o = 0; o < C; o++) {
         if (!train) {
             mean[o] = rm[o];
@@ -1037,7 +1041,7 @@ static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *m
 static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd, const float *gamma,
                                  const float *beta, float *dgamma, float *dbeta, int B, int C, int HW, int train) {
     double cnt = (double)B * HW;
-#pragma omp parallel for if (C * cnt > 65536)
+#pragma omp parallel for if (C * cnt > OMP_MIN_WORK)
     for (int o = 0; o < C; o++) {
         if (!gamma) {
             double s = 0;
@@ -2007,6 +2011,8 @@ static void model_segments(const Model *m, int conv, size_t off[3], size_t len[3
     off[2] = c->g_off; len[2] = c->bn ? (size_t)c->cout : 0; pg[2] = PG_BN;
 }
 
+#define GRAD_CLIP_NORM 10.0   // max_norm of the clip_grad_norm_ in Ultralytics' BaseTrainer.optimizer_step
+
 // grad_clip_norm: torch.nn.utils.clip_grad_norm_(params, max_norm): total L2 norm over all
 // trainable gradients (DFL excluded); scales them by min(1, max_norm / (norm + 1e-6)).
 // Returns the norm before clipping (inf/NaN propagate, so the caller can skip the step).
@@ -2074,9 +2080,12 @@ typedef struct {
     long updates;
 } Ema;
 
+// ema_decay: d of the given update count (ModelEMA decay 0.9999, tau 2000); the CPU and the device EMA use it
+static float ema_decay(long updates) { return (float)(0.9999 * (1 - exp(-(double)updates / 2000.0))); }
+
 static void ema_update(Ema *e, const Model *m) {
     e->updates++;
-    float d = (float)(0.9999 * (1 - exp(-(double)e->updates / 2000.0)));
+    float d = ema_decay(e->updates);
 #pragma omp parallel for
     for (size_t i = 0; i < m->nparams; i++) e->params[i] = d * e->params[i] + (1 - d) * m->params[i];
     for (size_t i = 0; i < m->nbuffers; i++) e->buffers[i] = d * e->buffers[i] + (1 - d) * m->buffers[i];
@@ -3344,8 +3353,9 @@ typedef struct {
     int agnostic;             // 1: one NMS over all classes (single_cls / agnostic_nms)
 } NmsConfig;
 
-static NmsConfig nms_config_val(void) { return (NmsConfig){0.001f, 0.7f, 300, 30000, 1, 0}; }
-static NmsConfig nms_config_predict(void) { return (NmsConfig){0.25f, 0.7f, 300, 30000, 0, 0}; }
+enum { NMS_MAX_DET = 300, NMS_MAX_NMS = 30000 };   // non_max_suppression's max_det and max_nms defaults
+static NmsConfig nms_config_val(void) { return (NmsConfig){0.001f, 0.7f, NMS_MAX_DET, NMS_MAX_NMS, 1, 0}; }
+static NmsConfig nms_config_predict(void) { return (NmsConfig){0.25f, 0.7f, NMS_MAX_DET, NMS_MAX_NMS, 0, 0}; }
 
 // Nms: every buffer one image needs, allocated once by nms_init for (NC, A).
 typedef struct {
@@ -3813,7 +3823,7 @@ static int check_ref(const char *path) {
     double lr = st_meta(&st, "lr") ? atof(st_meta(&st, "lr")) : 0.01;
     double mom = st_meta(&st, "momentum") ? atof(st_meta(&st, "momentum")) : 0.937;
     double wd = st_meta(&st, "weight_decay") ? atof(st_meta(&st, "weight_decay")) : 0.0005;
-    double clip = st_meta(&st, "clip") ? atof(st_meta(&st, "clip")) : 10.0;
+    double clip = st_meta(&st, "clip") ? atof(st_meta(&st, "clip")) : GRAD_CLIP_NORM;
     printf("fixture %s: yolov8%s nc=%d imgsz=%d batch=%d\n", path, ms, nc, S, B);
 
     Model *m = xmalloc(sizeof(Model));
@@ -7035,7 +7045,7 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
     cudaStream_t s = (cudaStream_t)g->stream;
     long n = (long)m->nparams;
     float inv = 1.0f / g->scaler.scale, norm;
-    OptimHyper h = gpu_optim_hyper(&g->opt, inv, 10.0f);
+    OptimHyper h = gpu_optim_hyper(&g->opt, inv, (float)GRAD_CLIP_NORM);
     prof_begin(g);
     optim_norm_cuda(g->grads, g->group, n, inv, g->partials, s);
     optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm, s);
@@ -7051,7 +7061,7 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
         return 0;
     }
     g->ema_updates++;
-    float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
+    float d = ema_decay(g->ema_updates);
     ema_update_cuda(g->ema_p, g->params, n, d, s);
     ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
     if (taken && !g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
@@ -7073,10 +7083,12 @@ static int gpu_select(const char *device) {
 // training: the Ultralytics recipe, validation, checkpoints, predict
 // ------------------------------------------------------------------------------------------
 
+#define AUTOBATCH_FRACTION 0.60   // batch=-1: the share of free device memory (Ultralytics' AutoBatch default)
+
 // Config: every setting of `yolo train/val/predict`, with Ultralytics' keys and defaults.
 typedef struct {
     char data[512], model[512], project[256], name[128], optimizer[16], device[32], cache[16], source[512];
-    double batch_auto;         // batch=-1 (0.6) or a fraction: that share of the free device memory; 0 = off
+    double batch_auto;         // AutoBatch as given: batch=-1 (AUTOBATCH_FRACTION) or a share of the free device memory; 0 off
     int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok, recompute;
     double lr0, lrf, momentum, weight_decay, warmup_epochs, warmup_momentum, warmup_bias_lr, box, cls, dfl, conf, iou;
     uint64_t seed;
@@ -7114,7 +7126,7 @@ static Config config_from_args(int argc, char **argv) {
     c.imgsz = (int)arg_int(argc, argv, "imgsz", 640);
     double bf = arg_num(argc, argv, "batch", 16);
     if (bf == -1 || (bf > 0 && bf < 1)) {   // AutoBatch: resolved by train_run on the device (Ultralytics: CUDA only, CPU uses 16)
-        c.batch_auto = bf == -1 ? 0.6 : bf;
+        c.batch_auto = bf;
         bf = 16;
     }
     if (bf != floor(bf)) die("batch=%g: expected a whole number, -1 or a fraction below 1", bf);
@@ -7679,9 +7691,10 @@ static int plan_max_batch(PlanOpts o, size_t budget);
 // the device's free memory (Ultralytics' AutoBatch, computed from the plan instead of probed; the
 // optimizer's moments planned as AdamW's, the larger). On the CPU: 16, as Ultralytics.
 static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
+    double frac = c->batch_auto == -1 ? AUTOBATCH_FRACTION : c->batch_auto;
     if (dev < 0) {
         fprintf(stderr, "batch=%g: AutoBatch sizes the batch from GPU memory, and this run is on the CPU; using batch=16\n",
-                c->batch_auto == 0.6 ? -1.0 : c->batch_auto);
+                c->batch_auto);
         return 16;
     }
     size_t fr = 0, total = 0;
@@ -7691,11 +7704,11 @@ static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
 #endif
     PlanOpts o = {.scale = scale, .nc = nc, .S = c->imgsz, .max_boxes = c->max_boxes, .adamw = 1, .recompute = c->recompute, .half = 1, .fp32 = !c->amp};
     // plan_max_batch adds the CUDA context estimate, which `fr` has already paid
-    int b = plan_max_batch(o, (size_t)(fr * c->batch_auto) + GPU_CONTEXT_BYTES);
+    int b = plan_max_batch(o, (size_t)(fr * frac) + GPU_CONTEXT_BYTES);
     if (b < 1) die("batch=%g: not even batch 1 fits %.0f%% of the %.0f MiB free on device %d (see yolo plan)",
-                   c->batch_auto == 0.6 ? -1.0 : c->batch_auto, c->batch_auto * 100, fr / 1048576.0, dev);
+                   c->batch_auto, frac * 100, fr / 1048576.0, dev);
     printf("AutoBatch: batch %d is the largest whose plan fits %.0f%% of the %.0f MiB free on device %d (of %.0f MiB)\n", b,
-           c->batch_auto * 100, fr / 1048576.0, dev, total / 1048576.0);
+           frac * 100, fr / 1048576.0, dev, total / 1048576.0);
     return b;
 }
 
@@ -7807,7 +7820,7 @@ static int train_run(Config cfg) {
         ncfg.iou = (float)cfg.iou;
         nms_init(&t->nms, ncfg, nc, Amax);
     }
-    t->dets = xmalloc(sizeof(Det) * 300);
+    t->dets = xmalloc(sizeof(Det) * t->nms.cfg.max_det);
     evaluator_init(&t->ev, nc);
 
     // args.yaml
@@ -7935,7 +7948,7 @@ static int train_run(Config cfg) {
             }
 #endif
             if (!t->gpu && ni - t->last_opt_step >= accumulate) {
-                double norm = grad_clip_norm(&t->m, 10.0);
+                double norm = grad_clip_norm(&t->m, GRAD_CLIP_NORM);
                 if (isfinite(norm)) {
                     optim_step(&t->opt, &t->m);
                     ema_update(&t->ema, &t->m);
@@ -8084,7 +8097,7 @@ static int cmd_val(int argc, char **argv) {
     if (c.conf >= 0) nc.conf = (float)c.conf;
     nc.iou = (float)c.iou;
     nms_init(&t->nms, nc, fnc, Amax);
-    t->dets = xmalloc(sizeof(Det) * 300);
+    t->dets = xmalloc(sizeof(Det) * t->nms.cfg.max_det);
     evaluator_init(&t->ev, fnc);
     printf("val: %s on %d images, batch %d, imgsz %d, memory plan %.1f MiB (%s)\n", c.model, t->val_ds.n, t->B, t->S,
            plan_bytes / 1048576.0, t->dev >= 0 ? "device" : "host");
@@ -8392,7 +8405,7 @@ static int cmd_plan(int argc, char **argv) {
     if (bf <= 0 || (bf < 1 && bf != -1 && !(bf > 0 && bf < 1))) die("batch=%g: expected >= 1, -1 (60%% of gpu_mem) or a fraction", bf);
     if (bf == -1 || bf < 1) {
         if (!gm) die("batch=%g picks the batch from the GPU memory: give gpu_mem= (e.g. gpu_mem=8G)", bf);
-        double frac = bf == -1 ? 0.6 : bf;
+        double frac = bf == -1 ? AUTOBATCH_FRACTION : bf;
         PlanOpts q = o;
         q.half = 1;
         q.fp32 = !amp;

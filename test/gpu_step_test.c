@@ -271,7 +271,7 @@ int main(void) {
     // 5. one optimizer step on both: norm, then the parameters (SGD, clip 10)
     float *p0 = xmalloc(m->nparams * sizeof(float));
     memcpy(p0, m->params, m->nparams * sizeof(float));
-    double norm_c = grad_clip_norm(m, 10.0), norm_g = 0;
+    double norm_c = grad_clip_norm(m, GRAD_CLIP_NORM), norm_g = 0;
     optim_step(&opt, m);
     int taken = gpu_optimize(g, &norm_g);
     check(taken, "device optimizer step taken (finite gradients at scale 1024)");
