@@ -1,8 +1,8 @@
 // yolo.h: the interface between yolo.c (host, plain C) and yolo_kernels.cu (device code).
 // Only launcher prototypes and plain structs; includable from C and C++. Every launcher takes
 // device pointers and a stream (a cudaStream_t passed as void *; NULL is the default stream),
-// enqueues its kernels and checks the launch. Each has a CPU twin in yolo.c with the same name
-// ending in _cpu instead of _cuda.
+// enqueues its kernels and checks the launch. Each has a CPU twin, the code of the CPU step that
+// computes the same thing: YOLO_TWINS at the end of this file names it and the test that compares them.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -256,6 +256,48 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     if (++s->good_steps >= s->growth_interval) { s->scale *= 2.0f; s->good_steps = 0; }
     return 1;
 }
+
+// YOLO_TWINS(X): every launcher above as X(launcher, twin, test): its CPU twin, a function of yolo.c
+// (conv_forward / conv_backward: the convolution of the CPU step, im2col + gemm_cpu, col2im), or for a
+// copy or add that the CPU step does inline, the plain loop named in test/kernels_test.c; and the test
+// function of test/kernels_test.c that compares the two. kernels_test checks that every launcher
+// declared here is listed, that each twin exists (it takes its address) and that each listed test
+// compared its launcher.
+#define YOLO_TWINS(X) \
+    X(bn_silu_forward_cuda, bn_silu_forward_cpu, test_bn_silu) \
+    X(upsample2_forward_cuda, upsample2_forward_cpu, test_upsample) \
+    X(maxpool5_forward_cuda, maxpool5_forward_cpu, test_maxpool) \
+    X(gemm_f16_cuda, gemm_cpu, test_gemm_f16) \
+    X(conv_forward_cuda, conv_forward, test_conv) \
+    X(conv_forward_f32_cuda, conv_forward, test_conv_f32) \
+    X(conv_dgrad_cuda, conv_backward, test_conv) \
+    X(conv_dgrad_f32_cuda, conv_backward, test_conv_f32) \
+    X(conv_wgrad_cuda, conv_backward, test_conv) \
+    X(conv_wgrad_f32_cuda, conv_backward, test_conv_f32) \
+    X(bn_stats_cuda, bn_stats_cpu, test_bn) \
+    X(bn_stats_f32_cuda, bn_stats_cpu, test_bn_f32) \
+    X(bn_silu_forward_f16_cuda, bn_silu_forward_cpu, test_bn) \
+    X(bn_silu_forward_f32_cuda, bn_silu_forward_cpu, test_bn_f32) \
+    X(bn_silu_backward_cuda, bn_silu_backward_cpu, test_bn_backward) \
+    X(bn_silu_backward_f32_cuda, bn_silu_backward_cpu, test_bn_backward_f32) \
+    X(upsample2_backward_cuda, upsample2_backward, test_pool_up_backward) \
+    X(maxpool5_backward_cuda, maxpool5_backward, test_pool_up_backward) \
+    X(copy_f16_cuda, copy_strided_cpu, test_convert_copy) \
+    X(copy_f32_cuda, copy_strided_cpu, test_views_f32) \
+    X(u8_to_f16_cuda, input_from_batch, test_convert_copy) \
+    X(u8_to_f32_cuda, input_from_batch, test_views_f32) \
+    X(f32_to_f16_cuda, float_to_half, test_convert_copy) \
+    X(upsample2_forward_f16_cuda, upsample2_forward_cpu, test_views_f16) \
+    X(upsample2_forward_f32_cuda, upsample2_forward_cpu, test_views_f32) \
+    X(maxpool5_forward_f16_cuda, maxpool5_forward_cpu, test_views_f16) \
+    X(maxpool5_forward_f32_cuda, maxpool5_forward_cpu, test_views_f32) \
+    X(add_f16_cuda, add_strided_cpu, test_views_f16) \
+    X(add_f32_cuda, add_strided_cpu, test_views_f16) \
+    X(f16_to_f32_cuda, half_to_float, test_views_f16) \
+    X(ema_update_cuda, ema_update, test_ema) \
+    X(loss_cuda, loss_forward_backward, test_loss) \
+    X(optim_norm_cuda, grad_clip_norm, test_optim) \
+    X(optim_step_cuda, optim_step, test_optim)
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 // yolo_kernels.cu: all device code of yolo.c, in the same section order, with extern "C"
-// launchers declared in yolo.h. Each kernel has a CPU twin in yolo.c (same name, _cpu) that the
-// tests compare against, on a GPU and in the CPU emulation (test/cuda_emu.h, `make test-emu`).
+// launchers declared in yolo.h. Each launcher has a CPU twin in the CPU step, named with the test that
+// compares the two by YOLO_TWINS in yolo.h; the tests run on a GPU and in the CPU emulation (test/emu.mk).
 // Kernels follow the rules that keep the emulation faithful (listed in test/cuda_emu.h): no inline PTX,
 // every exchange between threads through *_sync intrinsics or barriers, barriers in block-uniform code.
 #include <cuda_runtime.h>
