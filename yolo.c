@@ -58,6 +58,7 @@
 #include <png.h>
 #include <yaml.h>
 #include <signal.h>
+#include "yolo.h"   // the launchers of yolo_kernels.cu and the math both sides share
 #ifdef TESTING   // a test includes the whole program and calls only its part of it
 #pragma GCC diagnostic ignored "-Wunused-function"
 #endif
@@ -1395,7 +1396,7 @@ static int cmd_info(int argc, char **argv) {
 // settings, results, geometry
 // ------------------------------------------------------------------------------------------
 
-enum { LOSS_R = 16, LOSS_TOPK = 10, LOSS_REUSE_ASSIGNMENT = 1 };
+enum { LOSS_R = DFL_BINS, LOSS_TOPK = 10, LOSS_REUSE_ASSIGNMENT = 1 };
 
 typedef struct {
     float box, cls, dfl;   // loss gains (hyp box, cls, dfl)
@@ -1528,95 +1529,12 @@ static LossWork loss_work_carve(void *scratch, int B, int A, int max_boxes) {
 // CIoU and DFL decode (bbox_iou(..., CIoU=True) and bbox_decode of Ultralytics)
 // ------------------------------------------------------------------------------------------
 
-// bbox_ciou: complete IoU of xyxy boxes b1, b2 (4 floats each), in the exact operation order of
-// Ultralytics bbox_iou(box1, box2, xywh=False, CIoU=True), eps 1e-7, in float.
-static float bbox_ciou(const float *b1, const float *b2) {
-    const float eps = 1e-7f;
-    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
-    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
-    float iw = fmaxf(fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), 0.0f);
-    float ih = fmaxf(fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), 0.0f);
-    float inter = iw * ih;
-    float uni = w1 * h1 + w2 * h2 - inter + eps;
-    float iou = inter / uni;
-    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
-    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
-    float c2 = cw * cw + ch * ch + eps;
-    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
-    float rho2 = (dx * dx + dy * dy) / 4.0f;
-    float dat = atanf(w2 / h2) - atanf(w1 / h1);
-    float v = (float)(4.0 / (M_PI * M_PI)) * (dat * dat);
-    float alpha = v / (v - iou + (1.0f + eps));
-    return iou - (rho2 / c2 + v * alpha);
-}
-
-// PyTorch's derivative of minimum/maximum w.r.t. its first argument: 1, 1/2 on ties, 0.
-static inline double loss_dmin(float a, float b) { return a < b ? 1.0 : a == b ? 0.5 : 0.0; }
-static inline double loss_dmax(float a, float b) { return a > b ? 1.0 : a == b ? 0.5 : 0.0; }
+// bbox_ciou, bbox_ciou_backward and dfl_side_decode are in yolo.h: the device loss runs the same text.
 
 // loss_ciou_alpha_grad: 0 (always, in training) treats CIoU's alpha as a constant like Ultralytics, whose
 // gradient is then not the derivative of the forward value; tests set 1 to get the true derivative and
 // check the whole chain against finite differences of the forward.
 static int loss_ciou_alpha_grad = 0;
-
-// bbox_ciou_backward: d1 (4) = g * dCIoU(b1, b2)/db1 with alpha held constant (Ultralytics computes it
-// under no_grad; alpha_grad = 1 differentiates it too) and PyTorch's conventions for clamp (passes at 0)
-// and min/max ties (half each).
-static void bbox_ciou_backward(const float *b1, const float *b2, double g, int alpha_grad, double *d1) {
-    const float eps = 1e-7f;
-    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
-    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
-    float iwr = fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), iw = fmaxf(iwr, 0.0f);
-    float ihr = fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), ih = fmaxf(ihr, 0.0f);
-    float inter = iw * ih;
-    float uni = w1 * h1 + w2 * h2 - inter + eps;
-    float iou = inter / uni;
-    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
-    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
-    float c2 = cw * cw + ch * ch + eps;
-    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
-    float rho2 = (dx * dx + dy * dy) / 4.0f;
-    float r1 = w1 / h1;
-    float dat = atanf(w2 / h2) - atanf(r1);
-    float k = (float)(4.0 / (M_PI * M_PI));
-    float v = k * (dat * dat);
-    float alpha = v / (v - iou + (1.0f + eps));
-    // ciou = iou - rho2/c2 - v*alpha
-    double g_iou = g, g_q = -g, g_v = -g * alpha;
-    if (alpha_grad) {   // alpha = v / D, D = v - iou + 1 + eps: d(v*alpha) = (alpha + v/D - v^2/D^2) dv + v^2/D^2 diou
-        double D = (double)v - iou + (1.0f + eps), q = (double)v * v / (D * D);
-        g_v = -g * (alpha + v / D - q);
-        g_iou = g * (1.0 - q);
-    }
-    double g_inter = g_iou / uni, g_uni = -g_iou * (double)inter / ((double)uni * uni);
-    double g_w1 = g_uni * h1, g_h1 = g_uni * w1;
-    g_inter -= g_uni;
-    double g_iw = iwr >= 0.0f ? g_inter * ih : 0.0, g_ih = ihr >= 0.0f ? g_inter * iw : 0.0;
-    double g_rho2 = g_q / c2, g_c2 = -g_q * (double)rho2 / ((double)c2 * c2);
-    double g_cw = g_c2 * 2.0 * cw, g_ch = g_c2 * 2.0 * ch;
-    double g_dx = g_rho2 * dx / 2.0, g_dy = g_rho2 * dy / 2.0;
-    double g_r1 = g_v * k * 2.0 * dat * -1.0 / (1.0 + (double)r1 * r1);
-    g_w1 += g_r1 / h1;
-    g_h1 -= g_r1 * (double)w1 / ((double)h1 * h1);
-    d1[0] = -g_w1 - g_iw * loss_dmax(b1[0], b2[0]) - g_cw * loss_dmin(b1[0], b2[0]) - g_dx;
-    d1[2] = g_w1 + g_iw * loss_dmin(b1[2], b2[2]) + g_cw * loss_dmax(b1[2], b2[2]) - g_dx;
-    d1[1] = -g_h1 - g_ih * loss_dmax(b1[1], b2[1]) - g_ch * loss_dmin(b1[1], b2[1]) - g_dy;
-    d1[3] = g_h1 + g_ih * loss_dmin(b1[3], b2[3]) + g_ch * loss_dmax(b1[3], b2[3]) - g_dy;
-}
-
-// dfl_side_decode: softmax over the 16 bins of one side, logits z[k*step], k = 0..15. Returns the
-// expected distance sum_k k*p_k (grid units); p (16) receives the probabilities and *lse the log-sum-exp
-// (for the DFL cross-entropy). Matches bbox_decode (softmax, matmul with arange(16)).
-static inline float dfl_side_decode(const float *z, size_t step, float *p, float *lse) {
-    float m = z[0];
-    for (int k = 1; k < LOSS_R; k++) m = fmaxf(m, z[k * step]);
-    float sum = 0.0f;
-    for (int k = 0; k < LOSS_R; k++) { p[k] = expf(z[k * step] - m); sum += p[k]; }
-    float d = 0.0f;
-    for (int k = 0; k < LOSS_R; k++) { p[k] = p[k] / sum; d += (float)k * p[k]; }
-    *lse = m + logf(sum);
-    return d;
-}
 
 // loss_decode_box: predicted box (4) of anchor r (row-major index in level l) of image b, xyxy in grid
 // units (anchor -/+ ltrb). p (4, 16) and lse (4) get the softmax and log-sum-exp of every side.
@@ -6028,7 +5946,6 @@ static int cmd_augment(int argc, char **argv) {
  *     its running-stat update undone and its accumulation window dropped;
  *   - validation batches are evaluated on the device (EMA weights), their loss and NMS on the host.
  */
-#include "yolo.h"
 #ifdef YOLO_CUDA
 #include <cuda_runtime_api.h>
 
@@ -7088,7 +7005,7 @@ static int gpu_select(const char *device) {
 // Config: every setting of `yolo train/val/predict`, with Ultralytics' keys and defaults.
 typedef struct {
     char data[512], model[512], project[256], name[128], optimizer[16], device[32], cache[16], source[512];
-    double batch_auto;         // AutoBatch as given: batch=-1 (AUTOBATCH_FRACTION) or a share of the free device memory; 0 off
+    double batch_auto;         // AutoBatch as given: -1 (AUTOBATCH_FRACTION) or a share of free device memory; 0 off
     int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok, recompute;
     double lr0, lrf, momentum, weight_decay, warmup_epochs, warmup_momentum, warmup_bias_lr, box, cls, dfl, conf, iou;
     uint64_t seed;

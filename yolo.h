@@ -6,8 +6,17 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+// YOLO_HD: a function of this header that yolo.c and the kernels both call: __host__ __device__ under
+// nvcc, nothing for the C compiler and for the CPU emulation of the kernels.
+#ifdef __CUDACC__
+#define YOLO_HD __host__ __device__
+#else
+#define YOLO_HD
 #endif
 
 // y = silu(gamma[c] * (z - mean[c]) * invstd[c] + beta[c]), inference-form BN fused with SiLU.
@@ -51,10 +60,7 @@ static inline FastDiv fast_div(int d) {
     }
     return f;
 }
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-static inline int div_fast(int n, FastDiv f) {
+YOLO_HD static inline int div_fast(int n, FastDiv f) {
 #if defined(__CUDA_ARCH__)
     return f.d == 1 ? n : (int)(__umulhi((unsigned)n, f.m) >> f.s);
 #else
@@ -187,6 +193,90 @@ void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *stream);
 void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream);
 
 // ---- loss ----
+
+// ---- loss math shared by the CPU loss (yolo.c) and loss_cuda: one text, the same float operations ----
+// (the C and the emulated builds do not contract a*b+c into an fma, so there the two agree bit for bit;
+// nvcc does, and its atanf/expf differ in the last bits: on a GPU they agree to rounding)
+
+// bbox_ciou: complete IoU of xyxy boxes b1, b2 (4 floats each), in the exact operation order of
+// Ultralytics bbox_iou(box1, box2, xywh=False, CIoU=True), eps 1e-7, in float. c (may be NULL) receives
+// the intermediate values, for bbox_ciou_backward.
+typedef struct {
+    float w1, h1, w2, h2, iwr, ihr, iw, ih, inter, uni, iou, cw, ch, c2, dx, dy, rho2, r1, dat, v, alpha;
+} CiouParts;
+YOLO_HD static inline float bbox_ciou_parts(const float *b1, const float *b2, CiouParts *c) {
+    const float eps = 1e-7f;
+    CiouParts t;
+    t.w1 = b1[2] - b1[0]; t.h1 = b1[3] - b1[1] + eps;
+    t.w2 = b2[2] - b2[0]; t.h2 = b2[3] - b2[1] + eps;
+    t.iwr = fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]); t.iw = fmaxf(t.iwr, 0.0f);
+    t.ihr = fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]); t.ih = fmaxf(t.ihr, 0.0f);
+    t.inter = t.iw * t.ih;
+    t.uni = t.w1 * t.h1 + t.w2 * t.h2 - t.inter + eps;
+    t.iou = t.inter / t.uni;
+    t.cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
+    t.ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
+    t.c2 = t.cw * t.cw + t.ch * t.ch + eps;
+    t.dx = b2[0] + b2[2] - b1[0] - b1[2]; t.dy = b2[1] + b2[3] - b1[1] - b1[3];
+    t.rho2 = (t.dx * t.dx + t.dy * t.dy) / 4.0f;
+    t.r1 = t.w1 / t.h1;
+    t.dat = atanf(t.w2 / t.h2) - atanf(t.r1);
+    t.v = (float)(4.0 / (3.14159265358979323846 * 3.14159265358979323846)) * (t.dat * t.dat);
+    t.alpha = t.v / (t.v - t.iou + (1.0f + eps));
+    if (c) *c = t;
+    return t.iou - (t.rho2 / t.c2 + t.v * t.alpha);
+}
+YOLO_HD static inline float bbox_ciou(const float *b1, const float *b2) { return bbox_ciou_parts(b1, b2, NULL); }
+
+// PyTorch's derivative of minimum/maximum w.r.t. its first argument: 1, 1/2 on ties, 0.
+YOLO_HD static inline double loss_dmin(float a, float b) { return a < b ? 1.0 : a == b ? 0.5 : 0.0; }
+YOLO_HD static inline double loss_dmax(float a, float b) { return a > b ? 1.0 : a == b ? 0.5 : 0.0; }
+
+// bbox_ciou_backward: d1 (4) = g * dCIoU(b1, b2)/db1 with alpha held constant (Ultralytics computes it
+// under no_grad; alpha_grad = 1, for the CPU's finite-difference tests, differentiates it too), with
+// PyTorch's conventions for clamp (passes at 0) and min/max ties (half each).
+YOLO_HD static inline void bbox_ciou_backward(const float *b1, const float *b2, double g, int alpha_grad, double *d1) {
+    const float eps = 1e-7f;
+    CiouParts c;
+    bbox_ciou_parts(b1, b2, &c);
+    float k = (float)(4.0 / (3.14159265358979323846 * 3.14159265358979323846));
+    // ciou = iou - rho2/c2 - v*alpha
+    double g_iou = g, g_q = -g, g_v = -g * c.alpha;
+    if (alpha_grad) {   // alpha = v / D, D = v - iou + 1 + eps: d(v*alpha) = (alpha + v/D - v^2/D^2) dv + v^2/D^2 diou
+        double D = (double)c.v - c.iou + (1.0f + eps), q = (double)c.v * c.v / (D * D);
+        g_v = -g * (c.alpha + c.v / D - q);
+        g_iou = g * (1.0 - q);
+    }
+    double g_inter = g_iou / c.uni, g_uni = -g_iou * (double)c.inter / ((double)c.uni * c.uni);
+    double g_w1 = g_uni * c.h1, g_h1 = g_uni * c.w1;
+    g_inter -= g_uni;
+    double g_iw = c.iwr >= 0.0f ? g_inter * c.ih : 0.0, g_ih = c.ihr >= 0.0f ? g_inter * c.iw : 0.0;
+    double g_rho2 = g_q / c.c2, g_c2 = -g_q * (double)c.rho2 / ((double)c.c2 * c.c2);
+    double g_cw = g_c2 * 2.0 * c.cw, g_ch = g_c2 * 2.0 * c.ch;
+    double g_dx = g_rho2 * c.dx / 2.0, g_dy = g_rho2 * c.dy / 2.0;
+    double g_r1 = g_v * k * 2.0 * c.dat * -1.0 / (1.0 + (double)c.r1 * c.r1);
+    g_w1 += g_r1 / c.h1;
+    g_h1 -= g_r1 * (double)c.w1 / ((double)c.h1 * c.h1);
+    d1[0] = -g_w1 - g_iw * loss_dmax(b1[0], b2[0]) - g_cw * loss_dmin(b1[0], b2[0]) - g_dx;
+    d1[2] = g_w1 + g_iw * loss_dmin(b1[2], b2[2]) + g_cw * loss_dmax(b1[2], b2[2]) - g_dx;
+    d1[1] = -g_h1 - g_ih * loss_dmax(b1[1], b2[1]) - g_ch * loss_dmin(b1[1], b2[1]) - g_dy;
+    d1[3] = g_h1 + g_ih * loss_dmin(b1[3], b2[3]) + g_ch * loss_dmax(b1[3], b2[3]) - g_dy;
+}
+
+// dfl_side_decode: softmax over the 16 bins of one side, logits z[k*step], k = 0..15. Returns the
+// expected distance sum_k k*p_k (grid units); p (16) receives the probabilities and *lse the log-sum-exp
+// (for the DFL cross-entropy). Matches bbox_decode (softmax, matmul with arange(16)).
+#define DFL_BINS 16
+YOLO_HD static inline float dfl_side_decode(const float *z, long step, float *p, float *lse) {
+    float m = z[0];
+    for (int k = 1; k < DFL_BINS; k++) m = fmaxf(m, z[k * step]);
+    float sum = 0.0f;
+    for (int k = 0; k < DFL_BINS; k++) { p[k] = expf(z[k * step] - m); sum += p[k]; }
+    float d = 0.0f;
+    for (int k = 0; k < DFL_BINS; k++) { p[k] = p[k] / sum; d += (float)k * p[k]; }
+    *lse = m + logf(sum);
+    return d;
+}
 
 // One box of an image for the loss: pixels xyxy, class, valid (mask_gt); the layout of yolo.c's LossGt,
 // so the host gathers with loss_gather_gts and uploads the array as it is.

@@ -18,7 +18,8 @@ EMU_DIR      ?= test/bin/emu
 EMU_OPT      ?= -O2 -g
 EMU_SAN      ?=
 EMU_INC       = -Itest/emu_include
-EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unknown-pragmas $(EMU_INC) -I. -include test/cuda_emu.h
+EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unknown-pragmas $(EMU_INC) -I. \
+                -include test/cuda_emu.h
 EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra $(EMU_INC)
 EMU_LDLIBS    = -ljpeg -lpng -lyaml -lm -fopenmp
 EMU_DEPS      = test/cuda_emu.h test/emu_rewrite.sh $(wildcard test/emu_include/*.h)

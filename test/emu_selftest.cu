@@ -288,7 +288,8 @@ static void test_half_conversion() {
              over = half_bits(__float2half(nextafterf(ldexpf(1, -25), 1)));
     check(bad_exact == 0 && bad_round == 0 && inf == 0x7c00 && big == 0x7bff && nan == 0x7fff && tiny == 0 && over == 1,
           "__half: all 63488 finite values convert exactly both ways (%ld wrong); float midpoints round to even and "
-          "their float neighbours to the nearer half (%ld wrong); 65520 -> 0x%04x (want inf 0x7c00), just below -> 0x%04x "
+          "their float neighbours to the nearer half (%ld wrong); 65520 -> 0x%04x (want inf 0x7c00), "
+          "just below -> 0x%04x "
           "(0x7bff), NaN -> 0x%04x (0x7fff), 2^-25 -> 0x%04x (0), just above -> 0x%04x (1)",
           bad_exact, bad_round, inf, big, nan, tiny, over);
 }

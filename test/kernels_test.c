@@ -120,8 +120,10 @@ static void test_maxpool(int B, int C, int H, int W, void *stream) {
 static void test_gemm_f16(int M, int N, int K, void *stream) {
     uint16_t *a = xmalloc(2 * (size_t)M * K + 2), *b = xmalloc(2 * (size_t)K * N + 2);
     float *af = xmalloc(4 * (size_t)M * K + 4), *bf = xmalloc(4 * (size_t)K * N + 4), *ref = xmalloc(4 * (size_t)M * N);
-    for (long i = 0; i < (long)M * K; i++) { a[i] = float_to_half((float)rng_range(&rng, -1, 1)); af[i] = half_to_float(a[i]); }
-    for (long i = 0; i < (long)K * N; i++) { b[i] = float_to_half((float)rng_range(&rng, -1, 1)); bf[i] = half_to_float(b[i]); }
+    for (long i = 0; i < (long)M * K; i++) a[i] = float_to_half((float)rng_range(&rng, -1, 1));
+    for (long i = 0; i < (long)K * N; i++) b[i] = float_to_half((float)rng_range(&rng, -1, 1));
+    for (long i = 0; i < (long)M * K; i++) af[i] = half_to_float(a[i]);
+    for (long i = 0; i < (long)K * N; i++) bf[i] = half_to_float(b[i]);
     void *da = to_dev(a, 2 * (size_t)M * K), *db = to_dev(b, 2 * (size_t)K * N);
     float *dc; CK(cudaMalloc((void **)&dc, 4 * (size_t)M * N));
     gemm_f16_cuda(M, N, K, da, db, dc, stream);
@@ -152,7 +154,10 @@ static void check_f16tol(const char *what, const float *got, const float *ref, l
 }
 static uint16_t *rand_f16(long n, float lo, float hi, float *rounded) {
     uint16_t *h = xmalloc(2 * (size_t)(n ? n : 1));
-    for (long i = 0; i < n; i++) { h[i] = float_to_half((float)rng_range(&rng, lo, hi)); if (rounded) rounded[i] = half_to_float(h[i]); }
+    for (long i = 0; i < n; i++) {
+        h[i] = float_to_half((float)rng_range(&rng, lo, hi));
+        if (rounded) rounded[i] = half_to_float(h[i]);
+    }
     return h;
 }
 static float *f16_host_to_f32(const uint16_t *h, long n) {
@@ -394,7 +399,8 @@ static void test_convert_copy(long n, void *stream) {
     f32_to_f16_cuda(df, dh2, n, stream);
     uint16_t *g1 = (uint16_t *)from_dev(dh, 2 * n), *g2 = (uint16_t *)from_dev(dh2, 2 * n);
     long bad1 = 0, bad2 = 0;
-    for (long i = 0; i < n; i++) { bad1 += g1[i] != float_to_half(u[i] * (1.f / 255.f)); bad2 += g2[i] != float_to_half(f[i]); }
+    for (long i = 0; i < n; i++) bad1 += g1[i] != float_to_half(u[i] * (1.f / 255.f));
+    for (long i = 0; i < n; i++) bad2 += g2[i] != float_to_half(f[i]);
     check(!bad1, "u8_to_f16_cuda n=%ld: bit-exact with the software fp16 of x*(1/255) (input_from_batch), %ld differ", n, bad1);
     check(!bad2, "f32_to_f16_cuda n=%ld: bit-exact with the software round-to-nearest-even (overflow, subnormals, -0, inf), %ld differ", n, bad2);
     // concat by offset: 3 images of n/3 values into the middle of a larger per-image block
@@ -409,8 +415,8 @@ static void test_convert_copy(long n, void *stream) {
     long bad3 = 0;
     for (long o = 0; o < B * ds + 1; o++) bad3 += g3[o] != float_to_half(ref3[o]);   // dst holds B*ds + 1 values
     free(src3); free(ref3);
-    check(!bad3, "copy_f16_cuda B=3 n=%ld: strided block copy bit-exact with copy_strided_cpu, nothing else written (%ld differ)",
-          m, bad3);
+    check(!bad3, "copy_f16_cuda B=3 n=%ld: strided block copy bit-exact with copy_strided_cpu, "
+          "nothing else written (%ld differ)", m, bad3);
     twin_compared(u8_to_f16_cuda);
     twin_compared(f32_to_f16_cuda);
     twin_compared(copy_f16_cuda);
@@ -1148,7 +1154,9 @@ static void test_fast_div(void) {
 // test compared its launcher in this run (twin_compared).
 static void test_twin_table(void) {
 #define TWIN_ROW(launcher, twin, test) {#launcher, #twin, #test, (void (*)(void))launcher, (void (*)(void))twin},
-    static const struct { const char *launcher, *twin, *test; void (*lf)(void), (*tf)(void); } rows[] = {YOLO_TWINS(TWIN_ROW)};
+    static const struct { const char *launcher, *twin, *test; void (*lf)(void), (*tf)(void); } rows[] = {
+        YOLO_TWINS(TWIN_ROW)
+    };
 #undef TWIN_ROW
     int nrow = (int)(sizeof rows / sizeof rows[0]), missing = 0, unmarked = 0, declared = 0;
     // the launchers yolo.h declares: lines "void NAME_cuda(" (yolo.h sits beside this file's folder)
@@ -1172,19 +1180,23 @@ static void test_twin_table(void) {
         int seen = 0;
         for (int k = 0; k < twin_nseen && !seen; k++)
             seen = !strcmp(twin_seen[k].launcher, rows[i].launcher) && !strcmp(twin_seen[k].test, rows[i].test);
-        if (!seen) { unmarked++; printf("  %s: %s did not compare it with %s\n", rows[i].launcher, rows[i].test, rows[i].twin); }
+        if (seen) continue;
+        unmarked++;
+        printf("  %s: %s did not compare it with %s\n", rows[i].launcher, rows[i].test, rows[i].twin);
     }
     check(f && declared == nrow && !missing && !unmarked,
           "YOLO_TWINS: %d launchers declared in %s, %d listed, %d missing from the list; every twin exists; "
-          "%d of the listed tests did not compare their launcher with its twin", declared, path, nrow, missing, unmarked);
+          "%d of the listed tests did not compare their launcher with its twin",
+          declared, path, nrow, missing, unmarked);
 }
 
 int main(void) {
     rng_seed(&rng, 6);
     test_fast_div();
     // software fp16 conversion against known encodings (the reference must be right on its own)
-    check(float_to_half(1.0f) == 0x3c00 && float_to_half(-2.0f) == 0xc000 && float_to_half(65504.0f) == 0x7bff && float_to_half(1e6f) == 0x7c00 &&
-          float_to_half(5.9604645e-8f) == 0x0001 && float_to_half(1.0f + 1.0f / 2048) == 0x3c00 && float_to_half(1.0f + 3.0f / 2048) == 0x3c02 &&
+    check(float_to_half(1.0f) == 0x3c00 && float_to_half(-2.0f) == 0xc000 && float_to_half(65504.0f) == 0x7bff &&
+          float_to_half(1e6f) == 0x7c00 && float_to_half(5.9604645e-8f) == 0x0001 &&
+          float_to_half(1.0f + 1.0f / 2048) == 0x3c00 && float_to_half(1.0f + 3.0f / 2048) == 0x3c02 &&
           half_to_float(0x3555) == 0.333251953125f && half_to_float(0x0001) == 5.9604645e-8f,
           "software fp16 conversion: 8 known encodings incl. ties-to-even, subnormal, overflow");
     cudaStream_t s; CK(cudaStreamCreate(&s));

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """YOLOv8 detection reference: model, v8 loss and one SGD step in PyTorch, written from
-Ultralytics' code (yolov8.yaml, nn/modules, utils/loss.py, utils/tal.py, the trainer's optimizer). It writes the safetensors fixtures that
+Ultralytics' code (yolov8.yaml, nn/modules, utils/loss.py, utils/tal.py, the trainer's optimizer).
+It writes the safetensors fixtures that
 `./yolo check-ref FILE` compares the C code against (CI has no torch, so fixtures are
 committed under test/fixtures/).
 
@@ -19,7 +20,7 @@ Usage
   python3 test/reference.py --check-names c_written.safetensors       # strict load_state_dict of the model.* keys
   python3 test/reference.py --self-test-only                          # only the self-checks below
 
-Every run first does the self-checks (param counts of n/s/m/l/x at nc=80 against Ultralytics' figures, leaf-layer counts,
+Every run first does the self-checks (param counts of n/s/m/l/x at nc=80 against Ultralytics', leaf-layer counts,
 YOLOv8n per-layer counts, optimizer group sizes 63/64/57, a hand-made assigner test, a float64
 gradcheck of the loss at a fixed assignment) unless --no-self-test is given. Every fixture run also recomputes the
 loss, fg mask and soft targets from out.train.* with loop_loss (an independent one-anchor-at-a-time float64
@@ -813,8 +814,9 @@ def perturb_state(model, images, seed):
 
 def loop_loss(feats, bi, cl, bb, nc, strides=(8, 16, 32), topk=10):
     """Independent, deliberately plain re-implementation of the v8 loss (one gt and one anchor at a time, float64, no
-    shared code with V8Loss) used to cross-check it. Top-k is taken among in-box anchors, which equals TaskAlignedAssigner
-    whenever the assignment is unambiguous. Returns (box, cls, dfl, fg_mask (B,A), target_scores (B,A,NC))."""
+    shared code with V8Loss) used to cross-check it. Top-k is taken among in-box anchors, which equals
+    TaskAlignedAssigner whenever the assignment is unambiguous.
+    Returns (box, cls, dfl, fg_mask (B,A), target_scores (B,A,NC))."""
     feats = [f.double() for f in feats]
     B = feats[0].shape[0]
     no = 4 * REG_MAX + nc

@@ -8,7 +8,7 @@ static Arena *model_open(Model *m, char scale, int nc, int B, int H, int W, uint
     Plan p = model_plan(m, B, H, W);
     Arena *a = xcalloc(1, sizeof(Arena));
     a->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
-    if (!a->base) die("cannot allocate the %.1f MiB arena (hint: lower batch or imgsz; see `yolo plan`)", p.total / 1048576.0);
+    if (!a->base) die("cannot allocate the %.1f MiB arena (hint: lower batch or imgsz)", p.total / 1048576.0);
     a->cap = p.total;
     model_alloc_params(m, a);
     model_init_params(m, seed);
