@@ -1,7 +1,7 @@
 // yolo.h: the interface between yolo.c (host, plain C) and yolo_kernels.cu (device code).
-// Only launcher prototypes and plain structs; includable from C and C++. Every launcher takes
-// device pointers and a stream (a cudaStream_t passed as void *; NULL is the default stream),
-// enqueues its kernels and checks the launch. Each has a CPU twin, the code of the CPU step that
+// Launcher prototypes, plain structs and the little math both sides compute (CIoU, the DFL softmax,
+// sizes); includable from C and C++. Every launcher takes device pointers and a stream (a cudaStream_t
+// passed as void *; NULL is the default stream), enqueues its kernels and checks the launch. Each has a CPU twin, the code of the CPU step that
 // computes the same thing: YOLO_TWINS at the end of this file names it and the test that compares them.
 #pragma once
 #include <stddef.h>
