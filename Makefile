@@ -1,14 +1,16 @@
 # yolo.c Makefile. Targets by intent: all, test, demo, bench, clean, asan.
 CC      ?= gcc
 CFLAGS  ?= -O3 -march=native
-CFLAGS  += -std=c11 -fopenmp -Wall -Wextra -Wno-unused-function
+CFLAGS  += -std=c11 -fopenmp -Wall -Wextra
 LDLIBS  += -ljpeg -lpng -lyaml -lm
 SRC      = yolo.c $(wildcard yolo.h)
 TESTS    = $(patsubst test/%.c,test/bin/%,$(wildcard test/test_*.c))
 BENCHES  = $(patsubst test/%.c,test/bin/%,$(wildcard test/bench_*.c))
 
 comma   := ,
-NVCC    := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+# nvcc: the first of PATH's and /usr/local/cuda's that runs (a wrapper left behind by a removed toolkit does not count)
+NVCC    := $(shell for n in "$$(command -v nvcc)" /usr/local/cuda/bin/nvcc; do \
+             [ -n "$$n" ] && "$$n" --version >/dev/null 2>&1 && { echo "$$n"; break; }; done)
 GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
 # CUDA: on when nvcc is found (CUDA=0 forces the CPU-only build). The kernels are compiled for the
 # GPU nvidia-smi reports, else for every shipped architecture; CUDA_ARCH=86 (or "80 90") overrides.
@@ -60,7 +62,7 @@ test: tests
 
 # the input parsers under AddressSanitizer + UBSan: fuzz targets (deterministic mutation runs)
 # and the parser tests; CI runs this
-ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra -Wno-unused-function
+ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra
 ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights
 
 test/bin/asan/%: test/%.c test/test.h $(SRC)

@@ -1,22 +1,25 @@
 /*
  * yolo.c: YOLOv8 object detection training in plain C, with a CPU reference of every op.
  *
- * Build:  make                 (the CPU binary; yolo_kernels.cu is compiled by `make cuda-check`)
+ * Build:  make   (the CPU binary; when nvcc is found, the same binary with the CUDA backend of
+ *                 yolo_kernels.cu, which trains on a GPU with device=0; CUDA=0 forces CPU-only)
  * Run:    ./yolo info model=yolov8n nc=80 imgsz=640
  *         ./yolo plan model=yolov8n nc=80 batch=16 imgsz=640 gpu_mem=8G
  *         ./yolo shapes out=data/shapes         (synthetic dataset)
  *         ./yolo train data=data/shapes/data.yaml model=yolov8n epochs=40 imgsz=160
  *         ./yolo val / predict / check-ref / memtable / augment  (`./yolo` lists them)
- * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it)
+ * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it; the
+ *                     kernels run against their CPU twins on a CPU emulation of CUDA, test/emu.mk)
  *
- * The network is the Ultralytics YOLOv8 detection model (../shared/spec/yolov8.md section 1):
+ * The network is the Ultralytics YOLOv8 detection model (ultralytics/cfg/models/v8/yolov8.yaml):
  * same layer graph, parameter names and numbers. Memory is planned before the first step:
  * every buffer a step uses comes out of one arena whose size is computed by running the same
  * schedule in "dry" mode (no memory touched), see the arena section.
  *
  * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
  * forward/backward · planning · loss · optimizer and EMA · safetensors weights · evaluation ·
- * state_dict and check-ref · data · training, val, predict, plan · main.
+ * state_dict and check-ref · data · GPU training step (YOLO_CUDA) · training, val, predict ·
+ * `yolo plan` · main.
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
  *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
@@ -26,7 +29,8 @@
  *  - Sorts in NMS and mAP are stable (numpy/torch quicksort is not): only exact ties can differ.
  *  - Resizes use float bilinear weights (OpenCV: fixed point): pixels may differ by 1.
  *  - No labels/SPLIT.cache file; cutmix, copy_paste, Albumentations and multi_scale are not implemented.
- *  - AMP, the GPU and multi-GPU training are not available yet: training runs on the CPU in FP32.
+ *  - One device per run: no multi-GPU (DDP) training. On the CPU training is FP32 (amp= applies
+ *    to the GPU step: FP16 activations, FP32 master weights, GradScaler; see the device section).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -54,16 +58,21 @@
 #include <png.h>
 #include <yaml.h>
 #include <signal.h>
-#include "yolo.h"          // the launchers of yolo_kernels.cu and the structs they share
+#include "yolo.h"   // the launchers of yolo_kernels.cu and the math both sides share
+#ifdef TESTING   // a test includes the whole program and calls only its part of it
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
 
 // ------------------------------------------------------------------------------------------
 // checks and small utilities
 // ------------------------------------------------------------------------------------------
 
+#define OMP_MIN_WORK 65536   // loops over fewer elements run on one thread: a team costs more than it saves
+
 // die: print file:line, what failed and a hint, then exit(1). Used for impossible settings and
 // programmer errors; bad user data gets a message and is skipped instead (see the data section).
 #define die(...) die_at(__FILE__, __LINE__, __VA_ARGS__)
-static void die_at(const char *file, int line, const char *fmt, ...) {
+static _Noreturn void die_at(const char *file, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "error (%s:%d): ", file, line);
@@ -368,22 +377,11 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
     }
 }
 
-// gemm_naive: the same product with plain loops in double; the GEMM's own test reference.
-static void gemm_naive(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                       float beta, float *C, int ldc) {
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double s = 0;
-            for (int k = 0; k < K; k++) s += (double)OPA(i, k) * OPB(k, j);
-            C[(size_t)i * ldc + j] = (float)(s + (beta != 0 ? beta * C[(size_t)i * ldc + j] : 0));
-        }
-}
-
 // im2col: x (C, H, W) -> col (C*K*K, Ho*Wo) for a KxK conv with stride S and padding K/2.
 // Matches PyTorch's Conv2d(padding=k//2) geometry: Ho = (H + 2p - K)/S + 1.
 static void im2col(const float *x, int C, int H, int W, int K, int S, float *col) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1;
-#pragma omp parallel for collapse(2) if ((size_t)C * K * K * Ho * Wo > 65536)
+#pragma omp parallel for collapse(2) if ((size_t)C * K * K * Ho * Wo > OMP_MIN_WORK)
     for (int c = 0; c < C; c++)
         for (int kk = 0; kk < K * K; kk++) {
             int ky = kk / K, kx = kk % K;
@@ -405,7 +403,7 @@ static void im2col(const float *x, int C, int H, int W, int K, int S, float *col
 // col2im: the adjoint of im2col: dx (C, H, W) = sum of col entries into the pixels they read.
 static void col2im(const float *col, int C, int H, int W, int K, int S, float *dx) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1;
-#pragma omp parallel for if ((size_t)C * K * K * Ho * Wo > 65536)
+#pragma omp parallel for if ((size_t)C * K * K * Ho * Wo > OMP_MIN_WORK)
     for (int c = 0; c < C; c++) {
         float *d = dx + (size_t)c * H * W;
         memset(d, 0, (size_t)H * W * sizeof(float));
@@ -430,10 +428,10 @@ static inline float silu_f(float y) { return y / (1.f + expf(-y)); }
 
 // bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
 // z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
-// pre-BN values (spec/memory.md technique 1).
+// pre-BN values: only z is kept between forward and backward, the activation is made again when needed.
 static void bn_silu_forward_cpu(const float *z, const float *mean, const float *invstd, const float *gamma,
                                 const float *beta, float *y, int B, int C, int HW) {
-#pragma omp parallel for collapse(2) if ((size_t)B * C * HW > 65536)
+#pragma omp parallel for collapse(2) if ((size_t)B * C * HW > OMP_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++) {
             float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
@@ -522,6 +520,8 @@ enum { V_INPUT, V_CONV, V_SLICE, V_ADD, V_CAT, V_UP, V_POOL };
 #define MAX_CONVS 160
 #define MAX_VALUES 320
 #define MAX_CAT 8
+#define YOLO_LAYERS 23                   // rows of yolov8.yaml: backbone 0-9, head 10-21, Detect 22
+#define DETECT_LAYER (YOLO_LAYERS - 1)   // its module path prefix is "model.22."
 #define REG_MAX 16
 #define BN_EPS 1e-3f
 #define BN_MOMENTUM 0.03f
@@ -563,7 +563,7 @@ typedef struct {
     Conv conv[MAX_CONVS];   // in Ultralytics state_dict order
     int exec[MAX_CONVS];    // in execution order
     Value val[MAX_VALUES];
-    LayerRow layer[23];
+    LayerRow layer[YOLO_LAYERS];
     int input;              // value id of the image
     int head_conv[3][2];    // Detect output convs: [level][0 box, 1 cls]
     int has_head;           // 0 for the small graphs the gradient checks build
@@ -712,7 +712,7 @@ static int sppf_add(Model *m, const char *p, int in, int c2) {
 
 static int ceil8(double x) { return (int)ceil(x / 8.0) * 8; }
 
-// model_build: the YOLOv8 detection graph for a scale and class count (yolov8.yaml; spec 1.2).
+// model_build: the YOLOv8 detection graph for a scale and class count (Ultralytics yolov8.yaml, DetectionModel).
 // Shapes are set later by model_shape; memory by model_alloc.
 static void model_build(Model *m, char scale, int nc) {
     const Scale *sc = NULL;
@@ -725,7 +725,7 @@ static void model_build(Model *m, char scale, int nc) {
     m->nc = nc;
 #define CH(c) ceil8((c < sc->max_ch ? c : sc->max_ch) * sc->width)
 #define REP(r) ((r) > 1 ? ((int)lround((r) * sc->depth) > 1 ? (int)lround((r) * sc->depth) : 1) : (r))
-    int L[23];
+    int L[YOLO_LAYERS];
     long pstart = 0;
     m->input = value_new(m, V_INPUT, 3);
     int prev = m->input;
@@ -780,14 +780,14 @@ static void model_build(Model *m, char scale, int nc) {
         m->dfl_off = m->nparams;
         m->nparams += REG_MAX;
         m->has_head = 1;
-        LayerRow *r = &m->layer[22];
+        LayerRow *r = &m->layer[DETECT_LAYER];
         snprintf(r->from, sizeof r->from, "[15, 18, 21]");
         snprintf(r->module, sizeof r->module, "Detect");
         r->params = (long)m->nparams - pstart;
         r->value = -1;
         r->nrep = 1;
     }
-    m->nlayer = 23;
+    m->nlayer = YOLO_LAYERS;
 #undef ROW
 #undef CH
 #undef REP
@@ -862,7 +862,7 @@ static void model_init_params(Model *m, uint64_t seed) {
 }
 
 // model_flops: Ultralytics' GFLOPs figure (thop on a 32x32 input, x2, x(imgsz/32)^2): conv MACs
-// plus 4 per BN output element (spec 1.1). fused=1 leaves out the BN term.
+// plus 4 per BN output element (thop's count for BatchNorm2d). fused=1 leaves out the BN term.
 static double model_flops(Model *m, int imgsz, int fused) {
     model_shape(m, 32, 32);
     double macs = 0;
@@ -1231,7 +1231,7 @@ static void cpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, fl
 // stats). z (B, C, HW) with image stride zs; mean, invstd, rm, rv (C). Twin of bn_stats_cuda.
 static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv, int train) {
     double cnt = (double)B * HW;
-#pragma omp parallel for if (C * cnt > 65536)
+#pragma omp parallel for if (C * cnt > OMP_MIN_WORK)
     for (int o = 0; o < C; o++) {
         if (!train) {
             mean[o] = rm[o];
@@ -1255,7 +1255,7 @@ static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *m
 static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd, const float *gamma,
                                  const float *beta, float *dgamma, float *dbeta, int B, int C, int HW, int train) {
     double cnt = (double)B * HW;
-#pragma omp parallel for if (C * cnt > 65536)
+#pragma omp parallel for if (C * cnt > OMP_MIN_WORK)
     for (int o = 0; o < C; o++) {
         if (!gamma) {
             double s = 0;
@@ -1434,24 +1434,6 @@ static Plan model_plan(Model *m, int B, int H, int W) {
     return p;
 }
 
-// model_open: builds the model and allocates its arena (one malloc) for a step of (B, H, W);
-// returns the arena, whose high-water mark tests compare against the plan.
-static Arena *model_open(Model *m, char scale, int nc, int B, int H, int W, uint64_t seed) {
-    model_build(m, scale, nc);
-    Plan p = model_plan(m, B, H, W);
-    Arena *a = xcalloc(1, sizeof(Arena));
-    a->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
-    if (!a->base) die("cannot allocate the %.1f MiB arena (hint: lower batch or imgsz; see `yolo plan`)", p.total / 1048576.0);
-    a->cap = p.total;
-    model_alloc_params(m, a);
-    model_init_params(m, seed);
-    model_shape(m, H, W);
-    m->B = B;
-    m->H = H;
-    m->W = W;
-    return a;
-}
-
 static void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
 
 static const char *model_args_keys[] = {"model", "nc", "imgsz", "batch", NULL};
@@ -1465,7 +1447,7 @@ static void model_from_args(Model *m, int argc, char **argv) {
 }
 
 // cmd_info: `yolo info model=yolov8n nc=80 imgsz=640`: the layer table and totals, counted as
-// Ultralytics counts them (parameters incl. the frozen DFL weight; GFLOPs per spec 1.1).
+// Ultralytics counts them (parameters incl. the frozen DFL weight; GFLOPs as model_flops).
 static int cmd_info(int argc, char **argv) {
     arg_check(argc, argv, model_args_keys);
     Model *m = xmalloc(sizeof(Model));
@@ -1498,7 +1480,7 @@ static int cmd_info(int argc, char **argv) {
 /*
  * loss: the YOLOv8 detection loss, forward and backward, on the CPU in FP32 (double accumulators).
  * Matches Ultralytics v8DetectionLoss (utils/loss.py) with TaskAlignedAssigner (utils/tal.py), BboxLoss and
- * DFLoss; spec yolov8.md section 2.
+ * DFLoss.
  *
  * Public API
  *   LossConfig loss_config_default(void)      gains box 7.5, cls 0.5, dfl 1.5; max_boxes 1024
@@ -1552,7 +1534,7 @@ static int cmd_info(int argc, char **argv) {
 // settings, results, geometry
 // ------------------------------------------------------------------------------------------
 
-enum { LOSS_R = 16, LOSS_TOPK = 10, LOSS_REUSE_ASSIGNMENT = 1 };
+enum { LOSS_R = DFL_BINS, LOSS_TOPK = 10, LOSS_REUSE_ASSIGNMENT = 1 };
 
 typedef struct LossConfig {
     float box, cls, dfl;   // loss gains (hyp box, cls, dfl)
@@ -1685,95 +1667,12 @@ static LossWork loss_work_carve(void *scratch, int B, int A, int max_boxes) {
 // CIoU and DFL decode (bbox_iou(..., CIoU=True) and bbox_decode of Ultralytics)
 // ------------------------------------------------------------------------------------------
 
-// bbox_ciou: complete IoU of xyxy boxes b1, b2 (4 floats each), in the exact operation order of
-// Ultralytics bbox_iou(box1, box2, xywh=False, CIoU=True), eps 1e-7, in float.
-static float bbox_ciou(const float *b1, const float *b2) {
-    const float eps = 1e-7f;
-    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
-    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
-    float iw = fmaxf(fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), 0.0f);
-    float ih = fmaxf(fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), 0.0f);
-    float inter = iw * ih;
-    float uni = w1 * h1 + w2 * h2 - inter + eps;
-    float iou = inter / uni;
-    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
-    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
-    float c2 = cw * cw + ch * ch + eps;
-    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
-    float rho2 = (dx * dx + dy * dy) / 4.0f;
-    float dat = atanf(w2 / h2) - atanf(w1 / h1);
-    float v = (float)(4.0 / (M_PI * M_PI)) * (dat * dat);
-    float alpha = v / (v - iou + (1.0f + eps));
-    return iou - (rho2 / c2 + v * alpha);
-}
-
-// PyTorch's derivative of minimum/maximum w.r.t. its first argument: 1, 1/2 on ties, 0.
-static inline double loss_dmin(float a, float b) { return a < b ? 1.0 : a == b ? 0.5 : 0.0; }
-static inline double loss_dmax(float a, float b) { return a > b ? 1.0 : a == b ? 0.5 : 0.0; }
+// bbox_ciou, bbox_ciou_backward and dfl_side_decode are in yolo.h: the device loss runs the same text.
 
 // loss_ciou_alpha_grad: 0 (always, in training) treats CIoU's alpha as a constant like Ultralytics, whose
 // gradient is then not the derivative of the forward value; tests set 1 to get the true derivative and
 // check the whole chain against finite differences of the forward.
 static int loss_ciou_alpha_grad = 0;
-
-// bbox_ciou_backward: d1 (4) = g * dCIoU(b1, b2)/db1 with alpha held constant (Ultralytics computes it
-// under no_grad; alpha_grad = 1 differentiates it too) and PyTorch's conventions for clamp (passes at 0)
-// and min/max ties (half each).
-static void bbox_ciou_backward(const float *b1, const float *b2, double g, int alpha_grad, double *d1) {
-    const float eps = 1e-7f;
-    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
-    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
-    float iwr = fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), iw = fmaxf(iwr, 0.0f);
-    float ihr = fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), ih = fmaxf(ihr, 0.0f);
-    float inter = iw * ih;
-    float uni = w1 * h1 + w2 * h2 - inter + eps;
-    float iou = inter / uni;
-    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
-    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
-    float c2 = cw * cw + ch * ch + eps;
-    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
-    float rho2 = (dx * dx + dy * dy) / 4.0f;
-    float r1 = w1 / h1;
-    float dat = atanf(w2 / h2) - atanf(r1);
-    float k = (float)(4.0 / (M_PI * M_PI));
-    float v = k * (dat * dat);
-    float alpha = v / (v - iou + (1.0f + eps));
-    // ciou = iou - rho2/c2 - v*alpha
-    double g_iou = g, g_q = -g, g_v = -g * alpha;
-    if (alpha_grad) {   // alpha = v / D, D = v - iou + 1 + eps: d(v*alpha) = (alpha + v/D - v^2/D^2) dv + v^2/D^2 diou
-        double D = (double)v - iou + (1.0f + eps), q = (double)v * v / (D * D);
-        g_v = -g * (alpha + v / D - q);
-        g_iou = g * (1.0 - q);
-    }
-    double g_inter = g_iou / uni, g_uni = -g_iou * (double)inter / ((double)uni * uni);
-    double g_w1 = g_uni * h1, g_h1 = g_uni * w1;
-    g_inter -= g_uni;
-    double g_iw = iwr >= 0.0f ? g_inter * ih : 0.0, g_ih = ihr >= 0.0f ? g_inter * iw : 0.0;
-    double g_rho2 = g_q / c2, g_c2 = -g_q * (double)rho2 / ((double)c2 * c2);
-    double g_cw = g_c2 * 2.0 * cw, g_ch = g_c2 * 2.0 * ch;
-    double g_dx = g_rho2 * dx / 2.0, g_dy = g_rho2 * dy / 2.0;
-    double g_r1 = g_v * k * 2.0 * dat * -1.0 / (1.0 + (double)r1 * r1);
-    g_w1 += g_r1 / h1;
-    g_h1 -= g_r1 * (double)w1 / ((double)h1 * h1);
-    d1[0] = -g_w1 - g_iw * loss_dmax(b1[0], b2[0]) - g_cw * loss_dmin(b1[0], b2[0]) - g_dx;
-    d1[2] = g_w1 + g_iw * loss_dmin(b1[2], b2[2]) + g_cw * loss_dmax(b1[2], b2[2]) - g_dx;
-    d1[1] = -g_h1 - g_ih * loss_dmax(b1[1], b2[1]) - g_ch * loss_dmin(b1[1], b2[1]) - g_dy;
-    d1[3] = g_h1 + g_ih * loss_dmin(b1[3], b2[3]) + g_ch * loss_dmax(b1[3], b2[3]) - g_dy;
-}
-
-// dfl_side_decode: softmax over the 16 bins of one side, logits z[k*step], k = 0..15. Returns the
-// expected distance sum_k k*p_k (grid units); p (16) receives the probabilities and *lse the log-sum-exp
-// (for the DFL cross-entropy). Matches bbox_decode (softmax, matmul with arange(16)).
-static inline float dfl_side_decode(const float *z, size_t step, float *p, float *lse) {
-    float m = z[0];
-    for (int k = 1; k < LOSS_R; k++) m = fmaxf(m, z[k * step]);
-    float sum = 0.0f;
-    for (int k = 0; k < LOSS_R; k++) { p[k] = expf(z[k * step] - m); sum += p[k]; }
-    float d = 0.0f;
-    for (int k = 0; k < LOSS_R; k++) { p[k] = p[k] / sum; d += (float)k * p[k]; }
-    *lse = m + logf(sum);
-    return d;
-}
 
 // loss_decode_box: predicted box (4) of anchor r (row-major index in level l) of image b, xyxy in grid
 // units (anchor -/+ ltrb). p (4, 16) and lse (4) get the softmax and log-sum-exp of every side.
@@ -1954,31 +1853,6 @@ static int tal_resolve_image(const LossGrid *g, int NC, const float *const head[
         fg[n++] = f;
     }
     return n;
-}
-
-// tal_assign_image: the whole assignment of one image b with gts (m <= w->M, pixels), using image b's
-// slices of the work arrays; the batch path in loss_forward_backward runs the same three steps for all
-// images at once. Appends the foreground anchors to fg and returns their count.
-static int tal_assign_image(const LossGrid *g, int NC, const float *const head[3], int b, const LossGt *gts,
-                            int m, LossWork *w, LossFg *fg) {
-    size_t o = (size_t)b * w->M;
-    float *pbox = w->pbox + (size_t)b * g->A * 4;
-    for (int a = 0; a < g->A; a++) {
-        int l = loss_anchor_level(g, a);
-        float p[4 * LOSS_R], lse[4], box[4];
-        loss_decode_box(g, NC, head, b, l, a - g->off[l], box, p, lse);
-        for (int k = 0; k < 4; k++) pbox[(size_t)a * 4 + k] = box[k] * g->stride[l];
-    }
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < m; j++) {
-        const float *planes[3];
-        for (int l = 0; l < 3; l++) {
-            size_t HW = (size_t)g->H[l] * g->W[l];
-            planes[l] = head[l] + ((size_t)b * (64 + NC) + 64 + gts[j].cls) * HW;
-        }
-        w->nsel[o + j] = tal_topk_gt(g, &gts[j], pbox, planes, w->cand + (o + j) * LOSS_TOPK);
-    }
-    return tal_resolve_image(g, NC, head, b, gts, m, w->cand + o * LOSS_TOPK, w->nsel + o, pbox, w, fg);
 }
 
 // loss_gather_gts: the boxes of image b in input order, pixels xyxy (preprocess + xywh2xyxy of Ultralytics:
@@ -2204,7 +2078,7 @@ static LossOut walk_step(Exec *e, const LossTargets *tg, const LossConfig *lcfg)
 // optimizer, gradient clipping, EMA
 // ------------------------------------------------------------------------------------------
 /*
- * Ultralytics' three parameter groups (trainer.build_optimizer, spec 3): pg0 every "bias" (BN beta
+ * Ultralytics' three parameter groups (BaseTrainer.build_optimizer): pg0 every "bias" (BN beta
  * and the Detect output biases, no decay), pg1 conv weights (decay), pg2 BN gamma (no decay). The
  * frozen DFL weight is in no group. Parameters live in one flat array, so a group is a list of
  * segments.
@@ -2229,6 +2103,8 @@ static void model_segments(const Model *m, int conv, size_t off[3], size_t len[3
     off[1] = c->b_off; len[1] = c->cout; pg[1] = PG_BIAS;
     off[2] = c->g_off; len[2] = c->bn ? (size_t)c->cout : 0; pg[2] = PG_BN;
 }
+
+#define GRAD_CLIP_NORM 10.0   // max_norm of the clip_grad_norm_ in Ultralytics' BaseTrainer.optimizer_step
 
 // grad_clip_norm: torch.nn.utils.clip_grad_norm_(params, max_norm): total L2 norm over all
 // trainable gradients (DFL excluded); scales them by min(1, max_norm / (norm + 1e-6)).
@@ -2297,9 +2173,12 @@ typedef struct {
     long updates;
 } Ema;
 
+// ema_decay: d of the given update count (ModelEMA decay 0.9999, tau 2000); the CPU and the device EMA use it
+static float ema_decay(long updates) { return (float)(0.9999 * (1 - exp(-(double)updates / 2000.0))); }
+
 static void ema_update(Ema *e, const Model *m) {
     e->updates++;
-    float d = (float)(0.9999 * (1 - exp(-(double)e->updates / 2000.0)));
+    float d = ema_decay(e->updates);
 #pragma omp parallel for
     for (size_t i = 0; i < m->nparams; i++) e->params[i] = d * e->params[i] + (1 - d) * m->params[i];
     for (size_t i = 0; i < m->nbuffers; i++) e->buffers[i] = d * e->buffers[i] + (1 - d) * m->buffers[i];
@@ -3355,10 +3234,7 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 }
 
 // ------------------------------------------------------------------------------------------
-// evaluation: decode, NMS, matching, mAP
-// ------------------------------------------------------------------------------------------
-// ------------------------------------------------------------------------------------------
-// evaluation: head decode, NMS, matching, mAP (spec sections 1.3 "Inference decode" and 5)
+// evaluation: head decode, NMS, matching, mAP (Ultralytics Detect inference, non_max_suppression, DetMetrics)
 // ------------------------------------------------------------------------------------------
 //
 // Public API (all static; shapes use B, NC, A, R = 16 DFL bins):
@@ -3374,8 +3250,6 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 //   nms_run_maps(&nms, maps, b, imgH, imgW, out)      NMS of image b straight from the raw maps
 //                                                     (only candidate anchors are decoded);
 //                                                     out must hold cfg.max_det Dets; returns count
-//   nms_run_decoded(&nms, pred, out)                  the same from one image of head_decode's output,
-//                                                     pred (4+NC, A)
 //   evaluator_init(&ev, NC) / evaluator_reset / evaluator_free
 //   evaluator_add_image(&ev, dets, n, gt_box, gt_cls, M)   match one image (gt_box (M, 4) xyxy, same
 //                                                     pixel space as the dets) and store per-detection
@@ -3385,7 +3259,7 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 //                                                     releases its per-class arrays
 //
 // Matching follows match_predictions literally, which is not a pure greedy-by-IoU matching
-// (the spec's summary): each detection takes its best-IoU label, then each label goes to the
+// (what a summary of it suggests): each detection takes its best-IoU label, then each label goes to the
 // lowest-index (highest-confidence) detection that chose it; other detections are FP at that
 // threshold even when a second-best label was free. Perfect detections score AP 0.995, not 1
 // (the (1, 0) sentinel of compute_ap is hit by the last of the 101 points).
@@ -3572,8 +3446,9 @@ typedef struct {
     int agnostic;             // 1: one NMS over all classes (single_cls / agnostic_nms)
 } NmsConfig;
 
-static NmsConfig nms_config_val(void) { return (NmsConfig){0.001f, 0.7f, 300, 30000, 1, 0}; }
-static NmsConfig nms_config_predict(void) { return (NmsConfig){0.25f, 0.7f, 300, 30000, 0, 0}; }
+enum { NMS_MAX_DET = 300, NMS_MAX_NMS = 30000 };   // non_max_suppression's max_det and max_nms defaults
+static NmsConfig nms_config_val(void) { return (NmsConfig){0.001f, 0.7f, NMS_MAX_DET, NMS_MAX_NMS, 1, 0}; }
+static NmsConfig nms_config_predict(void) { return (NmsConfig){0.25f, 0.7f, NMS_MAX_DET, NMS_MAX_NMS, 0, 0}; }
 
 // Nms: every buffer one image needs, allocated once by nms_init for (NC, A).
 typedef struct {
@@ -3674,20 +3549,7 @@ static int nms_finish(Nms *n, int64_t count, Det *out) {
     return nk;
 }
 
-// nms_run_decoded: non_max_suppression for one image of head_decode's output.
-// pred: (4+NC, A) rows cx, cy, w, h, scores. out: (max_det). Returns the number of detections.
-static int nms_run_decoded(Nms *n, const float *pred, Det *out) {
-    int A = n->A;
-    int64_t count = 0;
-    for (int a = 0; a < A; a++)
-        if (nms_add_anchor(n, &count, a, pred + (size_t)4 * A + a, (size_t)A)) {
-            float xywh[4] = {pred[a], pred[(size_t)A + a], pred[(size_t)2 * A + a], pred[(size_t)3 * A + a]};
-            nms_store_box(n, a, xywh);
-        }
-    return nms_finish(n, count, out);
-}
-
-// nms_run_maps: the same result as head_decode + nms_run_decoded for image b, computed from the
+// nms_run_maps: the same result as head_decode + non_max_suppression for image b, computed from the
 // raw maps (B, 64+NC, H_l, W_l). Scores are sigmoid'ed only for logits near or above
 // logit(conf), and DFL boxes are decoded only for candidate anchors.
 static int nms_run_maps(Nms *n, const float *const maps[3], int b, int imgH, int imgW, Det *out) {
@@ -4054,7 +3916,7 @@ static int check_ref(const char *path) {
     double lr = st_meta(&st, "lr") ? atof(st_meta(&st, "lr")) : 0.01;
     double mom = st_meta(&st, "momentum") ? atof(st_meta(&st, "momentum")) : 0.937;
     double wd = st_meta(&st, "weight_decay") ? atof(st_meta(&st, "weight_decay")) : 0.0005;
-    double clip = st_meta(&st, "clip") ? atof(st_meta(&st, "clip")) : 10.0;
+    double clip = st_meta(&st, "clip") ? atof(st_meta(&st, "clip")) : GRAD_CLIP_NORM;
     printf("fixture %s: yolov8%s nc=%d imgsz=%d batch=%d\n", path, ms, nc, S, B);
 
     Model *m = xmalloc(sizeof(Model));
@@ -4208,7 +4070,7 @@ static int cmd_check_ref(int argc, char **argv) {
 // ------------------------------------------------------------------------------------------
 /*
  * data: images, drawing, data.yaml, labels, letterbox, augmentation, the batch loader and the
- * synthetic shapes dataset. Follows ../shared/spec/yolov8.md section 4. Tests: test/test_data.c,
+ * synthetic shapes dataset. Follows Ultralytics' YOLODataset and data/augment.py. Tests: test/test_data.c,
  * fuzz targets: test/fuzz_data.c, throughput: test/bench_loader.c.
  *
  * PUBLIC API (all static; pixels are uint8 RGB; sizes in pixels unless "normalised")
@@ -4247,14 +4109,14 @@ static int cmd_check_ref(int argc, char **argv) {
  *   int  label_line_parse(line, nc, out[5], err, errlen)   1 box, 0 blank, -1 bad (err why)
  *   void label_path_from_image(img_path, out, outlen)   last /images/ -> /labels/, ext -> .txt
  *
- * Geometry (spec 4.2, 4.4, 4.5)
+ * Geometry (load_image resize, LetterBox, rect batch shapes)
  *   Letterbox { double r; int nw, nh, left, top }
  *   void letterbox_params(w, h, new_w, new_h, scaleup, &lb)     Ultralytics LetterBox numbers
  *   void letterbox_apply(src, w, h, dst (new_h, new_w, 3), new_w, new_h, &lb)   114 padding
  *   void rect_batch_shapes(ar (n) sorted h/w, n, batch, imgsz, hw (nbatch, 2))   (h, w) each
  *   void resized_size(w0, h0, S, &w, &h)          load_image size: long side S
  *
- * Augmentation and loader (spec 4.3)
+ * Augmentation and loader (v8_transforms: Mosaic, RandomPerspective, MixUp, RandomHSV, RandomFlip)
  *   AugConfig { hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, perspective, flipud,
  *               fliplr, mosaic, mixup }     aug_defaults(); aug_from_args(&a, argc, argv)
  *   LoaderConfig { int batch, imgsz (multiple of 32), workers (0 = caller's thread),
@@ -4871,7 +4733,7 @@ static void image_draw_label(Image *img, int x, int y, const char *text, int r, 
     image_draw_text(img, x + 1, y + 1, text, light ? 0 : 255, light ? 0 : 255, light ? 0 : 255, 1);
 }
 // ==========================================================================================
-// data.yaml (spec 4.1), read with libyaml
+// data.yaml (Ultralytics check_det_dataset), read with libyaml
 // ==========================================================================================
 
 #define DATA_MAX_SOURCES 16
@@ -5032,7 +4894,7 @@ static int data_yaml_load(const char *path, DataConfig *cfg, char *err, size_t e
 }
 
 // ==========================================================================================
-// labels and dataset scan (spec 4.1; Ultralytics verify_image_label, img2label_paths)
+// labels and dataset scan (Ultralytics verify_image_label, img2label_paths)
 // ==========================================================================================
 
 // label_path_from_image: replace the last "/images/" with "/labels/" and the extension with .txt.
@@ -5223,7 +5085,7 @@ static int label_file_read(const char *path, int nc, float **lab, int *nlab, int
 
 // dataset_load: list, verify and label one split; prints a summary and one message per bad file.
 // Returns 0, or -1 when the split lists no usable image. Matches Ultralytics' YOLODataset
-// get_labels / verify_image_label checks (spec 4.1).
+// get_labels / verify_image_label checks.
 static int dataset_load(const DataConfig *cfg, int split, Dataset *ds) {
     memset(ds, 0, sizeof *ds);
     ds->nc = cfg->nc;
@@ -5278,7 +5140,7 @@ static int dataset_load(const DataConfig *cfg, int split, Dataset *ds) {
 }
 
 // ==========================================================================================
-// letterbox and rectangular batches (spec 4.4, 4.5)
+// letterbox and rectangular batches (LetterBox, YOLODataset.set_rectangle)
 // ==========================================================================================
 
 typedef struct {
@@ -5322,7 +5184,7 @@ static void rect_batch_shapes(const double *ar, int n, int batch, int imgsz, int
     }
 }
 
-// resized_size: the size load_image gives an image of (w0, h0) for long side S (spec 4.2).
+// resized_size: the size load_image gives an image of (w0, h0) for long side S (BaseDataset.load_image).
 static void resized_size(int w0, int h0, int S, int *w, int *h) {
     double r = (double)S / (w0 > h0 ? w0 : h0);
     *w = w0; *h = h0;
@@ -5335,7 +5197,7 @@ static void resized_size(int w0, int h0, int S, int *w, int *h) {
 }
 
 // ==========================================================================================
-// augmentation (spec 4.3): mosaic, random perspective, mixup, HSV, flips
+// augmentation (Ultralytics v8_transforms): mosaic, random perspective, mixup, HSV, flips
 // ==========================================================================================
 
 typedef struct {
@@ -5369,13 +5231,7 @@ static int box_candidate(float bw0, float bh0, float bw, float bh, float s) {
     return bw > 2 && bh > 2 && bw * bh / (bw0 * s * bh0 * s + eps) > 0.1 && ar < 100;
 }
 
-// mat3_mul / mat3_inv: 3x3 row-major product (out may alias) and inverse by the adjugate.
-static void mat3_mul(const double a[9], const double b[9], double out[9]) {
-    double t[9];
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++) t[3 * i + j] = a[3 * i] * b[j] + a[3 * i + 1] * b[3 + j] + a[3 * i + 2] * b[6 + j];
-    memcpy(out, t, sizeof t);
-}
+// mat3_inv: the inverse of a 3x3 row-major matrix by the adjugate (zeros when singular).
 static void mat3_inv(const double m[9], double out[9]) {
     double a = m[0], b = m[1], c = m[2], d = m[3], e = m[4], f = m[5], g = m[6], h = m[7], k = m[8];
     double A = e * k - f * h, B = -(d * k - f * g), C = d * h - e * g;
@@ -5651,7 +5507,8 @@ static int labels_pixels(const Loader *L, int idx, float w, float h, float dx, f
     return k;
 }
 
-// partner_index: a random image from the recent window before position pos (spec 4.2 buffer).
+// partner_index: a random image from the recent window before position pos (as Mosaic picks its
+// partners from BaseDataset's buffer of recently loaded images).
 static int partner_index(const Loader *L, Rng *rng, int pos) {
     int back = 1 + rng_int(rng, L->nbuf);
     return L->order[((pos - back) % L->n + L->n) % L->n];
@@ -7044,13 +6901,6 @@ static void gpu_upload_grads(Gpu *g, const float *grads) {
     free(t);
 }
 
-// gpu_forward_backward: gpu_train_step at the shape planned first, gradients zeroed first (tests)
-static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
-    GpuShape s = {g->B, g->H, g->W, 1};
-    gpu_zero_grad(g);
-    return gpu_train_step(g, &s, img, tg, lcfg);
-}
-
 // gpu_eval: an evaluation forward of the uint8 batch img at shape s (train == 0) and its loss
 // against tg (*lo); the three head maps come back in g->head_h (host, for NMS) and nothing stays
 // allocated on the device.
@@ -7155,7 +7005,7 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
     cudaStream_t s = (cudaStream_t)g->stream;
     long n = (long)m->nparams;
     float inv = 1.0f / g->scaler.scale, norm;
-    OptimHyper h = gpu_optim_hyper(&g->opt, inv, 10.0f);
+    OptimHyper h = gpu_optim_hyper(&g->opt, inv, (float)GRAD_CLIP_NORM);
     prof_begin(g);
     optim_norm_cuda(g->grads, g->group, n, inv, g->partials, s);
     optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm, s);
@@ -7171,7 +7021,7 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
         return 0;
     }
     g->ema_updates++;
-    float d = (float)(0.9999 * (1 - exp(-(double)g->ema_updates / 2000.0)));
+    float d = ema_decay(g->ema_updates);
     ema_update_cuda(g->ema_p, g->params, n, d, s);
     ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
     if (taken && !g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
@@ -7204,10 +7054,12 @@ static int gpu_select(const char *device) {
 // training: the Ultralytics recipe, validation, checkpoints, predict
 // ------------------------------------------------------------------------------------------
 
+#define AUTOBATCH_FRACTION 0.60   // batch=-1: the share of free device memory (Ultralytics' AutoBatch default)
+
 // Config: every setting of `yolo train/val/predict`, with Ultralytics' keys and defaults.
 typedef struct {
     char data[512], model[512], project[256], name[128], optimizer[16], device[32], cache[16], source[512];
-    double batch_auto;         // batch=-1 (0.6) or a fraction: that share of the free device memory; 0 = off
+    double batch_auto;         // AutoBatch as given: -1 (AUTOBATCH_FRACTION) or a share of free device memory; 0 off
     int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok, recompute;
     double lr0, lrf, momentum, weight_decay, warmup_epochs, warmup_momentum, warmup_bias_lr, box, cls, dfl, conf, iou;
     uint64_t seed;
@@ -7245,7 +7097,7 @@ static Config config_from_args(int argc, char **argv) {
     c.imgsz = (int)arg_int(argc, argv, "imgsz", 640);
     double bf = arg_num(argc, argv, "batch", 16);
     if (bf == -1 || (bf > 0 && bf < 1)) {   // AutoBatch: resolved by train_run on the device (Ultralytics: CUDA only, CPU uses 16)
-        c.batch_auto = bf == -1 ? 0.6 : bf;
+        c.batch_auto = bf;
         bf = 16;
     }
     if (bf != floor(bf)) die("batch=%g: expected a whole number, -1 or a fraction below 1", bf);
@@ -7314,7 +7166,7 @@ typedef struct {
     float *x;                  // (B, 3, H, W) input staging, sized for the largest batch
     float *bn_keep;            // (nbuffers) running stats before the current step, restored if it fails
     int B, S, nb, accumulate;
-    int vB;                    // validation batch: 2 x B when training (spec 4.5), batch= for yolo val
+    int vB;                    // validation batch: 2 x B when training (as Ultralytics), batch= for yolo val
     int B_last, vB_last;       // sizes of the short last batches (0: none), planned as well
     double wd, initial_lr;
     Nms nms;
@@ -7623,7 +7475,7 @@ static void trainer_resume(Trainer *t) {
 }
 
 // trainer_validate: the EMA in eval mode over the validation set: loss, NMS (conf 0.001, IoU
-// 0.7, multi-label, max_det 300), matching and mAP (spec 5). Runs inside the training arena.
+// 0.7, multi-label, max_det 300), matching and mAP (DetectionValidator). Runs inside the training arena.
 static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     Model *m = &t->m;
     float *keep_p = m->params, *keep_b = m->buffers;
@@ -7769,20 +7621,21 @@ static int plan_max_batch(PlanOpts o, size_t budget);
 // the device's free memory (Ultralytics' AutoBatch, computed from the plan instead of probed; the
 // optimizer's moments planned as AdamW's, the larger). On the CPU: 16, as Ultralytics.
 static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
+    double frac = c->batch_auto == -1 ? AUTOBATCH_FRACTION : c->batch_auto;
     if (dev < 0) {
         fprintf(stderr, "batch=%g: AutoBatch sizes the batch from GPU memory, and this run is on the CPU; using batch=16\n",
-                c->batch_auto == 0.6 ? -1.0 : c->batch_auto);
+                c->batch_auto);
         return 16;
     }
     size_t fr = 0, total = 0;
     gpu_mem_info(dev, &fr, &total);
     PlanOpts o = {.scale = scale, .nc = nc, .S = c->imgsz, .max_boxes = c->max_boxes, .adamw = 1, .recompute = c->recompute, .half = 1, .fp32 = !c->amp};
     // plan_max_batch adds the CUDA context estimate, which `fr` has already paid
-    int b = plan_max_batch(o, (size_t)(fr * c->batch_auto) + GPU_CONTEXT_BYTES);
+    int b = plan_max_batch(o, (size_t)(fr * frac) + GPU_CONTEXT_BYTES);
     if (b < 1) die("batch=%g: not even batch 1 fits %.0f%% of the %.0f MiB free on device %d (see yolo plan)",
-                   c->batch_auto == 0.6 ? -1.0 : c->batch_auto, c->batch_auto * 100, fr / 1048576.0, dev);
+                   c->batch_auto, frac * 100, fr / 1048576.0, dev);
     printf("AutoBatch: batch %d is the largest whose plan fits %.0f%% of the %.0f MiB free on device %d (of %.0f MiB)\n", b,
-           c->batch_auto * 100, fr / 1048576.0, dev, total / 1048576.0);
+           frac * 100, fr / 1048576.0, dev, total / 1048576.0);
     return b;
 }
 
@@ -7805,7 +7658,7 @@ static LossOut cpu_trainer_step(Trainer *t, const Batch *bt, int *bad) {
 }
 // cpu_trainer_optimize: clip to norm 10, the optimizer and the EMA (a non-finite norm skips both)
 static int cpu_trainer_optimize(Trainer *t) {
-    double norm = grad_clip_norm(&t->m, 10.0);
+    double norm = grad_clip_norm(&t->m, GRAD_CLIP_NORM);
     if (isfinite(norm)) {
         optim_step(&t->opt, &t->m);
         ema_update(&t->ema, &t->m);
@@ -8046,7 +7899,7 @@ static void trainer_open_memory(Trainer *t) {
         ncfg.iou = (float)cfg->iou;
         nms_init(&t->nms, ncfg, nc, Amax);
     }
-    t->dets = xmalloc(sizeof(Det) * 300);
+    t->dets = xmalloc(sizeof(Det) * t->nms.cfg.max_det);
     evaluator_init(&t->ev, nc);
 }
 
@@ -8286,7 +8139,7 @@ static int cmd_val(int argc, char **argv) {
     if (c.conf >= 0) nc.conf = (float)c.conf;
     nc.iou = (float)c.iou;
     nms_init(&t->nms, nc, fnc, Amax);
-    t->dets = xmalloc(sizeof(Det) * 300);
+    t->dets = xmalloc(sizeof(Det) * t->nms.cfg.max_det);
     evaluator_init(&t->ev, fnc);
     printf("val: %s on %d images, batch %d, imgsz %d, memory plan %.1f MiB (%s)\n", c.model, t->val_ds.n, t->B, t->S,
            plan_bytes / 1048576.0, t->dev >= 0 ? "device" : "host");
@@ -8491,9 +8344,9 @@ static int cmd_predict(int argc, char **argv) {
 // PlanOpts (declared above train_run): the settings that decide training memory.
 
 // plan_train: the exact arena of a training run (persistent groups, a training step at (B, S, S)
-// and validation at (S+32, S+32), the largest rect shape of square images, spec 4.5), by the same
-// dry run the trainer does, validation batches of 2 x B as in training. half: the device step's own
-// schedule (gpu_plan_run); else the CPU trainer's.
+// and validation at (S+32, S+32), the largest rect shape of square images: ceil(S/32 + 0.5)*32 in
+// set_rectangle), by the same dry run the trainer does, validation batches of 2 x B as in training.
+// half: the device step's own schedule (gpu_plan_run); else the CPU trainer's.
 // tr/va: the composition at the peak of each phase.
 static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
     if (o->half) {
@@ -8596,7 +8449,7 @@ static int cmd_plan(int argc, char **argv) {
     if (bf <= 0 || (bf < 1 && bf != -1 && !(bf > 0 && bf < 1))) die("batch=%g: expected >= 1, -1 (60%% of gpu_mem) or a fraction", bf);
     if (bf == -1 || bf < 1) {
         if (!gm) die("batch=%g picks the batch from the GPU memory: give gpu_mem= (e.g. gpu_mem=8G)", bf);
-        double frac = bf == -1 ? 0.6 : bf;
+        double frac = bf == -1 ? AUTOBATCH_FRACTION : bf;
         PlanOpts q = o;
         q.half = 1;
         q.fp32 = !amp;
@@ -8686,7 +8539,7 @@ static int cmd_plan(int argc, char **argv) {
 
 // cmd_memtable: `yolo memtable [imgsz=640 batch=16]`: the README's table of planned training
 // memory for every scale, with and without recompute, beside what Ultralytics users see
-// (MMYOLO's YOLOv8 table at 640, batch 16, AMP; spec/memory.md).
+// (MMYOLO's YOLOv8 table at 640, batch 16, AMP).
 static int cmd_memtable(int argc, char **argv) {
     static const char *keys[] = {"imgsz", "batch", "nc", NULL};
     arg_check(argc, argv, keys);

@@ -1,13 +1,22 @@
 // yolo.h: the interface between yolo.c (host, plain C) and yolo_kernels.cu (device code).
-// Only launcher prototypes and plain structs; includable from C and C++. Every launcher takes
-// device pointers and a stream (a cudaStream_t passed as void *; NULL is the default stream),
-// enqueues its kernels and checks the launch. Each has a CPU twin in yolo.c with the same name
-// ending in _cpu instead of _cuda.
+// Launcher prototypes, plain structs and the little math both sides compute (CIoU, the DFL softmax,
+// sizes); includable from C and C++. Every launcher takes device pointers and a stream (a cudaStream_t
+// passed as void *; NULL is the default stream), enqueues its kernels and checks the launch. Each has a CPU twin, the code of the CPU step that
+// computes the same thing: YOLO_TWINS at the end of this file names it and the test that compares them.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+// YOLO_HD: a function of this header that yolo.c and the kernels both call: __host__ __device__ under
+// nvcc, nothing for the C compiler and for the CPU emulation of the kernels.
+#ifdef __CUDACC__
+#define YOLO_HD __host__ __device__
+#else
+#define YOLO_HD
 #endif
 
 // y = silu(gamma[c] * (z - mean[c]) * invstd[c] + beta[c]), inference-form BN fused with SiLU.
@@ -51,10 +60,7 @@ static inline FastDiv fast_div(int d) {
     }
     return f;
 }
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-static inline int div_fast(int n, FastDiv f) {
+YOLO_HD static inline int div_fast(int n, FastDiv f) {
 #if defined(__CUDA_ARCH__)
     return f.d == 1 ? n : (int)(__umulhi((unsigned)n, f.m) >> f.s);
 #else
@@ -169,7 +175,7 @@ void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream);
 void u8_to_f32_cuda(const uint8_t *x, float *y, long n, void *stream);
 // f32_to_f16_cuda: y = x rounded to nearest FP16 (the weights' FP16 copy).
 void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *stream);
-// Views of the device training step (parts/gpu.c). FP16 data (the _f32 twins: FP32); ys, ss, ds: image
+// Views of the device training step (yolo.c, GPU training step). FP16 data (the _f32 twins: FP32); ys, ss, ds: image
 // strides (0 = dense for ys), so an output can be a channel slice of a concat buffer.
 // upsample2_forward_f16_cuda: x dense (B, C, H, W) -> y (B, C, 2H, 2W), nearest (bit-exact with _cpu).
 void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
@@ -187,6 +193,90 @@ void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *stream);
 void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream);
 
 // ---- loss ----
+
+// ---- loss math shared by the CPU loss (yolo.c) and loss_cuda: one text, the same float operations ----
+// (the C and the emulated builds do not contract a*b+c into an fma, so there the two agree bit for bit;
+// nvcc does, and its atanf/expf differ in the last bits: on a GPU they agree to rounding)
+
+// bbox_ciou: complete IoU of xyxy boxes b1, b2 (4 floats each), in the exact operation order of
+// Ultralytics bbox_iou(box1, box2, xywh=False, CIoU=True), eps 1e-7, in float. c (may be NULL) receives
+// the intermediate values, for bbox_ciou_backward.
+typedef struct {
+    float w1, h1, w2, h2, iwr, ihr, iw, ih, inter, uni, iou, cw, ch, c2, dx, dy, rho2, r1, dat, v, alpha;
+} CiouParts;
+YOLO_HD static inline float bbox_ciou_parts(const float *b1, const float *b2, CiouParts *c) {
+    const float eps = 1e-7f;
+    CiouParts t;
+    t.w1 = b1[2] - b1[0]; t.h1 = b1[3] - b1[1] + eps;
+    t.w2 = b2[2] - b2[0]; t.h2 = b2[3] - b2[1] + eps;
+    t.iwr = fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]); t.iw = fmaxf(t.iwr, 0.0f);
+    t.ihr = fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]); t.ih = fmaxf(t.ihr, 0.0f);
+    t.inter = t.iw * t.ih;
+    t.uni = t.w1 * t.h1 + t.w2 * t.h2 - t.inter + eps;
+    t.iou = t.inter / t.uni;
+    t.cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
+    t.ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
+    t.c2 = t.cw * t.cw + t.ch * t.ch + eps;
+    t.dx = b2[0] + b2[2] - b1[0] - b1[2]; t.dy = b2[1] + b2[3] - b1[1] - b1[3];
+    t.rho2 = (t.dx * t.dx + t.dy * t.dy) / 4.0f;
+    t.r1 = t.w1 / t.h1;
+    t.dat = atanf(t.w2 / t.h2) - atanf(t.r1);
+    t.v = (float)(4.0 / (3.14159265358979323846 * 3.14159265358979323846)) * (t.dat * t.dat);
+    t.alpha = t.v / (t.v - t.iou + (1.0f + eps));
+    if (c) *c = t;
+    return t.iou - (t.rho2 / t.c2 + t.v * t.alpha);
+}
+YOLO_HD static inline float bbox_ciou(const float *b1, const float *b2) { return bbox_ciou_parts(b1, b2, NULL); }
+
+// PyTorch's derivative of minimum/maximum w.r.t. its first argument: 1, 1/2 on ties, 0.
+YOLO_HD static inline double loss_dmin(float a, float b) { return a < b ? 1.0 : a == b ? 0.5 : 0.0; }
+YOLO_HD static inline double loss_dmax(float a, float b) { return a > b ? 1.0 : a == b ? 0.5 : 0.0; }
+
+// bbox_ciou_backward: d1 (4) = g * dCIoU(b1, b2)/db1 with alpha held constant (Ultralytics computes it
+// under no_grad; alpha_grad = 1, for the CPU's finite-difference tests, differentiates it too), with
+// PyTorch's conventions for clamp (passes at 0) and min/max ties (half each).
+YOLO_HD static inline void bbox_ciou_backward(const float *b1, const float *b2, double g, int alpha_grad, double *d1) {
+    const float eps = 1e-7f;
+    CiouParts c;
+    bbox_ciou_parts(b1, b2, &c);
+    float k = (float)(4.0 / (3.14159265358979323846 * 3.14159265358979323846));
+    // ciou = iou - rho2/c2 - v*alpha
+    double g_iou = g, g_q = -g, g_v = -g * c.alpha;
+    if (alpha_grad) {   // alpha = v / D, D = v - iou + 1 + eps: d(v*alpha) = (alpha + v/D - v^2/D^2) dv + v^2/D^2 diou
+        double D = (double)c.v - c.iou + (1.0f + eps), q = (double)c.v * c.v / (D * D);
+        g_v = -g * (c.alpha + c.v / D - q);
+        g_iou = g * (1.0 - q);
+    }
+    double g_inter = g_iou / c.uni, g_uni = -g_iou * (double)c.inter / ((double)c.uni * c.uni);
+    double g_w1 = g_uni * c.h1, g_h1 = g_uni * c.w1;
+    g_inter -= g_uni;
+    double g_iw = c.iwr >= 0.0f ? g_inter * c.ih : 0.0, g_ih = c.ihr >= 0.0f ? g_inter * c.iw : 0.0;
+    double g_rho2 = g_q / c.c2, g_c2 = -g_q * (double)c.rho2 / ((double)c.c2 * c.c2);
+    double g_cw = g_c2 * 2.0 * c.cw, g_ch = g_c2 * 2.0 * c.ch;
+    double g_dx = g_rho2 * c.dx / 2.0, g_dy = g_rho2 * c.dy / 2.0;
+    double g_r1 = g_v * k * 2.0 * c.dat * -1.0 / (1.0 + (double)c.r1 * c.r1);
+    g_w1 += g_r1 / c.h1;
+    g_h1 -= g_r1 * (double)c.w1 / ((double)c.h1 * c.h1);
+    d1[0] = -g_w1 - g_iw * loss_dmax(b1[0], b2[0]) - g_cw * loss_dmin(b1[0], b2[0]) - g_dx;
+    d1[2] = g_w1 + g_iw * loss_dmin(b1[2], b2[2]) + g_cw * loss_dmax(b1[2], b2[2]) - g_dx;
+    d1[1] = -g_h1 - g_ih * loss_dmax(b1[1], b2[1]) - g_ch * loss_dmin(b1[1], b2[1]) - g_dy;
+    d1[3] = g_h1 + g_ih * loss_dmin(b1[3], b2[3]) + g_ch * loss_dmax(b1[3], b2[3]) - g_dy;
+}
+
+// dfl_side_decode: softmax over the 16 bins of one side, logits z[k*step], k = 0..15. Returns the
+// expected distance sum_k k*p_k (grid units); p (16) receives the probabilities and *lse the log-sum-exp
+// (for the DFL cross-entropy). Matches bbox_decode (softmax, matmul with arange(16)).
+#define DFL_BINS 16
+YOLO_HD static inline float dfl_side_decode(const float *z, long step, float *p, float *lse) {
+    float m = z[0];
+    for (int k = 1; k < DFL_BINS; k++) m = fmaxf(m, z[k * step]);
+    float sum = 0.0f;
+    for (int k = 0; k < DFL_BINS; k++) { p[k] = expf(z[k * step] - m); sum += p[k]; }
+    float d = 0.0f;
+    for (int k = 0; k < DFL_BINS; k++) { p[k] = p[k] / sum; d += (float)k * p[k]; }
+    *lse = m + logf(sum);
+    return d;
+}
 
 // One box of an image for the loss: pixels xyxy, class, valid (mask_gt); the layout of yolo.c's LossGt,
 // so the host gathers with loss_gather_gts and uploads the array as it is.
@@ -256,6 +346,48 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     if (++s->good_steps >= s->growth_interval) { s->scale *= 2.0f; s->good_steps = 0; }
     return 1;
 }
+
+// YOLO_TWINS(X): every launcher above as X(launcher, twin, test): its CPU twin, a function of yolo.c
+// (conv_forward / conv_backward: the convolution of the CPU step, im2col + gemm_cpu, col2im), or for a
+// copy or add that the CPU step does inline, the plain loop named in test/kernels_test.c; and the test
+// function of test/kernels_test.c that compares the two. kernels_test checks that every launcher
+// declared here is listed, that each twin exists (it takes its address) and that each listed test
+// compared its launcher.
+#define YOLO_TWINS(X) \
+    X(bn_silu_forward_cuda, bn_silu_forward_cpu, test_bn_silu) \
+    X(upsample2_forward_cuda, upsample2_forward_cpu, test_upsample) \
+    X(maxpool5_forward_cuda, maxpool5_forward_cpu, test_maxpool) \
+    X(gemm_f16_cuda, gemm_cpu, test_gemm_f16) \
+    X(conv_forward_cuda, conv_forward, test_conv) \
+    X(conv_forward_f32_cuda, conv_forward, test_conv_f32) \
+    X(conv_dgrad_cuda, conv_backward, test_conv) \
+    X(conv_dgrad_f32_cuda, conv_backward, test_conv_f32) \
+    X(conv_wgrad_cuda, conv_backward, test_conv) \
+    X(conv_wgrad_f32_cuda, conv_backward, test_conv_f32) \
+    X(bn_stats_cuda, bn_stats_cpu, test_bn) \
+    X(bn_stats_f32_cuda, bn_stats_cpu, test_bn_f32) \
+    X(bn_silu_forward_f16_cuda, bn_silu_forward_cpu, test_bn) \
+    X(bn_silu_forward_f32_cuda, bn_silu_forward_cpu, test_bn_f32) \
+    X(bn_silu_backward_cuda, bn_silu_backward_cpu, test_bn_backward) \
+    X(bn_silu_backward_f32_cuda, bn_silu_backward_cpu, test_bn_backward_f32) \
+    X(upsample2_backward_cuda, upsample2_backward, test_pool_up_backward) \
+    X(maxpool5_backward_cuda, maxpool5_backward, test_pool_up_backward) \
+    X(copy_f16_cuda, copy_strided_cpu, test_convert_copy) \
+    X(copy_f32_cuda, copy_strided_cpu, test_views_f32) \
+    X(u8_to_f16_cuda, input_from_batch, test_convert_copy) \
+    X(u8_to_f32_cuda, input_from_batch, test_views_f32) \
+    X(f32_to_f16_cuda, float_to_half, test_convert_copy) \
+    X(upsample2_forward_f16_cuda, upsample2_forward_cpu, test_views_f16) \
+    X(upsample2_forward_f32_cuda, upsample2_forward_cpu, test_views_f32) \
+    X(maxpool5_forward_f16_cuda, maxpool5_forward_cpu, test_views_f16) \
+    X(maxpool5_forward_f32_cuda, maxpool5_forward_cpu, test_views_f32) \
+    X(add_f16_cuda, add_strided_cpu, test_views_f16) \
+    X(add_f32_cuda, add_strided_cpu, test_views_f16) \
+    X(f16_to_f32_cuda, half_to_float, test_views_f16) \
+    X(ema_update_cuda, ema_update, test_ema) \
+    X(loss_cuda, loss_forward_backward, test_loss) \
+    X(optim_norm_cuda, grad_clip_norm, test_optim) \
+    X(optim_step_cuda, optim_step, test_optim)
 
 #ifdef __cplusplus
 }

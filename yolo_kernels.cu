@@ -1,7 +1,8 @@
 // yolo_kernels.cu: all device code of yolo.c, in the same section order, with extern "C"
-// launchers declared in yolo.h. Each kernel has a CPU twin in yolo.c (same name, _cpu) that the
-// tests compare against, on a GPU and in the CPU emulation (test/cuda_emu.h, `make test-emu`).
-// Kernel-writing rules that keep the emulation faithful: ../shared/spec/cuda-on-cpu.md.
+// launchers declared in yolo.h. Each launcher has a CPU twin in the CPU step, named with the test that
+// compares the two by YOLO_TWINS in yolo.h; the tests run on a GPU and in the CPU emulation (test/emu.mk).
+// Kernels follow the rules that keep the emulation faithful (listed in test/cuda_emu.h): no inline PTX,
+// every exchange between threads through *_sync intrinsics or barriers, barriers in block-uniform code.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -842,7 +843,7 @@ extern "C" void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *strea
 }
 
 // ------------------------------------------------------------------------------------------
-// views of the training step (parts/gpu.c): upsample / max-pool (FP16 or FP32) into a concat slice, adds
+// views of the training step (yolo.c gpu_*): upsample / max-pool (FP16 or FP32) into a concat slice, adds
 // ------------------------------------------------------------------------------------------
 
 // upsample2_forward_act: nearest x2 of T (__half or float), one thread per output element; grid
@@ -959,7 +960,7 @@ extern "C" void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *strea
  * written by the one thread that claimed it. Known cost: topk walks a gt's rectangle in one thread, so a
  * box covering the image costs that thread all A metric evaluations (as one CPU thread does).
  */
-enum { LOSS_R = 16, LOSS_TOPK = 10, LOSS_BLOCK = 256 };
+enum { LOSS_R = DFL_BINS, LOSS_TOPK = 10, LOSS_BLOCK = 256 };
 
 // LossGeo: the batch geometry, by value to every loss kernel. Level l: H[l] x W[l] anchors from global
 // anchor off[l], stride 8<<l. head[l], dhead[l]: (B, 64+NC, H[l], W[l]); dhead all NULL: no gradient.
@@ -989,87 +990,13 @@ __device__ __forceinline__ LossAt loss_at(const LossGeo &g, int b, int a) {
     return t;
 }
 
-// loss_ciou: bbox_ciou of yolo.c (Ultralytics bbox_iou(..., CIoU=True), eps 1e-7), the same float ops.
-__device__ float loss_ciou(const float *b1, const float *b2) {
-    const float eps = 1e-7f;
-    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
-    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
-    float iw = fmaxf(fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), 0.0f);
-    float ih = fmaxf(fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), 0.0f);
-    float inter = iw * ih;
-    float uni = w1 * h1 + w2 * h2 - inter + eps;
-    float iou = inter / uni;
-    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
-    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
-    float c2 = cw * cw + ch * ch + eps;
-    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
-    float rho2 = (dx * dx + dy * dy) / 4.0f;
-    float dat = atanf(w2 / h2) - atanf(w1 / h1);
-    float v = (float)(4.0 / (M_PI * M_PI)) * (dat * dat);
-    float alpha = v / (v - iou + (1.0f + eps));
-    return iou - (rho2 / c2 + v * alpha);
-}
-
-// PyTorch's derivative of minimum/maximum w.r.t. its first argument: 1, 1/2 on ties, 0.
-__device__ __forceinline__ double loss_dmin(float a, float b) { return a < b ? 1.0 : a == b ? 0.5 : 0.0; }
-__device__ __forceinline__ double loss_dmax(float a, float b) { return a > b ? 1.0 : a == b ? 0.5 : 0.0; }
-
-// loss_ciou_backward: bbox_ciou_backward of yolo.c in training form (alpha held constant, as Ultralytics
-// computes it under no_grad; the CPU's test-only loss_ciou_alpha_grad has no twin here).
-// d1 (4) = g * dCIoU(b1, b2)/db1.
-__device__ void loss_ciou_backward(const float *b1, const float *b2, double g, double *d1) {
-    const float eps = 1e-7f;
-    float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
-    float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
-    float iwr = fminf(b1[2], b2[2]) - fmaxf(b1[0], b2[0]), iw = fmaxf(iwr, 0.0f);
-    float ihr = fminf(b1[3], b2[3]) - fmaxf(b1[1], b2[1]), ih = fmaxf(ihr, 0.0f);
-    float inter = iw * ih;
-    float uni = w1 * h1 + w2 * h2 - inter + eps;
-    float iou = inter / uni;
-    float cw = fmaxf(b1[2], b2[2]) - fminf(b1[0], b2[0]);
-    float ch = fmaxf(b1[3], b2[3]) - fminf(b1[1], b2[1]);
-    float c2 = cw * cw + ch * ch + eps;
-    float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
-    float rho2 = (dx * dx + dy * dy) / 4.0f;
-    float r1 = w1 / h1;
-    float dat = atanf(w2 / h2) - atanf(r1);
-    float k = (float)(4.0 / (M_PI * M_PI));
-    float v = k * (dat * dat);
-    float alpha = v / (v - iou + (1.0f + eps));
-    // ciou = iou - rho2/c2 - v*alpha
-    double g_iou = g, g_q = -g, g_v = -g * alpha;
-    double g_inter = g_iou / uni, g_uni = -g_iou * (double)inter / ((double)uni * uni);
-    double g_w1 = g_uni * h1, g_h1 = g_uni * w1;
-    g_inter -= g_uni;
-    double g_iw = iwr >= 0.0f ? g_inter * ih : 0.0, g_ih = ihr >= 0.0f ? g_inter * iw : 0.0;
-    double g_rho2 = g_q / c2, g_c2 = -g_q * (double)rho2 / ((double)c2 * c2);
-    double g_cw = g_c2 * 2.0 * cw, g_ch = g_c2 * 2.0 * ch;
-    double g_dx = g_rho2 * dx / 2.0, g_dy = g_rho2 * dy / 2.0;
-    double g_r1 = g_v * k * 2.0 * dat * -1.0 / (1.0 + (double)r1 * r1);
-    g_w1 += g_r1 / h1;
-    g_h1 -= g_r1 * (double)w1 / ((double)h1 * h1);
-    d1[0] = -g_w1 - g_iw * loss_dmax(b1[0], b2[0]) - g_cw * loss_dmin(b1[0], b2[0]) - g_dx;
-    d1[2] = g_w1 + g_iw * loss_dmin(b1[2], b2[2]) + g_cw * loss_dmax(b1[2], b2[2]) - g_dx;
-    d1[1] = -g_h1 - g_ih * loss_dmax(b1[1], b2[1]) - g_ch * loss_dmin(b1[1], b2[1]) - g_dy;
-    d1[3] = g_h1 + g_ih * loss_dmin(b1[3], b2[3]) + g_ch * loss_dmax(b1[3], b2[3]) - g_dy;
-}
+// CIoU (bbox_ciou, bbox_ciou_backward) and the DFL softmax (dfl_side_decode) are yolo.h's, the CPU loss's own text.
 
 // loss_decode_box: dfl_side_decode + loss_decode_box of yolo.c: box (4) xyxy in grid units of anchor t;
 // p (4, 16) the softmax of every side, lse (4) its log-sum-exp.
 __device__ void loss_decode_box(const LossAt &t, float *box, float *p, float *lse) {
     float d[4];
-    for (int s = 0; s < 4; s++) {
-        const float *z = t.z + (long)s * LOSS_R * t.HW;
-        float *ps = p + s * LOSS_R;
-        float m = z[0];
-        for (int k = 1; k < LOSS_R; k++) m = fmaxf(m, z[k * t.HW]);
-        float sum = 0.0f;
-        for (int k = 0; k < LOSS_R; k++) { ps[k] = expf(z[k * t.HW] - m); sum += ps[k]; }
-        float e = 0.0f;
-        for (int k = 0; k < LOSS_R; k++) { ps[k] = ps[k] / sum; e += (float)k * ps[k]; }
-        lse[s] = m + logf(sum);
-        d[s] = e;
-    }
+    for (int s = 0; s < 4; s++) d[s] = dfl_side_decode(t.z + (long)s * LOSS_R * t.HW, t.HW, p + s * LOSS_R, lse + s);
     float ax = (float)(t.r % t.W) + 0.5f, ay = (float)(t.r / t.W) + 0.5f;
     box[0] = ax - d[0]; box[1] = ay - d[1]; box[2] = ax + d[2]; box[3] = ay + d[3];
 }
@@ -1082,7 +1009,7 @@ __device__ int loss_metric(const LossGtD &gt, float ax, float ay, const float *p
     *align = 0.0f;
     if (!gt.valid || !(dmin > 1e-9f)) return 0;
     float gb[4] = {gt.x1, gt.y1, gt.x2, gt.y2};
-    float ov = fmaxf(loss_ciou(gb, pb), 0.0f);
+    float ov = fmaxf(bbox_ciou(gb, pb), 0.0f);
     float s = 1.0f / (1.0f + expf(-logit));
     *o = ov;
     *align = sqrtf(s) * powf(ov, 6.0f);
@@ -1242,7 +1169,7 @@ __device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, doub
     float p[4 * LOSS_R], lse[4], pb[4];
     loss_decode_box(t, pb, p, lse);
     float s = t.s, tb[4] = {gt.x1 / s, gt.y1 / s, gt.x2 / s, gt.y2 / s};   // target_bboxes /= stride_tensor
-    *box_term = 1.0 - (double)loss_ciou(pb, tb);
+    *box_term = 1.0 - (double)bbox_ciou(pb, tb);
     // DFL: bbox2dist then DFLoss, targets clamped to [0, 14.99]
     float ax = (float)(t.r % t.W) + 0.5f, ay = (float)(t.r / t.W) + 0.5f;
     float d[4] = {ax - tb[0], ay - tb[1], tb[2] - ax, tb[3] - ay};
@@ -1261,7 +1188,7 @@ __device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, doub
     *dfl_term = dfl / 4.0;
     if (!t.dz) return;
     double db[4], dd[4];
-    loss_ciou_backward(pb, tb, -gb, db);
+    bbox_ciou_backward(pb, tb, -gb, 0, db);
     dd[0] = -db[0]; dd[1] = -db[1]; dd[2] = db[2]; dd[3] = db[3];   // x1 = ax - l, x2 = ax + r
     for (int k = 0; k < 4; k++) {
         const float *pk = p + k * LOSS_R;

@@ -2,6 +2,7 @@
 // effective GFLOP/s (3 x the fused forward FLOPs per image, the usual training-step estimate).
 #define TESTING
 #include "../yolo.c"
+#include "yolo_test.h"
 
 int main(int argc, char **argv) {
     int B = argc > 1 ? atoi(argv[1]) : 8, S = argc > 2 ? atoi(argv[2]) : 320, reps = argc > 3 ? atoi(argv[3]) : 5;

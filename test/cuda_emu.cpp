@@ -1,7 +1,7 @@
 // cuda_emu.cpp: the runtime behind test/cuda_emu.h. CUDA threads are fibers (a hand-written
 // x86-64 switch of the callee-saved registers, 64 KB stacks with a guard page); the threads of
 // one block run on one OS thread and blocks run one after another. Also here: device memory with
-// guard pages and poisoning, the runtime API subset, deferred (async) streams and a naive cuBLAS.
+// guard pages and poisoning, the runtime API subset, and deferred (async) streams.
 // Environment: EMU_ORDER=forward|reverse|random (thread order between rendezvous, and block order), EMU_SEED,
 // EMU_STRICT=1 (a thread returning while others wait at a barrier aborts), EMU_ASYNC=1 (queue work
 // until a synchronisation point), EMU_HOSTTRAP=1 (device memory is PROT_NONE while host code runs).
@@ -668,105 +668,5 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     default: return "cudaErrorUnknown";
     }
-}
-} // extern "C"
-
-// ------------------------------------------------------------------------------------------
-// cuBLAS subset: column-major, FP32 accumulation, host pointer mode, naive loops
-// ------------------------------------------------------------------------------------------
-struct cublasContext { cudaStream_t stream; cublasMath_t math; void *ws; size_t wsbytes; };
-static float load_elem(const void *p, cudaDataType t, size_t i) {
-    if (t == CUDA_R_32F) return ((const float *)p)[i];
-    if (t == CUDA_R_16F) return __half2float(((const __half *)p)[i]);
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-}
-static void store_elem(void *p, cudaDataType t, size_t i, float v) {
-    if (t == CUDA_R_32F) ((float *)p)[i] = v;
-    else if (t == CUDA_R_16F) ((__half *)p)[i] = __float2half(v);
-    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
-}
-static size_t esize(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
-static cublasStatus_t gemm_any(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
-                               const void *A, cudaDataType at, int lda, long long sa, const void *Bm, cudaDataType bt, int ldb, long long sb,
-                               const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch, cublasComputeType_t comp,
-                               const char *what) {
-    install_handler();
-    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    bool types_ok = at == bt && (at == CUDA_R_32F || at == CUDA_R_16F || at == CUDA_R_16BF) && (ct == CUDA_R_32F || ct == at) &&
-                    (comp == CUBLAS_COMPUTE_32F || comp == CUBLAS_COMPUTE_32F_PEDANTIC || comp == CUBLAS_COMPUTE_32F_FAST_16F ||
-                     comp == CUBLAS_COMPUTE_32F_FAST_16BF || comp == CUBLAS_COMPUTE_32F_FAST_TF32);
-    if (!types_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
-    bool an = ta == CUBLAS_OP_N, bn = tb == CUBLAS_OP_N;
-    int ar = an ? m : k, ac = an ? k : m, br = bn ? k : n, bc = bn ? n : k;
-    if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, ar) || ldb < std::max(1, br) || ldc < std::max(1, m))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (is_device(alpha) || is_device(beta)) fail("%s: alpha/beta are device pointers; only CUBLAS_POINTER_MODE_HOST is emulated", what);
-    if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
-    float al = *(const float *)alpha, be = *(const float *)beta;
-    {
-        Dev d;
-        auto extent = [&](const void *p, int rows, int cols, int ld, long long stride, size_t es, const char *nm) {
-            if (!rows || !cols) return;
-            char w[96]; snprintf(w, sizeof w, "%s: matrix %s", what, nm);
-            size_t last = (size_t)(batch - 1) * (size_t)stride + (size_t)(cols - 1) * ld + rows;
-            check_range(p, last * es, w);
-        };
-        extent(A, ar, ac, lda, sa, esize(at), "A");
-        extent(Bm, br, bc, ldb, sb, esize(bt), "B");
-        extent(C, m, n, ldc, sc, esize(ct), "C");
-    }
-    enqueue([=]() {
-        std::vector<float> a((size_t)m * k), b((size_t)n * k);   // op(A) row i, op(B) column j: contiguous in l
-        for (int p = 0; p < batch; p++) {
-            const char *Ap = (const char *)A + (size_t)p * sa * esize(at), *Bp = (const char *)Bm + (size_t)p * sb * esize(bt);
-            char *Cp = (char *)C + (size_t)p * sc * esize(ct);
-            for (int i = 0; i < m; i++)
-                for (int l = 0; l < k; l++) a[(size_t)i * k + l] = load_elem(Ap, at, an ? (size_t)i + (size_t)l * lda : (size_t)l + (size_t)i * lda);
-            for (int j = 0; j < n; j++)
-                for (int l = 0; l < k; l++) b[(size_t)j * k + l] = load_elem(Bp, bt, bn ? (size_t)l + (size_t)j * ldb : (size_t)j + (size_t)l * ldb);
-            for (int j = 0; j < n; j++)
-                for (int i = 0; i < m; i++) {
-                    float s = 0;
-                    const float *x = &a[(size_t)i * k], *y = &b[(size_t)j * k];
-                    for (int l = 0; l < k; l++) s += x[l] * y[l];
-                    size_t ci = (size_t)i + (size_t)j * ldc;
-                    float v = al * s;
-                    if (be != 0.0f) v += be * load_elem(Cp, ct, ci);   // beta == 0: C is never read (may hold NaN)
-                    store_elem(Cp, ct, ci, v);
-                }
-        }
-        check_all_canaries(what);
-    });
-    return CUBLAS_STATUS_SUCCESS;
-}
-extern "C" {
-cublasStatus_t cublasCreate_v2(cublasHandle_t *h) { *h = new cublasContext{nullptr, CUBLAS_DEFAULT_MATH, nullptr, 0}; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasDestroy_v2(cublasHandle_t h) { drain(); delete h; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) { h->stream = s; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasGetStream_v2(cublasHandle_t h, cudaStream_t *s) { *s = h->stream; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *ws, size_t n) {
-    if (ws && n) { Dev d; check_range(ws, n, "cublasSetWorkspace"); }
-    h->ws = ws; h->wsbytes = n; return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) { h->math = mode; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *alpha,
-                              const float *A, int lda, const float *B, int ldb, const float *beta, float *C, int ldc) {
-    return gemm_any(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B, CUDA_R_32F, ldb, 0, beta, C, CUDA_R_32F, ldc, 0, 1, CUBLAS_COMPUTE_32F, "cublasSgemm");
-}
-cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *alpha,
-                                         const float *A, int lda, long long sa, const float *B, int ldb, long long sb, const float *beta,
-                                         float *C, int ldc, long long sc, int batch) {
-    return gemm_any(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F, ldb, sb, beta, C, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F, "cublasSgemmStridedBatched");
-}
-cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
-                            const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, const void *beta, void *C,
-                            cudaDataType ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t) {
-    return gemm_any(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1, comp, "cublasGemmEx");
-}
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
-                                          const void *A, cudaDataType at, int lda, long long sa, const void *B, cudaDataType bt, int ldb,
-                                          long long sb, const void *beta, void *C, cudaDataType ct, int ldc, long long sc, int batch,
-                                          cublasComputeType_t comp, cublasGemmAlgo_t) {
-    return gemm_any(h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt, ldb, sb, beta, C, ct, ldc, sc, batch, comp, "cublasGemmStridedBatchedEx");
 }
 } // extern "C"

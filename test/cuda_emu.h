@@ -1,16 +1,28 @@
-// cuda_emu.h: force-included (g++ -include) when a .cu file is compiled as C++17 on a machine
-// without a GPU (design: ../shared/spec/cuda-on-cpu.md). NVIDIA's own headers supply the types
-// and prototypes; this header turns the device-side language into host C++:
+// cuda_emu.h: force-included (g++ -include) into every .cu file of the emulated build, which compiles
+// CUDA as C++17 with g++ and runs it on the CPU, so that every kernel of yolo_kernels.cu is checked
+// against its plain-C twin on a machine without a GPU or a CUDA toolkit. The types and the runtime API
+// come from the emulator's own headers in test/emu_include (NVIDIA's are never read); this header
+// turns the device-side language into host C++:
 //   qualifiers -> nothing, __shared__ -> static thread_local (one block runs on one OS thread),
 //   threadIdx/blockIdx/blockDim/gridDim -> fields the fiber scheduler updates on every switch,
 //   __syncthreads and warp collectives -> rendezvous between fibers (test/cuda_emu.cpp),
 //   K<<<g, b, smem, stream>>>(args) -> emu::Launch(...)(args) (rewritten by test/emu_rewrite.sh),
 //   nvcuda::wmma -> fragments where every lane holds the whole tile.
+// What a kernel must respect for the emulation to be faithful (yolo_kernels.cu follows it):
+//   - no inline PTX; tensor cores only through nvcuda::wmma, whose fragments are opaque (loop over
+//     num_elements) and whose stored tiles are read only after __syncwarp();
+//   - every exchange between threads goes through a *_sync intrinsic or shared memory plus a barrier;
+//     barriers only in block-uniform control flow (guard the work, never return before a barrier);
+//   - no behaviour that depends on __CUDA_ARCH__, fast-math or the order blocks run in; no spinning on
+//     another block; launches only as K<<<grid, block[, smem[, stream]]>>>(args) naming the kernel;
+//   - at most one `extern __shared__` per kernel, declared inside it; kernel arguments are device
+//     pointers or plain structs passed by value;
+//   - only the intrinsics defined here: a new one gets its emulation and a test in emu_selftest.cu.
+// The thread orders (EMU_ORDER), the async streams and the host traps (test/cuda_emu.cpp) exist to
+// make a missing barrier, a missing synchronisation or a host read of device memory fail visibly.
 #pragma once
-#include <cuda_runtime.h>
+#include <cuda_runtime.h>   // test/emu_include: the emulator's own, not NVIDIA's
 #include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <cublas_v2.h>
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -20,18 +32,19 @@
 #include <functional>
 #include <algorithm>
 
-#undef __shared__
-#define __shared__ static thread_local
-#undef __launch_bounds__
-#define __launch_bounds__(...)
-#undef __noinline__
+// ---- qualifiers: the code runs on the host ----
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
-#undef __restrict__
+#define __shared__ static thread_local
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
 
 constexpr int warpSize = 32;
-// cuda_runtime.h declares these templates only for nvcc
-template <class T> static inline cudaError_t cudaFuncSetAttribute(T *f, cudaFuncAttribute a, int v) { return ::cudaFuncSetAttribute((const void *)f, a, v); }
 
 namespace emu {
 
@@ -201,15 +214,6 @@ inline int __mul24(int a, int b) { return a * b; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 inline float __ldg(const float *p) { return *p; }
 template <class T> inline T __ldg(const T *p) { return *p; }
-// half math the host path of cuda_fp16.hpp lacks
-static inline __half hexp(__half x) { return __float2half(expf(__half2float(x))); }
-static inline __half hlog(__half x) { return __float2half(logf(__half2float(x))); }
-static inline __half hsqrt(__half x) { return __float2half(sqrtf(__half2float(x))); }
-static inline __half hrsqrt(__half x) { return __float2half((float)(1.0 / sqrt((double)__half2float(x)))); }
-static inline __half hrcp(__half x) { return __float2half(1.0f / __half2float(x)); }
-static inline __half2 h2exp(__half2 x) { return __halves2half2(hexp(__low2half(x)), hexp(__high2half(x))); }
-static inline __half2 h2rcp(__half2 x) { return __halves2half2(hrcp(__low2half(x)), hrcp(__high2half(x))); }
-static inline __half2 h2rsqrt(__half2 x) { return __halves2half2(hrsqrt(__low2half(x)), hrsqrt(__high2half(x))); }
 #ifndef min
 using std::min;
 using std::max;

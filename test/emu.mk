@@ -1,19 +1,28 @@
-# emu.mk: the CUDA-on-CPU emulation (../shared/spec/cuda-on-cpu.md), included by the Makefile.
+# emu.mk: the CUDA-on-CPU emulation, included by the Makefile. yolo_kernels.cu is compiled as C++17 by
+# g++ with test/cuda_emu.h force-included and test/emu_include first on the include path (the emulator's
+# own cuda_runtime_api.h, cuda_runtime.h, cuda_fp16.h, mma.h: no CUDA toolkit is read or needed), its
+# launches rewritten by test/emu_rewrite.sh, and linked with test/cuda_emu.cpp, which runs every CUDA
+# thread as a fiber on the CPU. The same kernels_test.c then checks each kernel against its CPU twin.
 #   make emu-bins     emulated build of yolo_kernels.cu + test/kernels_test.c, and the emulator selftest
 #   make test-emu     runs them (test/run_emu.sh: three thread and block orders, strict, async, host traps)
 #   make emu-asan     the same under -fsanitize=address,undefined
-#   make cuda-check   nvcc device compile for every shipped arch, warnings as errors
-#   make test-gpu     kernels_test.c against the nvcc-built kernels and the real cudart/cuBLAS
-EMU_CUDA     ?= /usr/local/cuda
+#   make cuda-check   nvcc device compile for every shipped arch, warnings as errors (needs nvcc)
+#   make test-gpu     kernels_test.c against the nvcc-built kernels and the real cudart (needs nvcc)
+# the toolkit, only for cuda-check and test-gpu: the one the Makefile found (NVCC), else /usr/local/cuda
+EMU_CUDA     ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),/usr/local/cuda)
 EMU_NVCC     ?= $(EMU_CUDA)/bin/nvcc
+EMU_NEED_NVCC = @test -x "$(EMU_NVCC)" || { echo "$@ needs nvcc ($(EMU_NVCC) not found; set EMU_CUDA=): \
+	the emulated kernels (make test-emu, part of make test) need no CUDA toolkit"; exit 1; }
 EMU_CXX      ?= g++
 EMU_DIR      ?= test/bin/emu
 EMU_OPT      ?= -O2 -g
 EMU_SAN      ?=
-EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas -I$(EMU_CUDA)/include -I. -include test/cuda_emu.h
-EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include
+EMU_INC       = -Itest/emu_include
+EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unknown-pragmas $(EMU_INC) -I. \
+                -include test/cuda_emu.h
+EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra $(EMU_INC)
 EMU_LDLIBS    = -ljpeg -lpng -lyaml -lm -fopenmp
-EMU_DEPS      = test/cuda_emu.h test/emu_rewrite.sh
+EMU_DEPS      = test/cuda_emu.h test/emu_rewrite.sh $(wildcard test/emu_include/*.h)
 EMU_ARCHS    ?= 75 80 86 89 90
 EMU_GENCODE   = $(foreach a,$(EMU_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
 EMU_NVFLAGS   = -std=c++17 -O3 $(EMU_GENCODE) -Werror all-warnings -Xptxas -v,-warn-spills,-Werror
@@ -63,19 +72,21 @@ emu-asan:
 	ASAN_OPTIONS=detect_leaks=0 EMU_BIN=test/bin/emu-asan bash test/run_emu.sh
 
 cuda-check:
+	$(EMU_NEED_NVCC)
 	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o /dev/null
 
 test-gpu: test/bin/gpu/kernels_test test/bin/gpu/gpu_step_test
 test/bin/gpu/yolo_kernels.o: yolo_kernels.cu yolo.h
+	$(EMU_NEED_NVCC)
 	@mkdir -p test/bin/gpu
 	$(EMU_NVCC) -std=c++17 -O3 $(EMU_GENCODE) -c -o $@ $<
 test/bin/gpu/kernels_test: test/kernels_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
-	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I$(EMU_CUDA)/include -c -o test/bin/gpu/kernels_test.o $<
-	$(EMU_CXX) -o $@ test/bin/gpu/kernels_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart -lcublas $(EMU_LDLIBS)
+	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -I$(EMU_CUDA)/include -c -o test/bin/gpu/kernels_test.o $<
+	$(EMU_CXX) -o $@ test/bin/gpu/kernels_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
-	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I. -I$(EMU_CUDA)/include -c -o test/bin/gpu/gpu_step_test.o $<
-	$(EMU_CXX) -o $@ test/bin/gpu/gpu_step_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart -lcublas $(EMU_LDLIBS)
+	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -I. -I$(EMU_CUDA)/include -c -o test/bin/gpu/gpu_step_test.o $<
+	$(EMU_CXX) -o $@ test/bin/gpu/gpu_step_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 
 .PHONY: emu-bins test-emu emu-asan cuda-check test-gpu

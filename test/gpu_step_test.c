@@ -24,6 +24,14 @@
 
 #include "../yolo.h"
 #include "test.h"
+#include "yolo_test.h"
+
+// gpu_forward_backward: gpu_train_step at the shape planned first, gradients zeroed first (tests)
+static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
+    GpuShape s = {g->B, g->H, g->W, 1};
+    gpu_zero_grad(g);
+    return gpu_train_step(g, &s, img, tg, lcfg);
+}
 
 enum { TB = 2, TS = 64, TNC = 3 };
 
@@ -303,7 +311,7 @@ int main(void) {
     // 5. one optimizer step on both: norm, then the parameters (SGD, clip 10)
     float *p0 = xmalloc(m->nparams * sizeof(float));
     memcpy(p0, m->params, m->nparams * sizeof(float));
-    double norm_c = grad_clip_norm(m, 10.0), norm_g = 0;
+    double norm_c = grad_clip_norm(m, GRAD_CLIP_NORM), norm_g = 0;
     optim_step(&opt, m);
     int taken = gpu_optimize(g, &norm_g);
     check(taken, "device optimizer step taken (finite gradients at scale 1024)");

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ref_map.py: numpy reference for validation matching and mAP (spec section 5), written from
-the spec in the style of Ultralytics' numpy code (match_predictions, ap_per_class,
+"""ref_map.py: numpy reference for validation matching and mAP (DetectionValidator), written
+in the style of Ultralytics' numpy code (match_predictions, ap_per_class,
 compute_ap, smooth), independently of parts/eval.c.
 
 Usage:
@@ -54,7 +54,7 @@ def match_predictions(pred_classes, true_classes, iou):
 
 
 def match_greedy_iou(pred_classes, true_classes, iou):
-    """Diagnostic only: one-to-one matching by IoU alone (what the spec's summary suggests), to
+    """Diagnostic only: one-to-one matching by IoU alone (what a summary of it suggests), to
     count how often match_predictions' detection-index rule decides differently."""
     correct = np.zeros((pred_classes.shape[0], IOUV.shape[0]), dtype=bool)
     iou = iou * (true_classes[:, None] == pred_classes[None, :])

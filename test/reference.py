@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """YOLOv8 detection reference: model, v8 loss and one SGD step in PyTorch, written from
-/work/shared/spec/yolov8.md (sections 1-3). It writes the safetensors fixtures that
+Ultralytics' code (yolov8.yaml, nn/modules, utils/loss.py, utils/tal.py, the trainer's optimizer).
+It writes the safetensors fixtures that
 `./yolo check-ref FILE` compares the C code against (CI has no torch, so fixtures are
 committed under test/fixtures/).
 
@@ -19,7 +20,7 @@ Usage
   python3 test/reference.py --check-names c_written.safetensors       # strict load_state_dict of the model.* keys
   python3 test/reference.py --self-test-only                          # only the self-checks below
 
-Every run first does the self-checks (param counts of n/s/m/l/x at nc=80 against spec 1.1, leaf-layer counts,
+Every run first does the self-checks (param counts of n/s/m/l/x at nc=80 against Ultralytics', leaf-layer counts,
 YOLOv8n per-layer counts, optimizer group sizes 63/64/57, a hand-made assigner test, a float64
 gradcheck of the loss at a fixed assignment) unless --no-self-test is given. Every fixture run also recomputes the
 loss, fg mask and soft targets from out.train.* with loop_loss (an independent one-anchor-at-a-time float64
@@ -119,7 +120,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 REG_MAX = 16
-SCALES = {  # depth, width, max_channels (spec 1.1)
+SCALES = {  # depth, width, max_channels (yolov8.yaml scales)
     "n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 768),
     "l": (1.00, 1.00, 512), "x": (1.00, 1.25, 512)}
 PARAMS_NC80 = {"n": 3157200, "s": 11166560, "m": 25902640, "l": 43691520, "x": 68229648}
@@ -369,7 +370,7 @@ def bbox_ciou(b1, b2, eps=1e-7, alpha=None):
 
 
 class Assigner:
-    """TaskAlignedAssigner(topk=10, alpha=0.5, beta=6, eps=1e-9) with CIoU overlaps (spec 2.5)."""
+    """TaskAlignedAssigner(topk=10, alpha=0.5, beta=6, eps=1e-9) with CIoU overlaps (utils/tal.py)."""
 
     def __init__(self, nc, topk=10, alpha=0.5, beta=6.0, eps=1e-9):
         self.nc, self.topk, self.alpha, self.beta, self.eps = nc, topk, alpha, beta, eps
@@ -488,7 +489,7 @@ class Assigner:
 
 
 class V8Loss:
-    """v8DetectionLoss (spec section 2). __call__(feats, batch) -> (loss_vec*B, loss_vec.detach(), info)."""
+    """v8DetectionLoss (utils/loss.py). __call__(feats, batch) -> (loss_vec*B, loss_vec.detach(), info)."""
 
     def __init__(self, nc, strides, box=7.5, cls=0.5, dfl=1.5):
         self.nc, self.strides = nc, list(strides)
@@ -788,7 +789,7 @@ def perturb_state(model, images, seed):
     perturbation of the running stats (so eval and train forwards differ a little but both stay well scaled).
     Box-branch output biases get a decaying bin profile 1 - 0.6 k + 0.3 N(0,1) (bin k of each side), so the
     initial predicted distances are ~1.2 grid units instead of ~7.5 and foreground anchors appear on all three
-    levels (with the spec's flat bias every positive lands on stride 8 at this image size)."""
+    levels (with Detect.bias_init's flat bias every positive lands on stride 8 at this image size)."""
     g = torch.Generator().manual_seed(seed + 1000)
     for seq in model.model[22].cv2:
         b = seq[-1].bias
@@ -812,9 +813,10 @@ def perturb_state(model, images, seed):
 
 
 def loop_loss(feats, bi, cl, bb, nc, strides=(8, 16, 32), topk=10):
-    """Independent, deliberately plain re-implementation of spec 2 (one gt and one anchor at a time, float64, no
-    shared code with V8Loss) used to cross-check it. Top-k is taken among in-box anchors, which equals the spec
-    whenever the assignment is unambiguous. Returns (box, cls, dfl, fg_mask (B,A), target_scores (B,A,NC))."""
+    """Independent, deliberately plain re-implementation of the v8 loss (one gt and one anchor at a time, float64, no
+    shared code with V8Loss) used to cross-check it. Top-k is taken among in-box anchors, which equals
+    TaskAlignedAssigner whenever the assignment is unambiguous.
+    Returns (box, cls, dfl, fg_mask (B,A), target_scores (B,A,NC))."""
     feats = [f.double() for f in feats]
     B = feats[0].shape[0]
     no = 4 * REG_MAX + nc
@@ -921,7 +923,7 @@ def self_tests(quick=False):
         fails += 0 if ok else 1
         print(f"{'PASS' if ok else 'FAIL'}  {name} {detail}")
 
-    # model sizes (spec 1.1)
+    # model sizes (Ultralytics' figures)
     for s in ("n",) if quick else ("n", "s", "m", "l", "x"):
         m = DetectionModel(s, 80, dry_run=(s == "n"))
         n = sum(p.numel() for p in m.parameters())

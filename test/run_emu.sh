@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_emu.sh: the emulated CUDA suite (../shared/spec/cuda-on-cpu.md). Runs the kernel tests in the
+# run_emu.sh: the emulated CUDA suite (test/emu.mk, test/cuda_emu.h). Runs the kernel tests in the
 # three thread and block orders in strict mode, once in async mode with host traps, and the emulator's
 # selftest; in the background on the second core, the device training step test (gpu_step_test,
 # random order) and a whole `yolo train device=0` run of the CUDA build (test/emu_train.sh; not under

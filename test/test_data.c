@@ -1,4 +1,4 @@
-// test_data.c: the data pipeline (the data section of yolo.c): letterbox and rect numbers (spec 4.4, 4.5),
+// test_data.c: the data pipeline (the data section of yolo.c): letterbox and rect numbers (LetterBox, set_rectangle),
 // label/yaml parsing, decoding of odd PNG/JPEG inputs, a corpus of bad inputs with exact
 // per-split counts, label/pixel alignment through every transform, the box filter rules,
 // worker-count independence and the label cap.

@@ -10,6 +10,31 @@
 // helpers
 // ------------------------------------------------------------------------------------------
 
+// tal_assign_image: the whole assignment of one image b with gts (m <= w->M, pixels), using image b's
+// slices of the work arrays; the batch path in loss_forward_backward runs the same three steps for all
+// images at once. Appends the foreground anchors to fg and returns their count.
+static int tal_assign_image(const LossGrid *g, int NC, const float *const head[3], int b, const LossGt *gts,
+                            int m, LossWork *w, LossFg *fg) {
+    size_t o = (size_t)b * w->M;
+    float *pbox = w->pbox + (size_t)b * g->A * 4;
+    for (int a = 0; a < g->A; a++) {
+        int l = loss_anchor_level(g, a);
+        float p[4 * LOSS_R], lse[4], box[4];
+        loss_decode_box(g, NC, head, b, l, a - g->off[l], box, p, lse);
+        for (int k = 0; k < 4; k++) pbox[(size_t)a * 4 + k] = box[k] * g->stride[l];
+    }
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int j = 0; j < m; j++) {
+        const float *planes[3];
+        for (int l = 0; l < 3; l++) {
+            size_t HW = (size_t)g->H[l] * g->W[l];
+            planes[l] = head[l] + ((size_t)b * (64 + NC) + 64 + gts[j].cls) * HW;
+        }
+        w->nsel[o + j] = tal_topk_gt(g, &gts[j], pbox, planes, w->cand + (o + j) * LOSS_TOPK);
+    }
+    return tal_resolve_image(g, NC, head, b, gts, m, w->cand + o * LOSS_TOPK, w->nsel + o, pbox, w, fg);
+}
+
 typedef struct {
     int B, NC, imgH, imgW;
     LossGrid g;

@@ -74,7 +74,7 @@ int main(void) {
     PlanOpts o = {.scale = 'n', .nc = 80, .S = 640, .max_boxes = 400, .half = 1};
     size_t budgets[3] = {(size_t)2 << 30, (size_t)6 << 30, (size_t)8 << 30};
     for (int i = 0; i < 3; i++) {
-        int b = plan_max_batch(o, (size_t)(budgets[i] * 0.6));
+        int b = plan_max_batch(o, (size_t)(budgets[i] * AUTOBATCH_FRACTION));
         PlanOpts p = o, q = o;
         p.B = b, q.B = b + 1;
         size_t fb = plan_device_bytes(&p), fb1 = plan_device_bytes(&q);

@@ -1,0 +1,20 @@
+// yolo_test.h: helpers for the programs in test/ that include yolo.c (after it).
+#pragma once
+
+// model_open: builds the model and allocates its arena (one malloc) for a step of (B, H, W);
+// returns the arena, whose high-water mark tests compare against the plan.
+static Arena *model_open(Model *m, char scale, int nc, int B, int H, int W, uint64_t seed) {
+    model_build(m, scale, nc);
+    Plan p = model_plan(m, B, H, W);
+    Arena *a = xcalloc(1, sizeof(Arena));
+    a->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
+    if (!a->base) die("cannot allocate the %.1f MiB arena (hint: lower batch or imgsz)", p.total / 1048576.0);
+    a->cap = p.total;
+    model_alloc_params(m, a);
+    model_init_params(m, seed);
+    model_shape(m, H, W);
+    m->B = B;
+    m->H = H;
+    m->W = W;
+    return a;
+}
