@@ -7207,7 +7207,7 @@ static Config config_from_args(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     cfg_str(c.data, sizeof c.data, argc, argv, "data", "");
     cfg_str(c.model, sizeof c.model, argc, argv, "model", "yolov8n");
-    cfg_str(c.project, sizeof c.project, argc, argv, "project", "runs");
+    cfg_str(c.project, sizeof c.project, argc, argv, "project", "runs/detect");
     cfg_str(c.name, sizeof c.name, argc, argv, "name", "");
     cfg_str(c.optimizer, sizeof c.optimizer, argc, argv, "optimizer", "auto");
     cfg_str(c.device, sizeof c.device, argc, argv, "device", "");
@@ -7416,6 +7416,18 @@ static void mkdir_p(const char *path) {
     for (char *p = tmp + 1; *p; p++)
         if (*p == '/') { *p = 0; mkdir(tmp, 0755); *p = '/'; }
     if (mkdir(tmp, 0755) && errno != EEXIST) die("cannot create directory '%s': %s", tmp, strerror(errno));
+}
+
+// run_dir: a run's folder as Ultralytics names it (get_save_dir, increment_path): PROJECT/NAME,
+// project runs/detect and name train, val or predict (the mode) by default; when it exists and
+// exist_ok=0, the first free of NAME2, NAME3, ... (resume=1 keeps NAME). Creates it.
+static void run_dir(char *dir, size_t n, const Config *c, const char *mode) {
+    char base[400];
+    snprintf(base, sizeof base, "%s/%s", c->project, c->name[0] ? c->name : mode);
+    snprintf(dir, n, "%s", base);
+    struct stat sb;
+    for (int i = 2; !c->resume && !c->exist_ok && stat(dir, &sb) == 0; i++) snprintf(dir, n, "%s%d", base, i);
+    mkdir_p(dir);
 }
 
 // model_load_weights: model= a scale name (random init) or a safetensors file (fine-tuning; a
@@ -7814,12 +7826,7 @@ static int train_run(Config cfg) {
     t->S = cfg.imgsz;
     t->dev = gpu_select(cfg.device);
     if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
-    // output folder runs/train/NAME (NAME2, NAME3, ... when it exists, unless resume/exist_ok)
-    char base[700];
-    snprintf(base, sizeof base, "%s/train/%s", cfg.project, cfg.name[0] ? cfg.name : "train");
-    snprintf(t->dir, sizeof t->dir, "%s", base);
-    struct stat sb;
-    for (int i = 2; !cfg.resume && !cfg.exist_ok && stat(t->dir, &sb) == 0; i++) snprintf(t->dir, sizeof t->dir, "%s%d", base, i);
+    run_dir(t->dir, sizeof t->dir, &cfg, "train");
     char wdir[800];
     snprintf(wdir, sizeof wdir, "%s/weights", t->dir);
     mkdir_p(wdir);
@@ -8189,8 +8196,7 @@ static int cmd_val(int argc, char **argv) {
     printf("val: %s on %d images, batch %d, imgsz %d, memory plan %.1f MiB (%s)\n", c.model, t->val_ds.n, t->B, t->S,
            plan_bytes / 1048576.0, t->dev >= 0 ? "device" : "host");
     double vloss[3], t0 = now_sec();
-    snprintf(t->dir, sizeof t->dir, "%s/val/%s", c.project, c.name[0] ? c.name : "val");
-    mkdir_p(t->dir);
+    run_dir(t->dir, sizeof t->dir, &c, "val");
     Metrics mt = trainer_validate(t, vloss, 1);
     printf("%22s %9s %9s %9s %9s\n", "class", "P", "R", "mAP50", "mAP50-95");
     printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
@@ -8305,7 +8311,7 @@ static int cmd_predict(int argc, char **argv) {
     nms_init(&nms, ncfg, fnc, head_anchor_count(S, S));
     Det *dets = xmalloc(sizeof(Det) * ncfg.max_det);
     char dir[800], ldir[900];
-    snprintf(dir, sizeof dir, "%s/predict/%s", c.project, c.name[0] ? c.name : "predict");
+    run_dir(dir, sizeof dir, &c, "predict");
     snprintf(ldir, sizeof ldir, "%s/labels", dir);
     mkdir_p(ldir);
     uint8_t *lb_img = xmalloc((size_t)S * S * 3);
@@ -8610,7 +8616,7 @@ static int cmd_memtable(int argc, char **argv) {
 
 static int cmd_train(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
-    if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/train/)", c.project);
+    if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/)", c.project);
     return train_run(c);
 }
 
