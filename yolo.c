@@ -3710,7 +3710,8 @@ static void evaluator_add_image(Evaluator *ev, const Det *dets, int N, const flo
         ev->n_gt[gt_cls[i]]++;
     }
     for (int j = 0; j < N; j++)
-        if (dets[j].cls < 0 || dets[j].cls >= ev->NC) die("evaluator: detection class %d outside [0, %d)", dets[j].cls, ev->NC);
+        if (dets[j].cls < 0 || dets[j].cls >= ev->NC)
+            die("evaluator: detection class %d outside [0, %d)", dets[j].cls, ev->NC);
     confusion_add(ev, dets, N, gt_box, gt_cls, M);
     if (N == 0) return;
     int64_t cap = ev->cap;                    // the three per-detection arrays grow together
@@ -3839,7 +3840,8 @@ static void evaluator_compute(Evaluator *ev, Metrics *m) {
                     for (int k = 0; k < EVAL_NGRID; k++) {
                         rc[(size_t)ci * EVAL_NGRID + k] = np_interp(-grid[k], negc, col_r, np_, 0.0, col_r[np_ - 1]);
                         pc[(size_t)ci * EVAL_NGRID + k] = np_interp(-grid[k], negc, col_p, np_, 1.0, col_p[np_ - 1]);
-                        prc[(size_t)ci * EVAL_NGRID + k] = np_interp(grid[k], mrec, mpre, np_ + 2, mpre[0], mpre[np_ + 1]);
+                        prc[(size_t)ci * EVAL_NGRID + k] =
+                            np_interp(grid[k], mrec, mpre, np_ + 2, mpre[0], mpre[np_ + 1]);
                     }
             }
         }
@@ -4752,7 +4754,7 @@ static void image_draw_box(Image *img, int x1, int y1, int x2, int y2, int r, in
 
 // A 5x7 font of our own: digits, A-Z (lowercase is drawn as uppercase) and some punctuation.
 // Each glyph is 7 rows, bit 4 = leftmost column.
-static const char FONT_CHARS[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ .,:-_%/()=+?#";
+static const char FONT_CHARS[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ .,:-_%/()=+?#@";
 static const uint8_t FONT_ROWS[][7] = {
     {0x0E,0x11,0x13,0x15,0x19,0x11,0x0E}, {0x04,0x0C,0x04,0x04,0x04,0x04,0x0E}, {0x0E,0x11,0x01,0x02,0x04,0x08,0x1F},
     {0x1F,0x02,0x04,0x02,0x01,0x11,0x0E}, {0x02,0x06,0x0A,0x12,0x1F,0x02,0x02}, {0x1F,0x10,0x1E,0x01,0x01,0x11,0x0E},
@@ -4771,7 +4773,7 @@ static const uint8_t FONT_ROWS[][7] = {
     {0x00,0x0C,0x0C,0x00,0x0C,0x0C,0x00}, {0x00,0x00,0x00,0x1F,0x00,0x00,0x00}, {0x00,0x00,0x00,0x00,0x00,0x00,0x1F},
     {0x18,0x19,0x02,0x04,0x08,0x13,0x03}, {0x00,0x01,0x02,0x04,0x08,0x10,0x00}, {0x02,0x04,0x08,0x08,0x08,0x04,0x02},
     {0x08,0x04,0x02,0x02,0x02,0x04,0x08}, {0x00,0x00,0x1F,0x00,0x1F,0x00,0x00}, {0x00,0x04,0x04,0x1F,0x04,0x04,0x00},
-    {0x0E,0x11,0x01,0x02,0x04,0x00,0x04}, {0x0A,0x0A,0x1F,0x0A,0x1F,0x0A,0x0A},
+    {0x0E,0x11,0x01,0x02,0x04,0x00,0x04}, {0x0A,0x0A,0x1F,0x0A,0x1F,0x0A,0x0A}, {0x0E,0x11,0x17,0x15,0x17,0x10,0x0E},
 };
 
 // font_index: the FONT_ROWS glyph of character ch (lowercase as uppercase, unknown as '?').
@@ -6228,8 +6230,12 @@ static int text_w(const char *t, int s) { return 6 * s * (int)strlen(t) - s; }
 
 // Frame: the axes of a plot in pixels; data coordinates x in [xmin, xmax], y in [ymin, ymax].
 typedef struct { int x0, y0, x1, y1; double xmin, xmax, ymin, ymax; } Frame;
-static double frame_x(const Frame *f, double v) { return f->x0 + (v - f->xmin) / (f->xmax - f->xmin) * (f->x1 - f->x0); }
-static double frame_y(const Frame *f, double v) { return f->y1 - (v - f->ymin) / (f->ymax - f->ymin) * (f->y1 - f->y0); }
+static double frame_x(const Frame *f, double v) {
+    return f->x0 + (v - f->xmin) / (f->xmax - f->xmin) * (f->x1 - f->x0);
+}
+static double frame_y(const Frame *f, double v) {
+    return f->y1 - (v - f->ymin) / (f->ymax - f->ymin) * (f->y1 - f->y0);
+}
 
 // frame_draw: the axes box, five ticks with values on each axis, the axis labels (y turned) and
 // a title centred above, in text scale s.
@@ -6430,9 +6436,8 @@ static void plot_images(const char *path, const Batch *bt, const PlotBox *bx, in
             snprintf(lab, sizeof lab, "%.40s %.1f", dc->names[bx[k].cls], bx[k].conf);
             image_draw_detection(&tile, (int)bx[k].x1, (int)bx[k].y1, (int)bx[k].x2, (int)bx[k].y2, bx[k].cls, lab, 2);
         }
-        for (int y = 0; y < H; y++)
-            memcpy(mos.px + ((size_t)(H * (b % ns) + y) * mos.w + (size_t)W * (b / ns)) * 3, tile.px + (size_t)y * W * 3,
-                   (size_t)W * 3);
+        uint8_t *dst = mos.px + ((size_t)H * (b % ns) * mos.w + (size_t)W * (b / ns)) * 3;
+        for (int y = 0; y < H; y++) memcpy(dst + (size_t)y * mos.w * 3, tile.px + (size_t)y * W * 3, (size_t)W * 3);
     }
     double scale = 1920.0 / ns / fmax(H, W);
     if (scale < 1) {
@@ -6509,7 +6514,10 @@ static void plot_hist2d(Image *img, const Frame *f, const float *lab, int n, int
     }
     memcpy(sorted, cnt, sizeof cnt);
     for (int i = 1; i < NB * NB; i++)   // insertion sort, ascending
-        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) { int t = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = t; }
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            int t = sorted[j];
+            sorted[j] = sorted[j - 1], sorted[j - 1] = t;
+        }
     double acc = 0, vmax = 1;
     for (int i = 0; i < NB * NB; i++)
         if ((acc += sorted[i]) >= 0.9 * n) { vmax = fmax(sorted[i], 1); break; }
@@ -6534,13 +6542,15 @@ static void plot_labels(const char *dir, const Dataset *ds, const DataConfig *dc
     int64_t *cnt = xcalloc((size_t)nc, sizeof(int64_t)), cmax = 1;
     for (int k = 0; k < n; k++)
         if ((int)lab[5 * k] >= 0 && (int)lab[5 * k] < nc) cmax = (int64_t)fmax(cmax, ++cnt[(int)lab[5 * k]]);
-    int tw = 0;
-    for (int c = 0; c < nc && nc < 30; c++) tw = (int)fmax(tw, text_w(dc->names[c], 1));
-    Frame f = {110, 30, P - 20, P - 30 - (nc < 30 ? tw + 10 : 30), -0.5, nc - 0.5, 0, (double)cmax};
+    int tw = 0, ns = nc <= 10 ? 2 : 1;   // class names along x, turned, in text scale ns
+    for (int c = 0; c < nc && nc < 30; c++) tw = (int)fmax(tw, text_w(dc->names[c], ns));
+    Frame f = {110, 30, P - 20, P - 30 - (nc < 30 ? tw + 10 : 30), -0.5, nc - 0.5, 0, cmax * 1.05};
     image_draw_box(&img, f.x0, f.y0, f.x1, f.y1, 0, 0, 0, 1);
     char t[48];
-    for (int k = 0; k <= 4; k++) {
-        double v = cmax * k / 4.0;
+    double mag = pow(10, floor(log10(cmax / 4.0))), step = mag;   // ticks at 1, 2 or 5 x 10^k
+    while (step * 4 < cmax) step += step == mag ? mag : step == 2 * mag ? 3 * mag : 5 * mag;
+    step = fmax(step, 1);   // whole instances
+    for (double v = 0; v <= f.ymax; v += step) {
         int py = (int)lround(frame_y(&f, v));
         snprintf(t, sizeof t, "%.0f", v);
         image_fill_rect(&img, f.x0 - 5, py, f.x0, py + 1, 0, 0, 0);
@@ -6552,15 +6562,14 @@ static void plot_labels(const char *dir, const Dataset *ds, const DataConfig *dc
         int xa = (int)lround(frame_x(&f, c - 0.4)), xb = (int)lround(frame_x(&f, c + 0.4));
         image_fill_rect(&img, xa, (int)lround(frame_y(&f, (double)cnt[c])), xb, f.y1, col[0], col[1], col[2]);
         int mid = (int)lround(frame_x(&f, c));
-        if (nc < 30) image_draw_text_up(&img, mid - 3, f.y1 + 8 + text_w(dc->names[c], 1), dc->names[c], 0, 0, 0, 1);
+        if (nc < 30) image_draw_text_up(&img, mid - 7 * ns / 2, f.y1 + 8 + text_w(dc->names[c], ns), dc->names[c], 0, 0, 0, ns);
     }
     if (nc >= 30) image_draw_text(&img, (f.x0 + f.x1 - text_w("classes", s)) / 2, f.y1 + 8, "classes", 0, 0, 0, s);
     for (int k = 0; k < n && k < 500; k++) {   // box shapes, centred, in a square of the panel
         const float *l = lab + 5 * k;
         const uint8_t *col = PALETTE[((int)l[0] % PALETTE_N + PALETTE_N) % PALETTE_N];
-        int side = P - 60, ox = P + 30, oy = 30;
-        image_draw_box(&img, ox + (int)lround((0.5 - l[3] / 2) * side), oy + (int)lround((0.5 - l[4] / 2) * side),
-                       ox + (int)lround((0.5 + l[3] / 2) * side), oy + (int)lround((0.5 + l[4] / 2) * side), col[0], col[1],
+        int side = P - 60, ox = P + 30, oy = 30, hw = (int)lround(l[3] / 2 * side), hh = (int)lround(l[4] / 2 * side);
+        image_draw_box(&img, ox + side / 2 - hw, oy + side / 2 - hh, ox + side / 2 + hw, oy + side / 2 + hh, col[0], col[1],
                        col[2], 1);
     }
     for (int q = 0; q < 2; q++) {

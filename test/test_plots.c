@@ -18,10 +18,12 @@
 static void cm_check(const Evaluator *ev, const int64_t *want, const char *what) {
     int N = ev->NC + 1;
     int64_t worst = 0, sum = 0;
-    for (int i = 0; i < N * N; i++) worst = ev->cm[i] - want[i] > worst ? ev->cm[i] - want[i] : want[i] - ev->cm[i] > worst
-                                                                                             ? want[i] - ev->cm[i] : worst;
-    for (int i = 0; i < N * N; i++) sum += ev->cm[i];
-    check(worst == 0, "%s: %d cells (sum %lld), worst |diff| %lld, tol 0", what, N * N, (long long)sum, (long long)worst);
+    for (int i = 0; i < N * N; i++) {
+        worst = llabs(ev->cm[i] - want[i]) > worst ? llabs(ev->cm[i] - want[i]) : worst;
+        sum += ev->cm[i];
+    }
+    check(worst == 0, "%s: %d cells (sum %lld), worst |diff| %lld, tol 0", what, N * N, (long long)sum,
+          (long long)worst);
 }
 
 static void test_confusion_hand(void) {
