@@ -8112,6 +8112,7 @@ static void trainer_resume(Trainer *t) {
 
 // trainer_validate: the EMA in eval mode over the validation set: loss, NMS (conf 0.001, IoU
 // 0.7, multi-label, max_det 300), matching and mAP (spec 5). Runs inside the training arena.
+// draw: val_batch0-2_labels.jpg and _pred.jpg into t->dir (val_pics_add).
 static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     Model *m = &t->m;
     float *keep_p = m->params, *keep_b = m->buffers;
@@ -8612,7 +8613,8 @@ static int train_run(Config cfg) {
 }
 
 // cmd_val: `yolo val model=FILE data=FILE [imgsz= batch=]`: the metrics of a weights file on the
-// validation split, in one planned arena, as the trainer computes them.
+// validation split, in one planned arena, as the trainer computes them; the validation pictures
+// (eval_plots_save, val_pics_add) into the run folder, runs/detect/val by default.
 static int cmd_val(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     Trainer *t = xcalloc(1, sizeof(Trainer));
@@ -8704,8 +8706,9 @@ static int has_image_ext(const char *p) {
 }
 
 // cmd_predict: `yolo predict model=FILE source=IMAGE|DIR [conf=0.25 iou=0.7 imgsz=640]`: each
-// image letterboxed to imgsz, detections drawn with class names and scores into
-// runs/predict/NAME/, and YOLO-format results (class cx cy w h conf, normalised) in labels/.
+// image letterboxed to imgsz, detections drawn with class names and scores into the run folder
+// (runs/detect/predict by default, see run_dir), and YOLO-format results (class cx cy w h conf,
+// normalised) in its labels/.
 static int cmd_predict(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     int dev = gpu_select(c.device);
