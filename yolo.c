@@ -3663,6 +3663,8 @@ static int pair_iou_desc(const void *a, const void *b) {
 // best pair, then each label its best of those. A matched label counts at (detection class, label
 // class), an unmatched label at (background, class), an unmatched detection at (class, background).
 // So the matrix sums to labels + unmatched detections, and column c sums to the labels of class c.
+// (Ultralytics before its December 2024 fix skipped the unmatched detections of an image where no
+// pair passed the IoU; current Ultralytics counts them, as here.)
 // dets: (N) in NMS order; gt_box: (M, 4) x1 y1 x2 y2 in the same pixels; gt_cls: (M).
 static void confusion_add(Evaluator *ev, const Det *dets, int N, const float *gt_box, const int *gt_cls, int M) {
     int NC = ev->NC, np_ = 0;
