@@ -6564,15 +6564,16 @@ static void plot_labels(const char *dir, const Dataset *ds, const DataConfig *dc
         int xa = (int)lround(frame_x(&f, c - 0.4)), xb = (int)lround(frame_x(&f, c + 0.4));
         image_fill_rect(&img, xa, (int)lround(frame_y(&f, (double)cnt[c])), xb, f.y1, col[0], col[1], col[2]);
         int mid = (int)lround(frame_x(&f, c));
-        if (nc < 30) image_draw_text_up(&img, mid - 7 * ns / 2, f.y1 + 8 + text_w(dc->names[c], ns), dc->names[c], 0, 0, 0, ns);
+        if (nc < 30)
+            image_draw_text_up(&img, mid - 7 * ns / 2, f.y1 + 8 + text_w(dc->names[c], ns), dc->names[c], 0, 0, 0, ns);
     }
     if (nc >= 30) image_draw_text(&img, (f.x0 + f.x1 - text_w("classes", s)) / 2, f.y1 + 8, "classes", 0, 0, 0, s);
     for (int k = 0; k < n && k < 500; k++) {   // box shapes, centred, in a square of the panel
         const float *l = lab + 5 * k;
         const uint8_t *col = PALETTE[((int)l[0] % PALETTE_N + PALETTE_N) % PALETTE_N];
         int side = P - 60, ox = P + 30, oy = 30, hw = (int)lround(l[3] / 2 * side), hh = (int)lround(l[4] / 2 * side);
-        image_draw_box(&img, ox + side / 2 - hw, oy + side / 2 - hh, ox + side / 2 + hw, oy + side / 2 + hh, col[0], col[1],
-                       col[2], 1);
+        int cx = ox + side / 2, cy = oy + side / 2;
+        image_draw_box(&img, cx - hw, cy - hh, cx + hw, cy + hh, col[0], col[1], col[2], 1);
     }
     for (int q = 0; q < 2; q++) {
         Frame h = {q * P + 110, P + 30, q * P + P - 20, 2 * P - 90, 0, 1, 0, 1};
