@@ -49,8 +49,8 @@ demo: yolo
 	@test -f $(DEMO_DATA)/data.yaml || ./yolo shapes out=$(DEMO_DATA)
 	@start=$$(date +%s); \
 	./yolo train data=$(DEMO_DATA)/data.yaml $(DEMO_ARGS) name=demo exist_ok=1 && \
-	./yolo val model=runs/train/demo/weights/best.safetensors data=$(DEMO_DATA)/data.yaml imgsz=160 batch=16 name=demo exist_ok=1 && \
-	./yolo predict model=runs/train/demo/weights/best.safetensors source=$(DEMO_DATA)/images/val data=$(DEMO_DATA)/data.yaml imgsz=160 name=demo exist_ok=1 | tail -n 1 && \
+	./yolo val model=runs/detect/demo/weights/best.safetensors data=$(DEMO_DATA)/data.yaml imgsz=160 batch=16 exist_ok=1 && \
+	./yolo predict model=runs/detect/demo/weights/best.safetensors source=$(DEMO_DATA)/images/val data=$(DEMO_DATA)/data.yaml imgsz=160 exist_ok=1 | tail -n 1 && \
 	echo "demo: $$(( $$(date +%s) - start )) s wall time (train + val + predict)"
 
 # benchmarks: each test/bench_X.c prints its own figures; never part of make test

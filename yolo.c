@@ -3599,6 +3599,9 @@ typedef struct {
     int64_t iou_cap;
     int *best, *taken;        // (N) / (M) scratch, grown with the image
     int64_t best_cap, taken_cap;
+    int64_t *cm;              // (NC+1, NC+1) confusion matrix: row = predicted, column = true class; NC = background
+    float *pairs;             // (pairs_cap, 3) scratch of confusion_add: label, detection, IoU
+    int64_t pairs_cap;
 } Evaluator;
 
 typedef struct {
@@ -3609,6 +3612,9 @@ typedef struct {
     double *ap50, *ap;        // (NC) per-class AP50 and AP50-95; -1 for classes without labels
     double *p, *r;            // (NC) per-class P and R at the max-F1 confidence; -1 without labels
     double conf_best;         // confidence grid value where the smoothed mean F1 peaks
+    int *curve_cls;           // (n_cls) class of each curve row: the classes with labels, in order
+    double *curve_p, *curve_r;   // (n_cls, EVAL_NGRID) precision and recall at IoU 0.5 against confidence
+    double *curve_pr;         // (n_cls, EVAL_NGRID) precision against recall (compute_ap's envelope at IoU 0.5)
 } Metrics;
 
 static void evaluator_init(Evaluator *ev, int NC) {
@@ -3616,16 +3622,19 @@ static void evaluator_init(Evaluator *ev, int NC) {
     if (NC < 1) die("evaluator_init: NC=%d", NC);
     ev->NC = NC;
     ev->n_gt = xcalloc((size_t)NC, sizeof(int64_t));
+    ev->cm = xcalloc((size_t)(NC + 1) * (NC + 1), sizeof(int64_t));
 }
 
 // evaluator_reset: forget all images (keeps the buffers).
 static void evaluator_reset(Evaluator *ev) {
     ev->n = 0;
     memset(ev->n_gt, 0, (size_t)ev->NC * sizeof(int64_t));
+    memset(ev->cm, 0, (size_t)(ev->NC + 1) * (ev->NC + 1) * sizeof(int64_t));
 }
 
 static void evaluator_free(Evaluator *ev) {
     free(ev->conf); free(ev->cls); free(ev->tp); free(ev->n_gt); free(ev->iou); free(ev->best); free(ev->taken);
+    free(ev->cm); free(ev->pairs);
     memset(ev, 0, sizeof *ev);
 }
 
@@ -3649,6 +3658,59 @@ static inline float box_iou_f(const float *a, const float *b) {
     return inter / (a1 + a2 - inter + 1e-7f);
 }
 
+// Confusion matrix thresholds: Ultralytics' ConfusionMatrix for detection keeps detections with
+// score > 0.25 (the validation NMS keeps 0.001) and pairs a label and a detection at IoU > 0.45.
+#define CM_CONF 0.25f
+#define CM_IOU 0.45f
+
+static int pair_iou_desc(const void *a, const void *b) {
+    const float *p = a, *q = b;
+    if (p[2] != q[2]) return p[2] < q[2] ? 1 : -1;
+    if (p[0] != q[0]) return p[0] < q[0] ? -1 : 1;
+    return p[1] < q[1] ? -1 : p[1] > q[1];
+}
+
+// confusion_add: one image into ev->cm (ConfusionMatrix.process_batch for detection). Class-
+// agnostic pairs (label, detection) with IoU > CM_IOU, by IoU descending: each detection keeps its
+// best pair, then each label its best of those. A matched label counts at (detection class, label
+// class), an unmatched label at (background, class), an unmatched detection at (class, background).
+// So the matrix sums to labels + unmatched detections, and column c sums to the labels of class c.
+// (Ultralytics before its December 2024 fix skipped the unmatched detections of an image where no
+// pair passed the IoU; current Ultralytics counts them, as here.)
+// dets: (N) in NMS order; gt_box: (M, 4) x1 y1 x2 y2 in the same pixels; gt_cls: (M).
+static void confusion_add(Evaluator *ev, const Det *dets, int N, const float *gt_box, const int *gt_cls, int M) {
+    int NC = ev->NC, np_ = 0;
+    ev->pairs = grow_buffer(ev->pairs, &ev->pairs_cap, 3 * ((int64_t)M * N + 1), sizeof(float));
+    ev->best = grow_buffer(ev->best, &ev->best_cap, N + 1, sizeof(int));
+    ev->taken = grow_buffer(ev->taken, &ev->taken_cap, M + 1, sizeof(int));
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            const float db[4] = {dets[j].x1, dets[j].y1, dets[j].x2, dets[j].y2};
+            float v = dets[j].score > CM_CONF ? box_iou_f(gt_box + (size_t)i * 4, db) : 0.0f;
+            if (v > CM_IOU) {
+                float *p = ev->pairs + 3 * (size_t)np_++;
+                p[0] = (float)i; p[1] = (float)j; p[2] = v;
+            }
+        }
+    qsort(ev->pairs, (size_t)np_, 3 * sizeof(float), pair_iou_desc);
+    for (int j = 0; j < N; j++) ev->best[j] = -1;     // detection j -> its label, then -2 once kept
+    for (int i = 0; i < M; i++) ev->taken[i] = -1;    // label i -> its detection
+    for (int k = 0; k < np_; k++) {
+        const float *p = ev->pairs + 3 * (size_t)k;
+        int i = (int)p[0], j = (int)p[1];
+        if (ev->best[j] != -1) continue;              // not this detection's best pair
+        ev->best[j] = i;
+        if (ev->taken[i] == -1) ev->taken[i] = j;
+    }
+    for (int i = 0; i < M; i++) {
+        int j = ev->taken[i];
+        ev->cm[(size_t)(j >= 0 ? dets[j].cls : NC) * (NC + 1) + gt_cls[i]]++;
+        if (j >= 0) ev->best[j] = -2;
+    }
+    for (int j = 0; j < N; j++)
+        if (dets[j].score > CM_CONF && ev->best[j] != -2) ev->cm[(size_t)dets[j].cls * (NC + 1) + NC]++;
+}
+
 // evaluator_add_image: match one image's detections (in NMS order) against its labels.
 // dets: (N); gt_box: (M, 4) x1 y1 x2 y2 in the same pixels; gt_cls: (M).
 // Per threshold t this reproduces match_predictions exactly: the pairs with IoU >= t sorted by
@@ -3661,6 +3723,10 @@ static void evaluator_add_image(Evaluator *ev, const Det *dets, int N, const flo
         if (gt_cls[i] < 0 || gt_cls[i] >= ev->NC) die("evaluator: label class %d outside [0, %d)", gt_cls[i], ev->NC);
         ev->n_gt[gt_cls[i]]++;
     }
+    for (int j = 0; j < N; j++)
+        if (dets[j].cls < 0 || dets[j].cls >= ev->NC)
+            die("evaluator: detection class %d outside [0, %d)", dets[j].cls, ev->NC);
+    confusion_add(ev, dets, N, gt_box, gt_cls, M);
     if (N == 0) return;
     int64_t cap = ev->cap;                    // the three per-detection arrays grow together
     ev->conf = grow_buffer(ev->conf, &cap, ev->n + N, sizeof(float));
@@ -3696,7 +3762,6 @@ static void evaluator_add_image(Evaluator *ev, const Det *dets, int N, const flo
         }
     }
     for (int j = 0; j < N; j++) {
-        if (dets[j].cls < 0 || dets[j].cls >= ev->NC) die("evaluator: detection class %d outside [0, %d)", dets[j].cls, ev->NC);
         ev->conf[ev->n + j] = dets[j].score;
         ev->cls[ev->n + j] = dets[j].cls;
     }
@@ -3722,8 +3787,19 @@ static double compute_ap(const double *recall, const double *precision, int64_t 
     return ap;
 }
 
+// smooth_box: Ultralytics' smooth(y, f): a box filter of nf = round(n * f * 2) // 2 + 1 points
+// over y padded with nf // 2 copies of its end values. y, out: (n), not the same array.
+static void smooth_box(const double *y, int n, double f, double *out) {
+    int nf = (int)lround(n * f * 2) / 2 + 1, half = nf / 2;
+    for (int k = 0; k < n; k++) {
+        double s = 0.0;
+        for (int q = k - half; q <= k + half; q++) s += y[q < 0 ? 0 : q >= n ? n - 1 : q] * (1.0 / nf);
+        out[k] = s;
+    }
+}
+
 // evaluator_compute: ap_per_class over everything added, plus the Metric means.
-// m->ap50, ap, p, r are allocated here (NC each); free them with metrics_free.
+// m->ap50, ap, p, r and the curves are allocated here; free them with metrics_free.
 static void evaluator_compute(Evaluator *ev, Metrics *m) {
     int NC = ev->NC;
     int64_t n = ev->n;
@@ -3747,6 +3823,8 @@ static void evaluator_compute(Evaluator *ev, Metrics *m) {
     double *mrec = xmalloc((size_t)(n + 2) * sizeof(double)), *mpre = xmalloc((size_t)(n + 2) * sizeof(double));
     double *pc = xcalloc((size_t)ncls * EVAL_NGRID, sizeof(double));     // (ncls, 1000) precision curve
     double *rc = xcalloc((size_t)ncls * EVAL_NGRID, sizeof(double));     // (ncls, 1000) recall curve
+    double *prc = xcalloc((size_t)ncls * EVAL_NGRID, sizeof(double));    // (ncls, 1000) precision at recall
+    m->curve_cls = xmalloc((size_t)ncls * sizeof(int));
     double grid[EVAL_NGRID];
     for (int k = 0; k < EVAL_NGRID; k++) grid[k] = k == EVAL_NGRID - 1 ? 1.0 : k * (1.0 / (EVAL_NGRID - 1));
 
@@ -3776,6 +3854,8 @@ static void evaluator_compute(Evaluator *ev, Metrics *m) {
                     for (int k = 0; k < EVAL_NGRID; k++) {
                         rc[(size_t)ci * EVAL_NGRID + k] = np_interp(-grid[k], negc, col_r, np_, 0.0, col_r[np_ - 1]);
                         pc[(size_t)ci * EVAL_NGRID + k] = np_interp(-grid[k], negc, col_p, np_, 1.0, col_p[np_ - 1]);
+                        prc[(size_t)ci * EVAL_NGRID + k] =
+                            np_interp(grid[k], mrec, mpre, np_ + 2, mpre[0], mpre[np_ + 1]);
                     }
             }
         }
@@ -3783,7 +3863,7 @@ static void evaluator_compute(Evaluator *ev, Metrics *m) {
         for (int t = 0; t < EVAL_NIOU; t++) s += apc[t];
         m->ap50[c] = apc[0]; m->ap[c] = s / EVAL_NIOU;
         sum_ap50 += apc[0]; sum_ap += s / EVAL_NIOU;
-        ci++;
+        m->curve_cls[ci++] = c;
     }
     // mean F1 over classes, smoothed (Ultralytics smooth(y, 0.1): box filter of 101 with edge
     // padding of 50 on each side), argmax = first maximum
@@ -3796,13 +3876,11 @@ static void evaluator_compute(Evaluator *ev, Metrics *m) {
         }
         f1m[k] = s / ncls;
     }
-    int nf = (int)lround(EVAL_NGRID * 0.1 * 2) / 2 + 1, half = nf / 2, best = 0;
-    double bestv = -1.0;
-    for (int k = 0; k < EVAL_NGRID; k++) {
-        double s = 0.0;
-        for (int q = k - half; q <= k + half; q++) s += f1m[q < 0 ? 0 : q >= EVAL_NGRID ? EVAL_NGRID - 1 : q] * (1.0 / nf);
-        if (s > bestv) { bestv = s; best = k; }
-    }
+    double f1s[EVAL_NGRID], bestv = -1.0;
+    smooth_box(f1m, EVAL_NGRID, 0.1, f1s);
+    int best = 0;
+    for (int k = 0; k < EVAL_NGRID; k++)
+        if (f1s[k] > bestv) { bestv = f1s[k]; best = k; }
     double sp = 0.0, sr = 0.0;
     for (int c = 0, ci = 0; c < NC; c++) {
         if (ev->n_gt[c] == 0) continue;
@@ -3813,13 +3891,16 @@ static void evaluator_compute(Evaluator *ev, Metrics *m) {
     m->P = sp / ncls; m->R = sr / ncls;
     m->map50 = sum_ap50 / ncls; m->map = sum_ap / ncls; m->fitness = m->map;
     m->conf_best = grid[best];
+    m->curve_p = pc; m->curve_r = rc; m->curve_pr = prc;
     free(order); free(tmp); free(rec); free(pre); free(negc); free(col_r); free(col_p);
-    free(mrec); free(mpre); free(pc); free(rc);
+    free(mrec); free(mpre);
 }
 
 static void metrics_free(Metrics *m) {
     free(m->ap50); free(m->ap); free(m->p); free(m->r);
-    m->ap50 = m->ap = m->p = m->r = NULL;
+    free(m->curve_cls); free(m->curve_p); free(m->curve_r); free(m->curve_pr);
+    m->ap50 = m->ap = m->p = m->r = m->curve_p = m->curve_r = m->curve_pr = NULL;
+    m->curve_cls = NULL;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -4687,7 +4768,7 @@ static void image_draw_box(Image *img, int x1, int y1, int x2, int y2, int r, in
 
 // A 5x7 font of our own: digits, A-Z (lowercase is drawn as uppercase) and some punctuation.
 // Each glyph is 7 rows, bit 4 = leftmost column.
-static const char FONT_CHARS[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ .,:-_%/()=+?#";
+static const char FONT_CHARS[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ .,:-_%/()=+?#@";
 static const uint8_t FONT_ROWS[][7] = {
     {0x0E,0x11,0x13,0x15,0x19,0x11,0x0E}, {0x04,0x0C,0x04,0x04,0x04,0x04,0x0E}, {0x0E,0x11,0x01,0x02,0x04,0x08,0x1F},
     {0x1F,0x02,0x04,0x02,0x01,0x11,0x0E}, {0x02,0x06,0x0A,0x12,0x1F,0x02,0x02}, {0x1F,0x10,0x1E,0x01,0x01,0x11,0x0E},
@@ -4706,17 +4787,22 @@ static const uint8_t FONT_ROWS[][7] = {
     {0x00,0x0C,0x0C,0x00,0x0C,0x0C,0x00}, {0x00,0x00,0x00,0x1F,0x00,0x00,0x00}, {0x00,0x00,0x00,0x00,0x00,0x00,0x1F},
     {0x18,0x19,0x02,0x04,0x08,0x13,0x03}, {0x00,0x01,0x02,0x04,0x08,0x10,0x00}, {0x02,0x04,0x08,0x08,0x08,0x04,0x02},
     {0x08,0x04,0x02,0x02,0x02,0x04,0x08}, {0x00,0x00,0x1F,0x00,0x1F,0x00,0x00}, {0x00,0x04,0x04,0x1F,0x04,0x04,0x00},
-    {0x0E,0x11,0x01,0x02,0x04,0x00,0x04}, {0x0A,0x0A,0x1F,0x0A,0x1F,0x0A,0x0A},
+    {0x0E,0x11,0x01,0x02,0x04,0x00,0x04}, {0x0A,0x0A,0x1F,0x0A,0x1F,0x0A,0x0A}, {0x0E,0x11,0x17,0x15,0x17,0x10,0x0E},
 };
+
+// font_index: the FONT_ROWS glyph of character ch (lowercase as uppercase, unknown as '?').
+static int font_index(int ch) {
+    if (ch >= 'a' && ch <= 'z') ch -= 32;
+    const char *pos = ch ? strchr(FONT_CHARS, ch) : NULL;
+    return pos ? (int)(pos - FONT_CHARS) : (int)(strchr(FONT_CHARS, '?') - FONT_CHARS);
+}
 
 // image_draw_text: draw text with its top-left at (x, y); each glyph is 6*scale wide (with a
 // column of spacing) and 7*scale tall. Characters outside the font draw as '?'.
 static void image_draw_text(Image *img, int x, int y, const char *text, int r, int g, int b, int scale) {
     if (scale < 1) scale = 1;
     for (const char *t = text; *t; t++, x += 6 * scale) {
-        int ch = (*t >= 'a' && *t <= 'z') ? *t - 32 : *t;
-        const char *pos = ch ? strchr(FONT_CHARS, ch) : NULL;
-        int gi = pos ? (int)(pos - FONT_CHARS) : (int)(strchr(FONT_CHARS, '?') - FONT_CHARS);
+        int gi = font_index(*t);
         for (int row = 0; row < 7; row++)
             for (int col = 0; col < 5; col++)
                 if (FONT_ROWS[gi][row] & (0x10 >> col))
@@ -5901,13 +5987,18 @@ static void loader_close(Loader *L) {
 // ==========================================================================================
 
 static const uint8_t SHAPE_COLORS[4][3] = {{225, 40, 40}, {40, 190, 60}, {45, 85, 235}, {245, 205, 30}};
-static const uint8_t PALETTE[10][3] = {{255, 56, 56}, {72, 249, 10}, {0, 194, 255}, {255, 178, 29}, {207, 210, 49},
-                                       {146, 204, 23}, {61, 219, 134}, {26, 147, 52}, {0, 212, 187}, {255, 112, 31}};
+// Ultralytics' 20 class colours (utils/plotting.py Colors), class c -> PALETTE[c % 20]
+#define PALETTE_N 20
+static const uint8_t PALETTE[PALETTE_N][3] = {
+    {0x04, 0x2A, 0xFF}, {0x0B, 0xDB, 0xEB}, {0xF3, 0xF3, 0xF3}, {0x00, 0xDF, 0xB7}, {0x11, 0x1F, 0x68},
+    {0xFF, 0x6F, 0xDD}, {0xFF, 0x44, 0x4F}, {0xCC, 0xED, 0x00}, {0x00, 0xF3, 0x44}, {0xBD, 0x00, 0xFF},
+    {0x00, 0xB4, 0xFF}, {0xDD, 0x00, 0xBA}, {0x00, 0xFF, 0xFF}, {0x26, 0xC0, 0x00}, {0x01, 0xFF, 0xB3},
+    {0x7D, 0x24, 0xFF}, {0x7B, 0x00, 0x68}, {0xFF, 0x1B, 0x6C}, {0xFC, 0x6D, 0x2F}, {0xA2, 0xFF, 0x0B}};
 
 // image_draw_detection: a box in class cls's palette colour with its text on a label above it
 // (inside the box when there is no room above); labels, predictions and validation pictures.
 static void image_draw_detection(Image *img, int x1, int y1, int x2, int y2, int cls, const char *text, int thickness) {
-    const uint8_t *col = PALETTE[cls % 10];
+    const uint8_t *col = PALETTE[cls % PALETTE_N];
     image_draw_box(img, x1, y1, x2, y2, col[0], col[1], col[2], thickness);
     image_draw_label(img, x1, y1 - 9 >= 0 ? y1 - 9 : y1, text, col[0], col[1], col[2]);
 }
@@ -6037,7 +6128,7 @@ static void batch_draw(const Batch *bt, int b, const DataConfig *cfg, Image *out
     size_t plane = (size_t)H * W;
     const uint8_t *src = bt->img + (size_t)b * 3 * plane;
     for (size_t i = 0; i < plane; i++) for (int c = 0; c < 3; c++) out->px[3 * i + c] = src[c * plane + i];
-    for (int i = 0; i < bt->n; i++) {
+    for (int i = 0; cfg && i < bt->n; i++) {   // cfg NULL: the image only
         if (bt->batch_idx[i] != b) continue;
         const float *bx = bt->box + 4 * i;
         int x1 = (int)((bx[0] - bx[2] / 2) * W), y1 = (int)((bx[1] - bx[3] / 2) * H);
@@ -6091,6 +6182,416 @@ static int cmd_augment(int argc, char **argv) {
     dataset_free(&ds);
     data_config_free(&cfg);
     return rc ? 1 : 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// run pictures: confusion matrix, P/R/F1 curves, batch mosaics, label distribution
+// ------------------------------------------------------------------------------------------
+//
+// The pictures Ultralytics writes into a run's folder, under its file names:
+//   labels.jpg                    training labels: instances per class, box shapes, x/y and w/h
+//                                 histograms (plot_labels), at the start of training
+//   train_batch0.jpg .. 2         the first three augmented training batches with their labels
+//   val_batchI_labels.jpg, val_batchI_pred.jpg   the first three validation batches: labels, and
+//                                 the predictions with score > 0.25 (plot_images)
+//   confusion_matrix.png, confusion_matrix_normalized.png   the Evaluator's cm (confusion_add);
+//                                 normalized divides each column (true class) by its sum
+//   PR_curve.png, F1_curve.png, P_curve.png, R_curve.png   the curves evaluator_compute already
+//                                 builds for mAP (ap_per_class), per class and for all classes
+// The validation pictures come from the last validation of a training run and from `yolo val`.
+// DEVIATIONS from Ultralytics here:
+//  - Drawn with our 5x7 bitmap font (upper case only) and our own layout, not matplotlib/seaborn;
+//    sizes differ (mosaics follow plot_images: a grid of up to 16 tiles, long side <= 1920).
+//  - The end-of-training pictures show the last epoch's validation of the EMA, not a second
+//    validation of best.safetensors (yolo.c runs no final_eval).
+//  - A class with labels but no predictions has a PR curve of zeros in the all-classes mean
+//    (Ultralytics leaves it out of that mean but not out of mAP).
+
+// matplotlib's default colour cycle (tab10), for the per-class curves
+static const uint8_t TAB10[10][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}, {148, 103, 189},
+                                     {140, 86, 75}, {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}};
+// matplotlib's "Blues" colour map, 9 stops from 0 to 1, for the confusion matrix
+static const uint8_t BLUES[9][3] = {{247, 251, 255}, {222, 235, 247}, {198, 219, 239}, {158, 202, 225}, {107, 174, 214},
+                                    {66, 146, 198}, {33, 113, 181}, {8, 81, 156}, {8, 48, 107}};
+
+// image_draw_line: a straight line of a square pen t pixels wide from (xa, ya) to (xb, yb).
+static void image_draw_line(Image *img, double xa, double ya, double xb, double yb, int t, int r, int g, int b) {
+    int steps = (int)fmax(fabs(xb - xa), fabs(yb - ya)) + 1;
+    for (int s = 0; s <= steps; s++) {
+        int px = (int)lround(xa + (xb - xa) * s / steps) - t / 2, py = (int)lround(ya + (yb - ya) * s / steps) - t / 2;
+        image_fill_rect(img, px, py, px + t, py + t, r, g, b);
+    }
+}
+
+// image_draw_text_up: text turned 90 degrees counter-clockwise (read from bottom to top) starting
+// at (x, y), the bottom-left corner of the first glyph; the glyphs' tops face left.
+static void image_draw_text_up(Image *img, int x, int y, const char *text, int r, int g, int b, int s) {
+    for (const char *t = text; *t; t++, y -= 6 * s) {
+        int gi = font_index(*t);
+        for (int row = 0; row < 7; row++)
+            for (int col = 0; col < 5; col++)
+                if (FONT_ROWS[gi][row] & (0x10 >> col))
+                    image_fill_rect(img, x + row * s, y - (col + 1) * s, x + (row + 1) * s, y - col * s, r, g, b);
+    }
+}
+
+static int text_w(const char *t, int s) { return 6 * s * (int)strlen(t) - s; }
+
+// Frame: the axes of a plot in pixels; data coordinates x in [xmin, xmax], y in [ymin, ymax].
+typedef struct { int x0, y0, x1, y1; double xmin, xmax, ymin, ymax; } Frame;
+static double frame_x(const Frame *f, double v) {
+    return f->x0 + (v - f->xmin) / (f->xmax - f->xmin) * (f->x1 - f->x0);
+}
+static double frame_y(const Frame *f, double v) {
+    return f->y1 - (v - f->ymin) / (f->ymax - f->ymin) * (f->y1 - f->y0);
+}
+
+// frame_draw: the axes box, five ticks with values on each axis, the axis labels (y turned) and
+// a title centred above, in text scale s.
+static void frame_draw(Image *img, const Frame *f, const char *title, const char *xl, const char *yl, int s) {
+    image_draw_box(img, f->x0, f->y0, f->x1, f->y1, 0, 0, 0, 1);
+    char lab[32];
+    for (int k = 0; k <= 5; k++) {
+        double vx = f->xmin + (f->xmax - f->xmin) * k / 5, vy = f->ymin + (f->ymax - f->ymin) * k / 5;
+        int px = (int)lround(frame_x(f, vx)), py = (int)lround(frame_y(f, vy));
+        image_fill_rect(img, px, f->y1, px + 1, f->y1 + 5, 0, 0, 0);
+        snprintf(lab, sizeof lab, "%.1f", vx);
+        image_draw_text(img, px - text_w(lab, s) / 2, f->y1 + 8, lab, 0, 0, 0, s);
+        image_fill_rect(img, f->x0 - 5, py, f->x0, py + 1, 0, 0, 0);
+        snprintf(lab, sizeof lab, "%.1f", vy);
+        image_draw_text(img, f->x0 - 8 - text_w(lab, s), py - 7 * s / 2, lab, 0, 0, 0, s);
+    }
+    image_draw_text(img, (f->x0 + f->x1 - text_w(xl, s)) / 2, f->y1 + 14 + 7 * s, xl, 0, 0, 0, s);
+    image_draw_text_up(img, f->x0 - 18 - 6 * s * 3 - 7 * s, (f->y0 + f->y1 + text_w(yl, s)) / 2, yl, 0, 0, 0, s);
+    image_draw_text(img, (f->x0 + f->x1 - text_w(title, s)) / 2, f->y0 - 10 - 7 * s, title, 0, 0, 0, s);
+}
+
+// plot_curves: one of PR_curve.png and the F1/P/R-confidence curves (plot_pr_curve,
+// plot_mc_curve): y (n, EVAL_NGRID) over px (EVAL_NGRID), a thin line per class with its legend
+// entry from labels (with 21 classes or more the lines are grey and unlabelled), then `all`
+// thick and blue with all_label. Axes 0..1 both ways, legend right of the axes.
+static void plot_curves(const char *path, const char *title, const char *xl, const char *yl, const double *px,
+                        const double *y, int n, char **labels, const double *all, const char *all_label) {
+    const int s = 2;
+    Image img = image_alloc(1400, 860);
+    memset(img.px, 255, (size_t)img.w * img.h * 3);
+    Frame f = {130, 60, 930, 760, 0, 1, 0, 1};
+    int legend = n > 0 && n < 21, ly = f.y0 + 10;
+    for (int i = 0; i <= n; i++) {
+        const double *v = i < n ? y + (size_t)i * EVAL_NGRID : all;
+        const uint8_t grey[3] = {128, 128, 128}, blue[3] = {0, 0, 255};
+        const uint8_t *c = i == n ? blue : legend ? TAB10[i % 10] : grey;
+        int t = i == n ? 5 : 2;
+        for (int k = 1; k < EVAL_NGRID; k++)
+            image_draw_line(&img, frame_x(&f, px[k - 1]), frame_y(&f, fmin(fmax(v[k - 1], 0), 1)), frame_x(&f, px[k]),
+                            frame_y(&f, fmin(fmax(v[k], 0), 1)), t, c[0], c[1], c[2]);
+        if (i < n && !legend) continue;
+        image_fill_rect(&img, f.x1 + 30, ly + 6 - t / 2, f.x1 + 70, ly + 6 - t / 2 + t, c[0], c[1], c[2]);
+        image_draw_text(&img, f.x1 + 80, ly, i < n ? labels[i] : all_label, 0, 0, 0, s);
+        ly += 12 + 7 * s;
+    }
+    frame_draw(&img, &f, title, xl, yl, s);
+    image_save_png(path, &img);
+    image_free(&img);
+}
+
+// blues: the colour of v in [0, 1] on the Blues map (linear between its stops).
+static void blues(double v, uint8_t out[3]) {
+    double x = fmin(fmax(v, 0), 1) * 8;
+    int k = x >= 8 ? 7 : (int)x;
+    for (int c = 0; c < 3; c++) out[c] = (uint8_t)lround(BLUES[k][c] + (x - k) * (BLUES[k + 1][c] - BLUES[k][c]));
+}
+
+// plot_confusion: confusion_matrix.png or confusion_matrix_normalized.png (ConfusionMatrix.plot):
+// cm (NC+1, NC+1) as a heat map, rows predicted and columns true, class names then "background"
+// on both axes, values written in the cells (below 30 classes; values < 0.005 left blank), a
+// colour bar from 0 to the largest value. normalize: each column divided by its sum.
+static void plot_confusion(const char *path, const int64_t *cm, int NC, char **names, int normalize) {
+    int N = NC + 1, cell = N <= 6 ? 120 : N <= 12 ? 64 : N <= 31 ? 28 : N <= 100 ? 9 : 4, s = 2;
+    double *a = xmalloc(sizeof(double) * (size_t)N * N), vmax = 0;
+    for (int j = 0; j < N; j++) {
+        double col = 0;
+        for (int i = 0; i < N; i++) col += (double)cm[(size_t)i * N + j];
+        for (int i = 0; i < N; i++) {
+            double v = (double)cm[(size_t)i * N + j] / (normalize ? col + 1e-9 : 1);
+            a[(size_t)i * N + j] = v < 0.005 ? NAN : v;   // not drawn, as Ultralytics
+            if (v >= 0.005) vmax = fmax(vmax, v);
+        }
+    }
+    char lab[160], (*tick)[64] = xmalloc(sizeof *tick * (size_t)N);
+    int tw = 0, ts = cell >= 28 ? s : 1;
+    for (int i = 0; i < N; i++) {
+        if (i == NC) snprintf(tick[i], sizeof tick[i], "background");
+        else if (N < 100) snprintf(tick[i], sizeof tick[i], "%.40s", names[i]);
+        else snprintf(tick[i], sizeof tick[i], "%d", i);
+        tw = (int)fmax(tw, text_w(tick[i], ts));
+    }
+    int x0 = 60 + tw + 20, y0 = 80, side = N * cell;
+    Image img = image_alloc(x0 + side + 160, y0 + side + tw + 90);
+    memset(img.px, 255, (size_t)img.w * img.h * 3);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            double v = a[(size_t)i * N + j];
+            if (isnan(v)) continue;
+            uint8_t c[3];
+            blues(vmax > 0 ? v / vmax : 0, c);
+            int cx = x0 + j * cell, cy = y0 + i * cell;
+            image_fill_rect(&img, cx, cy, cx + cell, cy + cell, c[0], c[1], c[2]);
+            if (NC >= 30) continue;
+            snprintf(lab, sizeof lab, normalize ? "%.2f" : "%.0f", v);
+            int dark = 299 * c[0] + 587 * c[1] + 114 * c[2] < 408 * 255, ls = text_w(lab, s) <= cell - 4 ? s : 1;
+            image_draw_text(&img, cx + (cell - text_w(lab, ls)) / 2, cy + (cell - 7 * ls) / 2, lab, dark ? 255 : 0,
+                            dark ? 255 : 0, dark ? 255 : 0, ls);
+        }
+    for (int i = 0; i < N && (cell >= 8 || i % (8 / cell + 1) == 0); i++) {
+        int mid = i * cell + cell / 2;
+        image_draw_text(&img, x0 - 8 - text_w(tick[i], ts), y0 + mid - 7 * ts / 2, tick[i], 0, 0, 0, ts);
+        image_draw_text_up(&img, x0 + mid - 7 * ts / 2, y0 + side + 8 + text_w(tick[i], ts), tick[i], 0, 0, 0, ts);
+    }
+    const char *title = normalize ? "Confusion Matrix Normalized" : "Confusion Matrix";
+    image_draw_text(&img, x0 + (side - text_w(title, s)) / 2, 30, title, 0, 0, 0, s);
+    image_draw_text(&img, x0 + (side - text_w("True", s)) / 2, y0 + side + tw + 30, "True", 0, 0, 0, s);
+    image_draw_text_up(&img, 20, y0 + (side + text_w("Predicted", s)) / 2, "Predicted", 0, 0, 0, s);
+    int bx = x0 + side + 30;   // colour bar, 0 at the bottom
+    for (int y = 0; y < side; y++) {
+        uint8_t c[3];
+        blues(1.0 - (double)y / (side - 1 > 0 ? side - 1 : 1), c);
+        image_fill_rect(&img, bx, y0 + y, bx + 24, y0 + y + 1, c[0], c[1], c[2]);
+    }
+    for (int k = 0; k <= 4; k++) {
+        snprintf(lab, sizeof lab, normalize || vmax < 10 ? "%.2f" : "%.0f", vmax * k / 4);
+        int py = y0 + side - 1 - (int)lround((side - 1) * k / 4.0);
+        image_fill_rect(&img, bx + 24, py, bx + 30, py + 1, 0, 0, 0);
+        image_draw_text(&img, bx + 34, py - 7 * s / 2, lab, 0, 0, 0, s);
+    }
+    image_save_png(path, &img);
+    image_free(&img);
+    free(a);
+    free(tick);
+}
+
+// eval_plots_save: the confusion matrices and the four curves of what ev holds (a validation
+// pass) into dir. names: (NC). Nothing when ev saw no images.
+static void eval_plots_save(Evaluator *ev, const char *dir, char **names) {
+    int64_t seen = ev->n;
+    for (int c = 0; c < ev->NC; c++) seen += ev->n_gt[c];
+    if (!seen) return;
+    char path[1024];
+    for (int normalize = 1; normalize >= 0; normalize--) {
+        snprintf(path, sizeof path, "%s/confusion_matrix%s.png", dir, normalize ? "_normalized" : "");
+        plot_confusion(path, ev->cm, ev->NC, names, normalize);
+    }
+    Metrics mt;
+    evaluator_compute(ev, &mt);
+    int n = mt.n_cls;
+    double px[EVAL_NGRID], all[EVAL_NGRID], mean[EVAL_NGRID];
+    for (int k = 0; k < EVAL_NGRID; k++) px[k] = k == EVAL_NGRID - 1 ? 1.0 : k * (1.0 / (EVAL_NGRID - 1));
+    double *f1 = xmalloc(sizeof(double) * ((size_t)n * EVAL_NGRID + 1));
+    char **labels = xmalloc(sizeof(char *) * (size_t)(n + 1)), all_label[96];
+    for (int i = 0; i < n; i++) labels[i] = xmalloc(96);
+    for (int i = 0; i < n; i++) snprintf(labels[i], 96, "%.40s %.3f", names[mt.curve_cls[i]], mt.ap50[mt.curve_cls[i]]);
+    for (int k = 0; k < EVAL_NGRID; k++) {
+        all[k] = 0;
+        for (int i = 0; i < n; i++) all[k] += mt.curve_pr[(size_t)i * EVAL_NGRID + k] / n;
+    }
+    snprintf(all_label, sizeof all_label, "all classes %.3f mAP@0.5", mt.map50);
+    snprintf(path, sizeof path, "%s/PR_curve.png", dir);
+    plot_curves(path, "Precision-Recall Curve", "Recall", "Precision", px, mt.curve_pr, n, labels, all, all_label);
+    for (int i = 0; i < n; i++) snprintf(labels[i], 96, "%.40s", names[mt.curve_cls[i]]);
+    for (size_t q = 0; q < (size_t)n * EVAL_NGRID; q++) {
+        double p = mt.curve_p[q], r = mt.curve_r[q];
+        f1[q] = 2 * p * r / (p + r + 1e-16);
+    }
+    static const char *const file[3] = {"F1", "P", "R"}, *const ylab[3] = {"F1", "Precision", "Recall"};
+    for (int m = 0; m < 3; m++) {   // plot_mc_curve: the class mean smoothed (0.05), its peak in the legend
+        const double *y = m == 0 ? f1 : m == 1 ? mt.curve_p : mt.curve_r;
+        for (int k = 0; k < EVAL_NGRID; k++) {
+            mean[k] = 0;
+            for (int i = 0; i < n; i++) mean[k] += y[(size_t)i * EVAL_NGRID + k] / n;
+        }
+        smooth_box(mean, EVAL_NGRID, 0.05, all);
+        int best = 0;
+        for (int k = 1; k < EVAL_NGRID; k++)
+            if (all[k] > all[best]) best = k;
+        snprintf(all_label, sizeof all_label, "all classes %.2f at %.3f", all[best], px[best]);
+        char title[64];
+        snprintf(title, sizeof title, "%s-Confidence Curve", ylab[m]);
+        snprintf(path, sizeof path, "%s/%s_curve.png", dir, file[m]);
+        plot_curves(path, title, "Confidence", ylab[m], px, y, n, labels, all, all_label);
+    }
+    for (int i = 0; i < n; i++) free(labels[i]);
+    free(labels);
+    free(f1);
+    metrics_free(&mt);
+}
+
+// PlotBox: one box of a batch picture, x1 y1 x2 y2 in the batch's pixels; conf < 0 for a label.
+typedef struct { int img, cls; float x1, y1, x2, y2, conf; } PlotBox;
+
+// plot_images: a batch as Ultralytics' plot_images draws it: the first 16 images in a grid of
+// ceil(sqrt(16)) columns filled top to bottom, then left to right, scaled so the long side is at
+// most 1920, each tile with a white border and its file name; with bx NULL the batch's labels
+// (class names), else the boxes bx (n) with score > 0.25 ("name 0.9").
+static void plot_images(const char *path, const Batch *bt, const PlotBox *bx, int n, const DataConfig *dc,
+                        const Dataset *ds) {
+    int bs = bt->B < 16 ? bt->B : 16, ns = (int)ceil(sqrt((double)bs)), H = bt->H, W = bt->W;
+    Image mos = image_alloc(ns * W, ns * H), tile = {0};
+    memset(mos.px, 255, (size_t)mos.w * mos.h * 3);
+    for (int b = 0; b < bs; b++) {
+        batch_draw(bt, b, bx ? NULL : dc, &tile);
+        for (int k = 0; k < n; k++) {
+            if (bx[k].img != b || (bx[k].conf >= 0 && bx[k].conf <= 0.25f)) continue;
+            char lab[96];
+            snprintf(lab, sizeof lab, "%.40s %.1f", dc->names[bx[k].cls], bx[k].conf);
+            image_draw_detection(&tile, (int)bx[k].x1, (int)bx[k].y1, (int)bx[k].x2, (int)bx[k].y2, bx[k].cls, lab, 2);
+        }
+        uint8_t *dst = mos.px + ((size_t)H * (b % ns) * mos.w + (size_t)W * (b / ns)) * 3;
+        for (int y = 0; y < H; y++) memcpy(dst + (size_t)y * mos.w * 3, tile.px + (size_t)y * W * 3, (size_t)W * 3);
+    }
+    double scale = 1920.0 / ns / fmax(H, W);
+    if (scale < 1) {
+        H = (int)ceil(scale * H), W = (int)ceil(scale * W);
+        Image small = image_alloc(ns * W, ns * H);
+        image_resize(mos.px, mos.w, mos.h, small.px, small.w, small.h);
+        image_free(&mos);
+        mos = small;
+    }
+    for (int b = 0; b < bs; b++) {
+        int x = W * (b / ns), y = H * (b % ns);
+        image_draw_box(&mos, x, y, x + W - 1, y + H - 1, 255, 255, 255, 2);
+        if (ds && bt->index[b] >= 0 && bt->index[b] < ds->n) {
+            const char *p = ds->paths[bt->index[b]], *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p;
+            char nm[48];
+            snprintf(nm, sizeof nm, "%.40s", base);
+            image_draw_text(&mos, x + 5, y + 5, nm, 220, 220, 220, 1);
+        }
+    }
+    image_save_jpg(path, &mos, 90);
+    image_free(&mos);
+    image_free(&tile);
+}
+
+// plot_train_batch: train_batch0.jpg .. train_batch2.jpg from the first three batches (ni: the
+// run's batch count, so a resumed run does not redraw them), labels as the loss sees them.
+static void plot_train_batch(const char *dir, long ni, const Batch *bt, const DataConfig *dc, const Dataset *ds) {
+    if (ni < 0 || ni >= 3) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/train_batch%ld.jpg", dir, ni);
+    plot_images(path, bt, NULL, 0, dc, ds);
+}
+
+// ValPics: the predictions of the current validation batch, kept for val_batchI_pred.jpg.
+typedef struct { PlotBox *box; int n, cap; } ValPics;
+
+// val_pics_add: image b of validation batch bi (0-based) and its detections (n, score order);
+// after the last image of each of the first three batches it writes val_batchI_labels.jpg and
+// val_batchI_pred.jpg into dir. Free vp->box when done.
+static void val_pics_add(ValPics *vp, const char *dir, int bi, const Batch *bt, int b, const Det *dets, int n,
+                         const DataConfig *dc, const Dataset *ds) {
+    if (bi >= 3) return;
+    if (b == 0) vp->n = 0;
+    for (int i = 0; i < n && b < 16; i++) {
+        if (dets[i].score <= 0.25f) continue;
+        if (vp->n == vp->cap) vp->box = realloc(vp->box, sizeof(PlotBox) * (size_t)(vp->cap = 2 * vp->cap + 64));
+        if (!vp->box) die("val pictures: out of host memory");
+        vp->box[vp->n++] = (PlotBox){b, dets[i].cls, dets[i].x1, dets[i].y1, dets[i].x2, dets[i].y2, dets[i].score};
+    }
+    if (b != bt->B - 1) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/val_batch%d_labels.jpg", dir, bi);
+    plot_images(path, bt, NULL, 0, dc, ds);
+    snprintf(path, sizeof path, "%s/val_batch%d_pred.jpg", dir, bi);
+    plot_images(path, bt, vp->box, vp->n, dc, ds);
+}
+
+// hist_color: a cell of a 2-D histogram, light to matplotlib's first colour as count -> vmax
+// (seaborn's histplot colour map); white for an empty cell.
+static void hist_color(double count, double vmax, uint8_t out[3]) {
+    double v = count <= 0 ? 0 : fmin(count / vmax, 1) * 0.85 + 0.15;
+    const uint8_t lo[3] = {255, 255, 255};
+    for (int c = 0; c < 3; c++) out[c] = (uint8_t)lround(lo[c] + v * (TAB10[0][c] - lo[c]));
+}
+
+// plot_hist2d: a 50 x 50 histogram of (u, v) pairs in [0, 1]^2 in frame f, the colour saturating
+// at the count below which 90% of the boxes lie (histplot's pmax=0.9).
+static void plot_hist2d(Image *img, const Frame *f, const float *lab, int n, int iu, int iv) {
+    enum { NB = 50 };
+    int cnt[NB * NB] = {0}, sorted[NB * NB];
+    for (int k = 0; k < n; k++) {
+        int a = (int)(lab[5 * k + iu] * NB), b = (int)(lab[5 * k + iv] * NB);
+        cnt[(b < 0 ? 0 : b >= NB ? NB - 1 : b) * NB + (a < 0 ? 0 : a >= NB ? NB - 1 : a)]++;
+    }
+    memcpy(sorted, cnt, sizeof cnt);
+    for (int i = 1; i < NB * NB; i++)   // insertion sort, ascending
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            int t = sorted[j];
+            sorted[j] = sorted[j - 1], sorted[j - 1] = t;
+        }
+    double acc = 0, vmax = 1;
+    for (int i = 0; i < NB * NB; i++)
+        if ((acc += sorted[i]) >= 0.9 * n) { vmax = fmax(sorted[i], 1); break; }
+    for (int b = 0; b < NB; b++)
+        for (int a = 0; a < NB; a++) {
+            uint8_t c[3];
+            hist_color(cnt[b * NB + a], vmax, c);
+            int xa = (int)lround(frame_x(f, (double)a / NB)), xb = (int)lround(frame_x(f, (a + 1.0) / NB));
+            int ya = (int)lround(frame_y(f, (b + 1.0) / NB)), yb = (int)lround(frame_y(f, (double)b / NB));
+            if (cnt[b * NB + a]) image_fill_rect(img, xa, ya, xb, yb, c[0], c[1], c[2]);
+        }
+}
+
+// plot_labels: labels.jpg (plot_labels) of a dataset's boxes: instances per class in the class
+// colours; the first 500 boxes' shapes drawn about one centre; histograms of box centres (x, y)
+// and sizes (width, height), all normalised to the image.
+static void plot_labels(const char *dir, const Dataset *ds, const DataConfig *dc) {
+    int n = ds->lab_off[ds->n], nc = dc->nc, s = 2, P = 600;
+    const float *lab = ds->lab;
+    Image img = image_alloc(2 * P, 2 * P);
+    memset(img.px, 255, (size_t)img.w * img.h * 3);
+    int64_t *cnt = xcalloc((size_t)nc, sizeof(int64_t)), cmax = 1;
+    for (int k = 0; k < n; k++)
+        if ((int)lab[5 * k] >= 0 && (int)lab[5 * k] < nc) cmax = (int64_t)fmax(cmax, ++cnt[(int)lab[5 * k]]);
+    int tw = 0, ns = nc <= 10 ? 2 : 1;   // class names along x, turned, in text scale ns
+    for (int c = 0; c < nc && nc < 30; c++) tw = (int)fmax(tw, text_w(dc->names[c], ns));
+    Frame f = {110, 30, P - 20, P - 30 - (nc < 30 ? tw + 10 : 30), -0.5, nc - 0.5, 0, cmax * 1.05};
+    image_draw_box(&img, f.x0, f.y0, f.x1, f.y1, 0, 0, 0, 1);
+    char t[48];
+    double mag = pow(10, floor(log10(cmax / 4.0))), step = mag;   // ticks at 1, 2 or 5 x 10^k
+    while (step * 4 < cmax) step += step == mag ? mag : step == 2 * mag ? 3 * mag : 5 * mag;
+    step = fmax(step, 1);   // whole instances
+    for (double v = 0; v <= f.ymax; v += step) {
+        int py = (int)lround(frame_y(&f, v));
+        snprintf(t, sizeof t, "%.0f", v);
+        image_fill_rect(&img, f.x0 - 5, py, f.x0, py + 1, 0, 0, 0);
+        image_draw_text(&img, f.x0 - 8 - text_w(t, s), py - 7, t, 0, 0, 0, s);
+    }
+    image_draw_text_up(&img, 10, (f.y0 + f.y1 + text_w("instances", s)) / 2, "instances", 0, 0, 0, s);
+    for (int c = 0; c < nc; c++) {   // bars 0.8 wide, as hist(rwidth=0.8)
+        const uint8_t *col = PALETTE[c % PALETTE_N];
+        int xa = (int)lround(frame_x(&f, c - 0.4)), xb = (int)lround(frame_x(&f, c + 0.4));
+        image_fill_rect(&img, xa, (int)lround(frame_y(&f, (double)cnt[c])), xb, f.y1, col[0], col[1], col[2]);
+        int mid = (int)lround(frame_x(&f, c));
+        if (nc < 30)
+            image_draw_text_up(&img, mid - 7 * ns / 2, f.y1 + 8 + text_w(dc->names[c], ns), dc->names[c], 0, 0, 0, ns);
+    }
+    if (nc >= 30) image_draw_text(&img, (f.x0 + f.x1 - text_w("classes", s)) / 2, f.y1 + 8, "classes", 0, 0, 0, s);
+    for (int k = 0; k < n && k < 500; k++) {   // box shapes, centred, in a square of the panel
+        const float *l = lab + 5 * k;
+        const uint8_t *col = PALETTE[((int)l[0] % PALETTE_N + PALETTE_N) % PALETTE_N];
+        int side = P - 60, ox = P + 30, oy = 30, hw = (int)lround(l[3] / 2 * side), hh = (int)lround(l[4] / 2 * side);
+        int cx = ox + side / 2, cy = oy + side / 2;
+        image_draw_box(&img, cx - hw, cy - hh, cx + hw, cy + hh, col[0], col[1], col[2], 1);
+    }
+    for (int q = 0; q < 2; q++) {
+        Frame h = {q * P + 110, P + 30, q * P + P - 20, 2 * P - 90, 0, 1, 0, 1};
+        plot_hist2d(&img, &h, lab, n, q ? 3 : 1, q ? 4 : 2);
+        frame_draw(&img, &h, "", q ? "width" : "x", q ? "height" : "y", s);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/labels.jpg", dir);
+    image_save_jpg(path, &img, 90);
+    image_free(&img);
+    free(cnt);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -7087,7 +7588,7 @@ static Config config_from_args(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     cfg_str(c.data, sizeof c.data, argc, argv, "data", "");
     cfg_str(c.model, sizeof c.model, argc, argv, "model", "yolov8n");
-    cfg_str(c.project, sizeof c.project, argc, argv, "project", "runs");
+    cfg_str(c.project, sizeof c.project, argc, argv, "project", "runs/detect");
     cfg_str(c.name, sizeof c.name, argc, argv, "name", "");
     cfg_str(c.optimizer, sizeof c.optimizer, argc, argv, "optimizer", "auto");
     cfg_str(c.device, sizeof c.device, argc, argv, "device", "");
@@ -7292,6 +7793,18 @@ static void mkdir_p(const char *path) {
     if (mkdir(tmp, 0755) && errno != EEXIST) die("cannot create directory '%s': %s", tmp, strerror(errno));
 }
 
+// run_dir: a run's folder as Ultralytics names it (get_save_dir, increment_path): PROJECT/NAME,
+// project runs/detect and name train, val or predict (the mode) by default; when it exists and
+// exist_ok=0, the first free of NAME2, NAME3, ... (resume=1 keeps NAME). Creates it.
+static void run_dir(char *dir, size_t n, const Config *c, const char *mode) {
+    char base[400];
+    snprintf(base, sizeof base, "%s/%s", c->project, c->name[0] ? c->name : mode);
+    snprintf(dir, n, "%s", base);
+    struct stat sb;
+    for (int i = 2; !c->resume && !c->exist_ok && stat(dir, &sb) == 0; i++) snprintf(dir, n, "%s%d", base, i);
+    mkdir_p(dir);
+}
+
 // model_load_weights: model= a scale name (random init) or a safetensors file (fine-tuning; a
 // head for a different nc is re-initialised with a message).
 static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed, int build_only) {
@@ -7476,6 +7989,7 @@ static void trainer_resume(Trainer *t) {
 
 // trainer_validate: the EMA in eval mode over the validation set: loss, NMS (conf 0.001, IoU
 // 0.7, multi-label, max_det 300), matching and mAP (DetectionValidator). Runs inside the training arena.
+// draw: val_batch0-2_labels.jpg and _pred.jpg into t->dir (val_pics_add).
 static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     Model *m = &t->m;
     float *keep_p = m->params, *keep_b = m->buffers;
@@ -7488,18 +8002,13 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
     const Batch *bt;
     float *gt = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * 4 * sizeof(float));
     int *gc = xmalloc((size_t)(t->vB * t->cfg.max_boxes + 1) * sizeof(int));
-    Image pic = {0};
+    ValPics vp = {0};
     t->ops->use_ema(t, 1);
     while ((bt = loader_next(t->val_ld))) {
         LossOut lo;
         const float *const *heads = t->ops->eval(t, bt, &lo);   // the forward and the loss; NMS below, on the host
         vloss[0] += lo.box, vloss[1] += lo.cls, vloss[2] += lo.dfl;
         nbv++;
-        if (draw && nbv == 1) {
-            int gw = bt->B < 4 ? bt->B : 4;
-            image_reserve(&pic, gw * bt->W, bt->H);
-            memset(pic.px, 114, (size_t)pic.w * pic.h * 3);
-        }
         for (int b = 0; b < bt->B; b++) {
             int n = nms_run_maps(&t->nms, heads, b, bt->H, bt->W, t->dets);
             int M = 0;
@@ -7513,29 +8022,12 @@ static Metrics trainer_validate(Trainer *t, double vloss[3], int draw) {
                     gc[M++] = bt->cls[i];
                 }
             evaluator_add_image(&t->ev, t->dets, n, gt, gc, M);
-            if (draw && nbv == 1 && b < 4) {   // val_batch0_pred.jpg: the first images with predictions >= 0.25
-                for (int y = 0; y < bt->H; y++)
-                    for (int x = 0; x < bt->W; x++)
-                        for (int c = 0; c < 3; c++)
-                            pic.px[((size_t)y * pic.w + b * bt->W + x) * 3 + c] = bt->img[(((size_t)b * 3 + c) * bt->H + y) * bt->W + x];
-                for (int i = 0; i < n; i++) {
-                    if (t->dets[i].score < 0.25f) continue;
-                    Det *d = &t->dets[i];
-                    char lab[96];
-                    snprintf(lab, sizeof lab, "%s %.2f", t->data.names[d->cls], d->score);
-                    image_draw_detection(&pic, (int)d->x1 + b * bt->W, (int)d->y1, (int)d->x2 + b * bt->W, (int)d->y2, d->cls, lab, 1);
-                }
-            }
+            if (draw) val_pics_add(&vp, t->dir, nbv - 1, bt, b, t->dets, n, &t->data, &t->val_ds);
         }
         t->ops->eval_done(t);
     }
     t->ops->use_ema(t, 0);
-    if (draw && pic.px) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/val_batch0_pred.jpg", t->dir);
-        image_save_jpg(path, &pic, 90);
-        image_free(&pic);
-    }
+    free(vp.box);
     free(gt);
     free(gc);
     for (int k = 0; k < 3; k++) vloss[k] /= nbv > 0 ? nbv : 1;
@@ -7570,11 +8062,7 @@ static void plot_results(const char *dir, double (*rows)[11], int n) {
         for (int i = 1; i < n; i++) {
             double xa = x0 + (double)(i - 1) / (n - 1) * (x1 - x0), xb = x0 + (double)i / (n - 1) * (x1 - x0);
             double ya = y1 - (rows[i - 1][col[k]] - lo) / (hi - lo) * (y1 - y0), yb = y1 - (rows[i][col[k]] - lo) / (hi - lo) * (y1 - y0);
-            int steps = (int)fmax(fabs(xb - xa), fabs(yb - ya)) + 1;
-            for (int s = 0; s <= steps; s++) {
-                int px = (int)lround(xa + (xb - xa) * s / steps), py = (int)lround(ya + (yb - ya) * s / steps);
-                image_fill_rect(&img, px, py, px + 2, py + 2, 31, 119, 180);
-            }
+            image_draw_line(&img, xa, ya, xb, yb, 2, 31, 119, 180);
         }
     }
     char path[1024];
@@ -7801,22 +8289,18 @@ static const TrainerOps *trainer_ops(int dev) {
 
 // ---- train_run and its parts ----
 
-// trainer_open_data: the dataset, the output folder runs/train/NAME (NAME2, NAME3, ... when it
-// exists, unless resume/exist_ok) and the two loaders (validation batches 2 x B)
+// trainer_open_data: the dataset, the run folder (run_dir: runs/detect/train, train2, ... unless
+// resume/exist_ok) and the two loaders (validation batches 2 x B)
 static void trainer_open_data(Trainer *t) {
     const Config *cfg = &t->cfg;
-    char base[700];
-    snprintf(base, sizeof base, "%s/train/%s", cfg->project, cfg->name[0] ? cfg->name : "train");
-    snprintf(t->dir, sizeof t->dir, "%s", base);
-    struct stat sb;
-    for (int i = 2; !cfg->resume && !cfg->exist_ok && stat(t->dir, &sb) == 0; i++)
-        snprintf(t->dir, sizeof t->dir, "%s%d", base, i);
+    run_dir(t->dir, sizeof t->dir, cfg, "train");
     char wdir[800];
     snprintf(wdir, sizeof wdir, "%s/weights", t->dir);
     mkdir_p(wdir);
 
     if (dataset_load(&t->data, 0, &t->train_ds)) die("train: no usable training images in %s", cfg->data);
     if (dataset_load(&t->data, 1, &t->val_ds)) die("train: no usable validation images in %s", cfg->data);
+    plot_labels(t->dir, &t->train_ds, &t->data);
     int cache = !strcmp(cfg->cache, "ram");
     LoaderConfig lc = {.batch = t->B, .imgsz = t->S, .workers = cfg->workers, .max_boxes = cfg->max_boxes, .train = 1,
                        .cache_ram = cache, .seed = cfg->seed, .aug = cfg->aug};
@@ -7954,6 +8438,7 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
     const Batch *bt;
     while ((bt = loader_next(t->train_ld))) {
         long ni = (long)nbatch + (long)t->nb * epoch;
+        plot_train_batch(t->dir, ni, bt, &t->data, &t->train_ds);
         int accumulate = trainer_lr(t, ni, nw, lf), bad;
         LossOut lo = t->ops->step(t, bt, &bad);
         if (bad) {
@@ -8073,6 +8558,7 @@ static int train_run(Config cfg) {
         stop = train_epoch(t, epoch, nw, tl, &ngood);
         if (!stop) stop = train_epoch_end(t, epoch, tl, ngood, rows, &nrows, csv, t_start);
     }
+    eval_plots_save(&t->ev, t->dir, t->data.names);   // the last validation's confusion matrix and curves
     double total = now_sec() - t_start;
     const Arena *ar = t->ops->arena(t);
     printf("%d epochs completed in %.1f s (%.3f hours); best fitness (mAP50-95) %.4f at epoch %d; %d steps skipped for "
@@ -8094,7 +8580,8 @@ static int train_run(Config cfg) {
 }
 
 // cmd_val: `yolo val model=FILE data=FILE [imgsz= batch=]`: the metrics of a weights file on the
-// validation split, in one planned arena, as the trainer computes them.
+// validation split, in one planned arena, as the trainer computes them; the validation pictures
+// (eval_plots_save, val_pics_add) into the run folder, runs/detect/val by default.
 static int cmd_val(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     Trainer *t = xcalloc(1, sizeof(Trainer));
@@ -8144,14 +8631,14 @@ static int cmd_val(int argc, char **argv) {
     printf("val: %s on %d images, batch %d, imgsz %d, memory plan %.1f MiB (%s)\n", c.model, t->val_ds.n, t->B, t->S,
            plan_bytes / 1048576.0, t->dev >= 0 ? "device" : "host");
     double vloss[3], t0 = now_sec();
-    snprintf(t->dir, sizeof t->dir, "%s/val/%s", c.project, c.name[0] ? c.name : "val");
-    mkdir_p(t->dir);
+    run_dir(t->dir, sizeof t->dir, &c, "val");
     Metrics mt = trainer_validate(t, vloss, 1);
+    eval_plots_save(&t->ev, t->dir, t->data.names);
     printf("%22s %9s %9s %9s %9s\n", "class", "P", "R", "mAP50", "mAP50-95");
     printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
     for (int k = 0; k < fnc; k++)
         if (mt.ap[k] >= 0) printf("%22s %9.3f %9.3f %9.3f %9.3f\n", t->data.names[k], mt.p[k], mt.r[k], mt.ap50[k], mt.ap[k]);
-    printf("val losses box %.4f cls %.4f dfl %.4f; %.2f s; predictions picture %s/val_batch0_pred.jpg\n", vloss[0], vloss[1],
+    printf("val losses box %.4f cls %.4f dfl %.4f; %.2f s; pictures in %s\n", vloss[0], vloss[1],
            vloss[2], now_sec() - t0, t->dir);
     metrics_free(&mt);
     t->ops->close(t, 0);
@@ -8301,7 +8788,7 @@ static int cmd_predict(int argc, char **argv) {
     nms_init(&nms, ncfg, fnc, head_anchor_count(S, S));
     Det *dets = xmalloc(sizeof(Det) * ncfg.max_det);
     char dir[800], ldir[900];
-    snprintf(dir, sizeof dir, "%s/predict/%s", c.project, c.name[0] ? c.name : "predict");
+    run_dir(dir, sizeof dir, &c, "predict");
     snprintf(ldir, sizeof ldir, "%s/labels", dir);
     mkdir_p(ldir);
     uint8_t *lb_img = xmalloc((size_t)S * S * 3);
@@ -8567,7 +9054,7 @@ static int cmd_memtable(int argc, char **argv) {
 
 static int cmd_train(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
-    if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/train/)", c.project);
+    if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/)", c.project);
     return train_run(c);
 }
 

@@ -343,9 +343,9 @@ static void test_resume_identical(void) {
     double t0 = now_sec();
     char log[512], what[64], proj[512], da[600], db[600], da2[600], path[800], path2[800];
     snprintf(proj, sizeof proj, "%s/p1", g_root);
-    snprintf(da, sizeof da, "%s/train/a", proj);
-    snprintf(da2, sizeof da2, "%s/train/a2", proj);
-    snprintf(db, sizeof db, "%s/train/b", proj);
+    snprintf(da, sizeof da, "%s/a", proj);
+    snprintf(da2, sizeof da2, "%s/a2", proj);
+    snprintf(db, sizeof db, "%s/b", proj);
     const char *names[2] = {"a", "a2"};
     for (int i = 0; i < 2; i++) {
         snprintf(log, sizeof log, "%s/%s.log", g_root, names[i]);
@@ -422,7 +422,7 @@ static void test_kill_mid_write(void) {
     enum { EPOCHS = 5 };
     char proj[512], dir[600], ckpt[800], ckpt_tmp[800], last[800], last_tmp[800], csv[800], log[512], what[64], err[1024];
     snprintf(proj, sizeof proj, "%s/p2", g_root);
-    snprintf(dir, sizeof dir, "%s/train/k", proj);
+    snprintf(dir, sizeof dir, "%s/k", proj);
     snprintf(ckpt, sizeof ckpt, "%s/weights/last.ckpt", dir);
     snprintf(ckpt_tmp, sizeof ckpt_tmp, "%s/weights/last.ckpt.tmp", dir);
     snprintf(last, sizeof last, "%s/weights/last.safetensors", dir);
@@ -539,7 +539,7 @@ static void test_kill_final_weights(void) {
     enum { EPOCHS = 2 };
     char proj[512], dir[600], ckpt[800], last[800], last_tmp[800], log[512], what[64], err[1024];
     snprintf(proj, sizeof proj, "%s/p2b", g_root);
-    snprintf(dir, sizeof dir, "%s/train/f", proj);
+    snprintf(dir, sizeof dir, "%s/f", proj);
     snprintf(ckpt, sizeof ckpt, "%s/weights/last.ckpt", dir);
     snprintf(last, sizeof last, "%s/weights/last.safetensors", dir);
     snprintf(last_tmp, sizeof last_tmp, "%s/weights/last.safetensors.tmp", dir);
@@ -584,7 +584,7 @@ static void test_nonfinite(void) {
     double t0 = now_sec();
     char proj[512], dir[600], path[800], log[512], what[64], err[1024];
     snprintf(proj, sizeof proj, "%s/p3", g_root);
-    snprintf(dir, sizeof dir, "%s/train/nan", proj);
+    snprintf(dir, sizeof dir, "%s/nan", proj);
     snprintf(log, sizeof log, "%s/nan.log", g_root);
     int st = run(log, what, sizeof what, "train data=%s %s epochs=3 project=%s name=nan lr0=1e30 optimizer=SGD", g_data, g_common, proj);
     int ok_exit = WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 1);
@@ -623,7 +623,7 @@ static void test_nonfinite(void) {
 // stop; the checkpoint epoch after the kill (or after the run ended by itself).
 static int run_until_ckpt(const char *proj, const char *name, const char *args, int stop, int resume, char *what, size_t wn) {
     char ckpt[800], log[600];
-    snprintf(ckpt, sizeof ckpt, "%s/train/%s/weights/last.ckpt", proj, name);
+    snprintf(ckpt, sizeof ckpt, "%s/%s/weights/last.ckpt", proj, name);
     snprintf(log, sizeof log, "%s/%s.%d.log", g_root, name, stop);
     pid_t pid = spawn(log, "train data=%s %s %s project=%s name=%s%s", g_data, g_common1, args, proj, name, resume ? " resume=1" : "");
     int st = 0, killed = 0;
@@ -665,8 +665,8 @@ static void test_batch1_sgd_resume(void) {
     check(eb == 4, "auto-SGD: run B stopped at checkpoint epoch %d (want 4): %s", eb, what);
     eb = run_until_ckpt(proj, "sb", args, 6, 1, what, sizeof what);
     check(eb == 6, "auto-SGD: run B resumed, stopped at checkpoint epoch %d (want 6): %s", eb, what);
-    snprintf(pa, sizeof pa, "%s/train/sa/weights/last.ckpt", proj);
-    snprintf(pb, sizeof pb, "%s/train/sb/weights/last.ckpt", proj);
+    snprintf(pa, sizeof pa, "%s/sa/weights/last.ckpt", proj);
+    snprintf(pb, sizeof pb, "%s/sb/weights/last.ckpt", proj);
     compare_ckpt(pa, pb, "auto-SGD A vs B resumed after warmup, last.ckpt epoch 6");
     printf("  part 4b (auto-SGD resumed after warmup): %.0f ms\n", ms_since(t1));
 }
