@@ -8520,8 +8520,9 @@ static void mkdir_p(const char *path) {
     if (mkdir(tmp, 0755) && errno != EEXIST) die("cannot create directory '%s': %s", tmp, strerror(errno));
 }
 
-// model_load_weights: model= a scale name (random init) or a safetensors file (fine-tuning; a
-// head for a different nc is re-initialised with a message).
+// model_load_weights: model= a scale name (random init) or a weights file (.safetensors or .pt).
+// For another nc (fine-tuning) every tensor whose name and shape match is transferred, as
+// Ultralytics does, and the rest keeps its initialisation.
 static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed, int build_only) {
     const Scale *sc = scale_find(spec);
     char err[1024];
@@ -8538,23 +8539,12 @@ static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed
     state_dict_build(sd, m, m->params, m->buffers);
     if (fnc == nc) {
         if (weights_load(spec, sd->ref, sd->n, err, sizeof err)) die("%s", err);
-    } else {   // load everything except the class branch outputs, which depend on nc
-        Model *src = xmalloc(sizeof(Model));
-        model_build(src, fscale, fnc);
-        src->params = xmalloc(src->nparams * sizeof(float));
-        src->buffers = xmalloc(src->nbuffers * sizeof(float));
-        StateDict *ssd = xcalloc(1, sizeof(StateDict));
-        state_dict_build(ssd, src, src->params, src->buffers);
-        if (weights_load(spec, ssd->ref, ssd->n, err, sizeof err)) die("%s", err);
-        int copied = 0;
-        for (int i = 0; i < sd->n; i++)
-            if (sd->ref[i].data && !(strstr(sd->ref[i].name, "model.22.cv3.") && strstr(sd->ref[i].name, ".2."))) {
-                memcpy(sd->ref[i].data, ssd->ref[i].data, param_numel(&sd->ref[i]) * sizeof(float));
-                copied++;
-            }
-        fprintf(stderr, "model=%s has nc=%d, the data has nc=%d: the class outputs (model.22.cv3.*.2) are re-initialised, "
-                "%d other tensors loaded\n", spec, fnc, nc, copied);
-        free(src->params); free(src->buffers); free(src); free(ssd);
+    } else {   // another nc: Ultralytics' transfer of every tensor whose name and shape match
+        int loaded;
+        if (weights_transfer(spec, sd->ref, sd->n, &loaded, err, sizeof err)) die("%s", err);
+        printf("Transferred %d/%d items from pretrained weights\n", loaded, sd->n);
+        printf("model=%s has nc=%d, the data has nc=%d: the class outputs (model.22.cv3.*) that do not match are "
+               "re-initialised; class names come from the data\n", spec, fnc, nc);
     }
     free(sd);
 }
@@ -9713,6 +9703,46 @@ static int cmd_memtable(int argc, char **argv) {
     return 0;
 }
 
+// export_safetensors: the weights of model (a .pt or .safetensors file) as F32 safetensors with
+// Ultralytics state_dict names at out (default: model's path with the extension .safetensors).
+static int export_safetensors(const char *model, const char *out) {
+    char err[1024], scale, path[1024], ncs[16], sc[2] = {0};
+    int nc;
+    if (weights_describe(model, &nc, &scale, err, sizeof err)) die("export: %s", err);
+    if (!out) {
+        const char *dot = strrchr(model, '.'), *slash = strrchr(model, '/');
+        int stem = dot && (!slash || dot > slash) ? (int)(dot - model) : (int)strlen(model);
+        snprintf(path, sizeof path, "%.*s.safetensors", stem, model);
+        out = path;
+    }
+    if (!strcmp(out, model)) die("export: out=%s would overwrite the model file", out);
+    Model *m = xcalloc(1, sizeof(Model));
+    model_build(m, scale, nc);
+    m->params = xcalloc(m->nparams, sizeof(float));
+    m->buffers = xcalloc(m->nbuffers, sizeof(float));
+    StateDict *sd = xcalloc(1, sizeof(StateDict));
+    state_dict_build(sd, m, m->params, m->buffers);
+    if (weights_load(model, sd->ref, sd->n, err, sizeof err)) die("export: %s", err);
+    sc[0] = scale;
+    snprintf(ncs, sizeof ncs, "%d", nc);
+    const char *kv[] = {"format", "yolo.c", "scale", sc, "nc", ncs, "source", model, NULL};
+    if (weights_save(out, sd->ref, sd->n, kv, ST_F32, err, sizeof err)) die("export: %s", err);
+    printf("export: %d tensors of %s written to %s (F32, Ultralytics names)\n", sd->n, model, out);
+    free(m->params); free(m->buffers); free(m); free(sd);
+    return 0;
+}
+
+// cmd_export: `yolo export model=FILE format=FORMAT [out=FILE]`; one case per format.
+static int cmd_export(int argc, char **argv) {
+    static const char *keys[] = {"model", "format", "out", NULL};
+    arg_check(argc, argv, keys);
+    const char *model = arg_get(argc, argv, "model", NULL), *format = arg_get(argc, argv, "format", NULL);
+    if (!model || !format) die("export: model= and format= are required, e.g. yolo export model=yolov8n.pt format=safetensors");
+    if (!strcmp(format, "safetensors")) return export_safetensors(model, arg_get(argc, argv, "out", NULL));
+    die("export: format=%s is not supported (supported: safetensors)", format);
+    return 1;
+}
+
 static int cmd_train(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/train/)", c.project);
@@ -9737,13 +9767,14 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);   // returns only on failure: then run as we are
     }
     static const Command cmds[] = {
-        {"info", cmd_info, "layer table and totals: model=yolov8n nc=80 imgsz=640"},
-        {"plan", cmd_plan, "memory plan of a training step: model= nc= batch= imgsz="},
+        {"info", cmd_info, "layer table and totals: model=yolov8n|FILE.pt|FILE.safetensors nc=80 imgsz=640"},
+        {"plan", cmd_plan, "memory plan of a training step: model=yolov8n|FILE nc= batch= imgsz="},
         {"check-ref", cmd_check_ref, "compare with a reference fixture: yolo check-ref FILE.safetensors"},
         {"memtable", cmd_memtable, "planned memory of every scale: [imgsz=640 batch=16]"},
-        {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors epochs= imgsz= batch= ... (Ultralytics keys)"},
-        {"val", cmd_val, "validate weights: model=FILE.safetensors data=FILE [imgsz= batch= conf= iou=]"},
-        {"predict", cmd_predict, "detect objects: model=FILE.safetensors source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
+        {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors|FILE.pt epochs= imgsz= batch= ... (Ultralytics keys)"},
+        {"val", cmd_val, "validate weights: model=FILE.safetensors|FILE.pt data=FILE [imgsz= batch= conf= iou=]"},
+        {"predict", cmd_predict, "detect objects: model=FILE.safetensors|FILE.pt source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
+        {"export", cmd_export, "convert weights: model=FILE.pt format=safetensors [out=FILE.safetensors]"},
         {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
         {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
     };
