@@ -15,7 +15,8 @@
  * schedule in "dry" mode (no memory touched), see the arena section.
  *
  * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
- * forward/backward · planning · loss · optimizer and EMA · safetensors weights · evaluation ·
+ * forward/backward · planning · loss · optimizer and EMA · safetensors weights · PyTorch .pt
+ * checkpoints (zip + safe unpickler) · evaluation ·
  * state_dict and check-ref · data · training, val, predict, plan · main.
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
@@ -3237,7 +3238,7 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
  * Any other global is refused with its name (e.g. posix.system: a file that would run a command
  * under torch.load is reported, not run). Globals that identify another model are refused with
  * what the file is: YOLOv5 (models.yolo / models.common), YOLO11 (C3k2, C2PSA), segment, pose,
- * classify, OBB and other Ultralytics models. Limits: 1 GiB pickle, 4M memo slots, 1M marks.
+ * classify, OBB and other Ultralytics models. Limits: 64 MiB pickle, 2M objects, 4M memo slots, 1M marks.
  *
  * Checkpoint. A dict with "model" and/or "ema" (Ultralytics): ema when it is not None, else model,
  * as Ultralytics' attempt_load_weights does; the module object is walked through its
@@ -3260,10 +3261,14 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
  *   pt_open_stream(FILE *f, label, &st, err, errlen)   the .pt reader on an open stream (takes f)
  *   weights_transfer(path, refs, n, &loaded, err, errlen)   fine-tuning: every ref whose name and
  *                                 shape match a tensor of the file; prints nothing
+ *   weights_describe(path, &nc, &scale, err, errlen)   weights_infer, and prints what the file is
+ *                                 (`yolo info`, `yolo plan`, `yolo export`)
+ *   weights_names(path, nc)       the checkpoint's class names (predict without data=), or NULL
  * Every error is one line that starts with the file name and says what is wrong.
  */
 
-#define PT_MAX_PICKLE (1ull << 30)
+#define PT_MAX_PICKLE (64ull << 20)     // yolov8x's data.pkl is about 0.1 MB
+#define PT_MAX_NODES (2u << 20)
 #define PT_MAX_MEMO (1u << 22)
 #define PT_MAX_MARKS 1000000
 #define PT_MAX_DEPTH 64             // module nesting (a YOLOv8 model is 5 deep)
@@ -3271,6 +3276,12 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 static uint16_t pt_rd16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t pt_rd32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t pt_rd64(const unsigned char *p) { return (uint64_t)pt_rd32(p) | (uint64_t)pt_rd32(p + 4) << 32; }
+
+// pt_name_ok: a name from the file that can go into a one-line message (no control characters)
+static int pt_name_ok(const char *s) {
+    for (; *s; s++) if ((unsigned char)*s < 0x20 || *s == 0x7f) return 0;
+    return 1;
+}
 
 // pt_read_at: n bytes at file offset off; 0 or -1
 static int pt_read_at(FILE *f, uint64_t off, void *buf, size_t n) {
@@ -3363,6 +3374,10 @@ static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
         e->name = xmalloc((size_t)nl + 1);
         memcpy(e->name, c + 46, nl);
         e->name[nl] = 0;
+        if (memchr(c + 46, 0, nl) || !pt_name_ok(e->name)) {
+            st_fail(err, errlen, "'%s': zip entry %" PRIu64 " has a name with control characters", P, k);
+            goto done;
+        }
         for (const unsigned char *x = c + 46 + nl, *xe = x + xl; xe - x >= 4;) {   // zip64 extra: the 0xffffffff fields
             unsigned id = pt_rd16(x), len = pt_rd16(x + 2);
             if ((size_t)(xe - x - 4) < len) break;
@@ -3480,6 +3495,7 @@ typedef struct {
 } Pk;
 
 static PkNode *pk_new(Pk *k, int type) {
+    if (k->nall >= PT_MAX_NODES) die("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path, PT_MAX_NODES);
     if (k->nall == k->capall) {
         k->capall = k->capall ? 2 * k->capall : 1024;
         k->all = realloc(k->all, sizeof(PkNode *) * k->capall);
@@ -3625,6 +3641,7 @@ static int pk_global(Pk *k, const char *mod, size_t ml, const char *name, size_t
         return PK_FAIL("'%s': pickle: a global name longer than 255 bytes at byte %zu", k->path, k->i);
     memcpy(m, mod, ml); m[ml] = 0;
     memcpy(n, name, nl); n[nl] = 0;
+    if (!pt_name_ok(m) || !pt_name_ok(n)) return PK_FAIL("'%s': pickle: a global name with control characters at byte %zu", k->path, k->i);
     int64_t kind;
     if (pt_global(k, m, n, &kind)) return -1;
     PkNode *g = pk_new(k, PK_GLOBAL);
@@ -3722,6 +3739,8 @@ static int pk_run(Pk *k, PkNode **root) {
     if (k->n < 2 || k->p[0] != 0x80) return PK_FAIL("'%s': data.pkl is not a pickle of protocol 2 or later", k->path);
     for (;;) {
         if (k->i >= k->n) return PK_FAIL("'%s': pickle: data ends without STOP (data.pkl cut off)", k->path);
+        if (k->nall + 4 > PT_MAX_NODES)   // an opcode makes at most 2 objects, so pk_new never reaches its limit
+            return PK_FAIL("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path, PT_MAX_NODES);
         size_t at = k->i;
         unsigned op = k->p[k->i++];
         switch (op) {
@@ -3885,6 +3904,8 @@ static int pk_run(Pk *k, PkNode **root) {
                 x->a[1]->type != PK_GLOBAL || x->a[1]->i < PKG_STORAGE || x->a[2]->type != PK_STR || pk_int_of(x->a[4], &numel) ||
                 numel < 0)
                 return PK_FAIL("'%s': pickle: a persistent id that is not a torch storage record at byte %zu", k->path, at);
+            if (!pt_name_ok(x->a[2]->s) || x->a[2]->len != strlen(x->a[2]->s) || x->a[2]->len > 200)
+                return PK_FAIL("'%s': pickle: a storage key with control characters or over 200 bytes at byte %zu", k->path, at);
             y = pk_new(k, PK_STORAGE);
             y->i = x->a[1]->i - PKG_STORAGE;
             y->s = strdup(x->a[2]->s);
@@ -3943,7 +3964,8 @@ static int pt_walk_module(const char *path, PkNode *m, const char *prefix, int d
         if (d->type != PK_DICT) return st_fail(err, errlen, "'%s': module '%s': %s is not a dict", path, prefix, pass ? "_buffers" : "_parameters");
         for (int i = 0; i + 1 < d->n; i += 2) {
             PkNode *key = d->a[i], *v = d->a[i + 1];
-            if (key->type != PK_STR) return st_fail(err, errlen, "'%s': module '%s': a tensor key that is not a string", path, prefix);
+            if (key->type != PK_STR || !pt_name_ok(key->s) || key->len != strlen(key->s))
+                return st_fail(err, errlen, "'%s': module '%s': a tensor key that is not a printable string", path, prefix);
             if (v->type == PK_NONE) continue;
             int skip = 0;
             for (int j = 0; pass && np && np->type == PK_SET && j < np->n; j++)
@@ -3960,7 +3982,7 @@ static int pt_walk_module(const char *path, PkNode *m, const char *prefix, int d
         for (int i = 0; i + 1 < mods->n; i += 2) {
             PkNode *key = mods->a[i], *v = mods->a[i + 1];
             if (v->type == PK_NONE) continue;
-            if (key->type != PK_STR || v->type != PK_OBJ)
+            if (key->type != PK_STR || v->type != PK_OBJ || !pt_name_ok(key->s) || key->len != strlen(key->s))
                 return st_fail(err, errlen, "'%s': module '%s': a child that is not a module", path, prefix);
             if ((size_t)snprintf(name, sizeof name, "%s%s.", prefix, key->s) >= sizeof name)
                 return st_fail(err, errlen, "'%s': a module name longer than %zu bytes", path, sizeof name - 1);
@@ -3984,7 +4006,7 @@ static void pt_meta_add(SafeTensors *st, const char *key, const char *val) {
 // pt_scalar_str: a short printable form of a scalar node (str, int, float, bool, None), or NULL
 static const char *pt_scalar_str(const PkNode *v, char *buf, size_t n) {
     switch (v->type) {
-    case PK_STR: return v->s;
+    case PK_STR: return pt_name_ok(v->s) ? v->s : NULL;
     case PK_INT: snprintf(buf, n, "%" PRId64, v->i); return buf;
     case PK_FLOAT: snprintf(buf, n, "%g", v->f); return buf;
     case PK_BOOL: return v->i ? "True" : "False";
@@ -4003,7 +4025,7 @@ static void pt_read_meta(SafeTensors *st, PkNode *root, PkNode *m) {
         int step = names->type == PK_DICT ? 2 : 1, ok = 1;
         for (int i = 0; i + step - 1 < names->n && ok; i += step) {
             PkNode *v = names->a[i + step - 1];
-            ok = v->type == PK_STR && !strchr(v->s, '\n') && (step == 1 || (names->a[i]->type == PK_INT && names->a[i]->i == i / 2));
+            ok = v->type == PK_STR && pt_name_ok(v->s) && (step == 1 || (names->a[i]->type == PK_INT && names->a[i]->i == i / 2));
             if (ok) { if (i) stbuf_put(&b, "\n", 1); stbuf_put(&b, v->s, strlen(v->s)); }
         }
         if (ok && b.p) pt_meta_add(st, "names", b.p);
@@ -4011,7 +4033,7 @@ static void pt_read_meta(SafeTensors *st, PkNode *root, PkNode *m) {
     }
     PkNode *v;
     if ((v = pk_dict_get(yaml, "nc")) && v->type == PK_INT) { snprintf(buf, sizeof buf, "%" PRId64, v->i); pt_meta_add(st, "yaml_nc", buf); }
-    if ((v = pk_dict_get(yaml, "scale")) && v->type == PK_STR) pt_meta_add(st, "yaml_scale", v->s);
+    if ((v = pk_dict_get(yaml, "scale")) && v->type == PK_STR && pt_name_ok(v->s)) pt_meta_add(st, "yaml_scale", v->s);
     static const char *const keys[] = {"epoch", "date", "version"};
     for (int i = 0; i < 3; i++) {
         const char *s;
@@ -4153,7 +4175,7 @@ static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
     }
     snprintf(key, sizeof key, "%sdata.pkl", z.prefix);
     pe = pt_zip_find(&z, key);
-    if (pe->size > PT_MAX_PICKLE) { st_fail(err, errlen, "'%s': data.pkl is %" PRIu64 " bytes, over the 1 GiB limit", P, pe->size); goto out; }
+    if (pe->size > PT_MAX_PICKLE) { st_fail(err, errlen, "'%s': data.pkl is %" PRIu64 " bytes, over the 64 MiB limit", P, pe->size); goto out; }
     pkl = xmalloc((size_t)pe->size + 1);
     if (pt_read_at(f, pe->off, pkl, (size_t)pe->size)) { st_fail(err, errlen, "'%s': read of data.pkl failed", P); goto out; }
     k.p = pkl;
@@ -4184,9 +4206,9 @@ static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
     } else if (root->type == PK_DICT) {
         for (int i = 0; i + 1 < root->n; i += 2) {
             PkNode *kk = root->a[i], *v = root->a[i + 1];
-            if (kk->type != PK_STR || v->type != PK_TENSOR) {
-                st_fail(err, errlen, "'%s': a dict whose entry %d is %s -> %s: neither a state_dict (names -> tensors) nor an "
-                        "Ultralytics checkpoint ('model'/'ema')", P, i / 2, pk_type_name[kk->type], pk_type_name[v->type]);
+            if (kk->type != PK_STR || v->type != PK_TENSOR || !pt_name_ok(kk->s) || kk->len != strlen(kk->s)) {
+                st_fail(err, errlen, "'%s': a dict whose entry %d is %s -> %s: neither a state_dict (printable names -> tensors) "
+                        "nor an Ultralytics checkpoint ('model'/'ema')", P, i / 2, pk_type_name[kk->type], pk_type_name[v->type]);
                 goto out;
             }
             pt_list_add(&l, kk->s, v);
@@ -4281,6 +4303,28 @@ static int weights_describe(const char *path, int *nc, char *scale, char *err, s
         if ((v = st_meta(&st, keys[i]))) printf("  %s: %s\n", keys[i], v);
     st_close(&st);
     return 0;
+}
+
+// weights_names: the nc class names a checkpoint carries (Ultralytics model.names), as a malloc'd
+// array of strings, or NULL when the file has none or not exactly nc of them
+static char **weights_names(const char *path, int nc) {
+    SafeTensors st;
+    char err[512];
+    if (weights_open(path, &st, err, sizeof err)) return NULL;
+    const char *v = st_meta(&st, "names");
+    char **names = NULL;
+    int n = 0;
+    for (const char *s = v; s && *s; n++) s += strcspn(s, "\n") + (s[strcspn(s, "\n")] != 0);
+    if (v && n == nc) {
+        names = xcalloc((size_t)nc, sizeof(char *));
+        for (int i = 0; i < nc; i++) {
+            size_t l = strcspn(v, "\n");
+            names[i] = strndup(v, l);
+            v += l + (v[l] != 0);
+        }
+    }
+    st_close(&st);
+    return names;
 }
 
 // weights_transfer: Ultralytics' intersect_dicts: every ref whose name is in the file with the same
@@ -9233,7 +9277,7 @@ static int cmd_val(int argc, char **argv) {
     if (data_yaml_load(c.data, &t->data, err, sizeof err)) die("%s", err);
     int fnc;
     char scale = model_spec_scale(c.model, &fnc);
-    if (fnc < 0) die("val: model= must be a weights file (.safetensors), not a scale name");
+    if (fnc < 0) die("val: model= must be a weights file (.safetensors or .pt), not a scale name");
     if (fnc != t->data.nc) die("val: model=%s has nc=%d but %s has nc=%d", c.model, fnc, c.data, t->data.nc);
     model_build(&t->m, scale, fnc);
     t->B = t->vB = c.batch;
@@ -9322,7 +9366,7 @@ static int cmd_predict(int argc, char **argv) {
     if (!c.source[0]) die("predict: source= is required (an image or a directory of images)");
     int fnc;
     char scale = model_spec_scale(c.model, &fnc), err[1024];
-    if (fnc < 0) die("predict: model= must be a weights file (.safetensors)");
+    if (fnc < 0) die("predict: model= must be a weights file (.safetensors or .pt)");
     Model *m = xcalloc(1, sizeof(Model));
     model_build(m, scale, fnc);
     m->infer = 1;   // set before the dry run, so the plan is the inference plan
@@ -9330,6 +9374,7 @@ static int cmd_predict(int argc, char **argv) {
     DataConfig dc = {0};
     if (names_file && data_yaml_load(names_file, &dc, err, sizeof err)) die("%s", err);
     if (names_file && dc.nc != fnc) die("predict: %s names %d classes but model=%s has nc=%d", names_file, dc.nc, c.model, fnc);
+    if (!names_file) dc.names = weights_names(c.model, fnc);   // a checkpoint's own class names, if it has them
     // files to process
     int nfiles = 0, cap = 16;
     char **files = xmalloc(cap * sizeof(char *));
