@@ -4253,12 +4253,15 @@ static int weights_open(const char *path, SafeTensors *st, char *err, size_t err
                        "`git lfs pull` (git lfs install first if needed) or download it again", path, size,
                        sz ? " (the real file has " : "", sz ? (int)strcspn(sz + 6, "\n") : 0, sz ? sz + 6 : "", sz ? " bytes)" : "");
     }
-    if (n >= 2 && head[0] == 0x80 && head[1] <= 5)
+    const char *ext = strrchr(path, '.');
+    int pt_ext = ext && (!strcmp(ext, ".pt") || !strcmp(ext, ".pth"));
+    // torch < 1.6 wrote a bare pickle stream starting with a pickled magic number (LONG1 0x1950a86a20f9469cfc6c)
+    static const unsigned char legacy[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+    if (n >= 14 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 && (pt_ext || !memcmp(head + 2, legacy, sizeof legacy)))
         return fclose(f), st_fail(err, errlen, "'%s': the legacy (non-zip) PyTorch format of torch < 1.6: re-save it with a "
                                   "current torch (torch.save(torch.load(f), f2)) and use the new file", path);
-    const char *ext = strrchr(path, '.');
     int is_zip = n >= 4 && !memcmp(head, "PK\x03\x04", 4);
-    if (is_zip || (ext && (!strcmp(ext, ".pt") || !strcmp(ext, ".pth")))) {
+    if (is_zip || pt_ext) {
         if (!is_zip) {
             fclose(f);
             return st_fail(err, errlen, "'%s': not a PyTorch checkpoint: a .pt file is a zip archive, this one starts with "

@@ -390,6 +390,20 @@ static void part_bad(void) {
         expect_error("tensor view past its storage", "oob.pt", b, "reaches element 4 of a 4-element storage", NULL);
         free(b.p);
     }
+    {   // a safetensors file whose header length starts with the bytes 0x80 0x02 is still safetensors
+        static const char js[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+        uint8_t st8[8 + 640 + 4] = {0x80, 0x02};
+        memset(st8 + 8, ' ', 640);
+        memcpy(st8 + 8, js, sizeof js - 1);
+        float one = 1.5f, got = 0;
+        memcpy(st8 + 648, &one, 4);
+        SafeTensors st;
+        char err[512] = "";
+        int rc = open_blob("hdr640.safetensors", (Blob){st8, sizeof st8}, &st, err, sizeof err);
+        if (!rc) { st_read_f32(&st, &st.t[0], &got, err, sizeof err); st_close(&st); }
+        check(rc == 0 && got == 1.5f, "safetensors with header length 640 (bytes 80 02 like a pickle) reads as safetensors "
+              "(got %g) [%s]", got, err);
+    }
     static const char junk[] = "this is not a checkpoint at all";
     expect_error(".pt that is not a zip", "junk.pt", (Blob){(uint8_t *)junk, sizeof junk - 1}, "not a PyTorch checkpoint", NULL);
     // the yolo command line: one line, the file and the cause, exit status 1
