@@ -33,7 +33,7 @@ yolo: $(SRC)
 	$(CC) $(CFLAGS) -o $@ yolo.c $(LDLIBS)
 endif
 
-test/bin/%: test/%.c test/test.h $(SRC)
+test/bin/%: test/%.c test/test.h test/fixture.h $(SRC)
 	@mkdir -p test/bin
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
@@ -63,7 +63,7 @@ test: tests
 ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra -Wno-unused-function
 ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights
 
-test/bin/asan/%: test/%.c test/test.h $(SRC)
+test/bin/asan/%: test/%.c test/test.h test/fixture.h $(SRC)
 	@mkdir -p test/bin/asan
 	$(CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
 

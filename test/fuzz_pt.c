@@ -17,6 +17,7 @@
 #endif
 #include "../yolo.c"
 #include "test.h"
+#include "fixture.h"
 
 static long fz_ok, fz_clean_err, fz_unclean;
 
@@ -33,21 +34,7 @@ static int fuzz_one(const uint8_t *data, size_t size) {
         else { fz_unclean++; fprintf(stderr, "unclean error: [%s]\n", err); }
         return clean;
     }
-    int good = 1;
-    for (int i = 0; i < st.n && good; i++) {
-        const StEntry *e = &st.t[i];
-        uint64_t bytes = (uint64_t)e->numel * (uint64_t)st_dtype_size[e->dtype];
-        if (e->dtype < 0 || e->dtype >= ST_NDTYPE || e->ndim < 0 || e->ndim > ST_MAXDIM || e->end > st.data_size ||
-            e->end - e->begin != bytes || st_find(&st, e->name) != e) {
-            fprintf(stderr, "reader let through a bad entry '%s'\n", e->name);
-            good = 0;
-            break;
-        }
-        void *buf = xmalloc(bytes ? (size_t)e->numel * 8 : 8);
-        int rc = st_dtype_is_float(e->dtype) ? st_read_f32(&st, e, buf, err, sizeof err) : st_read_i64(&st, e, buf, err, sizeof err);
-        if (rc) { fprintf(stderr, "read of tensor '%s' failed: %s\n", e->name, err); good = 0; }
-        free(buf);
-    }
+    int good = st_entries_readable(&st);
     st_close(&st);
     if (good) fz_ok++;
     else fz_unclean++;

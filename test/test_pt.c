@@ -17,22 +17,11 @@
 #endif
 #include "../yolo.c"
 #include "test.h"
+#include "fixture.h"
 #include <sys/wait.h>
 
 static char g_dir[64];
 
-typedef struct { uint8_t *p; size_t n; } Blob;
-
-static Blob blob_file(const char *path) {
-    FILE *f = xfopen(path, "rb");
-    fseek(f, 0, SEEK_END);
-    Blob b = {NULL, (size_t)ftell(f)};
-    fseek(f, 0, SEEK_SET);
-    b.p = xmalloc(b.n + 1);
-    if (fread(b.p, 1, b.n, f) != b.n) die("short read of %s", path);
-    fclose(f);
-    return b;
-}
 static void blob_write(const char *path, const void *p, size_t n) {
     FILE *f = xfopen(path, "wb");
     if (n && fwrite(p, 1, n, f) != n) die("write of %s failed", path);
