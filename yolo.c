@@ -3235,6 +3235,9 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
  *   collections.OrderedDict, builtins set/frozenset                      -> dict / set nodes
  *   torch.nn.modules.* and the Ultralytics classes of a YOLOv8 detection model -> opaque objects
  *     (class name, constructor arguments and BUILD state kept as data)
+ *   numpy scalars/arrays/dtypes, _codecs.encode (protocol 2's bytes), pathlib paths, namespaces,
+ *     torch dtypes and sizes, getattr: values some checkpoints carry in their metadata -> opaque
+ *     objects, never used for weights
  * Any other global is refused with its name (e.g. posix.system: a file that would run a command
  * under torch.load is reported, not run). Globals that identify another model are refused with
  * what the file is: YOLOv5 (models.yolo / models.common), YOLO11 (C3k2, C2PSA), segment, pose,
@@ -3459,7 +3462,7 @@ static const char *const pk_type_name[] = {"None", "bool", "int", "float", "str"
                                            "global", "object", "storage", "tensor", "mark"};
 // what an allow-listed global is
 enum { PKG_CLASS, PKG_ODICT, PKG_SET, PKG_REBUILD_TENSOR, PKG_REBUILD_TENSOR_V2, PKG_REBUILD_PARAM, PKG_REBUILD_PARAM_STATE,
-       PKG_RECONSTRUCTOR, PKG_OBJECT, PKG_STORAGE };
+       PKG_RECONSTRUCTOR, PKG_OBJECT, PKG_DATA, PKG_STORAGE };
 
 typedef struct PkNode PkNode;
 struct PkNode {
@@ -3617,6 +3620,16 @@ static int pt_global(Pk *k, const char *mod, const char *name, int64_t *kind) {
     }
     if ((!strcmp(mod, "builtins") || !strcmp(mod, "__builtin__")) && !strcmp(name, "object")) { *kind = PKG_OBJECT; return 0; }
     if (!strcmp(mod, "copyreg") && !strcmp(name, "_reconstructor")) { *kind = PKG_RECONSTRUCTOR; return 0; }
+    // plain values that checkpoint metadata (train_metrics, train_args, model.args) may hold; kept as
+    // opaque objects, never built: numpy scalars and arrays, paths, namespaces, torch dtypes and sizes
+    static const char *const data[][2] = {
+        {"numpy.core.multiarray", "scalar"}, {"numpy._core.multiarray", "scalar"}, {"numpy.core.multiarray", "_reconstruct"},
+        {"numpy._core.multiarray", "_reconstruct"}, {"numpy", "dtype"}, {"numpy", "ndarray"}, {"_codecs", "encode"}, {"builtins", "getattr"}, {"__builtin__", "getattr"},
+        {"pathlib", "PosixPath"}, {"pathlib", "WindowsPath"}, {"pathlib", "Path"}, {"types", "SimpleNamespace"},
+        {"argparse", "Namespace"}, {"torch", "Size"}, {"torch", "device"}, {"torch", "float16"}, {"torch", "float32"},
+        {"torch", "bfloat16"}, {"torch", "float64"}, {"torch", "int64"}, {"torch", "int32"}, {"torch", "uint8"}, {"torch", "bool"}};
+    for (size_t i = 0; i < sizeof data / sizeof data[0]; i++)
+        if (!strcmp(mod, data[i][0]) && !strcmp(name, data[i][1])) { *kind = PKG_DATA; return 0; }
     if (!strncmp(mod, "torch.nn.modules.", 17)) { *kind = PKG_CLASS; return 0; }
     if (!strcmp(mod, "models.yolo") || !strcmp(mod, "models.common") || !strncmp(mod, "models.", 7) || !strncmp(mod, "utils.", 6))
         return PK_FAIL("'%s': a YOLOv5 checkpoint (it contains %s.%s from the yolov5 repository): only YOLOv8 detection models "
@@ -3720,7 +3733,7 @@ static PkNode *pk_reduce(Pk *k, PkNode *fn, PkNode *args) {
         x = pk_new(k, PK_OBJ);
         x->cls = args->a[0];
         return x;
-    case PKG_CLASS:
+    case PKG_CLASS: case PKG_DATA:
         x = pk_new(k, PK_OBJ);
         x->cls = fn;
         for (int i = 0; i < args->n; i++) pk_push_item(x, args->a[i]);
@@ -3886,7 +3899,7 @@ static int pk_run(Pk *k, PkNode **root) {
         case 0x81: case 0x92:   // NEWOBJ (cls, args), NEWOBJ_EX (cls, args, kwargs)
             if (op == 0x92 && !pk_pop(k)) return -1;
             if (!(y = pk_pop(k)) || !(x = pk_pop(k))) return -1;
-            if (x->type != PK_GLOBAL || (x->i != PKG_CLASS && x->i != PKG_ODICT && x->i != PKG_SET))
+            if (x->type != PK_GLOBAL || (x->i != PKG_CLASS && x->i != PKG_DATA && x->i != PKG_ODICT && x->i != PKG_SET))
                 return PK_FAIL("'%s': pickle: NEWOBJ of %s at byte %zu", k->path, x->type == PK_GLOBAL ? x->s : pk_type_name[x->type], at);
             if (!(z = pk_reduce(k, x, y))) return -1;
             pk_push(k, z);

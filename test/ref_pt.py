@@ -15,7 +15,7 @@
 #                        ema = None, plus date, version, train_args, names and yaml. 6 MB: the one
 #                        full network; torch 1.13 writes no byteorder record (64-byte aligned).
 #   pt_tiny_ckpt.pt      a training checkpoint with both model and ema (different values, FP16):
-#                        the reader must take ema. Rewritten with a byteorder record, unaligned,
+#                        the reader must take ema; numpy scalars/arrays and a path in the metadata. Rewritten with a byteorder record, unaligned,
 #                        under another archive folder name, with data descriptors.
 #   pt_tiny_sd.pt        a plain state_dict (FP32, the _metadata attribute torch adds, a transposed
 #                        and an offset view sharing one storage, a BF16 and an F64 tensor).
@@ -25,7 +25,8 @@
 #   pt_evil.pt           a pickle that would call os.system under torch.load: refused, never run.
 #   pt_expected.txt      per file and tensor: name, dtype, shape, FNV-1a 64 of the float32
 #                        (or int64) little-endian bytes of torch.load's values, and the first value.
-import io, os, struct, sys, types, zipfile
+import io, os, pathlib, struct, sys, types, zipfile
+import numpy
 from collections import OrderedDict
 import torch
 import torch.nn as nn
@@ -275,8 +276,13 @@ def main():
         t = DetectionModel([Conv(3, 8, 3, 2), Conv(8, 16, 3, 2)], {"nc": 2, "scale": "n"}, {0: "a", 1: "b"})
         randomize(t, torch.Generator().manual_seed(seed))
         return t.half()
-    ck = {"date": "2024-02-02T00:00:00", "version": "8.1.0", "epoch": 7, "best_fitness": 0.25, "model": tiny(2),
-          "ema": tiny(3), "updates": 70, "optimizer": {"state": {}, "param_groups": []}, "train_args": train_args("yolov8n.pt")}
+    # metadata as some Ultralytics versions leave it: numpy scalars and arrays, a pathlib path
+    ta = train_args("yolov8n.pt")
+    ta["save_dir"] = pathlib.PosixPath("runs/detect/train")
+    ck = {"date": "2024-02-02T00:00:00", "version": "8.1.0", "epoch": 7, "best_fitness": numpy.float64(0.25), "model": tiny(2),
+          "ema": tiny(3), "updates": 70, "optimizer": {"state": {}, "param_groups": []}, "train_args": ta,
+          "train_metrics": {"metrics/mAP50(B)": numpy.float32(0.5), "fitness": numpy.float64(0.4)},
+          "train_results": {"epoch": numpy.arange(3), "loss": numpy.array([1.5, 1.2, 1.0])}}
     torch.save(ck, "/tmp/pt_tiny_ckpt.pt")
     rewrite("/tmp/pt_tiny_ckpt.pt", OUT + "/pt_tiny_ckpt.pt", folder="last", byteorder=True, descriptors=True)
 
