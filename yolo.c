@@ -3655,7 +3655,7 @@ static int pk_global(Pk *k, const char *mod, size_t ml, const char *name, size_t
     memcpy(m, mod, ml); m[ml] = 0;
     memcpy(n, name, nl); n[nl] = 0;
     if (!pt_name_ok(m) || !pt_name_ok(n)) return PK_FAIL("'%s': pickle: a global name with control characters at byte %zu", k->path, k->i);
-    int64_t kind;
+    int64_t kind = 0;
     if (pt_global(k, m, n, &kind)) return -1;
     PkNode *g = pk_new(k, PK_GLOBAL);
     g->i = kind;
