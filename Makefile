@@ -61,7 +61,7 @@ test: tests
 # the input parsers under AddressSanitizer + UBSan: fuzz targets (deterministic mutation runs)
 # and the parser tests; CI runs this
 ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra -Wno-unused-function
-ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights
+ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights test/bin/asan/test_pt
 
 test/bin/asan/%: test/%.c test/test.h test/fixture.h $(SRC)
 	@mkdir -p test/bin/asan

@@ -539,8 +539,8 @@ int main(void) {
     part_fixtures();
     part_variants();
     part_bad();
-    if (access("./yolo", X_OK) == 0) part_cli();
-    else check(0, "./yolo not built (make builds it before the tests)");
+    if (access("./yolo", X_OK) == 0) part_cli();   // make test builds ./yolo first; make fuzz-asan may not have
+    else printf("SKIP  part 4 (./yolo info/export/val/train with a .pt): ./yolo is not built\n");
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (t_failed == 0 && system(cmd) != 0) printf("note: could not remove %s\n", g_dir);
