@@ -448,6 +448,11 @@ static void part_cli(void) {
           "yolo info model=pt_v8n_nc4.pt: scale n, nc 4, names, and '%s' both counted from the file and by the built model", want);
     free(out);
 
+    out = run("./yolo plan model=test/fixtures/pt_v8n_nc4.pt batch=8 imgsz=320 2>&1", &rc);
+    check(rc == 0 && strstr(out, "YOLOv8n nc=4 batch=8 imgsz=320") && strstr(out, want), "yolo plan model=pt_v8n_nc4.pt: "
+          "the plan of YOLOv8n nc=4 with %s", want);
+    free(out);
+
     snprintf(cmd, sizeof cmd, "./yolo shapes out=%s/shapes ntrain=16 nval=8 imgsz=64 seed=3 2>&1", g_dir);
     free(run(cmd, &rc));
     snprintf(cmd, sizeof cmd, "./yolo export model=test/fixtures/pt_v8n_nc4.pt format=safetensors out=%s/v8n.safetensors 2>&1", g_dir);
