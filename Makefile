@@ -35,7 +35,7 @@ yolo: $(SRC)
 	$(CC) $(CFLAGS) -o $@ yolo.c $(LDLIBS)
 endif
 
-test/bin/%: test/%.c test/test.h $(SRC)
+test/bin/%: test/%.c test/test.h test/fixture.h $(SRC)
 	@mkdir -p test/bin
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
@@ -63,9 +63,9 @@ test: tests
 # the input parsers under AddressSanitizer + UBSan: fuzz targets (deterministic mutation runs)
 # and the parser tests; CI runs this
 ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra
-ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights
+ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights test/bin/asan/test_pt
 
-test/bin/asan/%: test/%.c test/test.h $(SRC)
+test/bin/asan/%: test/%.c test/test.h test/fixture.h $(SRC)
 	@mkdir -p test/bin/asan
 	$(CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
 

@@ -17,7 +17,8 @@
  * schedule in "dry" mode (no memory touched), see the arena section.
  *
  * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
- * forward/backward · planning · loss · optimizer and EMA · safetensors weights · evaluation ·
+ * forward/backward · planning · loss · optimizer and EMA · safetensors weights · PyTorch .pt
+ * checkpoints (zip + safe unpickler) · evaluation ·
  * state_dict and check-ref · data · GPU training step (YOLO_CUDA) · training, val, predict ·
  * `yolo plan` · main.
  *
@@ -1436,14 +1437,18 @@ static Plan model_plan(Model *m, int B, int H, int W) {
 
 static void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
 
+static int weights_describe(const char *path, int *nc, char *scale, char *err, size_t errlen);   // .pt or .safetensors
 static const char *model_args_keys[] = {"model", "nc", "imgsz", "batch", NULL};
 
 // model_from_args: model=yolov8n nc=80 from the command line.
 static void model_from_args(Model *m, int argc, char **argv) {
     const char *name = arg_get(argc, argv, "model", "yolov8n");
     const Scale *sc = scale_find(name);
-    if (!sc) die("model=%s: expected yolov8n, yolov8s, yolov8m, yolov8l or yolov8x", name);
-    model_build(m, sc->name, (int)arg_int(argc, argv, "nc", 80));
+    char err[1024], fs;
+    int fnc;
+    if (!sc && weights_describe(name, &fnc, &fs, err, sizeof err))   // a weights file gives scale and nc
+        die("model=%s: %s%s", name, access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
+    model_build(m, sc ? sc->name : fs, sc ? (int)arg_int(argc, argv, "nc", 80) : fnc);
 }
 
 // cmd_info: `yolo info model=yolov8n nc=80 imgsz=640`: the layer table and totals, counted as
@@ -2313,6 +2318,7 @@ typedef struct {
     StEntry **by_name;           // (n) sorted by name, for st_find
     char **meta;                 // (2 * nmeta) key, value, key, value ...
     int nmeta, metacap;
+    void *mem;                   // a .pt file's tensors, held in memory behind f (freed by st_close)
 } SafeTensors;
 
 // one tensor to write: floats (dtype F32/F16/BF16, data = const float *) or I64 (data = const int64_t *)
@@ -2726,7 +2732,7 @@ static void st_close(SafeTensors *st) {
     if (st->f) fclose(st->f);
     for (int i = 0; i < st->n; i++) free(st->t[i].name);
     for (int i = 0; i < 2 * st->nmeta; i++) free(st->meta[i]);
-    free(st->t); free(st->by_name); free(st->meta); free(st->path);
+    free(st->t); free(st->by_name); free(st->meta); free(st->path); free(st->mem);
     memset(st, 0, sizeof *st);
 }
 
@@ -3191,11 +3197,12 @@ done:
     return rc;
 }
 
-// weights_load: load every ref from the safetensors file path (see weights_load_st); refs are
-// untouched unless the whole file validates.
+// weights_load: load every ref from the weights file path (.safetensors or .pt, see
+// weights_load_st and weights_open); refs are untouched unless the whole file validates.
+static int weights_open(const char *path, SafeTensors *st, char *err, size_t errlen);   // .pt or .safetensors
 static int weights_load(const char *path, ParamRef *refs, int n, char *err, size_t errlen) {
     SafeTensors st;
-    if (st_open(path, &st, err, errlen)) return -1;
+    if (weights_open(path, &st, err, errlen)) return -1;
     int rc = weights_load_st(&st, refs, n, NULL, 0, err, errlen);
     st_close(&st);
     return rc;
@@ -3205,7 +3212,7 @@ static int weights_load(const char *path, ParamRef *refs, int n, char *err, size
 // (nc, c3, 1, 1), scale from the stem model.0.conv.weight (16/32/48/64/80, 3, 3, 3).
 static int weights_infer(const char *path, int *nc, char *scale, char *err, size_t errlen) {
     SafeTensors st;
-    if (st_open(path, &st, err, errlen)) return -1;
+    if (weights_open(path, &st, err, errlen)) return -1;
     static const char scales[] = "nsmlx";   // stem width 16, 32, 48, 64, 80
     const StEntry *stem = st_find(&st, "model.0.conv.weight"), *cls = st_find(&st, "model.22.cv3.0.2.weight");
     const StEntry *box = st_find(&st, "model.22.cv2.0.2.weight");
@@ -3229,6 +3236,1161 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
         *scale = scales[stem->shape[0] / 16 - 1];
         rc = 0;
     }
+    st_close(&st);
+    return rc;
+}
+
+// ------------------------------------------------------------------------------------------
+// PyTorch checkpoints (.pt): zip container, a safe unpickler, the Ultralytics module tree
+// ------------------------------------------------------------------------------------------
+/*
+ * pt: reads the files torch.save writes (Ultralytics yolov8n.pt, last.pt, best.pt, or a plain
+ * state_dict) without Python and without running anything from the file.
+ *
+ * Container. torch.save writes a zip archive of stored (uncompressed) entries under one folder
+ * of any name: FOLDER/data.pkl (the pickle), FOLDER/data/KEY (one entry per storage, raw
+ * little-endian elements), FOLDER/version, and since torch 2.1 FOLDER/byteorder ("little").
+ * pt_zip_open reads the end-of-central-directory record (and its zip64 forms), then every
+ * central entry, and checks before reading any data: no encryption, method 0 (stored), equal
+ * compressed and uncompressed sizes, each entry's local header and data inside the file and
+ * before the central directory, no two entries overlapping (a zip bomb's sizes do not add up).
+ * Data descriptors (flag bit 3) need nothing: the central directory has the sizes.
+ *
+ * Pickle. Protocols 2 to 5, the opcodes pickle.dumps and torch.save emit (no protocol-0 INST/OBJ,
+ * no extension registry, no out-of-band buffers). The unpickler only builds a tree of PkNodes;
+ * a GLOBAL is looked up in an allow-list and never imported or called:
+ *   torch._utils._rebuild_tensor(_v2), _rebuild_parameter(_with_state)   -> a tensor node
+ *   torch.{Half,BFloat16,Float,Double,Long,Int,Short,Char,Byte,Bool}Storage -> storage dtypes
+ *   collections.OrderedDict, builtins set/frozenset                      -> dict / set nodes
+ *   torch.nn.modules.* and the Ultralytics classes of a YOLOv8 detection model -> opaque objects
+ *     (class name, constructor arguments and BUILD state kept as data)
+ *   numpy scalars/arrays/dtypes, _codecs.encode (protocol 2's bytes), pathlib paths, namespaces,
+ *     torch dtypes and sizes, getattr: values some checkpoints carry in their metadata -> opaque
+ *     objects, never used for weights
+ * Any other global is refused with its name (e.g. posix.system: a file that would run a command
+ * under torch.load is reported, not run). Globals that identify another model are refused with
+ * what the file is: YOLOv5 (models.yolo / models.common), YOLO11 (C3k2, C2PSA), segment, pose,
+ * classify, OBB and other Ultralytics models. Limits: 64 MiB pickle, 2M objects, 4M memo slots, 1M marks.
+ *
+ * Checkpoint. A dict with "model" and/or "ema" (Ultralytics): ema when it is not None, else model,
+ * as Ultralytics' attempt_load_weights does; the module object is walked through its
+ * _parameters, _buffers (less _non_persistent_buffers_set) and _modules in order, which gives
+ * exactly the names and order of module.state_dict(). Read alongside: names, yaml (nc, scale),
+ * train_args, epoch, date, version. A dict of tensors is a plain state_dict. A whole pickled
+ * module (torch.save(model)) is walked the same way.
+ *
+ * Tensors. A tensor is (storage, storage_offset, size, stride); views (transposed, sliced,
+ * offset) are gathered element by element after checking the largest index against the storage.
+ * Every tensor is copied into one buffer in the order found and exposed as a SafeTensors whose
+ * FILE reads that buffer, so the rest of the program (weights_load_st, weights_infer, st_read_*)
+ * treats .pt and .safetensors alike.
+ *
+ * Public API
+ *   weights_open(path, &st, err, errlen) -> 0 / -1   a .safetensors or .pt file as a SafeTensors
+ *                                 (.pt metadata in st_meta: pt_source, pt_class, names, yaml_nc,
+ *                                 yaml_scale, epoch, date, version, train_args); a Git LFS pointer
+ *                                 or the legacy (pre-1.6) torch format gets its own message
+ *   pt_open_stream(FILE *f, label, &st, err, errlen)   the .pt reader on an open stream (takes f)
+ *   weights_transfer(path, refs, n, &loaded, err, errlen)   fine-tuning: every ref whose name and
+ *                                 shape match a tensor of the file; prints nothing
+ *   weights_describe(path, &nc, &scale, err, errlen)   weights_infer, and prints what the file is
+ *                                 (`yolo info`, `yolo plan`, `yolo export`)
+ *   weights_names(path, nc)       the checkpoint's class names (predict without data=), or NULL
+ * Every error is one line that starts with the file name and says what is wrong.
+ */
+
+#define PT_MAX_PICKLE (64ull << 20)     // yolov8x's data.pkl is about 0.1 MB
+#define PT_MAX_NODES (2u << 20)
+#define PT_MAX_MEMO (1u << 22)
+#define PT_MAX_MARKS 1000000
+#define PT_MAX_DEPTH 64             // module nesting (a YOLOv8 model is 5 deep)
+
+static uint16_t pt_rd16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t pt_rd32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t pt_rd64(const unsigned char *p) { return (uint64_t)pt_rd32(p) | (uint64_t)pt_rd32(p + 4) << 32; }
+
+// pt_name_ok: a name from the file that can go into a one-line message (no control characters)
+static int pt_name_ok(const char *s) {
+    for (; *s; s++) if ((unsigned char)*s < 0x20 || *s == 0x7f) return 0;
+    return 1;
+}
+
+// pt_read_at: n bytes at file offset off; 0 or -1
+static int pt_read_at(FILE *f, uint64_t off, void *buf, size_t n) {
+    if (fseeko(f, (off_t)off, SEEK_SET) != 0) return -1;
+    return n && fread(buf, 1, n, f) != n ? -1 : 0;
+}
+
+// ---- zip ----
+
+typedef struct {
+    char *name;
+    uint64_t hdr;                // local header offset
+    uint64_t off, size;          // data offset and size (stored: compressed == uncompressed)
+} PtZipEntry;
+
+typedef struct {
+    const char *path;
+    FILE *f;
+    uint64_t fsize;
+    PtZipEntry *e;               // (n) sorted by name
+    int n;
+    char prefix[256];            // "FOLDER/" of FOLDER/data.pkl
+} PtZip;
+
+static int pt_cmp_entry(const void *a, const void *b) { return strcmp(((const PtZipEntry *)a)->name, ((const PtZipEntry *)b)->name); }
+static int pt_cmp_hdr(const void *a, const void *b) {
+    const PtZipEntry *x = *(PtZipEntry *const *)a, *y = *(PtZipEntry *const *)b;
+    return x->hdr < y->hdr ? -1 : x->hdr > y->hdr;
+}
+
+static void pt_zip_close(PtZip *z) {
+    for (int i = 0; i < z->n; i++) free(z->e[i].name);
+    free(z->e);
+    z->e = NULL;
+    z->n = 0;
+}
+
+static const PtZipEntry *pt_zip_find(const PtZip *z, const char *name) {
+    PtZipEntry key = {.name = (char *)name};
+    return z->n ? bsearch(&key, z->e, (size_t)z->n, sizeof key, pt_cmp_entry) : NULL;
+}
+
+// pt_zip_open: the central directory of the zip in f (fsize bytes), validated as described above.
+static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
+    const char *P = z->path;
+    unsigned char tail[65557], *eo = NULL;
+    size_t nt = z->fsize < sizeof tail ? (size_t)z->fsize : sizeof tail;
+    if (pt_read_at(z->f, z->fsize - nt, tail, nt)) return st_fail(err, errlen, "'%s': read failed: %s", P, strerror(errno));
+    for (size_t i = nt >= 22 ? nt - 22 + 1 : 0; i-- > 0;)
+        if (pt_rd32(tail + i) == 0x06054b50u && i + 22 + pt_rd16(tail + i + 20) == nt) { eo = tail + i; break; }
+    if (!eo)
+        return st_fail(err, errlen, "'%s': the file is cut off: its %" PRIu64 " bytes start like a zip archive but the end-of-"
+                       "central-directory record is missing (an interrupted download? fetch the file again)", P, z->fsize);
+    uint64_t eocd = z->fsize - nt + (uint64_t)(eo - tail);
+    uint64_t count = pt_rd16(eo + 10), cd_size = pt_rd32(eo + 12), cd_off = pt_rd32(eo + 16), cd_end_limit = eocd;
+    if (count == 0xffff || cd_size == 0xffffffffu || cd_off == 0xffffffffu) {   // zip64: locator, then the zip64 record
+        unsigned char loc[20], r[56];
+        if (eocd < 20 || pt_read_at(z->f, eocd - 20, loc, 20) || pt_rd32(loc) != 0x07064b50u)
+            return st_fail(err, errlen, "'%s': zip64 sizes but no zip64 end-of-central-directory locator", P);
+        uint64_t r64 = pt_rd64(loc + 8);
+        if (r64 > eocd - 20 || eocd - 20 - r64 < 56 || pt_read_at(z->f, r64, r, 56) || pt_rd32(r) != 0x06064b50u)
+            return st_fail(err, errlen, "'%s': the zip64 end-of-central-directory record at offset %" PRIu64 " is missing or past "
+                           "the end of the %" PRIu64 "-byte file (cut off?)", P, r64, z->fsize);
+        count = pt_rd64(r + 32), cd_size = pt_rd64(r + 40), cd_off = pt_rd64(r + 48), cd_end_limit = r64;
+    }
+    if (cd_off > cd_end_limit || cd_size > cd_end_limit - cd_off)
+        return st_fail(err, errlen, "'%s': the central directory (%" PRIu64 " bytes at offset %" PRIu64 ") lies past its end "
+                       "record at %" PRIu64 ": the file (%" PRIu64 " bytes) is cut off or not a valid zip", P, cd_size, cd_off,
+                       cd_end_limit, z->fsize);
+    if (count == 0 || count > 1000000 || count * 46 > cd_size)
+        return st_fail(err, errlen, "'%s': the zip directory claims %" PRIu64 " entries in %" PRIu64 " bytes", P, count, cd_size);
+    unsigned char *cd = xmalloc((size_t)cd_size);
+    if (pt_read_at(z->f, cd_off, cd, (size_t)cd_size)) { free(cd); return st_fail(err, errlen, "'%s': read failed", P); }
+    z->e = xcalloc((size_t)count, sizeof(PtZipEntry));
+    int rc = -1;
+    uint64_t p = 0;
+    for (uint64_t k = 0; k < count; k++) {
+        if (cd_size - p < 46 || pt_rd32(cd + p) != 0x02014b50u) {
+            st_fail(err, errlen, "'%s': zip central directory entry %" PRIu64 " is malformed", P, k);
+            goto done;
+        }
+        const unsigned char *c = cd + p;
+        unsigned flags = pt_rd16(c + 8), method = pt_rd16(c + 10), nl = pt_rd16(c + 28), xl = pt_rd16(c + 30), cl = pt_rd16(c + 32);
+        uint64_t csize = pt_rd32(c + 20), usize = pt_rd32(c + 24), hdr = pt_rd32(c + 42);
+        if (cd_size - p - 46 < (uint64_t)nl + xl + cl) {
+            st_fail(err, errlen, "'%s': zip central directory entry %" PRIu64 " runs past the directory", P, k);
+            goto done;
+        }
+        PtZipEntry *e = &z->e[z->n++];
+        e->name = xmalloc((size_t)nl + 1);
+        memcpy(e->name, c + 46, nl);
+        e->name[nl] = 0;
+        if (memchr(c + 46, 0, nl) || !pt_name_ok(e->name)) {
+            st_fail(err, errlen, "'%s': zip entry %" PRIu64 " has a name with control characters", P, k);
+            goto done;
+        }
+        for (const unsigned char *x = c + 46 + nl, *xe = x + xl; xe - x >= 4;) {   // zip64 extra: the 0xffffffff fields
+            unsigned id = pt_rd16(x), len = pt_rd16(x + 2);
+            if ((size_t)(xe - x - 4) < len) break;
+            if (id == 1) {
+                const unsigned char *v = x + 4, *ve = v + len;
+                if (usize == 0xffffffffu && ve - v >= 8) usize = pt_rd64(v), v += 8;
+                if (csize == 0xffffffffu && ve - v >= 8) csize = pt_rd64(v), v += 8;
+                if (hdr == 0xffffffffu && ve - v >= 8) hdr = pt_rd64(v), v += 8;
+            }
+            x += 4 + len;
+        }
+        p += 46 + (uint64_t)nl + xl + cl;
+        if (flags & 1) { st_fail(err, errlen, "'%s': zip entry '%.200s' is encrypted", P, e->name); goto done; }
+        if (method != 0) {
+            st_fail(err, errlen, "'%s': zip entry '%.200s' is compressed (method %u%s); torch.save writes stored entries: re-save "
+                    "it with torch.save, or unzip and zip it again with `zip -0`", P, e->name, method, method == 8 ? ", deflate" : "");
+            goto done;
+        }
+        if (csize != usize) {
+            st_fail(err, errlen, "'%s': zip entry '%.200s' is stored but claims %" PRIu64 " bytes on disk and %" PRIu64
+                    " unpacked: the sizes do not add up", P, e->name, csize, usize);
+            goto done;
+        }
+        unsigned char lh[30];
+        if (hdr > cd_off || cd_off - hdr < 30 || pt_read_at(z->f, hdr, lh, 30) || pt_rd32(lh) != 0x04034b50u) {
+            st_fail(err, errlen, "'%s': zip entry '%.200s': no local header at offset %" PRIu64 " (file of %" PRIu64 " bytes)",
+                    P, e->name, hdr, z->fsize);
+            goto done;
+        }
+        e->hdr = hdr;
+        e->off = hdr + 30 + pt_rd16(lh + 26) + pt_rd16(lh + 28);
+        e->size = usize;
+        if (e->off > cd_off || e->size > cd_off - e->off) {
+            st_fail(err, errlen, "'%s': zip entry '%.200s' claims %" PRIu64 " bytes at offset %" PRIu64 ", past the %" PRIu64
+                    " bytes before the central directory: the sizes do not add up (a damaged or malicious archive)", P, e->name,
+                    e->size, e->off, cd_off);
+            goto done;
+        }
+    }
+    {   // no two entries may share bytes (a zip bomb's entries overlap to claim more data than the file has)
+        PtZipEntry **by = xmalloc(sizeof *by * (size_t)z->n);
+        for (int i = 0; i < z->n; i++) by[i] = &z->e[i];
+        qsort(by, (size_t)z->n, sizeof *by, pt_cmp_hdr);
+        int bad = -1;
+        for (int i = 1; i < z->n && bad < 0; i++)
+            if (by[i]->hdr < by[i - 1]->off + by[i - 1]->size) bad = i;
+        if (bad >= 0)
+            st_fail(err, errlen, "'%s': zip entries '%.200s' and '%.200s' overlap: the sizes do not add up (a damaged or malicious "
+                    "archive)", P, by[bad - 1]->name, by[bad]->name);
+        free(by);
+        if (bad >= 0) goto done;
+    }
+    qsort(z->e, (size_t)z->n, sizeof(PtZipEntry), pt_cmp_entry);
+    for (int i = 1; i < z->n; i++)
+        if (!strcmp(z->e[i].name, z->e[i - 1].name)) { st_fail(err, errlen, "'%s': zip entry '%.200s' appears twice", P, z->e[i].name); goto done; }
+    const PtZipEntry *pk = NULL;
+    for (int i = 0; i < z->n; i++) {
+        const char *s = strrchr(z->e[i].name, '/');
+        if (!strcmp(s ? s + 1 : z->e[i].name, "data.pkl") && (!pk || strlen(z->e[i].name) < strlen(pk->name))) pk = &z->e[i];
+    }
+    if (!pk || strlen(pk->name) - 8 >= sizeof z->prefix) {
+        st_fail(err, errlen, "'%s': a zip archive without a data.pkl record: not a PyTorch checkpoint", P);
+        goto done;
+    }
+    memcpy(z->prefix, pk->name, strlen(pk->name) - 8);
+    z->prefix[strlen(pk->name) - 8] = 0;
+    rc = 0;
+done:
+    free(cd);
+    if (rc) pt_zip_close(z);
+    return rc;
+}
+
+// ---- unpickler ----
+
+enum { PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_BYTES, PK_TUPLE, PK_LIST, PK_DICT, PK_SET, PK_GLOBAL, PK_OBJ,
+       PK_STORAGE, PK_TENSOR, PK_MARK };
+static const char *const pk_type_name[] = {"None", "bool", "int", "float", "str", "bytes", "tuple", "list", "dict", "set",
+                                           "global", "object", "storage", "tensor", "mark"};
+// what an allow-listed global is
+enum { PKG_CLASS, PKG_ODICT, PKG_SET, PKG_REBUILD_TENSOR, PKG_REBUILD_TENSOR_V2, PKG_REBUILD_PARAM, PKG_REBUILD_PARAM_STATE,
+       PKG_RECONSTRUCTOR, PKG_OBJECT, PKG_DATA, PKG_STORAGE };
+
+typedef struct PkNode PkNode;
+struct PkNode {
+    int type;
+    int64_t i;                   // INT, BOOL; GLOBAL: PKG_ kind; STORAGE: ST_ dtype
+    double f;                    // FLOAT
+    char *s;                     // STR, BYTES (NUL-terminated copy, len bytes); GLOBAL "module.name"; STORAGE key
+    size_t len;
+    PkNode **a;                  // TUPLE, LIST, SET items; DICT key, value, key, value ...; OBJ constructor args
+    int n, cap;
+    PkNode *cls, *state;         // OBJ: its class (a GLOBAL) and BUILD state
+    // TENSOR
+    PkNode *storage;
+    int64_t offset, numel_storage;   // STORAGE: numel_storage elements
+    int ndim;
+    int64_t shape[ST_MAXDIM], stride[ST_MAXDIM];
+};
+
+typedef struct {
+    const char *path;
+    const unsigned char *p;
+    size_t n, i;
+    PkNode **all;                // every node, for freeing
+    size_t nall, capall;
+    PkNode **stack;
+    size_t sp, scap;
+    size_t *marks;
+    size_t nmarks, mcap;
+    PkNode **memo;
+    size_t nmemo, memocap, memo_used;
+    char *err;
+    size_t errlen;
+} Pk;
+
+static PkNode *pk_new(Pk *k, int type) {
+    if (k->nall >= PT_MAX_NODES) die("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path, PT_MAX_NODES);
+    if (k->nall == k->capall) {
+        k->capall = k->capall ? 2 * k->capall : 1024;
+        k->all = realloc(k->all, sizeof(PkNode *) * k->capall);
+        if (!k->all) die("out of memory reading '%s'", k->path);
+    }
+    PkNode *x = xcalloc(1, sizeof(PkNode));
+    x->type = type;
+    return k->all[k->nall++] = x;
+}
+static void pk_push_item(PkNode *x, PkNode *v) {
+    if (x->n == x->cap) {
+        x->cap = x->cap ? 2 * x->cap : 4;
+        x->a = realloc(x->a, sizeof(PkNode *) * (size_t)x->cap);
+        if (!x->a) die("out of memory");
+    }
+    x->a[x->n++] = v;
+}
+static void pk_free(Pk *k) {
+    for (size_t i = 0; i < k->nall; i++) { free(k->all[i]->s); free(k->all[i]->a); free(k->all[i]); }
+    free(k->all); free(k->stack); free(k->marks); free(k->memo);
+    memset(k, 0, sizeof *k);
+}
+static int pk_push(Pk *k, PkNode *x) {
+    if (k->sp == k->scap) {
+        k->scap = k->scap ? 2 * k->scap : 256;
+        k->stack = realloc(k->stack, sizeof(PkNode *) * k->scap);
+        if (!k->stack) die("out of memory");
+    }
+    k->stack[k->sp++] = x;
+    return 0;
+}
+#define PK_FAIL(...) st_fail(k->err, k->errlen, __VA_ARGS__)
+static PkNode *pk_pop(Pk *k) {
+    size_t floor = k->nmarks ? k->marks[k->nmarks - 1] : 0;
+    if (k->sp <= floor) { PK_FAIL("'%s': pickle: stack underflow at byte %zu", k->path, k->i); return NULL; }
+    return k->stack[--k->sp];
+}
+static PkNode *pk_top(Pk *k) {
+    size_t floor = k->nmarks ? k->marks[k->nmarks - 1] : 0;
+    if (k->sp <= floor) { PK_FAIL("'%s': pickle: stack underflow at byte %zu", k->path, k->i); return NULL; }
+    return k->stack[k->sp - 1];
+}
+// pk_pop_mark: the items above the last MARK (start index into the stack), removing the mark
+static int pk_pop_mark(Pk *k, size_t *start) {
+    if (!k->nmarks) return PK_FAIL("'%s': pickle: MARK expected at byte %zu", k->path, k->i);
+    *start = k->marks[--k->nmarks];
+    return 0;
+}
+static const unsigned char *pk_take(Pk *k, size_t n) {
+    if (k->n - k->i < n) { PK_FAIL("'%s': pickle: data ends inside an opcode at byte %zu (data.pkl cut off)", k->path, k->i); return NULL; }
+    const unsigned char *p = k->p + k->i;
+    k->i += n;
+    return p;
+}
+static PkNode *pk_str(Pk *k, int type, const unsigned char *s, size_t n) {
+    PkNode *x = pk_new(k, type);
+    x->s = xmalloc(n + 1);
+    memcpy(x->s, s, n);
+    x->s[n] = 0;
+    x->len = n;
+    return x;
+}
+static int pk_memo_put(Pk *k, uint64_t idx) {
+    if (idx >= PT_MAX_MEMO) return PK_FAIL("'%s': pickle: memo index %" PRIu64 " exceeds the limit of %u (memo abuse)", k->path, idx, PT_MAX_MEMO);
+    if (k->sp == 0) return PK_FAIL("'%s': pickle: PUT on an empty stack at byte %zu", k->path, k->i);
+    if (idx >= k->memocap) {
+        size_t nc = k->memocap ? k->memocap : 256;
+        while (nc <= idx) nc *= 2;
+        k->memo = realloc(k->memo, sizeof(PkNode *) * nc);
+        if (!k->memo) die("out of memory");
+        memset(k->memo + k->memocap, 0, sizeof(PkNode *) * (nc - k->memocap));
+        k->memocap = nc;
+    }
+    if (!k->memo[idx]) k->memo_used++;
+    k->memo[idx] = k->stack[k->sp - 1];
+    if (idx >= k->nmemo) k->nmemo = idx + 1;
+    return 0;
+}
+static int pk_memo_get(Pk *k, uint64_t idx) {
+    if (idx >= k->nmemo || !k->memo[idx]) return PK_FAIL("'%s': pickle: memo index %" PRIu64 " read before it was written", k->path, idx);
+    return pk_push(k, k->memo[idx]);
+}
+static PkNode *pk_dict_get(const PkNode *d, const char *key) {
+    if (!d || d->type != PK_DICT) return NULL;
+    for (int i = 0; i + 1 < d->n; i += 2)
+        if (d->a[i]->type == PK_STR && !strcmp(d->a[i]->s, key)) return d->a[i + 1];
+    return NULL;
+}
+
+// pt_global: classifies module.name; 0 with *kind set, or -1 with a message saying why it is refused
+static int pt_global(Pk *k, const char *mod, const char *name, int64_t *kind) {
+    static const struct { const char *name; int dtype; } storages[] = {
+        {"HalfStorage", ST_F16}, {"BFloat16Storage", ST_BF16}, {"FloatStorage", ST_F32}, {"DoubleStorage", ST_F64},
+        {"LongStorage", ST_I64}, {"IntStorage", ST_I32}, {"ShortStorage", ST_I16}, {"CharStorage", ST_I8},
+        {"ByteStorage", ST_U8}, {"BoolStorage", ST_BOOL}};
+    static const char *const v8[] = {"DetectionModel", "Conv", "Concat", "C2f", "Bottleneck", "SPPF", "DFL", "Detect",
+                                     "IterableSimpleNamespace", NULL};
+    static const struct { const char *name, *what; } other[] = {
+        {"SegmentationModel", "a segmentation model"}, {"Segment", "a segmentation model"},
+        {"PoseModel", "a pose model"}, {"Pose", "a pose model"},
+        {"ClassificationModel", "a classification model"}, {"Classify", "a classification model"},
+        {"OBBModel", "an oriented-box (OBB) model"}, {"OBB", "an oriented-box (OBB) model"},
+        {"C3k2", "a YOLO11 model"}, {"C2PSA", "a YOLO11 model"}, {"C3k", "a YOLO11 model"},
+        {"RTDETRDetectionModel", "an RT-DETR model"}, {"WorldModel", "a YOLO-World model"},
+        {"v10Detect", "a YOLOv10 model"}, {"SCDown", "a YOLOv10 model"}, {"RepNCSPELAN4", "a YOLOv9 model"},
+        {"C3", "a YOLOv5u/YOLOv3u model (C3 blocks)"}};
+    if (!strcmp(mod, "torch._utils")) {
+        if (!strcmp(name, "_rebuild_tensor_v2")) { *kind = PKG_REBUILD_TENSOR_V2; return 0; }
+        if (!strcmp(name, "_rebuild_tensor")) { *kind = PKG_REBUILD_TENSOR; return 0; }
+        if (!strcmp(name, "_rebuild_parameter")) { *kind = PKG_REBUILD_PARAM; return 0; }
+        if (!strcmp(name, "_rebuild_parameter_with_state")) { *kind = PKG_REBUILD_PARAM_STATE; return 0; }
+    }
+    if (!strcmp(mod, "torch"))
+        for (size_t i = 0; i < sizeof storages / sizeof storages[0]; i++)
+            if (!strcmp(name, storages[i].name)) { *kind = PKG_STORAGE + storages[i].dtype; return 0; }
+    if (!strcmp(mod, "collections") && !strcmp(name, "OrderedDict")) { *kind = PKG_ODICT; return 0; }
+    if ((!strcmp(mod, "builtins") || !strcmp(mod, "__builtin__")) && (!strcmp(name, "set") || !strcmp(name, "frozenset"))) {
+        *kind = PKG_SET; return 0;
+    }
+    if ((!strcmp(mod, "builtins") || !strcmp(mod, "__builtin__")) && !strcmp(name, "object")) { *kind = PKG_OBJECT; return 0; }
+    if (!strcmp(mod, "copyreg") && !strcmp(name, "_reconstructor")) { *kind = PKG_RECONSTRUCTOR; return 0; }
+    // plain values that checkpoint metadata (train_metrics, train_args, model.args) may hold; kept as
+    // opaque objects, never built: numpy scalars and arrays, paths, namespaces, torch dtypes and sizes
+    static const char *const data[][2] = {
+        {"numpy.core.multiarray", "scalar"}, {"numpy._core.multiarray", "scalar"}, {"numpy.core.multiarray", "_reconstruct"},
+        {"numpy._core.multiarray", "_reconstruct"}, {"numpy", "dtype"}, {"numpy", "ndarray"}, {"_codecs", "encode"}, {"builtins", "getattr"}, {"__builtin__", "getattr"},
+        {"pathlib", "PosixPath"}, {"pathlib", "WindowsPath"}, {"pathlib", "Path"}, {"types", "SimpleNamespace"},
+        {"argparse", "Namespace"}, {"torch", "Size"}, {"torch", "device"}, {"torch", "float16"}, {"torch", "float32"},
+        {"torch", "bfloat16"}, {"torch", "float64"}, {"torch", "int64"}, {"torch", "int32"}, {"torch", "uint8"}, {"torch", "bool"}};
+    for (size_t i = 0; i < sizeof data / sizeof data[0]; i++)
+        if (!strcmp(mod, data[i][0]) && !strcmp(name, data[i][1])) { *kind = PKG_DATA; return 0; }
+    if (!strncmp(mod, "torch.nn.modules.", 17)) { *kind = PKG_CLASS; return 0; }
+    if (!strcmp(mod, "models.yolo") || !strcmp(mod, "models.common") || !strncmp(mod, "models.", 7) || !strncmp(mod, "utils.", 6))
+        return PK_FAIL("'%s': a YOLOv5 checkpoint (it contains %s.%s from the yolov5 repository): only YOLOv8 detection models "
+                       "are supported", k->path, mod, name);
+    if (!strncmp(mod, "ultralytics.", 12)) {
+        for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+            if (!strcmp(name, other[i].name))
+                return PK_FAIL("'%s': %s (it contains %s.%s): only YOLOv8 detection models are supported", k->path, other[i].what,
+                               mod, name);
+        for (int i = 0; v8[i]; i++)
+            if (!strcmp(name, v8[i])) { *kind = PKG_CLASS; return 0; }
+        return PK_FAIL("'%s': contains %s.%s, which is not part of a YOLOv8 detection model: only YOLOv8 detection models are "
+                       "supported", k->path, mod, name);
+    }
+    return PK_FAIL("'%s': the pickle refers to %s.%s, which is not on the list of what a model checkpoint may contain; the file "
+                   "was not loaded and nothing in it was run (torch.load would have called it)", k->path, mod, name);
+}
+
+static int pk_global(Pk *k, const char *mod, size_t ml, const char *name, size_t nl) {
+    char m[256], n[256];
+    if (ml >= sizeof m || nl >= sizeof n || memchr(mod, 0, ml) || memchr(name, 0, nl))
+        return PK_FAIL("'%s': pickle: a global name longer than 255 bytes at byte %zu", k->path, k->i);
+    memcpy(m, mod, ml); m[ml] = 0;
+    memcpy(n, name, nl); n[nl] = 0;
+    if (!pt_name_ok(m) || !pt_name_ok(n)) return PK_FAIL("'%s': pickle: a global name with control characters at byte %zu", k->path, k->i);
+    int64_t kind = 0;
+    if (pt_global(k, m, n, &kind)) return -1;
+    PkNode *g = pk_new(k, PK_GLOBAL);
+    g->i = kind;
+    g->len = ml + 1 + nl;
+    g->s = xmalloc(g->len + 1);
+    snprintf(g->s, g->len + 1, "%s.%s", m, n);
+    return pk_push(k, g);
+}
+
+// pk_int_of: an INT node's value into *v; -1 otherwise
+static int pk_int_of(const PkNode *x, int64_t *v) {
+    if (!x || (x->type != PK_INT && x->type != PK_BOOL)) return -1;
+    *v = x->i;
+    return 0;
+}
+
+// pk_rebuild_tensor: (storage, storage_offset, size, stride, ...) -> a TENSOR node
+static PkNode *pk_rebuild_tensor(Pk *k, PkNode *args) {
+    if (args->type != PK_TUPLE || args->n < 4 || args->a[0]->type != PK_STORAGE || args->a[2]->type != PK_TUPLE ||
+        args->a[3]->type != PK_TUPLE || args->a[2]->n != args->a[3]->n) {
+        PK_FAIL("'%s': pickle: a tensor rebuild with unexpected arguments at byte %zu", k->path, k->i);
+        return NULL;
+    }
+    PkNode *t = pk_new(k, PK_TENSOR);
+    t->storage = args->a[0];
+    t->ndim = args->a[2]->n;
+    if (t->ndim > ST_MAXDIM || pk_int_of(args->a[1], &t->offset) || t->offset < 0) {
+        PK_FAIL("'%s': pickle: a tensor with %d dimensions or a bad storage offset at byte %zu", k->path, t->ndim, k->i);
+        return NULL;
+    }
+    for (int d = 0; d < t->ndim; d++)
+        if (pk_int_of(args->a[2]->a[d], &t->shape[d]) || pk_int_of(args->a[3]->a[d], &t->stride[d]) || t->shape[d] < 0 ||
+            t->stride[d] < 0) {
+            PK_FAIL("'%s': pickle: a tensor with a bad size or stride at byte %zu", k->path, k->i);
+            return NULL;
+        }
+    return t;
+}
+
+// pk_reduce: callable(args) for the allow-listed callables; the result or NULL
+static PkNode *pk_reduce(Pk *k, PkNode *fn, PkNode *args) {
+    if (fn->type != PK_GLOBAL || args->type != PK_TUPLE) {
+        PK_FAIL("'%s': pickle: REDUCE of a %s with %s arguments at byte %zu", k->path, pk_type_name[fn->type], pk_type_name[args->type], k->i);
+        return NULL;
+    }
+    PkNode *x;
+    switch (fn->i) {
+    case PKG_ODICT:
+        x = pk_new(k, PK_DICT);
+        if (args->n) {   // OrderedDict([(k, v), ...])
+            PkNode *l = args->a[0];
+            if ((l->type != PK_LIST && l->type != PK_TUPLE) || args->n > 1) goto bad;
+            for (int i = 0; i < l->n; i++) {
+                if (l->a[i]->type != PK_TUPLE || l->a[i]->n != 2) goto bad;
+                pk_push_item(x, l->a[i]->a[0]);
+                pk_push_item(x, l->a[i]->a[1]);
+            }
+        }
+        return x;
+    case PKG_SET:
+        x = pk_new(k, PK_SET);
+        if (args->n) {
+            PkNode *l = args->a[0];
+            if ((l->type != PK_LIST && l->type != PK_TUPLE && l->type != PK_SET) || args->n > 1) goto bad;
+            for (int i = 0; i < l->n; i++) pk_push_item(x, l->a[i]);
+        }
+        return x;
+    case PKG_REBUILD_TENSOR: case PKG_REBUILD_TENSOR_V2:
+        return pk_rebuild_tensor(k, args);
+    case PKG_REBUILD_PARAM: case PKG_REBUILD_PARAM_STATE:
+        if (args->n < 1 || args->a[0]->type != PK_TENSOR) goto bad;
+        return args->a[0];
+    case PKG_RECONSTRUCTOR:   // copyreg._reconstructor(cls, object, None): an instance of cls
+        if (args->n < 1 || args->a[0]->type != PK_GLOBAL || args->a[0]->i != PKG_CLASS) goto bad;
+        x = pk_new(k, PK_OBJ);
+        x->cls = args->a[0];
+        return x;
+    case PKG_CLASS: case PKG_DATA:
+        x = pk_new(k, PK_OBJ);
+        x->cls = fn;
+        for (int i = 0; i < args->n; i++) pk_push_item(x, args->a[i]);
+        return x;
+    }
+bad:
+    PK_FAIL("'%s': pickle: %s called with unexpected arguments at byte %zu", k->path, fn->s, k->i);
+    return NULL;
+}
+
+// pk_run: unpickle k->p[0..n) into *root. Never calls or imports anything; see the section header.
+static int pk_run(Pk *k, PkNode **root) {
+    const unsigned char *q;
+    PkNode *x, *y, *z;
+    size_t start = 0;
+    if (k->n < 2 || k->p[0] != 0x80) return PK_FAIL("'%s': data.pkl is not a pickle of protocol 2 or later", k->path);
+    for (;;) {
+        if (k->i >= k->n) return PK_FAIL("'%s': pickle: data ends without STOP (data.pkl cut off)", k->path);
+        if (k->nall + 4 > PT_MAX_NODES)   // an opcode makes at most 2 objects, so pk_new never reaches its limit
+            return PK_FAIL("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path, PT_MAX_NODES);
+        size_t at = k->i;
+        unsigned op = k->p[k->i++];
+        switch (op) {
+        case 0x80:   // PROTO
+            if (!(q = pk_take(k, 1))) return -1;
+            if (q[0] < 2 || q[0] > 5) return PK_FAIL("'%s': pickle protocol %u is not supported (2 to 5 are)", k->path, q[0]);
+            break;
+        case 0x95:   // FRAME: a length prefix only
+            if (!pk_take(k, 8)) return -1;
+            break;
+        case '.':    // STOP
+            if (k->sp != 1 || k->nmarks) return PK_FAIL("'%s': pickle: STOP with %zu values and %zu marks left", k->path, k->sp, k->nmarks);
+            *root = k->stack[0];
+            return 0;
+        case '(':    // MARK
+            if (k->nmarks == PT_MAX_MARKS) return PK_FAIL("'%s': pickle: more than %d nested marks (recursion abuse)", k->path, PT_MAX_MARKS);
+            if (k->nmarks == k->mcap) {
+                k->mcap = k->mcap ? 2 * k->mcap : 64;
+                k->marks = realloc(k->marks, sizeof(size_t) * k->mcap);
+                if (!k->marks) die("out of memory");
+            }
+            k->marks[k->nmarks++] = k->sp;
+            break;
+        case '0':    // POP
+            if (k->nmarks && k->marks[k->nmarks - 1] == k->sp) { k->nmarks--; break; }   // pops the mark itself
+            if (!pk_pop(k)) return -1;
+            break;
+        case '1':    // POP_MARK
+            if (pk_pop_mark(k, &start)) return -1;
+            k->sp = start;
+            break;
+        case '2':    // DUP
+            if (!(x = pk_top(k))) return -1;
+            pk_push(k, x);
+            break;
+        case 'N': pk_push(k, pk_new(k, PK_NONE)); break;
+        case 0x88: case 0x89:   // NEWTRUE, NEWFALSE
+            x = pk_new(k, PK_BOOL); x->i = op == 0x88; pk_push(k, x);
+            break;
+        case 'J': case 'K': case 'M':   // BININT, BININT1, BININT2
+            if (!(q = pk_take(k, op == 'J' ? 4 : op == 'K' ? 1 : 2))) return -1;
+            x = pk_new(k, PK_INT);
+            x->i = op == 'J' ? (int32_t)pt_rd32(q) : op == 'K' ? q[0] : pt_rd16(q);
+            pk_push(k, x);
+            break;
+        case 0x8a: case 0x8b: {   // LONG1, LONG4: little-endian two's complement
+            if (!(q = pk_take(k, op == 0x8a ? 1 : 4))) return -1;
+            uint32_t nb = op == 0x8a ? q[0] : pt_rd32(q);
+            if (nb > 8) return PK_FAIL("'%s': pickle: a %u-byte integer at byte %zu does not fit 64 bits", k->path, nb, at);
+            if (!(q = pk_take(k, nb))) return -1;
+            uint64_t v = 0;
+            for (uint32_t b = 0; b < nb; b++) v |= (uint64_t)q[b] << (8 * b);
+            if (nb && nb < 8 && (q[nb - 1] & 0x80)) v |= ~0ull << (8 * nb);
+            x = pk_new(k, PK_INT); x->i = (int64_t)v; pk_push(k, x);
+            break;
+        }
+        case 'G': {   // BINFLOAT: big-endian double
+            if (!(q = pk_take(k, 8))) return -1;
+            uint64_t v = 0;
+            for (int b = 0; b < 8; b++) v = v << 8 | q[b];
+            x = pk_new(k, PK_FLOAT); memcpy(&x->f, &v, 8); pk_push(k, x);
+            break;
+        }
+        case 'X': case 0x8c: case 0x8d: case 'T': case 'U': case 'B': case 'C': case 0x8e: case 0x96: {
+            // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8, BINSTRING, SHORT_BINSTRING, BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
+            int w = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d || op == 0x8e || op == 0x96) ? 8 : 4;
+            if (!(q = pk_take(k, (size_t)w))) return -1;
+            uint64_t len = w == 1 ? q[0] : w == 4 ? pt_rd32(q) : pt_rd64(q);
+            if (len > k->n - k->i) return PK_FAIL("'%s': pickle: a %" PRIu64 "-byte string at byte %zu runs past the end", k->path, len, at);
+            q = pk_take(k, (size_t)len);
+            int isstr = op == 'X' || op == 0x8c || op == 0x8d || op == 'T' || op == 'U';
+            pk_push(k, pk_str(k, isstr ? PK_STR : PK_BYTES, q, (size_t)len));
+            break;
+        }
+        case ']': pk_push(k, pk_new(k, PK_LIST)); break;          // EMPTY_LIST
+        case ')': pk_push(k, pk_new(k, PK_TUPLE)); break;         // EMPTY_TUPLE
+        case '}': pk_push(k, pk_new(k, PK_DICT)); break;          // EMPTY_DICT
+        case 0x8f: pk_push(k, pk_new(k, PK_SET)); break;          // EMPTY_SET
+        case 0x85: case 0x86: case 0x87: {                         // TUPLE1, TUPLE2, TUPLE3
+            int m = op - 0x84;
+            size_t floor = k->nmarks ? k->marks[k->nmarks - 1] : 0;
+            if (k->sp - floor < (size_t)m) return PK_FAIL("'%s': pickle: stack underflow at byte %zu", k->path, at);
+            x = pk_new(k, PK_TUPLE);
+            for (int i = 0; i < m; i++) pk_push_item(x, k->stack[k->sp - m + i]);
+            k->sp -= m;
+            pk_push(k, x);
+            break;
+        }
+        case 't': case 'l': case 0x91: case 'd':   // TUPLE, LIST, FROZENSET, DICT from the items above MARK
+            if (pk_pop_mark(k, &start)) return -1;
+            if (op == 'd' && (k->sp - start) % 2) return PK_FAIL("'%s': pickle: DICT with an odd number of items at byte %zu", k->path, at);
+            x = pk_new(k, op == 't' ? PK_TUPLE : op == 'l' ? PK_LIST : op == 'd' ? PK_DICT : PK_SET);
+            for (size_t i = start; i < k->sp; i++) pk_push_item(x, k->stack[i]);
+            k->sp = start;
+            pk_push(k, x);
+            break;
+        case 'a':   // APPEND
+            if (!(y = pk_pop(k)) || !(x = pk_top(k))) return -1;
+            if (x->type != PK_LIST) return PK_FAIL("'%s': pickle: APPEND to a %s at byte %zu", k->path, pk_type_name[x->type], at);
+            pk_push_item(x, y);
+            break;
+        case 'e': case 0x90:   // APPENDS, ADDITEMS
+            if (pk_pop_mark(k, &start)) return -1;
+            if (start == 0) return PK_FAIL("'%s': pickle: stack underflow at byte %zu", k->path, at);
+            x = k->stack[start - 1];
+            if (x->type != (op == 'e' ? PK_LIST : PK_SET))
+                return PK_FAIL("'%s': pickle: %s to a %s at byte %zu", k->path, op == 'e' ? "APPENDS" : "ADDITEMS", pk_type_name[x->type], at);
+            for (size_t i = start; i < k->sp; i++) pk_push_item(x, k->stack[i]);
+            k->sp = start;
+            break;
+        case 's':   // SETITEM
+            if (!(z = pk_pop(k)) || !(y = pk_pop(k)) || !(x = pk_top(k))) return -1;
+            if (x->type != PK_DICT) return PK_FAIL("'%s': pickle: SETITEM on a %s at byte %zu", k->path, pk_type_name[x->type], at);
+            pk_push_item(x, y);
+            pk_push_item(x, z);
+            break;
+        case 'u':   // SETITEMS
+            if (pk_pop_mark(k, &start)) return -1;
+            if (start == 0 || (k->sp - start) % 2) return PK_FAIL("'%s': pickle: malformed SETITEMS at byte %zu", k->path, at);
+            x = k->stack[start - 1];
+            if (x->type != PK_DICT) return PK_FAIL("'%s': pickle: SETITEMS on a %s at byte %zu", k->path, pk_type_name[x->type], at);
+            for (size_t i = start; i < k->sp; i++) pk_push_item(x, k->stack[i]);
+            k->sp = start;
+            break;
+        case 'c': {   // GLOBAL "module\nname\n"
+            const unsigned char *m = k->p + k->i, *e1 = memchr(m, '\n', k->n - k->i), *e2;
+            if (!e1 || !(e2 = memchr(e1 + 1, '\n', (size_t)(k->p + k->n - e1 - 1))))
+                return PK_FAIL("'%s': pickle: unterminated GLOBAL at byte %zu", k->path, at);
+            k->i = (size_t)(e2 + 1 - k->p);
+            if (pk_global(k, (const char *)m, (size_t)(e1 - m), (const char *)e1 + 1, (size_t)(e2 - e1 - 1))) return -1;
+            break;
+        }
+        case 0x93:   // STACK_GLOBAL
+            if (!(y = pk_pop(k)) || !(x = pk_pop(k))) return -1;
+            if (x->type != PK_STR || y->type != PK_STR) return PK_FAIL("'%s': pickle: STACK_GLOBAL of non-strings at byte %zu", k->path, at);
+            if (pk_global(k, x->s, x->len, y->s, y->len)) return -1;
+            break;
+        case 'R':    // REDUCE
+            if (!(y = pk_pop(k)) || !(x = pk_pop(k))) return -1;
+            if (!(z = pk_reduce(k, x, y))) return -1;
+            pk_push(k, z);
+            break;
+        case 0x81: case 0x92:   // NEWOBJ (cls, args), NEWOBJ_EX (cls, args, kwargs)
+            if (op == 0x92 && !pk_pop(k)) return -1;
+            if (!(y = pk_pop(k)) || !(x = pk_pop(k))) return -1;
+            if (x->type != PK_GLOBAL || (x->i != PKG_CLASS && x->i != PKG_DATA && x->i != PKG_ODICT && x->i != PKG_SET))
+                return PK_FAIL("'%s': pickle: NEWOBJ of %s at byte %zu", k->path, x->type == PK_GLOBAL ? x->s : pk_type_name[x->type], at);
+            if (!(z = pk_reduce(k, x, y))) return -1;
+            pk_push(k, z);
+            break;
+        case 'b':    // BUILD: obj.__setstate__(state)
+            if (!(y = pk_pop(k)) || !(x = pk_top(k))) return -1;
+            if (x->type == PK_OBJ) x->state = y;
+            else if (x->type != PK_DICT && x->type != PK_TENSOR)   // OrderedDict _metadata, Parameter state: not needed
+                return PK_FAIL("'%s': pickle: BUILD on a %s at byte %zu", k->path, pk_type_name[x->type], at);
+            break;
+        case 'Q': {  // BINPERSID: ('storage', storage type, key, location, numel)
+            if (!(x = pk_pop(k))) return -1;
+            int64_t numel;
+            if (x->type != PK_TUPLE || x->n < 5 || x->a[0]->type != PK_STR || strcmp(x->a[0]->s, "storage") ||
+                x->a[1]->type != PK_GLOBAL || x->a[1]->i < PKG_STORAGE || x->a[2]->type != PK_STR || pk_int_of(x->a[4], &numel) ||
+                numel < 0)
+                return PK_FAIL("'%s': pickle: a persistent id that is not a torch storage record at byte %zu", k->path, at);
+            if (!pt_name_ok(x->a[2]->s) || x->a[2]->len != strlen(x->a[2]->s) || x->a[2]->len > 200)
+                return PK_FAIL("'%s': pickle: a storage key with control characters or over 200 bytes at byte %zu", k->path, at);
+            y = pk_new(k, PK_STORAGE);
+            y->i = x->a[1]->i - PKG_STORAGE;
+            y->s = strdup(x->a[2]->s);
+            y->numel_storage = numel;
+            pk_push(k, y);
+            break;
+        }
+        case 'q': case 'r': case 0x94: {   // BINPUT, LONG_BINPUT, MEMOIZE
+            uint64_t idx = k->memo_used;
+            if (op != 0x94) {
+                if (!(q = pk_take(k, op == 'q' ? 1 : 4))) return -1;
+                idx = op == 'q' ? q[0] : pt_rd32(q);
+            }
+            if (pk_memo_put(k, idx)) return -1;
+            break;
+        }
+        case 'h': case 'j':   // BINGET, LONG_BINGET
+            if (!(q = pk_take(k, op == 'h' ? 1 : 4))) return -1;
+            if (pk_memo_get(k, op == 'h' ? q[0] : pt_rd32(q))) return -1;
+            break;
+        default:
+            return PK_FAIL("'%s': pickle opcode 0x%02x ('%c') at byte %zu is not supported (a model checkpoint written by torch.save "
+                           "does not use it)", k->path, op, op >= 32 && op < 127 ? op : '?', at);
+        }
+    }
+}
+
+// ---- checkpoint: module tree -> named tensors ----
+
+typedef struct { char *name; PkNode *t; } PtNamed;
+typedef struct { PtNamed *v; int n, cap; } PtList;
+
+static void pt_list_add(PtList *l, const char *name, PkNode *t) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->v = realloc(l->v, sizeof(PtNamed) * (size_t)l->cap);
+        if (!l->v) die("out of memory");
+    }
+    l->v[l->n].name = strdup(name);
+    l->v[l->n++].t = t;
+}
+
+// pt_walk_module: the state_dict entries of module object m under prefix (Module.state_dict order:
+// own parameters, own persistent buffers, then each child)
+static int pt_walk_module(const char *path, PkNode *m, const char *prefix, int depth, PtList *out, char *err, size_t errlen) {
+    if (depth > PT_MAX_DEPTH) return st_fail(err, errlen, "'%s': modules nested deeper than %d (recursion abuse)", path, PT_MAX_DEPTH);
+    PkNode *st = m->state;
+    if (!st || st->type != PK_DICT)
+        return st_fail(err, errlen, "'%s': module '%s' (%s) has no attribute dict", path, prefix[0] ? prefix : "(root)", m->cls->s);
+    PkNode *params = pk_dict_get(st, "_parameters"), *bufs = pk_dict_get(st, "_buffers"), *mods = pk_dict_get(st, "_modules");
+    PkNode *np = pk_dict_get(st, "_non_persistent_buffers_set");
+    char name[512];
+    for (int pass = 0; pass < 2; pass++) {
+        PkNode *d = pass ? bufs : params;
+        if (!d) continue;
+        if (d->type != PK_DICT) return st_fail(err, errlen, "'%s': module '%s': %s is not a dict", path, prefix, pass ? "_buffers" : "_parameters");
+        for (int i = 0; i + 1 < d->n; i += 2) {
+            PkNode *key = d->a[i], *v = d->a[i + 1];
+            if (key->type != PK_STR || !pt_name_ok(key->s) || key->len != strlen(key->s))
+                return st_fail(err, errlen, "'%s': module '%s': a tensor key that is not a printable string", path, prefix);
+            if (v->type == PK_NONE) continue;
+            int skip = 0;
+            for (int j = 0; pass && np && np->type == PK_SET && j < np->n; j++)
+                skip |= np->a[j]->type == PK_STR && !strcmp(np->a[j]->s, key->s);
+            if (skip) continue;
+            if (v->type != PK_TENSOR)
+                return st_fail(err, errlen, "'%s': module '%s': '%s' is a %s, not a tensor", path, prefix, key->s, pk_type_name[v->type]);
+            if ((size_t)snprintf(name, sizeof name, "%s%s", prefix, key->s) >= sizeof name)
+                return st_fail(err, errlen, "'%s': a tensor name longer than %zu bytes", path, sizeof name - 1);
+            pt_list_add(out, name, v);
+        }
+    }
+    if (mods && mods->type == PK_DICT)
+        for (int i = 0; i + 1 < mods->n; i += 2) {
+            PkNode *key = mods->a[i], *v = mods->a[i + 1];
+            if (v->type == PK_NONE) continue;
+            if (key->type != PK_STR || v->type != PK_OBJ || !pt_name_ok(key->s) || key->len != strlen(key->s))
+                return st_fail(err, errlen, "'%s': module '%s': a child that is not a module", path, prefix);
+            if ((size_t)snprintf(name, sizeof name, "%s%s.", prefix, key->s) >= sizeof name)
+                return st_fail(err, errlen, "'%s': a module name longer than %zu bytes", path, sizeof name - 1);
+            if (pt_walk_module(path, v, name, depth + 1, out, err, errlen)) return -1;
+        }
+    return 0;
+}
+
+// pt_meta_add: one key/value of st's metadata
+static void pt_meta_add(SafeTensors *st, const char *key, const char *val) {
+    if (st->nmeta == st->metacap) {
+        st->metacap = st->metacap ? 2 * st->metacap : 16;
+        st->meta = realloc(st->meta, sizeof(char *) * 2 * (size_t)st->metacap);
+        if (!st->meta) die("out of memory");
+    }
+    st->meta[2 * st->nmeta] = strdup(key);
+    st->meta[2 * st->nmeta + 1] = strdup(val);
+    st->nmeta++;
+}
+
+// pt_scalar_str: a short printable form of a scalar node (str, int, float, bool, None), or NULL
+static const char *pt_scalar_str(const PkNode *v, char *buf, size_t n) {
+    switch (v->type) {
+    case PK_STR: return pt_name_ok(v->s) ? v->s : NULL;
+    case PK_INT: snprintf(buf, n, "%" PRId64, v->i); return buf;
+    case PK_FLOAT: snprintf(buf, n, "%g", v->f); return buf;
+    case PK_BOOL: return v->i ? "True" : "False";
+    case PK_NONE: return "None";
+    }
+    return NULL;
+}
+
+// pt_read_meta: names, yaml nc/scale of the model object m, and epoch, date, version, train_args of root
+static void pt_read_meta(SafeTensors *st, PkNode *root, PkNode *m) {
+    char buf[64];
+    PkNode *ms = m && m->state ? m->state : NULL;
+    PkNode *names = pk_dict_get(ms, "names"), *yaml = pk_dict_get(ms, "yaml");
+    if (names && (names->type == PK_DICT || names->type == PK_LIST)) {   // {0: 'person', ...} or ['person', ...]
+        StBuf b = {0};
+        int step = names->type == PK_DICT ? 2 : 1, ok = 1;
+        for (int i = 0; i + step - 1 < names->n && ok; i += step) {
+            PkNode *v = names->a[i + step - 1];
+            ok = v->type == PK_STR && pt_name_ok(v->s) && (step == 1 || (names->a[i]->type == PK_INT && names->a[i]->i == i / 2));
+            if (ok) { if (i) stbuf_put(&b, "\n", 1); stbuf_put(&b, v->s, strlen(v->s)); }
+        }
+        if (ok && b.p) pt_meta_add(st, "names", b.p);
+        free(b.p);
+    }
+    PkNode *v;
+    if ((v = pk_dict_get(yaml, "nc")) && v->type == PK_INT) { snprintf(buf, sizeof buf, "%" PRId64, v->i); pt_meta_add(st, "yaml_nc", buf); }
+    if ((v = pk_dict_get(yaml, "scale")) && v->type == PK_STR && pt_name_ok(v->s)) pt_meta_add(st, "yaml_scale", v->s);
+    static const char *const keys[] = {"epoch", "date", "version"};
+    for (int i = 0; i < 3; i++) {
+        const char *s;
+        if ((v = pk_dict_get(root, keys[i])) && (s = pt_scalar_str(v, buf, sizeof buf))) pt_meta_add(st, keys[i], s);
+    }
+    PkNode *ta = pk_dict_get(root, "train_args");
+    if (ta && ta->type == PK_DICT) {
+        StBuf b = {0};
+        for (int i = 0; i + 1 < ta->n; i += 2) {
+            const char *s = pt_scalar_str(ta->a[i + 1], buf, sizeof buf);
+            if (ta->a[i]->type != PK_STR || !s) continue;
+            if (b.n) stbuf_put(&b, " ", 1);
+            stbuf_printf(&b, "%.40s=%.60s", ta->a[i]->s, s);
+        }
+        if (b.p) pt_meta_add(st, "train_args", b.p);
+        free(b.p);
+    }
+}
+
+static int pt_cmp_named(const void *a, const void *b) { return strcmp(((const PtNamed *)a)->name, ((const PtNamed *)b)->name); }
+
+// pt_tensors: copies every named tensor's elements (gathering views) into one buffer and fills
+// st's entries over it
+static int pt_tensors(PtZip *z, PtList *l, SafeTensors *st, char *err, size_t errlen) {
+    const char *P = z->path;
+    uint64_t total = 0;
+    char sb[160];
+    {   // duplicate names (a state_dict key given twice)
+        PtNamed *c = xmalloc(sizeof(PtNamed) * (size_t)(l->n ? l->n : 1));
+        memcpy(c, l->v, sizeof(PtNamed) * (size_t)l->n);
+        qsort(c, (size_t)l->n, sizeof(PtNamed), pt_cmp_named);
+        int dup = -1;
+        for (int i = 1; i < l->n && dup < 0; i++) if (!strcmp(c[i].name, c[i - 1].name)) dup = i;
+        if (dup >= 0) st_fail(err, errlen, "'%s': tensor name '%.200s' appears twice", P, c[dup].name);
+        free(c);
+        if (dup >= 0) return -1;
+    }
+    st->t = xcalloc((size_t)(l->n ? l->n : 1), sizeof(StEntry));
+    st->cap = l->n;
+    for (int i = 0; i < l->n; i++) {   // shapes, sizes and bounds first: nothing is read until all are valid
+        PkNode *t = l->v[i].t, *s = t->storage;
+        StEntry *e = &st->t[st->n++];
+        e->name = strdup(l->v[i].name);
+        e->dtype = (int)s->i;
+        e->ndim = t->ndim;
+        e->numel = 1;
+        int64_t last = t->offset;   // largest element index the view touches
+        for (int d = 0; d < t->ndim; d++) {
+            e->shape[d] = t->shape[d];
+            if (__builtin_mul_overflow(e->numel, t->shape[d], &e->numel) || e->numel > (int64_t)1 << 40)
+                return st_fail(err, errlen, "'%s': tensor '%s' has an impossible shape %s", P, e->name, st_shape_str(sb, sizeof sb, t->ndim, t->shape));
+        }
+        for (int d = 0; d < t->ndim && e->numel; d++) {
+            int64_t span;
+            if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &span) || __builtin_add_overflow(last, span, &last))
+                return st_fail(err, errlen, "'%s': tensor '%s': strides overflow", P, e->name);
+        }
+        char key[300];
+        snprintf(key, sizeof key, "%sdata/%s", z->prefix, s->s);
+        const PtZipEntry *ze = pt_zip_find(z, key);
+        int es = st_dtype_size[e->dtype];
+        if (!ze) return st_fail(err, errlen, "'%s': tensor '%s': its storage record '%s' is missing from the archive", P, e->name, key);
+        if ((uint64_t)s->numel_storage > ze->size / (uint64_t)es)
+            return st_fail(err, errlen, "'%s': tensor '%s': storage '%s' should hold %" PRId64 " %s elements but the record has %"
+                           PRIu64 " bytes", P, e->name, key, s->numel_storage, st_dtype_name[e->dtype], ze->size);
+        if (e->numel && last >= s->numel_storage)
+            return st_fail(err, errlen, "'%s': tensor '%s' (shape %s, offset %" PRId64 ") reaches element %" PRId64 " of a %" PRId64
+                           "-element storage", P, e->name, st_shape_str(sb, sizeof sb, t->ndim, t->shape), t->offset, last, s->numel_storage);
+        e->begin = total;
+        e->end = total + (uint64_t)e->numel * (uint64_t)es;
+        total = e->end;
+    }
+    st->mem = xmalloc((size_t)(total ? total : 1));
+    st->data_size = total;
+    unsigned char *mem = st->mem;
+    for (int i = 0; i < l->n; i++) {
+        PkNode *t = l->v[i].t;
+        StEntry *e = &st->t[i];
+        int es = st_dtype_size[e->dtype];
+        char key[300];
+        snprintf(key, sizeof key, "%sdata/%s", z->prefix, t->storage->s);
+        const PtZipEntry *ze = pt_zip_find(z, key);
+        int contiguous = 1;
+        int64_t want = 1;
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (t->shape[d] != 1 && t->stride[d] != want) contiguous = 0;
+            want *= t->shape[d];
+        }
+        if (!e->numel) continue;
+        if (contiguous) {
+            if (pt_read_at(z->f, ze->off + (uint64_t)t->offset * es, mem + e->begin, (size_t)(e->end - e->begin)))
+                return st_fail(err, errlen, "'%s': tensor '%s': read failed (file shrank?)", P, e->name);
+            continue;
+        }
+        unsigned char *src = xmalloc((size_t)t->storage->numel_storage * es);   // a view: read the storage, gather
+        if (pt_read_at(z->f, ze->off, src, (size_t)t->storage->numel_storage * es)) {
+            free(src);
+            return st_fail(err, errlen, "'%s': tensor '%s': read failed (file shrank?)", P, e->name);
+        }
+        int64_t idx[ST_MAXDIM] = {0};
+        for (int64_t q = 0; q < e->numel; q++) {
+            int64_t o = t->offset;
+            for (int d = 0; d < t->ndim; d++) o += idx[d] * t->stride[d];
+            memcpy(mem + e->begin + (uint64_t)q * es, src + (uint64_t)o * es, (size_t)es);
+            for (int d = t->ndim - 1; d >= 0 && ++idx[d] == t->shape[d]; d--) idx[d] = 0;
+        }
+        free(src);
+    }
+    st->by_name = xmalloc(sizeof(StEntry *) * (size_t)(st->n ? st->n : 1));
+    for (int i = 0; i < st->n; i++) st->by_name[i] = &st->t[i];
+    qsort(st->by_name, (size_t)st->n, sizeof(StEntry *), st_cmp_name);
+    return 0;
+}
+
+// pt_open_stream: a torch.save zip on stream f (owned from here on) as a SafeTensors st
+static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    st->path = strdup(label ? label : "(stream)");
+    if (!st->path) die("out of memory");
+    const char *P = st->path;
+    PtZip z = {.path = P, .f = f};
+    Pk k = {.path = P, .err = err, .errlen = errlen};
+    PtList l = {0};
+    unsigned char *pkl = NULL;
+    int rc = -1;
+    off_t size;
+    if (fseeko(f, 0, SEEK_END) != 0 || (size = ftello(f)) < 0) { st_fail(err, errlen, "'%s': cannot determine the file size", P); goto out; }
+    z.fsize = (uint64_t)size;
+    if (pt_zip_open(&z, err, errlen)) goto out;
+    char key[300];
+    snprintf(key, sizeof key, "%sbyteorder", z.prefix);
+    const PtZipEntry *bo = pt_zip_find(&z, key), *pe;
+    if (bo) {
+        char b[16] = "";
+        if (bo->size >= sizeof b || pt_read_at(f, bo->off, b, (size_t)bo->size) || strcmp(b, "little")) {
+            st_fail(err, errlen, "'%s': the byteorder record says '%.15s': only little-endian checkpoints are supported", P, b);
+            goto out;
+        }
+    }
+    snprintf(key, sizeof key, "%sdata.pkl", z.prefix);
+    pe = pt_zip_find(&z, key);
+    if (pe->size > PT_MAX_PICKLE) { st_fail(err, errlen, "'%s': data.pkl is %" PRIu64 " bytes, over the 64 MiB limit", P, pe->size); goto out; }
+    pkl = xmalloc((size_t)pe->size + 1);
+    if (pt_read_at(f, pe->off, pkl, (size_t)pe->size)) { st_fail(err, errlen, "'%s': read of data.pkl failed", P); goto out; }
+    k.p = pkl;
+    k.n = (size_t)pe->size;
+    PkNode *root = NULL, *m = NULL;
+    if (pk_run(&k, &root)) goto out;
+    const char *src = "state_dict";
+    if (root->type == PK_DICT && (pk_dict_get(root, "model") || pk_dict_get(root, "ema"))) {   // Ultralytics checkpoint
+        PkNode *ema = pk_dict_get(root, "ema"), *model = pk_dict_get(root, "model");
+        m = ema && ema->type != PK_NONE ? ema : model;
+        src = m == ema ? "ema" : "model";
+        if (!m || m->type == PK_NONE) { st_fail(err, errlen, "'%s': a checkpoint whose 'model' and 'ema' are both None", P); goto out; }
+        if (m->type == PK_DICT) root = m, m = NULL;   // a state_dict stored under 'model'
+        else if (m->type != PK_OBJ) {
+            st_fail(err, errlen, "'%s': checkpoint '%s' is a %s, not a model", P, src, pk_type_name[m->type]);
+            goto out;
+        }
+    } else if (root->type == PK_OBJ) {   // torch.save(model)
+        m = root;
+        src = "module";
+    }
+    if (m) {
+        if (strcmp(m->cls->s, "ultralytics.nn.tasks.DetectionModel")) {
+            st_fail(err, errlen, "'%s': holds a %s, not an ultralytics DetectionModel: only YOLOv8 detection models are supported", P, m->cls->s);
+            goto out;
+        }
+        if (pt_walk_module(P, m, "", 0, &l, err, errlen)) goto out;
+    } else if (root->type == PK_DICT) {
+        for (int i = 0; i + 1 < root->n; i += 2) {
+            PkNode *kk = root->a[i], *v = root->a[i + 1];
+            if (kk->type != PK_STR || v->type != PK_TENSOR || !pt_name_ok(kk->s) || kk->len != strlen(kk->s)) {
+                st_fail(err, errlen, "'%s': a dict whose entry %d is %s -> %s: neither a state_dict (printable names -> tensors) "
+                        "nor an Ultralytics checkpoint ('model'/'ema')", P, i / 2, pk_type_name[kk->type], pk_type_name[v->type]);
+                goto out;
+            }
+            pt_list_add(&l, kk->s, v);
+        }
+    } else {
+        st_fail(err, errlen, "'%s': the pickle holds a %s, not a checkpoint dict, state_dict or model", P, pk_type_name[root->type]);
+        goto out;
+    }
+    if (!l.n) { st_fail(err, errlen, "'%s': no tensors found", P); goto out; }
+    if (pt_tensors(&z, &l, st, err, errlen)) goto out;
+    pt_meta_add(st, "pt_source", src);
+    if (m) pt_meta_add(st, "pt_class", m->cls->s);
+    pt_read_meta(st, root, m);
+    st->f = fmemopen(st->mem, (size_t)(st->data_size ? st->data_size : 1), "rb");
+    if (!st->f) { st_fail(err, errlen, "'%s': fmemopen failed: %s", P, strerror(errno)); goto out; }
+    rc = 0;
+out:
+    for (int i = 0; i < l.n; i++) free(l.v[i].name);
+    free(l.v);
+    free(pkl);
+    pk_free(&k);
+    pt_zip_close(&z);
+    fclose(f);
+    if (rc) st_close(st);
+    return rc;
+}
+
+// weights_open: path as a SafeTensors, whatever its format: a torch.save zip (.pt), or safetensors.
+// Recognises and explains the files people end up with instead of weights.
+static int weights_open(const char *path, SafeTensors *st, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    FILE *f = fopen(path, "rb");
+    if (!f) return st_fail(err, errlen, "'%s': cannot open: %s", path, strerror(errno));
+    unsigned char head[200] = {0};
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    struct stat sb;
+    long long size = fstat(fileno(f), &sb) == 0 ? (long long)sb.st_size : -1;
+    if (n >= 40 && !memcmp(head, "version https://git-lfs.github.com/spec/", 40)) {
+        fclose(f);
+        const char *sz = strstr((const char *)head, "\nsize ");
+        return st_fail(err, errlen, "'%s' is a Git LFS pointer (%lld bytes), not the weights%s%.*s%s: fetch the real file with "
+                       "`git lfs pull` (git lfs install first if needed) or download it again", path, size,
+                       sz ? " (the real file has " : "", sz ? (int)strcspn(sz + 6, "\n") : 0, sz ? sz + 6 : "", sz ? " bytes)" : "");
+    }
+    const char *ext = strrchr(path, '.');
+    int pt_ext = ext && (!strcmp(ext, ".pt") || !strcmp(ext, ".pth"));
+    // torch < 1.6 wrote a bare pickle stream starting with a pickled magic number (LONG1 0x1950a86a20f9469cfc6c)
+    static const unsigned char legacy[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+    if (n >= 14 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 && (pt_ext || !memcmp(head + 2, legacy, sizeof legacy)))
+        return fclose(f), st_fail(err, errlen, "'%s': the legacy (non-zip) PyTorch format of torch < 1.6: re-save it with a "
+                                  "current torch (torch.save(torch.load(f), f2)) and use the new file", path);
+    int is_zip = n >= 4 && !memcmp(head, "PK\x03\x04", 4);
+    if (is_zip || pt_ext) {
+        if (!is_zip) {
+            fclose(f);
+            return st_fail(err, errlen, "'%s': not a PyTorch checkpoint: a .pt file is a zip archive, this one starts with "
+                           "%02x %02x %02x %02x (%lld bytes)", path, head[0], head[1], head[2], head[3], size);
+        }
+        return pt_open_stream(f, path, st, err, errlen);
+    }
+    rewind(f);
+    return st_open_stream(f, path, st, err, errlen);
+}
+
+// weights_describe: prints what the weights file path is (format, scale, nc, class names, the
+// checkpoint's epoch/date/version/train_args, the parameter count Ultralytics reports: float
+// tensors less BN running statistics) and returns its scale and nc as weights_infer does.
+static int weights_describe(const char *path, int *nc, char *scale, char *err, size_t errlen) {
+    if (weights_infer(path, nc, scale, err, errlen)) return -1;
+    SafeTensors st;
+    if (weights_open(path, &st, err, errlen)) return -1;
+    const char *src = st_meta(&st, "pt_source"), *v;
+    long long nparam = 0;
+    for (int i = 0; i < st.n; i++) {
+        const char *nm = st.t[i].name;
+        size_t l = strlen(nm);
+        if (st_dtype_is_float(st.t[i].dtype) && !(l > 13 && !strcmp(nm + l - 13, ".running_mean")) &&
+            !(l > 12 && !strcmp(nm + l - 12, ".running_var")))
+            nparam += st.t[i].numel;
+    }
+    printf("model=%s: %s, YOLOv8%c, nc=%d, %d tensors, %lld parameters\n", path,
+           !src ? "safetensors weights" : !strcmp(src, "state_dict") ? "PyTorch state_dict"
+           : !strcmp(src, "ema") ? "Ultralytics checkpoint (EMA weights)" : !strcmp(src, "model") ? "Ultralytics checkpoint (model weights)"
+           : "pickled PyTorch model", *scale, *nc, st.n, nparam);
+    if ((v = st_meta(&st, "pt_class"))) printf("  class: %s\n", v);
+    if ((v = st_meta(&st, "yaml_scale")) || st_meta(&st, "yaml_nc"))
+        printf("  yaml: scale %s, nc %s\n", v ? v : "-", st_meta(&st, "yaml_nc") ? st_meta(&st, "yaml_nc") : "-");
+    if ((v = st_meta(&st, "names"))) {
+        printf("  names:");
+        for (int i = 0; *v; i++) { int l = (int)strcspn(v, "\n"); printf("%s %d: %.*s", i ? "," : "", i, l, v); v += l + (v[l] != 0); }
+        printf("\n");
+    }
+    static const char *const keys[] = {"epoch", "date", "version", "train_args"};
+    for (int i = 0; i < 4; i++)
+        if ((v = st_meta(&st, keys[i]))) printf("  %s: %s\n", keys[i], v);
+    st_close(&st);
+    return 0;
+}
+
+// weights_names: the nc class names a checkpoint carries (Ultralytics model.names), as a malloc'd
+// array of strings, or NULL when the file has none or not exactly nc of them
+static char **weights_names(const char *path, int nc) {
+    SafeTensors st;
+    char err[512];
+    if (weights_open(path, &st, err, sizeof err)) return NULL;
+    const char *v = st_meta(&st, "names");
+    char **names = NULL;
+    int n = 0;
+    for (const char *s = v; s && *s; n++) s += strcspn(s, "\n") + (s[strcspn(s, "\n")] != 0);
+    if (v && n == nc) {
+        names = xcalloc((size_t)nc, sizeof(char *));
+        for (int i = 0; i < nc; i++) {
+            size_t l = strcspn(v, "\n");
+            names[i] = strndup(v, l);
+            v += l + (v[l] != 0);
+        }
+    }
+    st_close(&st);
+    return names;
+}
+
+// weights_transfer: Ultralytics' intersect_dicts: every ref whose name is in the file with the same
+// shape is loaded (all or nothing, NaN/Inf refused); *loaded counts them (PARAM_COUNT included).
+static int weights_transfer(const char *path, ParamRef *refs, int n, int *loaded, char *err, size_t errlen) {
+    SafeTensors st;
+    if (weights_open(path, &st, err, errlen)) return -1;
+    ParamRef *sel = xmalloc(sizeof(ParamRef) * (size_t)(n ? n : 1));
+    int *from = xmalloc(sizeof(int) * (size_t)(n ? n : 1)), k = 0;
+    for (int i = 0; i < n; i++) {
+        const StEntry *e = st_find(&st, refs[i].name);
+        if (!e) continue;
+        int same = refs[i].kind == PARAM_COUNT ? e->numel == 1 && !st_dtype_is_float(e->dtype)
+                                               : e->ndim == refs[i].ndim && st_dtype_is_float(e->dtype);
+        for (int d = 0; same && refs[i].kind != PARAM_COUNT && d < e->ndim; d++) same = e->shape[d] == refs[i].shape[d];
+        if (same) { from[k] = i; sel[k++] = refs[i]; }
+    }
+    int rc = weights_load_st(&st, sel, k, NULL, 1, err, errlen);
+    for (int j = 0; j < k && !rc; j++) refs[from[j]].count = sel[j].count;
+    *loaded = rc ? 0 : k;
+    free(sel); free(from);
     st_close(&st);
     return rc;
 }
@@ -7805,8 +8967,9 @@ static void run_dir(char *dir, size_t n, const Config *c, const char *mode) {
     mkdir_p(dir);
 }
 
-// model_load_weights: model= a scale name (random init) or a safetensors file (fine-tuning; a
-// head for a different nc is re-initialised with a message).
+// model_load_weights: model= a scale name (random init) or a weights file (.safetensors or .pt).
+// For another nc (fine-tuning) every tensor whose name and shape match is transferred, as
+// Ultralytics does, and the rest keeps its initialisation.
 static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed, int build_only) {
     const Scale *sc = scale_find(spec);
     char err[1024];
@@ -7823,23 +8986,12 @@ static void model_load_weights(Model *m, const char *spec, int nc, uint64_t seed
     state_dict_build(sd, m, m->params, m->buffers);
     if (fnc == nc) {
         if (weights_load(spec, sd->ref, sd->n, err, sizeof err)) die("%s", err);
-    } else {   // load everything except the class branch outputs, which depend on nc
-        Model *src = xmalloc(sizeof(Model));
-        model_build(src, fscale, fnc);
-        src->params = xmalloc(src->nparams * sizeof(float));
-        src->buffers = xmalloc(src->nbuffers * sizeof(float));
-        StateDict *ssd = xcalloc(1, sizeof(StateDict));
-        state_dict_build(ssd, src, src->params, src->buffers);
-        if (weights_load(spec, ssd->ref, ssd->n, err, sizeof err)) die("%s", err);
-        int copied = 0;
-        for (int i = 0; i < sd->n; i++)
-            if (sd->ref[i].data && !(strstr(sd->ref[i].name, "model.22.cv3.") && strstr(sd->ref[i].name, ".2."))) {
-                memcpy(sd->ref[i].data, ssd->ref[i].data, param_numel(&sd->ref[i]) * sizeof(float));
-                copied++;
-            }
-        fprintf(stderr, "model=%s has nc=%d, the data has nc=%d: the class outputs (model.22.cv3.*.2) are re-initialised, "
-                "%d other tensors loaded\n", spec, fnc, nc, copied);
-        free(src->params); free(src->buffers); free(src); free(ssd);
+    } else {   // another nc: Ultralytics' transfer of every tensor whose name and shape match
+        int loaded;
+        if (weights_transfer(spec, sd->ref, sd->n, &loaded, err, sizeof err)) die("%s", err);
+        printf("Transferred %d/%d items from pretrained weights\n", loaded, sd->n);
+        printf("model=%s has nc=%d, the data has nc=%d: the class outputs (model.22.cv3.*) that do not match are "
+               "re-initialised; class names come from the data\n", spec, fnc, nc);
     }
     free(sd);
 }
@@ -8593,7 +9745,7 @@ static int cmd_val(int argc, char **argv) {
     if (data_yaml_load(c.data, &t->data, err, sizeof err)) die("%s", err);
     int fnc;
     char scale = model_spec_scale(c.model, &fnc);
-    if (fnc < 0) die("val: model= must be a weights file (.safetensors), not a scale name");
+    if (fnc < 0) die("val: model= must be a weights file (.safetensors or .pt), not a scale name");
     if (fnc != t->data.nc) die("val: model=%s has nc=%d but %s has nc=%d", c.model, fnc, c.data, t->data.nc);
     model_build(&t->m, scale, fnc);
     t->B = t->vB = c.batch;
@@ -8763,20 +9915,22 @@ static void predict_write(const char *file, Image *img, const Letterbox *lb, con
 }
 
 // cmd_predict: `yolo predict model=FILE source=IMAGE|DIR [conf=0.25 iou=0.7 imgsz=640]`: each
-// image letterboxed to imgsz, detections drawn with class names and scores into
-// runs/predict/NAME/, and YOLO-format results (class cx cy w h conf, normalised) in labels/.
+// image letterboxed to imgsz, detections drawn with class names and scores into the run folder
+// (runs/detect/predict by default, see run_dir), and YOLO-format results (class cx cy w h conf,
+// normalised) in its labels/.
 static int cmd_predict(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     int dev = gpu_select(c.device);
     if (!c.source[0]) die("predict: source= is required (an image or a directory of images)");
     int fnc;
     char scale = model_spec_scale(c.model, &fnc), err[1024];
-    if (fnc < 0) die("predict: model= must be a weights file (.safetensors)");
+    if (fnc < 0) die("predict: model= must be a weights file (.safetensors or .pt)");
     const char *names_file = c.data[0] ? c.data : NULL;
     DataConfig dc = {0};
     if (names_file && data_yaml_load(names_file, &dc, err, sizeof err)) die("%s", err);
     if (names_file && dc.nc != fnc)
         die("predict: %s names %d classes but model=%s has nc=%d", names_file, dc.nc, c.model, fnc);
+    if (!names_file) dc.names = weights_names(c.model, fnc);   // a checkpoint's own class names, if it has them
     int nfiles, S = c.imgsz;
     char **files = predict_files(c.source, &nfiles);
     Predictor p;
@@ -8920,8 +10074,11 @@ static int cmd_plan(int argc, char **argv) {
     arg_check(argc, argv, keys);
     const char *name = arg_get(argc, argv, "model", "yolov8n");
     const Scale *sc = scale_find(name);
-    if (!sc) die("model=%s: expected yolov8n, yolov8s, yolov8m, yolov8l or yolov8x", name);
-    PlanOpts o = {.scale = sc->name, .nc = (int)arg_int(argc, argv, "nc", 80), .S = (int)arg_int(argc, argv, "imgsz", 640),
+    char err[1024], fs;
+    int fnc;
+    if (!sc && weights_describe(name, &fnc, &fs, err, sizeof err))   // a weights file gives scale and nc
+        die("model=%s: %s%s", name, access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
+    PlanOpts o = {.scale = sc ? sc->name : fs, .nc = sc ? (int)arg_int(argc, argv, "nc", 80) : fnc, .S = (int)arg_int(argc, argv, "imgsz", 640),
                   .max_boxes = (int)arg_int(argc, argv, "max_boxes", 400), .recompute = (int)arg_int(argc, argv, "recompute", 0)};
     const char *opt = arg_get(argc, argv, "optimizer", "SGD");
     if (strcmp(opt, "SGD") && strcmp(opt, "AdamW")) die("optimizer=%s: expected SGD or AdamW", opt);
@@ -9052,6 +10209,46 @@ static int cmd_memtable(int argc, char **argv) {
     return 0;
 }
 
+// export_safetensors: the weights of model (a .pt or .safetensors file) as F32 safetensors with
+// Ultralytics state_dict names at out (default: model's path with the extension .safetensors).
+static int export_safetensors(const char *model, const char *out) {
+    char err[1024], scale, path[1024], ncs[16], sc[2] = {0};
+    int nc;
+    if (weights_describe(model, &nc, &scale, err, sizeof err)) die("export: %s", err);
+    if (!out) {
+        const char *dot = strrchr(model, '.'), *slash = strrchr(model, '/');
+        int stem = dot && (!slash || dot > slash) ? (int)(dot - model) : (int)strlen(model);
+        snprintf(path, sizeof path, "%.*s.safetensors", stem, model);
+        out = path;
+    }
+    if (!strcmp(out, model)) die("export: out=%s would overwrite the model file", out);
+    Model *m = xcalloc(1, sizeof(Model));
+    model_build(m, scale, nc);
+    m->params = xcalloc(m->nparams, sizeof(float));
+    m->buffers = xcalloc(m->nbuffers, sizeof(float));
+    StateDict *sd = xcalloc(1, sizeof(StateDict));
+    state_dict_build(sd, m, m->params, m->buffers);
+    if (weights_load(model, sd->ref, sd->n, err, sizeof err)) die("export: %s", err);
+    sc[0] = scale;
+    snprintf(ncs, sizeof ncs, "%d", nc);
+    const char *kv[] = {"format", "yolo.c", "scale", sc, "nc", ncs, "source", model, NULL};
+    if (weights_save(out, sd->ref, sd->n, kv, ST_F32, err, sizeof err)) die("export: %s", err);
+    printf("export: %d tensors of %s written to %s (F32, Ultralytics names)\n", sd->n, model, out);
+    free(m->params); free(m->buffers); free(m); free(sd);
+    return 0;
+}
+
+// cmd_export: `yolo export model=FILE format=FORMAT [out=FILE]`; one case per format.
+static int cmd_export(int argc, char **argv) {
+    static const char *keys[] = {"model", "format", "out", NULL};
+    arg_check(argc, argv, keys);
+    const char *model = arg_get(argc, argv, "model", NULL), *format = arg_get(argc, argv, "format", NULL);
+    if (!model || !format) die("export: model= and format= are required, e.g. yolo export model=yolov8n.pt format=safetensors");
+    if (!strcmp(format, "safetensors")) return export_safetensors(model, arg_get(argc, argv, "out", NULL));
+    die("export: format=%s is not supported (supported: safetensors)", format);
+    return 1;
+}
+
 static int cmd_train(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/)", c.project);
@@ -9076,13 +10273,14 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);   // returns only on failure: then run as we are
     }
     static const Command cmds[] = {
-        {"info", cmd_info, "layer table and totals: model=yolov8n nc=80 imgsz=640"},
-        {"plan", cmd_plan, "memory plan of a training step: model= nc= batch= imgsz="},
+        {"info", cmd_info, "layer table and totals: model=yolov8n|FILE.pt|FILE.safetensors nc=80 imgsz=640"},
+        {"plan", cmd_plan, "memory plan of a training step: model=yolov8n|FILE nc= batch= imgsz="},
         {"check-ref", cmd_check_ref, "compare with a reference fixture: yolo check-ref FILE.safetensors"},
         {"memtable", cmd_memtable, "planned memory of every scale: [imgsz=640 batch=16]"},
-        {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors epochs= imgsz= batch= ... (Ultralytics keys)"},
-        {"val", cmd_val, "validate weights: model=FILE.safetensors data=FILE [imgsz= batch= conf= iou=]"},
-        {"predict", cmd_predict, "detect objects: model=FILE.safetensors source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
+        {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors|FILE.pt epochs= imgsz= batch= ... (Ultralytics keys)"},
+        {"val", cmd_val, "validate weights: model=FILE.safetensors|FILE.pt data=FILE [imgsz= batch= conf= iou=]"},
+        {"predict", cmd_predict, "detect objects: model=FILE.safetensors|FILE.pt source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
+        {"export", cmd_export, "convert weights: model=FILE.pt format=safetensors [out=FILE.safetensors]"},
         {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
         {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
     };

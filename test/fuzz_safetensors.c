@@ -15,6 +15,7 @@
 #endif
 #include "../yolo.c"
 #include "test.h"
+#include "fixture.h"
 
 // refs the load step tries to fill; the seeds contain matching tensors so mutations reach both
 // the success and the mismatch paths of weights_load_st
@@ -42,21 +43,7 @@ static int fuzz_one(const uint8_t *data, size_t size) {
         else { fz_unclean++; fprintf(stderr, "unclean error: [%s]\n", err); }
         return clean;
     }
-    int good = 1;
-    for (int i = 0; i < st.n && good; i++) {
-        const StEntry *e = &st.t[i];
-        uint64_t bytes = (uint64_t)e->numel * (uint64_t)st_dtype_size[e->dtype];
-        if (e->dtype < 0 || e->dtype >= ST_NDTYPE || e->ndim < 0 || e->ndim > ST_MAXDIM || e->begin > e->end ||
-            e->end > st.data_size || e->end - e->begin != bytes || st_find(&st, e->name) != e) {
-            fprintf(stderr, "validator let through a bad entry '%s'\n", e->name);
-            good = 0;
-            break;
-        }
-        void *buf = xmalloc(bytes ? (size_t)e->numel * 8 : 8);
-        int rc = st_dtype_is_float(e->dtype) ? st_read_f32(&st, e, buf, err, sizeof err) : st_read_i64(&st, e, buf, err, sizeof err);
-        if (rc) { fprintf(stderr, "read of validated tensor '%s' failed: %s\n", e->name, err); good = 0; }
-        free(buf);
-    }
+    int good = st_entries_readable(&st);
     for (int strict = 0; strict < 2 && good; strict++) {
         memcpy(fz_snap, fz_a, sizeof fz_a);
         memcpy(fz_snap + 4, fz_b, sizeof fz_b);
@@ -82,18 +69,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 }
 #else
 
-typedef struct { uint8_t *p; size_t n; } Blob;
-
-static Blob blob_file(const char *path) {
-    FILE *f = xfopen(path, "rb");
-    fseek(f, 0, SEEK_END);
-    Blob b = {NULL, (size_t)ftell(f)};
-    fseek(f, 0, SEEK_SET);
-    b.p = xmalloc(b.n);
-    if (fread(b.p, 1, b.n, f) != b.n) die("short read of %s", path);
-    fclose(f);
-    return b;
-}
 // blob_craft: a seed from a header JSON string and data bytes (header padded to 8)
 static Blob blob_craft(const char *json, const void *data, size_t nd) {
     size_t hl = strlen(json), pad = (8 - hl % 8) % 8;
