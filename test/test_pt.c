@@ -520,7 +520,7 @@ static void part_cli(void) {
     check(rc == 0 && strstr(out, want) && strstr(out, "re-initialised"), "fine-tune .pt (nc 4) -> nc 6: '%s' (%d of %d names "
           "have the same shape in both models) and the re-initialisation is reported", want, same, s6->n);
     free(out);
-    snprintf(cmd, sizeof cmd, "%s/train/ft/results.csv", g_dir);
+    snprintf(cmd, sizeof cmd, "%s/ft/results.csv", g_dir);
     f = fopen(cmd, "r");
     double v[8][3];
     int ne = 0;
