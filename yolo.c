@@ -7,6 +7,7 @@
  *         ./yolo shapes out=data/shapes         (synthetic dataset)
  *         ./yolo train data=data/shapes/data.yaml model=yolov8n epochs=40 imgsz=160
  *         ./yolo val / predict / check-ref / memtable / augment  (`./yolo` lists them)
+ *         ./yolo export model=best.safetensors format=onnx [imgsz=640 dynamic=1 half=1]
  * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it)
  *
  * The network is the Ultralytics YOLOv8 detection model (../shared/spec/yolov8.md section 1):
@@ -16,7 +17,7 @@
  *
  * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
  * forward/backward · planning · loss · optimizer and EMA · safetensors weights · evaluation ·
- * state_dict and check-ref · data · training, val, predict, plan · main.
+ * state_dict and check-ref · data · training, val, predict, plan · ONNX export · main.
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
  *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
@@ -27,6 +28,9 @@
  *  - Resizes use float bilinear weights (OpenCV: fixed point): pixels may differ by 1.
  *  - No labels/SPLIT.cache file; cutmix, copy_paste, Albumentations and multi_scale are not implemented.
  *  - AMP, the GPU and multi-GPU training are not available yet: training runs on the CPU in FP32.
+ *  - ONNX export: same inputs, outputs and numbers as Ultralytics' graph, not the same nodes (DFL as
+ *    Transpose + Softmax + MatMul instead of a 1x1 Conv; dynamic anchors from Shape/Range); half=1
+ *    works on a CPU (Ultralytics needs a GPU for it); no onnxslim pass, no nms=True.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
