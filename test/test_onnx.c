@@ -56,10 +56,9 @@ static float conf_pick(const float *out, int B, int NC, int A, float margin) {
     return conf;
 }
 
-// c_forward: eval forward of m on x (B, 3, H, W) in an arena sized by a dry run; out (B, 4+NC, A)
-// gets head_decode's tensor, *conf a threshold from conf_pick(margin), and dets[b] (300) / ndet[b]
-// predict's NMS (nms_run_maps on the head maps) at that threshold.
-static void c_forward(Model *m, const float *x, int B, int H, int W, float margin, float *out, float *conf, Det (*dets)[300], int *ndet) {
+// forward_planned: model_forward of m on x (B, 3, H, W) (train or eval, as m is set) in an arena
+// sized by a dry run of the same forward; forward_done releases it.
+static Arena *forward_planned(Model *m, const float *x, int B, int H, int W) {
     Arena *a = xcalloc(1, sizeof(Arena));
     a->cap = SIZE_MAX;
     model_forward(m, a, NULL, B, H, W);
@@ -69,6 +68,19 @@ static void c_forward(Model *m, const float *x, int B, int H, int W, float margi
     a->cap = total;
     a->base = aligned_alloc(ARENA_ALIGN, (total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
     model_forward(m, a, x, B, H, W);
+    return a;
+}
+static void forward_done(Model *m, Arena *a) {
+    model_release(m, a);
+    free(a->base);
+    free(a);
+}
+
+// c_forward: eval forward of m on x (B, 3, H, W) (forward_planned); out (B, 4+NC, A)
+// gets head_decode's tensor, *conf a threshold from conf_pick(margin), and dets[b] (300) / ndet[b]
+// predict's NMS (nms_run_maps on the head maps) at that threshold.
+static void c_forward(Model *m, const float *x, int B, int H, int W, float margin, float *out, float *conf, Det (*dets)[300], int *ndet) {
+    Arena *a = forward_planned(m, x, B, H, W);
     int A = head_anchor_count(H, W);
     head_decode((const float *const *)m->head, B, m->nc, H, W, out);
     NmsConfig nc = nms_config_predict();
@@ -77,9 +89,7 @@ static void c_forward(Model *m, const float *x, int B, int H, int W, float margi
     nms_init(&nms, nc, m->nc, A);
     for (int b = 0; b < B; b++) ndet[b] = nms_run_maps(&nms, (const float *const *)m->head, b, H, W, dets[b]);
     nms_free(&nms);
-    model_release(m, a);
-    free(a->base);
-    free(a);
+    forward_done(m, a);
 }
 
 // probe_tools: is onnx (python3) / onnxruntime-node (node) here? Prints one SKIP line per missing tool.
@@ -309,6 +319,16 @@ static void test_errors(Model *m) {
     struct stat sb;
     check(rc != 0 && strstr(err, "cannot rename") && !file_exists(tmp) && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode),
           "output path is a directory: error \"%s\", temporary removed", err);
+    // half=1 with a weight FP16 cannot hold: an error naming the tensor
+    path_in(path, sizeof path, "overflow.onnx");
+    float keep = m->params[m->conv[0].w_off];
+    m->params[m->conv[0].w_off] = 1e6f;
+    OnnxOptions h = ok;
+    h.half = 1;
+    rc = onnx_export(m, &h, path, err, sizeof err);
+    m->params[m->conv[0].w_off] = keep;
+    check(rc != 0 && strstr(err, "model.0.conv.weight") && strstr(err, "overflows FP16") && !file_exists(path),
+          "half=1 with a weight of 1e6: error \"%s\", no file", err);
     // an existing model is untouched by a failed export
     path_in(path, sizeof path, "keep.onnx");
     FILE *f = xfopen(path, "wb");
@@ -396,15 +416,7 @@ int main(void) {
         make_input(x, B, S, S);
         m->train = 1;
         m->infer = 0;
-        Arena *a = xcalloc(1, sizeof(Arena));
-        a->cap = SIZE_MAX;
-        model_forward(m, a, NULL, B, S, S);
-        model_release(m, a);
-        size_t total = a->high;
-        memset(a, 0, sizeof *a);
-        a->cap = total;
-        a->base = aligned_alloc(ARENA_ALIGN, (total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
-        model_forward(m, a, x, B, S, S);
+        Arena *a = forward_planned(m, x, B, S, S);
         for (int i = 0; i < m->nconv; i++) {
             Conv *c = &m->conv[i];
             for (int j = 0; j < c->cout && c->bn; j++) {
@@ -412,8 +424,8 @@ int main(void) {
                 m->buffers[c->rs_off + c->cout + j] = 2.0f * (1.0f / (c->invstd[j] * c->invstd[j]) - BN_EPS) + 0.01f;
             }
         }
-        model_release(m, a);
-        free(a->base); free(a); free(x);
+        forward_done(m, a);
+        free(x);
     }
     m->train = 0;
     m->infer = 1;
