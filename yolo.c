@@ -8,6 +8,7 @@
  *         ./yolo shapes out=data/shapes         (synthetic dataset)
  *         ./yolo train data=data/shapes/data.yaml model=yolov8n epochs=40 imgsz=160
  *         ./yolo val / predict / check-ref / memtable / augment  (`./yolo` lists them)
+ *         ./yolo export model=best.safetensors format=onnx [imgsz=640 dynamic=1 half=1]
  * Tests:  make test   (each test/test_X.c defines TESTING, includes this file and calls into it; the
  *                     kernels run against their CPU twins on a CPU emulation of CUDA, test/emu.mk)
  *
@@ -20,7 +21,7 @@
  * forward/backward · planning · loss · optimizer and EMA · safetensors weights · PyTorch .pt
  * checkpoints (zip + safe unpickler) · evaluation ·
  * state_dict and check-ref · data · GPU training step (YOLO_CUDA) · training, val, predict ·
- * `yolo plan` · main.
+ * `yolo plan` · ONNX export · main.
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
  *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
@@ -32,6 +33,9 @@
  *  - No labels/SPLIT.cache file; cutmix, copy_paste, Albumentations and multi_scale are not implemented.
  *  - One device per run: no multi-GPU (DDP) training. On the CPU training is FP32 (amp= applies
  *    to the GPU step: FP16 activations, FP32 master weights, GradScaler; see the device section).
+ *  - ONNX export: same inputs, outputs and numbers as Ultralytics' graph, not the same nodes (DFL as
+ *    Transpose + Softmax + MatMul instead of a 1x1 Conv; dynamic anchors from Shape/Range); half=1
+ *    works on a CPU (Ultralytics needs a GPU for it); no onnxslim pass, no nms=True.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -10238,23 +10242,638 @@ static int export_safetensors(const char *model, const char *out) {
     return 0;
 }
 
-// cmd_export: `yolo export model=FILE format=FORMAT [out=FILE]`; one case per format.
-static int cmd_export(int argc, char **argv) {
-    static const char *keys[] = {"model", "format", "out", NULL};
-    arg_check(argc, argv, keys);
-    const char *model = arg_get(argc, argv, "model", NULL), *format = arg_get(argc, argv, "format", NULL);
-    if (!model || !format) die("export: model= and format= are required, e.g. yolo export model=yolov8n.pt format=safetensors");
-    if (!strcmp(format, "safetensors")) return export_safetensors(model, arg_get(argc, argv, "out", NULL));
-    die("export: format=%s is not supported (supported: safetensors)", format);
-    return 1;
-}
-
 static int cmd_train(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/)", c.project);
     return train_run(c);
 }
 
+
+// ------------------------------------------------------------------------------------------
+// `yolo export format=onnx`: the detection model as an ONNX graph, protobuf written by hand
+// ------------------------------------------------------------------------------------------
+/*
+ * An .onnx file is one protobuf ModelProto (onnx/onnx.proto). Writing it needs only the wire
+ * format: every field is a key varint (field_number << 3 | wire_type) then a varint (wire type 0),
+ * 4 little-endian bytes (type 5, float) or a varint length and that many bytes (type 2: strings,
+ * bytes, embedded messages). Repeated fields are the same key again. The messages and fields used:
+ *   ModelProto       1 ir_version, 2 producer_name, 3 producer_version, 7 graph, 8 opset_import,
+ *                    14 metadata_props
+ *   OperatorSetId    1 domain (absent: the default ai.onnx), 2 version
+ *   StringStringEntry 1 key, 2 value
+ *   GraphProto       1 node, 2 name, 5 initializer, 11 input, 12 output
+ *   NodeProto        1 input, 2 output, 3 name, 4 op_type, 5 attribute
+ *   AttributeProto   1 name, 2 f, 3 i, 4 s, 8 ints, 20 type (1 FLOAT, 2 INT, 3 STRING, 7 INTS)
+ *   TensorProto      1 dims, 2 data_type (1 FLOAT, 7 INT64, 10 FLOAT16), 8 name, 9 raw_data
+ *   ValueInfoProto   1 name, 2 type; TypeProto 1 tensor_type; TypeProto.Tensor 1 elem_type,
+ *                    2 shape; TensorShapeProto 1 dim; Dimension 1 dim_value, 2 dim_param
+ * The graph is the one Ultralytics exports for detection (Exporter.export_onnx on a fused model):
+ *   images (B, 3, H, W) RGB 0-1 -> backbone and neck with BN folded into each Conv and SiLU as
+ *   Sigmoid * Mul -> per level box (B, 64, H_l, W_l) and class (B, NC, H_l, W_l) maps flattened and
+ *   concatenated over levels -> DFL: softmax over the 16 bins of each side, expectation with the
+ *   frozen DFL weights 0..15 -> dist2bbox (xywh) + anchor points, times the level stride ->
+ *   output0 (B, 4+NC, A): cx, cy, w, h in input pixels, then NC sigmoid scores.
+ * dynamic=1 names the batch, height and width dimensions (batch, height, width; output0's
+ * anchors) and builds the anchor points inside the graph from the maps' shapes (Shape, Range);
+ * otherwise they are constants. half=1 stores weights and runs the whole graph in FP16 with an
+ * FP16 input and output, as Ultralytics' half=True ONNX export does (model.half(), im.half()).
+ */
+
+#define ONNX_OPSET_MIN 11       // Resize with scales, Range, Split with a `split` list
+#define ONNX_OPSET_MAX 22
+#define ONNX_OPSET_DEFAULT 17   // TensorRT 8.6+, onnxruntime 1.13+, OpenVINO 2022.3+
+enum { ONNX_FLOAT = 1, ONNX_INT64 = 7, ONNX_FLOAT16 = 10 };
+
+// ---- protobuf wire format, into a growable byte buffer ----
+
+static void pb_varint(StBuf *b, uint64_t v) {
+    char t[10];
+    int n = 0;
+    do { t[n++] = (char)((v & 0x7f) | (v > 0x7f ? 0x80 : 0)); v >>= 7; } while (v);
+    stbuf_put(b, t, (size_t)n);
+}
+static void pb_key(StBuf *b, int field, int wire) { pb_varint(b, (uint64_t)field << 3 | (uint64_t)wire); }
+static void pb_int(StBuf *b, int field, int64_t v) { pb_key(b, field, 0); pb_varint(b, (uint64_t)v); }
+static void pb_bytes(StBuf *b, int field, const void *p, size_t n) {
+    pb_key(b, field, 2);
+    pb_varint(b, n);
+    if (n) stbuf_put(b, p, n);
+}
+static void pb_str(StBuf *b, int field, const char *s) { pb_bytes(b, field, s, strlen(s)); }
+// pb_msg: sub as an embedded message field of b; sub is emptied
+static void pb_msg(StBuf *b, int field, StBuf *sub) {
+    pb_bytes(b, field, sub->p, sub->n);
+    free(sub->p);
+    memset(sub, 0, sizeof *sub);
+}
+
+// ---- graph builder ----
+
+typedef struct {
+    StBuf nodes;            // encoded GraphProto.node fields
+    StBuf inits;            // encoded GraphProto.initializer fields
+    int opset, half, dynamic, B, H, W;
+    int elem;               // element type of activations and float weights: ONNX_FLOAT or ONNX_FLOAT16
+    int nnode, ninit;
+    char err[256];          // the first error (an FP16 overflow), or empty
+} OnnxGraph;
+
+// onnx_attr_*: one AttributeProto appended to an attribute list a (the NodeProto field 5)
+static void onnx_attr_int(StBuf *a, const char *name, int64_t v) {
+    StBuf t = {0};
+    pb_str(&t, 1, name); pb_int(&t, 3, v); pb_int(&t, 20, 2);
+    pb_msg(a, 5, &t);
+}
+static void onnx_attr_ints(StBuf *a, const char *name, int n, const int64_t *v) {
+    StBuf t = {0};
+    pb_str(&t, 1, name);
+    for (int i = 0; i < n; i++) pb_int(&t, 8, v[i]);
+    pb_int(&t, 20, 7);
+    pb_msg(a, 5, &t);
+}
+static void onnx_attr_str(StBuf *a, const char *name, const char *s) {
+    StBuf t = {0};
+    pb_str(&t, 1, name); pb_str(&t, 4, s); pb_int(&t, 20, 3);
+    pb_msg(a, 5, &t);
+}
+
+// onnx_node: appends a node of type op with NULL-terminated input and output name lists and an
+// attribute list (consumed; NULL for none). Named after its first output.
+static void onnx_node(OnnxGraph *g, const char *op, const char *const *in, const char *const *out, StBuf *attrs) {
+    StBuf t = {0};
+    for (int i = 0; in[i]; i++) pb_str(&t, 1, in[i]);
+    for (int i = 0; out[i]; i++) pb_str(&t, 2, out[i]);
+    pb_str(&t, 3, out[0]);
+    pb_str(&t, 4, op);
+    if (attrs && attrs->n) { stbuf_put(&t, attrs->p, attrs->n); free(attrs->p); memset(attrs, 0, sizeof *attrs); }
+    pb_msg(&g->nodes, 1, &t);
+    g->nnode++;
+}
+#define ONNX_IN(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+// onnx_init_raw: an initializer of data type dtype and shape dims (ndim may be 0: a scalar)
+// whose little-endian bytes are raw. The bytes are copied once, straight into the graph.
+static void onnx_init_raw(OnnxGraph *g, const char *name, int dtype, int ndim, const int64_t *dims, const void *raw, size_t nbytes) {
+    StBuf t = {0};
+    for (int d = 0; d < ndim; d++) pb_int(&t, 1, dims[d]);
+    pb_int(&t, 2, dtype);
+    pb_str(&t, 8, name);
+    pb_key(&t, 9, 2);
+    pb_varint(&t, nbytes);
+    pb_key(&g->inits, 5, 2);
+    pb_varint(&g->inits, t.n + nbytes);
+    stbuf_put(&g->inits, t.p, t.n);
+    if (nbytes) stbuf_put(&g->inits, raw, nbytes);
+    free(t.p);
+    g->ninit++;
+}
+// onnx_init_f: float values as the graph's element type (FP16 when half; a finite value that
+// overflows FP16 is recorded as the graph's error)
+static void onnx_init_f(OnnxGraph *g, const char *name, int ndim, const int64_t *dims, const float *v) {
+    size_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= (size_t)dims[d];
+    if (!g->half) { onnx_init_raw(g, name, ONNX_FLOAT, ndim, dims, v, n * sizeof(float)); return; }
+    uint16_t *h = xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        h[i] = float_to_half(v[i]);
+        if (isfinite(v[i]) && (h[i] & 0x7fffu) == 0x7c00u && !g->err[0])
+            snprintf(g->err, sizeof g->err, "tensor %s: value %g at index %zu overflows FP16 (half=1); export with half=0",
+                     name, (double)v[i], i);
+    }
+    onnx_init_raw(g, name, ONNX_FLOAT16, ndim, dims, h, n * sizeof(uint16_t));
+    free(h);
+}
+static void onnx_init_i64(OnnxGraph *g, const char *name, int ndim, const int64_t *dims, const int64_t *v) {
+    size_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= (size_t)dims[d];
+    onnx_init_raw(g, name, ONNX_INT64, ndim, dims, v, n * sizeof(int64_t));
+}
+// onnx_scalar: a named 0-d float constant (element type of the graph)
+static void onnx_scalar(OnnxGraph *g, const char *name, float v) { onnx_init_f(g, name, 0, NULL, &v); }
+
+// onnx_split: Split of x along axis into n parts of size[i] with outputs out[i]. The sizes are an
+// attribute before opset 13 and an input from 13 on.
+static void onnx_split(OnnxGraph *g, const char *x, int axis, int n, const int64_t *size, const char *const *out) {
+    StBuf a = {0};
+    onnx_attr_int(&a, "axis", axis);
+    if (g->opset < 13) {
+        onnx_attr_ints(&a, "split", n, size);
+        onnx_node(g, "Split", ONNX_IN(x), out, &a);
+        return;
+    }
+    char sn[96];
+    snprintf(sn, sizeof sn, "%s.split", out[0]);
+    onnx_init_i64(g, sn, 1, (int64_t[]){n}, size);
+    onnx_node(g, "Split", ONNX_IN(x, sn), out, &a);
+}
+
+// onnx_reshape: y = Reshape(x, shape) with a constant shape (0 copies the input's dimension)
+static void onnx_reshape(OnnxGraph *g, const char *x, const char *y, int n, const int64_t *shape) {
+    char sn[96];
+    snprintf(sn, sizeof sn, "%s.shape", y);
+    onnx_init_i64(g, sn, 1, (int64_t[]){n}, shape);
+    onnx_node(g, "Reshape", ONNX_IN(x, sn), ONNX_IN(y), NULL);
+}
+
+// onnx_conv: the Conv of c with BN folded in (Ultralytics fuse_conv_and_bn: w' = w * g/sqrt(var+eps),
+// b' = beta - mean * g/sqrt(var+eps), computed here in double), then SiLU as Sigmoid * Mul when
+// the conv has BN. Writes the output tensor's name to out (the conv's module name).
+static void onnx_conv(OnnxGraph *g, const Model *m, const Conv *c, const char *in, char out[64]) {
+    size_t per = (size_t)c->cin * c->k * c->k;
+    float *w = xmalloc((size_t)c->cout * per * sizeof(float)), *b = xmalloc((size_t)c->cout * sizeof(float));
+    const float *w0 = m->params + c->w_off, *b0 = m->params + c->b_off;
+    for (int o = 0; o < c->cout; o++) {
+        double s = 1.0, shift = b0[o];
+        if (c->bn) {
+            const float *rm = m->buffers + c->rs_off, *rv = rm + c->cout;
+            s = m->params[c->g_off + o] / sqrt((double)rv[o] + BN_EPS);
+            shift = b0[o] - rm[o] * s;
+        }
+        for (size_t j = 0; j < per; j++) w[o * per + j] = (float)(w0[o * per + j] * s);
+        b[o] = (float)shift;
+    }
+    char wn[80], bn[80], zn[80], sn[80];
+    const char *sep = c->bn ? ".conv" : "";   // Ultralytics' fused Conv keeps its .conv submodule
+    snprintf(wn, sizeof wn, "%s%s.weight", c->name, sep);
+    snprintf(bn, sizeof bn, "%s%s.bias", c->name, sep);
+    onnx_init_f(g, wn, 4, (int64_t[]){c->cout, c->cin, c->k, c->k}, w);
+    onnx_init_f(g, bn, 1, (int64_t[]){c->cout}, b);
+    free(w); free(b);
+    int64_t p = c->k / 2;
+    StBuf a = {0};
+    onnx_attr_ints(&a, "dilations", 2, (int64_t[]){1, 1});
+    onnx_attr_int(&a, "group", 1);
+    onnx_attr_ints(&a, "kernel_shape", 2, (int64_t[]){c->k, c->k});
+    onnx_attr_ints(&a, "pads", 4, (int64_t[]){p, p, p, p});
+    onnx_attr_ints(&a, "strides", 2, (int64_t[]){c->s, c->s});
+    snprintf(out, 64, "%s", c->name);
+    if (!c->bn) { onnx_node(g, "Conv", ONNX_IN(in, wn, bn), ONNX_IN(out), &a); return; }
+    snprintf(zn, sizeof zn, "%s.conv", c->name);
+    snprintf(sn, sizeof sn, "%s.sigmoid", c->name);
+    onnx_node(g, "Conv", ONNX_IN(in, wn, bn), ONNX_IN(zn), &a);
+    onnx_node(g, "Sigmoid", ONNX_IN(zn), ONNX_IN(sn), NULL);
+    onnx_node(g, "Mul", ONNX_IN(zn, sn), ONNX_IN(out), NULL);
+}
+
+// onnx_anchors_dynamic: anchor points (2, H_l*W_l) and their stride (1, H_l*W_l) of one level,
+// computed in the graph from the shape of that level's map f (make_anchors with offset 0.5):
+// x + 0.5 and y + 0.5 over the row-major grid. Names written to anc and str.
+static void onnx_anchors_dynamic(OnnxGraph *g, int l, const char *f, int stride, char anc[64], char str[64]) {
+    char n[16][64];
+    for (int i = 0; i < 16; i++) snprintf(n[i], 64, "anchors.%d.%d", l, i);
+    char stn[64];
+    snprintf(stn, sizeof stn, "anchors.%d.stride", l);
+    onnx_scalar(g, stn, (float)stride);
+    onnx_node(g, "Shape", ONNX_IN(f), ONNX_IN(n[0]), NULL);
+    StBuf a = {0};
+    onnx_attr_int(&a, "axis", 0);
+    onnx_node(g, "Gather", ONNX_IN(n[0], "anchors.i2"), ONNX_IN(n[1]), &a);   // H (scalar)
+    onnx_attr_int(&a, "axis", 0);
+    onnx_node(g, "Gather", ONNX_IN(n[0], "anchors.i3"), ONNX_IN(n[2]), &a);   // W
+    onnx_node(g, "Range", ONNX_IN("anchors.i0", n[1], "anchors.i1"), ONNX_IN(n[3]), NULL);   // 0..H-1
+    onnx_node(g, "Range", ONNX_IN("anchors.i0", n[2], "anchors.i1"), ONNX_IN(n[4]), NULL);   // 0..W-1
+    onnx_attr_int(&a, "to", g->elem);
+    onnx_node(g, "Cast", ONNX_IN(n[3]), ONNX_IN(n[5]), &a);
+    onnx_attr_int(&a, "to", g->elem);
+    onnx_node(g, "Cast", ONNX_IN(n[4]), ONNX_IN(n[6]), &a);
+    onnx_reshape(g, n[5], n[7], 2, (int64_t[]){-1, 1});                     // y (H, 1)
+    onnx_reshape(g, n[6], n[8], 2, (int64_t[]){1, -1});                     // x (1, W)
+    onnx_node(g, "Mul", ONNX_IN(n[7], "anchors.zero"), ONNX_IN(n[9]), NULL);    // zeros (H, 1)
+    onnx_node(g, "Mul", ONNX_IN(n[8], "anchors.zero"), ONNX_IN(n[10]), NULL);   // zeros (1, W)
+    onnx_node(g, "Add", ONNX_IN(n[8], n[9]), ONNX_IN(n[11]), NULL);         // x over (H, W)
+    onnx_node(g, "Add", ONNX_IN(n[7], n[10]), ONNX_IN(n[12]), NULL);        // y over (H, W)
+    onnx_node(g, "Add", ONNX_IN(n[9], n[10]), ONNX_IN(n[13]), NULL);        // zeros (H, W)
+    char ax[64], ay[64], sx[64], fx[64], fy[64];
+    snprintf(ax, 64, "anchors.%d.x", l); snprintf(ay, 64, "anchors.%d.y", l); snprintf(sx, 64, "anchors.%d.s", l);
+    snprintf(fx, 64, "anchors.%d.fx", l); snprintf(fy, 64, "anchors.%d.fy", l);
+    onnx_node(g, "Add", ONNX_IN(n[11], "anchors.half"), ONNX_IN(ax), NULL);
+    onnx_node(g, "Add", ONNX_IN(n[12], "anchors.half"), ONNX_IN(ay), NULL);
+    onnx_node(g, "Add", ONNX_IN(n[13], stn), ONNX_IN(sx), NULL);
+    onnx_reshape(g, ax, fx, 2, (int64_t[]){1, -1});
+    onnx_reshape(g, ay, fy, 2, (int64_t[]){1, -1});
+    snprintf(anc, 64, "anchors.%d", l);
+    snprintf(str, 64, "strides.%d", l);
+    onnx_attr_int(&a, "axis", 0);
+    onnx_node(g, "Concat", ONNX_IN(fx, fy), ONNX_IN(anc), &a);
+    onnx_reshape(g, sx, str, 2, (int64_t[]){1, -1});
+}
+
+// onnx_graph_build: every node and initializer of the detection graph (see the section comment).
+static void onnx_graph_build(OnnxGraph *g, const Model *m) {
+    char (*vn)[64] = xcalloc((size_t)m->nvalue, 64);       // tensor name of each value
+    int *conv_val = xmalloc(sizeof(int) * (size_t)m->nconv); // value id of each conv's output
+    int *split_done = xcalloc((size_t)m->nconv, sizeof(int));
+    StBuf a = {0};
+    int have_up = 0;
+    for (int i = 0; i < m->nvalue; i++) {
+        const Value *v = &m->val[i];
+        switch (v->kind) {
+        case V_INPUT: snprintf(vn[i], 64, "images"); break;
+        case V_CONV: {
+            const Conv *c = &m->conv[v->conv];
+            onnx_conv(g, m, c, vn[c->in], vn[i]);
+            conv_val[v->conv] = i;
+            break;
+        }
+        case V_SLICE: {   // the C2f chunk(2, 1): one Split per conv into equal parts
+            const Conv *c = &m->conv[v->conv];
+            int parts = c->cout / v->C;
+            if (parts < 1 || parts > 8 || parts * v->C != c->cout || v->c0 % v->C) die("onnx export: %s: unsupported channel slice", c->name);
+            if (!split_done[v->conv]) {
+                char names[8][64];
+                const char *outs[9];
+                int64_t size[8];
+                for (int k = 0; k < parts; k++) {
+                    snprintf(names[k], 64, "%s.chunk%d", c->name, k);
+                    outs[k] = names[k];
+                    size[k] = v->C;
+                }
+                outs[parts] = NULL;
+                onnx_split(g, vn[conv_val[v->conv]], 1, parts, size, outs);
+                split_done[v->conv] = 1;
+            }
+            snprintf(vn[i], 64, "%s.chunk%d", c->name, v->c0 / v->C);
+            break;
+        }
+        case V_ADD:
+            snprintf(vn[i], 64, "add.%d", i);
+            onnx_node(g, "Add", ONNX_IN(vn[v->src[0]], vn[v->src[1]]), ONNX_IN(vn[i]), NULL);
+            break;
+        case V_CAT: {
+            const char *ins[MAX_CAT + 1];
+            for (int k = 0; k < v->n; k++) ins[k] = vn[v->src[k]];
+            ins[v->n] = NULL;
+            snprintf(vn[i], 64, "concat.%d", i);
+            onnx_attr_int(&a, "axis", 1);
+            onnx_node(g, "Concat", ins, ONNX_IN(vn[i]), &a);
+            break;
+        }
+        case V_UP:   // nn.Upsample(scale_factor=2, mode='nearest') as torch exports it
+            if (!have_up) {
+                // scales are always float32; roi is a required input before opset 13
+                onnx_init_raw(g, "upsample.scales", ONNX_FLOAT, 1, (int64_t[]){4}, (float[]){1, 1, 2, 2}, 16);
+                if (g->opset < 13) onnx_init_raw(g, "upsample.roi", ONNX_FLOAT, 1, (int64_t[]){0}, NULL, 0);
+                have_up = 1;
+            }
+            snprintf(vn[i], 64, "upsample.%d", i);
+            onnx_attr_str(&a, "coordinate_transformation_mode", "asymmetric");
+            onnx_attr_str(&a, "mode", "nearest");
+            onnx_attr_str(&a, "nearest_mode", "floor");
+            onnx_node(g, "Resize", ONNX_IN(vn[v->src[0]], g->opset < 13 ? "upsample.roi" : "", "upsample.scales"), ONNX_IN(vn[i]), &a);
+            break;
+        case V_POOL:   // MaxPool2d(5, 1, 2)
+            snprintf(vn[i], 64, "maxpool.%d", i);
+            onnx_attr_ints(&a, "kernel_shape", 2, (int64_t[]){5, 5});
+            onnx_attr_ints(&a, "pads", 4, (int64_t[]){2, 2, 2, 2});
+            onnx_attr_ints(&a, "strides", 2, (int64_t[]){1, 1});
+            onnx_node(g, "MaxPool", ONNX_IN(vn[v->src[0]]), ONNX_IN(vn[i]), &a);
+            break;
+        default: die("onnx export: value %d has an unknown kind %d", i, v->kind);
+        }
+    }
+    // Detect: flatten each level's box and class maps, concatenate the levels
+    char box_l[3][64], cls_l[3][64], anc_l[3][64], str_l[3][64];
+    for (int l = 0; l < 3; l++) {
+        snprintf(box_l[l], 64, "head.box.%d", l);
+        snprintf(cls_l[l], 64, "head.cls.%d", l);
+        onnx_reshape(g, vn[conv_val[m->head_conv[l][0]]], box_l[l], 3, (int64_t[]){0, 4 * REG_MAX, -1});
+        onnx_reshape(g, vn[conv_val[m->head_conv[l][1]]], cls_l[l], 3, (int64_t[]){0, m->nc, -1});
+    }
+    onnx_attr_int(&a, "axis", 2);
+    onnx_node(g, "Concat", ONNX_IN(box_l[0], box_l[1], box_l[2]), ONNX_IN("head.box"), &a);   // (B, 64, A)
+    onnx_attr_int(&a, "axis", 2);
+    onnx_node(g, "Concat", ONNX_IN(cls_l[0], cls_l[1], cls_l[2]), ONNX_IN("head.cls"), &a);   // (B, NC, A)
+    // DFL: (B, 4, 16, A) -> (B, 4, A, 16), softmax over the bins, times the DFL weights 0..15
+    onnx_reshape(g, "head.box", "dfl.bins", 4, (int64_t[]){0, 4, REG_MAX, -1});
+    onnx_attr_ints(&a, "perm", 4, (int64_t[]){0, 1, 3, 2});
+    onnx_node(g, "Transpose", ONNX_IN("dfl.bins"), ONNX_IN("dfl.transpose"), &a);
+    onnx_attr_int(&a, "axis", 3);
+    onnx_node(g, "Softmax", ONNX_IN("dfl.transpose"), ONNX_IN("dfl.softmax"), &a);
+    onnx_init_f(g, "model.22.dfl.conv.weight", 2, (int64_t[]){REG_MAX, 1}, m->params + m->dfl_off);
+    onnx_node(g, "MatMul", ONNX_IN("dfl.softmax", "model.22.dfl.conv.weight"), ONNX_IN("dfl.expect"), NULL);
+    onnx_reshape(g, "dfl.expect", "dfl", 3, (int64_t[]){0, 4, -1});                              // (B, 4, A) l t r b
+    // anchor points (2, A) and strides (1, A)
+    if (g->dynamic) {
+        onnx_init_i64(g, "anchors.i0", 0, NULL, (int64_t[]){0});
+        onnx_init_i64(g, "anchors.i1", 0, NULL, (int64_t[]){1});
+        onnx_init_i64(g, "anchors.i2", 0, NULL, (int64_t[]){2});
+        onnx_init_i64(g, "anchors.i3", 0, NULL, (int64_t[]){3});
+        onnx_scalar(g, "anchors.zero", 0.0f);
+        onnx_scalar(g, "anchors.half", 0.5f);
+        for (int l = 0; l < 3; l++) onnx_anchors_dynamic(g, l, vn[conv_val[m->head_conv[l][0]]], head_strides[l], anc_l[l], str_l[l]);
+        onnx_attr_int(&a, "axis", 1);
+        onnx_node(g, "Concat", ONNX_IN(anc_l[0], anc_l[1], anc_l[2]), ONNX_IN("anchors"), &a);
+        onnx_attr_int(&a, "axis", 1);
+        onnx_node(g, "Concat", ONNX_IN(str_l[0], str_l[1], str_l[2]), ONNX_IN("strides"), &a);
+    } else {
+        int A = head_anchor_count(g->H, g->W);
+        float *anc = xmalloc(sizeof(float) * 3 * (size_t)A), *str = anc + 2 * (size_t)A;
+        for (int l = 0, a0 = 0; l < 3; l++) {
+            int Hl = g->H / head_strides[l], Wl = g->W / head_strides[l];
+            for (int p = 0; p < Hl * Wl; p++) {
+                anc[a0 + p] = (float)(p % Wl) + 0.5f;
+                anc[(size_t)A + a0 + p] = (float)(p / Wl) + 0.5f;
+                str[a0 + p] = (float)head_strides[l];
+            }
+            a0 += Hl * Wl;
+        }
+        onnx_init_f(g, "anchors", 2, (int64_t[]){2, A}, anc);
+        onnx_init_f(g, "strides", 2, (int64_t[]){1, A}, str);
+        free(anc);
+    }
+    // dist2bbox(xywh=True): x1y1 = anchor - lt, x2y2 = anchor + rb, centre and size, times stride
+    onnx_scalar(g, "decode.two", 2.0f);
+    onnx_split(g, "dfl", 1, 2, (int64_t[]){2, 2}, ONNX_IN("decode.lt", "decode.rb"));
+    onnx_node(g, "Sub", ONNX_IN("anchors", "decode.lt"), ONNX_IN("decode.x1y1"), NULL);
+    onnx_node(g, "Add", ONNX_IN("anchors", "decode.rb"), ONNX_IN("decode.x2y2"), NULL);
+    onnx_node(g, "Add", ONNX_IN("decode.x1y1", "decode.x2y2"), ONNX_IN("decode.sum"), NULL);
+    onnx_node(g, "Div", ONNX_IN("decode.sum", "decode.two"), ONNX_IN("decode.cxcy"), NULL);
+    onnx_node(g, "Sub", ONNX_IN("decode.x2y2", "decode.x1y1"), ONNX_IN("decode.wh"), NULL);
+    onnx_attr_int(&a, "axis", 1);
+    onnx_node(g, "Concat", ONNX_IN("decode.cxcy", "decode.wh"), ONNX_IN("decode.xywh"), &a);
+    onnx_node(g, "Mul", ONNX_IN("decode.xywh", "strides"), ONNX_IN("decode.box"), NULL);      // (B, 4, A) pixels
+    onnx_node(g, "Sigmoid", ONNX_IN("head.cls"), ONNX_IN("decode.scores"), NULL);             // (B, NC, A)
+    onnx_attr_int(&a, "axis", 1);
+    onnx_node(g, "Concat", ONNX_IN("decode.box", "decode.scores"), ONNX_IN("output0"), &a);
+    free(vn); free(conv_val); free(split_done);
+}
+
+// onnx_value_info: a graph input or output: name, element type and 3 or 4 dims, each a number or,
+// when param[d] is set, a symbolic name
+static void onnx_value_info(StBuf *graph, int field, const char *name, int elem, int ndim, const int64_t *dims, const char *const *param) {
+    StBuf shape = {0}, tensor = {0}, type = {0}, vi = {0};
+    for (int d = 0; d < ndim; d++) {
+        StBuf dim = {0};
+        if (param && param[d]) pb_str(&dim, 2, param[d]);
+        else pb_int(&dim, 1, dims[d]);
+        pb_msg(&shape, 1, &dim);
+    }
+    pb_int(&tensor, 1, elem);
+    pb_msg(&tensor, 2, &shape);
+    pb_msg(&type, 1, &tensor);
+    pb_str(&vi, 1, name);
+    pb_msg(&vi, 2, &type);
+    pb_msg(graph, field, &vi);
+}
+
+// onnx_ir_version: the IR version that goes with an opset (onnx/helper.py VERSION_TABLE)
+static int onnx_ir_version(int opset) {
+    return opset <= 11 ? 6 : opset <= 14 ? 7 : opset <= 18 ? 8 : opset <= 20 ? 9 : 10;
+}
+
+// py_repr_str: s as Python's repr() writes a str (single quotes unless s has ' and no "), so
+// that Ultralytics' AutoBackend can eval() the names dictionary
+static void py_repr_str(StBuf *b, const char *s) {
+    char q = strchr(s, '\'') && !strchr(s, '"') ? '"' : '\'';
+    stbuf_put(b, &q, 1);
+    for (const unsigned char *u = (const unsigned char *)s; *u; u++) {
+        if (*u == '\\' || *u == (unsigned char)q) { char e[2] = {'\\', (char)*u}; stbuf_put(b, e, 2); }
+        else if (*u == '\n') stbuf_put(b, "\\n", 2);
+        else if (*u == '\t') stbuf_put(b, "\\t", 2);
+        else if (*u == '\r') stbuf_put(b, "\\r", 2);
+        else if (*u < 0x20 || *u == 0x7f) stbuf_printf(b, "\\x%02x", *u);
+        else stbuf_put(b, (const char *)u, 1);
+    }
+    stbuf_put(b, &q, 1);
+}
+
+typedef struct {
+    int imgsz, batch, dynamic, half, opset;
+    const char *const *names;   // (nc) class names, or NULL for class0, class1, ...
+    const char *source;         // the weights file, for the description
+} OnnxOptions;
+
+// onnx_check_options: the settings export accepts; 0, or -1 with a message in err
+static int onnx_check_options(const OnnxOptions *o, char *err, size_t errlen) {
+    if (o->imgsz < 32 || o->imgsz > 8192 || o->imgsz % 32)
+        snprintf(err, errlen, "imgsz=%d must be a multiple of 32 (the largest stride) between 32 and 8192", o->imgsz);
+    else if (o->batch < 1 || o->batch > 1024)
+        snprintf(err, errlen, "batch=%d must be between 1 and 1024", o->batch);
+    else if (o->opset < ONNX_OPSET_MIN || o->opset > ONNX_OPSET_MAX)
+        snprintf(err, errlen, "opset=%d is not supported: use %d..%d (default %d)", o->opset, ONNX_OPSET_MIN, ONNX_OPSET_MAX,
+                 ONNX_OPSET_DEFAULT);
+    else if ((o->dynamic != 0 && o->dynamic != 1) || (o->half != 0 && o->half != 1))
+        snprintf(err, errlen, "dynamic=%d half=%d: each must be 0 or 1", o->dynamic, o->half);
+    else return 0;
+    return -1;
+}
+
+// file_write_atomic: the n bytes of parts[0..np) back to back into path through path.tmp
+// (written, flushed, fsync'ed, renamed over path); on failure path is untouched and path.tmp
+// removed. 0, or -1 with a message in err.
+static int file_write_atomic(const char *path, int np, const StBuf *parts, char *err, size_t errlen) {
+    size_t plen = strlen(path);
+    char *tmp = xmalloc(plen + 5);
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    FILE *f = fopen(tmp, "wb");
+    int rc = -1;
+    if (!f) {
+        snprintf(err, errlen, "cannot create '%s': %s (hint: does the directory exist and is it writable?)", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = 1;
+    for (int i = 0; i < np && ok; i++) ok = !parts[i].n || fwrite(parts[i].p, 1, parts[i].n, f) == parts[i].n;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) snprintf(err, errlen, "writing '%s' failed: %s", tmp, strerror(errno ? errno : EIO));
+    else if (rename(tmp, path) != 0) snprintf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    else { st_fsync_dir(path); rc = 0; }
+    if (rc) unlink(tmp);
+    free(tmp);
+    return rc;
+}
+
+// onnx_export: writes model m (parameters and BN statistics loaded) as an ONNX file at path
+// (atomically). Returns 0, or -1 with a message in err and nothing written.
+static int onnx_export(const Model *m, const OnnxOptions *o, const char *path, char *err, size_t errlen) {
+    if (onnx_check_options(o, err, errlen)) return -1;
+    OnnxGraph g = {.opset = o->opset, .half = o->half, .dynamic = o->dynamic, .B = o->batch, .H = o->imgsz, .W = o->imgsz};
+    g.elem = o->half ? ONNX_FLOAT16 : ONNX_FLOAT;
+    onnx_graph_build(&g, m);
+    if (g.err[0]) {
+        snprintf(err, errlen, "%s", g.err);
+        free(g.nodes.p); free(g.inits.p);
+        return -1;
+    }
+    // GraphProto: nodes, name, initializers, input, output
+    StBuf graph = g.nodes;
+    pb_str(&graph, 2, "main_graph");
+    stbuf_put(&graph, g.inits.p, g.inits.n);
+    free(g.inits.p);
+    int A = head_anchor_count(o->imgsz, o->imgsz);
+    const char *in_param[4] = {"batch", NULL, "height", "width"}, *out_param[3] = {"batch", NULL, "anchors"};
+    onnx_value_info(&graph, 11, "images", g.elem, 4, (int64_t[]){o->batch, 3, o->imgsz, o->imgsz}, o->dynamic ? in_param : NULL);
+    onnx_value_info(&graph, 12, "output0", g.elem, 3, (int64_t[]){o->batch, 4 + m->nc, A}, o->dynamic ? out_param : NULL);
+    // ModelProto fields other than the graph, then the graph's key and length
+    StBuf head = {0}, sub = {0};
+    pb_int(&head, 1, onnx_ir_version(o->opset));
+    pb_str(&head, 2, "yolo.c");
+    pb_int(&sub, 2, o->opset);
+    pb_msg(&head, 8, &sub);
+    // metadata_props: Ultralytics' keys, each value as Python's str() of theirs
+    char date[32], desc[600], num[3][32];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", localtime(&now));
+    snprintf(desc, sizeof desc, "yolo.c YOLOv8%c model from %s", m->scale, o->source ? o->source : "memory");
+    snprintf(num[0], 32, "%d", o->batch);
+    snprintf(num[1], 32, "[%d, %d]", o->imgsz, o->imgsz);
+    StBuf names = {0}, args = {0};
+    stbuf_put(&names, "{", 1);
+    for (int c = 0; c < m->nc; c++) {
+        stbuf_printf(&names, "%s%d: ", c ? ", " : "", c);
+        char dflt[32];
+        snprintf(dflt, sizeof dflt, "class%d", c);
+        py_repr_str(&names, o->names ? o->names[c] : dflt);
+    }
+    stbuf_put(&names, "}", 1);
+    stbuf_printf(&args, "{'batch': %d, 'half': %s, 'dynamic': %s, 'simplify': False, 'opset': %d, 'nms': False}", o->batch,
+                 o->half ? "True" : "False", o->dynamic ? "True" : "False", o->opset);
+    const char *kv[][2] = {
+        {"description", desc}, {"author", "yolo.c"}, {"date", date}, {"version", "yolo.c"},
+        {"license", "not stated (weights trained or converted with yolo.c)"}, {"docs", "README.md of yolo.c"},
+        {"stride", "32"}, {"task", "detect"}, {"batch", num[0]}, {"imgsz", num[1]}, {"names", names.p},
+        {"args", args.p}, {"channels", "3"},
+    };
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        pb_str(&sub, 1, kv[i][0]);
+        pb_str(&sub, 2, kv[i][1]);
+        pb_msg(&head, 14, &sub);
+    }
+    free(names.p); free(args.p);
+    pb_key(&head, 7, 2);
+    pb_varint(&head, graph.n);
+    StBuf parts[2] = {head, graph};
+    int rc = file_write_atomic(path, 2, parts, err, errlen);
+    free(head.p); free(graph.p);
+    return rc;
+}
+
+// onnx_path_for: the weights path with its extension replaced by .onnx (X.safetensors -> X.onnx)
+static void onnx_path_for(const char *weights, char *out, size_t n) {
+    snprintf(out, n, "%s", weights);
+    char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    if (dot && (!slash || dot > slash)) *dot = 0;
+    size_t len = strlen(out);
+    snprintf(out + len, n - len, ".onnx");
+}
+
+static const char *const export_keys[] = {"model", "format", "imgsz", "batch", "dynamic", "half", "opset", "data", NULL};
+
+// cmd_export_onnx: `yolo export model=X.safetensors|X.pt format=onnx [imgsz=640 batch=1 dynamic=0
+// half=0 opset=17 data=FILE]` writes X.onnx next to the weights (class names from data=).
+static int cmd_export_onnx(int argc, char **argv) {
+    arg_check(argc, argv, export_keys);
+    const char *model = arg_get(argc, argv, "model", "");
+    if (!model[0]) die("export: model= is required (a .safetensors or .pt weights file)");
+    OnnxOptions o = {
+        .imgsz = (int)arg_int(argc, argv, "imgsz", 640), .batch = (int)arg_int(argc, argv, "batch", 1),
+        .dynamic = (int)arg_int(argc, argv, "dynamic", 0), .half = (int)arg_int(argc, argv, "half", 0),
+        .opset = (int)arg_int(argc, argv, "opset", ONNX_OPSET_DEFAULT), .source = model,
+    };
+    char err[1024], path[2048];
+    if (onnx_check_options(&o, err, sizeof err)) die("export: %s", err);
+    int fnc;
+    char scale;
+    if (weights_infer(model, &fnc, &scale, err, sizeof err)) die("export: model=%s: %s", model, err);
+    DataConfig dc = {0};
+    const char *data = arg_get(argc, argv, "data", "");
+    if (data[0]) {
+        if (data_yaml_load(data, &dc, err, sizeof err)) die("export: %s", err);
+        if (dc.nc != fnc) die("export: %s names %d classes but model=%s has nc=%d", data, dc.nc, model, fnc);
+        o.names = (const char *const *)dc.names;
+    } else if ((dc.names = weights_names(model, fnc))) {   // a checkpoint's own class names
+        o.names = (const char *const *)dc.names;
+    }
+    Model *m = xcalloc(1, sizeof(Model));
+    model_build(m, scale, fnc);
+    m->params = xmalloc(m->nparams * sizeof(float));
+    m->buffers = xmalloc(m->nbuffers * sizeof(float));
+    model_load_weights(m, model, fnc, 0, 0);
+    onnx_path_for(model, path, sizeof path);
+    double t0 = now_sec();
+    if (onnx_export(m, &o, path, err, sizeof err)) die("export: %s", err);
+    struct stat sb;
+    if (stat(path, &sb)) die("export: %s vanished after writing: %s", path, strerror(errno));
+    const char *ty = o.half ? "float16" : "float32";
+    int A = head_anchor_count(o.imgsz, o.imgsz);
+    printf("export: %s (%.1f MB, opset %d, %s, %.1f s)\n", path, sb.st_size / 1e6, o.opset, ty, now_sec() - t0);
+    if (o.dynamic) {
+        printf("  input   images  %s [batch, 3, height, width] (exported for %d x 3 x %d x %d; RGB 0-1, letterboxed; "
+               "height and width multiples of 32)\n", ty, o.batch, o.imgsz, o.imgsz);
+        printf("  output  output0 %s [batch, %d, anchors] (cx, cy, w, h in input pixels, then %d class scores)\n", ty, 4 + fnc, fnc);
+    } else {
+        printf("  input   images  %s [%d, 3, %d, %d] (RGB 0-1, letterboxed)\n", ty, o.batch, o.imgsz, o.imgsz);
+        printf("  output  output0 %s [%d, %d, %d] (cx, cy, w, h in input pixels, then %d class scores)\n", ty, o.batch, 4 + fnc, A, fnc);
+    }
+    printf("check:  python3 -c \"import onnx; onnx.checker.check_model('%s', full_check=True)\"\n", path);
+    printf("run:    node test/onnx_run.js %s   (after: npm install --prefix test/onnx onnxruntime-node --ignore-scripts)\n", path);
+    printf("engine: trtexec --onnx=%s --saveEngine=%.*s.engine%s", path, (int)(strlen(path) - 5), path, o.half ? " --fp16" : "");
+    if (o.dynamic)   // TensorRT needs the range of the symbolic dimensions
+        printf(" --minShapes=images:1x3x32x32 --optShapes=images:%dx3x%dx%d --maxShapes=images:%dx3x%dx%d", o.batch, o.imgsz,
+               o.imgsz, o.batch, o.imgsz, o.imgsz);
+    printf("\n");
+    free(m->params); free(m->buffers); free(m);
+    if (data[0]) data_config_free(&dc);
+    return 0;
+}
+
+// cmd_export: `yolo export model=FILE format=FORMAT ...`, one writer per format: onnx (the
+// deployable graph, cmd_export_onnx checks its own keys) or safetensors (a .pt's weights as F32
+// with Ultralytics names)
+static int cmd_export(int argc, char **argv) {
+    const char *model = arg_get(argc, argv, "model", NULL), *format = arg_get(argc, argv, "format", NULL);
+    if (!model || !format) die("export: model= and format= are required, e.g. yolo export model=best.safetensors format=onnx");
+    if (!strcmp(format, "onnx")) return cmd_export_onnx(argc, argv);
+    if (!strcmp(format, "safetensors")) {
+        static const char *keys[] = {"model", "format", "out", NULL};
+        arg_check(argc, argv, keys);
+        return export_safetensors(model, arg_get(argc, argv, "out", NULL));
+    }
+    die("export: format=%s is not supported (supported: onnx, safetensors)", format);
+    return 1;
+}
 
 // ------------------------------------------------------------------------------------------
 // main
@@ -10280,7 +10899,7 @@ int main(int argc, char **argv) {
         {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors|FILE.pt epochs= imgsz= batch= ... (Ultralytics keys)"},
         {"val", cmd_val, "validate weights: model=FILE.safetensors|FILE.pt data=FILE [imgsz= batch= conf= iou=]"},
         {"predict", cmd_predict, "detect objects: model=FILE.safetensors|FILE.pt source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
-        {"export", cmd_export, "convert weights: model=FILE.pt format=safetensors [out=FILE.safetensors]"},
+        {"export", cmd_export, "model=FILE format=onnx [imgsz=640 batch=1 dynamic=0 half=0 opset=17] | format=safetensors [out=]"},
         {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
         {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
     };
