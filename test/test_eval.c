@@ -3,23 +3,11 @@
 #define TESTING
 #include "../yolo.c"
 #include "test.h"
+#include "yolo_test.h"
 
 // ------------------------------------------------------------------------------------------
 // helpers
 // ------------------------------------------------------------------------------------------
-
-// nms_run_decoded: non_max_suppression for one image of head_decode's output.
-// pred: (4+NC, A) rows cx, cy, w, h, scores. out: (max_det). Returns the number of detections.
-static int nms_run_decoded(Nms *n, const float *pred, Det *out) {
-    int A = n->A;
-    int64_t count = 0;
-    for (int a = 0; a < A; a++)
-        if (nms_add_anchor(n, &count, a, pred + (size_t)4 * A + a, (size_t)A)) {
-            float xywh[4] = {pred[a], pred[(size_t)A + a], pred[(size_t)2 * A + a], pred[(size_t)3 * A + a]};
-            nms_store_box(n, a, xywh);
-        }
-    return nms_finish(n, count, out);
-}
 
 // eval_one: metrics of one image (dets in NMS order, labels xyxy) with NC classes.
 static Metrics eval_one(int NC, const Det *d, int n, const float *gb, const int *gc, int m) {

@@ -11,6 +11,7 @@
 #endif
 #include "../yolo.c"
 #include "test.h"
+#include "yolo_test.h"
 
 static char g_dir[64];
 static int g_ort = -1, g_onnx = -1;   // runtime / checker available (-1: not probed yet)

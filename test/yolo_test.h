@@ -18,3 +18,16 @@ static Arena *model_open(Model *m, char scale, int nc, int B, int H, int W, uint
     m->W = W;
     return a;
 }
+
+// nms_run_decoded: non_max_suppression for one image of head_decode's output.
+// pred: (4+NC, A) rows cx, cy, w, h, scores. out: (max_det). Returns the number of detections.
+static int nms_run_decoded(Nms *n, const float *pred, Det *out) {
+    int A = n->A;
+    int64_t count = 0;
+    for (int a = 0; a < A; a++)
+        if (nms_add_anchor(n, &count, a, pred + (size_t)4 * A + a, (size_t)A)) {
+            float xywh[4] = {pred[a], pred[(size_t)A + a], pred[(size_t)2 * A + a], pred[(size_t)3 * A + a]};
+            nms_store_box(n, a, xywh);
+        }
+    return nms_finish(n, count, out);
+}
