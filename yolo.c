@@ -62,7 +62,7 @@
 // die: print file:line, what failed and a hint, then exit(1). Used for impossible settings and
 // programmer errors; bad user data gets a message and is skipped instead (see the data section).
 #define die(...) die_at(__FILE__, __LINE__, __VA_ARGS__)
-static void die_at(const char *file, int line, const char *fmt, ...) {
+static _Noreturn void die_at(const char *file, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "error (%s:%d): ", file, line);
