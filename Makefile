@@ -69,9 +69,11 @@ test: tests
 # Both build into their own folders (test/bin/asan, test/bin/tsan, with their own ./yolo), so
 # the plain build stays. Any sanitizer report, from a test or from a ./yolo it started, is
 # written to test/bin/<san>/report.<pid>; test/run.sh prints each one and counts it as a failure.
-# Samples (the full runs would take most of an hour under ASan on 2 cores): TEST_TRAIN_SAMPLE
-# (test/test_train.c) picks the parts of test_train run, TEST_NET_SAMPLE=8 makes test_net's
-# whole-YOLOv8n gradient check perturb every 8th parameter tensor; make test runs them whole.
+# Samples (whole, these two would take most of an hour on 2 cores): test_train runs parts 1 and 3
+# under ASan (ASAN_TRAIN_SAMPLE; the resume and the non-finite early stop) and part 3 under TSan
+# (TSAN_TRAIN_SAMPLE: a training run with 2 loader workers stopped mid-epoch; one 2-epoch run
+# alone takes minutes there); TEST_NET_SAMPLE=8 makes test_net's whole-YOLOv8n gradient check
+# perturb every 8th parameter tensor. make test runs them whole; ASAN_TRAIN_SAMPLE= runs all.
 SAN_FLAGS  = -std=c11 -O1 -g -fno-omit-frame-pointer -fopenmp -Wall -Wextra -Wno-unused-function
 ASAN_FLAGS = $(SAN_FLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all
 TSAN_FLAGS = $(SAN_FLAGS) -fsanitize=thread
@@ -82,7 +84,8 @@ ASAN_ENV   = ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$(CURDIR)/tes
              UBSAN_OPTIONS=print_stacktrace=1:abort_on_error=1:log_path=$(CURDIR)/test/bin/asan/report
 TSAN_ENV   = TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:log_path=$(CURDIR)/test/bin/tsan/report \
              OMP_NUM_THREADS=1
-TEST_TRAIN_SAMPLE ?= 1,3
+ASAN_TRAIN_SAMPLE ?= 1,3
+TSAN_TRAIN_SAMPLE ?= 3
 TEST_NET_SAMPLE   ?= 8
 
 test/bin/asan/%: test/%.c test/test.h $(SRC)
@@ -107,12 +110,12 @@ fuzz-asan: $(FUZZ_BINS)
 asan: $(ASAN_BINS) emu-asan-bins
 	rm -f test/bin/asan/report.*
 	$(ASAN_ENV) TEST_BIN=test/bin/asan TEST_GLOB='fuzz_* test_*' YOLO_BIN=test/bin/asan/yolo EMU_BIN=$(EMU_ASAN_DIR) \
-	    TEST_TRAIN_SAMPLE=$(TEST_TRAIN_SAMPLE) TEST_NET_SAMPLE=$(TEST_NET_SAMPLE) SAN_REPORTS=test/bin/asan/report bash test/run.sh
+	    TEST_TRAIN_SAMPLE=$(ASAN_TRAIN_SAMPLE) TEST_NET_SAMPLE=$(TEST_NET_SAMPLE) SAN_REPORTS=test/bin/asan/report bash test/run.sh
 
 tsan: $(TSAN_BINS)
 	rm -f test/bin/tsan/report.*
 	$(TSAN_ENV) TEST_BIN=test/bin/tsan TEST_GLOB='test_*' YOLO_BIN=test/bin/tsan/yolo SKIP_EMU=1 SKIP_CHECK_REF=1 \
-	    TEST_TRAIN_SAMPLE=$(TEST_TRAIN_SAMPLE) SAN_REPORTS=test/bin/tsan/report bash test/run.sh
+	    TEST_TRAIN_SAMPLE=$(TSAN_TRAIN_SAMPLE) SAN_REPORTS=test/bin/tsan/report bash test/run.sh
 
 clean-tests:
 	rm -rf test/bin
