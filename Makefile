@@ -1,4 +1,4 @@
-# yolo.c Makefile. Targets by intent: all, test, demo, bench, clean, asan.
+# yolo.c Makefile. Targets by intent: all, test, demo, bench, clean, asan, tsan.
 CC      ?= gcc
 CFLAGS  ?= -O3 -march=native
 CFLAGS  += -std=c11 -fopenmp -Wall -Wextra
@@ -60,22 +60,64 @@ bench: yolo $(BENCHES)
 test: tests
 	bash test/run.sh
 
-# the input parsers under AddressSanitizer + UBSan: fuzz targets (deterministic mutation runs)
-# and the parser tests; CI runs this
-ASAN_FLAGS = -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fopenmp -Wall -Wextra
-ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights test/bin/asan/test_pt
+# --- sanitizers (none of this is part of make test) -----------------------------------------
+# make asan: every test (test_*, the fuzzers, ./yolo check-ref, the emulated CUDA suite) under
+#   AddressSanitizer + UBSan; a UB report aborts (-fno-sanitize-recover), so it fails the test.
+# make tsan: everything that starts threads (the loader: test_data; training processes:
+#   test_train) under ThreadSanitizer. OpenMP runs one thread there (OMP_NUM_THREADS=1): libgomp
+#   is not built with TSan, so its barriers are invisible to it and every parallel loop would be
+#   reported as a race. The emulated CUDA suite is not run: its CUDA threads are fibers on one OS
+#   thread, with nothing concurrent for TSan to check.
+# Both build into their own folders (test/bin/asan, test/bin/tsan, with their own ./yolo), so
+# the plain build stays. Any sanitizer report, from a test or from a ./yolo it started, is
+# written to test/bin/<san>/report.<pid>; test/run.sh prints each one and counts it as a failure.
+# Samples (whole, these two would take most of an hour on 2 cores): test_train runs parts 1 and 3
+# under ASan (ASAN_TRAIN_SAMPLE; the resume and the non-finite early stop) and part 3 under TSan
+# (TSAN_TRAIN_SAMPLE: a training run with 2 loader workers stopped mid-epoch; one 2-epoch run
+# alone takes minutes there); TEST_NET_SAMPLE=8 makes test_net's whole-YOLOv8n gradient check
+# perturb every 8th parameter tensor. make test runs them whole; ASAN_TRAIN_SAMPLE= runs all.
+SAN_FLAGS  = -std=c11 -O1 -g -fno-omit-frame-pointer -fopenmp -Wall -Wextra
+ASAN_FLAGS = $(SAN_FLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all
+TSAN_FLAGS = $(SAN_FLAGS) -fsanitize=thread
+ASAN_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c) $(wildcard test/test_*.c)) test/bin/asan/yolo
+TSAN_BINS  = test/bin/tsan/test_data test/bin/tsan/test_train test/bin/tsan/yolo
+FUZZ_BINS  = $(patsubst test/%.c,test/bin/asan/%,$(wildcard test/fuzz_*.c)) test/bin/asan/test_data test/bin/asan/test_weights test/bin/asan/test_pt
+ASAN_ENV   = ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$(CURDIR)/test/bin/asan/report \
+             UBSAN_OPTIONS=print_stacktrace=1:abort_on_error=1:log_path=$(CURDIR)/test/bin/asan/report
+TSAN_ENV   = TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:log_path=$(CURDIR)/test/bin/tsan/report \
+             OMP_NUM_THREADS=1
+ASAN_TRAIN_SAMPLE ?= 1,3
+TSAN_TRAIN_SAMPLE ?= 3
+TEST_NET_SAMPLE   ?= 8
 
-test/bin/asan/%: test/%.c test/test.h test/fixture.h $(SRC)
+test/bin/asan/%: test/%.c test/test.h test/fixture.h test/yolo_test.h $(SRC)
 	@mkdir -p test/bin/asan
 	$(CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
+test/bin/asan/yolo: $(SRC)
+	@mkdir -p test/bin/asan
+	$(CC) $(ASAN_FLAGS) -o $@ yolo.c $(LDLIBS)
+test/bin/tsan/%: test/%.c test/test.h test/fixture.h test/yolo_test.h $(SRC)
+	@mkdir -p test/bin/tsan
+	$(CC) $(TSAN_FLAGS) -o $@ $< $(LDLIBS)
+test/bin/tsan/yolo: $(SRC)
+	@mkdir -p test/bin/tsan
+	$(CC) $(TSAN_FLAGS) -o $@ yolo.c $(LDLIBS)
 
-fuzz-asan: $(ASAN_BINS)
-	for f in $(ASAN_BINS); do echo "== $$f"; ASAN_OPTIONS=detect_leaks=0 $$f || exit 1; done
+# the input parsers alone under ASan + UBSan (fuzz targets: deterministic mutation runs), quick
+fuzz-asan: $(FUZZ_BINS)
+	rm -f test/bin/asan/report.*
+	$(ASAN_ENV) TEST_BIN=test/bin/asan TEST_GLOB='fuzz_* test_data test_weights' SKIP_EMU=1 SKIP_CHECK_REF=1 \
+	    SAN_REPORTS=test/bin/asan/report bash test/run.sh
 
-# every C test under AddressSanitizer + UBSan (slower; not part of make test)
-asan: clean-tests
-	$(MAKE) tests CFLAGS="$(ASAN_FLAGS)"
-	ASAN_OPTIONS=detect_leaks=0 bash test/run.sh
+asan: $(ASAN_BINS) emu-asan-bins
+	rm -f test/bin/asan/report.*
+	$(ASAN_ENV) TEST_BIN=test/bin/asan TEST_GLOB='fuzz_* test_*' YOLO_BIN=test/bin/asan/yolo EMU_BIN=$(EMU_ASAN_DIR) \
+	    TEST_TRAIN_SAMPLE=$(ASAN_TRAIN_SAMPLE) TEST_NET_SAMPLE=$(TEST_NET_SAMPLE) SAN_REPORTS=test/bin/asan/report bash test/run.sh
+
+tsan: $(TSAN_BINS)
+	rm -f test/bin/tsan/report.*
+	$(TSAN_ENV) TEST_BIN=test/bin/tsan TEST_GLOB='test_*' YOLO_BIN=test/bin/tsan/yolo SKIP_EMU=1 SKIP_CHECK_REF=1 \
+	    TEST_TRAIN_SAMPLE=$(TSAN_TRAIN_SAMPLE) SAN_REPORTS=test/bin/tsan/report bash test/run.sh
 
 clean-tests:
 	rm -rf test/bin
@@ -85,4 +127,4 @@ clean: clean-tests
 
 -include test/emu.mk
 
-.PHONY: all test tests asan fuzz-asan clean clean-tests demo bench
+.PHONY: all test tests asan tsan fuzz-asan clean clean-tests demo bench

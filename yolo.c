@@ -6297,7 +6297,7 @@ static int dataset_list_files(const DataConfig *cfg, int split, StrList *out) {
         free(parent);
         fclose(f);
     }
-    qsort(out->v, out->n, sizeof(char *), cmp_str);
+    if (out->n > 1) qsort(out->v, out->n, sizeof(char *), cmp_str);   // an empty list has v == NULL: qsort(NULL) is UB
     return 0;
 }
 

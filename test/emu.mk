@@ -5,7 +5,7 @@
 # thread as a fiber on the CPU. The same kernels_test.c then checks each kernel against its CPU twin.
 #   make emu-bins     emulated build of yolo_kernels.cu + test/kernels_test.c, and the emulator selftest
 #   make test-emu     runs them (test/run_emu.sh: three thread and block orders, strict, async, host traps)
-#   make emu-asan     the same under -fsanitize=address,undefined
+#   make emu-asan     the same under -fsanitize=address,undefined (make asan runs it too)
 #   make cuda-check   nvcc device compile for every shipped arch, warnings as errors (needs nvcc)
 #   make test-gpu     kernels_test.c against the nvcc-built kernels and the real cudart (needs nvcc)
 # the toolkit, only for cuda-check and test-gpu: the one the Makefile found (NVCC), else /usr/local/cuda
@@ -66,10 +66,12 @@ $(EMU_DIR)/emu_selftest: $(EMU_DIR)/emu_selftest.o $(EMU_DIR)/cuda_emu.o
 test-emu: emu-bins
 	EMU_BIN=$(EMU_DIR) bash test/run_emu.sh
 
-emu-asan:
-	$(MAKE) --no-print-directory EMU_DIR=test/bin/emu-asan EMU_OPT="-O1 -g -fno-omit-frame-pointer" \
-	    EMU_SAN="-fsanitize=address,undefined" emu-bins
-	ASAN_OPTIONS=detect_leaks=0 EMU_BIN=test/bin/emu-asan bash test/run_emu.sh
+EMU_ASAN_DIR = test/bin/emu-asan
+emu-asan-bins:
+	$(MAKE) --no-print-directory EMU_DIR=$(EMU_ASAN_DIR) EMU_OPT="-O1 -g -fno-omit-frame-pointer" \
+	    EMU_SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" emu-bins
+emu-asan: emu-asan-bins
+	ASAN_OPTIONS=detect_leaks=0 EMU_BIN=$(EMU_ASAN_DIR) bash test/run_emu.sh
 
 cuda-check:
 	$(EMU_NEED_NVCC)
@@ -89,4 +91,4 @@ test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yol
 	$(EMU_CXX) -o $@ test/bin/gpu/gpu_step_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 
-.PHONY: emu-bins test-emu emu-asan cuda-check test-gpu
+.PHONY: emu-bins test-emu emu-asan emu-asan-bins cuda-check test-gpu

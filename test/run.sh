@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test binary in test/bin (and the emulated CUDA suite when present), sums their
 # "N passed, N failed" lines and ends with the total. Exit status is non-zero on any failure.
+# The sanitizer targets of the Makefile (make asan, make tsan) run it on their own builds with:
+#   TEST_BIN     folder of the test binaries (test/bin)      TEST_GLOB  which ones ('test_*')
+#   YOLO_BIN     the ./yolo for check-ref and test_train      EMU_BIN    the emulated build (run_emu.sh)
+#   SKIP_EMU=1, SKIP_CHECK_REF=1   leave those parts out
+#   SAN_REPORTS  prefix of the sanitizer report files (log_path): each one is printed and counted
+#                as a failure, so a report from a child process (./yolo under test_train) is seen
 cd "$(dirname "$0")/.." || exit 1
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}   # spinning OpenMP threads starve the loader and other tests
 pass=0; fail=0; crashed=0
@@ -19,17 +25,22 @@ run_one() {
         echo "CRASH  $* exited $rc"; fail=$((fail + 1))
     fi
 }
-for t in test/bin/test_*; do
-    [ -x "$t" ] || continue
-    echo "== $t"
-    run_one "$t"
+bin=${TEST_BIN:-test/bin}
+yolo=${YOLO_BIN:-./yolo}
+export YOLO_BIN=$yolo
+for g in ${TEST_GLOB:-test_*}; do
+    for t in "$bin"/$g; do
+        [ -f "$t" ] && [ -x "$t" ] || continue
+        echo "== $t"
+        run_one "$t"
+    done
 done
 for f in test/fixtures/*.safetensors; do
-    [ -f "$f" ] || continue
-    echo "== ./yolo check-ref $f (against the PyTorch reference)"
-    run_one ./yolo check-ref "$f"
+    [ -f "$f" ] && [ -z "${SKIP_CHECK_REF:-}" ] || continue
+    echo "== $yolo check-ref $f (against the PyTorch reference)"
+    run_one "$yolo" check-ref "$f"
 done
-if [ -f test/run_emu.sh ]; then
+if [ -f test/run_emu.sh ] && [ -z "${SKIP_EMU:-}" ]; then
     echo "== test/run_emu.sh (CUDA kernels under the CPU emulation)"
     out=$(bash test/run_emu.sh 2>&1); rc=$?
     printf '%s\n' "$out"
@@ -40,6 +51,14 @@ if [ -f test/run_emu.sh ]; then
     if [ "$rc" -ne 0 ] && ! printf '%s\n' "$out" | grep -qE '^[0-9]+ passed, [1-9][0-9]* failed'; then
         echo "CRASH  test/run_emu.sh exited $rc"; fail=$((fail + 1))
     fi
+fi
+if [ -n "${SAN_REPORTS:-}" ]; then
+    nrep=0
+    for r in "$SAN_REPORTS".*; do
+        [ -f "$r" ] || continue
+        echo "FAIL  sanitizer report $r:"; cat "$r"; nrep=$((nrep + 1)); fail=$((fail + 1))
+    done
+    echo "== sanitizer reports ($SAN_REPORTS.*): $nrep"
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -886,6 +886,90 @@ static void test_determinism(void) {
     data_config_free(&cfg);
 }
 
+// ------------------------------------------------------------------------------------------
+// the loader's threads (make tsan runs this under ThreadSanitizer)
+// ------------------------------------------------------------------------------------------
+
+// batch_hash: FNV-1a over a batch's pixels, labels and image indices.
+static uint64_t batch_hash(const Batch *b) {
+    uint64_t h = 1469598103934665603ULL;
+    const uint8_t *parts[5] = {b->img, (const uint8_t *)b->cls, (const uint8_t *)b->box, (const uint8_t *)b->batch_idx, (const uint8_t *)b->index};
+    size_t lens[5] = {(size_t)b->B * 3 * b->H * b->W, sizeof(int) * b->n, sizeof(float) * 4 * b->n, sizeof(int) * b->n, sizeof(int) * b->B};
+    for (int k = 0; k < 5; k++)
+        for (size_t i = 0; i < lens[k]; i++) h = (h ^ parts[k][i]) * 1099511628211ULL;
+    return h ^ (uint64_t)b->n << 32 ^ (uint64_t)b->number;
+}
+
+// test_loader_threads: what training does to the loader's threads, for workers 1, 2 and 4, with
+// and without cache=ram, each batch compared with workers=0 (no threads): an epoch abandoned after
+// one batch (loader_start_epoch while the workers fill the next two), a full epoch, the
+// close_mosaic switch, then loader_close while the workers are filling (an early stop). Then an
+// image deleted after loader_open: it fails to decode in the workers mid-epoch (a gray image,
+// counted) unless cache=ram already holds it.
+static void test_loader_threads(void) {
+    DataConfig cfg;
+    char err[512];
+    if (data_yaml_load(tp("shapes2/data.yaml"), &cfg, err, sizeof err) != 0) { check(0, "shapes2 yaml: %s", err); return; }
+    Dataset ds;
+    dataset_load(&cfg, 0, &ds);
+    enum { NCFG = 7, MAXB = 16 };
+    const int wk[NCFG] = {0, 1, 2, 4, 1, 2, 4}, cache[NCFG] = {0, 0, 0, 0, 1, 1, 1};
+    uint64_t seq[NCFG][MAXB];
+    int nseq[NCFG], same = 1;
+    for (int c = 0; c < NCFG; c++) {
+        LoaderConfig lc = {.batch = 8, .imgsz = 64, .workers = wk[c], .max_boxes = 20, .train = 1, .cache_ram = cache[c], .seed = 21, .aug = aug_defaults()};
+        lc.aug.mixup = 0.5f;
+        Loader *L = loader_open(&ds, &lc);
+        int n = 0;
+        loader_start_epoch(L, 0, 0);
+        seq[c][n++] = batch_hash(loader_next(L));   // then abandoned, with two batches in flight
+        for (int e = 1; e <= 2; e++) {
+            loader_start_epoch(L, e, e == 2);         // epoch 2: close_mosaic
+            for (const Batch *b; (b = loader_next(L)) && n < MAXB;) seq[c][n++] = batch_hash(b);
+        }
+        loader_start_epoch(L, 3, 1);
+        seq[c][n++] = batch_hash(loader_next(L));
+        loader_close(L);                               // early stop: the workers are filling
+        nseq[c] = n;
+        same &= n == nseq[0] && memcmp(seq[c], seq[0], sizeof(uint64_t) * n) == 0;
+    }
+    check(same && nseq[0] == 12, "loader threads: workers 1/2/4 with and without cache=ram give the batches of workers=0 "
+          "through an abandoned epoch, the close_mosaic switch and a close mid-epoch (%d batches each, want 12)", nseq[0]);
+    // an image deleted after the scan and after loader_open: errors raised inside the workers
+    const char *gone = NULL;
+    for (int i = 0; i < ds.n; i++) if (strstr(ds.paths[i], "000003.")) gone = ds.paths[i];
+    Loader *Ls[NCFG];
+    for (int c = 0; c < NCFG; c++) {
+        LoaderConfig lc = {.batch = 8, .imgsz = 64, .workers = wk[c], .max_boxes = 20, .train = 1, .cache_ram = cache[c], .seed = 22, .aug = aug_defaults()};
+        Ls[c] = loader_open(&ds, &lc);
+    }
+    int removed = gone && remove(gone) == 0;
+    long long errs[NCFG];
+    int n2[NCFG];
+    capture_begin();   // one message per failed decode
+    for (int c = 0; c < NCFG; c++) {
+        n2[c] = 0;
+        loader_start_epoch(Ls[c], 0, 0);
+        for (const Batch *b; (b = loader_next(Ls[c])) && n2[c] < MAXB;) seq[c][n2[c]++] = batch_hash(b);
+        errs[c] = Ls[c]->load_errors;
+        loader_close(Ls[c]);
+    }
+    free(capture_end());
+    int errs_ok = errs[0] > 0;
+    for (int c = 1; c < NCFG; c++) errs_ok &= errs[c] == (cache[c] ? 0 : errs[0]);
+    check(removed && errs_ok, "image deleted mid-run: %lld load errors with workers 0/1/2/4 (%lld %lld %lld), 0 with cache=ram (%lld %lld %lld)",
+          errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], errs[6]);
+    same = 1;   // the threaded loaders against workers=0, and the cached ones against each other
+    for (int c = 1; c < NCFG; c++) {
+        int ref = cache[c] ? 4 : 0;
+        same &= n2[c] == 5 && n2[ref] == 5 && memcmp(seq[c], seq[ref], sizeof(uint64_t) * 5) == 0;
+    }
+    check(same, "with the image deleted, every epoch has 5 batches and workers 1/2/4 give the batches of workers=0 "
+          "(cache=ram: of each other)");
+    dataset_free(&ds);
+    data_config_free(&cfg);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/test_data_XXXXXX");
     if (!mkdtemp(tmpdir)) die("mkdtemp failed");
@@ -900,6 +984,7 @@ int main(void) {
     test_cv2_reference();
     test_alignment();
     test_determinism();
+    test_loader_threads();
     printf("(%.1f s, temp files in %s)\n", now_sec() - t0, tmpdir);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
