@@ -35,7 +35,7 @@ yolo: $(SRC)
 	$(CC) $(CFLAGS) -o $@ yolo.c $(LDLIBS)
 endif
 
-test/bin/%: test/%.c test/test.h test/fixture.h $(SRC)
+test/bin/%: test/%.c test/test.h test/fixture.h test/yolo_test.h $(SRC)
 	@mkdir -p test/bin
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
