@@ -10871,7 +10871,7 @@ static int cmd_export(int argc, char **argv) {
         arg_check(argc, argv, keys);
         return export_safetensors(model, arg_get(argc, argv, "out", NULL));
     }
-    die("export: format=%s is not supported (supported: onnx, safetensors)", format);
+    die("export: format=%s is not supported; supported formats: onnx, safetensors", format);
     return 1;
 }
 
