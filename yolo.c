@@ -15,8 +15,10 @@
  * schedule in "dry" mode (no memory touched), see the arena section.
  *
  * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
- * forward/backward · planning · loss · optimizer and EMA · safetensors weights · evaluation ·
- * state_dict and check-ref · data · training, val, predict, plan · main.
+ * the graph walk (forward/backward, once, over a CPU or a device backend) and the CPU backend ·
+ * planning · loss · the step (walk_step) · optimizer and EMA · safetensors weights · evaluation ·
+ * state_dict and check-ref · data · the device step (GPU backend) · training, val, predict, plan ·
+ * main.
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
  *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
