@@ -18,10 +18,10 @@
  * schedule in "dry" mode (no memory touched), see the arena section.
  *
  * Sections, in data-flow order: checks and utilities · arguments · arena · CPU ops · model ·
- * forward/backward · planning · loss · optimizer and EMA · safetensors weights · PyTorch .pt
- * checkpoints (zip + safe unpickler) · evaluation ·
- * state_dict and check-ref · data · GPU training step (YOLO_CUDA) · training, val, predict ·
- * `yolo plan` · ONNX export · main.
+ * the graph walk (forward/backward, once, over a CPU or a device backend) and the CPU backend ·
+ * planning · loss · the step (walk_step) · optimizer and EMA · safetensors weights · PyTorch .pt
+ * checkpoints (zip + safe unpickler) · evaluation · state_dict and check-ref · data · run pictures ·
+ * the device step (GPU backend) · training, val, predict, plan · ONNX export · main.
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
  *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
