@@ -10094,7 +10094,7 @@ static int cmd_plan(int argc, char **argv) {
     const char *gm = arg_get(argc, argv, "gpu_mem", NULL);
     size_t budget = gm ? parse_bytes("gpu_mem", gm) : 0;
     double bf = arg_num(argc, argv, "batch", 16);
-    if (bf <= 0 || (bf < 1 && bf != -1 && !(bf > 0 && bf < 1))) die("batch=%g: expected >= 1, -1 (60%% of gpu_mem) or a fraction", bf);
+    if (!(bf == -1 || (bf > 0 && bf < 1) || (bf >= 1 && bf == floor(bf)))) die("batch=%g: expected >= 1, -1 (60%% of gpu_mem) or a fraction", bf);
     if (bf == -1 || bf < 1) {
         if (!gm) die("batch=%g picks the batch from the GPU memory: give gpu_mem= (e.g. gpu_mem=8G)", bf);
         double frac = bf == -1 ? AUTOBATCH_FRACTION : bf;

@@ -83,6 +83,21 @@ int main(void) {
               b, fb / 1048576.0, budgets[i] * 0.6 / 1048576.0, b + 1, fb1 / 1048576.0);
     }
 
+    // `yolo plan` takes batch=-1 and a fraction (it refused -1 before checking for it), and refuses
+    // 0, -2 and 2.5 with a message naming the key
+    static const struct { const char *b; int ok; } cli[] = {{"-1", 1}, {"0.6", 1}, {"16", 1}, {"0", 0}, {"-2", 0}, {"2.5", 0}};
+    for (int i = 0; i < 6 && access("./yolo", X_OK) == 0; i++) {
+        char cmd[256], out[4096] = "";
+        snprintf(cmd, sizeof cmd, "./yolo plan model=yolov8n nc=80 imgsz=640 gpu_mem=8G batch=%s 2>&1", cli[i].b);
+        FILE *f = popen(cmd, "r");
+        size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+        out[n] = 0;
+        int rc = f ? pclose(f) : -1;
+        int ok = rc == 0 && strstr(out, "FITS");
+        check(cli[i].ok ? ok : rc != 0 && strstr(out, "batch="), "yolo plan batch=%s: %s", cli[i].b,
+              cli[i].ok ? "plans and reports FITS" : "refused, naming batch=");
+    }
+
     // the figures the issues promise, on the device step's own dry run (AMP, 640, batch 16, whole arena)
     static const struct { char s; int rc; double limit_gb; } want[] = {{'n', 0, 1.0}, {'n', 1, 0.7}, {'x', 0, 5.0}};
     for (int i = 0; i < 3; i++) {
