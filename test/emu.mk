@@ -27,7 +27,7 @@ EMU_ARCHS    ?= 75 80 86 89 90
 EMU_GENCODE   = $(foreach a,$(EMU_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
 EMU_NVFLAGS   = -std=c++17 -O3 $(EMU_GENCODE) -Werror all-warnings -Xptxas -v,-warn-spills,-Werror
 
-EMU_BINS = $(EMU_DIR)/kernels_test $(EMU_DIR)/emu_selftest $(EMU_DIR)/gpu_step_test $(EMU_DIR)/yolo
+EMU_BINS = $(EMU_DIR)/kernels_test $(EMU_DIR)/emu_selftest $(EMU_DIR)/gpu_step_test $(EMU_DIR)/ddp_step_test $(EMU_DIR)/yolo
 
 emu-bins: $(EMU_BINS)
 
@@ -54,10 +54,16 @@ $(EMU_DIR)/gpu_step_test.o: test/gpu_step_test.c yolo.h test/test.h $(SRC)
 	$(CC) $(EMU_CFLAGS) -I. -c -o $@ $<
 $(EMU_DIR)/gpu_step_test: $(EMU_DIR)/gpu_step_test.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
 	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
-# the CUDA build of ./yolo itself, on the emulated kernels (run_emu.sh trains a tiny dataset with device=0)
-$(EMU_DIR)/yolo.o: yolo.c yolo.h
+# the data-parallel step over the emulated NCCL (processes, shared memory) against the single-process step
+$(EMU_DIR)/ddp_step_test.o: test/ddp_step_test.c yolo.h test/test.h test/yolo_test.h $(SRC) test/emu_include/nccl.h
 	@mkdir -p $(EMU_DIR)
-	$(CC) $(EMU_CFLAGS) -DYOLO_CUDA -c -o $@ yolo.c
+	$(CC) $(EMU_CFLAGS) -I. -c -o $@ $<
+$(EMU_DIR)/ddp_step_test: $(EMU_DIR)/ddp_step_test.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
+	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
+# the CUDA build of ./yolo itself, on the emulated kernels (run_emu.sh trains a tiny dataset with device=0)
+$(EMU_DIR)/yolo.o: yolo.c yolo.h test/emu_include/nccl.h
+	@mkdir -p $(EMU_DIR)
+	$(CC) $(EMU_CFLAGS) -DYOLO_CUDA -DYOLO_NCCL -c -o $@ yolo.c
 $(EMU_DIR)/yolo: $(EMU_DIR)/yolo.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
 	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
 $(EMU_DIR)/emu_selftest: $(EMU_DIR)/emu_selftest.o $(EMU_DIR)/cuda_emu.o
