@@ -9789,7 +9789,10 @@ static int ddp_launch(Config *c, int argc, char **argv) {
     if (strchr(c->device, ',')) ddp.ndev = device_list(c->device, ddp.devs, 64);
     int world = ddp_env("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE");
     if (ddp.ndev <= 1 && world <= 1) return -1;
-#ifndef YOLO_NCCL
+#if !defined(YOLO_CUDA)
+    (void)argc, (void)argv;
+    die("device=%s: this yolo was built without CUDA (make found no nvcc), so it cannot train on several GPUs", c->device);
+#elif !defined(YOLO_NCCL)
     (void)argc, (void)argv;
     die("device=%s: this yolo was built without NCCL, so it cannot train on several GPUs (make links libnccl when it finds "
         "nccl.h and libnccl: the CUDA toolkit's, or Debian's libnccl-dev)", c->device);
