@@ -9659,6 +9659,9 @@ static const TrainerOps ddp_trainer_ops = {
     gpu_trainer_use_ema, gpu_trainer_sync, gpu_trainer_mem_mib, gpu_trainer_arena, ddp_trainer_close,
 };
 
+// ddp_min: the smallest of every rank's v
+static int ddp_min(int v) { return -ddp_agree(-v, ncclMax, -1, NULL); }
+
 // ddp_agree_stop: rank 0's verdict at the end of an epoch (after its validation and checkpoint)
 static int ddp_agree_stop(Trainer *t, int epoch, int stop) {
     stop = ddp_agree(stop, 0, 0, t->gpu->stream);
@@ -9666,10 +9669,12 @@ static int ddp_agree_stop(Trainer *t, int epoch, int stop) {
     return stop;
 }
 
-// ddp_rendezvous: the unique id from rank 0 to every rank over TCP at MASTER_ADDR:MASTER_PORT
-// (rank 0 listens; the others connect, retrying until ddp.timeout)
-static ncclUniqueId ddp_rendezvous(void) {
-    ncclUniqueId id;
+// ddp_rendezvous: the unique id and the run folder (rank 0's run_dir, so every rank writes to the
+// same one) from rank 0 to every rank over TCP at MASTER_ADDR:MASTER_PORT (rank 0 listens; the
+// others connect, retrying until ddp.timeout); the folder goes to YOLO_RUN_DIR
+static ncclUniqueId ddp_rendezvous(const Config *c) {
+    struct { ncclUniqueId id; char dir[768]; } msg;
+    memset(&msg, 0, sizeof msg);
     const char *host = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
     if (!host || !*host || !port || !*port)
         die("rank %d of %d: MASTER_ADDR and MASTER_PORT must be set: rank 0 hands the NCCL id to the others there "
@@ -9680,7 +9685,8 @@ static ncclUniqueId ddp_rendezvous(void) {
     if (e) die("rank %d: MASTER_ADDR=%s MASTER_PORT=%s: %s", ddp.rank, host, port, gai_strerror(e));
     double t0 = now_sec();
     if (ddp.rank == 0) {
-        NCCL_CHECK(ncclGetUniqueId(&id));
+        NCCL_CHECK(ncclGetUniqueId(&msg.id));
+        run_dir(msg.dir, sizeof msg.dir, c, "train");
         int s = socket(ai->ai_family, SOCK_STREAM, 0), one = 1;
         setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (s < 0 || bind(s, ai->ai_addr, ai->ai_addrlen) || listen(s, ddp.world))
@@ -9689,10 +9695,10 @@ static ncclUniqueId ddp_rendezvous(void) {
             struct pollfd pf = {.fd = s, .events = POLLIN};
             if (now_sec() - t0 > ddp.timeout) die("rank 0: only %d of %d ranks came to port %s in %.0f s", served, ddp.world, port, ddp.timeout);
             if (poll(&pf, 1, 1000) <= 0) continue;
-            int c = accept(s, NULL, NULL);
-            if (c < 0) continue;
-            if (write(c, &id, sizeof id) == (ssize_t)sizeof id) served++;
-            close(c);
+            int k = accept(s, NULL, NULL);
+            if (k < 0) continue;
+            if (write(k, &msg, sizeof msg) == (ssize_t)sizeof msg) served++;
+            close(k);
         }
         close(s);
     } else {
@@ -9700,15 +9706,17 @@ static ncclUniqueId ddp_rendezvous(void) {
             int s = socket(ai->ai_family, SOCK_STREAM, 0);
             size_t got = 0;
             if (s >= 0 && !connect(s, ai->ai_addr, ai->ai_addrlen))
-                for (ssize_t k; got < sizeof id && (k = read(s, (char *)&id + got, sizeof id - got)) > 0;) got += (size_t)k;
+                for (ssize_t k; got < sizeof msg && (k = read(s, (char *)&msg + got, sizeof msg - got)) > 0;) got += (size_t)k;
             if (s >= 0) close(s);
-            if (got == sizeof id) break;
+            if (got == sizeof msg) break;
             if (now_sec() - t0 > ddp.timeout) die("rank %d: no NCCL id from rank 0 at %s:%s in %.0f s", ddp.rank, host, port, ddp.timeout);
             usleep(200000);
         }
     }
     freeaddrinfo(ai);
-    return id;
+    msg.dir[sizeof msg.dir - 1] = 0;
+    setenv("YOLO_RUN_DIR", msg.dir, 1);
+    return msg.id;
 }
 
 // ddp_spawn: the launcher of device=0,1,...: the run folder and the unique id, one worker per
@@ -9716,19 +9724,23 @@ static ncclUniqueId ddp_rendezvous(void) {
 // stop on their own (they see the failure in their next collective) before they are killed
 static int ddp_spawn(Config *c, int argc, char **argv) {
     int n = 0;
-    GPU_CHECK(cudaGetDeviceCount(&n) == cudaSuccess ? cudaSuccess : cudaGetLastError());
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) n = 0, (void)cudaGetLastError();
     for (int i = 0; i < ddp.ndev; i++)
-        if (ddp.devs[i] >= n) die("device=%s: there is no device %d (%d CUDA device(s) present)", c->device, ddp.devs[i], n);
-    if (c->batch_auto) die("batch=%g with several GPUs: AutoBatch is not supported there yet; give the global batch (batch=%d)", c->batch_auto, 16 * ddp.ndev);
+        if (ddp.devs[i] >= n)
+            die("device=%s: there is no device %d (%d CUDA device(s) present%s%s)", c->device, ddp.devs[i], n,
+                e == cudaSuccess ? "" : ": ", e == cudaSuccess ? "" : cudaGetErrorString(e));
     ddp.world = ddp.ndev;
-    ddp_rank_batch(c->batch);   // refuse an uneven split here, once
+    if (!c->batch_auto) ddp_rank_batch(c->batch);   // refuse an uneven split here, once
     char dir[768], hex[2 * NCCL_UNIQUE_ID_BYTES + 1], num[3][16];
     run_dir(dir, sizeof dir, c, "train");
     ncclUniqueId id;
     NCCL_CHECK(ncclGetUniqueId(&id));
     for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)id.internal[i]);
-    printf("DDP: %d processes, one per device (%s), batch %d per device; run folder %s\n", ddp.ndev, c->device,
-           c->batch / ddp.ndev, dir);
+    if (c->batch_auto) printf("DDP: %d processes, one per device (%s), AutoBatch on each card, the smallest card's batch on every one; run folder %s\n",
+                              ddp.ndev, c->device, dir);
+    else printf("DDP: %d processes, one per device (%s), batch %d per device; run folder %s\n", ddp.ndev, c->device,
+                c->batch / ddp.ndev, dir);
     fflush(stdout);
     pid_t pid[64];
     (void)argc;
@@ -9779,6 +9791,7 @@ static int ddp_spawn(Config *c, int argc, char **argv) {
 }
 #else
 static int ddp_agree_stop(Trainer *t, int epoch, int stop) { (void)t, (void)epoch; return stop; }
+static int ddp_min(int v) { return v; }
 #endif // YOLO_NCCL
 
 // ddp_launch: decides this process's part. Returns -1 to train here (a single process, or a
@@ -9810,7 +9823,6 @@ static int ddp_launch(Config *c, int argc, char **argv) {
     if (cudaGetDeviceCount(&n) != cudaSuccess || ddp.dev >= n)
         die("rank %d: device %d does not exist (%d CUDA device(s) on this machine)", ddp.rank, ddp.dev, n);
     if (!strchr(c->device, ',')) snprintf(c->device, sizeof c->device, "%d,", ddp.dev);   // gpu_select: this worker's device
-    if (c->batch_auto) die("batch=%g with several GPUs: AutoBatch is not supported there yet; give the global batch", c->batch_auto);
     ncclUniqueId id;
     const char *hex = getenv("YOLO_NCCL_ID");
     if (hex && strlen(hex) == 2 * NCCL_UNIQUE_ID_BYTES) {   // started by ddp_spawn
@@ -9819,7 +9831,7 @@ static int ddp_launch(Config *c, int argc, char **argv) {
             sscanf(hex + 2 * i, "%2x", &v);
             id.internal[i] = (char)v;
         }
-    } else id = ddp_rendezvous();
+    } else id = ddp_rendezvous(c);
     ddp_comm_open(id);
     return -1;
 #endif
@@ -10084,7 +10096,9 @@ static int train_run(Config cfg) {
     t->S = cfg.imgsz;
     t->dev = gpu_select(cfg.device);
     t->ops = trainer_ops(t->dev);
-    if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
+    if (cfg.batch_auto && ddp.world > 1)   // AutoBatch per card (NCCL's memory already taken); the smallest card's, on every rank
+        t->cfg.batch = cfg.batch = ddp.world * ddp_min(trainer_auto_batch(&cfg, t->dev, scale, nc));
+    else if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
     if (ddp.world > 1) t->B = ddp_rank_batch(cfg.batch);
     trainer_open_data(t);
     trainer_open_optim(t);
@@ -10476,8 +10490,24 @@ static void plan_table(const char *title, const Plan *tr, const Plan *va) {
 }
 
 // cmd_plan: `yolo plan model= nc= batch= imgsz= [max_boxes= optimizer= recompute= amp= gpu_mem=]`
+// plan_ddp_batch: yolo plan device=0,1,...: *B (the global batch; with per_gpu, already the one
+// GPU's, from gpu_mem= of the smallest card) becomes the per-GPU batch the plan below is for
+static void plan_ddp_batch(const char *device, int *B, int per_gpu) {
+    int devs[64], n = strchr(device, ',') ? device_list(device, devs, 64) : 1;
+    if (n < 2) return;
+    if (per_gpu) {
+        printf("data parallel over %d GPUs: batch %d per GPU (gpu_mem= of the smallest card), global batch=%d\n", n, *B, *B * n);
+    } else {
+        if (*B % n) die("batch=%d does not split evenly over %d GPUs: give a multiple of %d (batch= is the global batch)", *B, n, n);
+        printf("data parallel over %d GPUs: global batch %d = %d per GPU; the plan below is each GPU's\n", n, *B, *B / n);
+        *B /= n;
+    }
+    printf("each GPU also holds NCCL's communicator and buffers: yolo train measures them at start (cudaMemGetInfo "
+           "around the communicator's setup) and prints them before the arena's one cudaMalloc\n");
+}
+
 static int cmd_plan(int argc, char **argv) {
-    static const char *keys[] = {"model", "nc", "imgsz", "batch", "max_boxes", "optimizer", "recompute", "amp", "gpu_mem", NULL};
+    static const char *keys[] = {"model", "nc", "imgsz", "batch", "max_boxes", "optimizer", "recompute", "amp", "gpu_mem", "device", NULL};
     arg_check(argc, argv, keys);
     const char *name = arg_get(argc, argv, "model", "yolov8n");
     const Scale *sc = scale_find(name);
@@ -10511,6 +10541,7 @@ static int cmd_plan(int argc, char **argv) {
         o.B = (int)bf;
         if (o.B != bf) die("batch=%g: expected a whole number, -1 or a fraction below 1", bf);
     }
+    plan_ddp_batch(arg_get(argc, argv, "device", ""), &o.B, bf < 1);
     Model *m = xmalloc(sizeof(Model));
     model_build(m, o.scale, o.nc);
     printf("YOLOv8%c nc=%d batch=%d imgsz=%d max_boxes=%d %s recompute=%d: %zu parameters\n", o.scale, o.nc, o.B, o.S, o.max_boxes,

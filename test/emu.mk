@@ -79,9 +79,17 @@ emu-asan-bins:
 emu-asan: emu-asan-bins
 	ASAN_OPTIONS=detect_leaks=0 EMU_BIN=$(EMU_ASAN_DIR) bash test/run_emu.sh
 
+# cuda-check also builds yolo.c's CUDA path against the toolkit's own headers (cuda_runtime_api.h and
+# NCCL's nccl.h, the data-parallel trainer) and links it with cudart and libnccl (test/bin/gpu/yolo):
+# what the emulated build checks against the emulator's headers, checked against NVIDIA's
 cuda-check:
 	$(EMU_NEED_NVCC)
-	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o /dev/null
+	@mkdir -p test/bin/gpu
+	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o test/bin/gpu/check_kernels.o
+	@test "$(NCCL)" = 1 || { echo "cuda-check: no NCCL found (nccl.h: '$(NCCL_H)', libnccl.so: '$(NCCL_LIB)'): yolo.c's data-parallel path not checked"; exit 1; }
+	$(CC) -std=c11 -O1 -fopenmp -Wall -Wextra -Werror -Wno-error=format-truncation -DYOLO_CUDA -I$(EMU_CUDA)/include -o test/bin/gpu/yolo yolo.c \
+	    test/bin/gpu/check_kernels.o $(NCCL_FLAGS) $(EMU_LDLIBS) -L$(EMU_CUDA)/lib64 -lcudart -lstdc++
+	@echo "cuda-check: test/bin/gpu/yolo built against the real cuda_runtime_api.h and nccl.h, linked with cudart and libnccl"
 
 test-gpu: test/bin/gpu/kernels_test test/bin/gpu/gpu_step_test
 test/bin/gpu/yolo_kernels.o: yolo_kernels.cu yolo.h
