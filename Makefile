@@ -14,18 +14,25 @@ NVCC    := $(shell for n in "$$(command -v nvcc)" /usr/local/cuda/bin/nvcc; do \
 GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
 # CUDA: on when nvcc is found (CUDA=0 forces the CPU-only build). The kernels are compiled for the
 # GPU nvidia-smi reports, else for every shipped architecture; CUDA_ARCH=86 (or "80 90") overrides.
-# Only the CUDA runtime (static) is linked; no cuDNN, no cuBLAS.
+# Only the CUDA runtime (static) is linked, and libnccl when found (below); no cuDNN, no cuBLAS.
 CUDA      ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= $(if $(GPU_ARCH),$(GPU_ARCH),75 80 86 89 90)
 CUDA_GENCODE = $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
 BANNER  := $(shell $(CC) --version | head -n 1); OpenMP on; $(if $(NVCC),nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')$(if $(GPU_ARCH),$(comma) GPU sm_$(GPU_ARCH),$(comma) no GPU on this machine),no nvcc)
+# NCCL (training on several GPUs, device=0,1): nccl.h beside the toolkit's headers or the system's,
+# and a libnccl.so the dynamic linker knows (ldconfig: the toolkit's or Debian's libnccl2). NCCL=0
+# builds without it: then device=0,1 is refused with a message saying so.
+NCCL_H   := $(firstword $(wildcard $(patsubst %/bin/nvcc,%,$(NVCC))/include/nccl.h /usr/include/nccl.h))
+NCCL_LIB := $(shell ldconfig -p 2>/dev/null | sed -n 's|.*libnccl\.so (.*) => \(.*\)/libnccl\.so$$|\1|p' | head -n 1)
+NCCL     ?= $(if $(and $(NVCC),$(NCCL_H),$(NCCL_LIB)),1,0)
+NCCL_FLAGS = $(if $(filter 1,$(NCCL)),-DYOLO_NCCL -I$(dir $(NCCL_H)) -L$(NCCL_LIB) -lnccl)
 all: yolo
 
 ifeq ($(CUDA),1)
 yolo: $(SRC) yolo_kernels.o
-	@echo "yolo.c: CUDA + CPU build, kernels for sm_$(CUDA_ARCH) ($(BANNER)); without a GPU at run time it trains on the CPU"
-	$(CC) $(CFLAGS) -DYOLO_CUDA -I$(CUDA_HOME)/include -o $@ yolo.c yolo_kernels.o $(LDLIBS) -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -ldl -lpthread -lstdc++
+	@echo "yolo.c: CUDA + CPU build, kernels for sm_$(CUDA_ARCH) ($(BANNER)); $(if $(filter 1,$(NCCL)),NCCL $(NCCL_LIB) (device=0$(comma)1 trains on several GPUs),no NCCL (one GPU per run)); without a GPU at run time it trains on the CPU"
+	$(CC) $(CFLAGS) -DYOLO_CUDA -I$(CUDA_HOME)/include -o $@ yolo.c yolo_kernels.o $(NCCL_FLAGS) $(LDLIBS) -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -ldl -lpthread -lstdc++
 
 yolo_kernels.o: yolo_kernels.cu yolo.h
 	$(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -c -o $@ yolo_kernels.cu

@@ -6689,6 +6689,7 @@ typedef struct {
     int cache_ram;    // keep decoded, resized images in host memory
     uint64_t seed;
     AugConfig aug;
+    int rank, world;  // data parallel (train): this process reads shard rank of world (0, 1: all)
 } LoaderConfig;
 
 typedef struct {      // per-worker scratch, allocated at loader_open
@@ -6703,6 +6704,7 @@ typedef struct {
     const Dataset *ds;
     LoaderConfig cfg;
     int S, n, nbatch, nbuf;   // nbuf: the recent-image window for mosaic/mixup partners
+    int npos;                 // positions this process reads per epoch: n, or its shard (loader_global)
     int *order;               // (n) dataset index at each position of the epoch
     int (*shape)[2];          // (nbatch, 2) rect batch (h, w); train: S, S
     uint8_t **cache;          // (n) resized images when cache_ram, else NULL
@@ -6821,11 +6823,19 @@ static int sample_pre(Loader *L, LoaderScratch *ws, Rng *rng, int idx, int pos, 
     return random_perspective(&a, rng, ws->canvas.px, S, S, out->px, S, S, bx, n);
 }
 
+// loader_global: the epoch position (in the shuffled order of the whole dataset) of this process's
+// position pos. Sharded (world > 1), as torch's DistributedSampler: the order padded to a multiple of
+// world by repeating its start, rank r reads positions r, r + world, r + 2 world, ... A position past
+// n is a padded repeat (its image is order[pos % n], its augmentation seeded by the position itself, so
+// every rank's samples are seeded differently and a run's samples do not depend on the world size).
+static int loader_global(const Loader *L, int pos) { return L->cfg.world > 1 ? L->cfg.rank + pos * L->cfg.world : pos; }
+
 // sample_make: one finished sample at position pos of the epoch into batch slot s, image b:
 // pixels CHW and up to max_boxes labels in the stage. Randomness only from (seed, epoch, pos).
 static void sample_make(Loader *L, LoaderScratch *ws, int s, int b, int pos) {
     Batch *bt = &L->slot[s];
-    int idx = L->order[pos], H = bt->H, W = bt->W, n;
+    pos = loader_global(L, pos);
+    int idx = L->order[pos % L->n], H = bt->H, W = bt->W, n;
     Rng rng;
     rng_seed(&rng, sample_seed(L->cfg.seed, L->epoch, pos));
     Image *im = &ws->out1;
@@ -6886,7 +6896,7 @@ static void sample_make(Loader *L, LoaderScratch *ws, int s, int b, int pos) {
 // the batch arrays (in image order) and mark it ready.
 static void slot_begin(Loader *L, int s, int bn) {
     Batch *bt = &L->slot[s];
-    bt->B = bn < L->nbatch - 1 ? L->cfg.batch : L->n - bn * L->cfg.batch;
+    bt->B = bn < L->nbatch - 1 ? L->cfg.batch : L->npos - bn * L->cfg.batch;
     bt->H = L->shape[bn][0];
     bt->W = L->shape[bn][1];
     bt->epoch = L->epoch;
@@ -6989,7 +6999,10 @@ static Loader *loader_open(const Dataset *ds, const LoaderConfig *cfg) {
     L->ds = ds;
     L->cfg = *cfg;
     int S = L->S = cfg->imgsz, n = L->n = ds->n, B = cfg->batch;
-    L->nbatch = (n + B - 1) / B;
+    if (cfg->world > 1 && (!cfg->train || cfg->rank < 0 || cfg->rank >= cfg->world))
+        die("loader: rank %d of %d: only a training loader is sharded", cfg->rank, cfg->world);
+    L->npos = cfg->world > 1 ? (n + cfg->world - 1) / cfg->world : n;
+    L->nbatch = (L->npos + B - 1) / B;
     L->nbuf = n < 8 * B ? n : 8 * B;
     if (L->nbuf > 1000) L->nbuf = 1000;
     L->order = xmalloc(sizeof(int) * n);
@@ -7827,6 +7840,43 @@ static void gpu_unreachable(int unused, ...) { (void)unused; die("internal error
 #define GPU_CHECK(x) (void)(x)
 #endif
 
+// Ddp: this process's place in a data-parallel run (one process per GPU, see "data parallel" below).
+// world 1: a single process. Set by ddp_launch before training; read by gpu_select, the loader's
+// sharding, the optimizer's batch and the data-parallel trainer backend (ddp_trainer_ops).
+#ifdef YOLO_NCCL
+#include <nccl.h>
+#endif
+typedef struct {
+    int rank, world, local_rank;   // as torch.distributed's RANK, WORLD_SIZE, LOCAL_RANK
+    int dev;                       // this rank's CUDA device
+    int ndev, devs[64];            // device= as a list (0,1,2,3)
+    double timeout;                // seconds a collective may wait for its peers (YOLO_DDP_TIMEOUT)
+    double comm_s;                 // this epoch's time waiting on gradient all-reduces
+    size_t comm_bytes;             // device memory the communicator took (cudaMemGetInfo before/after)
+#ifdef YOLO_NCCL
+    ncclComm_t comm;
+    int *ctl;                      // (16) device scratch: flags agreed over the communicator
+#endif
+} Ddp;
+static Ddp ddp = {.world = 1, .dev = -1, .timeout = 600};
+
+// device_list: device=0,1,2 (or cuda:0,1) into devs; the count. Repeats and bad entries are errors.
+static int device_list(const char *device, int *devs, int max) {
+    const char *d = strncmp(device, "cuda:", 5) ? device : device + 5;
+    int n = 0;
+    while (*d) {
+        char *end;
+        long k = strtol(d, &end, 10);
+        if (end == d || k < 0 || (*end && *end != ',')) die("device=%s: expected cpu, a device index (0), cuda:0 or a list (0,1,2,3)", device);
+        for (int i = 0; i < n; i++)
+            if (devs[i] == k) die("device=%s: device %ld is listed twice (one process per GPU: each device once)", device, k);
+        if (n == max) die("device=%s: at most %d devices", device, max);
+        devs[n++] = (int)k;
+        d = *end ? end + 1 : end;
+    }
+    return n;
+}
+
 typedef struct Gpu {
     Model *m;                 // the host model: graph, shapes, parameter offsets (its arrays are not used here)
     Arena *a;                 // device arena; base NULL in the dry run
@@ -8342,7 +8392,10 @@ static int gpu_select(const char *device) {
         fprintf(stderr, "no CUDA device found (%s): running on the CPU\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
         return -1;
     }
-    if (strchr(device, ',')) die("device=%s: multi-GPU training is not supported yet; use one device", device);
+    if (strchr(device, ',')) {   // a data-parallel worker: its own device of the list (ddp_launch checked them)
+        if (ddp.world > 1) return ddp.dev;
+        die("device=%s: several devices train together (yolo train, one process each); val, predict and plan take one", device);
+    }
     const char *d = strncmp(device, "cuda:", 5) ? device : device + 5;
     char *end;
     long k = strtol(d, &end, 10);
@@ -8712,7 +8765,7 @@ static void gpu_close(Gpu *g) { (void)g; }
 // gpu_select without CUDA: the CPU, or a clear error for a GPU device
 static int gpu_select(const char *device) {
     if (!device[0] || !strcmp(device, "cpu")) return -1;
-    if (strchr(device, ',')) die("device=%s: multi-GPU training is not supported yet; use one device", device);
+    if (strchr(device, ',')) die("device=%s: this yolo was built without CUDA (make found no nvcc), so it cannot train on several GPUs", device);
     die("device=%s: this yolo was built without CUDA (make found no nvcc); use device=cpu or rebuild with the CUDA Toolkit", device);
 }
 #endif // YOLO_CUDA
@@ -9029,7 +9082,7 @@ static void trainer_signature(const Trainer *t, char *out, size_t n) {
     const Config *c = &t->cfg;
     snprintf(out, n, "data=%s batch=%d imgsz=%d epochs=%d optimizer=%d lr0=%.9g lrf=%.9g momentum=%.9g weight_decay=%.9g "
              "warmup_epochs=%.9g nbs=%d accumulate=%d cos_lr=%d close_mosaic=%d seed=%llu images=%d max_boxes=%d",
-             c->data, t->B, t->S, c->epochs, t->opt.kind, c->lr0, c->lrf, c->momentum, c->weight_decay, c->warmup_epochs, c->nbs,
+             c->data, t->B * ddp.world, t->S, c->epochs, t->opt.kind, c->lr0, c->lrf, c->momentum, c->weight_decay, c->warmup_epochs, c->nbs,
              t->accumulate, c->cos_lr, c->close_mosaic, (unsigned long long)c->seed, t->train_ds.n, c->max_boxes);
 }
 
@@ -9434,8 +9487,361 @@ static const TrainerOps gpu_trainer_ops = {
 };
 #endif
 
+// ------------------------------------------------------------------------------------------
+// data parallel: one process per GPU over NCCL (Ultralytics' DDP)
+// ------------------------------------------------------------------------------------------
+/*
+ * `yolo train device=0,1,2,3` is a launcher: it picks the run folder and an NCCL unique id, starts
+ * one worker process per device (this binary again, with RANK, WORLD_SIZE, LOCAL_RANK in its
+ * environment, as torchrun sets them) and waits for them. A worker is a normal device run with:
+ *   - batch= the global batch, split evenly (a batch the ranks do not divide is refused); accumulate
+ *     and weight decay from the global batch, so the nominal batch stays nbs=64;
+ *   - its shard of every epoch's shuffled order (loader_global: DistributedSampler's, the shuffle
+ *     the same on every rank), each sample's augmentation seeded by its position in the epoch;
+ *   - after backward, every rank's gradient summed over the ranks (ncclAllReduce). Each rank's
+ *     gradient is that of its batch's loss x its batch size (as Ultralytics' loss returns it);
+ *     DDP multiplies by world_size and averages, which is the same sum. So the update is the one a
+ *     single process makes accumulating the same sub-batches;
+ *   - BN batch statistics per rank (no SyncBN); after each step the running statistics are rank 0's
+ *     (ncclBroadcast, as DDP's broadcast_buffers), so the running stats and the EMA built from them
+ *     are identical on every rank; a non-finite loss on any rank skips the step on all of them;
+ *   - validation, plots, results.csv and checkpoints on rank 0 only; the others wait for its verdict
+ *     (stop or go on) at the end of each epoch.
+ * Faults: every collective is waited for with a watchdog (ddp_wait: ncclCommGetAsyncError, and a
+ * timeout of YOLO_DDP_TIMEOUT seconds, default 600); on an error the rank aborts its communicator
+ * (ncclCommAbort), says so naming itself, and exits 1. The launcher names the rank that died first
+ * and stops the rest if they have not stopped within the timeout. last.ckpt is only ever replaced
+ * by a rename, so it is intact; the checkpoint does not depend on the number of ranks (resume=1 on
+ * any number of GPUs with the same global batch).
+ * Several machines: start the same command on every machine with torchrun-style variables (RANK,
+ * WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID
+ * and OpenMPI's OMPI_COMM_WORLD_* are read too); rank 0 serves the unique id on MASTER_ADDR:MASTER_PORT
+ * (ddp_rendezvous, TCP).
+ */
+// ddp_rank_batch: the per-rank batch of global batch B (Ultralytics splits batch= over the ranks)
+static int ddp_rank_batch(int B) {
+    if (B % ddp.world)
+        die("batch=%d does not split evenly over %d GPUs: give a multiple of %d (batch= is the global batch, as in Ultralytics)",
+            B, ddp.world, ddp.world);
+    return B / ddp.world;
+}
+
+// ddp_epoch_report: the epoch's communication time not hidden by compute (the gradient all-reduce
+// runs after backward, so all of its wait counts)
+static void ddp_epoch_report(Trainer *t) {
+    (void)t;
+    printf("%22s all-reduce: %.2f s of this epoch waiting on gradient communication (not hidden by compute)\n", "", ddp.comm_s);
+    ddp.comm_s = 0;
+}
+
+// ddp_env: a launcher's variable: torchrun's name, else Slurm's, else OpenMPI's; -1 when none is set
+static int ddp_env(const char *torch, const char *slurm, const char *ompi) {
+    const char *v = getenv(torch);
+    if (!v || !*v) v = getenv(slurm);
+    if (!v || !*v) v = getenv(ompi);
+    return v && *v ? atoi(v) : -1;
+}
+
+#ifdef YOLO_NCCL
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netdb.h>
+#include <poll.h>
+
+#define NCCL_CHECK(x) do { ncclResult_t r_ = (x); if (r_ != ncclSuccess) \
+    die("rank %d: %s: %s (NCCL_DEBUG=WARN says more)", ddp.rank, #x, ncclGetErrorString(r_)); } while (0)
+#define DDP_BUCKET_FLOATS ((size_t)25 << 18)   // 25 MiB of FP32 gradients per all-reduce (DDP's bucket_cap_mb)
+
+// ddp_fatal: a collective failed or timed out: abort the communicator, say so, stop this rank
+static void ddp_fatal(const char *what, const char *why) {
+    fprintf(stderr, "rank %d of %d: %s: %s; another rank died or hung. Stopping this rank; the last checkpoint "
+                    "(weights/last.ckpt) is intact: resume=1 continues from it\n", ddp.rank, ddp.world, what, why);
+    if (ddp.comm) ncclCommAbort(ddp.comm);
+    ddp.comm = NULL;
+    exit(1);
+}
+
+// ddp_wait: the watchdog: until the stream's work (the collectives on it) is done, checking
+// NCCL's asynchronous error; past ddp.timeout seconds the communicator is aborted
+static void ddp_wait(void *stream, const char *what) {
+    double t0 = now_sec();
+    for (;;) {
+        ncclResult_t ae;
+        NCCL_CHECK(ncclCommGetAsyncError(ddp.comm, &ae));
+        if (ae != ncclSuccess) ddp_fatal(what, ncclGetErrorString(ae));
+        cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) GPU_CHECK(e);
+        if (now_sec() - t0 > ddp.timeout) {
+            char why[96];
+            snprintf(why, sizeof why, "not done after %.0f s (YOLO_DDP_TIMEOUT)", ddp.timeout);
+            ddp_fatal(what, why);
+        }
+        usleep(200);
+    }
+    ncclResult_t ae;   // the emulation (and a collective that failed fast) reports on completion
+    NCCL_CHECK(ncclCommGetAsyncError(ddp.comm, &ae));
+    if (ae != ncclSuccess) ddp_fatal(what, ncclGetErrorString(ae));
+}
+
+// ddp_agree: v of every rank combined (op ncclMax or ncclSum; root >= 0: rank root's value instead)
+static int ddp_agree(int v, int op, int root, void *stream) {
+    GPU_CHECK(cudaMemcpy(ddp.ctl, &v, sizeof v, cudaMemcpyHostToDevice));
+    if (root >= 0) NCCL_CHECK(ncclBroadcast(ddp.ctl, ddp.ctl, 1, ncclInt32, root, ddp.comm, (cudaStream_t)stream));
+    else NCCL_CHECK(ncclAllReduce(ddp.ctl, ddp.ctl, 1, ncclInt32, (ncclRedOp_t)op, ddp.comm, (cudaStream_t)stream));
+    ddp_wait(stream, root >= 0 ? "ncclBroadcast (rank 0's decision)" : "ncclAllReduce (a flag)");
+    GPU_CHECK(cudaMemcpy(&v, ddp.ctl, sizeof v, cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// ddp_comm_open: the communicator on this rank's device, before the arena: its memory (and that of
+// a warm-up all-reduce, with NCCL connecting at init) is measured with cudaMemGetInfo, so the plan's
+// one cudaMalloc comes after everything NCCL takes
+static void ddp_comm_open(ncclUniqueId id) {
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+    GPU_CHECK(cudaSetDevice(ddp.dev));
+    size_t fr0, fr1, total;
+    GPU_CHECK(cudaMemGetInfo(&fr0, &total));
+    NCCL_CHECK(ncclCommInitRank(&ddp.comm, ddp.world, id, ddp.rank));
+    GPU_CHECK(cudaMalloc((void **)&ddp.ctl, 16 * sizeof(int)));
+    if (ddp_agree(1, ncclSum, -1, NULL) != ddp.world) die("rank %d: the warm-up all-reduce did not count %d ranks", ddp.rank, ddp.world);
+    GPU_CHECK(cudaMemGetInfo(&fr1, &total));
+    ddp.comm_bytes = fr0 > fr1 ? fr0 - fr1 : 0;
+    printf("NCCL: rank %d of %d on device %d; the communicator took %.1f MiB of device memory (measured before the arena)\n",
+           ddp.rank, ddp.world, ddp.dev, ddp.comm_bytes / 1048576.0);
+}
+
+// ---- the data-parallel trainer backend: the device's, plus the collectives ----
+static void ddp_trainer_open(Trainer *t, int train) { gpu_trainer_open(t, train); }
+// ddp_trainer_step: the device step; a non-finite loss on any rank skips the step on every rank;
+// then rank 0's BN running statistics to every rank
+static LossOut ddp_trainer_step(Trainer *t, const Batch *bt, int *bad) {
+    LossOut lo = gpu_trainer_step(t, bt, bad);
+    if (ddp_agree(*bad, ncclMax, -1, t->gpu->stream) && !*bad) {
+        gpu_bn_restore(t->gpu);
+        gpu_zero_grad(t->gpu);
+        *bad = 1;
+    }
+    Gpu *g = t->gpu;
+    NCCL_CHECK(ncclBroadcast(g->buffers, g->buffers, t->m.nbuffers, ncclFloat32, 0, ddp.comm, (cudaStream_t)g->stream));
+    ddp_wait(g->stream, "ncclBroadcast (BN running statistics)");
+    return lo;
+}
+// ddp_allreduce_grads: g's gradients (nparams, at the loss scale, the same on every rank) summed
+// over the ranks in place, in 25 MiB buckets (one NCCL group); the wait is the epoch line's comm time
+static void ddp_allreduce_grads(Gpu *g) {
+    size_t np = g->m->nparams;
+    double t0 = now_sec();
+    NCCL_CHECK(ncclGroupStart());
+    for (size_t off = 0; off < np; off += DDP_BUCKET_FLOATS) {
+        size_t n = np - off < DDP_BUCKET_FLOATS ? np - off : DDP_BUCKET_FLOATS;
+        NCCL_CHECK(ncclAllReduce(g->grads + off, g->grads + off, n, ncclFloat32, ncclSum, ddp.comm, (cudaStream_t)g->stream));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    ddp_wait(g->stream, "ncclAllReduce (gradients)");
+    ddp.comm_s += now_sec() - t0;
+}
+// ddp_trainer_optimize: the summed gradients, then the device's optimizer step, identical on every rank
+static int ddp_trainer_optimize(Trainer *t) {
+    ddp_allreduce_grads(t->gpu);
+    return gpu_trainer_optimize(t);
+}
+static void ddp_trainer_close(Trainer *t, int train) {
+    gpu_trainer_close(t, train);
+    if (ddp.comm) {
+        GPU_CHECK(cudaFree(ddp.ctl));
+        ncclCommDestroy(ddp.comm);
+        ddp.comm = NULL;
+    }
+}
+static const TrainerOps ddp_trainer_ops = {
+    "device", ddp_trainer_open, ddp_trainer_step, ddp_trainer_optimize, gpu_trainer_eval, gpu_trainer_eval_done,
+    gpu_trainer_use_ema, gpu_trainer_sync, gpu_trainer_mem_mib, gpu_trainer_arena, ddp_trainer_close,
+};
+
+// ddp_min: the smallest of every rank's v
+static int ddp_min(int v) { return -ddp_agree(-v, ncclMax, -1, NULL); }
+
+// ddp_agree_stop: rank 0's verdict at the end of an epoch (after its validation and checkpoint)
+static int ddp_agree_stop(Trainer *t, int epoch, int stop) {
+    stop = ddp_agree(stop, 0, 0, t->gpu->stream);
+    t->epoch = epoch + 1;
+    return stop;
+}
+
+// ddp_rendezvous: the unique id and the run folder (rank 0's run_dir, so every rank writes to the
+// same one) from rank 0 to every rank over TCP at MASTER_ADDR:MASTER_PORT (rank 0 listens; the
+// others connect, retrying until ddp.timeout); the folder goes to YOLO_RUN_DIR
+static ncclUniqueId ddp_rendezvous(const Config *c) {
+    struct { ncclUniqueId id; char dir[768]; } msg;
+    memset(&msg, 0, sizeof msg);
+    const char *host = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+    if (!host || !*host || !port || !*port)
+        die("rank %d of %d: MASTER_ADDR and MASTER_PORT must be set: rank 0 hands the NCCL id to the others there "
+            "(torchrun sets them; with srun or mpirun export them, e.g. MASTER_ADDR=<first node> MASTER_PORT=29500)",
+            ddp.rank, ddp.world);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = ddp.rank == 0 ? AI_PASSIVE : 0}, *ai;
+    int e = getaddrinfo(ddp.rank == 0 ? NULL : host, port, &hints, &ai);
+    if (e) die("rank %d: MASTER_ADDR=%s MASTER_PORT=%s: %s", ddp.rank, host, port, gai_strerror(e));
+    double t0 = now_sec();
+    if (ddp.rank == 0) {
+        NCCL_CHECK(ncclGetUniqueId(&msg.id));
+        run_dir(msg.dir, sizeof msg.dir, c, "train");
+        int s = socket(ai->ai_family, SOCK_STREAM, 0), one = 1;
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (s < 0 || bind(s, ai->ai_addr, ai->ai_addrlen) || listen(s, ddp.world))
+            die("rank 0: cannot listen on port %s for the other ranks: %s", port, strerror(errno));
+        for (int served = 1; served < ddp.world;) {
+            struct pollfd pf = {.fd = s, .events = POLLIN};
+            if (now_sec() - t0 > ddp.timeout) die("rank 0: only %d of %d ranks came to port %s in %.0f s", served, ddp.world, port, ddp.timeout);
+            if (poll(&pf, 1, 1000) <= 0) continue;
+            int k = accept(s, NULL, NULL);
+            if (k < 0) continue;
+            if (write(k, &msg, sizeof msg) == (ssize_t)sizeof msg) served++;
+            close(k);
+        }
+        close(s);
+    } else {
+        for (;;) {
+            int s = socket(ai->ai_family, SOCK_STREAM, 0);
+            size_t got = 0;
+            if (s >= 0 && !connect(s, ai->ai_addr, ai->ai_addrlen))
+                for (ssize_t k; got < sizeof msg && (k = read(s, (char *)&msg + got, sizeof msg - got)) > 0;) got += (size_t)k;
+            if (s >= 0) close(s);
+            if (got == sizeof msg) break;
+            if (now_sec() - t0 > ddp.timeout) die("rank %d: no NCCL id from rank 0 at %s:%s in %.0f s", ddp.rank, host, port, ddp.timeout);
+            usleep(200000);
+        }
+    }
+    freeaddrinfo(ai);
+    msg.dir[sizeof msg.dir - 1] = 0;
+    setenv("YOLO_RUN_DIR", msg.dir, 1);
+    return msg.id;
+}
+
+// ddp_spawn: the launcher of device=0,1,...: the run folder and the unique id, one worker per
+// device, then waits; the first rank that fails is named, and the rest get ddp.timeout + 30 s to
+// stop on their own (they see the failure in their next collective) before they are killed
+static int ddp_spawn(Config *c, int argc, char **argv) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) n = 0, (void)cudaGetLastError();
+    for (int i = 0; i < ddp.ndev; i++)
+        if (ddp.devs[i] >= n)
+            die("device=%s: there is no device %d (%d CUDA device(s) present%s%s)", c->device, ddp.devs[i], n,
+                e == cudaSuccess ? "" : ": ", e == cudaSuccess ? "" : cudaGetErrorString(e));
+    ddp.world = ddp.ndev;
+    if (!c->batch_auto) ddp_rank_batch(c->batch);   // refuse an uneven split here, once
+    char dir[768], hex[2 * NCCL_UNIQUE_ID_BYTES + 1], num[3][16];
+    run_dir(dir, sizeof dir, c, "train");
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)id.internal[i]);
+    if (c->batch_auto) printf("DDP: %d processes, one per device (%s), AutoBatch on each card, the smallest card's batch on every one; run folder %s\n",
+                              ddp.ndev, c->device, dir);
+    else printf("DDP: %d processes, one per device (%s), batch %d per device; run folder %s\n", ddp.ndev, c->device,
+                c->batch / ddp.ndev, dir);
+    fflush(stdout);
+    pid_t pid[64];
+    (void)argc;
+    for (int r = 0; r < ddp.ndev; r++) {
+        pid[r] = fork();
+        if (pid[r] < 0) die("DDP: cannot start rank %d: %s", r, strerror(errno));
+        if (pid[r] == 0) {
+            snprintf(num[0], 16, "%d", r), snprintf(num[1], 16, "%d", ddp.ndev);
+            setenv("RANK", num[0], 1), setenv("LOCAL_RANK", num[0], 1), setenv("WORLD_SIZE", num[1], 1);
+            setenv("YOLO_NCCL_ID", hex, 1), setenv("YOLO_RUN_DIR", dir, 1);
+            if (r > 0 && !freopen("/dev/null", "w", stdout)) _exit(127);   // rank 0 speaks for the run; errors still reach stderr
+            execv("/proc/self/exe", argv);   // the same command line: `yolo train ... device=0,1`
+            fprintf(stderr, "DDP: cannot start rank %d (/proc/self/exe): %s\n", r, strerror(errno));
+            _exit(127);
+        }
+    }
+    int left = ddp.ndev, rc = 0;
+    double deadline = 0;
+    while (left > 0) {
+        int st;
+        pid_t w = waitpid(-1, &st, deadline > 0 ? WNOHANG : 0);
+        if (w == 0) {
+            if (now_sec() > deadline) {
+                for (int r = 0; r < ddp.ndev; r++)
+                    if (pid[r] > 0) fprintf(stderr, "DDP: rank %d has not stopped; killing it\n", r), kill(pid[r], SIGKILL);
+                deadline = now_sec() + 1e9;
+            }
+            usleep(100000);
+            continue;
+        }
+        if (w < 0) { if (errno == EINTR) continue; break; }
+        int r = 0;
+        while (r < ddp.ndev && pid[r] != w) r++;
+        if (r == ddp.ndev) continue;
+        pid[r] = -1;
+        left--;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+        if (!rc) {
+            if (WIFSIGNALED(st)) fprintf(stderr, "DDP: rank %d (device %d) was killed by signal %d (%s)", r, ddp.devs[r], WTERMSIG(st), strsignal(WTERMSIG(st)));
+            else fprintf(stderr, "DDP: rank %d (device %d) exited with status %d", r, ddp.devs[r], WEXITSTATUS(st));
+            fprintf(stderr, "; the other ranks stop at their next collective (at most %.0f s, YOLO_DDP_TIMEOUT). "
+                            "The last checkpoint %s/weights/last.ckpt is intact; resume=1 name=... continues it\n", ddp.timeout, dir);
+            deadline = now_sec() + ddp.timeout + 30;
+        }
+        rc = 1;
+    }
+    return rc;
+}
+#else
+static int ddp_agree_stop(Trainer *t, int epoch, int stop) { (void)t, (void)epoch; return stop; }
+static int ddp_min(int v) { return v; }
+#endif // YOLO_NCCL
+
+// ddp_launch: decides this process's part. Returns -1 to train here (a single process, or a
+// worker of a data-parallel run, ddp set and the communicator open), else the launcher's exit code.
+static int ddp_launch(Config *c, int argc, char **argv) {
+    const char *to = getenv("YOLO_DDP_TIMEOUT");
+    if (to && *to && (ddp.timeout = atof(to)) <= 0) die("YOLO_DDP_TIMEOUT=%s: expected seconds > 0", to);
+    if (strchr(c->device, ',')) ddp.ndev = device_list(c->device, ddp.devs, 64);
+    int world = ddp_env("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE");
+    if (ddp.ndev <= 1 && world <= 1) return -1;
+#if !defined(YOLO_CUDA)
+    (void)argc, (void)argv;
+    die("device=%s: this yolo was built without CUDA (make found no nvcc), so it cannot train on several GPUs", c->device);
+#elif !defined(YOLO_NCCL)
+    (void)argc, (void)argv;
+    die("device=%s: this yolo was built without NCCL, so it cannot train on several GPUs (make links libnccl when it finds "
+        "nccl.h and libnccl: the CUDA toolkit's, or Debian's libnccl-dev)", c->device);
+#else
+    if (world <= 1) return ddp_spawn(c, argc, argv);
+    ddp.world = world;
+    ddp.rank = ddp_env("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK");
+    ddp.local_rank = ddp_env("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK");
+    if (ddp.rank < 0 || ddp.rank >= world) die("WORLD_SIZE=%d but RANK is %d: every worker needs its RANK (0..%d)", world, ddp.rank, world - 1);
+    if (ddp.local_rank < 0) ddp.local_rank = ddp.rank;
+    if (ddp.ndev > 0 && ddp.local_rank >= ddp.ndev)
+        die("rank %d: LOCAL_RANK=%d but device=%s lists %d devices", ddp.rank, ddp.local_rank, c->device, ddp.ndev);
+    ddp.dev = ddp.ndev > 0 ? ddp.devs[ddp.local_rank] : ddp.local_rank;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || ddp.dev >= n)
+        die("rank %d: device %d does not exist (%d CUDA device(s) on this machine)", ddp.rank, ddp.dev, n);
+    if (!strchr(c->device, ',')) snprintf(c->device, sizeof c->device, "%d,", ddp.dev);   // gpu_select: this worker's device
+    ncclUniqueId id;
+    const char *hex = getenv("YOLO_NCCL_ID");
+    if (hex && strlen(hex) == 2 * NCCL_UNIQUE_ID_BYTES) {   // started by ddp_spawn
+        for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+            unsigned v;
+            sscanf(hex + 2 * i, "%2x", &v);
+            id.internal[i] = (char)v;
+        }
+    } else id = ddp_rendezvous(c);
+    ddp_comm_open(id);
+    return -1;
+#endif
+}
+
 // trainer_ops: the backend of device dev (-1: the CPU); the one place the trainer dispatches on it
 static const TrainerOps *trainer_ops(int dev) {
+#ifdef YOLO_NCCL
+    if (dev >= 0 && ddp.world > 1) return &ddp_trainer_ops;
+#endif
 #ifdef YOLO_CUDA
     if (dev >= 0) return &gpu_trainer_ops;
 #endif
@@ -9449,20 +9855,23 @@ static const TrainerOps *trainer_ops(int dev) {
 // resume/exist_ok) and the two loaders (validation batches 2 x B)
 static void trainer_open_data(Trainer *t) {
     const Config *cfg = &t->cfg;
-    run_dir(t->dir, sizeof t->dir, cfg, "train");
+    const char *given = getenv("YOLO_RUN_DIR");   // data parallel: the folder the launcher chose for every rank
+    if (ddp.world > 1 && given && *given) snprintf(t->dir, sizeof t->dir, "%s", given);
+    else run_dir(t->dir, sizeof t->dir, cfg, "train");
     char wdir[800];
     snprintf(wdir, sizeof wdir, "%s/weights", t->dir);
     mkdir_p(wdir);
 
     if (dataset_load(&t->data, 0, &t->train_ds)) die("train: no usable training images in %s", cfg->data);
     if (dataset_load(&t->data, 1, &t->val_ds)) die("train: no usable validation images in %s", cfg->data);
-    plot_labels(t->dir, &t->train_ds, &t->data);
+    if (ddp.rank == 0) plot_labels(t->dir, &t->train_ds, &t->data);
     int cache = !strcmp(cfg->cache, "ram");
     LoaderConfig lc = {.batch = t->B, .imgsz = t->S, .workers = cfg->workers, .max_boxes = cfg->max_boxes, .train = 1,
-                       .cache_ram = cache, .seed = cfg->seed, .aug = cfg->aug};
+                       .cache_ram = cache, .seed = cfg->seed, .aug = cfg->aug, .rank = ddp.rank, .world = ddp.world};
     t->train_ld = loader_open(&t->train_ds, &lc);
     LoaderConfig vc = lc;
     vc.train = 0;
+    vc.rank = 0, vc.world = 1;   // validation: rank 0 alone
     vc.batch = t->vB = 2 * t->B;
     t->val_ld = loader_open(&t->val_ds, &vc);
     t->nb = loader_batches(t->train_ld);
@@ -9471,14 +9880,14 @@ static void trainer_open_data(Trainer *t) {
 // trainer_open_optim: the optimizer (trainer.build_optimizer), decay scaling, accumulation, loss gains
 static void trainer_open_optim(Trainer *t) {
     const Config *cfg = &t->cfg;
-    int nc = t->data.nc;
+    int nc = t->data.nc, B = t->B * ddp.world;   // the global batch (data parallel: every rank's)
     // rint: Python's round
-    t->accumulate = cfg->accumulate ? cfg->accumulate : (int)fmax(rint((double)cfg->nbs / t->B), 1);
-    t->wd = cfg->weight_decay * t->B * t->accumulate / cfg->nbs;
+    t->accumulate = cfg->accumulate ? cfg->accumulate : (int)fmax(rint((double)cfg->nbs / B), 1);
+    t->wd = cfg->weight_decay * B * t->accumulate / cfg->nbs;
     double lr = cfg->lr0, mom = cfg->momentum, wbias = cfg->warmup_bias_lr;
     int kind = OPT_SGD;
     if (!strcmp(cfg->optimizer, "auto")) {
-        long iters = (long)ceil((double)t->train_ds.n / fmax(t->B, cfg->nbs)) * cfg->epochs;
+        long iters = (long)ceil((double)t->train_ds.n / fmax(B, cfg->nbs)) * cfg->epochs;
         if (iters > 10000) lr = 0.01, mom = 0.9, kind = OPT_SGD;
         else lr = round(0.002 * 5 / (4 + nc) * 1e6) / 1e6, mom = 0.9, kind = OPT_ADAMW;
         wbias = 0;
@@ -9504,7 +9913,7 @@ static void trainer_open_memory(Trainer *t) {
     const Loader *vl = t->val_ld;
     size_t xfloats = (size_t)t->B * 3 * t->S * t->S;
     for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
-    t->B_last = t->train_ds.n % t->B;
+    t->B_last = t->train_ld->npos % t->B;   // this rank's share of the epoch
     t->vB_last = t->val_ds.n % t->vB;
     if (t->dev >= 0) xfloats = 1;   // the host keeps the master copies for checkpoints; no activations
     Plan p = t->dev >= 0 ? trainer_plan_layout(t, 0, NULL, xfloats, 1, 0)
@@ -9576,7 +9985,7 @@ static int trainer_lr(Trainer *t, long ni, int nw, double lf) {
     for (int g = 0; g < PG_N; g++)
         t->opt.lr[g] = interp((double)ni, 0, nw, g == PG_BIAS ? t->cfg.warmup_bias_lr : 0.0, t->initial_lr * lf);
     if (t->opt.kind == OPT_SGD) t->opt.momentum = interp((double)ni, 0, nw, cfg->warmup_momentum, cfg->momentum);
-    return (int)fmax(1, rint(interp((double)ni, 0, nw, 1, (double)cfg->nbs / t->B)));
+    return (int)fmax(1, rint(interp((double)ni, 0, nw, 1, (double)cfg->nbs / (t->B * ddp.world))));
 }
 
 // train_epoch: one pass over the training set: a step per batch, an optimizer step every
@@ -9594,7 +10003,7 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
     const Batch *bt;
     while ((bt = loader_next(t->train_ld))) {
         long ni = (long)nbatch + (long)t->nb * epoch;
-        plot_train_batch(t->dir, ni, bt, &t->data, &t->train_ds);
+        if (ddp.rank == 0) plot_train_batch(t->dir, ni, bt, &t->data, &t->train_ds);
         int accumulate = trainer_lr(t, ni, nw, lf), bad;
         LossOut lo = t->ops->step(t, bt, &bad);
         if (bad) {
@@ -9687,34 +10096,42 @@ static int train_run(Config cfg) {
     t->S = cfg.imgsz;
     t->dev = gpu_select(cfg.device);
     t->ops = trainer_ops(t->dev);
-    if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
+    if (cfg.batch_auto && ddp.world > 1)   // AutoBatch per card (NCCL's memory already taken); the smallest card's, on every rank
+        t->cfg.batch = cfg.batch = ddp.world * ddp_min(trainer_auto_batch(&cfg, t->dev, scale, nc));
+    else if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
+    if (ddp.world > 1) t->B = ddp_rank_batch(cfg.batch);
     trainer_open_data(t);
     trainer_open_optim(t);
     trainer_open_memory(t);
-    trainer_write_args(t, &cfg);   // the settings as given (warmup_bias_lr before optimizer=auto)
+    if (ddp.rank == 0) trainer_write_args(t, &cfg);   // the settings as given (warmup_bias_lr before optimizer=auto)
     char csv[1024];
     snprintf(csv, sizeof csv, "%s/results.csv", t->dir);
-    if (!cfg.resume) {
+    if (!cfg.resume && ddp.rank == 0) {
         FILE *f = xfopen(csv, "w");
         fprintf(f, "epoch,time,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision(B),metrics/recall(B),"
                    "metrics/mAP50(B),metrics/mAP50-95(B),val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2\n");
         fclose(f);
     }
     printf("training yolov8%c nc=%d on %d images (%d val), batch %d, imgsz %d, accumulate %d, weight_decay %g, %d epochs -> %s\n",
-           scale, nc, t->train_ds.n, t->val_ds.n, t->B, t->S, t->accumulate, t->wd, cfg.epochs, t->dir);
+           scale, nc, t->train_ds.n, t->val_ds.n, t->B * ddp.world, t->S, t->accumulate, t->wd, cfg.epochs, t->dir);
+    if (ddp.world > 1)
+        printf("data parallel: %d ranks, batch %d per rank, %d images per rank per epoch (%d batches)\n", ddp.world, t->B,
+               t->train_ld->npos, t->nb);
     tty_out = isatty(1);
     int nw = cfg.warmup_epochs > 0 ? (int)fmax(rint(cfg.warmup_epochs * t->nb), 100) : -1;
     double t_start = now_sec();
     double (*rows)[11] = xcalloc((size_t)cfg.epochs, sizeof *rows);
-    int nrows = cfg.resume ? results_reload(csv, t->epoch, rows, cfg.epochs) : 0, stop = 0;
+    int nrows = cfg.resume && ddp.rank == 0 ? results_reload(csv, t->epoch, rows, cfg.epochs) : 0, stop = 0;
     if (!cfg.resume) model_zero_grad(&t->m);   // once: batches after an epoch's last step carry into the next epoch's
     for (int epoch = t->epoch; epoch < cfg.epochs && !stop; epoch++) {
         double tl[3] = {0, 0, 0};
         int ngood;
         stop = train_epoch(t, epoch, nw, tl, &ngood);
-        if (!stop) stop = train_epoch_end(t, epoch, tl, ngood, rows, &nrows, csv, t_start);
+        if (ddp.world > 1) ddp_epoch_report(t);
+        if (!stop && ddp.rank == 0) stop = train_epoch_end(t, epoch, tl, ngood, rows, &nrows, csv, t_start);
+        if (ddp.world > 1) stop = ddp_agree_stop(t, epoch, stop);   // the others wait here for rank 0's validation
     }
-    eval_plots_save(&t->ev, t->dir, t->data.names);   // the last validation's confusion matrix and curves
+    if (ddp.rank == 0) eval_plots_save(&t->ev, t->dir, t->data.names);   // the last validation's confusion matrix and curves
     double total = now_sec() - t_start;
     const Arena *ar = t->ops->arena(t);
     printf("%d epochs completed in %.1f s (%.3f hours); best fitness (mAP50-95) %.4f at epoch %d; %d steps skipped for "
@@ -10073,8 +10490,24 @@ static void plan_table(const char *title, const Plan *tr, const Plan *va) {
 }
 
 // cmd_plan: `yolo plan model= nc= batch= imgsz= [max_boxes= optimizer= recompute= amp= gpu_mem=]`
+// plan_ddp_batch: yolo plan device=0,1,...: *B (the global batch; with per_gpu, already the one
+// GPU's, from gpu_mem= of the smallest card) becomes the per-GPU batch the plan below is for
+static void plan_ddp_batch(const char *device, int *B, int per_gpu) {
+    int devs[64], n = strchr(device, ',') ? device_list(device, devs, 64) : 1;
+    if (n < 2) return;
+    if (per_gpu) {
+        printf("data parallel over %d GPUs: batch %d per GPU (gpu_mem= of the smallest card), global batch=%d\n", n, *B, *B * n);
+    } else {
+        if (*B % n) die("batch=%d does not split evenly over %d GPUs: give a multiple of %d (batch= is the global batch)", *B, n, n);
+        printf("data parallel over %d GPUs: global batch %d = %d per GPU; the plan below is each GPU's\n", n, *B, *B / n);
+        *B /= n;
+    }
+    printf("each GPU also holds NCCL's communicator and buffers: yolo train measures them at start (cudaMemGetInfo "
+           "around the communicator's setup) and prints them before the arena's one cudaMalloc\n");
+}
+
 static int cmd_plan(int argc, char **argv) {
-    static const char *keys[] = {"model", "nc", "imgsz", "batch", "max_boxes", "optimizer", "recompute", "amp", "gpu_mem", NULL};
+    static const char *keys[] = {"model", "nc", "imgsz", "batch", "max_boxes", "optimizer", "recompute", "amp", "gpu_mem", "device", NULL};
     arg_check(argc, argv, keys);
     const char *name = arg_get(argc, argv, "model", "yolov8n");
     const Scale *sc = scale_find(name);
@@ -10108,6 +10541,7 @@ static int cmd_plan(int argc, char **argv) {
         o.B = (int)bf;
         if (o.B != bf) die("batch=%g: expected a whole number, -1 or a fraction below 1", bf);
     }
+    plan_ddp_batch(arg_get(argc, argv, "device", ""), &o.B, bf < 1);
     Model *m = xmalloc(sizeof(Model));
     model_build(m, o.scale, o.nc);
     printf("YOLOv8%c nc=%d batch=%d imgsz=%d max_boxes=%d %s recompute=%d: %zu parameters\n", o.scale, o.nc, o.B, o.S, o.max_boxes,
@@ -10245,7 +10679,8 @@ static int export_safetensors(const char *model, const char *out) {
 static int cmd_train(int argc, char **argv) {
     Config c = config_from_args(argc, argv);
     if (c.resume && !c.name[0]) die("resume=1 needs name= (the run to resume, in %s/)", c.project);
-    return train_run(c);
+    int rc = ddp_launch(&c, argc, argv);   // device=0,1,...: this process starts the workers and waits
+    return rc >= 0 ? rc : train_run(c);
 }
 
 

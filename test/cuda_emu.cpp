@@ -601,6 +601,8 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
 }
 cudaError_t cudaDeviceSynchronize(void) { drain(); return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { drain(); return cudaSuccess; }
+// cudaStreamQuery: the queue runs to its end here (the emulation has no work in flight to report)
+cudaError_t cudaStreamQuery(cudaStream_t) { drain(); return cudaSuccess; }
 cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = (cudaStream_t)malloc(16); return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int) { return cudaStreamCreate(s); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { drain(); free(s); return cudaSuccess; }
@@ -616,9 +618,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t) { drain(); return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)((*(double *)b - *(double *)a) * 1e3); return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { cudaError_t e = last_err; last_err = cudaSuccess; return e; }
 cudaError_t cudaPeekAtLastError(void) { return last_err; }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
-cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
-cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+// EMU_DEVICES=N (default 1): how many devices the process sees. Each process emulates the one it set;
+// memory is per process, as each GPU's is (a data-parallel run has one process per device).
+static int emu_devices() { int n = env_int("EMU_DEVICES", 1); return n < 1 ? 1 : n; }
+static int emu_device;
+cudaError_t cudaSetDevice(int d) { if (d < 0 || d >= emu_devices()) return ret(cudaErrorInvalidDevice); emu_device = d; return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = emu_device; return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *n) { *n = emu_devices(); return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { drain(); return cudaSuccess; }
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) { *fr = EMU_TOTAL - EMU_CONTEXT - emu_in_use; *total = EMU_TOTAL; return cudaSuccess; }
 cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int v) {
@@ -657,6 +663,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
     default: return "unknown error (emulation)";
     }
 }
@@ -669,4 +676,223 @@ const char *cudaGetErrorName(cudaError_t e) {
     default: return "cudaErrorUnknown";
     }
 }
+} // extern "C"
+
+// ------------------------------------------------------------------------------------------
+// NCCL across processes (test/emu_include/nccl.h): one process per rank, a POSIX shared-memory
+// segment per communicator (named by the unique id), a process-shared generation barrier on C++
+// atomics, and reductions in rank order. The segment: a header, then one staging slot per rank.
+// A collective moves its data through the slots in pieces of EMU_NCCL_SLOT bytes: every rank copies
+// its piece into its slot, all meet, every rank reduces slot 0 + slot 1 + ... + slot n-1 into its
+// output, all meet again (so no slot is overwritten while another rank still reads it).
+// ------------------------------------------------------------------------------------------
+#include <atomic>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include "nccl.h"
+
+enum { EMU_NCCL_MAXRANKS = 64 };
+static const size_t EMU_NCCL_SLOT = (size_t)4 << 20;   // staging bytes per rank (a multiple of 8)
+struct NcclShm {
+    std::atomic<int> joined;             // ranks that have mapped the segment
+    std::atomic<int> count;              // arrivals at the current barrier
+    std::atomic<unsigned> gen;           // barrier generation
+    std::atomic<int> aborted;            // 1 + the rank that aborted (or found a dead peer); 0: none
+    std::atomic<int> pid[EMU_NCCL_MAXRANKS];
+};
+static_assert(std::atomic<int>::is_always_lock_free, "process-shared atomics must be lock-free");
+struct ncclComm {
+    NcclShm *h;
+    char *slots;                         // (nranks, EMU_NCCL_SLOT)
+    size_t maplen;
+    int nranks, rank;
+    ncclResult_t async;                  // the asynchronous error (ncclCommGetAsyncError)
+};
+static const size_t EMU_NCCL_HDR = 4096;
+
+static double nccl_now() { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+// pid_alive: the process exists and is not a zombie (a killed child its parent has not reaped yet)
+static bool pid_alive(int pid) {
+    if (pid <= 0 || kill(pid, 0) != 0) return pid <= 0 ? true : false;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+// nccl_fail: the communicator cannot go on: record the asynchronous error, tell the other ranks
+static void nccl_fail(ncclComm *c, const char *why) {
+    if (c->async == ncclSuccess)
+        fprintf(stderr, "emulated NCCL rank %d of %d: %s; the communicator is in error (ncclRemoteError)\n", c->rank, c->nranks, why);
+    c->async = ncclRemoteError;
+    int zero = 0;
+    c->h->aborted.compare_exchange_strong(zero, c->rank + 1);
+}
+// nccl_wait: until pred() holds; false (and the communicator in error) when a peer aborted or died,
+// or EMU_NCCL_TIMEOUT seconds passed
+template <class P> static bool nccl_wait(ncclComm *c, P pred) {
+    double t0 = nccl_now(), last = t0, timeout = env_int("EMU_NCCL_TIMEOUT", 600);
+    long sleep_ns = 20000;
+    while (!pred()) {
+        int ab = c->h->aborted.load();
+        if (ab) {
+            char why[96];
+            snprintf(why, sizeof why, "rank %d aborted the communicator", ab - 1);
+            nccl_fail(c, why);
+            return false;
+        }
+        double now = nccl_now();
+        if (now - last > 0.1) {
+            last = now;
+            for (int r = 0; r < c->nranks; r++)
+                if (r != c->rank && !pid_alive(c->h->pid[r].load())) {
+                    char why[96];
+                    snprintf(why, sizeof why, "peer rank %d (pid %d) is gone", r, c->h->pid[r].load());
+                    nccl_fail(c, why);
+                    return false;
+                }
+        }
+        if (now - t0 > timeout) {
+            char why[96];
+            snprintf(why, sizeof why, "a collective waited %.0f s for its peers (EMU_NCCL_TIMEOUT)", timeout);
+            nccl_fail(c, why);
+            return false;
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, nullptr);
+        if (sleep_ns < 2000000) sleep_ns *= 2;
+    }
+    return true;
+}
+// nccl_barrier: every rank of c arrives before any leaves (generation counter)
+static bool nccl_barrier(ncclComm *c) {
+    if (c->async != ncclSuccess) return false;
+    NcclShm *h = c->h;
+    unsigned g = h->gen.load(std::memory_order_acquire);
+    if (h->count.fetch_add(1, std::memory_order_acq_rel) + 1 == c->nranks) {
+        h->count.store(0, std::memory_order_relaxed);
+        h->gen.fetch_add(1, std::memory_order_acq_rel);
+        return true;
+    }
+    return nccl_wait(c, [&]() { return h->gen.load(std::memory_order_acquire) != g; });
+}
+static size_t nccl_esize(ncclDataType_t t) { return t == ncclFloat32 || t == ncclInt32 ? 4 : 0; }
+// nccl_reduce: out (n elements) = slot 0 op slot 1 op ... op slot nranks-1, in that order
+static void nccl_reduce(ncclComm *c, void *out, size_t n, ncclDataType_t t, ncclRedOp_t op) {
+    for (size_t i = 0; i < n; i++) {
+        if (t == ncclFloat32) {
+            float a = ((const float *)c->slots)[i];
+            for (int r = 1; r < c->nranks; r++) {
+                float b = ((const float *)(c->slots + r * EMU_NCCL_SLOT))[i];
+                a = op == ncclSum ? a + b : (b > a ? b : a);
+            }
+            ((float *)out)[i] = a;
+        } else {
+            int a = ((const int *)c->slots)[i];
+            for (int r = 1; r < c->nranks; r++) {
+                int b = ((const int *)(c->slots + r * EMU_NCCL_SLOT))[i];
+                a = op == ncclSum ? a + b : (b > a ? b : a);
+            }
+            ((int *)out)[i] = a;
+        }
+    }
+}
+
+extern "C" {
+ncclResult_t ncclGetVersion(int *v) { *v = NCCL_VERSION_CODE; return ncclSuccess; }
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    static int serial;
+    memset(id, 0, sizeof *id);
+    snprintf(id->internal, sizeof id->internal, "/emu-nccl-%d-%d-%llx", (int)getpid(), serial++, (unsigned long long)(nccl_now() * 1e9));
+    return ncclSuccess;
+}
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    if (nranks < 1 || nranks > EMU_NCCL_MAXRANKS || rank < 0 || rank >= nranks || strncmp(id.internal, "/emu-nccl-", 10))
+        return ncclInvalidArgument;
+    size_t len = EMU_NCCL_HDR + (size_t)nranks * EMU_NCCL_SLOT;
+    int fd = shm_open(id.internal, O_CREAT | O_RDWR, 0600);
+    if (fd < 0) return ncclSystemError;
+    struct stat sb;
+    if (fstat(fd, &sb) || ((size_t)sb.st_size < len && ftruncate(fd, (off_t)len))) { close(fd); return ncclSystemError; }
+    void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return ncclSystemError;
+    ncclComm *c = new ncclComm{(NcclShm *)p, (char *)p + EMU_NCCL_HDR, len, nranks, rank, ncclSuccess};
+    c->h->pid[rank].store((int)getpid());
+    c->h->joined.fetch_add(1);
+    // every rank joins (a rank that never comes times the others out), then the name goes: the
+    // segment lives as long as a rank maps it
+    bool ok = nccl_wait(c, [&]() { return c->h->joined.load() >= nranks; }) && nccl_barrier(c);
+    if (rank == 0) shm_unlink(id.internal);
+    if (!ok) { munmap(p, len); delete c; return ncclRemoteError; }
+    *comm = c;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t c) {
+    if (!c) return ncclInvalidArgument;
+    drain();
+    munmap(c->h, c->maplen);
+    delete c;
+    return ncclSuccess;
+}
+// ncclCommAbort: the peers' collectives fail (their asynchronous error), this rank's communicator goes
+ncclResult_t ncclCommAbort(ncclComm_t c) {
+    if (!c) return ncclInvalidArgument;
+    int zero = 0;
+    c->h->aborted.compare_exchange_strong(zero, c->rank + 1);
+    munmap(c->h, c->maplen);
+    delete c;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) { drain(); *e = c->async; return ncclSuccess; }
+ncclResult_t ncclCommCount(const ncclComm_t c, int *n) { *n = c->nranks; return ncclSuccess; }
+ncclResult_t ncclCommUserRank(const ncclComm_t c, int *r) { *r = c->rank; return ncclSuccess; }
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    default: return "unknown result code (emulation)";
+    }
+}
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                           cudaStream_t) {
+    size_t es = nccl_esize(t);
+    if (!c || !es || (op != ncclSum && op != ncclMax)) return ncclInvalidArgument;
+    { Dev d; check_range(send, count * es, "ncclAllReduce send"); check_range(recv, count * es, "ncclAllReduce recv"); }
+    enqueue([=]() {
+        for (size_t off = 0; off < count * es && c->async == ncclSuccess; off += EMU_NCCL_SLOT) {
+            size_t n = count * es - off < EMU_NCCL_SLOT ? count * es - off : EMU_NCCL_SLOT;
+            memcpy(c->slots + c->rank * EMU_NCCL_SLOT, (const char *)send + off, n);
+            if (!nccl_barrier(c)) return;
+            nccl_reduce(c, (char *)recv + off, n / es, t, op);
+            if (!nccl_barrier(c)) return;
+        }
+    });
+    return ncclSuccess;
+}
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t) {
+    size_t es = nccl_esize(t);
+    if (!c || !es || root < 0 || root >= c->nranks) return ncclInvalidArgument;
+    { Dev d; if (c->rank == root) check_range(send, count * es, "ncclBroadcast send"); check_range(recv, count * es, "ncclBroadcast recv"); }
+    enqueue([=]() {
+        for (size_t off = 0; off < count * es && c->async == ncclSuccess; off += EMU_NCCL_SLOT) {
+            size_t n = count * es - off < EMU_NCCL_SLOT ? count * es - off : EMU_NCCL_SLOT;
+            if (c->rank == root) memcpy(c->slots, (const char *)send + off, n);
+            if (!nccl_barrier(c)) return;
+            memcpy((char *)recv + off, c->slots, n);
+            if (!nccl_barrier(c)) return;
+        }
+    });
+    return ncclSuccess;
+}
+// group calls: the emulation runs each collective at enqueue, in program order, so a group is a no-op
+ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
+ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 } // extern "C"

@@ -27,7 +27,7 @@ EMU_ARCHS    ?= 75 80 86 89 90
 EMU_GENCODE   = $(foreach a,$(EMU_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
 EMU_NVFLAGS   = -std=c++17 -O3 $(EMU_GENCODE) -Werror all-warnings -Xptxas -v,-warn-spills,-Werror
 
-EMU_BINS = $(EMU_DIR)/kernels_test $(EMU_DIR)/emu_selftest $(EMU_DIR)/gpu_step_test $(EMU_DIR)/yolo
+EMU_BINS = $(EMU_DIR)/kernels_test $(EMU_DIR)/emu_selftest $(EMU_DIR)/gpu_step_test $(EMU_DIR)/ddp_step_test $(EMU_DIR)/yolo
 
 emu-bins: $(EMU_BINS)
 
@@ -54,10 +54,16 @@ $(EMU_DIR)/gpu_step_test.o: test/gpu_step_test.c yolo.h test/test.h $(SRC)
 	$(CC) $(EMU_CFLAGS) -I. -c -o $@ $<
 $(EMU_DIR)/gpu_step_test: $(EMU_DIR)/gpu_step_test.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
 	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
-# the CUDA build of ./yolo itself, on the emulated kernels (run_emu.sh trains a tiny dataset with device=0)
-$(EMU_DIR)/yolo.o: yolo.c yolo.h
+# the data-parallel step over the emulated NCCL (processes, shared memory) against the single-process step
+$(EMU_DIR)/ddp_step_test.o: test/ddp_step_test.c yolo.h test/test.h test/yolo_test.h $(SRC) test/emu_include/nccl.h
 	@mkdir -p $(EMU_DIR)
-	$(CC) $(EMU_CFLAGS) -DYOLO_CUDA -c -o $@ yolo.c
+	$(CC) $(EMU_CFLAGS) -I. -c -o $@ $<
+$(EMU_DIR)/ddp_step_test: $(EMU_DIR)/ddp_step_test.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
+	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
+# the CUDA build of ./yolo itself, on the emulated kernels (run_emu.sh trains a tiny dataset with device=0)
+$(EMU_DIR)/yolo.o: yolo.c yolo.h test/emu_include/nccl.h
+	@mkdir -p $(EMU_DIR)
+	$(CC) $(EMU_CFLAGS) -DYOLO_CUDA -DYOLO_NCCL -c -o $@ yolo.c
 $(EMU_DIR)/yolo: $(EMU_DIR)/yolo.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
 	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
 $(EMU_DIR)/emu_selftest: $(EMU_DIR)/emu_selftest.o $(EMU_DIR)/cuda_emu.o
@@ -73,9 +79,17 @@ emu-asan-bins:
 emu-asan: emu-asan-bins
 	ASAN_OPTIONS=detect_leaks=0 EMU_BIN=$(EMU_ASAN_DIR) bash test/run_emu.sh
 
+# cuda-check also builds yolo.c's CUDA path against the toolkit's own headers (cuda_runtime_api.h and
+# NCCL's nccl.h, the data-parallel trainer) and links it with cudart and libnccl (test/bin/gpu/yolo):
+# what the emulated build checks against the emulator's headers, checked against NVIDIA's
 cuda-check:
 	$(EMU_NEED_NVCC)
-	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o /dev/null
+	@mkdir -p test/bin/gpu
+	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o test/bin/gpu/check_kernels.o
+	@test "$(NCCL)" = 1 || { echo "cuda-check: no NCCL found (nccl.h: '$(NCCL_H)', libnccl.so: '$(NCCL_LIB)'): yolo.c's data-parallel path not checked"; exit 1; }
+	$(CC) -std=c11 -O1 -fopenmp -Wall -Wextra -Werror -Wno-error=format-truncation -DYOLO_CUDA -I$(EMU_CUDA)/include -o test/bin/gpu/yolo yolo.c \
+	    test/bin/gpu/check_kernels.o $(NCCL_FLAGS) $(EMU_LDLIBS) -L$(EMU_CUDA)/lib64 -lcudart -lstdc++
+	@echo "cuda-check: test/bin/gpu/yolo built against the real cuda_runtime_api.h and nccl.h, linked with cudart and libnccl"
 
 test-gpu: test/bin/gpu/kernels_test test/bin/gpu/gpu_step_test
 test/bin/gpu/yolo_kernels.o: yolo_kernels.cu yolo.h

@@ -27,7 +27,7 @@ run() {   # run NAME ENV... -- CMD: one test run, in the foreground
     out=$(env "${envs[@]}" EMU_LAUNCH_LOG="$log" "$@" 2>&1); rc=$?
     report "$name" "$rc" "$out"
 }
-if [ ! -x "$bin/kernels_test" ] || [ ! -x "$bin/emu_selftest" ] || [ ! -x "$bin/gpu_step_test" ]; then
+if [ ! -x "$bin/kernels_test" ] || [ ! -x "$bin/emu_selftest" ] || [ ! -x "$bin/gpu_step_test" ] || [ ! -x "$bin/ddp_step_test" ]; then
     echo "FAIL  emulated binaries missing in $bin (make emu-bins)"; echo "0 passed, 1 failed"; exit 1
 fi
 # the device training step (test/gpu_step_test.c, a few minutes in emulation), started in the
@@ -47,7 +47,14 @@ trap 'rm -f "$log" "$log".*' EXIT
 case "$bin" in *asan*) ;; *)
     ( tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
       EMU_LAUNCH_LOG="$log.train" bash test/emu_train.sh "$bin/yolo" "$tmp" >"$log.train.out" 2>&1; echo $? >"$log.train.rc" ) &
-    train_bg=1 ;;
+    train_bg=1
+    # data parallel over the emulated NCCL (processes and shared memory): the 2- and 3-rank step
+    # against the single-process accumulation, then yolo train device=0,1: end to end, a rank
+    # killed, resumed on 1 and 3 ranks (test/emu_ddp.sh; about five minutes on a busy 2-core machine)
+    ( "$bin/ddp_step_test" >"$log.ddp.out" 2>&1; echo $? >"$log.ddp.rc"
+      tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+      bash test/emu_ddp.sh "$bin/yolo" "$tmp" >"$log.ddptrain.out" 2>&1; echo $? >"$log.ddptrain.rc" ) &
+    ddp_bg=1 ;;
 esac
 for order in forward reverse random; do
     run "kernels_test (emulated, $order order, strict)" EMU_ORDER=$order EMU_STRICT=1 -- "$bin/kernels_test"
@@ -64,6 +71,11 @@ done
 if [ -n "${train_bg:-}" ]; then
     report "yolo train device=0 (emulated CUDA build, a 4-image dataset at 32x32: 2 epochs, val, predict, kill and resume)" "$(cat "$log.train.rc" 2>/dev/null || echo 1)" "$(cat "$log.train.out")"
     cat "$log.train" >>"$log" 2>/dev/null
+fi
+
+if [ -n "${ddp_bg:-}" ]; then
+    report "ddp_step_test (emulated NCCL: a 2- and a 3-rank step against the single-process accumulation)" "$(cat "$log.ddp.rc" 2>/dev/null || echo 1)" "$(cat "$log.ddp.out")"
+    report "yolo train device=0,1 (emulated NCCL: end to end, a rank killed, resumed on 1 and 3 ranks)" "$(cat "$log.ddptrain.rc" 2>/dev/null || echo 1)" "$(cat "$log.ddptrain.out")"
 fi
 
 # every __global__ kernel of yolo_kernels.cu must be launched by some test

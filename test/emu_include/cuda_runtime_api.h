@@ -18,6 +18,7 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
+    cudaErrorNotReady = 600,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -64,6 +65,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags);
 cudaError_t cudaEventCreate(cudaEvent_t *e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags);

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# emu_ddp.sh YOLO TMPDIR: data-parallel training with the CUDA build of yolo.c on the emulated kernels and
+# the emulated NCCL (processes and shared memory; test/emu_include/nccl.h), run by test/run_emu.sh.
+# A 4-image synthetic dataset at 32x32, global batch 6 (3 per rank on 2 ranks, 2 on 3, 6 on 1), so the
+# same checkpoint resumes on 1, 2 or 3 GPUs. Checks: the clear errors (a device listed twice, a device
+# past the count, a batch the ranks do not divide); a 2-rank `yolo train device=0,1` end to end (one
+# results.csv, checkpoints, only rank 0 writes); a 2-rank run whose rank 1 is killed (SIGKILL) once
+# epoch 1's checkpoint exists: the run stops within the timeout with a message naming rank 1, and
+# last.ckpt is byte for byte the one that existed at the kill; that run resumed on 1 rank and, from a
+# copy, on 3 ranks, each finishing epoch 2.
+yolo=$1 tmp=$2
+pass=0 fail=0
+ok() { if [ "$1" = 1 ]; then echo "PASS  $2"; pass=$((pass + 1)); else echo "FAIL  $2"; fail=$((fail + 1)); fi; }
+export EMU_DEVICES=3 YOLO_DDP_TIMEOUT=120 EMU_NCCL_TIMEOUT=120
+"$yolo" shapes out="$tmp/data" ntrain=4 nval=1 imgsz=64 seed=3 >/dev/null || { echo "FAIL  yolo shapes"; echo "0 passed, 1 failed"; exit 1; }
+common="data=$tmp/data/data.yaml imgsz=32 batch=6 workers=1 project=$tmp/runs"
+
+err=$("$yolo" train $common epochs=1 device=0,0 name=x 2>&1); rc=$?
+ok $([ $rc != 0 ] && printf '%s\n' "$err" | grep -q 'device 0 is listed twice' && echo 1) "device=0,0 is refused: $(printf '%s\n' "$err" | tail -n 1)"
+err=$("$yolo" train $common epochs=1 device=0,3 name=x 2>&1); rc=$?
+ok $([ $rc != 0 ] && printf '%s\n' "$err" | grep -q 'there is no device 3 (3 CUDA device' && echo 1) "device=0,3 with 3 devices is refused: $(printf '%s\n' "$err" | tail -n 1)"
+err=$("$yolo" train $common epochs=1 device=0,1 batch=5 name=x 2>&1); rc=$?
+ok $([ $rc != 0 ] && printf '%s\n' "$err" | grep -q 'batch=5 does not split evenly over 2 GPUs' && echo 1) "batch=5 over 2 GPUs is refused: $(printf '%s\n' "$err" | tail -n 1)"
+ok $([ ! -e "$tmp/runs/x/weights/last.ckpt" ] && echo 1) "the refused runs trained nothing"
+
+start=$(date +%s)
+out=$(EMU_STRICT=1 "$yolo" train $common epochs=1 device=0,1 name=d 2>&1); rc=$?
+printf '%s\n' "$out" | grep -E '^(DDP|NCCL|data parallel)|all-reduce:|epochs completed' | sed 's/^/  /'
+echo "  ($(( $(date +%s) - start )) s)"
+ok $([ $rc = 0 ] && echo 1) "yolo train device=0,1 (2 ranks) exits 0 (got $rc)"
+ok $(printf '%s\n' "$out" | grep -q '^NCCL: rank 0 of 2 on device 0' && printf '%s\n' "$out" | grep -q '^data parallel: 2 ranks, batch 3 per rank' && echo 1) \
+   "two ranks, batch 6 split 3 + 3, the communicator set up before the arena"
+ok $(printf '%s\n' "$out" | grep -Eq 'all-reduce: [0-9.]+ s of this epoch' && echo 1) "the epoch line reports the communication time"
+ok $([ "$(wc -l <"$tmp/runs/d/results.csv")" = 2 ] && [ "$(find "$tmp/runs" -name results.csv | wc -l)" = 1 ] && echo 1) \
+   "one results.csv (rank 0's), with the epoch's row"
+ok $([ -s "$tmp/runs/d/weights/last.ckpt" ] && [ -s "$tmp/runs/d/weights/best.safetensors" ] && [ "$(ls "$tmp/runs" | grep -v '^x$')" = d ] && echo 1) \
+   "last.ckpt and best.safetensors written, in the one run folder the launcher chose"
+
+# a rank killed: run k, rank 1 gets SIGKILL as soon as epoch 1's checkpoint exists
+( EMU_STRICT=1 exec "$yolo" train $common epochs=2 device=0,1 name=k >"$tmp/k.log" 2>&1 ) & pid=$!
+for _ in $(seq 3000); do [ -f "$tmp/runs/k/weights/last.ckpt" ] && break; sleep 0.1; done
+cp "$tmp/runs/k/weights/last.ckpt" "$tmp/k.ckpt" 2>/dev/null
+r1=
+for c in $(ps -o pid= --ppid $pid); do tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'RANK=1' && r1=$c; done
+[ -n "$r1" ] && kill -9 "$r1"
+t0=$(date +%s); wait $pid; rck=$?; dt=$(( $(date +%s) - t0 ))
+sed 's/^/  /' "$tmp/k.log" | grep -E 'DDP|rank [0-9]' | head -n 4
+ok $([ -n "$r1" ] && [ $rck != 0 ] && [ $dt -le 150 ] && echo 1) "rank 1 killed once epoch 1's checkpoint existed: the run stopped in $dt s (limit YOLO_DDP_TIMEOUT + 30), exit $rck"
+ok $(grep -q 'DDP: rank 1 (device 1) was killed by signal 9' "$tmp/k.log" && echo 1) "the launcher names the rank that died"
+ok $(grep -q 'rank 0 of 2: .*another rank died or hung' "$tmp/k.log" && echo 1) "rank 0 saw the failure in its collective and stopped (ncclCommAbort)"
+ok $(cmp -s "$tmp/k.ckpt" "$tmp/runs/k/weights/last.ckpt" && echo 1) "last.ckpt intact: byte for byte the epoch-1 checkpoint"
+cp -r "$tmp/runs/k" "$tmp/runs/k3"
+out=$(EMU_STRICT=1 "$yolo" train $common epochs=2 device=0 name=k resume=1 2>&1); rc=$?
+ok $([ $rc = 0 ] && printf '%s\n' "$out" | grep -q 'resuming .* from epoch 2' && [ "$(wc -l <"$tmp/runs/k/results.csv")" = 3 ] && echo 1) \
+   "the killed 2-rank run resumed on 1 GPU (device=0) finishes epoch 2 (rc $rc)"
+out=$(EMU_STRICT=1 "$yolo" train $common epochs=2 device=0,1,2 name=k3 resume=1 2>&1); rc=$?
+ok $([ $rc = 0 ] && printf '%s\n' "$out" | grep -q 'resuming .* from epoch 2' && printf '%s\n' "$out" | grep -q 'data parallel: 3 ranks, batch 2 per rank' &&
+     [ "$(wc -l <"$tmp/runs/k3/results.csv")" = 3 ] && echo 1) "the same checkpoint resumed on 3 GPUs (device=0,1,2) finishes epoch 2 (rc $rc)"
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
