@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <cuda_pipeline_primitives.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "yolo.h"
@@ -26,10 +27,14 @@ template <class T> __device__ __forceinline__ T act_from(float v);
 template <> __device__ __forceinline__ float act_from<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half act_from<__half>(float v) { return __float2half(v); }
 // bn_silu_value: SiLU(BN(v)) in FP32: the one formula of bn_silu_forward_*_cuda and the fused conv gathers
-__device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd, float gamma, float beta) {
-    float sc = gamma * invstd, sh = beta - mean * sc;
+// bn_silu_folded: the same with BN folded to sc = gamma*invstd, sh = beta - mean*sc (the same bits)
+__device__ __forceinline__ float bn_silu_folded(float v, float sc, float sh) {
     v = v * sc + sh;
     return v / (1.0f + expf(-v));
+}
+__device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd, float gamma, float beta) {
+    float sc = gamma * invstd;
+    return bn_silu_folded(v, sc, beta - mean * sc);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -271,18 +276,202 @@ __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float 
     if (oh) oh[i] = __float2half(accumulate ? __half2float(oh[i]) + v : v);
 }
 
-template <bool ACT>
+// conv_fwd_kernel: z = w col(x) (+ bias), the forward product with its own main loop (dgrad and wgrad
+// use igemm_block). A block computes a 64x64 tile of (Cout, B*Ho*Wo) as igemm_block does (4 warps,
+// 2x2 WMMA fragments each, FP32 accumulators), but nothing is divided inside the K loop:
+//   - each thread's output pixel (b, oy, ox) is decoded once per block; the 32 taps k = (ci, ky, kx)
+//     of a K step are decoded by 32 threads into a shared table (offset ci*H*W + ky*W + kx, ky, kx,
+//     and for ACT the producer's BN folded to a scale and shift per channel), one K step ahead;
+//   - w rows are contiguous along Kd: AVEC (Kd % 8 == 0, w 16-byte aligned) moves them with 16-byte
+//     cp.async (__pipeline_memcpy_async), zero-filled past the edges;
+//   - BVEC (1x1, stride 1, H*W, the image stride and x all multiples of 8 halves): the col rows are
+//     rows of x, 8 pixels of one image per 16-byte load (cp.async; through registers when ACT
+//     applies BN+SiLU on the way); otherwise every element is gathered through the tap table;
+//   - two shared stages: step s+1 is in flight (cp.async, or gathered into registers) while step s
+//     is multiplied, so each K step ends in a single barrier;
+//   - the epilogue writes 8 consecutive outputs of a row per lane, as 16-byte stores where aligned.
+// Every output is the same sum of the same FP16 products as before (the fragments' K order is
+// unchanged), the ACT element the same bn_silu_value rounding, so results match the twin as before.
+struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared load per gathered element
+template <bool ACT, bool BVEC, bool AVEC>
 __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias,
                                                        float *z, __half *zh) {
-    int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo;
-    int HWo = g.Ho * g.Wo;
-    igemm_block<false>(g.Cout, N, 0, Kd,
-        [=](int m, int k) { return w[(long)m * Kd + k]; },
-        [=](int k, int n) { return conv_col<ACT>(g, x, k, n, a); },
-        [=](int m, int n, float v) {
-            int b = div_fast(n, g.fHWo);
-            conv_store(z, zh, b * g.zs + (long)m * HWo + (n - b * HWo), bias ? v + bias[m] : v, 0);
-        });
+    using namespace nvcuda;
+    __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];   // (stage, 64 rows of Cout, 32 of Kd)
+    __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*Ho*Wo)
+    __shared__ ConvTap tap[2][IG_BK];                           // the taps of a K step
+    __shared__ float2 tbn[2][IG_BK];                            // ACT: BN scale and shift of the tap's channel
+    __shared__ __align__(32) float Cs[4][16][16];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int M = g.Cout, Kd = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HWo;
+    const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
+    const __half hzero = __float2half(0.0f);
+    // the tap table of step s into slot s & 1 (threads 0..31); a tap past Kd gets ky out of every image
+    auto taps = [&](int s) {
+        if (tid < IG_BK) {
+            int k = s * IG_BK + tid, ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK);
+            ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), k < Kd ? ky : 1 << 24, kk - ky * g.K, 0};
+            tap[s & 1][tid] = t;
+            if (ACT) {
+                float sc = 0.0f, sh = 0.0f;
+                if (k < Kd) { sc = a.gamma[ci] * a.invstd[ci]; sh = a.beta[ci] - a.mean[ci] * sc; }
+                tbn[s & 1][tid] = make_float2(sc, sh);
+            }
+        }
+    };
+    // A (w, Cout x Kd row-major): AVEC 2 x 16 bytes per thread by cp.async, else element by element
+    const int ar = tid / 4, ac = (tid % 4) * 8;
+    auto load_a = [&](int s) {
+        int k0 = s * IG_BK;
+        if (AVEC) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int m = row0 + ar + 32 * i, k = k0 + ac;
+                __half *dst = &As[s & 1][ar + 32 * i][ac];
+                if (m < M && k < Kd) __pipeline_memcpy_async(dst, w + (long)m * Kd + k, 16);
+                else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+            }
+        } else {
+            for (int t = tid; t < IG_BM * IG_BK; t += 128) {
+                int r = t / IG_BK, c = t % IG_BK, m = row0 + r, k = k0 + c;
+                As[s & 1][r][c] = (m < M && k < Kd) ? w[(long)m * Kd + k] : hzero;
+            }
+        }
+    };
+    // B, BVEC: thread t moves 8 pixels (columns bc..bc+7) of rows br and br + 16
+    const int br = tid / 8, bc = (tid % 8) * 8;
+    long bvoff = 0;
+    bool bvok = false;
+    // B, gathered: thread t owns column gc and rows gr + 2j, j < 16
+    const int gc = tid % IG_BN, gr = tid / IG_BN;
+    const __half *xb = x;   // x at the (possibly padded) top-left input pixel of the thread's output pixel
+    int giy = 0, gix = 0;
+    {
+        int n = col0 + (BVEC ? bc : gc), b = div_fast(n, g.fHWo), p = n - b * HWo;
+        if (BVEC) { bvok = n < N; bvoff = bvok ? b * g.xs + p : 0; }
+        else {
+            int oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
+            giy = n < N ? oy * g.S - g.pad : -(1 << 26); gix = ox * g.S - g.pad;
+            xb = n < N ? x + b * g.xs + giy * g.W + gix : x;
+        }
+    }
+    union { uint4 u[2]; __half h[16]; } gv;   // gathered (or ACT vector) values of the next step, stored after the mma
+    auto fetch_b = [&](int s) {   // global -> registers (gathered, or ACT vectors), or cp.async (BVEC, no ACT)
+        int k0 = s * IG_BK;
+        if (BVEC) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = br + 16 * i, k = k0 + r;
+                bool ok = bvok && k < Kd;
+                const __half *src = x + bvoff + (long)k * HW;
+                if (!ACT) {
+                    __half *dst = &Bs[s & 1][r][bc];
+                    if (ok) __pipeline_memcpy_async(dst, src, 16);
+                    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                } else {
+                    union { uint4 u; __half h[8]; } in;
+                    in.u = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+                    float2 bn = tbn[s & 1][r];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) gv.h[8 * i + e] = ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int r = gr + 2 * j;
+                ConvTap t = tap[s & 1][r];
+                int iy = giy + t.ky, ix = gix + t.kx;
+                __half v = hzero;
+                if ((unsigned)iy < (unsigned)g.H && (unsigned)ix < (unsigned)g.W) {
+                    v = xb[t.off];
+                    if (ACT) { float2 bn = tbn[s & 1][r]; v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y)); }
+                }
+                gv.h[j] = v;
+            }
+        }
+    };
+    auto store_b = [&](int s) {   // registers -> shared stage s & 1
+        if (BVEC) {
+            if (ACT) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) *(uint4 *)&Bs[s & 1][br + 16 * i][bc] = gv.u[i];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) Bs[s & 1][gr + 2 * j][gc] = gv.h[j];
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    // prologue: the taps of steps 0 and 1, then step 0 in stage 0
+    taps(0);
+    if (nsteps > 1) taps(1);
+    __syncthreads();
+    load_a(0);
+    fetch_b(0);
+    store_b(0);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) { load_a(s + 1); fetch_b(s + 1); }   // stage (s+1)&1 was last read before the previous barrier
+        __pipeline_commit();
+        if (s + 2 < nsteps) taps(s + 2);                 // slot s&1: its last reader, fetch_b(s), is done
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (next) store_b(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each 16x16 fragment
+    const int er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
+            if (m < M && n < N) {
+                float bm = bias ? bias[m] : 0.0f, v[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = bias ? Cs[warp][er][ec + e] + bm : Cs[warp][er][ec + e];
+                int b = div_fast(n, g.fHWo), p = n - b * HWo;
+                long o = b * g.zs + (long)m * HWo + p;
+                if (n + 8 <= N && p + 8 <= HWo && (!z || ((uintptr_t)(z + o) & 15) == 0) && (!zh || ((uintptr_t)(zh + o) & 15) == 0)) {
+                    if (z) { *(float4 *)(z + o) = make_float4(v[0], v[1], v[2], v[3]); *(float4 *)(z + o + 4) = make_float4(v[4], v[5], v[6], v[7]); }
+                    if (zh) {
+                        union { uint4 u; __half2 h[4]; } out;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) out.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+                        *(uint4 *)(zh + o) = out.u;
+                    }
+                } else {
+                    for (int e = 0; e < 8 && n + e < N; e++) {   // the tile's edge or an image boundary
+                        if (p + e == HWo) { b++; p -= HWo; o = b * g.zs + (long)m * HWo + p; }
+                        conv_store(z, zh, o + e, v[e], 0);
+                    }
+                }
+            }
+            __syncwarp();
+        }
 }
 extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
                                   float *z, uint16_t *zh, void *stream) {
@@ -291,8 +480,21 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
     if (N == 0 || g.Cout == 0 || (!z && !zh)) return;
     dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM));
     cudaStream_t s = (cudaStream_t)stream;
-    if (act) conv_fwd_kernel<true><<<grid, 128, 0, s>>>(g, (const __half *)x, *act, (const __half *)w, bias, z, (__half *)zh);
-    else conv_fwd_kernel<false><<<grid, 128, 0, s>>>(g, (const __half *)x, ConvAct(), (const __half *)w, bias, z, (__half *)zh);
+    bool avec = (g.Cin * g.KK) % 8 == 0 && (uintptr_t)w % 16 == 0;   // all but a 3-channel stem
+    bool bvec = g.K == 1 && g.S == 1 && (g.H * g.W) % 8 == 0 && g.xs % 8 == 0 && (uintptr_t)x % 16 == 0;
+    const __half *xh = (const __half *)x, *wh = (const __half *)w;
+    ConvAct a = act ? *act : ConvAct();
+    __half *zo = (__half *)zh;
+    switch ((act ? 4 : 0) | (bvec ? 2 : 0) | (avec ? 1 : 0)) {
+    case 0: conv_fwd_kernel<false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 1: conv_fwd_kernel<false, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 2: conv_fwd_kernel<false, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 3: conv_fwd_kernel<false, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 4: conv_fwd_kernel<true, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 5: conv_fwd_kernel<true, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 6: conv_fwd_kernel<true, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    default: conv_fwd_kernel<true, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    }
     CUDA_CHECK(cudaGetLastError());
 }
 
