@@ -525,19 +525,176 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 // splits that range over grid.z (conv_wgrad_split: kchunk values each) when the tile grid alone would
 // leave the GPU idle; each slice then stores its partial dW into the workspace ws (Cout*N floats per
 // slice) and wgrad_reduce_kernel adds the slices in order (deterministic).
-template <bool ACT>
+// conv_wgrad_kernel: dW[co, n = (ci, ky, kx)] over pixels k = (b, oy, ox), a 64x64 tile of (Cout, Cin*KK)
+// per block, the fragments, K steps and summation order of igemm_block, with the index math out of
+// the K loop as in conv_fwd_kernel: the block's 64 taps (and, for ACT, their channels' BN scale and
+// shift) are decoded once into shared memory; per K step each thread decodes one pixel (b, oy, ox)
+// and gathers 16 taps of it. col(x) is staged transposed (tap-major, pixels contiguous: matrix_b
+// col_major) so that a warp's 32 pixels of one tap land in consecutive shared addresses. Where the
+// pixels are contiguous in memory (AVEC: dz with Ho*Wo and the image stride multiples of 8; BVEC:
+// 1x1 stride-1 x likewise) operands move as 16-byte cp.async (ACT through registers). Two stages,
+// one barrier per K step; the epilogue stores 8 consecutive dW values per lane (16-byte where aligned).
+template <bool ACT, bool AVEC, bool BVEC>
 __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, float *dw,
                                                          float *ws, int accumulate, int kchunk) {
-    int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
-    int kend = min(Kd, kbeg + kchunk);
-    float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
-    igemm_block<true>(g.Cout, N, kbeg, kend,
-        [=](int m, int k) { int b = div_fast(k, g.fHWo); return dz[b * g.zs + (long)m * HWo + (k - b * HWo)]; },
-        [=](int k, int n) { return conv_col<ACT>(g, x, n, k, a); },
-        [=](int m, int n, float v) {
-            if (part) part[(long)m * N + n] = v;
-            else conv_store(dw, nullptr, (long)m * N + n, v, accumulate);
-        });
+    using namespace nvcuda;
+    __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];    // (stage, 64 of Cout, 32 pixels)
+    __shared__ __align__(128) __half Bt[2][IG_BN][IG_BK + 8];    // (stage, 64 taps, 32 pixels): col(x)^T
+    __shared__ ConvTap tap[IG_BN];
+    __shared__ float2 tbn[IG_BN];
+    __shared__ __align__(32) float Cs[4][16][16];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int M = g.Cout, N = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, Kd = g.B * HWo;
+    const int kbeg = blockIdx.z * kchunk, kend = min(Kd, kbeg + kchunk);
+    const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (kend - kbeg + IG_BK - 1) / IG_BK;
+    float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * M * N : nullptr;
+    const __half hzero = __float2half(0.0f);
+    if (tid < IG_BN) {
+        int n = col0 + tid, ci = div_fast(n, g.fKK), kk = n - ci * g.KK, ky = div_fast(kk, g.fK);
+        ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), n < N ? ky : 1 << 24, kk - ky * g.K, 0};
+        tap[tid] = t;
+        if (ACT) {
+            float sc = 0.0f, sh = 0.0f;
+            if (n < N) { sc = a.gamma[ci] * a.invstd[ci]; sh = a.beta[ci] - a.mean[ci] * sc; }
+            tbn[tid] = make_float2(sc, sh);
+        }
+    }
+    __syncthreads();
+    const int pr = tid % IG_BK, pc = tid / IG_BK;        // scalar paths: pixel row pr, rows/taps pc + 4j
+    const int vr = tid / 4, vk = (tid % 4) * 8;           // vector paths: rows/taps vr + 32i, pixels vk..vk+7
+    union { uint4 u[2]; __half h[16]; } bv;               // B of the next step in registers (gather, or BVEC+ACT)
+    union { uint4 u[2]; __half h[16]; } av;               // A of the next step in registers (scalar A)
+    auto fetch = [&](int s) {
+        int k0 = kbeg + s * IG_BK;
+        // the thread's scalar pixel, decoded once per K step
+        int k = k0 + pr, kok = k < kend, b = div_fast(k, g.fHWo), p = k - b * HWo;
+        if (!AVEC) {
+            const __half *src = dz + b * g.zs + p;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int m = row0 + pc + 4 * j;
+                av.h[j] = kok && m < M ? src[(long)m * HWo] : hzero;
+            }
+        }
+        if (!BVEC) {
+            int oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
+            int iy0 = kok ? oy * g.S - g.pad : -(1 << 26), ix0 = ox * g.S - g.pad;
+            const __half *xb = kok ? x + b * g.xs + iy0 * g.W + ix0 : x;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int c = pc + 4 * j;
+                ConvTap t = tap[c];
+                int iy = iy0 + t.ky, ix = ix0 + t.kx;
+                __half v = hzero;
+                if ((unsigned)iy < (unsigned)g.H && (unsigned)ix < (unsigned)g.W) {
+                    v = xb[t.off];
+                    if (ACT) { float2 bn = tbn[c]; v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y)); }
+                }
+                bv.h[j] = v;
+            }
+        }
+        if (AVEC || BVEC) {   // 8 pixels of one image from k0 + vk
+            int k8 = k0 + vk, ok8 = k8 < kend, b8 = div_fast(k8, g.fHWo), p8 = k8 - b8 * HWo;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = vr + 32 * i;
+                if (AVEC) {
+                    int m = row0 + r;
+                    __half *dst = &As[s & 1][r][vk];
+                    if (ok8 && m < M) __pipeline_memcpy_async(dst, dz + b8 * g.zs + (long)m * HWo + p8, 16);
+                    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                }
+                if (BVEC) {   // 1x1 stride 1: tap n is channel n
+                    int n = col0 + r;
+                    bool ok = ok8 && n < N;
+                    const __half *src = x + b8 * g.xs + (long)n * HW + p8;
+                    if (!ACT) {
+                        __half *dst = &Bt[s & 1][r][vk];
+                        if (ok) __pipeline_memcpy_async(dst, src, 16);
+                        else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                    } else {
+                        union { uint4 u; __half h[8]; } in;
+                        in.u = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+                        float2 bn = tbn[r];
+#pragma unroll
+                        for (int e = 0; e < 8; e++) bv.h[8 * i + e] = ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
+                    }
+                }
+            }
+        }
+    };
+    auto store = [&](int s) {   // registers -> shared stage s & 1
+        if (!AVEC) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) As[s & 1][pc + 4 * j][pr] = av.h[j];
+        }
+        if (!BVEC) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) Bt[s & 1][pc + 4 * j][pr] = bv.h[j];
+        } else if (ACT) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) *(uint4 *)&Bt[s & 1][vr + 32 * i][vk] = bv.u[i];
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    if (nsteps > 0) { fetch(0); store(0); }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) fetch(s + 1);   // stage (s+1)&1 was last read before the previous barrier
+        __pipeline_commit();
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bt[s & 1][wx * 32 + j * 16][kk], IG_BK + 8);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (next) store(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each fragment
+    const int er = lane / 2, ec = (lane % 2) * 8;
+    float *out = part ? part : dw;
+    const int acm = part ? 0 : accumulate;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
+            if (m < M && n < N) {
+                long o = (long)m * N + n;
+                const float *c = &Cs[warp][er][ec];
+                if (n + 8 <= N && ((uintptr_t)(out + o) & 15) == 0) {
+                    float4 v0 = make_float4(c[0], c[1], c[2], c[3]), v1 = make_float4(c[4], c[5], c[6], c[7]);
+                    if (acm) {
+                        float4 u0 = *(const float4 *)(out + o), u1 = *(const float4 *)(out + o + 4);
+                        v0 = make_float4(u0.x + v0.x, u0.y + v0.y, u0.z + v0.z, u0.w + v0.w);
+                        v1 = make_float4(u1.x + v1.x, u1.y + v1.y, u1.z + v1.z, u1.w + v1.w);
+                    }
+                    *(float4 *)(out + o) = v0; *(float4 *)(out + o + 4) = v1;
+                } else {
+                    for (int e = 0; e < 8 && n + e < N; e++) out[o + e] = acm ? out[o + e] + c[e] : c[e];
+                }
+            }
+            __syncwarp();
+        }
 }
 // wgrad_reduce: dw[i] (+)= ws[0][i] + ws[1][i] + ... + ws[S-1][i], in that order
 __global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, int accumulate) {
@@ -579,8 +736,19 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
-    if (act) conv_wgrad_kernel<true><<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, *act, dw, ws, accumulate, (int)kchunk);
-    else conv_wgrad_kernel<false><<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, ConvAct(), dw, ws, accumulate, (int)kchunk);
+    bool avec = (g.Ho * g.Wo) % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)dz % 16 == 0;
+    bool bvec = avec && g.K == 1 && g.S == 1 && g.xs % 8 == 0 && (uintptr_t)x % 16 == 0;   // then H*W = Ho*Wo
+    const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
+    ConvAct a = act ? *act : ConvAct();
+    int kc = (int)kchunk;
+    switch ((act ? 4 : 0) | (avec ? 2 : 0) | (bvec ? 1 : 0)) {
+    case 0: conv_wgrad_kernel<false, false, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 2: conv_wgrad_kernel<false, true, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 3: conv_wgrad_kernel<false, true, true><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 4: conv_wgrad_kernel<true, false, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 6: conv_wgrad_kernel<true, true, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    default: conv_wgrad_kernel<true, true, true><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    }
     wgrad_end(g, grid, ws, dw, accumulate, s);
 }
 

@@ -1270,6 +1270,7 @@ int main(void) {
         test_conv_act(f32, 1, 6, 3, 3, 20, 20, 4, 1, 1, NULL);   // 1x1, wgrad split
         test_conv_act(f32, 2, 24, 8, 16, 4, 6, 20, 1, 1, s);     // 1x1 on 16-byte rows of a slice
         test_conv_act(f32, 2, 16, 0, 8, 5, 6, 12, 3, 2, s);      // 3x3 stride 2, Cin*9 % 8 == 0
+        test_conv_act(f32, 1, 8, 0, 8, 4, 4, 6, 3, 1, s);        // 3x3, Ho*Wo % 8 == 0 (16-byte dz rows in wgrad)
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
