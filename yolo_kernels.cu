@@ -163,11 +163,14 @@ extern "C" void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint
  *            (k = (co, kk); dzg gathers dz at the output pixel that read input pixel n through
  *            tap kk, zero where there is none: the transpose conv without col2im)
  *   wgrad    dw[co, k]  = sum_n dz[co, n] col[k, n]     M = Cout, N = Cin*KK,  Kd = B*Ho*Wo
- * igemm_block computes one 64x64 tile of such a product: 4 warps, each a 32x32 quarter as 2x2 WMMA
- * 16x16x16 FP16 fragments with FP32 accumulators; the operands are gathered by the caller's
- * functors into shared memory 32 deep along Kd, zero-filled past every edge, so the fragments
- * never read outside the tensors. The epilogue stages each fragment through shared memory and
- * hands element (m, n) to the caller's store functor (edge-checked there).
+ * Each has its own kernel below, all three built the same way: a block computes one 64x64 tile of
+ * the product, 4 warps, each a 32x32 quarter as 2x2 WMMA 16x16x16 FP16 fragments with FP32
+ * accumulators, Kd stepped 32 at a time in ascending order; the operands are staged in shared
+ * memory, zero-filled past every edge, so the fragments never read outside the tensors. What makes
+ * them fast is kept out of the K loop: no division there (pixels decoded once per block or once
+ * per K step, taps through a small shared table), 16-byte cp.async wherever an operand's rows are
+ * contiguous, two shared stages so that one barrier ends each K step, and an epilogue that stores 8
+ * consecutive outputs per lane.
  */
 #define IG_BM 64
 #define IG_BN 64
@@ -214,71 +217,48 @@ __device__ __forceinline__ T conv_dz_gather(const ConvGeo &g, const T *dz, int k
     return dz[b * g.zs + ((long)co * g.Ho + oy) * g.Wo + ox];
 }
 
-template <bool B_KFAST, class LA, class LB, class ST>
-__device__ void igemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st) {
-    using namespace nvcuda;
-    __shared__ __align__(32) __half As[IG_BM][IG_BK + 8];
-    __shared__ __align__(32) __half Bs[IG_BK][IG_BN + 8];
-    __shared__ __align__(32) float Cs[4][16][16];
-    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
-    int row0 = blockIdx.y * IG_BM;
-    int col0 = blockIdx.x * IG_BN;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    const __half zero = __float2half(0.0f);
-    for (int k0 = kbeg; k0 < Kd; k0 += IG_BK) {
-        for (int t = tid; t < IG_BM * IG_BK; t += 128) {
-            int r = t / IG_BK, c = t % IG_BK;
-            int gk = k0 + c;
-            As[r][c] = (row0 + r < M && gk < Kd) ? la(row0 + r, gk) : zero;
-        }
-        for (int t = tid; t < IG_BK * IG_BN; t += 128) {
-            int r = B_KFAST ? t % IG_BK : t / IG_BN, c = B_KFAST ? t / IG_BK : t % IG_BN;
-            int gk = k0 + r, gn = col0 + c;
-            Bs[r][c] = (gk < Kd && gn < N) ? lb(gk, gn) : zero;
-        }
-        __syncthreads();
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], &As[wy * 32 + i * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Bs[kk][wx * 32 + j * 16], IG_BN + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            for (int e = lane; e < 256; e += 32) {
-                int r = row0 + wy * 32 + i * 16 + e / 16;
-                int c = col0 + wx * 32 + j * 16 + e % 16;
-                if (r < M && c < N) st(r, c, Cs[warp][e / 16][e % 16]);
-            }
-            __syncwarp();
-        }
-}
-
 // out: FP32 and/or FP16 destination of a conv product element, optionally added to what is there
 __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float v, int accumulate) {
     if (of) of[i] = accumulate ? of[i] + v : v;
     if (oh) oh[i] = __float2half(accumulate ? __half2float(oh[i]) + v : v);
 }
 
-// conv_fwd_kernel: z = w col(x) (+ bias), the forward product with its own main loop (dgrad and wgrad
-// use igemm_block). A block computes a 64x64 tile of (Cout, B*Ho*Wo) as igemm_block does (4 warps,
-// 2x2 WMMA fragments each, FP32 accumulators), but nothing is divided inside the K loop:
+// conv_store8: outputs (m, n .. n+7) of a product whose columns n are pixels of NCHW images (HWn pixels,
+// images istride apart), v already final (bias added): FP32 to of and/or FP16 to oh, added to what is
+// there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, else one by one.
+__device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *v, int m, int n, int N, int HWn, FastDiv f,
+                                            long istride, int accumulate) {
+    int b = div_fast(n, f), p = n - b * HWn;
+    long o = b * istride + (long)m * HWn + p;
+    if (n + 8 <= N && p + 8 <= HWn && (!of || ((uintptr_t)(of + o) & 15) == 0) && (!oh || ((uintptr_t)(oh + o) & 15) == 0)) {
+        if (of) {
+            float4 r0 = make_float4(v[0], v[1], v[2], v[3]), r1 = make_float4(v[4], v[5], v[6], v[7]);
+            if (accumulate) {
+                float4 u0 = *(const float4 *)(of + o), u1 = *(const float4 *)(of + o + 4);
+                r0 = make_float4(u0.x + r0.x, u0.y + r0.y, u0.z + r0.z, u0.w + r0.w);
+                r1 = make_float4(u1.x + r1.x, u1.y + r1.y, u1.z + r1.z, u1.w + r1.w);
+            }
+            *(float4 *)(of + o) = r0; *(float4 *)(of + o + 4) = r1;
+        }
+        if (oh) {
+            union { uint4 u; __half2 h[4]; } q, in;
+            if (accumulate) in.u = *(const uint4 *)(oh + o);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                q.h[e] = accumulate ? __floats2half2_rn(__low2float(in.h[e]) + v[2 * e], __high2float(in.h[e]) + v[2 * e + 1])
+                                    : __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+            *(uint4 *)(oh + o) = q.u;
+        }
+    } else {
+        for (int e = 0; e < 8 && n + e < N; e++) {   // the tile's edge or an image boundary
+            if (p + e == HWn) { b++; p -= HWn; o = b * istride + (long)m * HWn + p; }
+            conv_store(of, oh, o + e, v[e], accumulate);
+        }
+    }
+}
+
+// conv_fwd_kernel: z = w col(x) (+ bias), a 64x64 tile of (Cout, B*Ho*Wo) per block; nothing is divided
+// inside the K loop:
 //   - each thread's output pixel (b, oy, ox) is decoded once per block; the 32 taps k = (ci, ky, kx)
 //     of a K step are decoded by 32 threads into a shared table (offset ci*H*W + ky*W + kx, ky, kx,
 //     and for ACT the producer's BN folded to a scale and shift per channel), one K step ahead;
@@ -290,8 +270,8 @@ __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float 
 //   - two shared stages: step s+1 is in flight (cp.async, or gathered into registers) while step s
 //     is multiplied, so each K step ends in a single barrier;
 //   - the epilogue writes 8 consecutive outputs of a row per lane, as 16-byte stores where aligned.
-// Every output is the same sum of the same FP16 products as before (the fragments' K order is
-// unchanged), the ACT element the same bn_silu_value rounding, so results match the twin as before.
+// Every output is the sum of the same FP16 products in the same K order as the generic tile loop this
+// replaced, the ACT element the same bn_silu_value rounding, so results match the twin as before.
 struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared load per gathered element
 template <bool ACT, bool BVEC, bool AVEC>
 __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias,
@@ -453,22 +433,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
                 float bm = bias ? bias[m] : 0.0f, v[8];
 #pragma unroll
                 for (int e = 0; e < 8; e++) v[e] = bias ? Cs[warp][er][ec + e] + bm : Cs[warp][er][ec + e];
-                int b = div_fast(n, g.fHWo), p = n - b * HWo;
-                long o = b * g.zs + (long)m * HWo + p;
-                if (n + 8 <= N && p + 8 <= HWo && (!z || ((uintptr_t)(z + o) & 15) == 0) && (!zh || ((uintptr_t)(zh + o) & 15) == 0)) {
-                    if (z) { *(float4 *)(z + o) = make_float4(v[0], v[1], v[2], v[3]); *(float4 *)(z + o + 4) = make_float4(v[4], v[5], v[6], v[7]); }
-                    if (zh) {
-                        union { uint4 u; __half2 h[4]; } out;
-#pragma unroll
-                        for (int e = 0; e < 4; e++) out.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
-                        *(uint4 *)(zh + o) = out.u;
-                    }
-                } else {
-                    for (int e = 0; e < 8 && n + e < N; e++) {   // the tile's edge or an image boundary
-                        if (p + e == HWo) { b++; p -= HWo; o = b * g.zs + (long)m * HWo + p; }
-                        conv_store(z, zh, o + e, v[e], 0);
-                    }
-                }
+                conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
             }
             __syncwarp();
         }
@@ -498,18 +463,148 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
     CUDA_CHECK(cudaGetLastError());
 }
 
-// (128, 1): without the minimum of one block, ptxas for sm_80 caps this kernel at 72 registers and spills
-__global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
+// conv_dgrad_kernel: dx (+)= w^T dzg, a 64x64 tile of (Cin, B*H*W) per block, the index math out of the
+// K loop as in conv_fwd_kernel: each thread's
+// input pixel (b, qy, qx) is decoded once per block, the 32 taps k = (co, ky, kx) of a K step into a
+// shared table one step ahead (dz offset, ky, kx and w's offset of the tap). SS: the stride's test for
+// "this output pixel read input pixel n through tap k" (1: a bounds test; 2: parity and shifts;
+// 0: any stride, by division). VEC1 (1x1, stride 1, Cin, H*W and the image strides multiples of 8):
+// w^T is staged column-major (its rows along Cin are contiguous) and both operands move as 16-byte
+// cp.async. Two stages, one barrier per K step; conv_store8 epilogue.
+template <bool VEC1, int SS>
+__global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
                                                          __half *dxh, int accumulate) {
-    int Kd = g.Cout * g.KK, N = g.B * g.H * g.W;
-    int HW = g.H * g.W;
-    igemm_block<false>(g.Cin, N, 0, Kd,
-        [=](int m, int k) { int co = div_fast(k, g.fKK); return w[((long)co * g.Cin + m) * g.KK + (k - co * g.KK)]; },
-        [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
-        [=](int m, int n, float v) {
-            int b = div_fast(n, g.fHW);
-            conv_store(dx, dxh, b * g.xs + (long)m * HW + (n - b * HW), v, accumulate);
-        });
+    using namespace nvcuda;
+    typedef typename std::conditional<VEC1, wmma::col_major, wmma::row_major>::type ALayout;
+    // A: VEC1 (stage, 32 of Kd, 64 of Cin) column-major, else (stage, 64 of Cin, 32 of Kd)
+    __shared__ __align__(128) __half As[2][VEC1 ? IG_BK : IG_BM][VEC1 ? IG_BM + 8 : IG_BK + 8];
+    __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*H*W)
+    __shared__ ConvTap tap[2][IG_BK];                           // off: dz offset; pad_: w offset (-1 past Kd)
+    __shared__ __align__(32) float Cs[4][16][16];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int M = g.Cin, Kd = g.Cout * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HW;
+    const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
+    const __half hzero = __float2half(0.0f);
+    auto taps = [&](int s) {
+        if (!VEC1 && tid < IG_BK) {
+            int k = s * IG_BK + tid, co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
+            ConvTap t = {SS == 1 ? co * HWo - ky * g.Wo - kx : co * HWo, k < Kd ? ky : -(1 << 24), kx,
+                         k < Kd ? co * g.Cin * g.KK + kk : -1};
+            tap[s & 1][tid] = t;
+        }
+    };
+    // gathered B: column gc, rows gr + 2j; scalar A: column ac (a tap), rows ar + 4j
+    const int gc = tid % IG_BN, gr = tid / IG_BN, ac = tid % IG_BK, ar = tid / IG_BK;
+    const int vr = tid / 8, vc = (tid % 8) * 8;   // VEC1: rows vr + 16i, 8 columns from vc
+    const __half *dzb = dz;
+    int tyb = 0, txb = 0;
+    long vboff = 0;
+    bool vbok = false;
+    {
+        int n = col0 + (VEC1 ? vc : gc), b = div_fast(n, g.fHW), q = n - b * HW;
+        if (VEC1) { vbok = n < N; vboff = vbok ? b * g.zs + q : 0; }
+        else {
+            int qy = div_fast(q, g.fW), qx = q - qy * g.W;
+            tyb = n < N ? qy + g.pad : -(1 << 26); txb = qx + g.pad;
+            dzb = dz + (n < N ? b * g.zs + (SS == 1 ? (long)tyb * g.Wo + txb : 0) : 0);
+        }
+    }
+    union { uint4 u[2]; __half h[16]; } av, bv;
+    auto fetch = [&](int s) {
+        int k0 = s * IG_BK;
+        if (VEC1) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = vr + 16 * i, k = k0 + r;
+                __half *da = &As[s & 1][r][vc], *db = &Bs[s & 1][r][vc];
+                if (k < Kd && row0 + vc < M) __pipeline_memcpy_async(da, w + (long)k * g.Cin + row0 + vc, 16);
+                else *(uint4 *)da = make_uint4(0, 0, 0, 0);
+                if (k < Kd && vbok) __pipeline_memcpy_async(db, dz + vboff + (long)k * HWo, 16);
+                else *(uint4 *)db = make_uint4(0, 0, 0, 0);
+            }
+        } else {
+            int wo = tap[s & 1][ac].pad_;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int m = row0 + ar + 4 * j;
+                av.h[j] = wo >= 0 && m < M ? w[wo + (long)m * g.KK] : hzero;
+            }
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                ConvTap t = tap[s & 1][gr + 2 * j];
+                int ty = tyb - t.ky, tx = txb - t.kx;
+                __half v = hzero;
+                if (SS == 1) {
+                    if ((unsigned)ty < (unsigned)g.Ho && (unsigned)tx < (unsigned)g.Wo) v = dzb[t.off];
+                } else if (SS == 2) {
+                    if (((ty | tx) & 1) == 0 && (unsigned)(ty >> 1) < (unsigned)g.Ho && (unsigned)(tx >> 1) < (unsigned)g.Wo)
+                        v = dzb[t.off + (ty >> 1) * g.Wo + (tx >> 1)];
+                } else if (ty >= 0 && tx >= 0) {
+                    int oy = div_fast(ty, g.fS), ox = div_fast(tx, g.fS);
+                    if (oy * g.S == ty && ox * g.S == tx && oy < g.Ho && ox < g.Wo) v = dzb[t.off + oy * g.Wo + ox];
+                }
+                bv.h[j] = v;
+            }
+        }
+    };
+    auto store = [&](int s) {
+        if (!VEC1) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) As[s & 1][ar + 4 * j][ac] = av.h[j];
+#pragma unroll
+            for (int j = 0; j < 16; j++) Bs[s & 1][gr + 2 * j][gc] = bv.h[j];
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    taps(0);
+    if (nsteps > 1) taps(1);
+    __syncthreads();
+    fetch(0);
+    store(0);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) fetch(s + 1);                 // stage (s+1)&1 was last read before the previous barrier
+        __pipeline_commit();
+        if (s + 2 < nsteps) taps(s + 2);         // slot s&1: its last reader, fetch(s), is done
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (VEC1) wmma::load_matrix_sync(fa[i], &As[s & 1][kk][wy * 32 + i * 16], IG_BM + 8);
+                else wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (next) store(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    const int er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
+            if (m < M && n < N) conv_store8(dx, dxh, &Cs[warp][er][ec], m, n, N, HW, g.fHW, g.xs, accumulate);
+            __syncwarp();
+        }
 }
 extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
                                 void *stream) {
@@ -517,7 +612,15 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     long N = (long)g.B * g.H * g.W;
     if (N == 0 || g.Cin == 0 || (!dx && !dxh)) return;
     dim3 grid(cdiv(N, IG_BN), cdiv(g.Cin, IG_BM));
-    conv_dgrad_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(g, (const __half *)dz, (const __half *)w, dx, (__half *)dxh, accumulate);
+    cudaStream_t s = (cudaStream_t)stream;
+    const __half *dzh = (const __half *)dz, *wh = (const __half *)w;
+    __half *xo = (__half *)dxh;
+    bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)dz % 16 == 0 &&
+                (uintptr_t)w % 16 == 0;
+    if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
+    else if (g.S == 1) conv_dgrad_kernel<false, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
+    else if (g.S == 2) conv_dgrad_kernel<false, 2><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
+    else conv_dgrad_kernel<false, 0><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -526,8 +629,7 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 // leave the GPU idle; each slice then stores its partial dW into the workspace ws (Cout*N floats per
 // slice) and wgrad_reduce_kernel adds the slices in order (deterministic).
 // conv_wgrad_kernel: dW[co, n = (ci, ky, kx)] over pixels k = (b, oy, ox), a 64x64 tile of (Cout, Cin*KK)
-// per block, the fragments, K steps and summation order of igemm_block, with the index math out of
-// the K loop as in conv_fwd_kernel: the block's 64 taps (and, for ACT, their channels' BN scale and
+// per block, with the index math out of the K loop as in conv_fwd_kernel: the block's 64 taps (and, for ACT, their channels' BN scale and
 // shift) are decoded once into shared memory; per K step each thread decodes one pixel (b, oy, ox)
 // and gathers 16 taps of it. col(x) is staged transposed (tap-major, pixels contiguous: matrix_b
 // col_major) so that a warp's 32 pixels of one tap land in consecutive shared addresses. Where the

@@ -1221,6 +1221,7 @@ int main(void) {
     test_conv(2, 16, 4, 6, 24, 1, 1, 0, 0, s);    // forward: 16-byte w rows and x rows (1x1, H*W % 8 == 0)
     test_conv(2, 8, 4, 4, 70, 1, 1, 8, 3, s);     // the same on channel slices, Cout over a tile
     test_conv(1, 8, 6, 5, 9, 3, 2, 0, 0, s);      // forward: 16-byte w rows, gathered 3x3 stride-2 taps
+    test_conv(1, 2, 7, 7, 3, 3, 3, 0, 0, s);      // stride 3: dgrad's any-stride test
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
