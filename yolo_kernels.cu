@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <cuda_pipeline_primitives.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "yolo.h"
@@ -26,10 +27,14 @@ template <class T> __device__ __forceinline__ T act_from(float v);
 template <> __device__ __forceinline__ float act_from<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half act_from<__half>(float v) { return __float2half(v); }
 // bn_silu_value: SiLU(BN(v)) in FP32: the one formula of bn_silu_forward_*_cuda and the fused conv gathers
-__device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd, float gamma, float beta) {
-    float sc = gamma * invstd, sh = beta - mean * sc;
+// bn_silu_folded: the same with BN folded to sc = gamma*invstd, sh = beta - mean*sc (the same bits)
+__device__ __forceinline__ float bn_silu_folded(float v, float sc, float sh) {
     v = v * sc + sh;
     return v / (1.0f + expf(-v));
+}
+__device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd, float gamma, float beta) {
+    float sc = gamma * invstd;
+    return bn_silu_folded(v, sc, beta - mean * sc);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -158,11 +163,14 @@ extern "C" void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint
  *            (k = (co, kk); dzg gathers dz at the output pixel that read input pixel n through
  *            tap kk, zero where there is none: the transpose conv without col2im)
  *   wgrad    dw[co, k]  = sum_n dz[co, n] col[k, n]     M = Cout, N = Cin*KK,  Kd = B*Ho*Wo
- * igemm_block computes one 64x64 tile of such a product: 4 warps, each a 32x32 quarter as 2x2 WMMA
- * 16x16x16 FP16 fragments with FP32 accumulators; the operands are gathered by the caller's
- * functors into shared memory 32 deep along Kd, zero-filled past every edge, so the fragments
- * never read outside the tensors. The epilogue stages each fragment through shared memory and
- * hands element (m, n) to the caller's store functor (edge-checked there).
+ * Each has its own kernel below, all three built the same way: a block computes one 64x64 tile of
+ * the product, 4 warps, each a 32x32 quarter as 2x2 WMMA 16x16x16 FP16 fragments with FP32
+ * accumulators, Kd stepped 32 at a time in ascending order; the operands are staged in shared
+ * memory, zero-filled past every edge, so the fragments never read outside the tensors. What makes
+ * them fast is kept out of the K loop: no division there (pixels decoded once per block or once
+ * per K step, taps through a small shared table), 16-byte cp.async wherever an operand's rows are
+ * contiguous, two shared stages so that one barrier ends each K step, and an epilogue that stores 8
+ * consecutive outputs per lane.
  */
 #define IG_BM 64
 #define IG_BN 64
@@ -209,80 +217,226 @@ __device__ __forceinline__ T conv_dz_gather(const ConvGeo &g, const T *dz, int k
     return dz[b * g.zs + ((long)co * g.Ho + oy) * g.Wo + ox];
 }
 
-template <bool B_KFAST, class LA, class LB, class ST>
-__device__ void igemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st) {
-    using namespace nvcuda;
-    __shared__ __align__(32) __half As[IG_BM][IG_BK + 8];
-    __shared__ __align__(32) __half Bs[IG_BK][IG_BN + 8];
-    __shared__ __align__(32) float Cs[4][16][16];
-    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
-    int row0 = blockIdx.y * IG_BM;
-    int col0 = blockIdx.x * IG_BN;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    const __half zero = __float2half(0.0f);
-    for (int k0 = kbeg; k0 < Kd; k0 += IG_BK) {
-        for (int t = tid; t < IG_BM * IG_BK; t += 128) {
-            int r = t / IG_BK, c = t % IG_BK;
-            int gk = k0 + c;
-            As[r][c] = (row0 + r < M && gk < Kd) ? la(row0 + r, gk) : zero;
-        }
-        for (int t = tid; t < IG_BK * IG_BN; t += 128) {
-            int r = B_KFAST ? t % IG_BK : t / IG_BN, c = B_KFAST ? t / IG_BK : t % IG_BN;
-            int gk = k0 + r, gn = col0 + c;
-            Bs[r][c] = (gk < Kd && gn < N) ? lb(gk, gn) : zero;
-        }
-        __syncthreads();
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], &As[wy * 32 + i * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Bs[kk][wx * 32 + j * 16], IG_BN + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            for (int e = lane; e < 256; e += 32) {
-                int r = row0 + wy * 32 + i * 16 + e / 16;
-                int c = col0 + wx * 32 + j * 16 + e % 16;
-                if (r < M && c < N) st(r, c, Cs[warp][e / 16][e % 16]);
-            }
-            __syncwarp();
-        }
-}
-
 // out: FP32 and/or FP16 destination of a conv product element, optionally added to what is there
 __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float v, int accumulate) {
     if (of) of[i] = accumulate ? of[i] + v : v;
     if (oh) oh[i] = __float2half(accumulate ? __half2float(oh[i]) + v : v);
 }
 
-template <bool ACT>
+// conv_store8: outputs (m, n .. n+7) of a product whose columns n are pixels of NCHW images (HWn pixels,
+// images istride apart), v already final (bias added): FP32 to of and/or FP16 to oh, added to what is
+// there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, else one by one.
+__device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *v, int m, int n, int N, int HWn, FastDiv f,
+                                            long istride, int accumulate) {
+    int b = div_fast(n, f), p = n - b * HWn;
+    long o = b * istride + (long)m * HWn + p;
+    if (n + 8 <= N && p + 8 <= HWn && (!of || ((uintptr_t)(of + o) & 15) == 0) && (!oh || ((uintptr_t)(oh + o) & 15) == 0)) {
+        if (of) {
+            float4 r0 = make_float4(v[0], v[1], v[2], v[3]), r1 = make_float4(v[4], v[5], v[6], v[7]);
+            if (accumulate) {
+                float4 u0 = *(const float4 *)(of + o), u1 = *(const float4 *)(of + o + 4);
+                r0 = make_float4(u0.x + r0.x, u0.y + r0.y, u0.z + r0.z, u0.w + r0.w);
+                r1 = make_float4(u1.x + r1.x, u1.y + r1.y, u1.z + r1.z, u1.w + r1.w);
+            }
+            *(float4 *)(of + o) = r0; *(float4 *)(of + o + 4) = r1;
+        }
+        if (oh) {
+            union { uint4 u; __half2 h[4]; } q, in;
+            if (accumulate) in.u = *(const uint4 *)(oh + o);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                q.h[e] = accumulate ? __floats2half2_rn(__low2float(in.h[e]) + v[2 * e], __high2float(in.h[e]) + v[2 * e + 1])
+                                    : __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+            *(uint4 *)(oh + o) = q.u;
+        }
+    } else {
+        for (int e = 0; e < 8 && n + e < N; e++) {   // the tile's edge or an image boundary
+            if (p + e == HWn) { b++; p -= HWn; o = b * istride + (long)m * HWn + p; }
+            conv_store(of, oh, o + e, v[e], accumulate);
+        }
+    }
+}
+
+// conv_fwd_kernel: z = w col(x) (+ bias), a 64x64 tile of (Cout, B*Ho*Wo) per block; nothing is divided
+// inside the K loop:
+//   - each thread's output pixel (b, oy, ox) is decoded once per block; the 32 taps k = (ci, ky, kx)
+//     of a K step are decoded by 32 threads into a shared table (offset ci*H*W + ky*W + kx, ky, kx,
+//     and for ACT the producer's BN folded to a scale and shift per channel), one K step ahead;
+//   - w rows are contiguous along Kd: AVEC (Kd % 8 == 0, w 16-byte aligned) moves them with 16-byte
+//     cp.async (__pipeline_memcpy_async), zero-filled past the edges;
+//   - BVEC (1x1, stride 1, H*W, the image stride and x all multiples of 8 halves): the col rows are
+//     rows of x, 8 pixels of one image per 16-byte load (cp.async; through registers when ACT
+//     applies BN+SiLU on the way); otherwise every element is gathered through the tap table;
+//   - two shared stages: step s+1 is in flight (cp.async, or gathered into registers) while step s
+//     is multiplied, so each K step ends in a single barrier;
+//   - the epilogue writes 8 consecutive outputs of a row per lane, as 16-byte stores where aligned.
+// Every output is the sum of the same FP16 products in the same K order as the generic tile loop this
+// replaced, the ACT element the same bn_silu_value rounding, so results match the twin as before.
+struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared load per gathered element
+template <bool ACT, bool BVEC, bool AVEC>
 __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias,
                                                        float *z, __half *zh) {
-    int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo;
-    int HWo = g.Ho * g.Wo;
-    igemm_block<false>(g.Cout, N, 0, Kd,
-        [=](int m, int k) { return w[(long)m * Kd + k]; },
-        [=](int k, int n) { return conv_col<ACT>(g, x, k, n, a); },
-        [=](int m, int n, float v) {
-            int b = div_fast(n, g.fHWo);
-            conv_store(z, zh, b * g.zs + (long)m * HWo + (n - b * HWo), bias ? v + bias[m] : v, 0);
-        });
+    using namespace nvcuda;
+    __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];   // (stage, 64 rows of Cout, 32 of Kd)
+    __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*Ho*Wo)
+    __shared__ ConvTap tap[2][IG_BK];                           // the taps of a K step
+    __shared__ float2 tbn[2][IG_BK];                            // ACT: BN scale and shift of the tap's channel
+    __shared__ __align__(32) float Cs[4][16][16];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int M = g.Cout, Kd = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HWo;
+    const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
+    const __half hzero = __float2half(0.0f);
+    // the tap table of step s into slot s & 1 (threads 0..31); a tap past Kd gets ky out of every image
+    auto taps = [&](int s) {
+        if (tid < IG_BK) {
+            int k = s * IG_BK + tid, ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK);
+            ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), k < Kd ? ky : 1 << 24, kk - ky * g.K, 0};
+            tap[s & 1][tid] = t;
+            if (ACT) {
+                float sc = 0.0f, sh = 0.0f;
+                if (k < Kd) { sc = a.gamma[ci] * a.invstd[ci]; sh = a.beta[ci] - a.mean[ci] * sc; }
+                tbn[s & 1][tid] = make_float2(sc, sh);
+            }
+        }
+    };
+    // A (w, Cout x Kd row-major): AVEC 2 x 16 bytes per thread by cp.async, else element by element
+    const int ar = tid / 4, ac = (tid % 4) * 8;
+    auto load_a = [&](int s) {
+        int k0 = s * IG_BK;
+        if (AVEC) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int m = row0 + ar + 32 * i, k = k0 + ac;
+                __half *dst = &As[s & 1][ar + 32 * i][ac];
+                if (m < M && k < Kd) __pipeline_memcpy_async(dst, w + (long)m * Kd + k, 16);
+                else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+            }
+        } else {
+            for (int t = tid; t < IG_BM * IG_BK; t += 128) {
+                int r = t / IG_BK, c = t % IG_BK, m = row0 + r, k = k0 + c;
+                As[s & 1][r][c] = (m < M && k < Kd) ? w[(long)m * Kd + k] : hzero;
+            }
+        }
+    };
+    // B, BVEC: thread t moves 8 pixels (columns bc..bc+7) of rows br and br + 16
+    const int br = tid / 8, bc = (tid % 8) * 8;
+    long bvoff = 0;
+    bool bvok = false;
+    // B, gathered: thread t owns column gc and rows gr + 2j, j < 16
+    const int gc = tid % IG_BN, gr = tid / IG_BN;
+    const __half *xb = x;   // x at the (possibly padded) top-left input pixel of the thread's output pixel
+    int giy = 0, gix = 0;
+    {
+        int n = col0 + (BVEC ? bc : gc), b = div_fast(n, g.fHWo), p = n - b * HWo;
+        if (BVEC) { bvok = n < N; bvoff = bvok ? b * g.xs + p : 0; }
+        else {
+            int oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
+            giy = n < N ? oy * g.S - g.pad : -(1 << 26); gix = ox * g.S - g.pad;
+            xb = n < N ? x + b * g.xs + giy * g.W + gix : x;
+        }
+    }
+    union { uint4 u[2]; __half h[16]; } gv;   // gathered (or ACT vector) values of the next step, stored after the mma
+    auto fetch_b = [&](int s) {   // global -> registers (gathered, or ACT vectors), or cp.async (BVEC, no ACT)
+        int k0 = s * IG_BK;
+        if (BVEC) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = br + 16 * i, k = k0 + r;
+                bool ok = bvok && k < Kd;
+                const __half *src = x + bvoff + (long)k * HW;
+                if (!ACT) {
+                    __half *dst = &Bs[s & 1][r][bc];
+                    if (ok) __pipeline_memcpy_async(dst, src, 16);
+                    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                } else {
+                    union { uint4 u; __half h[8]; } in;
+                    in.u = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+                    float2 bn = tbn[s & 1][r];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) gv.h[8 * i + e] = ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int r = gr + 2 * j;
+                ConvTap t = tap[s & 1][r];
+                int iy = giy + t.ky, ix = gix + t.kx;
+                __half v = hzero;
+                if ((unsigned)iy < (unsigned)g.H && (unsigned)ix < (unsigned)g.W) {
+                    v = xb[t.off];
+                    if (ACT) { float2 bn = tbn[s & 1][r]; v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y)); }
+                }
+                gv.h[j] = v;
+            }
+        }
+    };
+    auto store_b = [&](int s) {   // registers -> shared stage s & 1
+        if (BVEC) {
+            if (ACT) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) *(uint4 *)&Bs[s & 1][br + 16 * i][bc] = gv.u[i];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) Bs[s & 1][gr + 2 * j][gc] = gv.h[j];
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    // prologue: the taps of steps 0 and 1, then step 0 in stage 0
+    taps(0);
+    if (nsteps > 1) taps(1);
+    __syncthreads();
+    load_a(0);
+    fetch_b(0);
+    store_b(0);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) { load_a(s + 1); fetch_b(s + 1); }   // stage (s+1)&1 was last read before the previous barrier
+        __pipeline_commit();
+        if (s + 2 < nsteps) taps(s + 2);                 // slot s&1: its last reader, fetch_b(s), is done
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (next) store_b(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each 16x16 fragment
+    const int er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
+            if (m < M && n < N) {
+                float bm = bias ? bias[m] : 0.0f, v[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = bias ? Cs[warp][er][ec + e] + bm : Cs[warp][er][ec + e];
+                conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
+            }
+            __syncwarp();
+        }
 }
 extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
                                   float *z, uint16_t *zh, void *stream) {
@@ -291,23 +445,166 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
     if (N == 0 || g.Cout == 0 || (!z && !zh)) return;
     dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM));
     cudaStream_t s = (cudaStream_t)stream;
-    if (act) conv_fwd_kernel<true><<<grid, 128, 0, s>>>(g, (const __half *)x, *act, (const __half *)w, bias, z, (__half *)zh);
-    else conv_fwd_kernel<false><<<grid, 128, 0, s>>>(g, (const __half *)x, ConvAct(), (const __half *)w, bias, z, (__half *)zh);
+    bool avec = (g.Cin * g.KK) % 8 == 0 && (uintptr_t)w % 16 == 0;   // all but a 3-channel stem
+    bool bvec = g.K == 1 && g.S == 1 && (g.H * g.W) % 8 == 0 && g.xs % 8 == 0 && (uintptr_t)x % 16 == 0;
+    const __half *xh = (const __half *)x, *wh = (const __half *)w;
+    ConvAct a = act ? *act : ConvAct();
+    __half *zo = (__half *)zh;
+    switch ((act ? 4 : 0) | (bvec ? 2 : 0) | (avec ? 1 : 0)) {
+    case 0: conv_fwd_kernel<false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 1: conv_fwd_kernel<false, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 2: conv_fwd_kernel<false, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 3: conv_fwd_kernel<false, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 4: conv_fwd_kernel<true, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 5: conv_fwd_kernel<true, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 6: conv_fwd_kernel<true, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    default: conv_fwd_kernel<true, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    }
     CUDA_CHECK(cudaGetLastError());
 }
 
-// (128, 1): without the minimum of one block, ptxas for sm_80 caps this kernel at 72 registers and spills
-__global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
+// conv_dgrad_kernel: dx (+)= w^T dzg, a 64x64 tile of (Cin, B*H*W) per block, the index math out of the
+// K loop as in conv_fwd_kernel: each thread's
+// input pixel (b, qy, qx) is decoded once per block, the 32 taps k = (co, ky, kx) of a K step into a
+// shared table one step ahead (dz offset, ky, kx and w's offset of the tap). SS: the stride's test for
+// "this output pixel read input pixel n through tap k" (1: a bounds test; 2: parity and shifts;
+// 0: any stride, by division). VEC1 (1x1, stride 1, Cin, H*W and the image strides multiples of 8):
+// w^T is staged column-major (its rows along Cin are contiguous) and both operands move as 16-byte
+// cp.async. Two stages, one barrier per K step; conv_store8 epilogue.
+template <bool VEC1, int SS>
+__global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
                                                          __half *dxh, int accumulate) {
-    int Kd = g.Cout * g.KK, N = g.B * g.H * g.W;
-    int HW = g.H * g.W;
-    igemm_block<false>(g.Cin, N, 0, Kd,
-        [=](int m, int k) { int co = div_fast(k, g.fKK); return w[((long)co * g.Cin + m) * g.KK + (k - co * g.KK)]; },
-        [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
-        [=](int m, int n, float v) {
-            int b = div_fast(n, g.fHW);
-            conv_store(dx, dxh, b * g.xs + (long)m * HW + (n - b * HW), v, accumulate);
-        });
+    using namespace nvcuda;
+    typedef typename std::conditional<VEC1, wmma::col_major, wmma::row_major>::type ALayout;
+    // A: VEC1 (stage, 32 of Kd, 64 of Cin) column-major, else (stage, 64 of Cin, 32 of Kd)
+    __shared__ __align__(128) __half As[2][VEC1 ? IG_BK : IG_BM][VEC1 ? IG_BM + 8 : IG_BK + 8];
+    __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*H*W)
+    __shared__ ConvTap tap[2][IG_BK];                           // off: dz offset; pad_: w offset (-1 past Kd)
+    __shared__ __align__(32) float Cs[4][16][16];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int M = g.Cin, Kd = g.Cout * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HW;
+    const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
+    const __half hzero = __float2half(0.0f);
+    auto taps = [&](int s) {
+        if (!VEC1 && tid < IG_BK) {
+            int k = s * IG_BK + tid, co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
+            ConvTap t = {SS == 1 ? co * HWo - ky * g.Wo - kx : co * HWo, k < Kd ? ky : -(1 << 24), kx,
+                         k < Kd ? co * g.Cin * g.KK + kk : -1};
+            tap[s & 1][tid] = t;
+        }
+    };
+    // gathered B: column gc, rows gr + 2j; scalar A: column ac (a tap), rows ar + 4j
+    const int gc = tid % IG_BN, gr = tid / IG_BN, ac = tid % IG_BK, ar = tid / IG_BK;
+    const int vr = tid / 8, vc = (tid % 8) * 8;   // VEC1: rows vr + 16i, 8 columns from vc
+    const __half *dzb = dz;
+    int tyb = 0, txb = 0;
+    long vboff = 0;
+    bool vbok = false;
+    {
+        int n = col0 + (VEC1 ? vc : gc), b = div_fast(n, g.fHW), q = n - b * HW;
+        if (VEC1) { vbok = n < N; vboff = vbok ? b * g.zs + q : 0; }
+        else {
+            int qy = div_fast(q, g.fW), qx = q - qy * g.W;
+            tyb = n < N ? qy + g.pad : -(1 << 26); txb = qx + g.pad;
+            dzb = dz + (n < N ? b * g.zs + (SS == 1 ? (long)tyb * g.Wo + txb : 0) : 0);
+        }
+    }
+    union { uint4 u[2]; __half h[16]; } av, bv;
+    auto fetch = [&](int s) {
+        int k0 = s * IG_BK;
+        if (VEC1) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = vr + 16 * i, k = k0 + r;
+                __half *da = &As[s & 1][r][vc], *db = &Bs[s & 1][r][vc];
+                if (k < Kd && row0 + vc < M) __pipeline_memcpy_async(da, w + (long)k * g.Cin + row0 + vc, 16);
+                else *(uint4 *)da = make_uint4(0, 0, 0, 0);
+                if (k < Kd && vbok) __pipeline_memcpy_async(db, dz + vboff + (long)k * HWo, 16);
+                else *(uint4 *)db = make_uint4(0, 0, 0, 0);
+            }
+        } else {
+            int wo = tap[s & 1][ac].pad_;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int m = row0 + ar + 4 * j;
+                av.h[j] = wo >= 0 && m < M ? w[wo + (long)m * g.KK] : hzero;
+            }
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                ConvTap t = tap[s & 1][gr + 2 * j];
+                int ty = tyb - t.ky, tx = txb - t.kx;
+                __half v = hzero;
+                if (SS == 1) {
+                    if ((unsigned)ty < (unsigned)g.Ho && (unsigned)tx < (unsigned)g.Wo) v = dzb[t.off];
+                } else if (SS == 2) {
+                    if (((ty | tx) & 1) == 0 && (unsigned)(ty >> 1) < (unsigned)g.Ho && (unsigned)(tx >> 1) < (unsigned)g.Wo)
+                        v = dzb[t.off + (ty >> 1) * g.Wo + (tx >> 1)];
+                } else if (ty >= 0 && tx >= 0) {
+                    int oy = div_fast(ty, g.fS), ox = div_fast(tx, g.fS);
+                    if (oy * g.S == ty && ox * g.S == tx && oy < g.Ho && ox < g.Wo) v = dzb[t.off + oy * g.Wo + ox];
+                }
+                bv.h[j] = v;
+            }
+        }
+    };
+    auto store = [&](int s) {
+        if (!VEC1) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) As[s & 1][ar + 4 * j][ac] = av.h[j];
+#pragma unroll
+            for (int j = 0; j < 16; j++) Bs[s & 1][gr + 2 * j][gc] = bv.h[j];
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    taps(0);
+    if (nsteps > 1) taps(1);
+    __syncthreads();
+    fetch(0);
+    store(0);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) fetch(s + 1);                 // stage (s+1)&1 was last read before the previous barrier
+        __pipeline_commit();
+        if (s + 2 < nsteps) taps(s + 2);         // slot s&1: its last reader, fetch(s), is done
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (VEC1) wmma::load_matrix_sync(fa[i], &As[s & 1][kk][wy * 32 + i * 16], IG_BM + 8);
+                else wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (next) store(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    const int er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
+            if (m < M && n < N) conv_store8(dx, dxh, &Cs[warp][er][ec], m, n, N, HW, g.fHW, g.xs, accumulate);
+            __syncwarp();
+        }
 }
 extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
                                 void *stream) {
@@ -315,7 +612,15 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     long N = (long)g.B * g.H * g.W;
     if (N == 0 || g.Cin == 0 || (!dx && !dxh)) return;
     dim3 grid(cdiv(N, IG_BN), cdiv(g.Cin, IG_BM));
-    conv_dgrad_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(g, (const __half *)dz, (const __half *)w, dx, (__half *)dxh, accumulate);
+    cudaStream_t s = (cudaStream_t)stream;
+    const __half *dzh = (const __half *)dz, *wh = (const __half *)w;
+    __half *xo = (__half *)dxh;
+    bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)dz % 16 == 0 &&
+                (uintptr_t)w % 16 == 0;
+    if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
+    else if (g.S == 1) conv_dgrad_kernel<false, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
+    else if (g.S == 2) conv_dgrad_kernel<false, 2><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
+    else conv_dgrad_kernel<false, 0><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -323,19 +628,175 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 // splits that range over grid.z (conv_wgrad_split: kchunk values each) when the tile grid alone would
 // leave the GPU idle; each slice then stores its partial dW into the workspace ws (Cout*N floats per
 // slice) and wgrad_reduce_kernel adds the slices in order (deterministic).
-template <bool ACT>
+// conv_wgrad_kernel: dW[co, n = (ci, ky, kx)] over pixels k = (b, oy, ox), a 64x64 tile of (Cout, Cin*KK)
+// per block, with the index math out of the K loop as in conv_fwd_kernel: the block's 64 taps (and, for ACT, their channels' BN scale and
+// shift) are decoded once into shared memory; per K step each thread decodes one pixel (b, oy, ox)
+// and gathers 16 taps of it. col(x) is staged transposed (tap-major, pixels contiguous: matrix_b
+// col_major) so that a warp's 32 pixels of one tap land in consecutive shared addresses. Where the
+// pixels are contiguous in memory (AVEC: dz with Ho*Wo and the image stride multiples of 8; BVEC:
+// 1x1 stride-1 x likewise) operands move as 16-byte cp.async (ACT through registers). Two stages,
+// one barrier per K step; the epilogue stores 8 consecutive dW values per lane (16-byte where aligned).
+template <bool ACT, bool AVEC, bool BVEC>
 __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, float *dw,
                                                          float *ws, int accumulate, int kchunk) {
-    int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
-    int kend = min(Kd, kbeg + kchunk);
-    float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
-    igemm_block<true>(g.Cout, N, kbeg, kend,
-        [=](int m, int k) { int b = div_fast(k, g.fHWo); return dz[b * g.zs + (long)m * HWo + (k - b * HWo)]; },
-        [=](int k, int n) { return conv_col<ACT>(g, x, n, k, a); },
-        [=](int m, int n, float v) {
-            if (part) part[(long)m * N + n] = v;
-            else conv_store(dw, nullptr, (long)m * N + n, v, accumulate);
-        });
+    using namespace nvcuda;
+    __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];    // (stage, 64 of Cout, 32 pixels)
+    __shared__ __align__(128) __half Bt[2][IG_BN][IG_BK + 8];    // (stage, 64 taps, 32 pixels): col(x)^T
+    __shared__ ConvTap tap[IG_BN];
+    __shared__ float2 tbn[IG_BN];
+    __shared__ __align__(32) float Cs[4][16][16];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int M = g.Cout, N = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, Kd = g.B * HWo;
+    const int kbeg = blockIdx.z * kchunk, kend = min(Kd, kbeg + kchunk);
+    const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (kend - kbeg + IG_BK - 1) / IG_BK;
+    float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * M * N : nullptr;
+    const __half hzero = __float2half(0.0f);
+    if (tid < IG_BN) {
+        int n = col0 + tid, ci = div_fast(n, g.fKK), kk = n - ci * g.KK, ky = div_fast(kk, g.fK);
+        ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), n < N ? ky : 1 << 24, kk - ky * g.K, 0};
+        tap[tid] = t;
+        if (ACT) {
+            float sc = 0.0f, sh = 0.0f;
+            if (n < N) { sc = a.gamma[ci] * a.invstd[ci]; sh = a.beta[ci] - a.mean[ci] * sc; }
+            tbn[tid] = make_float2(sc, sh);
+        }
+    }
+    __syncthreads();
+    const int pr = tid % IG_BK, pc = tid / IG_BK;        // scalar paths: pixel row pr, rows/taps pc + 4j
+    const int vr = tid / 4, vk = (tid % 4) * 8;           // vector paths: rows/taps vr + 32i, pixels vk..vk+7
+    union { uint4 u[2]; __half h[16]; } bv;               // B of the next step in registers (gather, or BVEC+ACT)
+    union { uint4 u[2]; __half h[16]; } av;               // A of the next step in registers (scalar A)
+    auto fetch = [&](int s) {
+        int k0 = kbeg + s * IG_BK;
+        // the thread's scalar pixel, decoded once per K step
+        int k = k0 + pr, kok = k < kend, b = div_fast(k, g.fHWo), p = k - b * HWo;
+        if (!AVEC) {
+            const __half *src = dz + b * g.zs + p;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int m = row0 + pc + 4 * j;
+                av.h[j] = kok && m < M ? src[(long)m * HWo] : hzero;
+            }
+        }
+        if (!BVEC) {
+            int oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
+            int iy0 = kok ? oy * g.S - g.pad : -(1 << 26), ix0 = ox * g.S - g.pad;
+            const __half *xb = kok ? x + b * g.xs + iy0 * g.W + ix0 : x;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int c = pc + 4 * j;
+                ConvTap t = tap[c];
+                int iy = iy0 + t.ky, ix = ix0 + t.kx;
+                __half v = hzero;
+                if ((unsigned)iy < (unsigned)g.H && (unsigned)ix < (unsigned)g.W) {
+                    v = xb[t.off];
+                    if (ACT) { float2 bn = tbn[c]; v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y)); }
+                }
+                bv.h[j] = v;
+            }
+        }
+        if (AVEC || BVEC) {   // 8 pixels of one image from k0 + vk
+            int k8 = k0 + vk, ok8 = k8 < kend, b8 = div_fast(k8, g.fHWo), p8 = k8 - b8 * HWo;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = vr + 32 * i;
+                if (AVEC) {
+                    int m = row0 + r;
+                    __half *dst = &As[s & 1][r][vk];
+                    if (ok8 && m < M) __pipeline_memcpy_async(dst, dz + b8 * g.zs + (long)m * HWo + p8, 16);
+                    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                }
+                if (BVEC) {   // 1x1 stride 1: tap n is channel n
+                    int n = col0 + r;
+                    bool ok = ok8 && n < N;
+                    const __half *src = x + b8 * g.xs + (long)n * HW + p8;
+                    if (!ACT) {
+                        __half *dst = &Bt[s & 1][r][vk];
+                        if (ok) __pipeline_memcpy_async(dst, src, 16);
+                        else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                    } else {
+                        union { uint4 u; __half h[8]; } in;
+                        in.u = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+                        float2 bn = tbn[r];
+#pragma unroll
+                        for (int e = 0; e < 8; e++) bv.h[8 * i + e] = ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
+                    }
+                }
+            }
+        }
+    };
+    auto store = [&](int s) {   // registers -> shared stage s & 1
+        if (!AVEC) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) As[s & 1][pc + 4 * j][pr] = av.h[j];
+        }
+        if (!BVEC) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) Bt[s & 1][pc + 4 * j][pr] = bv.h[j];
+        } else if (ACT) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) *(uint4 *)&Bt[s & 1][vr + 32 * i][vk] = bv.u[i];
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    if (nsteps > 0) { fetch(0); store(0); }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) fetch(s + 1);   // stage (s+1)&1 was last read before the previous barrier
+        __pipeline_commit();
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bt[s & 1][wx * 32 + j * 16][kk], IG_BK + 8);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (next) store(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each fragment
+    const int er = lane / 2, ec = (lane % 2) * 8;
+    float *out = part ? part : dw;
+    const int acm = part ? 0 : accumulate;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
+            if (m < M && n < N) {
+                long o = (long)m * N + n;
+                const float *c = &Cs[warp][er][ec];
+                if (n + 8 <= N && ((uintptr_t)(out + o) & 15) == 0) {
+                    float4 v0 = make_float4(c[0], c[1], c[2], c[3]), v1 = make_float4(c[4], c[5], c[6], c[7]);
+                    if (acm) {
+                        float4 u0 = *(const float4 *)(out + o), u1 = *(const float4 *)(out + o + 4);
+                        v0 = make_float4(u0.x + v0.x, u0.y + v0.y, u0.z + v0.z, u0.w + v0.w);
+                        v1 = make_float4(u1.x + v1.x, u1.y + v1.y, u1.z + v1.z, u1.w + v1.w);
+                    }
+                    *(float4 *)(out + o) = v0; *(float4 *)(out + o + 4) = v1;
+                } else {
+                    for (int e = 0; e < 8 && n + e < N; e++) out[o + e] = acm ? out[o + e] + c[e] : c[e];
+                }
+            }
+            __syncwarp();
+        }
 }
 // wgrad_reduce: dw[i] (+)= ws[0][i] + ws[1][i] + ... + ws[S-1][i], in that order
 __global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, int accumulate) {
@@ -377,8 +838,19 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
-    if (act) conv_wgrad_kernel<true><<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, *act, dw, ws, accumulate, (int)kchunk);
-    else conv_wgrad_kernel<false><<<grid, 128, 0, s>>>(g, (const __half *)dz, (const __half *)x, ConvAct(), dw, ws, accumulate, (int)kchunk);
+    bool avec = (g.Ho * g.Wo) % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)dz % 16 == 0;
+    bool bvec = avec && g.K == 1 && g.S == 1 && g.xs % 8 == 0 && (uintptr_t)x % 16 == 0;   // then H*W = Ho*Wo
+    const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
+    ConvAct a = act ? *act : ConvAct();
+    int kc = (int)kchunk;
+    switch ((act ? 4 : 0) | (avec ? 2 : 0) | (bvec ? 1 : 0)) {
+    case 0: conv_wgrad_kernel<false, false, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 2: conv_wgrad_kernel<false, true, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 3: conv_wgrad_kernel<false, true, true><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 4: conv_wgrad_kernel<true, false, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    case 6: conv_wgrad_kernel<true, true, false><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    default: conv_wgrad_kernel<true, true, true><<<grid, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, kc); break;
+    }
     wgrad_end(g, grid, ws, dw, accumulate, s);
 }
 

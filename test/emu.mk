@@ -18,7 +18,9 @@ EMU_DIR      ?= test/bin/emu
 EMU_OPT      ?= -O2 -g
 EMU_SAN      ?=
 EMU_INC       = -Itest/emu_include
-EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -Wall -Wextra -Wno-unknown-pragmas $(EMU_INC) -I. \
+# -fno-strict-aliasing: kernels move FP16 data as 16-byte uint4/float4 words (wide loads and
+# stores), which CUDA allows and C++'s type-based aliasing rules do not
+EMU_CXXFLAGS  = -std=c++17 $(EMU_OPT) $(EMU_SAN) -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas $(EMU_INC) -I. \
                 -include test/cuda_emu.h
 EMU_CFLAGS    = -std=c11 $(EMU_OPT) $(EMU_SAN) -fopenmp -Wall -Wextra $(EMU_INC)
 EMU_LDLIBS    = -ljpeg -lpng -lyaml -lm -fopenmp

@@ -5,6 +5,13 @@
 
 struct uint3 { unsigned x, y, z; };   // trivial, as NVIDIA's: thread_local copies need no initialiser
 static inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { uint3 u = {x, y, z}; return u; }
+// the 16-byte vector types of wide loads and stores, aligned as NVIDIA's (a misaligned one faults on a GPU)
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { uint4 u = {x, y, z, w}; return u; }
+struct __attribute__((aligned(8))) float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { float2 f = {x, y}; return f; }
+static inline float4 make_float4(float x, float y, float z, float w) { float4 f = {x, y, z, w}; return f; }
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
