@@ -60,9 +60,11 @@ demo: yolo
 	./yolo predict model=runs/detect/demo/weights/best.safetensors source=$(DEMO_DATA)/images/val data=$(DEMO_DATA)/data.yaml imgsz=160 exist_ok=1 | tail -n 1 && \
 	echo "demo: $$(( $$(date +%s) - start )) s wall time (train + val + predict)"
 
-# benchmarks: each test/bench_X.c prints its own figures; never part of make test
+# benchmarks, never part of make test. make bench: a whole training step of yolov8n in yolo.c and in
+# PyTorch (when python3-torch is installed) in the same run, at 320 and 640, and the ratio; then one
+# epoch of the shapes set (test/bench.sh). The other test/bench_X.c print their own figures.
 bench: yolo $(BENCHES)
-	for b in $(BENCHES); do echo "== $$b"; OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $$b || exit 1; done
+	bash test/bench.sh
 
 test: tests
 	bash test/run.sh
