@@ -784,8 +784,15 @@ void count_shared_range(void *p, size_t n) {
 }
 static void record(uintptr_t a, unsigned width, int store, uintptr_t site) {
     if (!crec || !F || quiet) return;
+    if (a >= (uintptr_t)F->stack && a < (uintptr_t)F->stack + PAGE + stack_bytes()) return;   // a local
+    static uintptr_t dev_lo = 1, dev_hi = 0;   // the last device allocation hit (usually the one arena)
     int kind;
-    if (is_device((const void *)a)) kind = store;
+    if (a >= dev_lo && a < dev_hi) kind = store;
+    else if (is_device((const void *)a)) {
+        Alloc *al = find_alloc((const void *)a, true);
+        dev_lo = (uintptr_t)al->ptr; dev_hi = dev_lo + al->size;
+        kind = store;
+    }
     else if (a >= (uintptr_t)smem_ptr && a < (uintptr_t)smem_ptr + smem_size) kind = 2 + store;
     else {
         kind = -1;

@@ -237,12 +237,19 @@ template <class Use, int M, int N, int K, class T, class Layout = void> struct f
     T x[rows * cols];   // logical row-major (rows, cols), the same in every lane
 };
 void warp_check(const void *p, unsigned ldm, unsigned align, const char *what, const char *file, int line);
+// the emulation's own work on fragments is not a memory access of the kernel: in the counting
+// build (EMU_COUNTING, make emu-count) it is left uninstrumented, which also keeps it fast
+#ifdef EMU_COUNTING
+#define EMU_UNCOUNTED __attribute__((no_sanitize_address))
+#else
+#define EMU_UNCOUNTED
+#endif
 template <class U, int M, int N, int K, class T, class L, class V>
-static inline void fill_fragment(fragment<U, M, N, K, T, L> &f, const V &v) {
+EMU_UNCOUNTED static inline void fill_fragment(fragment<U, M, N, K, T, L> &f, const V &v) {
     for (int i = 0; i < f.num_elements; i++) f.x[i] = (T)v;
 }
 template <class U, int M, int N, int K, class T, class L, class S>
-static inline void emu_load(fragment<U, M, N, K, T, L> &f, const S *p, unsigned ldm, bool rowmaj, const char *file, int line) {
+EMU_UNCOUNTED static inline void emu_load(fragment<U, M, N, K, T, L> &f, const S *p, unsigned ldm, bool rowmaj, const char *file, int line) {
     warp_check(p, ldm * sizeof(S), 32, "load_matrix_sync", file, line);
     typedef fragment<U, M, N, K, T, L> Fr;
     emu::count_tile(p, Fr::rows, Fr::cols, (int)sizeof(S), ldm, rowmaj, 0);
@@ -260,7 +267,7 @@ static inline void emu_load_l(fragment<accumulator, M, N, K, T, void> &f, const 
 #define load_matrix_sync(f, ...) emu_load_l(f, __VA_ARGS__, __FILE__, __LINE__)
 unsigned lane_id();
 template <int M, int N, int K, class T, class S>
-static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l, const char *file, int line) {
+EMU_UNCOUNTED static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l, const char *file, int line) {
     warp_check(p, ldm * sizeof(S), 32, "store_matrix_sync", file, line);
     bool rm = l == mem_row_major;
     // only this lane's share: a tile read back before __syncwarp() is incomplete, as on hardware
@@ -277,7 +284,7 @@ static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void>
 }
 #define store_matrix_sync(p, ...) emu_store(p, __VA_ARGS__, __FILE__, __LINE__)
 template <int M, int N, int K, class TA, class LA, class LB, class TC, class TD>
-static inline void mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
+EMU_UNCOUNTED static inline void mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
                             const fragment<matrix_b, M, N, K, TA, LB> &b, const fragment<accumulator, M, N, K, TC, void> &c) {
     warp_check(nullptr, 0, 0, "mma_sync", __FILE__, __LINE__);
     emu::count_mma(M, N, K);

@@ -100,7 +100,7 @@ test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yol
 #   make gpu-model    the modeled time per kernel kind and per step for named GPUs (test/gpu_model.sh)
 EMU_COUNT_DIR = test/bin/emu-count
 EMU_SAMPLE   ?= 2
-EMU_COUNT_KFLAGS = -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
+EMU_COUNT_KFLAGS = -DEMU_COUNTING -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
                    --param asan-stack=0 --param asan-globals=0 -fno-tree-sra -fno-ipa-sra
 emu-count-bins:
 	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) EMU_KFLAGS="$(EMU_COUNT_KFLAGS)" EMU_CDEFS=-DEMU_COUNTERS \
