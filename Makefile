@@ -128,6 +128,23 @@ tsan: $(TSAN_BINS)
 	$(TSAN_ENV) TEST_BIN=test/bin/tsan TEST_GLOB='test_*' YOLO_BIN=test/bin/tsan/yolo SKIP_EMU=1 SKIP_CHECK_REF=1 \
 	    TEST_TRAIN_SAMPLE=$(TSAN_TRAIN_SAMPLE) SAN_REPORTS=test/bin/tsan/report bash test/run.sh
 
+# --- GPU efficiency without a GPU (issue 14; none of this is part of make test) ------------------
+# make kernel-report: registers, spills, shared memory, occupancy of every kernel for sm_80/86/89/90
+#   and the conv kernels' main-loop instruction mix (test/kernel_report.py; needs nvcc and python3),
+#   checked against test/kernel_report.baseline (fails on a spill or a kernel worse than the baseline)
+# make kernel-report-baseline: rewrites the baseline from the kernels as they are now
+# make emu-count / make gpu-model: see test/emu.mk
+KREPORT = NVCC=$(NVCC) python3 test/kernel_report.py
+KREPORT_NEED = @command -v python3 >/dev/null || { echo "$@ needs python3"; exit 1; }; \
+	test -n "$(NVCC)" || { echo "$@ needs nvcc (none found in PATH or /usr/local/cuda/bin)"; exit 1; }
+kernel-report:
+	$(KREPORT_NEED)
+	$(KREPORT) --check test/kernel_report.baseline
+kernel-report-baseline:
+	$(KREPORT_NEED)
+	$(KREPORT) --out test/kernel_report.baseline >/dev/null
+	@echo "wrote test/kernel_report.baseline"
+
 clean-tests:
 	rm -rf test/bin
 
@@ -136,4 +153,4 @@ clean: clean-tests
 
 -include test/emu.mk
 
-.PHONY: all test tests asan tsan fuzz-asan clean clean-tests demo bench
+.PHONY: all test tests asan tsan fuzz-asan clean clean-tests demo bench kernel-report kernel-report-baseline

@@ -91,6 +91,13 @@ struct Block {
 };
 static thread_local Block *B;
 static thread_local Fiber *F;
+// counter mode (defined at the end of the file; empty unless built with -DEMU_COUNTERS)
+static void count_flush();
+static void count_block_begin(int n, unsigned long block);
+static void count_launch_begin(const LaunchCfg &c, unsigned long blocks, unsigned long sampled);
+static void count_launch_end();
+int count_sample();
+void count_shared_range(void *p, size_t n);
 static thread_local const LaunchCfg *K;       // kernel now running (for messages), null on the host
 static thread_local std::vector<char *> stacks;
 static size_t stack_bytes() {
@@ -148,6 +155,7 @@ static const char *op_name(int op) {
     return op >= 0 && op <= W_UNIFORM ? n[op] : "?";
 }
 static void release_barrier() {
+    count_flush();
     for (int i = 0; i < B->n; i++) if (B->f[i].state == F_BAR) B->f[i].state = F_RUN;
     B->bar_count = 0;
 }
@@ -271,6 +279,7 @@ void shared_fresh(void *p, size_t n) {
     static thread_local std::map<void *, uint64_t> seen;
     if (!B) return;
     uint64_t &s = seen[p];
+    count_shared_range(p, n);
     if (s != block_serial) { s = block_serial; memset(p, 0xFF, n); }
 }
 void *dyn_smem() { if (!B) fail("extern __shared__ used outside a kernel"); return smem_ptr; }
@@ -491,12 +500,21 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
         for (unsigned long i = 0; i < nb; i++) order[i] = g_order == 1 ? nb - 1 - i : i;
         if (g_order == 2)
             for (unsigned long i = nb; i > 1; i--) std::swap(order[i - 1], order[rng_next() % i]);
-        for (unsigned long i = 0; i < nb; i++) {
+        // counter mode with EMU_SAMPLE=N: only N evenly spaced blocks of a larger grid
+        unsigned long ns = nb, sample = (unsigned long)count_sample();
+        if (sample > 0 && nb > sample) {
+            ns = sample;
+            for (unsigned long i = 0; i < ns; i++) order[i] = i * nb / ns + nb / (2 * ns);
+        }
+        count_launch_begin(c, nb, ns);
+        for (unsigned long i = 0; i < ns; i++) {
             unsigned long bi = order[i];
+            count_block_begin(n, bi);
             cur_bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y), (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
             memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
             run_block(body, n);
         }
+        count_launch_end();
         check_all_canaries(c.name);
         K = nullptr;
     });
@@ -896,3 +914,207 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
 ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
 ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 } // extern "C"
+
+// ------------------------------------------------------------------------------------------
+// counter mode (issue 14): memory-access statistics of every kernel, for test/gpu_model.sh.
+// The counting build (make emu-count) compiles the kernel file with g++ -fsanitize=kernel-address
+// in call mode, so every load and store of kernel code calls one of the __asan_* hooks below with
+// its address and width; this file itself is not instrumented. A hook keeps an access only when
+// a CUDA thread (a fiber) makes it, to device memory (global) or to __shared__ memory (the
+// dynamic buffer, or a static __shared__ array registered by shared_fresh); fiber stacks (locals)
+// and host memory are ignored. Accesses are grouped into warp instructions the way SIMT hardware
+// issues them: key (warp, call site, how many times this lane has executed that site since the
+// last barrier), so the k-th execution of an instruction by each lane of a warp forms one request.
+// Requests are closed at every __syncthreads and at the end of the block, then measured:
+//   global: one request, its distinct 32-byte sectors, bytes requested, bytes by access width;
+//   shared: wavefronts = for each phase (32 lanes for <= 4-byte accesses, 16 for 8-byte, 8 for
+//           16-byte, as the hardware splits wide accesses), the most distinct 4-byte words that
+//           fall into one of the 32 banks; conflicts = wavefronts - phases.
+// WMMA tiles (load/store_matrix_sync, counted once per warp by cuda_emu.h) are measured as
+// requests of 16-byte chunks, 32 per request, in ldmatrix's order (a phase is 8 rows of one
+// 16-byte column of the tile).
+// EMU_COUNT=FILE turns the mode on and writes one line per launch to FILE at exit; EMU_SAMPLE=N
+// runs only N evenly spaced blocks of a larger grid and scales the counts by blocks/N (the other
+// blocks' outputs stay poisoned: a counting run measures, it checks nothing).
+// ------------------------------------------------------------------------------------------
+#ifdef EMU_COUNTERS
+namespace emu {
+struct CountRec {                     // one launch; every figure scaled to the whole grid at dump
+    std::string kernel, tag;
+    unsigned long blocks, sampled; int threads;
+    double gld_req, gld_sect, gld_bytes, gst_req, gst_sect, gst_bytes;
+    double gbytes_w[5];               // global bytes by access width 1, 2, 4, 8, 16
+    double sld_req, sld_wave, sld_phase, sst_req, sst_wave, sst_phase;
+    double mma_flop;                  // 2*M*N*K per warp-level mma_sync
+    double sect_single, sect_multi;   // distinct sectors touched by one sampled block / by several
+};
+struct Acc { uint32_t mask; uint8_t width, kind; uintptr_t addr[32]; };   // kind: 0 gld 1 gst 2 sld 3 sst
+static std::vector<CountRec> crecs;
+static CountRec *crec;                          // the launch being counted
+static std::vector<std::pair<uintptr_t, size_t>> sranges;   // static __shared__ arrays seen
+static std::map<std::tuple<int, uintptr_t, uint32_t>, Acc> pending;
+static std::vector<std::map<uintptr_t, uint32_t>> occ;      // per lane: executions of each site
+static std::map<uintptr_t, std::pair<unsigned long, int>> sectors;   // sector -> (last block, blocks)
+static unsigned long cblock;
+static int quiet;                               // >0 inside a WMMA emulation (counted as a tile)
+static int count_on() { static int on = -1; if (on < 0) on = getenv("EMU_COUNT") && *getenv("EMU_COUNT"); return on; }
+int count_sample() { return count_on() ? env_int("EMU_SAMPLE", 0) : 0; }
+
+static void measure(const Acc &a) {
+    CountRec &r = *crec;
+    if (a.kind < 2) {
+        std::set<uintptr_t> s;
+        double bytes = 0;
+        for (int l = 0; l < 32; l++) if (a.mask >> l & 1) {
+            for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32; x++) s.insert(x);
+            bytes += a.width;
+        }
+        for (uintptr_t x : s) {
+            auto &e = sectors[x];
+            if (e.second == 0 || e.first != cblock) { e.second += e.second < 2; e.first = cblock; }
+        }
+        int wi = a.width == 1 ? 0 : a.width == 2 ? 1 : a.width == 4 ? 2 : a.width == 8 ? 3 : 4;
+        r.gbytes_w[wi] += bytes;
+        if (a.kind == 0) r.gld_req++, r.gld_sect += s.size(), r.gld_bytes += bytes;
+        else r.gst_req++, r.gst_sect += s.size(), r.gst_bytes += bytes;
+        return;
+    }
+    int per = a.width <= 4 ? 32 : a.width == 8 ? 16 : 8;
+    double wave = 0, phases = 0;
+    for (int p0 = 0; p0 < 32; p0 += per) {
+        std::set<uintptr_t> words[32];
+        int any = 0;
+        for (int l = p0; l < p0 + per; l++) if (a.mask >> l & 1) {
+            any = 1;
+            for (uintptr_t w = a.addr[l] / 4; w <= (a.addr[l] + a.width - 1) / 4; w++) words[w % 32].insert(w);
+        }
+        if (!any) continue;
+        size_t m = 0;
+        for (auto &w : words) m = std::max(m, w.size());
+        wave += m; phases++;
+    }
+    if (a.kind == 2) r.sld_req++, r.sld_wave += wave, r.sld_phase += phases;
+    else r.sst_req++, r.sst_wave += wave, r.sst_phase += phases;
+}
+static void count_flush(bool keep_occ) {
+    if (!crec) return;
+    for (auto &kv : pending) measure(kv.second);
+    pending.clear();
+    if (!keep_occ) for (auto &o : occ) o.clear();
+}
+static void count_flush() { count_flush(false); }
+static void count_block_begin(int n, unsigned long bi) { count_flush(); occ.resize(n); cblock = bi; }
+void count_shared_range(void *p, size_t n) {
+    for (auto &r : sranges) if (r.first == (uintptr_t)p) return;
+    sranges.push_back({(uintptr_t)p, n});
+}
+static void record(uintptr_t a, unsigned width, int store, uintptr_t site) {
+    if (!crec || !F || quiet) return;
+    if (a >= (uintptr_t)F->stack && a < (uintptr_t)F->stack + PAGE + stack_bytes()) return;   // a local
+    static uintptr_t dev_lo = 1, dev_hi = 0;   // the last device allocation hit (usually the one arena)
+    int kind;
+    if (a >= dev_lo && a < dev_hi) kind = store;
+    else if (is_device((const void *)a)) {
+        Alloc *al = find_alloc((const void *)a, true);
+        dev_lo = (uintptr_t)al->ptr; dev_hi = dev_lo + al->size;
+        kind = store;
+    }
+    else if (a >= (uintptr_t)smem_ptr && a < (uintptr_t)smem_ptr + smem_size) kind = 2 + store;
+    else {
+        kind = -1;
+        for (auto &r : sranges) if (a >= r.first && a < r.first + r.second) { kind = 2 + store; break; }
+        if (kind < 0) return;
+    }
+    int lane = F->lin & 31;
+    uint32_t k = occ[F->lin][site]++;
+    Acc &e = pending[std::make_tuple(F->lin >> 5, site, k)];
+    if (!e.mask) e.width = (uint8_t)width, e.kind = (uint8_t)kind;
+    e.mask |= 1u << lane; e.addr[lane] = a;
+    if (pending.size() > (1u << 20)) count_flush(true);   // a long barrier-free loop: measure what is complete
+}
+// a WMMA tile, once per warp: rows x cols elements of esz bytes, ld elements between rows (row
+// major) or columns; chunks of 16 contiguous bytes, 32 chunks per request
+void count_tile(const void *p, int rows, int cols, int esz, size_t ld, int rowmajor, int store) {
+    if (!crec || !F || (F->lin & 31)) return;
+    int outer = rowmajor ? rows : cols, inner = (rowmajor ? cols : rows) * esz;
+    Acc a = {};
+    int n = 0;
+    int kind = is_device(p) ? store : 2 + store;
+    for (int c = 0; c < inner; c += 16)      // ldmatrix order: 8 rows of one 16-byte column per phase
+        for (int o = 0; o < outer; o++) {
+            a.addr[n] = (uintptr_t)p + (size_t)o * ld * esz + c; a.mask |= 1u << n;
+            if (++n == 32) { a.width = 16; a.kind = (uint8_t)kind; measure(a); a = Acc{}; n = 0; }
+        }
+    if (n) { a.width = 16; a.kind = (uint8_t)kind; measure(a); }
+}
+void count_mma(int m, int n, int k) { if (crec && F && !(F->lin & 31)) crec->mma_flop += 2.0 * m * n * k; }
+void count_quiet(int d) { quiet += d; }
+static void count_dump();
+static void count_launch_begin(const LaunchCfg &c, unsigned long nb, unsigned long ns) {
+    if (!count_on()) return;
+    static int once;
+    if (!once++) atexit(count_dump);
+    crecs.push_back(CountRec{});
+    crec = &crecs.back();
+    crec->kernel = c.name; crec->blocks = nb; crec->sampled = ns;
+    crec->threads = (int)(c.block.x * c.block.y * c.block.z);
+    sectors.clear();
+}
+static void count_launch_end() {
+    count_flush();
+    for (auto &kv : sectors) (kv.second.second == 1 ? crec->sect_single : crec->sect_multi)++;
+    sectors.clear();
+    crec = nullptr;
+}
+static void count_dump() {
+    FILE *f = fopen(getenv("EMU_COUNT"), "w");
+    if (!f) { fprintf(stderr, "EMU_COUNT=%s: cannot write\n", getenv("EMU_COUNT")); return; }
+    fprintf(f, "# emulator counter mode: one line per launch, figures scaled from the sampled blocks to the grid\n"
+               "# tag\tkernel\tblocks\tsampled\tthreads\tgld_req\tgld_sect\tgld_bytes\tgst_req\tgst_sect\tgst_bytes\t"
+               "gb1\tgb2\tgb4\tgb8\tgb16\tsld_req\tsld_wave\tsld_phase\tsst_req\tsst_wave\tsst_phase\tmma_flop\tcompulsory_bytes\n");
+    for (auto &r : crecs) {
+        double s = (double)r.blocks / r.sampled;
+        // compulsory: sectors only one sampled block touched are that block's own (scaled with the
+        // grid); sectors several touched are shared by the grid (counted once)
+        double comp = 32.0 * (r.sect_single * s + r.sect_multi);
+        fprintf(f, "%s\t%s\t%lu\t%lu\t%d", r.tag.empty() ? "-" : r.tag.c_str(), r.kernel.c_str(), r.blocks, r.sampled, r.threads);
+        double v[] = {r.gld_req, r.gld_sect, r.gld_bytes, r.gst_req, r.gst_sect, r.gst_bytes, r.gbytes_w[0], r.gbytes_w[1],
+                      r.gbytes_w[2], r.gbytes_w[3], r.gbytes_w[4], r.sld_req, r.sld_wave, r.sld_phase, r.sst_req, r.sst_wave,
+                      r.sst_phase, r.mma_flop};
+        for (double x : v) fprintf(f, "\t%.6g", x * s);
+        fprintf(f, "\t%.6g\n", comp);
+    }
+    fclose(f);
+}
+} // namespace emu
+// the hooks g++ -fsanitize=kernel-address calls (call mode: asan-instrumentation-with-call-threshold=0)
+#define EMU_HOOK(n) \
+    extern "C" void __asan_load##n##_noabort(uintptr_t a) { emu::record(a, n, 0, (uintptr_t)__builtin_return_address(0)); } \
+    extern "C" void __asan_store##n##_noabort(uintptr_t a) { emu::record(a, n, 1, (uintptr_t)__builtin_return_address(0)); }
+EMU_HOOK(1) EMU_HOOK(2) EMU_HOOK(4) EMU_HOOK(8) EMU_HOOK(16)
+extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) { emu::record(a, (unsigned)n, 0, (uintptr_t)__builtin_return_address(0)); }
+extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) { emu::record(a, (unsigned)n, 1, (uintptr_t)__builtin_return_address(0)); }
+extern "C" void __asan_handle_no_return(void) {}
+// emu_count_tag: yolo.c's YOLO_PROFILE names each group of launches after it ran ("conv fwd 3x3
+// s1"): the launches since the last tag get that name; NULL (at the start of a timed group) names
+// the launches before it "untimed"
+extern "C" void emu_count_tag(const char *name) {
+    emu::drain();
+    for (auto it = emu::crecs.rbegin(); it != emu::crecs.rend() && it->tag.empty(); ++it) it->tag = name ? name : "untimed";
+}
+#else
+namespace emu {
+int count_sample() { return 0; }
+void count_shared_range(void *, size_t) {}
+void count_tile(const void *, int, int, int, size_t, int, int) {}
+void count_mma(int, int, int) {}
+void count_quiet(int) {}
+static void count_flush() {}
+static void count_block_begin(int, unsigned long) {}
+static void count_launch_begin(const LaunchCfg &, unsigned long, unsigned long) {}
+static void count_launch_end() {}
+}
+#endif
+#ifdef EMU_COUNTERS
+extern "C" void emu_count_dump_now(void) { emu::drain(); emu::count_dump(); }
+#endif

@@ -64,6 +64,11 @@ unsigned active_mask();
 void *dyn_smem();
 void shared_fresh(void *p, size_t n);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// counter mode (make emu-count; no-ops otherwise): a WMMA tile access and an mma, once per warp;
+// count_quiet brackets the emulation's own reads of a tile, which the hardware does not make
+void count_tile(const void *p, int rows, int cols, int esz, size_t ld, int rowmajor, int store);
+void count_mma(int m, int n, int k);
+void count_quiet(int d);
 
 // ---- launches ----
 struct LaunchCfg { const void *fn; const char *name, *file; int line; dim3 grid, block; size_t smem; cudaStream_t stream; };
@@ -232,16 +237,26 @@ template <class Use, int M, int N, int K, class T, class Layout = void> struct f
     T x[rows * cols];   // logical row-major (rows, cols), the same in every lane
 };
 void warp_check(const void *p, unsigned ldm, unsigned align, const char *what, const char *file, int line);
+// the emulation's own work on fragments is not a memory access of the kernel: in the counting
+// build (EMU_COUNTING, make emu-count) it is left uninstrumented, which also keeps it fast
+#ifdef EMU_COUNTING
+#define EMU_UNCOUNTED __attribute__((no_sanitize_address))
+#else
+#define EMU_UNCOUNTED
+#endif
 template <class U, int M, int N, int K, class T, class L, class V>
-static inline void fill_fragment(fragment<U, M, N, K, T, L> &f, const V &v) {
+EMU_UNCOUNTED static inline void fill_fragment(fragment<U, M, N, K, T, L> &f, const V &v) {
     for (int i = 0; i < f.num_elements; i++) f.x[i] = (T)v;
 }
 template <class U, int M, int N, int K, class T, class L, class S>
-static inline void emu_load(fragment<U, M, N, K, T, L> &f, const S *p, unsigned ldm, bool rowmaj, const char *file, int line) {
+EMU_UNCOUNTED static inline void emu_load(fragment<U, M, N, K, T, L> &f, const S *p, unsigned ldm, bool rowmaj, const char *file, int line) {
     warp_check(p, ldm * sizeof(S), 32, "load_matrix_sync", file, line);
     typedef fragment<U, M, N, K, T, L> Fr;
+    emu::count_tile(p, Fr::rows, Fr::cols, (int)sizeof(S), ldm, rowmaj, 0);
+    emu::count_quiet(1);
     for (int r = 0; r < Fr::rows; r++)
         for (int c = 0; c < Fr::cols; c++) f.x[r * Fr::cols + c] = (T)(rowmaj ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]);
+    emu::count_quiet(-1);
 }
 template <class U, int M, int N, int K, class T, class S>
 static inline void emu_load_l(fragment<U, M, N, K, T, row_major> &f, const S *p, unsigned ldm, const char *fl, int ln) { emu_load(f, p, ldm, true, fl, ln); }
@@ -252,23 +267,27 @@ static inline void emu_load_l(fragment<accumulator, M, N, K, T, void> &f, const 
 #define load_matrix_sync(f, ...) emu_load_l(f, __VA_ARGS__, __FILE__, __LINE__)
 unsigned lane_id();
 template <int M, int N, int K, class T, class S>
-static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l, const char *file, int line) {
+EMU_UNCOUNTED static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l, const char *file, int line) {
     warp_check(p, ldm * sizeof(S), 32, "store_matrix_sync", file, line);
     bool rm = l == mem_row_major;
     // only this lane's share: a tile read back before __syncwarp() is incomplete, as on hardware
     // lane L owns elements [L*E, L*E+E), E = M*N/32 (like hardware, a few neighbours per lane);
     // a lane reading e = lane + 32k or a whole row back needs other lanes' stores
     const int E = M * N / 32;
+    emu::count_tile(p, M, N, (int)sizeof(S), ldm, rm, 1);
+    emu::count_quiet(1);
     for (int i = (int)lane_id() * E; i < ((int)lane_id() + 1) * E; i++) {
         int r = i / N, c = i % N;
         p[rm ? (size_t)r * ldm + c : (size_t)c * ldm + r] = (S)f.x[i];
     }
+    emu::count_quiet(-1);
 }
 #define store_matrix_sync(p, ...) emu_store(p, __VA_ARGS__, __FILE__, __LINE__)
 template <int M, int N, int K, class TA, class LA, class LB, class TC, class TD>
-static inline void mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
+EMU_UNCOUNTED static inline void mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
                             const fragment<matrix_b, M, N, K, TA, LB> &b, const fragment<accumulator, M, N, K, TC, void> &c) {
     warp_check(nullptr, 0, 0, "mma_sync", __FILE__, __LINE__);
+    emu::count_mma(M, N, K);
     // the FP16 inputs widened once (exact), then each element summed in k order as before
     float fa[M * K], fbt[N * K], acc[M * N];
     for (int i = 0; i < M * K; i++) fa[i] = (float)a.x[i];

@@ -40,12 +40,12 @@ $(EMU_DIR)/emu_selftest.cpp: test/emu_selftest.cu $(EMU_DEPS)
 	@mkdir -p $(EMU_DIR)
 	bash test/emu_rewrite.sh $< $@
 $(EMU_DIR)/yolo_kernels.o: $(EMU_DIR)/yolo_kernels.cpp yolo.h $(EMU_DEPS)
-	$(EMU_CXX) $(EMU_CXXFLAGS) -c -o $@ $<
+	$(EMU_CXX) $(EMU_CXXFLAGS) $(EMU_KFLAGS) -c -o $@ $<
 $(EMU_DIR)/emu_selftest.o: $(EMU_DIR)/emu_selftest.cpp test/test.h $(EMU_DEPS)
 	$(EMU_CXX) $(EMU_CXXFLAGS) -Itest -c -o $@ $<
 $(EMU_DIR)/cuda_emu.o: test/cuda_emu.cpp $(EMU_DEPS)
 	@mkdir -p $(EMU_DIR)
-	$(EMU_CXX) $(EMU_CXXFLAGS) -c -o $@ $<
+	$(EMU_CXX) $(EMU_CXXFLAGS) $(EMU_CDEFS) -c -o $@ $<
 $(EMU_DIR)/kernels_test.o: test/kernels_test.c yolo.h test/test.h $(SRC)
 	@mkdir -p $(EMU_DIR)
 	$(CC) $(EMU_CFLAGS) -c -o $@ $<
@@ -107,4 +107,36 @@ test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yol
 	$(EMU_CXX) -o $@ test/bin/gpu/gpu_step_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 
-.PHONY: emu-bins test-emu emu-asan emu-asan-bins cuda-check test-gpu
+# --- counter mode (issue 14; not part of make test except its own test, emu_count_test) ---------
+#   make emu-count    builds test/bin/emu-count: the kernel file instrumented so that every load and
+#                     store reaches the emulator's counters (g++ -fsanitize=kernel-address in call
+#                     mode, hooks in test/cuda_emu.cpp), the counter test and the one-step driver
+#                     test/gpu_count.c; then counts one yolov8n 640 batch-16 step into
+#                     test/bin/emu-count/step.tsv (EMU_SAMPLE blocks of each launch, default 2)
+#   make gpu-model    the modeled time per kernel kind and per step for named GPUs (test/gpu_model.sh)
+EMU_COUNT_DIR = test/bin/emu-count
+EMU_SAMPLE   ?= 2
+EMU_COUNT_KFLAGS = -DEMU_COUNTING -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
+                   --param asan-stack=0 --param asan-globals=0 -fno-tree-sra -fno-ipa-sra
+emu-count-bins:
+	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) EMU_KFLAGS="$(EMU_COUNT_KFLAGS)" EMU_CDEFS=-DEMU_COUNTERS \
+	    $(EMU_COUNT_DIR)/emu_count_test $(EMU_COUNT_DIR)/gpu_count
+$(EMU_DIR)/emu_count_test.cpp: test/emu_count_test.cu $(EMU_DEPS)
+	@mkdir -p $(EMU_DIR)
+	bash test/emu_rewrite.sh $< $@
+$(EMU_DIR)/emu_count_test.o: $(EMU_DIR)/emu_count_test.cpp test/test.h $(EMU_DEPS)
+	$(EMU_CXX) $(EMU_CXXFLAGS) $(EMU_KFLAGS) -Itest -c -o $@ $<
+$(EMU_DIR)/emu_count_test: $(EMU_DIR)/emu_count_test.o $(EMU_DIR)/cuda_emu.o
+	$(EMU_CXX) -o $@ $^ $(EMU_LDLIBS)
+$(EMU_DIR)/gpu_count.o: test/gpu_count.c yolo.h test/yolo_test.h $(SRC)
+	@mkdir -p $(EMU_DIR)
+	$(CC) $(EMU_CFLAGS) -I. -c -o $@ $<
+$(EMU_DIR)/gpu_count: $(EMU_DIR)/gpu_count.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
+	$(EMU_CXX) -o $@ $^ $(EMU_LDLIBS)
+$(EMU_COUNT_DIR)/step.tsv: emu-count-bins
+	EMU_COUNT=$@ EMU_SAMPLE=$(EMU_SAMPLE) $(EMU_COUNT_DIR)/gpu_count
+emu-count: $(EMU_COUNT_DIR)/step.tsv
+gpu-model: $(EMU_COUNT_DIR)/step.tsv
+	bash test/gpu_model.sh $(EMU_COUNT_DIR)/step.tsv
+
+.PHONY: emu-bins test-emu emu-asan emu-asan-bins cuda-check test-gpu emu-count-bins emu-count gpu-model

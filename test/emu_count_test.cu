@@ -1,0 +1,133 @@
+// emu_count_test.cu: the emulator's counter mode (make emu-count, test/cuda_emu.cpp) on kernels whose
+// memory pattern is known, so that the figures the GPU model is built on are shown to be right:
+// sectors per request of coalesced, strided, broadcast and 16-byte loads; shared-memory bank
+// conflicts of stride 1, 2 and 32 and of a broadcast; WMMA tiles from shared memory with a 32-byte
+// and a padded 48-byte row pitch (ldmatrix: 2-way conflicts, none); the mma count; block sampling.
+// Built only in the counting build (test/bin/emu-count); run by test/run_emu.sh when it exists.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <string.h>
+#include <math.h>
+#include <vector>
+#include <string>
+#include <unistd.h>
+#include "test.h"
+using namespace nvcuda;
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+extern "C" void emu_count_dump_now(void);
+
+// mode 0: x[lane] floats; 1: x[32*lane]; 2: x[0] (every lane); 3: uint4 per lane; each stored once
+__global__ void gload(const float *x, float *y, int mode) {
+    int l = threadIdx.x;
+    float v;
+    if (mode == 0) v = x[l];
+    else if (mode == 1) v = x[32 * l];
+    else if (mode == 2) v = x[0];
+    else { uint4 q = ((const uint4 *)x)[l]; v = __uint_as_float(q.x) + __uint_as_float(q.y) + __uint_as_float(q.z) + __uint_as_float(q.w); }
+    y[blockIdx.x * 32 + l] = v;
+}
+// shared stores at s[stride * lane], then a broadcast read of s[0] (blockIdx.x is 0)
+__global__ void sbank(float *y, int stride) {
+    __shared__ float s[1024];
+    int l = threadIdx.x;
+    s[(stride * l) % 1024] = (float)l;
+    __syncthreads();
+    y[l] = s[blockIdx.x];   // s[0]: g++ leaves a constant in-bounds index into a static array uncounted
+}
+// one 16x16 A tile from shared memory with a row pitch of ldm halves, one mma, stored to global
+__global__ void wtile(const __half *a, float *c, int ldm) {
+    __shared__ __align__(32) __half s[16 * 24];
+    for (int i = threadIdx.x; i < 16 * 16; i += 32) s[(i / 16) * ldm + i % 16] = a[i];
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    wmma::load_matrix_sync(fa, s, ldm);
+    wmma::load_matrix_sync(fb, s, ldm);
+    wmma::fill_fragment(fc, 0.0f);
+    wmma::mma_sync(fc, fa, fb, fc);
+    wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+
+struct Rec { std::string kernel; std::vector<double> v; };
+static std::vector<Rec> read_counts(const char *path) {
+    std::vector<Rec> r;
+    FILE *f = fopen(path, "r");
+    if (!f) { printf("FAIL  cannot read %s\n", path); exit(1); }
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        Rec x;
+        char *save = nullptr;
+        int i = 0;
+        for (char *t = strtok_r(line, "\t\n", &save); t; t = strtok_r(nullptr, "\t\n", &save), i++)
+            if (i == 1) x.kernel = t;
+            else if (i >= 2) x.v.push_back(atof(t));
+        r.push_back(x);
+    }
+    fclose(f);
+    return r;
+}
+// column indices in the dump after tag and kernel (see count_dump in cuda_emu.cpp)
+enum { BLOCKS, SAMPLED, THREADS, GLD_REQ, GLD_SECT, GLD_BYTES, GST_REQ, GST_SECT, GST_BYTES, GB1, GB2, GB4, GB8, GB16,
+       SLD_REQ, SLD_WAVE, SLD_PHASE, SST_REQ, SST_WAVE, SST_PHASE, MMA_FLOP, COMPULSORY };
+
+int main() {
+    char path[] = "/tmp/emu_count_testXXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return 1;
+    setenv("EMU_COUNT", path, 1);
+    std::vector<float> hx(4096);
+    for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)i;
+    float *x, *y;
+    __half *a;
+    CK(cudaMalloc((void **)&x, hx.size() * 4));
+    CK(cudaMalloc((void **)&y, 100 * 32 * 4));
+    CK(cudaMalloc((void **)&a, 256 * 2));
+    CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(a, 0, 512));
+    for (int m = 0; m < 4; m++) gload<<<1, 32>>>(x, y, m);
+    for (int s : {1, 2, 32}) sbank<<<1, 32>>>(y, s);
+    wtile<<<1, 32>>>(a, y, 16);
+    wtile<<<1, 32>>>(a, y, 24);
+    setenv("EMU_SAMPLE", "4", 1);
+    gload<<<100, 32>>>(x, y, 0);
+    unsetenv("EMU_SAMPLE");
+    CK(cudaDeviceSynchronize());
+    emu_count_dump_now();
+    std::vector<Rec> r = read_counts(path);
+    unlink(path);
+    if (r.size() != 10) { printf("FAIL  expected 10 launches in the counter dump, got %zu\n", r.size()); return 1; }
+    // exact counts: every figure below is a small integer, compared with tolerance 0
+    const double want_sect[4] = {4, 32, 1, 16};
+    const char *what[4] = {"x[lane] float (coalesced)", "x[32*lane] float (strided)", "x[0] in every lane (broadcast)", "uint4 x[lane] (16-byte)"};
+    for (int m = 0; m < 4; m++) {
+        check_close(what[m], r[m].v[GLD_SECT] / r[m].v[GLD_REQ], want_sect[m], 0);
+    }
+    check_close("16-byte loads: bytes in 16-byte accesses", r[3].v[GB16], 512, 0);
+    check_close("coalesced float loads + stores: bytes in 4-byte accesses", r[0].v[GB4], 256, 0);
+    check_close("coalesced store: sectors per request", r[0].v[GST_SECT] / r[0].v[GST_REQ], 4, 0);
+    const double want_wave[3] = {1, 2, 32};
+    for (int i = 0; i < 3; i++) {
+        char w[80];
+        snprintf(w, sizeof w, "shared store s[%d*lane]: wavefronts per request", i == 0 ? 1 : i == 1 ? 2 : 32);
+        check_close(w, r[4 + i].v[SST_WAVE] / r[4 + i].v[SST_REQ], want_wave[i], 0);
+        check_close("shared broadcast load s[0]: wavefronts per request", r[4 + i].v[SLD_WAVE] / r[4 + i].v[SLD_REQ], 1, 0);
+    }
+    // a 16x16 half tile is 32 chunks of 16 bytes: one request in 4 phases of 8 rows; a 32-byte row
+    // pitch puts rows r and r+4 in the same banks (2 wavefronts a phase), a 48-byte pitch none
+    check_close("wmma tile, ldm 16 halves: requests (2 loads)", r[7].v[SLD_REQ], 2, 0);
+    check_close("wmma tile, ldm 16 halves: bank conflicts per request", (r[7].v[SLD_WAVE] - r[7].v[SLD_PHASE]) / r[7].v[SLD_REQ], 4, 0);
+    check_close("wmma tile, ldm 24 halves: bank conflicts per request", (r[8].v[SLD_WAVE] - r[8].v[SLD_PHASE]) / r[8].v[SLD_REQ], 0, 0);
+    check_close("one 16x16x16 mma_sync: flop", r[7].v[MMA_FLOP], 2.0 * 16 * 16 * 16, 0);
+    check_close("wmma store of a 16x16 float tile to global: sectors per request", r[7].v[GST_SECT] / r[7].v[GST_REQ], 16, 0);
+    check_close("sampling: blocks run of 100 (EMU_SAMPLE=4)", r[9].v[SAMPLED], 4, 0);
+    check_close("sampling: load requests scaled to 100 blocks", r[9].v[GLD_REQ], 100, 0);
+    check_close("sampling: compulsory bytes (x shared by all blocks once, y 128 bytes a block)", r[9].v[COMPULSORY], 128 + 100 * 128, 0);
+    return test_summary();
+}

@@ -1,0 +1,50 @@
+// gpu_count.c: one training step of the device path (forward, loss, backward, optimizer) under the
+// CPU emulation's counter mode (make emu-count; test/cuda_emu.cpp), for test/gpu_model.sh.
+// YOLOv8n, 80 classes, batch 16 at 640x640 (or GPU_COUNT="B S" with a model scale letter as a third
+// field, e.g. "16 640 s"), with YOLO_PROFILE=1 so that every launch is named after the row of the
+// profile table it belongs to ("conv fwd 3x3 s1", "bn+silu backward", ...); the counts go to the
+// file EMU_COUNT names; EMU_SAMPLE=N runs N blocks of each larger grid (the figures are scaled).
+// It measures memory traffic; the values computed are not checked (sampled blocks leave the rest
+// of each output poisoned). Not named test_*.c: the main Makefile would build it without kernels.
+#ifndef TESTING
+#define TESTING
+#endif
+#define YOLO_CUDA
+#include "../yolo.c"
+#include "../yolo.h"
+#include "yolo_test.h"
+
+int main(void) {
+    int B = 16, S = 640;
+    char scale = 'n';
+    const char *e = getenv("GPU_COUNT");
+    if (e && sscanf(e, "%d %d %c", &B, &S, &scale) < 2) { fprintf(stderr, "GPU_COUNT=%s: expected \"B S [scale]\"\n", e); return 2; }
+    if (!getenv("EMU_COUNT")) { fprintf(stderr, "gpu_count: set EMU_COUNT=FILE (the counts are written there)\n"); return 2; }
+    setenv("YOLO_PROFILE", "1", 1);
+    Model *m = xcalloc(1, sizeof(Model));
+    model_open(m, scale, 80, 1, 64, 64, 11);   // the host arena only holds the parameters here
+    size_t nimg = (size_t)B * 3 * S * S;
+    uint8_t *img = xmalloc(nimg);
+    Rng r;
+    rng_seed(&r, 5);
+    for (size_t i = 0; i < nimg; i++) img[i] = (uint8_t)rng_range(&r, 0, 255);
+    int nb = 3 * B, *bidx = xmalloc(nb * sizeof(int)), *cls = xmalloc(nb * sizeof(int));
+    float *box = xmalloc(nb * 4 * sizeof(float));
+    for (int i = 0; i < nb; i++) {
+        bidx[i] = i / 3; cls[i] = (i * 7) % 80;
+        box[4 * i] = 0.2f + 0.25f * (i % 3); box[4 * i + 1] = 0.5f; box[4 * i + 2] = 0.1f + 0.1f * (i % 3); box[4 * i + 3] = 0.2f;
+    }
+    LossTargets tg = {nb, bidx, cls, box};
+    LossConfig lc = loss_config_default();
+    Optimizer opt = {.kind = OPT_SGD, .lr = {0.01, 0.01, 0.01}, .momentum = 0.937, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 5e-4};
+    GpuShape shp = {B, S, S, 1};
+    Gpu *g = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
+    double t0 = now_sec();
+    gpu_zero_grad(g);
+    gpu_train_step(g, &shp, img, &tg, &lc);
+    gpu_optimize(g, NULL);
+    cudaDeviceSynchronize();
+    printf("gpu_count: yolov8%c batch %d at %dx%d, one step counted in %.1f s (EMU_SAMPLE=%s), device arena %.1f MiB\n",
+           scale, B, S, S, now_sec() - t0, getenv("EMU_SAMPLE") ? getenv("EMU_SAMPLE") : "all", g->plan / 1048576.0);
+    return 0;
+}

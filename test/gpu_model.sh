@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# gpu_model.sh: a MODEL of the device training step's time on named GPUs, built without a GPU (issue 14).
+#   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE]      (make gpu-model)
+# COUNTS.tsv: one launch per line from the emulator's counter mode (make emu-count: one yolov8n 640
+# batch-16 step, test/gpu_count.c), each launch named after its YOLO_PROFILE row ("conv fwd 3x3 s1").
+# FILE: a kernel report (test/kernel_report.py; default test/kernel_report.baseline) for the conv
+# kernels' PTX instructions per HMMA on each GPU's architecture.
+# Per launch, the modeled time is the largest of (a roofline with an issue limit):
+#   tensor   mma FLOP / (tensor peak x min(mma ceiling, c / I)): I the main loop's instructions per
+#            HMMA.16816 from the kernel report, c the cycles one HMMA.16816 takes on one SM sub-partition
+#            at peak (4096 FLOP / the sub-partition's FLOP per clock); one instruction issued per clock
+#            per sub-partition, latency assumed hidden
+#   DRAM     compulsory bytes (each byte the launch touches, once) / DRAM bandwidth
+#   L2       bytes of the 32-byte sectors the warps request / L2 bandwidth (assumed 3x DRAM)
+#   shared   shared-memory wavefronts (bank conflicts included) / (SMs x 1 wavefront per clock)
+#   floor    2 microseconds (a launch's start and drain)
+# Kernels without mma are modeled as memory-bound (their FP32 arithmetic is not counted). The FP32
+# CUDA-core figures are stated for reference only. Nothing here is measured: every line says MODEL.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+counts=${1:-}
+[ -n "$counts" ] && [ -f "$counts" ] || { echo "usage: bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] (make gpu-model makes the counts)"; exit 2; }
+shift
+only=""; report=test/kernel_report.baseline
+while [ $# -gt 0 ]; do
+    case $1 in
+        --gpu) only=$2; shift 2 ;;
+        --report) report=$2; shift 2 ;;
+        *) echo "gpu_model.sh: unknown argument $1"; exit 2 ;;
+    esac
+done
+[ -f "$report" ] || { echo "gpu_model.sh: kernel report $report not found (make kernel-report-baseline)"; exit 2; }
+# name, arch, SMs, boost clock GHz, FP16 tensor TFLOP/s (dense, FP32 accumulate), FP32 TFLOP/s, DRAM GB/s,
+# mma.sync ceiling (share of the tensor peak mma.sync can reach: Hopper's peak needs wgmma; assumed 0.67)
+gpus='RTX3060 86 28 1.777 25.4 12.7 360 1.0
+RTX4090 89 128 2.52 165.2 82.6 1008 1.0
+A100 80 108 1.41 312 19.5 1555 1.0
+H100 90 132 1.83 989.4 66.9 3352 0.67'
+awk -v only="$only" -v gpus="$gpus" -v counts="$counts" -F'\t' '
+function max(a, b) { return a > b ? a : b }
+BEGIN {
+    ng = split(gpus, gl, "\n")
+    for (i = 1; i <= ng; i++) {
+        split(gl[i], f, " ")
+        G[i] = f[1]; ARCH[i] = f[2]; SM[i] = f[3]; CLK[i] = f[4]; TC[i] = f[5]; F32[i] = f[6]; BW[i] = f[7]; CEIL[i] = f[8]
+        C[i] = 4096 / (TC[i] * 1e12 / (SM[i] * CLK[i] * 1e9 * 4))
+    }
+}
+# the kernel report: "== sm_80" sections, "loop NAME instr/mma X ..." lines
+FILENAME != counts {
+    if ($0 ~ /^== sm_/) { arch = substr($0, 7); next }
+    if ($0 ~ /^loop /) { n = split($0, w, " "); IPM[arch, w[2]] = w[4] }
+    next
+}
+/^#/ { next }
+{
+    nl++
+    TAG[nl] = $1; K[nl] = $2
+    for (j = 6; j <= 24; j++) V[nl, j] = $j
+}
+END {
+    printf "MODEL  a modeled, not measured, device step from %s (%d launches) and %s\n", counts, nl, report
+    printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "GPU", "arch", "SMs", "GHz", "FP16 tensor", "FP32", "DRAM", "mma.sync", "HMMA cycles"
+    printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "", "", "", "", "TFLOP/s", "TFLOP/s", "GB/s", "ceiling", "per SMSP"
+    for (i = 1; i <= ng; i++)
+        printf "MODEL  %-8s %4s %4d %6.3f %10.1f %9.1f %9d %8.2f %12.1f\n", G[i], "sm_" ARCH[i], SM[i], CLK[i], TC[i], F32[i], BW[i], CEIL[i], C[i]
+    for (i = 1; i <= ng; i++) {
+        if (only != "" && G[i] != only) continue
+        delete T; delete FL; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
+        nk = 0; tot = 0; miss = ""
+        for (l = 1; l <= nl; l++) {
+            k = TAG[l]
+            if (k == "untimed") k = "untimed: " K[l]
+            if (!(k in NL)) KO[++nk] = k
+            gld_req = V[l, 6]; gld_sect = V[l, 7]; gld_bytes = V[l, 8]; gst_req = V[l, 9]; gst_sect = V[l, 10]; gst_bytes = V[l, 11]
+            gb16 = V[l, 16]; sld_req = V[l, 17]; sld_wave = V[l, 18]; sld_ph = V[l, 19]; sst_req = V[l, 20]; sst_wave = V[l, 21]
+            sst_ph = V[l, 22]; flop = V[l, 23]; comp = V[l, 24]
+            t_mem = comp / (BW[i] * 1e9)
+            t_l2 = (gld_sect + gst_sect) * 32 / (3 * BW[i] * 1e9)
+            t_sh = (sld_wave + sst_wave) / (SM[i] * CLK[i] * 1e9)
+            t_tc = 0
+            if (flop > 0) {
+                ipm = IPM[ARCH[i], K[l]]
+                if (ipm == "") { ipm = C[i]; if (index(miss, K[l]) == 0) miss = miss " " K[l] }
+                eff = C[i] / ipm; if (eff > CEIL[i]) eff = CEIL[i]
+                t_tc = flop / (TC[i] * 1e12 * eff)
+            }
+            t = max(max(max(t_tc, t_mem), max(t_l2, t_sh)), 2e-6)
+            T[k] += t; FL[k] += flop; NL[k]++; DR[k] += comp; L2B[k] += (gld_sect + gst_sect) * 32
+            SQ[k] += gld_req + gst_req; SS[k] += gld_sect + gst_sect; BY[k] += gld_bytes + gst_bytes; B16[k] += gb16
+            SW[k] += sld_wave + sst_wave; SP[k] += sld_ph + sst_ph; SR[k] += sld_req + sst_req
+            tot += t
+        }
+        if (only == "" && G[i] != "A100") { printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n", G[i], tot * 1e3, 16 / tot; continue }
+        printf "MODEL  %s, yolov8n 640 batch 16, one training step by kind of launch (YOLO_PROFILE names):\n", G[i]
+        printf "MODEL  %-30s %5s %8s %8s %8s %6s %5s %6s %9s %7s %6s\n", "kind", "lnch", "GFLOP", "DRAM MB", "L2 MB", "sect/", "16B", "bank", "model ms", "share", "tensor"
+        printf "MODEL  %-30s %5s %8s %8s %8s %6s %5s %6s %9s %7s %6s\n", "", "", "", "", "", "req", "%", "cnfl/r", "", "", "peak%"
+        # kinds by modeled time
+        for (a = 1; a <= nk; a++) for (b = a + 1; b <= nk; b++) if (T[KO[b]] > T[KO[a]]) { x = KO[a]; KO[a] = KO[b]; KO[b] = x }
+        for (a = 1; a <= nk; a++) {
+            k = KO[a]
+            pk = FL[k] > 0 ? sprintf("%5.1f%%", 100 * FL[k] / (T[k] * TC[i] * 1e12)) : "     -"
+            printf "MODEL  %-30s %5d %8.1f %8.1f %8.1f %6.1f %5.1f %6.2f %9.3f %6.1f%% %6s\n", substr(k, 1, 30), NL[k], FL[k] / 1e9, DR[k] / 1e6,
+                   L2B[k] / 1e6, SQ[k] ? SS[k] / SQ[k] : 0, BY[k] ? 100 * B16[k] / BY[k] : 0, SR[k] ? (SW[k] - SP[k]) / SR[k] : 0,
+                   T[k] * 1e3, 100 * T[k] / tot, pk
+        }
+        printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n", G[i], tot * 1e3, 16 / tot
+        if (miss != "") printf "MODEL  (no kernel-report loop figures for:%s; their mma issue taken as ideal)\n", miss
+    }
+}' "$report" "$counts"

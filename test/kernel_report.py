@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+# kernel_report.py: what the compiler made of yolo_kernels.cu, without a GPU (issue 14).
+#   python3 test/kernel_report.py [--out FILE] [--check BASELINE] [--arch "80 86 89 90"]
+# (make kernel-report, make kernel-report-baseline; .ci/run runs the check where nvcc is installed).
+# For every architecture it compiles yolo_kernels.cu once with nvcc (-O3, -Xptxas -v, --keep) and reads:
+#   - ptxas's resource usage per kernel: registers, spill stores/loads, stack frame (local memory),
+#     static shared memory; threads per block from __launch_bounds__ (.maxntid in the PTX) or, when a
+#     kernel has none, from its launch in the source (a literal or a named constant);
+#   - theoretical occupancy, computed here from the per-architecture limits in LIMITS below;
+#   - for each convolution kernel (conv_*), the main loop's instruction mix, read from the PTX: the
+#     main loop is the innermost loop (a label and a backward branch to it) whose body holds an mma;
+#     loops nested inside it (operand staging) are weighted by their trip count, read from the
+#     loop's own `add r, r, STRIDE` / `setp.lt r, BOUND` pair (a loop whose count is not a constant
+#     counts once and is marked '?'). Figures per trip of the main loop (one K step):
+#       instr/mma  PTX instructions per mma, counted in HMMA.16816 (m16n8k16) units: a wmma
+#                  m16n16k16 counts as two, as the hardware issues it
+#       16B%       share of the global bytes loaded in 16-byte accesses (ld.global.v4 / cp.async 16)
+#       sts/mma    shared-memory stores per mma
+#       bar/K      barriers (bar.sync) per K step
+#   SASS (the machine code) is read instead when cuobjdump or nvdisasm is installed; nvcc 13 here
+#   ships neither, so the figures are the PTX's, and the report says so.
+# With --check BASELINE it fails (exit 1) on any spill, and on any kernel whose figures are worse than
+# the baseline's: lower occupancy, a larger stack frame, instr/mma up by more than MARGIN, the 16-byte
+# share down by more than 2 points, more shared stores per mma or more barriers per K step.
+import os, re, shutil, subprocess, sys, tempfile
+
+MARGIN = 0.05   # instr/mma and sts/mma may grow by 5 % before the check calls it a regression
+
+# per streaming multiprocessor (CUDA C++ Programming Guide, "Compute capabilities" table):
+# registers, max warps, max resident blocks, shared memory usable by blocks (bytes), shared memory
+# the system reserves per block (bytes), register allocation unit (registers per warp)
+LIMITS = {
+    "80": dict(regs=65536, warps=64, blocks=32, smem=164 * 1024, smem_rsv=1024, reg_unit=256),  # A100
+    "86": dict(regs=65536, warps=48, blocks=16, smem=100 * 1024, smem_rsv=1024, reg_unit=256),  # RTX 30xx
+    "89": dict(regs=65536, warps=48, blocks=24, smem=100 * 1024, smem_rsv=1024, reg_unit=256),  # RTX 40xx
+    "90": dict(regs=65536, warps=64, blocks=32, smem=228 * 1024, smem_rsv=1024, reg_unit=256),  # H100
+}
+
+
+def occupancy(arch, regs, smem, threads):
+    """theoretical occupancy (active warps / max warps) and resident blocks per SM"""
+    L = LIMITS[arch]
+    wpb = (threads + 31) // 32
+    regs_warp = (max(regs, 1) * 32 + L["reg_unit"] - 1) // L["reg_unit"] * L["reg_unit"]
+    by_regs = (L["regs"] // regs_warp) // wpb
+    by_warps = L["warps"] // wpb
+    by_smem = L["smem"] // (smem + L["smem_rsv"]) if smem else L["blocks"]
+    blocks = min(by_regs, by_warps, by_smem, L["blocks"])
+    return blocks * wpb / L["warps"], blocks
+
+
+def demangle(names):
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
+    res = {}
+    for m, d in zip(names, out):
+        d = re.sub(r"^void ", "", d.split("(")[0]).strip()
+        res[m] = d
+    return res
+
+
+def launch_threads(src):
+    """kernel base name -> threads per block of its launches in the source, where it is a constant"""
+    consts = {}
+    for m in re.finditer(r"#define\s+(\w+)\s+\(?(\d+)\)?\s", src):
+        consts[m.group(1)] = int(m.group(2))
+    for m in re.finditer(r"\b(\w+)\s*=\s*(\d+)\s*[,}]", src):   # enum { X = 256 }
+        consts.setdefault(m.group(1), int(m.group(2)))
+    for m in re.finditer(r"(?:constexpr|const)\s+(?:int|unsigned)\s+(\w+)\s*=\s*(\d+)\s*;", src):
+        consts[m.group(1)] = int(m.group(2))
+    res = {}
+    for m in re.finditer(r"\b(\w+)\s*(?:<[^<>;]*>)?\s*<<<([^>]*)>>>", src):
+        args = [a.strip() for a in re.split(r",(?![^(]*\))", m.group(2))]
+        if len(args) < 2:
+            continue
+        b = args[1]
+        n = int(b) if b.isdigit() else consts.get(b)
+        if n is None:   # dim3 block(X, Y) declared before the launch
+            d = re.findall(r"dim3\s+" + re.escape(b) + r"\s*\(([^;]*)\)\s*;", src[: m.start()])
+            if d:
+                parts = [p.strip() for p in d[-1].split(",")]
+                vals = [int(p) if p.isdigit() else consts.get(p) for p in parts]
+                if all(v is not None for v in vals):
+                    n = 1
+                    for v in vals:
+                        n *= v
+        if n is not None:
+            res.setdefault(m.group(1), n)
+    return res
+
+
+def parse_ptxas(text, arch):
+    res, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)' for 'sm_(\d+)'", line)
+        if m:
+            cur = m.group(1) if m.group(2) == arch else None
+            if cur:
+                res[cur] = dict(regs=0, spill_st=0, spill_ld=0, stack=0, smem=0)
+            continue
+        if not cur:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            res[cur].update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            res[cur]["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            res[cur]["smem"] = int(s.group(1)) if s else 0
+    return res
+
+
+INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.]*)")
+
+
+def ptx_entries(ptx):
+    """entry name -> (maxntid or None, body lines)"""
+    res = {}
+    for m in re.finditer(r"\.entry (\w+)\(", ptx):
+        start = m.end()
+        nxt = ptx.find(".entry ", start)
+        body = ptx[start: nxt if nxt > 0 else len(ptx)]
+        t = re.search(r"\.maxntid (\d+), (\d+), (\d+)", body[:4000])
+        threads = int(t.group(1)) * int(t.group(2)) * int(t.group(3)) if t else None
+        res[m.group(1)] = (threads, body.split("\n"))
+    return res
+
+
+def is_instr(line):
+    s = line.strip()
+    return bool(s) and s.endswith(";") and not s.startswith(".") and not s.startswith("//") and INSTR.match(s) is not None
+
+
+def loops(lines):
+    """(label line, back-edge line) of every backward branch"""
+    labels = {}
+    res = []
+    for i, l in enumerate(lines):
+        m = re.match(r"^(\$\w+):", l.strip())
+        if m:
+            labels[m.group(1)] = i
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", l)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            res.append((labels[m.group(1)], i))
+    return res
+
+
+def trip_count(lines, lo, hi):
+    """iterations of the loop [lo, hi] from its induction pattern, or None"""
+    br = re.search(r"@(%p\d+)\s+bra", lines[hi])
+    if not br:
+        return None
+    p = br.group(1)
+    for j in range(hi - 1, max(lo, hi - 12) - 1, -1):
+        m = re.search(r"setp\.(lt|le|ne)\.[su]32\s+" + re.escape(p) + r",\s*(%r\d+),\s*(-?\d+);", lines[j])
+        if not m:
+            continue
+        op, reg, bound = m.group(1), m.group(2), int(m.group(3))
+        for k in range(hi - 1, lo, -1):   # the increment nearest the back edge
+            a = re.search(r"add\.s32\s+(%r\d+),\s*(%r\d+),\s*(\d+);", lines[k])
+            if not a or int(a.group(3)) <= 0 or reg not in (a.group(1), a.group(2)):
+                continue
+            stride = int(a.group(3))
+            if a.group(2) == reg:   # the test reads the value before the increment
+                return bound // stride + 1 + (op == "le" and bound % stride == 0)
+            if a.group(1) == reg:
+                return max(1, (bound + stride - 1) // stride)
+        return None
+    return None
+
+
+def line_figures(l, w):
+    f = dict(instr=0.0, mma=0.0, sts=0.0, bar=0.0, gbytes=0.0, g16=0.0)
+    if not is_instr(l):
+        return f
+    f["instr"] = w
+    m = re.search(r"\b(?:wmma\.mma|mma)\.sync\S*?\.m(\d+)n(\d+)k(\d+)", l)
+    if m:   # in units of HMMA.16816 (m16n8k16): a wmma m16n16k16 is two
+        f["mma"] = w * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) / (16 * 8 * 16)
+    if re.search(r"\bst\.shared\.", l) or re.search(r"\bwmma\.store\.[^ ]*\.shared", l):
+        f["sts"] = w
+    if re.search(r"\bbar(\.sync|\.cta\.sync)?\b|barrier\.sync", l):
+        f["bar"] = w
+    m = re.search(r"\bld\.global(?:\.nc)?(?:\.L\w+::\w+)*\.(v[248]\.)?([a-z]+)(\d+)", l)
+    if m:
+        n = int(m.group(1)[1]) if m.group(1) else 1
+        b = n * int(m.group(3)) // 8
+        f["gbytes"] = w * b
+        f["g16"] = w * b * (b == 16)
+    m = re.search(r"\bcp\.async\.\w+\.shared\.global\S*\s+\[[^]]+\],\s*\[[^]]+\],\s*(\d+)", l)
+    if m:
+        b = int(m.group(1))
+        f["gbytes"] = w * b
+        f["g16"] = w * b * (b == 16)
+    return f
+
+
+def loop_mix(lines):
+    """instruction mix of one K step of the main loop, or None when no loop holds an mma. The K step
+    is the longest path (in weighted instructions) from the loop's label to its back edge: of two
+    alternatives (a specialised and a general staging path, an edge check) the costlier one counts."""
+    ls = loops(lines)
+    is_mma = lambda l: re.search(r"\b(wmma\.mma|mma)\.sync", l) is not None
+    main = None
+    for lo, hi in ls:
+        if any(is_mma(lines[i]) for i in range(lo, hi + 1)):
+            if main is None or hi - lo < main[1] - main[0]:
+                main = (lo, hi)
+    if not main:
+        return None
+    lo, hi = main
+    weight = [1.0] * len(lines)
+    unknown = 0
+    for a, b in ls:
+        if lo < a and b < hi:
+            t = trip_count(lines, a, b)
+            if t is None:
+                unknown += 1
+                t = 1
+            for i in range(a, b + 1):
+                weight[i] *= t
+    # basic blocks of [lo, hi]: a label starts one, a branch ends one
+    labels = {}
+    starts = [lo]
+    for i in range(lo, hi + 1):
+        m = re.match(r"^(\$\w+):", lines[i].strip())
+        if m:
+            labels[m.group(1)] = i
+            if i != lo:
+                starts.append(i)
+        elif re.search(r"\bbra(\.uni)?\s", lines[i]) and i + 1 <= hi:
+            starts.append(i + 1)
+    starts = sorted(set(starts))
+    ends = [s - 1 for s in starts[1:]] + [hi]
+    block_of = {s: k for k, s in enumerate(starts)}
+    keys = ("instr", "mma", "sts", "bar", "gbytes", "g16")
+    fig = []
+    for s, e in zip(starts, ends):
+        acc = dict.fromkeys(keys, 0.0)
+        for i in range(s, e + 1):
+            for k, v in line_figures(lines[i], weight[i]).items():
+                acc[k] += v
+        fig.append(acc)
+    # longest path over forward edges (backward ones are the inner loops' own, already weighted)
+    n = len(starts)
+    best = [None] * n
+    best[0] = dict(fig[0])
+    for k in range(n):
+        if best[k] is None:
+            continue
+        e = ends[k]
+        last = lines[e]
+        succ = []
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", last)
+        if m and m.group(1) in labels and labels[m.group(1)] > e:
+            succ.append(block_of.get(labels[m.group(1)]))
+        uncond = m and not re.match(r"^\s*@", last)
+        if not uncond and k + 1 < n:
+            succ.append(k + 1)
+        for t in succ:
+            if t is None:
+                continue
+            cand = {x: best[k][x] + fig[t][x] for x in keys}
+            if best[t] is None or cand["instr"] > best[t]["instr"]:
+                best[t] = cand
+    f = best[n - 1] or dict.fromkeys(keys, 0.0)
+    f = dict(f, unknown=unknown)
+    return f
+
+
+def report_arch(arch, src, nvcc, tmp):
+    d = os.path.join(tmp, arch)
+    os.makedirs(d)
+    r = subprocess.run([nvcc, "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
+                        "--keep", "--keep-dir", d, "-c", "yolo_kernels.cu", "-o", os.path.join(d, "k.o")],
+                       capture_output=True, text=True)
+    if r.returncode:
+        sys.stderr.write(r.stderr)
+        sys.exit(f"kernel_report: nvcc failed for sm_{arch}")
+    res = parse_ptxas(r.stdout + r.stderr, arch)
+    ptx = open(os.path.join(d, "yolo_kernels.ptx")).read()
+    ents = ptx_entries(ptx)
+    names = demangle(sorted(res))
+    lt = launch_threads(src)
+    rows = []
+    for mangled, v in res.items():
+        name = names[mangled]
+        threads, lines = ents.get(mangled, (None, []))
+        src_threads = threads is None
+        if threads is None:
+            threads = lt.get(name.split("<")[0])
+        occ, blocks = occupancy(arch, v["regs"], v["smem"], threads) if threads else (None, None)
+        mix = loop_mix(lines) if name.startswith("conv_") else None
+        rows.append(dict(v, name=name, threads=threads, launch=src_threads, occ=occ, blocks=blocks, mix=mix))
+    rows.sort(key=lambda x: x["name"])
+    return rows
+
+
+def fmt(arch_rows, tool_note):
+    out = ["# kernel report of yolo_kernels.cu (make kernel-report; test/kernel_report.py). One line per kernel",
+           "# and architecture: registers, spill bytes (stores/loads), stack frame bytes (local memory), static",
+           "# shared memory bytes, threads per block (L: from the launch in the source; else __launch_bounds__),",
+           "# resident blocks per SM and theoretical occupancy. 'loop' lines: one K step of a conv kernel's main",
+           "# loop: PTX instructions per mma (HMMA.16816 units), global bytes loaded and their 16-byte share, shared stores per mma,",
+           "# barriers per K step ('?': an inner loop of unknown trip count, counted once).",
+           f"# {tool_note}"]
+    for arch, rows in arch_rows:
+        out.append(f"== sm_{arch}")
+        out.append(f"{'kernel':<44} {'regs':>4} {'spill':>9} {'stack':>5} {'smem':>6} {'thr':>5} {'blk':>3} {'occ':>5}")
+        for x in rows:
+            thr = f"{x['threads']}{'L' if x['launch'] else ''}" if x["threads"] else "?"
+            occ = f"{100 * x['occ']:.0f}%" if x["occ"] is not None else "?"
+            out.append(f"{x['name']:<44} {x['regs']:>4} {x['spill_st']:>4}/{x['spill_ld']:<4} {x['stack']:>5} {x['smem']:>6} "
+                       f"{thr:>5} {x['blocks'] if x['blocks'] is not None else '?':>3} {occ:>5}")
+        for x in rows:
+            f = x["mix"]
+            if not f or not f["mma"]:
+                continue
+            share = 100 * f["g16"] / f["gbytes"] if f["gbytes"] else 0.0
+            out.append(f"loop {x['name']:<39} instr/mma {f['instr'] / f['mma']:7.1f}  mma {f['mma']:4.0f}  gld_bytes {f['gbytes']:6.0f}"
+                       f"  16B% {share:5.1f}  sts/mma {f['sts'] / f['mma']:6.2f}  bar/K {f['bar']:3.0f}{'  ?' if f['unknown'] else ''}")
+    return "\n".join(out) + "\n"
+
+
+def parse_report(text):
+    """(arch, kernel) -> figures, from a report's text"""
+    res, arch = {}, None
+    for line in text.splitlines():
+        if line.startswith("== sm_"):
+            arch = line[6:].strip()
+            continue
+        if not arch or line.startswith("#") or line.startswith("kernel "):
+            continue
+        if line.startswith("loop "):
+            m = re.match(r"loop (\S+)\s+instr/mma\s+([\d.]+)\s+mma\s+\d+\s+gld_bytes\s+\d+\s+16B%\s+([\d.]+)\s+sts/mma\s+([\d.]+)\s+bar/K\s+(\d+)", line)
+            if m:
+                res.setdefault((arch, m.group(1)), {}).update(ipm=float(m.group(2)), g16=float(m.group(3)),
+                                                              spm=float(m.group(4)), bar=int(m.group(5)))
+            continue
+        p = line.split()
+        if len(p) == 8:
+            sp = p[2].split("/")
+            occ = None if p[7] == "?" else float(p[7].rstrip("%"))
+            res.setdefault((arch, p[0]), {}).update(regs=int(p[1]), spill=int(sp[0]) + int(sp[1]), stack=int(p[3]), occ=occ)
+    return res
+
+
+def check(cur_text, base_text):
+    cur, base = parse_report(cur_text), parse_report(base_text)
+    bad = []
+    for k, v in sorted(cur.items()):
+        arch, name = k
+        if v.get("spill", 0):
+            bad.append(f"sm_{arch} {name}: {v['spill']} bytes of register spills (must be 0)")
+        b = base.get(k)
+        if not b:
+            continue
+        if v.get("occ") is not None and b.get("occ") is not None and v["occ"] < b["occ"]:
+            bad.append(f"sm_{arch} {name}: occupancy {v['occ']:.0f}% < baseline {b['occ']:.0f}% (registers {v['regs']}, were {b['regs']})")
+        if v.get("stack", 0) > b.get("stack", 0):
+            bad.append(f"sm_{arch} {name}: stack frame {v['stack']} bytes > baseline {b['stack']} (local memory)")
+        if "ipm" in v and "ipm" in b:
+            if v["ipm"] > b["ipm"] * (1 + MARGIN):
+                bad.append(f"sm_{arch} {name}: {v['ipm']:.1f} instructions per mma > baseline {b['ipm']:.1f} + {MARGIN:.0%}")
+            if v["g16"] < b["g16"] - 2:
+                bad.append(f"sm_{arch} {name}: 16-byte share of loop loads {v['g16']:.1f}% < baseline {b['g16']:.1f}% - 2 points")
+            if v["spm"] > b["spm"] * (1 + MARGIN) + 1e-9:
+                bad.append(f"sm_{arch} {name}: {v['spm']:.2f} shared stores per mma > baseline {b['spm']:.2f} + {MARGIN:.0%}")
+            if v["bar"] > b["bar"]:
+                bad.append(f"sm_{arch} {name}: {v['bar']} barriers per K step > baseline {b['bar']}")
+    gone = sorted(set(base) - set(cur))
+    return bad, gone
+
+
+def main():
+    args = sys.argv[1:]
+    out = chk = None
+    archs = ["80", "86", "89", "90"]
+    while args:
+        a = args.pop(0)
+        if a == "--out":
+            out = args.pop(0)
+        elif a == "--check":
+            chk = args.pop(0)
+        elif a == "--arch":
+            archs = args.pop(0).split()
+        else:
+            sys.exit(f"kernel_report.py: unknown argument {a} (--out FILE, --check BASELINE, --arch \"80 86\")")
+    for a in archs:
+        if a not in LIMITS:
+            sys.exit(f"kernel_report.py: no occupancy limits for sm_{a} (known: {' '.join(LIMITS)})")
+    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or os.path.join(cuda, "bin", "nvcc")
+    if not os.path.exists(nvcc) and not shutil.which(nvcc):
+        sys.exit("kernel_report.py needs nvcc (not found in PATH or " + cuda + "/bin)")
+    bindir = os.path.dirname(os.path.realpath(shutil.which(nvcc) or nvcc))
+    sass = [t for t in ("cuobjdump", "nvdisasm") if os.path.exists(os.path.join(bindir, t)) or shutil.which(t)]
+    ver = re.search(r"release ([\d.]+)", subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout)
+    note = (f"nvcc {ver.group(1) if ver else '?'}; figures from PTX and ptxas -v"
+            + ("" if not sass else f" ({', '.join(sass)} found: SASS reading is not implemented, the PTX figures stand)"))
+    if not sass:
+        note += f" (no cuobjdump/nvdisasm in {bindir}: SASS not read)"
+    src = open("yolo_kernels.cu").read()
+    with tempfile.TemporaryDirectory() as tmp:
+        text = fmt([(a, report_arch(a, src, nvcc, tmp)) for a in archs], note)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+    sys.stdout.write(text)
+    if chk:
+        bad, gone = check(text, open(chk).read())
+        for g in gone:
+            print(f"note: sm_{g[0]} {g[1]} is in the baseline but not compiled now (renamed or removed)")
+        for b in bad:
+            print("WORSE: " + b)
+        print(f"kernel-report check against {chk}: {len(bad)} regressions (spills must be 0; occupancy, stack, "
+              f"instr/mma +{MARGIN:.0%}, 16-byte share -2 points, sts/mma, barriers per K step)")
+        sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
