@@ -263,13 +263,25 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 
 // The GEMM packs panels of A (MR rows) and B (NR columns) into per-thread buffers, then runs an
 // MR x NR register-blocked micro-kernel written with GCC vector extensions (AVX-512 / AVX2 /
-// SSE, whatever -march gives). Pack buffers are allocated once (gemm_init), never per call.
-typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+// SSE / NEON, whatever -march gives). Pack buffers are allocated once (gemm_init), never per call.
+// The block is GEMM_NV vectors gemm_vec wide. aarch64: 16-byte NEON vectors and 32 registers, so
+// 8 x 12 (24 accumulators, 3 of B, 2 of A); a 64-byte vector there would be 4 registers each and
+// the 8 x 32 block 64 accumulators, most of them spilled.
+#if defined(__aarch64__)
+typedef float gemm_vec __attribute__((vector_size(16), aligned(4)));
+#define GEMM_NV 3
+#define GEMM_NC 504   // a multiple of GEMM_NR: B's last panel is padded to a whole NR
+#else
+typedef float gemm_vec __attribute__((vector_size(64), aligned(4)));
+#define GEMM_NV 2
+#define GEMM_NC 512
+#endif
+#define GEMM_VL ((int)(sizeof(gemm_vec) / sizeof(float)))
 #define GEMM_MR 8
-#define GEMM_NR 32
+#define GEMM_NR (GEMM_NV * GEMM_VL)
 #define GEMM_KC 256
 #define GEMM_MC 128
-#define GEMM_NC 512
+_Static_assert(GEMM_MC % GEMM_MR == 0 && GEMM_NC % GEMM_NR == 0, "the pack buffers hold whole MR x KC and KC x NR panels");
 #define GEMM_MAX_THREADS 64
 static float *gemm_pack[GEMM_MAX_THREADS];    // per thread: A block (MC x KC) then B block (KC x NC)
 static int gemm_nthreads;
@@ -298,22 +310,23 @@ static void gemm_init(void) {
 // gemm_kernel: c (MR x NR, row stride ldc) (+)= a_panel (KC x MR, k-major) * b_panel (KC x NR)
 static inline void gemm_kernel(int kc, const float *restrict ap, const float *restrict bp, float *restrict c,
                                int ldc, int mr, int nr, int add) {
-    vf16 acc[GEMM_MR][2];
-    for (int i = 0; i < GEMM_MR; i++) acc[i][0] = acc[i][1] = (vf16){0};
+    gemm_vec acc[GEMM_MR][GEMM_NV];
+    for (int i = 0; i < GEMM_MR; i++)
+        for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};
     for (int k = 0; k < kc; k++) {
-        vf16 b0 = *(const vf16 *)(bp + k * GEMM_NR), b1 = *(const vf16 *)(bp + k * GEMM_NR + 16);
+        gemm_vec b[GEMM_NV];
+        for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(bp + k * GEMM_NR + v * GEMM_VL);
         const float *a = ap + k * GEMM_MR;
-        for (int i = 0; i < GEMM_MR; i++) {
-            acc[i][0] += a[i] * b0;
-            acc[i][1] += a[i] * b1;
-        }
+        for (int i = 0; i < GEMM_MR; i++)
+            for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[i] * b[v];
     }
     if (mr == GEMM_MR && nr == GEMM_NR) {
-        for (int i = 0; i < GEMM_MR; i++) {
-            vf16 *cv0 = (vf16 *)(c + (size_t)i * ldc), *cv1 = (vf16 *)(c + (size_t)i * ldc + 16);
-            if (add) { *cv0 += acc[i][0]; *cv1 += acc[i][1]; }
-            else { *cv0 = acc[i][0]; *cv1 = acc[i][1]; }
-        }
+        for (int i = 0; i < GEMM_MR; i++)
+            for (int v = 0; v < GEMM_NV; v++) {
+                gemm_vec *cv = (gemm_vec *)(c + (size_t)i * ldc + v * GEMM_VL);
+                if (add) *cv += acc[i][v];
+                else *cv = acc[i][v];
+            }
     } else {
         float tmp[GEMM_MR][GEMM_NR];
         memcpy(tmp, acc, sizeof tmp);
@@ -10876,7 +10889,7 @@ static void onnx_split(OnnxGraph *g, const char *x, int axis, int n, const int64
 
 // onnx_reshape: y = Reshape(x, shape) with a constant shape (0 copies the input's dimension)
 static void onnx_reshape(OnnxGraph *g, const char *x, const char *y, int n, const int64_t *shape) {
-    char sn[96];
+    char sn[208];   // a value name (up to 191 bytes) and ".shape"
     snprintf(sn, sizeof sn, "%s.shape", y);
     onnx_init_i64(g, sn, 1, (int64_t[]){n}, shape);
     onnx_node(g, "Reshape", ONNX_IN(x, sn), ONNX_IN(y), NULL);

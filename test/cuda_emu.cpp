@@ -1,5 +1,5 @@
 // cuda_emu.cpp: the runtime behind test/cuda_emu.h. CUDA threads are fibers (a hand-written
-// x86-64 switch of the callee-saved registers, 64 KB stacks with a guard page); the threads of
+// x86-64 or aarch64 switch of the callee-saved registers, 64 KB stacks with a guard page); the threads of
 // one block run on one OS thread and blocks run one after another. Also here: device memory with
 // guard pages and poisoning, the runtime API subset, and deferred (async) streams.
 // Environment: EMU_ORDER=forward|reverse|random (thread order between rendezvous, and block order), EMU_SEED,
@@ -24,8 +24,8 @@
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
 #endif
-#if !defined(__x86_64__)
-#error "cuda_emu: the fiber switch is written for x86-64"
+#if !defined(__x86_64__) && !defined(__aarch64__)
+#error "cuda_emu: the fiber switch is written for x86-64 and aarch64"
 #endif
 
 // ------------------------------------------------------------------------------------------
@@ -54,6 +54,7 @@ extern "C" void emu_set_hosttrap(int h);
 // ------------------------------------------------------------------------------------------
 // fibers and the block scheduler
 // ------------------------------------------------------------------------------------------
+#if defined(__x86_64__)
 asm(R"(
 .text
 .globl emu_ctx_switch
@@ -78,6 +79,46 @@ emu_ctx_switch:
 .section .note.GNU-stack,"",@progbits
 .text
 )");
+#else
+// aarch64 (AAPCS64): x19-x28, the frame pointer x29, the link register x30 and the low halves of
+// v8-v15 (d8-d15) are callee-saved; they go in a 160-byte frame on the old stack, whose sp is
+// stored, and come back from the new one. ret jumps to the restored x30.
+asm(R"(
+.text
+.globl emu_ctx_switch
+.type emu_ctx_switch,%function
+emu_ctx_switch:
+    sub sp, sp, #160
+    stp x19, x20, [sp, #0]
+    stp x21, x22, [sp, #16]
+    stp x23, x24, [sp, #32]
+    stp x25, x26, [sp, #48]
+    stp x27, x28, [sp, #64]
+    stp x29, x30, [sp, #80]
+    stp d8, d9, [sp, #96]
+    stp d10, d11, [sp, #112]
+    stp d12, d13, [sp, #128]
+    stp d14, d15, [sp, #144]
+    mov x2, sp
+    str x2, [x0]
+    mov sp, x1
+    ldp x19, x20, [sp, #0]
+    ldp x21, x22, [sp, #16]
+    ldp x23, x24, [sp, #32]
+    ldp x25, x26, [sp, #48]
+    ldp x27, x28, [sp, #64]
+    ldp x29, x30, [sp, #80]
+    ldp d8, d9, [sp, #96]
+    ldp d10, d11, [sp, #112]
+    ldp d12, d13, [sp, #128]
+    ldp d14, d15, [sp, #144]
+    add sp, sp, #160
+    ret
+.size emu_ctx_switch,.-emu_ctx_switch
+.section .note.GNU-stack,"",@progbits
+.text
+)");
+#endif
 extern "C" void emu_ctx_switch(void **save_sp, void *to_sp);
 
 namespace emu {
@@ -107,7 +148,7 @@ static size_t stack_bytes() {
     return (size_t)env_int("EMU_STACK_KB", 64) << 10;
 #endif
 }
-static const size_t PAGE = 4096;
+static const size_t PAGE = (size_t)sysconf(_SC_PAGESIZE);   // guard pages: 4 KB on x86-64, 4, 16 or 64 KB on aarch64
 static char *smem_map; static size_t smem_cap = 232448; static char *smem_ptr; static size_t smem_size;
 #ifdef EMU_ASAN
 static thread_local const void *sched_bottom; static thread_local size_t sched_size;
@@ -305,9 +346,15 @@ static void init_fiber_stack(Fiber &f) {
     ASAN_UNPOISON_MEMORY_REGION(f.stack + PAGE, sz);
 #endif
     void **sp = (void **)top;
+#if defined(__x86_64__)
     *--sp = nullptr;                       // fake return address of emu_fiber_start
     *--sp = (void *)&emu_fiber_start;      // where emu_ctx_switch's ret goes
     for (int i = 0; i < 6; i++) *--sp = nullptr;
+#else
+    sp -= 20;                              // emu_ctx_switch's 160-byte frame, sp stays 16-byte aligned
+    for (int i = 0; i < 20; i++) sp[i] = nullptr;
+    sp[11] = (void *)&emu_fiber_start;     // the saved x30: where emu_ctx_switch's ret goes
+#endif
     f.sp = sp;
 }
 static void deadlock() {

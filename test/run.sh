@@ -7,6 +7,7 @@
 #   SKIP_EMU=1, SKIP_CHECK_REF=1   leave those parts out
 #   SAN_REPORTS  prefix of the sanitizer report files (log_path): each one is printed and counted
 #                as a failure, so a report from a child process (./yolo under test_train) is seen
+#   TEST_EXEC    a command put in front of every test binary (make test-arm64: qemu-aarch64 -L sysroot)
 cd "$(dirname "$0")/.." || exit 1
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}   # spinning OpenMP threads starve the loader and other tests
 pass=0; fail=0; crashed=0
@@ -32,7 +33,7 @@ for g in ${TEST_GLOB:-test_*}; do
     for t in "$bin"/$g; do
         [ -f "$t" ] && [ -x "$t" ] || continue
         echo "== $t"
-        run_one "$t"
+        run_one ${TEST_EXEC:-} "$t"
     done
 done
 for f in test/fixtures/*.safetensors; do

@@ -5,7 +5,8 @@
 # random order) and a whole `yolo train device=0` run of the CUDA build (test/emu_train.sh; not under
 # the sanitizers); then fails any __global__ kernel of yolo_kernels.cu that no test launched. Every
 # run prints its own "N passed, N failed" line (test/run.sh sums them); exit status non-zero on failure.
-# EMU_BIN selects the build (test/bin/emu, or test/bin/emu-asan for make emu-asan).
+# EMU_BIN selects the build (test/bin/emu, or test/bin/emu-asan for make emu-asan); TEST_EXEC is put in
+# front of each test binary and EMU_YOLO replaces $EMU_BIN/yolo (make test-arm64: qemu-aarch64).
 cd "$(dirname "$0")/.." || exit 1
 bin=${EMU_BIN:-test/bin/emu}
 failed=0
@@ -24,7 +25,7 @@ run() {   # run NAME ENV... -- CMD: one test run, in the foreground
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
     local out rc
-    out=$(env "${envs[@]}" EMU_LAUNCH_LOG="$log" "$@" 2>&1); rc=$?
+    out=$(env "${envs[@]}" EMU_LAUNCH_LOG="$log" ${TEST_EXEC:-} "$@" 2>&1); rc=$?
     report "$name" "$rc" "$out"
 }
 if [ ! -x "$bin/kernels_test" ] || [ ! -x "$bin/emu_selftest" ] || [ ! -x "$bin/gpu_step_test" ] || [ ! -x "$bin/ddp_step_test" ]; then
@@ -37,7 +38,7 @@ gpu_orders=(random)   # the kernels of the step run in all three orders in kerne
 quick=; case "$bin" in *asan*) quick=1 ;; esac   # under the sanitizers: one device step only
 
 for order in "${gpu_orders[@]}"; do
-    ( env EMU_ORDER=$order EMU_SEED=3 EMU_STRICT=1 EMU_LAUNCH_LOG="$log.$order" ${quick:+GPU_STEP_QUICK=1} "$bin/gpu_step_test" >"$log.$order.out" 2>&1
+    ( env EMU_ORDER=$order EMU_SEED=3 EMU_STRICT=1 EMU_LAUNCH_LOG="$log.$order" ${quick:+GPU_STEP_QUICK=1} ${TEST_EXEC:-} "$bin/gpu_step_test" >"$log.$order.out" 2>&1
       echo $? >"$log.$order.rc" ) &
 done
 trap 'rm -f "$log" "$log".*' EXIT
@@ -46,7 +47,7 @@ trap 'rm -f "$log" "$log".*' EXIT
 # under the sanitizers, where it would take ten)
 case "$bin" in *asan*) ;; *)
     ( tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-      EMU_LAUNCH_LOG="$log.train" bash test/emu_train.sh "$bin/yolo" "$tmp" >"$log.train.out" 2>&1; echo $? >"$log.train.rc" ) &
+      EMU_LAUNCH_LOG="$log.train" bash test/emu_train.sh "${EMU_YOLO:-$bin/yolo}" "$tmp" >"$log.train.out" 2>&1; echo $? >"$log.train.rc" ) &
     train_bg=1
     # data parallel over the emulated NCCL (processes and shared memory): the 2- and 3-rank step
     # against the single-process accumulation, then yolo train device=0,1: end to end, a rank

@@ -22,3 +22,16 @@ static int test_summary(void) {
     printf("%d passed, %d failed\n", t_passed, t_failed);
     return t_failed ? 1 : 0;
 }
+
+// yolo_bin: the yolo command-line binary the tests start: YOLO_BIN (test/run.sh sets it: ./yolo,
+// the sanitizer builds' yolo, the qemu wrapper of make test-arm64), else ./yolo.
+static inline const char *yolo_bin(void) {
+    const char *y = getenv("YOLO_BIN");
+    return y && *y ? y : "./yolo";
+}
+// yolo_cmd: a shell command written "./yolo ARGS", with yolo_bin() in place of ./yolo (in buf)
+static inline const char *yolo_cmd(const char *cmd, char *buf, size_t n) {
+    if (strncmp(cmd, "./yolo ", 7)) return cmd;
+    snprintf(buf, n, "%s %s", yolo_bin(), cmd + 7);
+    return buf;
+}

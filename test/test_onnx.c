@@ -355,20 +355,21 @@ static void test_cli(const StateDict *sd, int nc) {
     snprintf(ncs, sizeof ncs, "%d", nc);
     const char *kv[] = {"format", "yolo.c", "scale", "n", "nc", ncs, NULL};
     if (weights_save(w, sd->ref, sd->n, kv, ST_F32, err, sizeof err)) die("%s", err);
-    if (!file_exists("./yolo")) { printf("SKIP  yolo export command line: ./yolo not built\n"); return; }
-    snprintf(cmd, sizeof cmd, "./yolo export model=%s format=onnx imgsz=96 > %s 2>&1", w, log);
+    const char *yolo = yolo_bin();
+    if (!file_exists(yolo)) { printf("SKIP  yolo export command line: %s not built\n", yolo); return; }
+    snprintf(cmd, sizeof cmd, "%s export model=%s format=onnx imgsz=96 > %s 2>&1", yolo, w, log);
     int rc = system(cmd);
     char out[4096] = {0};
     FILE *f = fopen(log, "rb");
     if (f) { size_t n = fread(out, 1, sizeof out - 1, f); out[n] = 0; fclose(f); }
     check(rc == 0 && file_exists(onnx) && strstr(out, "output0") && strstr(out, "[1, 3, 96, 96]") && strstr(out, "trtexec --onnx="),
           "./yolo export model=X.safetensors format=onnx imgsz=96: X.onnx written, path, shapes and commands printed");
-    snprintf(cmd, sizeof cmd, "./yolo export model=%s format=tflite > %s 2>&1", w, log);
+    snprintf(cmd, sizeof cmd, "%s export model=%s format=tflite > %s 2>&1", yolo, w, log);
     rc = system(cmd);
     f = fopen(log, "rb");
     if (f) { size_t n = fread(out, 1, sizeof out - 1, f); out[n] = 0; fclose(f); }
     check(rc != 0 && strstr(out, "supported formats: onnx"), "format=tflite: error listing the supported formats");
-    snprintf(cmd, sizeof cmd, "./yolo export model=%s format=onnx imgsz=100 > %s 2>&1", w, log);
+    snprintf(cmd, sizeof cmd, "%s export model=%s format=onnx imgsz=100 > %s 2>&1", yolo, w, log);
     rc = system(cmd);
     f = fopen(log, "rb");
     if (f) { size_t n = fread(out, 1, sizeof out - 1, f); out[n] = 0; fclose(f); }

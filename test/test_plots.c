@@ -153,7 +153,8 @@ static int sh(const char *log, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
     va_end(ap);
-    snprintf(full, sizeof full, "%s > %s 2>&1", cmd, log);
+    char y[4200];
+    snprintf(full, sizeof full, "%s > %s 2>&1", yolo_cmd(cmd, y, sizeof y), log);
     int st = system(full);
     if (st != 0) {
         snprintf(full, sizeof full, "tail -n 15 %s", log);
@@ -186,8 +187,8 @@ static int exists(const char *dir, const char *name) {
 }
 
 static void test_run_folder(void) {
-    if (access("./yolo", X_OK) != 0) {
-        check(0, "./yolo exists (run `make` first, from the repo root)");
+    if (access(yolo_bin(), X_OK) != 0) {
+        check(0, "%s exists (run `make` first, from the repo root)", yolo_bin());
         return;
     }
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);

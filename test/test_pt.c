@@ -396,7 +396,8 @@ static void part_bad(void) {
     static const char junk[] = "this is not a checkpoint at all";
     expect_error(".pt that is not a zip", "junk.pt", (Blob){(uint8_t *)junk, sizeof junk - 1}, "not a PyTorch checkpoint", NULL);
     // the yolo command line: one line, the file and the cause, exit status 1
-    FILE *p = popen("./yolo info model=test/fixtures/pt_v11.pt 2>&1", "r");
+    char cmd[1024];
+    FILE *p = popen(yolo_cmd("./yolo info model=test/fixtures/pt_v11.pt 2>&1", cmd, sizeof cmd), "r");
     char line[2048] = "", rest[256];
     int nl = 0;
     if (p) { if (fgets(line, sizeof line, p)) nl++; while (fgets(rest, sizeof rest, p)) nl++; }
@@ -407,9 +408,10 @@ static void part_bad(void) {
 
 // ---- part 4: ./yolo with a .pt ----
 
-// run: the output of a ./yolo command line (stdout and stderr); exit status in *rc
+// run: the output of a ./yolo command line (stdout and stderr; yolo_bin() runs it); exit status in *rc
 static char *run(const char *cmd, int *rc) {
-    FILE *p = popen(cmd, "r");
+    char full[4096];
+    FILE *p = popen(yolo_cmd(cmd, full, sizeof full), "r");
     Buf b = {0};
     char tmp[4096];
     size_t k;
@@ -544,7 +546,7 @@ int main(void) {
     part_fixtures();
     part_variants();
     part_bad();
-    if (access("./yolo", X_OK) == 0) part_cli();   // make test builds ./yolo first; make fuzz-asan may not have
+    if (access(yolo_bin(), X_OK) == 0) part_cli();   // make test builds ./yolo first; make fuzz-asan may not have
     else printf("SKIP  part 4 (./yolo info/export/val/train with a .pt): ./yolo is not built\n");
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
