@@ -374,6 +374,29 @@ static void test_cli(const StateDict *sd, int nc) {
     f = fopen(log, "rb");
     if (f) { size_t n = fread(out, 1, sizeof out - 1, f); out[n] = 0; fclose(f); }
     check(rc != 0 && strstr(out, "multiple of 32"), "imgsz=100 on the command line: error \"multiple of 32\"");
+    // a .pt straight to ONNX (the .pt reader): written next to a copy of the checkpoint, with the
+    // checkpoint's own class names in the metadata
+    char pt[256], ptonnx[256];
+    path_in(pt, sizeof pt, "ckpt.pt");
+    path_in(ptonnx, sizeof ptonnx, "ckpt.onnx");
+    snprintf(cmd, sizeof cmd, "cp test/fixtures/pt_v8n_nc4.pt %s && %s export model=%s format=onnx imgsz=64 > %s 2>&1", pt,
+             yolo, pt, log);
+    rc = system(cmd);
+    size_t nb = 0;
+    char *blob = NULL;
+    if (rc == 0 && (f = fopen(ptonnx, "rb"))) {
+        fseek(f, 0, SEEK_END);
+        nb = (size_t)ftell(f);
+        rewind(f);
+        blob = xmalloc(nb + 1);
+        nb = fread(blob, 1, nb, f);
+        blob[nb] = 0;
+        fclose(f);
+    }
+    const char *want = "{0: 'circle', 1: 'rectangle', 2: 'triangle', 3: 'diamond'}";
+    check(blob && memmem(blob, nb, want, strlen(want)), "./yolo export model=X.pt format=onnx: X.onnx written with the "
+          "checkpoint's names %s", want);
+    free(blob);
 }
 
 int main(void) {
