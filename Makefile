@@ -46,7 +46,7 @@ test/bin/%: test/%.c test/test.h test/fixture.h test/yolo_test.h $(SRC)
 	@mkdir -p test/bin
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-tests: yolo $(TESTS) emu-bins
+tests: yolo $(TESTS) emu-bins emu-count-test
 
 # the main job on a fresh machine: build, make the synthetic dataset, train yolov8n, validate
 # the best weights, and predict on the validation images (prints wall time and mAP)

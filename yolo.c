@@ -7993,7 +7993,7 @@ static void prof_begin(const Gpu *g);
 static void prof_end(const Gpu *g, const char *name, double flop);
 // the CPU emulation's counter mode (test/cuda_emu.cpp, make emu-count) names the launches of each
 // timed group after its row; absent (NULL) in every real build
-extern void emu_count_tag(const char *name) __attribute__((weak));
+extern void emu_count_tag(const char *name, double flop) __attribute__((weak));
 // prof_end_conv: prof_end for a conv launch: the row "conv fwd 3x3 s2", its multiply-adds x 2
 static void prof_end_conv(const Gpu *g, ConvDims d, const char *op) {
     if (gprof.on <= 0) return;   // off, or not yet asked (prof_begin asks)
@@ -8610,7 +8610,7 @@ static void gpu_put_input(Gpu *g, uint8_t *x8, const uint8_t *img, long n) {
 // prof_begin / prof_end: a launch (or a few) between two events, its time added to the row name
 static void prof_begin(const Gpu *g) {
     if (prof_on()) GPU_CHECK(cudaEventRecord((cudaEvent_t)gprof.ev[0], (cudaStream_t)g->stream));
-    if (prof_on() && emu_count_tag) emu_count_tag(NULL);   // launches before this one were not timed
+    if (prof_on() && emu_count_tag) emu_count_tag(NULL, 0);   // launches before this one were not timed
 }
 static void prof_end(const Gpu *g, const char *name, double flop) {
     if (gprof.on <= 0) return;   // off, or not yet asked (prof_begin asks)
@@ -8618,7 +8618,7 @@ static void prof_end(const Gpu *g, const char *name, double flop) {
     GPU_CHECK(cudaEventRecord((cudaEvent_t)gprof.ev[1], (cudaStream_t)g->stream));
     GPU_CHECK(cudaEventSynchronize((cudaEvent_t)gprof.ev[1]));
     GPU_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)gprof.ev[0], (cudaEvent_t)gprof.ev[1]));
-    if (emu_count_tag) emu_count_tag(name);
+    if (emu_count_tag) emu_count_tag(name, flop);
     int i = 0;
     while (i < gprof.nrow && strcmp(gprof.row[i].name, name)) i++;
     if (i == gprof.nrow) {

@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <map>
+#include <unordered_map>
 #include <set>
 #include <utility>
 #include <deque>
@@ -138,6 +139,7 @@ static void count_block_begin(int n, unsigned long block);
 static void count_launch_begin(const LaunchCfg &c, unsigned long blocks, unsigned long sampled);
 static void count_launch_end();
 int count_sample();
+int count_full(const char *name);
 void count_shared_range(void *p, size_t n);
 static thread_local const LaunchCfg *K;       // kernel now running (for messages), null on the host
 static thread_local std::vector<char *> stacks;
@@ -549,7 +551,7 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
             for (unsigned long i = nb; i > 1; i--) std::swap(order[i - 1], order[rng_next() % i]);
         // counter mode with EMU_SAMPLE=N: only N evenly spaced blocks of a larger grid
         unsigned long ns = nb, sample = (unsigned long)count_sample();
-        if (sample > 0 && nb > sample) {
+        if (sample > 0 && nb > sample && !count_full(c.name)) {
             ns = sample;
             for (unsigned long i = 0; i < ns; i++) order[i] = i * nb / ns + nb / (2 * ns);
         }
@@ -597,7 +599,9 @@ cudaError_t cudaMalloc(void **p, size_t size) {
     mprotect(m + PAGE, data, PROT_READ | PROT_WRITE);
     Alloc a = {m, len, m + PAGE + data - (size + 15) / 16 * 16, size, false};
     memset(m + PAGE, CANARY, data);
-    memset(a.ptr, 0xFF, size);   // fresh device memory reads as NaN
+    // fresh device memory reads as NaN; in counter mode zero, so that the outputs of the blocks a
+    // sampled launch skips stay finite and the step runs its whole launch list (backward included)
+    memset(a.ptr, count_sample() > 0 ? 0 : 0xFF, size);
     allocs[(uintptr_t)a.ptr] = a;
     if (g_hosttrap && dev_depth == 0) protect(allocs[(uintptr_t)a.ptr], PROT_NONE);
     *p = a.ptr;
@@ -982,7 +986,8 @@ ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 // 16-byte column of the tile).
 // EMU_COUNT=FILE turns the mode on and writes one line per launch to FILE at exit; EMU_SAMPLE=N
 // runs only N evenly spaced blocks of a larger grid and scales the counts by blocks/N (the other
-// blocks' outputs stay poisoned: a counting run measures, it checks nothing).
+// blocks' outputs stay as they were, zero from cudaMalloc in this mode: a counting run measures, it
+// checks nothing); EMU_SAMPLE_FULL=prefix,... exempts kernels from sampling.
 // ------------------------------------------------------------------------------------------
 #ifdef EMU_COUNTERS
 namespace emu {
@@ -992,30 +997,51 @@ struct CountRec {                     // one launch; every figure scaled to the 
     double gld_req, gld_sect, gld_bytes, gst_req, gst_sect, gst_bytes;
     double gbytes_w[5];               // global bytes by access width 1, 2, 4, 8, 16
     double sld_req, sld_wave, sld_phase, sst_req, sst_wave, sst_phase;
-    double mma_flop;                  // 2*M*N*K per warp-level mma_sync
+    double mma_flop;                  // 2*M*N*K per warp-level mma_sync (padding of partial tiles included)
+    double useful_flop;               // the YOLO_PROFILE group's own FLOP figure (not scaled)
     double sect_single, sect_multi;   // distinct sectors touched by one sampled block / by several
 };
 struct Acc { uint32_t mask; uint8_t width, kind; uintptr_t addr[32]; };   // kind: 0 gld 1 gst 2 sld 3 sst
 static std::vector<CountRec> crecs;
 static CountRec *crec;                          // the launch being counted
 static std::vector<std::pair<uintptr_t, size_t>> sranges;   // static __shared__ arrays seen
-static std::map<std::tuple<int, uintptr_t, uint32_t>, Acc> pending;
-static std::vector<std::map<uintptr_t, uint32_t>> occ;      // per lane: executions of each site
-static std::map<uintptr_t, std::pair<unsigned long, int>> sectors;   // sector -> (last block, blocks)
+struct AccKey {
+    int warp; uintptr_t site; uint32_t k;
+    bool operator==(const AccKey &o) const { return warp == o.warp && site == o.site && k == o.k; }
+};
+struct AccHash { size_t operator()(const AccKey &x) const { return (x.site * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)x.warp << 40) ^ x.k; } };
+static std::unordered_map<AccKey, Acc, AccHash> pending;
+static std::vector<std::unordered_map<uintptr_t, uint32_t>> occ;      // per lane: executions of each site
+static std::unordered_map<uintptr_t, std::pair<unsigned long, int>> sectors;   // sector -> (last block, blocks)
 static unsigned long cblock;
 static int quiet;                               // >0 inside a WMMA emulation (counted as a tile)
 static int count_on() { static int on = -1; if (on < 0) on = getenv("EMU_COUNT") && *getenv("EMU_COUNT"); return on; }
 int count_sample() { return count_on() ? env_int("EMU_SAMPLE", 0) : 0; }
+// EMU_SAMPLE_FULL=prefix,prefix: kernels whose names start so run every block (their results steer
+// the host: the loss must be finite for the step to run its backward)
+int count_full(const char *name) {
+    const char *e = getenv("EMU_SAMPLE_FULL");
+    for (const char *p = e; p && *p;) {
+        const char *q = strchr(p, ',');
+        size_t n = q ? (size_t)(q - p) : strlen(p);
+        if (n && !strncmp(name, p, n)) return 1;
+        p = q ? q + 1 : nullptr;
+    }
+    return 0;
+}
 
 static void measure(const Acc &a) {
     CountRec &r = *crec;
     if (a.kind < 2) {
-        std::set<uintptr_t> s;
+        uintptr_t sv[128];
+        int ns = 0;
         double bytes = 0;
         for (int l = 0; l < 32; l++) if (a.mask >> l & 1) {
-            for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32; x++) s.insert(x);
+            for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32 && ns < 128; x++) sv[ns++] = x;
             bytes += a.width;
         }
+        std::sort(sv, sv + ns);
+        std::vector<uintptr_t> s(sv, std::unique(sv, sv + ns));
         for (uintptr_t x : s) {
             auto &e = sectors[x];
             if (e.second == 0 || e.first != cblock) { e.second += e.second < 2; e.first = cblock; }
@@ -1029,15 +1055,14 @@ static void measure(const Acc &a) {
     int per = a.width <= 4 ? 32 : a.width == 8 ? 16 : 8;
     double wave = 0, phases = 0;
     for (int p0 = 0; p0 < 32; p0 += per) {
-        std::set<uintptr_t> words[32];
-        int any = 0;
-        for (int l = p0; l < p0 + per; l++) if (a.mask >> l & 1) {
-            any = 1;
-            for (uintptr_t w = a.addr[l] / 4; w <= (a.addr[l] + a.width - 1) / 4; w++) words[w % 32].insert(w);
-        }
-        if (!any) continue;
-        size_t m = 0;
-        for (auto &w : words) m = std::max(m, w.size());
+        uintptr_t wv[160];   // the 4-byte words this phase touches (at most 32 lanes x 5 words)
+        int nw = 0;
+        for (int l = p0; l < p0 + per; l++) if (a.mask >> l & 1)
+            for (uintptr_t w = a.addr[l] / 4; w <= (a.addr[l] + a.width - 1) / 4 && nw < 160; w++) wv[nw++] = w;
+        if (!nw) continue;
+        std::sort(wv, wv + nw);
+        int ne = (int)(std::unique(wv, wv + nw) - wv), bank[32] = {0}, m = 0;
+        for (int j = 0; j < ne; j++) m = std::max(m, ++bank[wv[j] % 32]);   // distinct words per bank
         wave += m; phases++;
     }
     if (a.kind == 2) r.sld_req++, r.sld_wave += wave, r.sld_phase += phases;
@@ -1057,7 +1082,8 @@ void count_shared_range(void *p, size_t n) {
 }
 static void record(uintptr_t a, unsigned width, int store, uintptr_t site) {
     if (!crec || !F || quiet) return;
-    if (a >= (uintptr_t)F->stack && a < (uintptr_t)F->stack + PAGE + stack_bytes()) return;   // a local
+    static const size_t sb = PAGE + stack_bytes();
+    if (a >= (uintptr_t)F->stack && a < (uintptr_t)F->stack + sb) return;   // a local
     static uintptr_t dev_lo = 1, dev_hi = 0;   // the last device allocation hit (usually the one arena)
     int kind;
     if (a >= dev_lo && a < dev_hi) kind = store;
@@ -1074,7 +1100,7 @@ static void record(uintptr_t a, unsigned width, int store, uintptr_t site) {
     }
     int lane = F->lin & 31;
     uint32_t k = occ[F->lin][site]++;
-    Acc &e = pending[std::make_tuple(F->lin >> 5, site, k)];
+    Acc &e = pending[AccKey{F->lin >> 5, site, k}];
     if (!e.mask) e.width = (uint8_t)width, e.kind = (uint8_t)kind;
     e.mask |= 1u << lane; e.addr[lane] = a;
     if (pending.size() > (1u << 20)) count_flush(true);   // a long barrier-free loop: measure what is complete
@@ -1118,7 +1144,7 @@ static void count_dump() {
     if (!f) { fprintf(stderr, "EMU_COUNT=%s: cannot write\n", getenv("EMU_COUNT")); return; }
     fprintf(f, "# emulator counter mode: one line per launch, figures scaled from the sampled blocks to the grid\n"
                "# tag\tkernel\tblocks\tsampled\tthreads\tgld_req\tgld_sect\tgld_bytes\tgst_req\tgst_sect\tgst_bytes\t"
-               "gb1\tgb2\tgb4\tgb8\tgb16\tsld_req\tsld_wave\tsld_phase\tsst_req\tsst_wave\tsst_phase\tmma_flop\tcompulsory_bytes\n");
+               "gb1\tgb2\tgb4\tgb8\tgb16\tsld_req\tsld_wave\tsld_phase\tsst_req\tsst_wave\tsst_phase\tmma_flop\tcompulsory_bytes\tuseful_flop\n");
     for (auto &r : crecs) {
         double s = (double)r.blocks / r.sampled;
         // compulsory: sectors only one sampled block touched are that block's own (scaled with the
@@ -1129,7 +1155,7 @@ static void count_dump() {
                       r.gbytes_w[2], r.gbytes_w[3], r.gbytes_w[4], r.sld_req, r.sld_wave, r.sld_phase, r.sst_req, r.sst_wave,
                       r.sst_phase, r.mma_flop};
         for (double x : v) fprintf(f, "\t%.6g", x * s);
-        fprintf(f, "\t%.6g\n", comp);
+        fprintf(f, "\t%.6g\t%.6g\n", comp, r.useful_flop);
     }
     fclose(f);
 }
@@ -1144,14 +1170,20 @@ extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) { emu::record(a, (u
 extern "C" void __asan_handle_no_return(void) {}
 // emu_count_tag: yolo.c's YOLO_PROFILE names each group of launches after it ran ("conv fwd 3x3
 // s1"): the launches since the last tag get that name; NULL (at the start of a timed group) names
-// the launches before it "untimed"
-extern "C" void emu_count_tag(const char *name) {
+// the launches before it "untimed"; flop: the group's useful FLOP (a conv's 2 x multiply-adds), kept
+// on the group's last launch
+extern "C" void emu_count_tag(const char *name, double flop) {
     emu::drain();
-    for (auto it = emu::crecs.rbegin(); it != emu::crecs.rend() && it->tag.empty(); ++it) it->tag = name ? name : "untimed";
+    bool last = true;
+    for (auto it = emu::crecs.rbegin(); it != emu::crecs.rend() && it->tag.empty(); ++it) {
+        it->tag = name ? name : "untimed";
+        if (last) it->useful_flop = flop, last = false;
+    }
 }
 #else
 namespace emu {
 int count_sample() { return 0; }
+int count_full(const char *) { return 0; }
 void count_shared_range(void *, size_t) {}
 void count_tile(const void *, int, int, int, size_t, int, int) {}
 void count_mma(int, int, int) {}

@@ -108,6 +108,7 @@ test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yol
 	@echo "built $@ (run it on a machine with a GPU)"
 
 # --- counter mode (issue 14; not part of make test except its own test, emu_count_test) ---------
+#   make emu-count-test  the counter mode's test alone (built by make tests, run by test/run_emu.sh)
 #   make emu-count    builds test/bin/emu-count: the kernel file instrumented so that every load and
 #                     store reaches the emulator's counters (g++ -fsanitize=kernel-address in call
 #                     mode, hooks in test/cuda_emu.cpp), the counter test and the one-step driver
@@ -121,6 +122,9 @@ EMU_COUNT_KFLAGS = -DEMU_COUNTING -fsanitize=kernel-address --param asan-instrum
 emu-count-bins:
 	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) EMU_KFLAGS="$(EMU_COUNT_KFLAGS)" EMU_CDEFS=-DEMU_COUNTERS \
 	    $(EMU_COUNT_DIR)/emu_count_test $(EMU_COUNT_DIR)/gpu_count
+emu-count-test:
+	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) EMU_KFLAGS="$(EMU_COUNT_KFLAGS)" EMU_CDEFS=-DEMU_COUNTERS \
+	    $(EMU_COUNT_DIR)/emu_count_test
 $(EMU_DIR)/emu_count_test.cpp: test/emu_count_test.cu $(EMU_DEPS)
 	@mkdir -p $(EMU_DIR)
 	bash test/emu_rewrite.sh $< $@
@@ -139,4 +143,4 @@ emu-count: $(EMU_COUNT_DIR)/step.tsv
 gpu-model: $(EMU_COUNT_DIR)/step.tsv
 	bash test/gpu_model.sh $(EMU_COUNT_DIR)/step.tsv
 
-.PHONY: emu-bins test-emu emu-asan emu-asan-bins cuda-check test-gpu emu-count-bins emu-count gpu-model
+.PHONY: emu-bins test-emu emu-asan emu-asan-bins cuda-check test-gpu emu-count-bins emu-count-test emu-count gpu-model

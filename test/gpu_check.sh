@@ -3,7 +3,8 @@
 # ./yolo and the tests with nvcc for the GPU it finds, runs every kernel test and the whole-step test
 # against the CPU on the real device (no emulation), then trains the synthetic dataset at 640 with
 # batch 16 for yolov8n and yolov8s (2 epochs each) and prints images/s and the planned device memory
-# beside what the device reports in use, then where the time of a training step goes (YOLO_PROFILE=1).
+# beside what the device reports in use, then where the time of a training step goes (YOLO_PROFILE=1),
+# and that measured time per kind beside the MODEL of test/gpu_model.sh (issue 14).
 #   bash test/gpu_check.sh            (from the repository root)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -12,6 +13,10 @@ nvidia-smi --query-gpu=name,compute_cap,memory.total,memory.used,driver_version 
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
 status=0
 t0=$(date +%s)
+# the emulator's counts of one yolov8n 640 batch-16 step (make emu-count, CPU only, ~3 minutes on
+# one core), made in the background while the GPU runs, for the MODEL-vs-measured table at the end
+( make -s emu-count >/tmp/gpu_check_count.$$ 2>&1 ) &
+count_pid=$!
 echo "== build (sm_${cap:-default})"
 make -s -j"$(nproc)" yolo ${cap:+CUDA_ARCH=$cap} || exit 1
 make -s test-gpu ${cap:+EMU_ARCHS=$cap} || exit 1
@@ -38,7 +43,30 @@ done
 echo "== where a training step's time goes: yolov8n 640 batch 16, 1 epoch of 64 images, YOLO_PROFILE=1"
 ./yolo shapes out="$data/small" ntrain=64 nval=16 imgsz=640 >/dev/null || exit 1
 YOLO_PROFILE=1 ./yolo train data="$data/small/data.yaml" model=yolov8n imgsz=640 batch=16 epochs=1 device=0 workers="$(nproc)" \
-    project="$data/runs" name=prof 2>&1 | sed -n '/^device time by kind/,/^  total/p'
+    project="$data/runs" name=prof 2>&1 | sed -n '/^device time by kind/,/^  total/p' | tee "$data/prof.txt"
+# measured (above) beside the MODEL (test/gpu_model.sh) per kind, per step: the measured total is
+# scaled by the model's launches of that kind in one step over the measured launches
+echo "== measured vs MODEL, per training step, by kind (yolov8n 640 batch 16)"
+wait "$count_pid"
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)" in
+    *A100*) mg=A100 ;; *H100*|*H200*|*GH200*) mg=H100 ;; *4090*) mg=RTX4090 ;; *3060*) mg=RTX3060 ;;
+    *) case "$cap" in 80) mg=A100 ;; 86) mg=RTX3060 ;; 89) mg=RTX4090 ;; *) mg=H100 ;; esac ;;
+esac
+if [ -f test/bin/emu-count/step.tsv ] && bash test/gpu_model.sh test/bin/emu-count/step.tsv --gpu "$mg" --tsv >"$data/model.tsv"; then
+    awk -v mg="$mg" -F'\t' 'FILENAME ~ /model/ { ml[$1] = $2; mt[$1] = $3; next }
+        /^  / && !/^  kind/ && !/^  total/ {
+            k = substr($0, 3, 24); sub(/ +$/, "", k); split(substr($0, 28), f, " ")
+            meas[k] = f[2]; nmeas[k] = f[1]; order[++n] = k }
+        END {
+            printf "  %-24s %12s %12s %8s   (MODEL: the %s row of test/gpu_model.sh)\n", "kind", "measured ms", "MODEL ms", "ratio", mg
+            for (i = 1; i <= n; i++) { k = order[i]; if (!(k in mt) || !nmeas[k]) continue
+                m = meas[k] * ml[k] / nmeas[k]; tm += m; tt += mt[k]
+                printf "  %-24s %12.3f %12.3f %8.2f\n", k, m, mt[k], (mt[k] > 0 ? m / mt[k] : 0) }
+            printf "  %-24s %12.3f %12.3f %8.2f\n", "total (kinds in both)", tm, tt, (tt > 0 ? tm / tt : 0) }' "$data/model.tsv" "$data/prof.txt"
+else
+    echo "no MODEL figures: make emu-count failed"; tail -n 5 /tmp/gpu_check_count.$$
+fi
+rm -f /tmp/gpu_check_count.$$
 echo "device memory in use now (nvidia-smi):"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv 2>&1 | tail -n 1
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -21,6 +21,9 @@ int main(void) {
     if (e && sscanf(e, "%d %d %c", &B, &S, &scale) < 2) { fprintf(stderr, "GPU_COUNT=%s: expected \"B S [scale]\"\n", e); return 2; }
     if (!getenv("EMU_COUNT")) { fprintf(stderr, "gpu_count: set EMU_COUNT=FILE (the counts are written there)\n"); return 2; }
     setenv("YOLO_PROFILE", "1", 1);
+    // the loss kernels run whole: a loss computed from sampled blocks could be non-finite, and the
+    // step skips its backward after a non-finite loss
+    setenv("EMU_SAMPLE_FULL", "loss_", 0);
     Model *m = xcalloc(1, sizeof(Model));
     model_open(m, scale, 80, 1, 64, 64, 11);   // the host arena only holds the parameters here
     size_t nimg = (size_t)B * 3 * S * S;
@@ -41,7 +44,17 @@ int main(void) {
     Gpu *g = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
     double t0 = now_sec();
     gpu_zero_grad(g);
-    gpu_train_step(g, &shp, img, &tg, &lc);
+    // gpu_train_step's sequence, with the backward run whatever the loss: outputs of the blocks a
+    // sampled launch skipped are stale, so the loss is often not finite here, and walk_step would
+    // skip the backward after a non-finite loss
+    gpu_shape(g, &shp);
+    gpu_input_begin(g, img);
+    Exec ex = exec_gpu(g);
+    walk_forward(&ex);
+    walk_head_grad(&ex);
+    ex.be->loss(&ex, &tg, &lc);
+    walk_backward(&ex);
+    gpu_input_end(g);
     gpu_optimize(g, NULL);
     cudaDeviceSynchronize();
     printf("gpu_count: yolov8%c batch %d at %dx%d, one step counted in %.1f s (EMU_SAMPLE=%s), device arena %.1f MiB\n",

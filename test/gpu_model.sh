@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_model.sh: a MODEL of the device training step's time on named GPUs, built without a GPU (issue 14).
-#   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE]      (make gpu-model)
+#   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] [--tsv]     (make gpu-model)
+# --tsv (with --gpu): only "kind<TAB>launches<TAB>modeled ms" lines, for test/gpu_check.sh
 # COUNTS.tsv: one launch per line from the emulator's counter mode (make emu-count: one yolov8n 640
 # batch-16 step, test/gpu_count.c), each launch named after its YOLO_PROFILE row ("conv fwd 3x3 s1").
 # FILE: a kernel report (test/kernel_report.py; default test/kernel_report.baseline) for the conv
@@ -14,6 +15,11 @@
 #   L2       bytes of the 32-byte sectors the warps request / L2 bandwidth (assumed 3x DRAM)
 #   shared   shared-memory wavefronts (bank conflicts included) / (SMs x 1 wavefront per clock)
 #   floor    2 microseconds (a launch's start and drain)
+# Columns: GFLOP, the kind's useful FLOP (YOLO_PROFILE's figure: 2 x the convolution's multiply-adds);
+# mma GFLOP, what the tensor cores execute (tile padding and skipped zero taps included); DRAM MB,
+# compulsory bytes; L2 MB, requested sectors; sect/req, 32-byte sectors per warp request (global);
+# 16B %, share of global bytes moved in 16-byte accesses; bank cnfl/r, shared-memory bank conflicts
+# (extra wavefronts) per shared request; tensor peak %, useful FLOP / (modeled time x tensor peak).
 # Kernels without mma are modeled as memory-bound (their FP32 arithmetic is not counted). The FP32
 # CUDA-core figures are stated for reference only. Nothing here is measured: every line says MODEL.
 set -u
@@ -21,11 +27,12 @@ cd "$(dirname "$0")/.." || exit 1
 counts=${1:-}
 [ -n "$counts" ] && [ -f "$counts" ] || { echo "usage: bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] (make gpu-model makes the counts)"; exit 2; }
 shift
-only=""; report=test/kernel_report.baseline
+only=""; report=test/kernel_report.baseline; tsv=0
 while [ $# -gt 0 ]; do
     case $1 in
         --gpu) only=$2; shift 2 ;;
         --report) report=$2; shift 2 ;;
+        --tsv) tsv=1; shift ;;
         *) echo "gpu_model.sh: unknown argument $1"; exit 2 ;;
     esac
 done
@@ -36,7 +43,7 @@ gpus='RTX3060 86 28 1.777 25.4 12.7 360 1.0
 RTX4090 89 128 2.52 165.2 82.6 1008 1.0
 A100 80 108 1.41 312 19.5 1555 1.0
 H100 90 132 1.83 989.4 66.9 3352 0.67'
-awk -v only="$only" -v gpus="$gpus" -v counts="$counts" -F'\t' '
+awk -v only="$only" -v tsv="$tsv" -v gpus="$gpus" -v counts="$counts" -v report="$report" -F'\t' '
 function max(a, b) { return a > b ? a : b }
 BEGIN {
     ng = split(gpus, gl, "\n")
@@ -56,17 +63,25 @@ FILENAME != counts {
 {
     nl++
     TAG[nl] = $1; K[nl] = $2
-    for (j = 6; j <= 24; j++) V[nl, j] = $j
+    for (j = 6; j <= 25; j++) V[nl, j] = $j
 }
 END {
-    printf "MODEL  a modeled, not measured, device step from %s (%d launches) and %s\n", counts, nl, report
-    printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "GPU", "arch", "SMs", "GHz", "FP16 tensor", "FP32", "DRAM", "mma.sync", "HMMA cycles"
-    printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "", "", "", "", "TFLOP/s", "TFLOP/s", "GB/s", "ceiling", "per SMSP"
-    for (i = 1; i <= ng; i++)
+    if (tsv) {
+        for (i = 1; i <= ng; i++) if (G[i] == only) g = i
+        if (!g) { printf "gpu_model.sh: --tsv needs --gpu with one of the table names\n" > "/dev/stderr"; exit 2 }
+    }
+    if (!tsv) printf "MODEL  a modeled, not measured, device step from %s (%d launches) and %s\n", counts, nl, report
+    if (!tsv) printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "GPU", "arch", "SMs", "GHz", "FP16 tensor", "FP32", "DRAM", "mma.sync", "HMMA cycles"
+    if (!tsv) printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "", "", "", "", "TFLOP/s", "TFLOP/s", "GB/s", "ceiling", "per SMSP"
+    for (l = 1; l <= nl; l++) for (j = 12; j <= 16; j++) { WB[j] += V[l, j]; WT += V[l, j] }
+    if (!tsv && WT > 0)
+        printf "counts: the step moves %.1f GB in global accesses; by width 1 B %.3f%%, 2 B %.3f%%, 4 B %.3f%%, 8 B %.3f%%, 16 B %.3f%%\n",
+               WT / 1e9, 100 * WB[12] / WT, 100 * WB[13] / WT, 100 * WB[14] / WT, 100 * WB[15] / WT, 100 * WB[16] / WT
+    for (i = 1; i <= ng && !tsv; i++)
         printf "MODEL  %-8s %4s %4d %6.3f %10.1f %9.1f %9d %8.2f %12.1f\n", G[i], "sm_" ARCH[i], SM[i], CLK[i], TC[i], F32[i], BW[i], CEIL[i], C[i]
     for (i = 1; i <= ng; i++) {
         if (only != "" && G[i] != only) continue
-        delete T; delete FL; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
+        delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
             k = TAG[l]
@@ -74,7 +89,7 @@ END {
             if (!(k in NL)) KO[++nk] = k
             gld_req = V[l, 6]; gld_sect = V[l, 7]; gld_bytes = V[l, 8]; gst_req = V[l, 9]; gst_sect = V[l, 10]; gst_bytes = V[l, 11]
             gb16 = V[l, 16]; sld_req = V[l, 17]; sld_wave = V[l, 18]; sld_ph = V[l, 19]; sst_req = V[l, 20]; sst_wave = V[l, 21]
-            sst_ph = V[l, 22]; flop = V[l, 23]; comp = V[l, 24]
+            sst_ph = V[l, 22]; flop = V[l, 23]; comp = V[l, 24]; UF[k] += V[l, 25]
             t_mem = comp / (BW[i] * 1e9)
             t_l2 = (gld_sect + gst_sect) * 32 / (3 * BW[i] * 1e9)
             t_sh = (sld_wave + sst_wave) / (SM[i] * CLK[i] * 1e9)
@@ -91,16 +106,17 @@ END {
             SW[k] += sld_wave + sst_wave; SP[k] += sld_ph + sst_ph; SR[k] += sld_req + sst_req
             tot += t
         }
+        if (tsv) { for (a = 1; a <= nk; a++) printf "%s\t%d\t%.4f\n", KO[a], NL[KO[a]], T[KO[a]] * 1e3; continue }
         if (only == "" && G[i] != "A100") { printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n", G[i], tot * 1e3, 16 / tot; continue }
         printf "MODEL  %s, yolov8n 640 batch 16, one training step by kind of launch (YOLO_PROFILE names):\n", G[i]
-        printf "MODEL  %-30s %5s %8s %8s %8s %6s %5s %6s %9s %7s %6s\n", "kind", "lnch", "GFLOP", "DRAM MB", "L2 MB", "sect/", "16B", "bank", "model ms", "share", "tensor"
-        printf "MODEL  %-30s %5s %8s %8s %8s %6s %5s %6s %9s %7s %6s\n", "", "", "", "", "", "req", "%", "cnfl/r", "", "", "peak%"
+        printf "MODEL  %-28s %4s %6s %6s %7s %7s %5s %4s %6s %8s %6s %6s\n", "kind", "lnch", "GFLOP", "mma", "DRAM", "L2", "sect/", "16B", "bank", "model", "share", "tensor"
+        printf "MODEL  %-28s %4s %6s %6s %7s %7s %5s %4s %6s %8s %6s %6s\n", "", "", "", "GFLOP", "MB", "MB", "req", "%", "cnfl/r", "ms", "", "peak%"
         # kinds by modeled time
         for (a = 1; a <= nk; a++) for (b = a + 1; b <= nk; b++) if (T[KO[b]] > T[KO[a]]) { x = KO[a]; KO[a] = KO[b]; KO[b] = x }
         for (a = 1; a <= nk; a++) {
             k = KO[a]
-            pk = FL[k] > 0 ? sprintf("%5.1f%%", 100 * FL[k] / (T[k] * TC[i] * 1e12)) : "     -"
-            printf "MODEL  %-30s %5d %8.1f %8.1f %8.1f %6.1f %5.1f %6.2f %9.3f %6.1f%% %6s\n", substr(k, 1, 30), NL[k], FL[k] / 1e9, DR[k] / 1e6,
+            pk = UF[k] > 0 ? sprintf("%5.1f%%", 100 * UF[k] / (T[k] * TC[i] * 1e12)) : "     -"
+            printf "MODEL  %-28s %4d %6.1f %6.1f %7.1f %7.1f %5.1f %4.0f %6.2f %8.3f %5.1f%% %6s\n", substr(k, 1, 28), NL[k], UF[k] / 1e9, FL[k] / 1e9, DR[k] / 1e6,
                    L2B[k] / 1e6, SQ[k] ? SS[k] / SQ[k] : 0, BY[k] ? 100 * B16[k] / BY[k] : 0, SR[k] ? (SW[k] - SP[k]) / SR[k] : 0,
                    T[k] * 1e3, 100 * T[k] / tot, pk
         }

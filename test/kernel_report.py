@@ -69,13 +69,21 @@ def launch_threads(src):
         consts[m.group(1)] = int(m.group(2))
     res = {}
     for m in re.finditer(r"\b(\w+)\s*(?:<[^<>;]*>)?\s*<<<([^>]*)>>>", src):
-        args = [a.strip() for a in re.split(r",(?![^(]*\))", m.group(2))]
+        args, depth, cur = [], 0, ""
+        for ch in m.group(2):   # split at top-level commas: dim3(cdiv(n, 256), B), 256, 0, s
+            depth += (ch == "(") - (ch == ")")
+            if ch == "," and depth == 0:
+                args.append(cur.strip())
+                cur = ""
+            else:
+                cur += ch
+        args.append(cur.strip())
         if len(args) < 2:
             continue
         b = args[1]
         n = int(b) if b.isdigit() else consts.get(b)
-        if n is None:   # dim3 block(X, Y) declared before the launch
-            d = re.findall(r"dim3\s+" + re.escape(b) + r"\s*\(([^;]*)\)\s*;", src[: m.start()])
+        if n is None:   # dim3 block(X, Y) declared before the launch (perhaps after another: grid(...), block(X))
+            d = re.findall(r"\b" + re.escape(b) + r"\s*\(([\w\s,]*)\)\s*;", src[: m.start()])
             if d:
                 parts = [p.strip() for p in d[-1].split(",")]
                 vals = [int(p) if p.isdigit() else consts.get(p) for p in parts]
@@ -400,7 +408,7 @@ def main():
             + ("" if not sass else f" ({', '.join(sass)} found: SASS reading is not implemented, the PTX figures stand)"))
     if not sass:
         note += f" (no cuobjdump/nvdisasm in {bindir}: SASS not read)"
-    src = open("yolo_kernels.cu").read()
+    src = open("yolo.h").read() + open("yolo_kernels.cu").read()   # constants such as OPT_NORM_BLOCKS live in yolo.h
     with tempfile.TemporaryDirectory() as tmp:
         text = fmt([(a, report_arch(a, src, nvcc, tmp)) for a in archs], note)
     if out:
