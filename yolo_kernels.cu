@@ -1025,11 +1025,23 @@ static BnGeo bn_geo(int B, int C, int HW, long zs) {
     q.zs = zs ? zs : (long)C * HW; q.HW = HW; q.fHW = fast_div(HW > 0 ? HW : 1);
     return q;
 }
-// offset of value j of channel c in z (and dA, same layout)
-__device__ __forceinline__ long bn_at(const BnGeo &q, int c, int j) {
-    int b = div_fast(j, q.fHW);
-    return b * q.zs + (long)c * q.HW + (j - b * q.HW);
-}
+// BnWalk: the offsets o in z (and dA, same layout) of values j, j + step, j + 2 step, ... of channel c:
+// one division to start, then an add and a compare per value (step < 2^31)
+struct BnWalk {
+    long j, o, dq;       // value, its offset; the whole images of a step, times zs
+    int p, HW, dr, stp;  // pixel of value j; the pixels of a step beyond those images; the step
+    long zs;
+    __device__ BnWalk(const BnGeo &q, int c, long j0, int step) : j(j0), HW(q.HW), zs(q.zs) {
+        int b = div_fast((int)j0, q.fHW), sq = div_fast(step, q.fHW);
+        p = (int)j0 - b * q.HW;
+        o = b * q.zs + (long)c * q.HW + p;
+        dq = sq * q.zs; dr = step - sq * q.HW; stp = step;
+    }
+    __device__ void next() {
+        j += stp; p += dr; o += dq + dr;
+        if (p >= HW) { p -= HW; o += zs - HW; }
+    }
+};
 
 // bn_stats_partial: chunk k of channel c in two passes over the chunk (the second from cache): its
 // mean and its sum of squared deviations from that mean, into part[2*(c*K + k)] and [2*(c*K + k) + 1]
@@ -1038,10 +1050,10 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
     long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
     float s = 0.0f, ss = 0.0f, cnt = (float)(j1 > j0 ? j1 - j0 : 1);
-    for (long j = j0 + threadIdx.x; j < j1; j += blockDim.x) s += act_f(z[bn_at(q, c, (int)j)]);
+    for (BnWalk it(q, c, j0 + threadIdx.x, blockDim.x); it.j < j1; it.next()) s += act_f(z[it.o]);
     float mu = block_sum(s) / cnt;
-    for (long j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        float d = act_f(z[bn_at(q, c, (int)j)]) - mu;
+    for (BnWalk it(q, c, j0 + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
+        float d = act_f(z[it.o]) - mu;
         ss += d * d;
     }
     ss = block_sum(ss);
@@ -1092,22 +1104,66 @@ extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW,
     bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
 
+// load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
+// (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
+__device__ __forceinline__ void load8(const __half *p, float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+    q.u = *(const uint4 *)p;
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[2 * e] = __low2float(q.h[e]), v[2 * e + 1] = __high2float(q.h[e]);
+}
+__device__ __forceinline__ void load8(const float *p, float *v) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void store8(__half *p, const float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+#pragma unroll
+    for (int e = 0; e < 4; e++) q.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+    *(uint4 *)p = q.u;
+}
+__device__ __forceinline__ void store8(float *p, const float *v) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+// bn_vec8: may an elementwise BN kernel move 8 values per thread (H*W and the image strides multiples
+// of 8, every pointer 16-byte aligned)?
+static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
+    return HW % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0 && (uintptr_t)p1 % 16 == 0 && (uintptr_t)p2 % 16 == 0 &&
+           (uintptr_t)p3 % 16 == 0;
+}
+
 // bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
-// math; grid (ceil(HW/256), C, B), one thread per element
-template <class T>
+// math; grid (ceil(HW/(256 V)), C, B), V consecutive elements per thread (V8: 8, one or two 16-byte
+// loads and stores, else 1); BN folded to a scale and shift once per thread (bn_silu_value's bits)
+template <class T, bool V8>
 __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
                                            const float *beta, T *y, long ys, int HW) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y, b = blockIdx.z;
     if (i >= HW) return;
-    y[b * ys + (long)c * HW + i] = act_from<T>(bn_silu_value(act_f(z[b * zs + (long)c * HW + i]), mean[c], invstd[c], gamma[c], beta[c]));
+    float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
+    const T *zp = z + b * zs + (long)c * HW + i;
+    T *yp = y + b * ys + (long)c * HW + i;
+    if (!V8) { *yp = act_from<T>(bn_silu_folded(act_f(*zp), sc, sh)); return; }
+    float v[8];
+    load8(zp, v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = bn_silu_folded(v[e], sc, sh);
+    store8(yp, v);
 }
 template <class T>
 static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
                                        const float *beta, T *y, long ys, int B, int C, int HW, void *stream) {
     if ((long)B * C * HW == 0) return;
-    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
-    bn_silu_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(z, zs ? zs : (long)C * HW, mean, invstd, gamma, beta, y,
-                                                                          ys ? ys : (long)C * HW, HW);
+    if (!zs) zs = (long)C * HW;
+    if (!ys) ys = (long)C * HW;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (bn_vec8(HW, zs, ys, z, y, y))
+        bn_silu_forward_act_kernel<T, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW);
+    else
+        bn_silu_forward_act_kernel<T, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
@@ -1133,8 +1189,8 @@ __global__ void bn_bwd_partial_kernel(const T *z, const float *dA, BnGeo q, int 
     long j1 = min(q.n, (k + 1) * q.len);
     float sg = 0.0f, sgx = 0.0f;
     float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f, be = gamma ? beta[c] : 0.0f;
-    for (long j = k * q.len + threadIdx.x; j < j1; j += blockDim.x) {
-        long o = bn_at(q, c, (int)j);
+    for (BnWalk it(q, c, k * q.len + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
+        long o = it.o;
         if (!gamma) { sg += dA[o]; continue; }
         float xh = (act_f(z[o]) - mu) * is, gy = bn_silu_gy(dA[o], xh, ga, be);
         sg += gy;
@@ -1162,16 +1218,25 @@ __global__ void bn_bwd_finish_kernel(const float *part, int K, int C, float cnt,
     means[C + c] = train ? sgx / cnt : 0.0f;
 }
 // bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN).
-// grid (ceil(HW/256), C, B)
-template <class T>
+// grid (ceil(HW/(256 V)), C, B), V (V8: 8, 16-byte accesses, else 1) consecutive elements per thread
+template <class T, bool V8>
 __global__ void bn_bwd_apply_kernel(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, const float *scratch, T *dz, int C, int HW) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y;
     if (i >= HW) return;
     long o = blockIdx.z * zs + (long)c * HW + i;
-    if (!gamma) { dz[o] = act_from<T>(dA[o]); return; }
-    float is = invstd[c], xh = (act_f(z[o]) - mean[c]) * is, gy = bn_silu_gy(dA[o], xh, gamma[c], beta[c]);
-    dz[o] = act_from<T>(gamma[c] * is * (gy - scratch[c] - xh * scratch[C + c]));
+    float g[8], zv[8];
+    if (V8) load8(dA + o, g); else g[0] = dA[o];
+    if (gamma) {
+        float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = scratch[c], mgx = scratch[C + c];
+        if (V8) load8(z + o, zv); else zv[0] = act_f(z[o]);
+#pragma unroll
+        for (int e = 0; e < (V8 ? 8 : 1); e++) {
+            float xh = (zv[e] - mu) * is, gy = bn_silu_gy(g[e], xh, ga, be);
+            g[e] = gs * (gy - mg - xh * mgx);
+        }
+    }
+    if (V8) store8(dz + o, g); else dz[o] = act_from<T>(g[0]);
 }
 template <class T>
 static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
@@ -1187,8 +1252,12 @@ static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const 
     bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta, scratch);
     CUDA_CHECK(cudaGetLastError());
     if ((long)B * HW == 0) return;
-    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
-    bn_bwd_apply_kernel<T><<<grid, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
+    if (bn_vec8(HW, zs, zs, z, dA, dz))
+        bn_bwd_apply_kernel<T, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
+    else
+        bn_bwd_apply_kernel<T, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
