@@ -471,8 +471,9 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
 // 0: any stride, by division). VEC1 (1x1, stride 1, Cin, H*W and the image strides multiples of 8):
 // w^T is staged column-major (its rows along Cin are contiguous) and both operands move as 16-byte
 // cp.async. Two stages, one barrier per K step; conv_store8 epilogue.
+// (128, 1): with the default minimum, ptxas for sm_80 caps this kernel's registers and spills
 template <bool VEC1, int SS>
-__global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
+__global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
                                                          __half *dxh, int accumulate) {
     using namespace nvcuda;
     typedef typename std::conditional<VEC1, wmma::col_major, wmma::row_major>::type ALayout;
@@ -1599,29 +1600,48 @@ __global__ void loss_topk_kernel(LossGeo g, const LossGtD *gts, const int *m, co
                 if (!loss_metric(gt, ((float)x + 0.5f) * s, ((float)y + 0.5f) * s, pb + (long)a * 4, plane[r], &o, &al))
                     continue;
                 Cand c = {a, al, o};
+                // (every index into pos and zero below is a compile-time constant after unrolling, so the
+                // two lists live in registers, not in local memory)
                 if (al > 0.0f) {
                     npos_total++;
                     // sorted by align descending; equal align keeps the lower (earlier) anchor first
                     if (npos == LOSS_TOPK && !(al > pos[LOSS_TOPK - 1].align)) continue;
-                    int k = npos < LOSS_TOPK ? npos++ : LOSS_TOPK - 1;
-                    while (k > 0 && al > pos[k - 1].align) { pos[k] = pos[k - 1]; k--; }
-                    pos[k] = c;
+                    int slot = npos < LOSS_TOPK ? npos++ : LOSS_TOPK - 1, ins = 0;
+#pragma unroll
+                    for (int q = 0; q < LOSS_TOPK - 1; q++) ins += q < slot && !(al > pos[q].align);
+#pragma unroll
+                    for (int q = LOSS_TOPK - 1; q >= 0; q--) {   // pos[ins..slot] = c, pos[ins..slot-1]
+                        if (q > ins && q <= slot) pos[q] = pos[q - 1 < 0 ? 0 : q - 1];
+                        else if (q == ins) pos[q] = c;
+                    }
                 } else if (nzero < LOSS_TOPK) {
-                    zero[nzero++] = c;   // anchors come in increasing index: the first zeros are the lowest
+                    // anchors come in increasing index: the first zeros are the lowest
+#pragma unroll
+                    for (int q = 0; q < LOSS_TOPK; q++)
+                        if (q == nzero) zero[q] = c;
+                    nzero++;
                 }
             }
     }
     // topk fills the slots left by fewer than 10 positives with the lowest-index align-0 anchors over all A;
     // an inside zero at index a is preceded by a - (positives before a) of them
     int need = npos_total < LOSS_TOPK ? LOSS_TOPK - (int)npos_total : 0, nfill = 0;
-    for (int k = 0; k < nzero && need > 0; k++) {
+    bool stop = need <= 0;
+#pragma unroll
+    for (int k = 0; k < LOSS_TOPK; k++) {
+        if (stop || k >= nzero) break;
         int before = 0;
-        for (int q = 0; q < npos; q++) before += pos[q].a < zero[k].a;
+#pragma unroll
+        for (int q = 0; q < LOSS_TOPK; q++) before += q < npos && pos[q].a < zero[k].a;
         if (zero[k].a - before >= need) break;
         nfill++;
     }
-    for (int k = 0; k < npos + nfill; k++) {
-        const Cand &c = k < npos ? pos[k] : zero[k - npos];
+#pragma unroll
+    for (int k = 0; k < 2 * LOSS_TOPK; k++) {
+        bool isp = k < LOSS_TOPK;
+        int q = isp ? k : k - LOSS_TOPK;
+        if (isp ? q >= npos : q >= nfill) continue;
+        const Cand &c = isp ? pos[q] : zero[q];
         long at = (long)b * g.A + c.a;
         atomicAdd(&cnt[at], 1);
         owner[at] = j;
