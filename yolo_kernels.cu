@@ -223,6 +223,74 @@ __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float 
     if (oh) oh[i] = __float2half(accumulate ? __half2float(oh[i]) + v : v);
 }
 
+// The warp's share of all three conv kernels: a 32x32 quarter of the block's 64x64 tile as 2x2 WMMA
+// fragments. conv_warp_step: one 32-deep K step from shared memory, pa(i, kk) / pb(j, kk) the
+// addresses of fragment row i / column j at depth kk (LA, LB their layouts, lda, ldb their ldm).
+// conv_warp_store: each accumulator through the warp's 16x16 staging tile cs, then st(m, n, v) with
+// v the 8 consecutive values (m, n .. n+7) this lane owns (row lane/2, columns 8*(lane%2) ..).
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> ConvAcc;
+__device__ __forceinline__ void conv_warp_zero(ConvAcc (&acc)[2][2]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+template <class LA, class LB, class PA, class PB>
+__device__ __forceinline__ void conv_warp_step(ConvAcc (&acc)[2][2], PA pa, unsigned lda, PB pb, unsigned ldb) {
+    using namespace nvcuda;
+#pragma unroll
+    for (int kk = 0; kk < IG_BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, LA> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LB> fb[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], pa(i, kk), lda);
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], pb(j, kk), ldb);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+}
+template <class ST>
+__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[16], int m0, int n0, ST st) {
+    int lane = threadIdx.x % 32, er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            nvcuda::wmma::store_matrix_sync(&cs[0][0], acc[i][j], 16, nvcuda::wmma::mem_row_major);
+            __syncwarp();
+            st(m0 + i * 16 + er, n0 + j * 16 + ec, (const float *)&cs[er][ec]);
+            __syncwarp();
+        }
+}
+// conv_k_loop: the two-stage K loop of the three conv kernels. taps(s) writes step s's shared tables
+// (one step ahead, into slot s & 1), fetch(s) issues step s's global loads (cp.async into stage s & 1,
+// or into registers), store(s) moves those registers into stage s & 1, mma(s) multiplies stage s & 1.
+// Step s+1 is fetched before step s is multiplied and stored after it, so one barrier ends each step:
+// stage (s+1) & 1 and table slot s & 1 were last read before the previous barrier.
+template <class TA, class FE, class SO, class MM>
+__device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO store, MM mma) {
+    taps(0);
+    if (nsteps > 1) taps(1);
+    __syncthreads();
+    if (nsteps > 0) { fetch(0); store(0); }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) fetch(s + 1);
+        __pipeline_commit();
+        if (s + 2 < nsteps) taps(s + 2);
+        mma(s);
+        if (next) store(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+}
+
 // conv_store8: outputs (m, n .. n+7) of a product whose columns n are pixels of NCHW images (HWn pixels,
 // images istride apart), v already final (bias added): FP32 to of and/or FP16 to oh, added to what is
 // there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, else one by one.
@@ -282,7 +350,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     __shared__ ConvTap tap[2][IG_BK];                           // the taps of a K step
     __shared__ float2 tbn[2][IG_BK];                            // ACT: BN scale and shift of the tap's channel
     __shared__ __align__(32) float Cs[4][16][16];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, Kd = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HWo;
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
     const __half hzero = __float2half(0.0f);
@@ -383,60 +451,20 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
         }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    ConvAcc acc[2][2];
+    conv_warp_zero(acc);
+    conv_k_loop(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, [&](int s) {
+        conv_warp_step<wmma::row_major, wmma::row_major>(
+            acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
+            [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
+    });
+    conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
+        if (m >= M || n >= N) return;
+        float bm = bias ? bias[m] : 0.0f, v[8];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    // prologue: the taps of steps 0 and 1, then step 0 in stage 0
-    taps(0);
-    if (nsteps > 1) taps(1);
-    __syncthreads();
-    load_a(0);
-    fetch_b(0);
-    store_b(0);
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    for (int s = 0; s < nsteps; s++) {
-        bool next = s + 1 < nsteps;
-        if (next) { load_a(s + 1); fetch_b(s + 1); }   // stage (s+1)&1 was last read before the previous barrier
-        __pipeline_commit();
-        if (s + 2 < nsteps) taps(s + 2);                 // slot s&1: its last reader, fetch_b(s), is done
-#pragma unroll
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        if (next) store_b(s + 1);
-        __pipeline_wait_prior(0);
-        __syncthreads();
-    }
-    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each 16x16 fragment
-    const int er = lane / 2, ec = (lane % 2) * 8;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
-            if (m < M && n < N) {
-                float bm = bias ? bias[m] : 0.0f, v[8];
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = bias ? Cs[warp][er][ec + e] + bm : Cs[warp][er][ec + e];
-                conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
-            }
-            __syncwarp();
-        }
+        for (int e = 0; e < 8; e++) v[e] = bias ? c[e] + bm : c[e];
+        conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
+    });
 }
 extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
                                   float *z, uint16_t *zh, void *stream) {
@@ -482,7 +510,7 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*H*W)
     __shared__ ConvTap tap[2][IG_BK];                           // off: dz offset; pad_: w offset (-1 past Kd)
     __shared__ __align__(32) float Cs[4][16][16];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cin, Kd = g.Cout * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HW;
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
     const __half hzero = __float2half(0.0f);
@@ -557,55 +585,16 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
         }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    taps(0);
-    if (nsteps > 1) taps(1);
-    __syncthreads();
-    fetch(0);
-    store(0);
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    for (int s = 0; s < nsteps; s++) {
-        bool next = s + 1 < nsteps;
-        if (next) fetch(s + 1);                 // stage (s+1)&1 was last read before the previous barrier
-        __pipeline_commit();
-        if (s + 2 < nsteps) taps(s + 2);         // slot s&1: its last reader, fetch(s), is done
-#pragma unroll
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                if (VEC1) wmma::load_matrix_sync(fa[i], &As[s & 1][kk][wy * 32 + i * 16], IG_BM + 8);
-                else wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
-            }
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        if (next) store(s + 1);
-        __pipeline_wait_prior(0);
-        __syncthreads();
-    }
-    const int er = lane / 2, ec = (lane % 2) * 8;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
-            if (m < M && n < N) conv_store8(dx, dxh, &Cs[warp][er][ec], m, n, N, HW, g.fHW, g.xs, accumulate);
-            __syncwarp();
-        }
+    ConvAcc acc[2][2];
+    conv_warp_zero(acc);
+    conv_k_loop(nsteps, taps, fetch, store, [&](int s) {
+        conv_warp_step<ALayout, wmma::row_major>(
+            acc, [&](int i, int kk) { return VEC1 ? &As[s & 1][kk][wy * 32 + i * 16] : &As[s & 1][wy * 32 + i * 16][kk]; },
+            VEC1 ? IG_BM + 8 : IG_BK + 8, [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
+    });
+    conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
+        if (m < M && n < N) conv_store8(dx, dxh, c, m, n, N, HW, g.fHW, g.xs, accumulate);
+    });
 }
 extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
                                 void *stream) {
@@ -646,7 +635,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
     __shared__ ConvTap tap[IG_BN];
     __shared__ float2 tbn[IG_BN];
     __shared__ __align__(32) float Cs[4][16][16];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, N = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, Kd = g.B * HWo;
     const int kbeg = blockIdx.z * kchunk, kend = min(Kd, kbeg + kchunk);
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (kend - kbeg + IG_BK - 1) / IG_BK;
@@ -740,64 +729,30 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
         }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    if (nsteps > 0) { fetch(0); store(0); }
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    for (int s = 0; s < nsteps; s++) {
-        bool next = s + 1 < nsteps;
-        if (next) fetch(s + 1);   // stage (s+1)&1 was last read before the previous barrier
-        __pipeline_commit();
-#pragma unroll
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bt[s & 1][wx * 32 + j * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        if (next) store(s + 1);
-        __pipeline_wait_prior(0);
-        __syncthreads();
-    }
-    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each fragment
-    const int er = lane / 2, ec = (lane % 2) * 8;
+    ConvAcc acc[2][2];
+    conv_warp_zero(acc);
+    conv_k_loop(nsteps, [](int) {}, fetch, store, [&](int s) {
+        conv_warp_step<wmma::row_major, wmma::col_major>(
+            acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
+            [&](int j, int kk) { return &Bt[s & 1][wx * 32 + j * 16][kk]; }, IG_BK + 8);
+    });
     float *out = part ? part : dw;
     const int acm = part ? 0 : accumulate;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
-            if (m < M && n < N) {
-                long o = (long)m * N + n;
-                const float *c = &Cs[warp][er][ec];
-                if (n + 8 <= N && ((uintptr_t)(out + o) & 15) == 0) {
-                    float4 v0 = make_float4(c[0], c[1], c[2], c[3]), v1 = make_float4(c[4], c[5], c[6], c[7]);
-                    if (acm) {
-                        float4 u0 = *(const float4 *)(out + o), u1 = *(const float4 *)(out + o + 4);
-                        v0 = make_float4(u0.x + v0.x, u0.y + v0.y, u0.z + v0.z, u0.w + v0.w);
-                        v1 = make_float4(u1.x + v1.x, u1.y + v1.y, u1.z + v1.z, u1.w + v1.w);
-                    }
-                    *(float4 *)(out + o) = v0; *(float4 *)(out + o + 4) = v1;
-                } else {
-                    for (int e = 0; e < 8 && n + e < N; e++) out[o + e] = acm ? out[o + e] + c[e] : c[e];
-                }
+    conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
+        if (m >= M || n >= N) return;
+        long o = (long)m * N + n;
+        if (n + 8 <= N && ((uintptr_t)(out + o) & 15) == 0) {
+            float4 v0 = make_float4(c[0], c[1], c[2], c[3]), v1 = make_float4(c[4], c[5], c[6], c[7]);
+            if (acm) {
+                float4 u0 = *(const float4 *)(out + o), u1 = *(const float4 *)(out + o + 4);
+                v0 = make_float4(u0.x + v0.x, u0.y + v0.y, u0.z + v0.z, u0.w + v0.w);
+                v1 = make_float4(u1.x + v1.x, u1.y + v1.y, u1.z + v1.z, u1.w + v1.w);
             }
-            __syncwarp();
+            *(float4 *)(out + o) = v0; *(float4 *)(out + o + 4) = v1;
+        } else {
+            for (int e = 0; e < 8 && n + e < N; e++) out[o + e] = acm ? out[o + e] + c[e] : c[e];
         }
+    });
 }
 // wgrad_reduce: dw[i] (+)= ws[0][i] + ws[1][i] + ... + ws[S-1][i], in that order
 __global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, int accumulate) {
