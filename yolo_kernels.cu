@@ -223,6 +223,74 @@ __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float 
     if (oh) oh[i] = __float2half(accumulate ? __half2float(oh[i]) + v : v);
 }
 
+// The warp's share of all three conv kernels: a 32x32 quarter of the block's 64x64 tile as 2x2 WMMA
+// fragments. conv_warp_step: one 32-deep K step from shared memory, pa(i, kk) / pb(j, kk) the
+// addresses of fragment row i / column j at depth kk (LA, LB their layouts, lda, ldb their ldm).
+// conv_warp_store: each accumulator through the warp's 16x16 staging tile cs, then st(m, n, v) with
+// v the 8 consecutive values (m, n .. n+7) this lane owns (row lane/2, columns 8*(lane%2) ..).
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> ConvAcc;
+__device__ __forceinline__ void conv_warp_zero(ConvAcc (&acc)[2][2]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+template <class LA, class LB, class PA, class PB>
+__device__ __forceinline__ void conv_warp_step(ConvAcc (&acc)[2][2], PA pa, unsigned lda, PB pb, unsigned ldb) {
+    using namespace nvcuda;
+#pragma unroll
+    for (int kk = 0; kk < IG_BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, LA> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LB> fb[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], pa(i, kk), lda);
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], pb(j, kk), ldb);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+}
+template <class ST>
+__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[16], int m0, int n0, ST st) {
+    int lane = threadIdx.x % 32, er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            nvcuda::wmma::store_matrix_sync(&cs[0][0], acc[i][j], 16, nvcuda::wmma::mem_row_major);
+            __syncwarp();
+            st(m0 + i * 16 + er, n0 + j * 16 + ec, (const float *)&cs[er][ec]);
+            __syncwarp();
+        }
+}
+// conv_k_loop: the two-stage K loop of the three conv kernels. taps(s) writes step s's shared tables
+// (one step ahead, into slot s & 1), fetch(s) issues step s's global loads (cp.async into stage s & 1,
+// or into registers), store(s) moves those registers into stage s & 1, mma(s) multiplies stage s & 1.
+// Step s+1 is fetched before step s is multiplied and stored after it, so one barrier ends each step:
+// stage (s+1) & 1 and table slot s & 1 were last read before the previous barrier.
+template <class TA, class FE, class SO, class MM>
+__device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO store, MM mma) {
+    taps(0);
+    if (nsteps > 1) taps(1);
+    __syncthreads();
+    if (nsteps > 0) { fetch(0); store(0); }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        bool next = s + 1 < nsteps;
+        if (next) fetch(s + 1);
+        __pipeline_commit();
+        if (s + 2 < nsteps) taps(s + 2);
+        mma(s);
+        if (next) store(s + 1);
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+}
+
 // conv_store8: outputs (m, n .. n+7) of a product whose columns n are pixels of NCHW images (HWn pixels,
 // images istride apart), v already final (bias added): FP32 to of and/or FP16 to oh, added to what is
 // there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, else one by one.
@@ -282,7 +350,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     __shared__ ConvTap tap[2][IG_BK];                           // the taps of a K step
     __shared__ float2 tbn[2][IG_BK];                            // ACT: BN scale and shift of the tap's channel
     __shared__ __align__(32) float Cs[4][16][16];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, Kd = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HWo;
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
     const __half hzero = __float2half(0.0f);
@@ -383,60 +451,20 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
         }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    ConvAcc acc[2][2];
+    conv_warp_zero(acc);
+    conv_k_loop(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, [&](int s) {
+        conv_warp_step<wmma::row_major, wmma::row_major>(
+            acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
+            [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
+    });
+    conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
+        if (m >= M || n >= N) return;
+        float bm = bias ? bias[m] : 0.0f, v[8];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    // prologue: the taps of steps 0 and 1, then step 0 in stage 0
-    taps(0);
-    if (nsteps > 1) taps(1);
-    __syncthreads();
-    load_a(0);
-    fetch_b(0);
-    store_b(0);
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    for (int s = 0; s < nsteps; s++) {
-        bool next = s + 1 < nsteps;
-        if (next) { load_a(s + 1); fetch_b(s + 1); }   // stage (s+1)&1 was last read before the previous barrier
-        __pipeline_commit();
-        if (s + 2 < nsteps) taps(s + 2);                 // slot s&1: its last reader, fetch_b(s), is done
-#pragma unroll
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        if (next) store_b(s + 1);
-        __pipeline_wait_prior(0);
-        __syncthreads();
-    }
-    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each 16x16 fragment
-    const int er = lane / 2, ec = (lane % 2) * 8;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
-            if (m < M && n < N) {
-                float bm = bias ? bias[m] : 0.0f, v[8];
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = bias ? Cs[warp][er][ec + e] + bm : Cs[warp][er][ec + e];
-                conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
-            }
-            __syncwarp();
-        }
+        for (int e = 0; e < 8; e++) v[e] = bias ? c[e] + bm : c[e];
+        conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
+    });
 }
 extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
                                   float *z, uint16_t *zh, void *stream) {
@@ -471,8 +499,9 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
 // 0: any stride, by division). VEC1 (1x1, stride 1, Cin, H*W and the image strides multiples of 8):
 // w^T is staged column-major (its rows along Cin are contiguous) and both operands move as 16-byte
 // cp.async. Two stages, one barrier per K step; conv_store8 epilogue.
+// (128, 1): with the default minimum, ptxas for sm_80 caps this kernel's registers and spills
 template <bool VEC1, int SS>
-__global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
+__global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
                                                          __half *dxh, int accumulate) {
     using namespace nvcuda;
     typedef typename std::conditional<VEC1, wmma::col_major, wmma::row_major>::type ALayout;
@@ -481,7 +510,7 @@ __global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*H*W)
     __shared__ ConvTap tap[2][IG_BK];                           // off: dz offset; pad_: w offset (-1 past Kd)
     __shared__ __align__(32) float Cs[4][16][16];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cin, Kd = g.Cout * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HW;
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
     const __half hzero = __float2half(0.0f);
@@ -556,55 +585,16 @@ __global__ __launch_bounds__(128) void conv_dgrad_kernel(ConvGeo g, const __half
         }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    taps(0);
-    if (nsteps > 1) taps(1);
-    __syncthreads();
-    fetch(0);
-    store(0);
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    for (int s = 0; s < nsteps; s++) {
-        bool next = s + 1 < nsteps;
-        if (next) fetch(s + 1);                 // stage (s+1)&1 was last read before the previous barrier
-        __pipeline_commit();
-        if (s + 2 < nsteps) taps(s + 2);         // slot s&1: its last reader, fetch(s), is done
-#pragma unroll
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                if (VEC1) wmma::load_matrix_sync(fa[i], &As[s & 1][kk][wy * 32 + i * 16], IG_BM + 8);
-                else wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
-            }
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[s & 1][kk][wx * 32 + j * 16], IG_BN + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        if (next) store(s + 1);
-        __pipeline_wait_prior(0);
-        __syncthreads();
-    }
-    const int er = lane / 2, ec = (lane % 2) * 8;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
-            if (m < M && n < N) conv_store8(dx, dxh, &Cs[warp][er][ec], m, n, N, HW, g.fHW, g.xs, accumulate);
-            __syncwarp();
-        }
+    ConvAcc acc[2][2];
+    conv_warp_zero(acc);
+    conv_k_loop(nsteps, taps, fetch, store, [&](int s) {
+        conv_warp_step<ALayout, wmma::row_major>(
+            acc, [&](int i, int kk) { return VEC1 ? &As[s & 1][kk][wy * 32 + i * 16] : &As[s & 1][wy * 32 + i * 16][kk]; },
+            VEC1 ? IG_BM + 8 : IG_BK + 8, [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
+    });
+    conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
+        if (m < M && n < N) conv_store8(dx, dxh, c, m, n, N, HW, g.fHW, g.xs, accumulate);
+    });
 }
 extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
                                 void *stream) {
@@ -645,7 +635,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
     __shared__ ConvTap tap[IG_BN];
     __shared__ float2 tbn[IG_BN];
     __shared__ __align__(32) float Cs[4][16][16];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wy = warp / 2, wx = warp % 2;
+    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, N = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, Kd = g.B * HWo;
     const int kbeg = blockIdx.z * kchunk, kend = min(Kd, kbeg + kchunk);
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (kend - kbeg + IG_BK - 1) / IG_BK;
@@ -739,64 +729,30 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
         }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    if (nsteps > 0) { fetch(0); store(0); }
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    for (int s = 0; s < nsteps; s++) {
-        bool next = s + 1 < nsteps;
-        if (next) fetch(s + 1);   // stage (s+1)&1 was last read before the previous barrier
-        __pipeline_commit();
-#pragma unroll
-        for (int kk = 0; kk < IG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[s & 1][wy * 32 + i * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bt[s & 1][wx * 32 + j * 16][kk], IG_BK + 8);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        if (next) store(s + 1);
-        __pipeline_wait_prior(0);
-        __syncthreads();
-    }
-    // epilogue: lane owns row lane/2, columns 8*(lane%2) .. +7 of each fragment
-    const int er = lane / 2, ec = (lane % 2) * 8;
+    ConvAcc acc[2][2];
+    conv_warp_zero(acc);
+    conv_k_loop(nsteps, [](int) {}, fetch, store, [&](int s) {
+        conv_warp_step<wmma::row_major, wmma::col_major>(
+            acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
+            [&](int j, int kk) { return &Bt[s & 1][wx * 32 + j * 16][kk]; }, IG_BK + 8);
+    });
     float *out = part ? part : dw;
     const int acm = part ? 0 : accumulate;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            int m = row0 + wy * 32 + i * 16 + er, n = col0 + wx * 32 + j * 16 + ec;
-            if (m < M && n < N) {
-                long o = (long)m * N + n;
-                const float *c = &Cs[warp][er][ec];
-                if (n + 8 <= N && ((uintptr_t)(out + o) & 15) == 0) {
-                    float4 v0 = make_float4(c[0], c[1], c[2], c[3]), v1 = make_float4(c[4], c[5], c[6], c[7]);
-                    if (acm) {
-                        float4 u0 = *(const float4 *)(out + o), u1 = *(const float4 *)(out + o + 4);
-                        v0 = make_float4(u0.x + v0.x, u0.y + v0.y, u0.z + v0.z, u0.w + v0.w);
-                        v1 = make_float4(u1.x + v1.x, u1.y + v1.y, u1.z + v1.z, u1.w + v1.w);
-                    }
-                    *(float4 *)(out + o) = v0; *(float4 *)(out + o + 4) = v1;
-                } else {
-                    for (int e = 0; e < 8 && n + e < N; e++) out[o + e] = acm ? out[o + e] + c[e] : c[e];
-                }
+    conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
+        if (m >= M || n >= N) return;
+        long o = (long)m * N + n;
+        if (n + 8 <= N && ((uintptr_t)(out + o) & 15) == 0) {
+            float4 v0 = make_float4(c[0], c[1], c[2], c[3]), v1 = make_float4(c[4], c[5], c[6], c[7]);
+            if (acm) {
+                float4 u0 = *(const float4 *)(out + o), u1 = *(const float4 *)(out + o + 4);
+                v0 = make_float4(u0.x + v0.x, u0.y + v0.y, u0.z + v0.z, u0.w + v0.w);
+                v1 = make_float4(u1.x + v1.x, u1.y + v1.y, u1.z + v1.z, u1.w + v1.w);
             }
-            __syncwarp();
+            *(float4 *)(out + o) = v0; *(float4 *)(out + o + 4) = v1;
+        } else {
+            for (int e = 0; e < 8 && n + e < N; e++) out[o + e] = acm ? out[o + e] + c[e] : c[e];
         }
+    });
 }
 // wgrad_reduce: dw[i] (+)= ws[0][i] + ws[1][i] + ... + ws[S-1][i], in that order
 __global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, int accumulate) {
@@ -1025,11 +981,23 @@ static BnGeo bn_geo(int B, int C, int HW, long zs) {
     q.zs = zs ? zs : (long)C * HW; q.HW = HW; q.fHW = fast_div(HW > 0 ? HW : 1);
     return q;
 }
-// offset of value j of channel c in z (and dA, same layout)
-__device__ __forceinline__ long bn_at(const BnGeo &q, int c, int j) {
-    int b = div_fast(j, q.fHW);
-    return b * q.zs + (long)c * q.HW + (j - b * q.HW);
-}
+// BnWalk: the offsets o in z (and dA, same layout) of values j, j + step, j + 2 step, ... of channel c:
+// one division to start, then an add and a compare per value (step < 2^31)
+struct BnWalk {
+    long j, o, dq;       // value, its offset; the whole images of a step, times zs
+    int p, HW, dr, stp;  // pixel of value j; the pixels of a step beyond those images; the step
+    long zs;
+    __device__ BnWalk(const BnGeo &q, int c, long j0, int step) : j(j0), HW(q.HW), zs(q.zs) {
+        int b = div_fast((int)j0, q.fHW), sq = div_fast(step, q.fHW);
+        p = (int)j0 - b * q.HW;
+        o = b * q.zs + (long)c * q.HW + p;
+        dq = sq * q.zs; dr = step - sq * q.HW; stp = step;
+    }
+    __device__ void next() {
+        j += stp; p += dr; o += dq + dr;
+        if (p >= HW) { p -= HW; o += zs - HW; }
+    }
+};
 
 // bn_stats_partial: chunk k of channel c in two passes over the chunk (the second from cache): its
 // mean and its sum of squared deviations from that mean, into part[2*(c*K + k)] and [2*(c*K + k) + 1]
@@ -1038,10 +1006,10 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
     long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
     float s = 0.0f, ss = 0.0f, cnt = (float)(j1 > j0 ? j1 - j0 : 1);
-    for (long j = j0 + threadIdx.x; j < j1; j += blockDim.x) s += act_f(z[bn_at(q, c, (int)j)]);
+    for (BnWalk it(q, c, j0 + threadIdx.x, blockDim.x); it.j < j1; it.next()) s += act_f(z[it.o]);
     float mu = block_sum(s) / cnt;
-    for (long j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        float d = act_f(z[bn_at(q, c, (int)j)]) - mu;
+    for (BnWalk it(q, c, j0 + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
+        float d = act_f(z[it.o]) - mu;
         ss += d * d;
     }
     ss = block_sum(ss);
@@ -1092,22 +1060,66 @@ extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW,
     bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
 
+// load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
+// (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
+__device__ __forceinline__ void load8(const __half *p, float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+    q.u = *(const uint4 *)p;
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[2 * e] = __low2float(q.h[e]), v[2 * e + 1] = __high2float(q.h[e]);
+}
+__device__ __forceinline__ void load8(const float *p, float *v) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void store8(__half *p, const float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+#pragma unroll
+    for (int e = 0; e < 4; e++) q.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+    *(uint4 *)p = q.u;
+}
+__device__ __forceinline__ void store8(float *p, const float *v) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+// bn_vec8: may an elementwise BN kernel move 8 values per thread (H*W and the image strides multiples
+// of 8, every pointer 16-byte aligned)?
+static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
+    return HW % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0 && (uintptr_t)p1 % 16 == 0 && (uintptr_t)p2 % 16 == 0 &&
+           (uintptr_t)p3 % 16 == 0;
+}
+
 // bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
-// math; grid (ceil(HW/256), C, B), one thread per element
-template <class T>
+// math; grid (ceil(HW/(256 V)), C, B), V consecutive elements per thread (V8: 8, one or two 16-byte
+// loads and stores, else 1); BN folded to a scale and shift once per thread (bn_silu_value's bits)
+template <class T, bool V8>
 __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
                                            const float *beta, T *y, long ys, int HW) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y, b = blockIdx.z;
     if (i >= HW) return;
-    y[b * ys + (long)c * HW + i] = act_from<T>(bn_silu_value(act_f(z[b * zs + (long)c * HW + i]), mean[c], invstd[c], gamma[c], beta[c]));
+    float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
+    const T *zp = z + b * zs + (long)c * HW + i;
+    T *yp = y + b * ys + (long)c * HW + i;
+    if (!V8) { *yp = act_from<T>(bn_silu_folded(act_f(*zp), sc, sh)); return; }
+    float v[8];
+    load8(zp, v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = bn_silu_folded(v[e], sc, sh);
+    store8(yp, v);
 }
 template <class T>
 static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
                                        const float *beta, T *y, long ys, int B, int C, int HW, void *stream) {
     if ((long)B * C * HW == 0) return;
-    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
-    bn_silu_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(z, zs ? zs : (long)C * HW, mean, invstd, gamma, beta, y,
-                                                                          ys ? ys : (long)C * HW, HW);
+    if (!zs) zs = (long)C * HW;
+    if (!ys) ys = (long)C * HW;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (bn_vec8(HW, zs, ys, z, y, y))
+        bn_silu_forward_act_kernel<T, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW);
+    else
+        bn_silu_forward_act_kernel<T, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
@@ -1133,8 +1145,8 @@ __global__ void bn_bwd_partial_kernel(const T *z, const float *dA, BnGeo q, int 
     long j1 = min(q.n, (k + 1) * q.len);
     float sg = 0.0f, sgx = 0.0f;
     float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f, be = gamma ? beta[c] : 0.0f;
-    for (long j = k * q.len + threadIdx.x; j < j1; j += blockDim.x) {
-        long o = bn_at(q, c, (int)j);
+    for (BnWalk it(q, c, k * q.len + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
+        long o = it.o;
         if (!gamma) { sg += dA[o]; continue; }
         float xh = (act_f(z[o]) - mu) * is, gy = bn_silu_gy(dA[o], xh, ga, be);
         sg += gy;
@@ -1162,16 +1174,25 @@ __global__ void bn_bwd_finish_kernel(const float *part, int K, int C, float cnt,
     means[C + c] = train ? sgx / cnt : 0.0f;
 }
 // bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN).
-// grid (ceil(HW/256), C, B)
-template <class T>
+// grid (ceil(HW/(256 V)), C, B), V (V8: 8, 16-byte accesses, else 1) consecutive elements per thread
+template <class T, bool V8>
 __global__ void bn_bwd_apply_kernel(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, const float *scratch, T *dz, int C, int HW) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y;
     if (i >= HW) return;
     long o = blockIdx.z * zs + (long)c * HW + i;
-    if (!gamma) { dz[o] = act_from<T>(dA[o]); return; }
-    float is = invstd[c], xh = (act_f(z[o]) - mean[c]) * is, gy = bn_silu_gy(dA[o], xh, gamma[c], beta[c]);
-    dz[o] = act_from<T>(gamma[c] * is * (gy - scratch[c] - xh * scratch[C + c]));
+    float g[8], zv[8];
+    if (V8) load8(dA + o, g); else g[0] = dA[o];
+    if (gamma) {
+        float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = scratch[c], mgx = scratch[C + c];
+        if (V8) load8(z + o, zv); else zv[0] = act_f(z[o]);
+#pragma unroll
+        for (int e = 0; e < (V8 ? 8 : 1); e++) {
+            float xh = (zv[e] - mu) * is, gy = bn_silu_gy(g[e], xh, ga, be);
+            g[e] = gs * (gy - mg - xh * mgx);
+        }
+    }
+    if (V8) store8(dz + o, g); else dz[o] = act_from<T>(g[0]);
 }
 template <class T>
 static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
@@ -1187,8 +1208,12 @@ static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const 
     bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta, scratch);
     CUDA_CHECK(cudaGetLastError());
     if ((long)B * HW == 0) return;
-    dim3 grid(cdiv(HW, 256), (unsigned)C, (unsigned)B);
-    bn_bwd_apply_kernel<T><<<grid, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
+    if (bn_vec8(HW, zs, zs, z, dA, dz))
+        bn_bwd_apply_kernel<T, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
+    else
+        bn_bwd_apply_kernel<T, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
@@ -1530,29 +1555,48 @@ __global__ void loss_topk_kernel(LossGeo g, const LossGtD *gts, const int *m, co
                 if (!loss_metric(gt, ((float)x + 0.5f) * s, ((float)y + 0.5f) * s, pb + (long)a * 4, plane[r], &o, &al))
                     continue;
                 Cand c = {a, al, o};
+                // (every index into pos and zero below is a compile-time constant after unrolling, so the
+                // two lists live in registers, not in local memory)
                 if (al > 0.0f) {
                     npos_total++;
                     // sorted by align descending; equal align keeps the lower (earlier) anchor first
                     if (npos == LOSS_TOPK && !(al > pos[LOSS_TOPK - 1].align)) continue;
-                    int k = npos < LOSS_TOPK ? npos++ : LOSS_TOPK - 1;
-                    while (k > 0 && al > pos[k - 1].align) { pos[k] = pos[k - 1]; k--; }
-                    pos[k] = c;
+                    int slot = npos < LOSS_TOPK ? npos++ : LOSS_TOPK - 1, ins = 0;
+#pragma unroll
+                    for (int q = 0; q < LOSS_TOPK - 1; q++) ins += q < slot && !(al > pos[q].align);
+#pragma unroll
+                    for (int q = LOSS_TOPK - 1; q >= 0; q--) {   // pos[ins..slot] = c, pos[ins..slot-1]
+                        if (q > ins && q <= slot) pos[q] = pos[q - 1 < 0 ? 0 : q - 1];
+                        else if (q == ins) pos[q] = c;
+                    }
                 } else if (nzero < LOSS_TOPK) {
-                    zero[nzero++] = c;   // anchors come in increasing index: the first zeros are the lowest
+                    // anchors come in increasing index: the first zeros are the lowest
+#pragma unroll
+                    for (int q = 0; q < LOSS_TOPK; q++)
+                        if (q == nzero) zero[q] = c;
+                    nzero++;
                 }
             }
     }
     // topk fills the slots left by fewer than 10 positives with the lowest-index align-0 anchors over all A;
     // an inside zero at index a is preceded by a - (positives before a) of them
     int need = npos_total < LOSS_TOPK ? LOSS_TOPK - (int)npos_total : 0, nfill = 0;
-    for (int k = 0; k < nzero && need > 0; k++) {
+    bool stop = need <= 0;
+#pragma unroll
+    for (int k = 0; k < LOSS_TOPK; k++) {
+        if (stop || k >= nzero) break;
         int before = 0;
-        for (int q = 0; q < npos; q++) before += pos[q].a < zero[k].a;
+#pragma unroll
+        for (int q = 0; q < LOSS_TOPK; q++) before += q < npos && pos[q].a < zero[k].a;
         if (zero[k].a - before >= need) break;
         nfill++;
     }
-    for (int k = 0; k < npos + nfill; k++) {
-        const Cand &c = k < npos ? pos[k] : zero[k - npos];
+#pragma unroll
+    for (int k = 0; k < 2 * LOSS_TOPK; k++) {
+        bool isp = k < LOSS_TOPK;
+        int q = isp ? k : k - LOSS_TOPK;
+        if (isp ? q >= npos : q >= nfill) continue;
+        const Cand &c = isp ? pos[q] : zero[q];
         long at = (long)b * g.A + c.a;
         atomicAdd(&cnt[at], 1);
         owner[at] = j;
