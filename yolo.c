@@ -262,20 +262,38 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 // ------------------------------------------------------------------------------------------
 
 // The GEMM packs panels of A (MR rows) and B (NR columns) into per-thread buffers, then runs an
-// MR x NR register-blocked micro-kernel written with GCC vector extensions (AVX-512 / AVX2 /
-// SSE, whatever -march gives). Pack buffers are allocated once (gemm_init), never per call.
+// MR x NR register-blocked micro-kernel written with GCC vector extensions: 16-float vectors,
+// which GCC maps to what -march gives (one AVX-512 register, two AVX2 / four SSE or NEON ones).
+// The block is sized per ISA so that the accumulators stay in registers: with AVX-512's 32 zmm,
+// 8 x 32 (16 accumulators); with 16 ymm (AVX2) or 32 q registers (NEON), 6 x 16 (12 ymm / 24 q).
+// Pack buffers are allocated once (gemm_init), never per call. The blocking does not change the
+// order in which a C element's products are summed, so results are the same on every ISA.
 typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+#if defined(__AVX512F__)
 #define GEMM_MR 8
-#define GEMM_NR 32
+#define GEMM_NV 2          // vf16 vectors per row of the block
+#else
+#define GEMM_MR 6
+#define GEMM_NV 1
+#endif
+#define GEMM_NR (16 * GEMM_NV)
 #define GEMM_KC 256
 #define GEMM_MC 128
 #define GEMM_NC 512
 #define GEMM_MAX_THREADS 64
+// A GEMM with a small C and a long K (the weight gradient of the high-resolution layers: C is
+// Cout x Cin*K*K, K is every output pixel) has one or two tiles, so one or two threads busy. Such a
+// GEMM is cut into GEMM_KSPLIT fixed slices of K, each into its own partial C, summed in slice
+// order; the cut does not depend on the thread count, so neither do the bits.
+#define GEMM_KSPLIT 8
+#define GEMM_SPLIT_MN (GEMM_MC * GEMM_NC)   // the largest C that is split
 static float *gemm_pack[GEMM_MAX_THREADS];    // per thread: A block (MC x KC) then B block (KC x NC)
+static float *gemm_part;                      // (KSPLIT, SPLIT_MN) partial Cs of a split GEMM
 static int gemm_nthreads;
 
 static size_t gemm_workspace_bytes(int nthreads) {
-    return (size_t)nthreads * (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float) + 64 * (size_t)nthreads;
+    return (size_t)nthreads * (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float) + 64 * (size_t)nthreads +
+           (size_t)GEMM_KSPLIT * GEMM_SPLIT_MN * sizeof(float) + 64;
 }
 static void gemm_init(void) {
     if (gemm_nthreads) return;
@@ -289,6 +307,8 @@ static void gemm_init(void) {
         gemm_pack[t] = aligned_alloc(64, (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float));
         if (!gemm_pack[t]) die("out of host memory for GEMM pack buffers");
     }
+    gemm_part = aligned_alloc(64, (size_t)GEMM_KSPLIT * GEMM_SPLIT_MN * sizeof(float));
+    if (!gemm_part) die("out of host memory for GEMM partial sums");
 }
 
 // element (i, k) of op(A) and (k, j) of op(B), row-major storage
@@ -298,28 +318,95 @@ static void gemm_init(void) {
 // gemm_kernel: c (MR x NR, row stride ldc) (+)= a_panel (KC x MR, k-major) * b_panel (KC x NR)
 static inline void gemm_kernel(int kc, const float *restrict ap, const float *restrict bp, float *restrict c,
                                int ldc, int mr, int nr, int add) {
-    vf16 acc[GEMM_MR][2];
-    for (int i = 0; i < GEMM_MR; i++) acc[i][0] = acc[i][1] = (vf16){0};
+    vf16 acc[GEMM_MR][GEMM_NV];
+    for (int i = 0; i < GEMM_MR; i++)
+        for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (vf16){0};
     for (int k = 0; k < kc; k++) {
-        vf16 b0 = *(const vf16 *)(bp + k * GEMM_NR), b1 = *(const vf16 *)(bp + k * GEMM_NR + 16);
+        vf16 bv[GEMM_NV];
+        for (int v = 0; v < GEMM_NV; v++) bv[v] = *(const vf16 *)(bp + k * GEMM_NR + 16 * v);
         const float *a = ap + k * GEMM_MR;
-        for (int i = 0; i < GEMM_MR; i++) {
-            acc[i][0] += a[i] * b0;
-            acc[i][1] += a[i] * b1;
-        }
+        for (int i = 0; i < GEMM_MR; i++)
+            for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[i] * bv[v];
     }
     if (mr == GEMM_MR && nr == GEMM_NR) {
-        for (int i = 0; i < GEMM_MR; i++) {
-            vf16 *cv0 = (vf16 *)(c + (size_t)i * ldc), *cv1 = (vf16 *)(c + (size_t)i * ldc + 16);
-            if (add) { *cv0 += acc[i][0]; *cv1 += acc[i][1]; }
-            else { *cv0 = acc[i][0]; *cv1 = acc[i][1]; }
-        }
+        for (int i = 0; i < GEMM_MR; i++)
+            for (int v = 0; v < GEMM_NV; v++) {
+                vf16 *cv = (vf16 *)(c + (size_t)i * ldc + 16 * v);
+                if (add) *cv += acc[i][v];
+                else *cv = acc[i][v];
+            }
     } else {
         float tmp[GEMM_MR][GEMM_NR];
         memcpy(tmp, acc, sizeof tmp);
         for (int i = 0; i < mr; i++)
             for (int j = 0; j < nr; j++) c[(size_t)i * ldc + j] = (add ? c[(size_t)i * ldc + j] : 0) + tmp[i][j];
     }
+}
+
+// gemm_block: C block (mc x nc at C) (+)= op(A) rows i0.. times op(B) columns j0.., over k in
+// [k0, k1), KC at a time; add: whether the first KC block adds to C. pa: this thread's pack buffer.
+// A transposed operand is packed reading along its rows (contiguous), not across them.
+static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, int k1, const float *A, int lda,
+                       const float *B, int ldb, int add, float *C, int ldc, float *pa) {
+    float *pb = pa + GEMM_MC * GEMM_KC;
+    for (int p0 = k0; p0 < k1; p0 += GEMM_KC) {
+        int kc = k1 - p0 < GEMM_KC ? k1 - p0 : GEMM_KC;
+        // pack B (kc x nc) into NR-wide panels, zero padded
+        for (int jp = 0; jp < nc; jp += GEMM_NR) {
+            float *dst = pb + (size_t)jp * kc;
+            int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+            if (!tB) {
+                for (int k = 0; k < kc; k++) {
+                    float *d = dst + k * GEMM_NR;
+                    const float *src = B + (size_t)(p0 + k) * ldb + j0 + jp;
+                    for (int j = 0; j < nr; j++) d[j] = src[j];
+                    for (int j = nr; j < GEMM_NR; j++) d[j] = 0;
+                }
+            } else {
+                for (int j = 0; j < nr; j++) {
+                    const float *src = B + (size_t)(j0 + jp + j) * ldb + p0;
+                    for (int k = 0; k < kc; k++) dst[k * GEMM_NR + j] = src[k];
+                }
+                for (int k = 0; k < kc; k++)
+                    for (int j = nr; j < GEMM_NR; j++) dst[k * GEMM_NR + j] = 0;
+            }
+        }
+        // pack A (mc x kc) into MR-high panels, zero padded
+        for (int ip = 0; ip < mc; ip += GEMM_MR) {
+            float *dst = pa + (size_t)ip * kc;
+            int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
+            if (tA) {
+                for (int k = 0; k < kc; k++) {
+                    float *d = dst + k * GEMM_MR;
+                    const float *src = A + (size_t)(p0 + k) * lda + i0 + ip;
+                    for (int i = 0; i < mr; i++) d[i] = src[i];
+                    for (int i = mr; i < GEMM_MR; i++) d[i] = 0;
+                }
+            } else {
+                for (int i = 0; i < mr; i++) {
+                    const float *src = A + (size_t)(i0 + ip + i) * lda + p0;
+                    for (int k = 0; k < kc; k++) dst[k * GEMM_MR + i] = src[k];
+                }
+                for (int k = 0; k < kc; k++)
+                    for (int i = mr; i < GEMM_MR; i++) dst[k * GEMM_MR + i] = 0;
+            }
+        }
+        int addk = p0 > k0 || add;
+        for (int jp = 0; jp < nc; jp += GEMM_NR)
+            for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                gemm_kernel(kc, pa + (size_t)ip * kc, pb + (size_t)jp * kc, C + (size_t)ip * ldc + jp, ldc, mr, nr,
+                            addk);
+            }
+    }
+}
+
+static float *gemm_thread_pack(void) {
+#ifdef _OPENMP
+    return gemm_pack[omp_get_thread_num()];
+#else
+    return gemm_pack[0];
+#endif
 }
 
 // gemm_cpu: row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C, op = transpose if
@@ -334,51 +421,34 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
     gemm_init();
     int mt = (M + GEMM_MC - 1) / GEMM_MC, nt = (N + GEMM_NC - 1) / GEMM_NC;
     int ntile = mt * nt;
+    if (ntile < 4 && (size_t)M * N <= GEMM_SPLIT_MN && K >= GEMM_KSPLIT * GEMM_KC) {   // whatever the thread count
+        // slice s covers [s * ks, (s + 1) * ks) of K, a multiple of KC: partial C (M x N, row stride N)
+        int ks = (K / GEMM_KSPLIT + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
+        int ns = (K + ks - 1) / ks;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int w = 0; w < ns * ntile; w++) {
+            int sl = w / ntile, tile = w % ntile;
+            int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
+            int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+            int k0 = sl * ks, k1 = K - k0 < ks ? K : k0 + ks;
+            gemm_block(tA, tB, i0, j0, mc, nc, k0, k1, A, lda, B, ldb, 0, gemm_part + (size_t)sl * M * N + (size_t)i0 * N + j0,
+                       N, gemm_thread_pack());
+        }
+#pragma omp parallel for if ((size_t)M * N * ns > OMP_MIN_WORK)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float v = beta != 0 ? C[(size_t)i * ldc + j] : 0.f;
+                for (int sl = 0; sl < ns; sl++) v += gemm_part[(size_t)sl * M * N + (size_t)i * N + j];
+                C[(size_t)i * ldc + j] = v;
+            }
+        return;
+    }
 #pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
     for (int tile = 0; tile < ntile; tile++) {
-#ifdef _OPENMP
-        float *pa = gemm_pack[omp_get_thread_num()];
-#else
-        float *pa = gemm_pack[0];
-#endif
-        float *pb = pa + GEMM_MC * GEMM_KC;
         int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
         int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
-        for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
-            int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC;
-            // pack B (kc x nc) into NR-wide panels, zero padded
-            for (int jp = 0; jp < nc; jp += GEMM_NR) {
-                float *dst = pb + (size_t)jp * kc;
-                int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                for (int k = 0; k < kc; k++) {
-                    float *d = dst + k * GEMM_NR;
-                    if (!tB) {
-                        const float *src = B + (size_t)(p0 + k) * ldb + j0 + jp;
-                        for (int j = 0; j < nr; j++) d[j] = src[j];
-                    } else {
-                        for (int j = 0; j < nr; j++) d[j] = B[(size_t)(j0 + jp + j) * ldb + p0 + k];
-                    }
-                    for (int j = nr; j < GEMM_NR; j++) d[j] = 0;
-                }
-            }
-            // pack A (mc x kc) into MR-high panels, zero padded
-            for (int ip = 0; ip < mc; ip += GEMM_MR) {
-                float *dst = pa + (size_t)ip * kc;
-                int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
-                for (int k = 0; k < kc; k++) {
-                    float *d = dst + k * GEMM_MR;
-                    for (int i = 0; i < mr; i++) d[i] = OPA(i0 + ip + i, p0 + k);
-                    for (int i = mr; i < GEMM_MR; i++) d[i] = 0;
-                }
-            }
-            int add = p0 > 0 || beta != 0;
-            for (int jp = 0; jp < nc; jp += GEMM_NR)
-                for (int ip = 0; ip < mc; ip += GEMM_MR) {
-                    int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                    gemm_kernel(kc, pa + (size_t)ip * kc, pb + (size_t)jp * kc, C + (size_t)(i0 + ip) * ldc + j0 + jp,
-                                ldc, mr, nr, add);
-                }
-        }
+        gemm_block(tA, tB, i0, j0, mc, nc, 0, K, A, lda, B, ldb, beta != 0, C + (size_t)i0 * ldc + j0, ldc,
+                   gemm_thread_pack());
     }
 }
 

@@ -318,7 +318,8 @@ static void test_totals(void) {
 static void test_gemm(void) {
     Rng r;
     rng_seed(&r, 7);
-    int shapes[][3] = {{1, 1, 1}, {7, 33, 5}, {64, 400, 27}, {130, 70, 300}, {16, 1600, 144}, {9, 517, 260}};
+    int shapes[][3] = {{1, 1, 1}, {7, 33, 5}, {64, 400, 27}, {130, 70, 300}, {16, 1600, 144}, {9, 517, 260},
+                       {16, 27, 2500}, {33, 150, 4100}};   // the last two: K cut in slices (GEMM_KSPLIT)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int t = 0; t < 4; t++)
             for (int beta = 0; beta < 2; beta++) {
