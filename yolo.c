@@ -452,6 +452,15 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
     }
 }
 
+// im2col_span: the output columns ox in [lo, hi) whose input column ox*S + off lies in [0, W);
+// the others read padding. Lets im2col and col2im run their inner loops without a test per pixel.
+static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi) {
+    int l = off >= 0 ? 0 : (-off + S - 1) / S, h = W - 1 - off < 0 ? 0 : (W - 1 - off) / S + 1;
+    if (h > Wo) h = Wo;
+    if (l > h) l = h;
+    *lo = l, *hi = h;
+}
+
 // im2col: x (C, H, W) -> col (C*K*K, Ho*Wo) for a KxK conv with stride S and padding K/2.
 // Matches PyTorch's Conv2d(padding=k//2) geometry: Ho = (H + 2p - K)/S + 1.
 static void im2col(const float *x, int C, int H, int W, int K, int S, float *col) {
@@ -462,15 +471,18 @@ static void im2col(const float *x, int C, int H, int W, int K, int S, float *col
             int ky = kk / K, kx = kk % K;
             float *dst = col + ((size_t)c * K * K + kk) * Ho * Wo;
             const float *src = x + (size_t)c * H * W;
+            // the columns ox in [lo, hi) read inside the row (ix = ox S - p + kx in [0, W)); the rest is padding
+            int lo, hi, off = kx - p;
+            im2col_span(W, Wo, S, off, &lo, &hi);
             for (int oy = 0; oy < Ho; oy++) {
                 int iy = oy * S - p + ky;
                 float *d = dst + oy * Wo;
                 if (iy < 0 || iy >= H) { memset(d, 0, Wo * sizeof(float)); continue; }
                 const float *r = src + (size_t)iy * W;
-                for (int ox = 0; ox < Wo; ox++) {
-                    int ix = ox * S - p + kx;
-                    d[ox] = (ix >= 0 && ix < W) ? r[ix] : 0.f;
-                }
+                for (int ox = 0; ox < lo; ox++) d[ox] = 0.f;
+                if (S == 1) memcpy(d + lo, r + lo + off, (size_t)(hi - lo) * sizeof(float));
+                else for (int ox = lo; ox < hi; ox++) d[ox] = r[ox * S + off];
+                for (int ox = hi; ox < Wo; ox++) d[ox] = 0.f;
             }
         }
 }
@@ -485,15 +497,17 @@ static void col2im(const float *col, int C, int H, int W, int K, int S, float *d
         for (int kk = 0; kk < K * K; kk++) {
             int ky = kk / K, kx = kk % K;
             const float *src = col + ((size_t)c * K * K + kk) * Ho * Wo;
+            int lo, hi, off = kx - p;
+            im2col_span(W, Wo, S, off, &lo, &hi);
             for (int oy = 0; oy < Ho; oy++) {
                 int iy = oy * S - p + ky;
                 if (iy < 0 || iy >= H) continue;
                 float *r = d + (size_t)iy * W;
                 const float *s = src + oy * Wo;
-                for (int ox = 0; ox < Wo; ox++) {
-                    int ix = ox * S - p + kx;
-                    if (ix >= 0 && ix < W) r[ix] += s[ox];
-                }
+                if (S == 1)
+                    for (int ox = lo; ox < hi; ox++) r[ox + off] += s[ox];
+                else
+                    for (int ox = lo; ox < hi; ox++) r[ox * S + off] += s[ox];
             }
         }
     }
