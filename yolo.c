@@ -264,30 +264,49 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 // The GEMM packs panels of A (MR rows) and B (NR columns) into per-thread buffers, then runs an
 // MR x NR register-blocked micro-kernel written with GCC vector extensions (AVX-512 / AVX2 /
 // SSE / NEON, whatever -march gives). Pack buffers are allocated once (gemm_init), never per call.
-// The block is GEMM_NV vectors gemm_vec wide. aarch64: 16-byte NEON vectors and 32 registers, so
-// 8 x 12 (24 accumulators, 3 of B, 2 of A); a 64-byte vector there would be 4 registers each and
-// the 8 x 32 block 64 accumulators, most of them spilled.
+// The block is GEMM_NV vectors gemm_vec wide, sized per ISA so that the accumulators stay in
+// registers: AVX-512 (32 zmm): 8 x 32, 16 accumulators; AVX2 / SSE (16 ymm / xmm): 6 x 16 of
+// 64-byte vectors (12 ymm); aarch64 (32 q registers, 16-byte NEON vectors): 8 x 12 (24
+// accumulators, 3 of B, 2 of A; a 64-byte vector there would be 4 registers and the 8 x 32 block
+// 64 accumulators, most of them spilled). The blocking does not change the order in which a C
+// element's products are summed, so results are the same on every ISA.
 #if defined(__aarch64__)
 typedef float gemm_vec __attribute__((vector_size(16), aligned(4)));
+#define GEMM_MR 8
 #define GEMM_NV 3
+#define GEMM_MC 128
 #define GEMM_NC 504   // a multiple of GEMM_NR: B's last panel is padded to a whole NR
+#elif defined(__AVX512F__)
+typedef float gemm_vec __attribute__((vector_size(64), aligned(4)));
+#define GEMM_MR 8
+#define GEMM_NV 2
+#define GEMM_MC 128
+#define GEMM_NC 512
 #else
 typedef float gemm_vec __attribute__((vector_size(64), aligned(4)));
-#define GEMM_NV 2
+#define GEMM_MR 6
+#define GEMM_NV 1
+#define GEMM_MC 120   // a multiple of GEMM_MR: A's last panel is padded to a whole MR
 #define GEMM_NC 512
 #endif
 #define GEMM_VL ((int)(sizeof(gemm_vec) / sizeof(float)))
-#define GEMM_MR 8
 #define GEMM_NR (GEMM_NV * GEMM_VL)
 #define GEMM_KC 256
-#define GEMM_MC 128
 _Static_assert(GEMM_MC % GEMM_MR == 0 && GEMM_NC % GEMM_NR == 0, "the pack buffers hold whole MR x KC and KC x NR panels");
 #define GEMM_MAX_THREADS 64
+// A GEMM with a small C and a long K (the weight gradient of the high-resolution layers: C is
+// Cout x Cin*K*K, K is every output pixel) has one or two tiles, so one or two threads busy. Such a
+// GEMM is cut into GEMM_KSPLIT fixed slices of K, each into its own partial C, summed in slice
+// order; the cut does not depend on the thread count, so neither do the bits.
+#define GEMM_KSPLIT 8
+#define GEMM_SPLIT_MN (GEMM_MC * GEMM_NC)   // the largest C that is split
 static float *gemm_pack[GEMM_MAX_THREADS];    // per thread: A block (MC x KC) then B block (KC x NC)
+static float *gemm_part;                      // (KSPLIT, SPLIT_MN) partial Cs of a split GEMM
 static int gemm_nthreads;
 
 static size_t gemm_workspace_bytes(int nthreads) {
-    return (size_t)nthreads * (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float) + 64 * (size_t)nthreads;
+    return (size_t)nthreads * (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float) + 64 * (size_t)nthreads +
+           (size_t)GEMM_KSPLIT * GEMM_SPLIT_MN * sizeof(float) + 64;
 }
 static void gemm_init(void) {
     if (gemm_nthreads) return;
@@ -301,6 +320,8 @@ static void gemm_init(void) {
         gemm_pack[t] = aligned_alloc(64, (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float));
         if (!gemm_pack[t]) die("out of host memory for GEMM pack buffers");
     }
+    gemm_part = aligned_alloc(64, (size_t)GEMM_KSPLIT * GEMM_SPLIT_MN * sizeof(float));
+    if (!gemm_part) die("out of host memory for GEMM partial sums");
 }
 
 // element (i, k) of op(A) and (k, j) of op(B), row-major storage
@@ -335,6 +356,72 @@ static inline void gemm_kernel(int kc, const float *restrict ap, const float *re
     }
 }
 
+// gemm_block: C block (mc x nc at C) (+)= op(A) rows i0.. times op(B) columns j0.., over k in
+// [k0, k1), KC at a time; add: whether the first KC block adds to C. pa: this thread's pack buffer.
+// A transposed operand is packed reading along its rows (contiguous), not across them.
+static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, int k1, const float *A, int lda,
+                       const float *B, int ldb, int add, float *C, int ldc, float *pa) {
+    float *pb = pa + GEMM_MC * GEMM_KC;
+    for (int p0 = k0; p0 < k1; p0 += GEMM_KC) {
+        int kc = k1 - p0 < GEMM_KC ? k1 - p0 : GEMM_KC;
+        // pack B (kc x nc) into NR-wide panels, zero padded
+        for (int jp = 0; jp < nc; jp += GEMM_NR) {
+            float *dst = pb + (size_t)jp * kc;
+            int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+            if (!tB) {
+                for (int k = 0; k < kc; k++) {
+                    float *d = dst + k * GEMM_NR;
+                    const float *src = B + (size_t)(p0 + k) * ldb + j0 + jp;
+                    for (int j = 0; j < nr; j++) d[j] = src[j];
+                    for (int j = nr; j < GEMM_NR; j++) d[j] = 0;
+                }
+            } else {
+                for (int j = 0; j < nr; j++) {
+                    const float *src = B + (size_t)(j0 + jp + j) * ldb + p0;
+                    for (int k = 0; k < kc; k++) dst[k * GEMM_NR + j] = src[k];
+                }
+                for (int k = 0; k < kc; k++)
+                    for (int j = nr; j < GEMM_NR; j++) dst[k * GEMM_NR + j] = 0;
+            }
+        }
+        // pack A (mc x kc) into MR-high panels, zero padded
+        for (int ip = 0; ip < mc; ip += GEMM_MR) {
+            float *dst = pa + (size_t)ip * kc;
+            int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
+            if (tA) {
+                for (int k = 0; k < kc; k++) {
+                    float *d = dst + k * GEMM_MR;
+                    const float *src = A + (size_t)(p0 + k) * lda + i0 + ip;
+                    for (int i = 0; i < mr; i++) d[i] = src[i];
+                    for (int i = mr; i < GEMM_MR; i++) d[i] = 0;
+                }
+            } else {
+                for (int i = 0; i < mr; i++) {
+                    const float *src = A + (size_t)(i0 + ip + i) * lda + p0;
+                    for (int k = 0; k < kc; k++) dst[k * GEMM_MR + i] = src[k];
+                }
+                for (int k = 0; k < kc; k++)
+                    for (int i = mr; i < GEMM_MR; i++) dst[k * GEMM_MR + i] = 0;
+            }
+        }
+        int addk = p0 > k0 || add;
+        for (int jp = 0; jp < nc; jp += GEMM_NR)
+            for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                gemm_kernel(kc, pa + (size_t)ip * kc, pb + (size_t)jp * kc, C + (size_t)ip * ldc + jp, ldc, mr, nr,
+                            addk);
+            }
+    }
+}
+
+static float *gemm_thread_pack(void) {
+#ifdef _OPENMP
+    return gemm_pack[omp_get_thread_num()];
+#else
+    return gemm_pack[0];
+#endif
+}
+
 // gemm_cpu: row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C, op = transpose if
 // tX. beta is 0 or 1 in this project (0 never reads C). The CPU twin of the GPU GEMMs.
 static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
@@ -347,52 +434,44 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
     gemm_init();
     int mt = (M + GEMM_MC - 1) / GEMM_MC, nt = (N + GEMM_NC - 1) / GEMM_NC;
     int ntile = mt * nt;
+    if (ntile < 4 && (size_t)M * N <= GEMM_SPLIT_MN && K >= GEMM_KSPLIT * GEMM_KC) {   // whatever the thread count
+        // slice s covers [s * ks, (s + 1) * ks) of K, a multiple of KC: partial C (M x N, row stride N)
+        int ks = (K / GEMM_KSPLIT + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
+        int ns = (K + ks - 1) / ks;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int w = 0; w < ns * ntile; w++) {
+            int sl = w / ntile, tile = w % ntile;
+            int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
+            int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+            int k0 = sl * ks, k1 = K - k0 < ks ? K : k0 + ks;
+            gemm_block(tA, tB, i0, j0, mc, nc, k0, k1, A, lda, B, ldb, 0, gemm_part + (size_t)sl * M * N + (size_t)i0 * N + j0,
+                       N, gemm_thread_pack());
+        }
+#pragma omp parallel for if ((size_t)M * N * ns > OMP_MIN_WORK)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float v = beta != 0 ? C[(size_t)i * ldc + j] : 0.f;
+                for (int sl = 0; sl < ns; sl++) v += gemm_part[(size_t)sl * M * N + (size_t)i * N + j];
+                C[(size_t)i * ldc + j] = v;
+            }
+        return;
+    }
 #pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
     for (int tile = 0; tile < ntile; tile++) {
-#ifdef _OPENMP
-        float *pa = gemm_pack[omp_get_thread_num()];
-#else
-        float *pa = gemm_pack[0];
-#endif
-        float *pb = pa + GEMM_MC * GEMM_KC;
         int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
         int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
-        for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
-            int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC;
-            // pack B (kc x nc) into NR-wide panels, zero padded
-            for (int jp = 0; jp < nc; jp += GEMM_NR) {
-                float *dst = pb + (size_t)jp * kc;
-                int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                for (int k = 0; k < kc; k++) {
-                    float *d = dst + k * GEMM_NR;
-                    if (!tB) {
-                        const float *src = B + (size_t)(p0 + k) * ldb + j0 + jp;
-                        for (int j = 0; j < nr; j++) d[j] = src[j];
-                    } else {
-                        for (int j = 0; j < nr; j++) d[j] = B[(size_t)(j0 + jp + j) * ldb + p0 + k];
-                    }
-                    for (int j = nr; j < GEMM_NR; j++) d[j] = 0;
-                }
-            }
-            // pack A (mc x kc) into MR-high panels, zero padded
-            for (int ip = 0; ip < mc; ip += GEMM_MR) {
-                float *dst = pa + (size_t)ip * kc;
-                int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
-                for (int k = 0; k < kc; k++) {
-                    float *d = dst + k * GEMM_MR;
-                    for (int i = 0; i < mr; i++) d[i] = OPA(i0 + ip + i, p0 + k);
-                    for (int i = mr; i < GEMM_MR; i++) d[i] = 0;
-                }
-            }
-            int add = p0 > 0 || beta != 0;
-            for (int jp = 0; jp < nc; jp += GEMM_NR)
-                for (int ip = 0; ip < mc; ip += GEMM_MR) {
-                    int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                    gemm_kernel(kc, pa + (size_t)ip * kc, pb + (size_t)jp * kc, C + (size_t)(i0 + ip) * ldc + j0 + jp,
-                                ldc, mr, nr, add);
-                }
-        }
+        gemm_block(tA, tB, i0, j0, mc, nc, 0, K, A, lda, B, ldb, beta != 0, C + (size_t)i0 * ldc + j0, ldc,
+                   gemm_thread_pack());
     }
+}
+
+// im2col_span: the output columns ox in [lo, hi) whose input column ox*S + off lies in [0, W);
+// the others read padding. Lets im2col and col2im run their inner loops without a test per pixel.
+static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi) {
+    int l = off >= 0 ? 0 : (-off + S - 1) / S, h = W - 1 - off < 0 ? 0 : (W - 1 - off) / S + 1;
+    if (h > Wo) h = Wo;
+    if (l > h) l = h;
+    *lo = l, *hi = h;
 }
 
 // im2col: x (C, H, W) -> col (C*K*K, Ho*Wo) for a KxK conv with stride S and padding K/2.
@@ -405,15 +484,18 @@ static void im2col(const float *x, int C, int H, int W, int K, int S, float *col
             int ky = kk / K, kx = kk % K;
             float *dst = col + ((size_t)c * K * K + kk) * Ho * Wo;
             const float *src = x + (size_t)c * H * W;
+            // the columns ox in [lo, hi) read inside the row (ix = ox S - p + kx in [0, W)); the rest is padding
+            int lo, hi, off = kx - p;
+            im2col_span(W, Wo, S, off, &lo, &hi);
             for (int oy = 0; oy < Ho; oy++) {
                 int iy = oy * S - p + ky;
                 float *d = dst + oy * Wo;
                 if (iy < 0 || iy >= H) { memset(d, 0, Wo * sizeof(float)); continue; }
                 const float *r = src + (size_t)iy * W;
-                for (int ox = 0; ox < Wo; ox++) {
-                    int ix = ox * S - p + kx;
-                    d[ox] = (ix >= 0 && ix < W) ? r[ix] : 0.f;
-                }
+                for (int ox = 0; ox < lo; ox++) d[ox] = 0.f;
+                if (S == 1) memcpy(d + lo, r + lo + off, (size_t)(hi - lo) * sizeof(float));
+                else for (int ox = lo; ox < hi; ox++) d[ox] = r[ox * S + off];
+                for (int ox = hi; ox < Wo; ox++) d[ox] = 0.f;
             }
         }
 }
@@ -428,15 +510,17 @@ static void col2im(const float *col, int C, int H, int W, int K, int S, float *d
         for (int kk = 0; kk < K * K; kk++) {
             int ky = kk / K, kx = kk % K;
             const float *src = col + ((size_t)c * K * K + kk) * Ho * Wo;
+            int lo, hi, off = kx - p;
+            im2col_span(W, Wo, S, off, &lo, &hi);
             for (int oy = 0; oy < Ho; oy++) {
                 int iy = oy * S - p + ky;
                 if (iy < 0 || iy >= H) continue;
                 float *r = d + (size_t)iy * W;
                 const float *s = src + oy * Wo;
-                for (int ox = 0; ox < Wo; ox++) {
-                    int ix = ox * S - p + kx;
-                    if (ix >= 0 && ix < W) r[ix] += s[ox];
-                }
+                if (S == 1)
+                    for (int ox = lo; ox < hi; ox++) r[ox + off] += s[ox];
+                else
+                    for (int ox = lo; ox < hi; ox++) r[ox * S + off] += s[ox];
             }
         }
     }

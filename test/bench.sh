@@ -5,7 +5,8 @@
 # BENCH_ROUNDS (1) rounds; prints both, the ratio yolo.c / PyTorch and the CPU. Then one epoch of
 # the shapes set with ./yolo train. Without python3-torch the PyTorch half is skipped.
 # BENCH_THREADS (2) sets OMP_NUM_THREADS for both. yolo.c waits passively (as ./yolo does,
-# unless OMP_WAIT_POLICY is set); PyTorch runs with its own defaults.
+# unless OMP_WAIT_POLICY is set); PyTorch runs with its own defaults. Each side also reports its
+# best CPU time per step (all threads): on a busy machine that ratio is steadier than wall time's.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 threads=${BENCH_THREADS:-2} reps=${BENCH_REPS:-5} rounds=${BENCH_ROUNDS:-1} sizes=${BENCH_SIZES:-"320 640"}
@@ -19,22 +20,24 @@ done
 [ -n "$py" ] || echo "python3-torch not found: the PyTorch half is skipped (apt-get install python3-torch)"
 status=0
 for S in $sizes; do
-    yb="" pb=""
+    yb="" pb="" yc="" pc=""
     for r in $(seq "$rounds"); do
         line=$(OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} test/bin/bench_step 8 "$S" "$reps") || status=1
         echo "$line" | head -n 1
-        t=$(echo "$line" | awk '$1 == "step" {print $5}')
+        t=$(echo "$line" | awk '$1 == "step" {print $5}') c=$(echo "$line" | awk '$1 == "step" {print $9}')
         [ -n "$t" ] && { [ -z "$yb" ] || awk "BEGIN{exit !($t < $yb)}"; } && yb=$t
+        [ -n "$c" ] && { [ -z "$yc" ] || awk "BEGIN{exit !($c < $yc)}"; } && yc=$c
         if [ -n "$py" ]; then
             line=$(OMP_NUM_THREADS=$threads "$py" test/bench_step.py --batch 8 --imgsz "$S" --reps "$reps" --threads "$threads") || status=1
             echo "$line" | head -n 1
-            t=$(echo "$line" | awk '$1 == "step" {print $5}')
+            t=$(echo "$line" | awk '$1 == "step" {print $5}') c=$(echo "$line" | awk '$1 == "step" {print $9}')
             [ -n "$t" ] && { [ -z "$pb" ] || awk "BEGIN{exit !($t < $pb)}"; } && pb=$t
+            [ -n "$c" ] && { [ -z "$pc" ] || awk "BEGIN{exit !($c < $pc)}"; } && pc=$c
         fi
     done
     if [ -n "$yb" ] && [ -n "$pb" ]; then
-        awk -v s="$S" -v y="$yb" -v p="$pb" -v c="$cpu" -v t="$threads" \
-            'BEGIN{printf "BENCH step %s px batch 8, %s threads: yolo.c %.3f s, PyTorch %.3f s, ratio yolo.c/PyTorch %.2f (%s)\n", s, t, y, p, y / p, c}'
+        awk -v s="$S" -v y="$yb" -v p="$pb" -v c="$cpu" -v t="$threads" -v yc="$yc" -v pc="$pc" \
+            'BEGIN{printf "BENCH step %s px batch 8, %s threads: yolo.c %.3f s, PyTorch %.3f s, ratio yolo.c/PyTorch %.2f (CPU time %.3f / %.3f s, ratio %.2f) (%s)\n", s, t, y, p, y / p, yc, pc, yc / pc, c}'
     elif [ -n "$yb" ]; then
         echo "BENCH step $S px batch 8, $threads threads: yolo.c $yb s (no PyTorch to compare with)"
     fi

@@ -2,7 +2,7 @@
 // gradient clip and SGD, the same step test/bench_step.py times in PyTorch. Random input in
 // [0, 1] and 4 random boxes per image. Best of N (default 5) after one warm-up step.
 // Usage: test/bin/bench_step [B=8] [S=320] [reps=5]. The last line is machine-readable for make bench:
-//   step S B threads best fwd+loss backward clip+sgd   (seconds)
+//   step S B threads best fwd+loss backward clip+sgd cpu   (seconds; cpu: the best CPU time, all threads)
 #define TESTING
 #include "../yolo.c"
 #include "yolo_test.h"
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     printf("yolo.c  yolov8n whole training step, batch %d, %dx%d, %d threads, best of %d: %.3f s "
            "(forward+loss %.3f / backward %.3f / clip+SGD %.3f); CPU time %.3f s; last loss %.3f\n",
            B, S, S, th, reps, best, bf, bb, bo, bcpu, loss);
-    printf("step %d %d %d %.4f %.4f %.4f %.4f\n", S, B, th, best, bf, bb, bo);
+    printf("step %d %d %d %.4f %.4f %.4f %.4f %.4f\n", S, B, th, best, bf, bb, bo, bcpu);
     free(x), free(a->base), free(a), free(m);
     return 0;
 }

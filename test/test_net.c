@@ -315,10 +315,48 @@ static void test_totals(void) {
     free(m);
 }
 
+// test_im2col: im2col against its definition (col[(c K + ky) K + kx][oy Wo + ox] = x[c][oy S - p + ky]
+// [ox S - p + kx], 0 outside), exactly; col2im as its adjoint: <im2col(x), g> = <x, col2im(g)>
+// (double sums of float products; tol 1e-5 relative). Narrow inputs (W < K) included.
+static void test_im2col(void) {
+    Rng r;
+    rng_seed(&r, 9);
+    int shapes[][4] = {{3, 1, 1, 3}, {2, 2, 3, 3}, {2, 7, 5, 3}, {3, 6, 9, 5}, {2, 4, 2, 5}, {1, 5, 5, 1}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+        for (int S = 1; S <= 2; S++) {
+            int C = shapes[t][0], H = shapes[t][1], W = shapes[t][2], K = shapes[t][3], p = K / 2;
+            int Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1;
+            size_t nx = (size_t)C * H * W, nc = (size_t)C * K * K * Ho * Wo;
+            float *x = xmalloc(nx * 4), *col = xmalloc(nc * 4), *g = xmalloc(nc * 4), *dx = xmalloc(nx * 4);
+            for (size_t i = 0; i < nx; i++) x[i] = (float)rng_normal(&r);
+            for (size_t i = 0; i < nc; i++) g[i] = (float)rng_normal(&r);
+            im2col(x, C, H, W, K, S, col);
+            int bad = 0;
+            for (int c = 0; c < C; c++)
+                for (int ky = 0; ky < K; ky++)
+                    for (int kx = 0; kx < K; kx++)
+                        for (int oy = 0; oy < Ho; oy++)
+                            for (int ox = 0; ox < Wo; ox++) {
+                                int iy = oy * S - p + ky, ix = ox * S - p + kx;
+                                float want = iy >= 0 && iy < H && ix >= 0 && ix < W ? x[((size_t)c * H + iy) * W + ix] : 0.f;
+                                bad += col[(((size_t)c * K + ky) * K + kx) * Ho * Wo + (size_t)oy * Wo + ox] != want;
+                            }
+            col2im(g, C, H, W, K, S, dx);
+            double a = 0, b = 0, mag = 0;
+            for (size_t i = 0; i < nc; i++) a += (double)col[i] * g[i], mag += fabs((double)col[i] * g[i]);
+            for (size_t i = 0; i < nx; i++) b += (double)x[i] * dx[i];
+            double d = fabs(a - b) / fmax(mag, 1e-30);
+            check(!bad && d <= 1e-5, "im2col C=%d H=%d W=%d K=%d S=%d: %d entries off their definition (exact); "
+                  "col2im adjoint |<im2col x, g> - <x, col2im g>| / sum|.| %.2e (tol 1e-5)", C, H, W, K, S, bad, d);
+            free(x); free(col); free(g); free(dx);
+        }
+}
+
 static void test_gemm(void) {
     Rng r;
     rng_seed(&r, 7);
-    int shapes[][3] = {{1, 1, 1}, {7, 33, 5}, {64, 400, 27}, {130, 70, 300}, {16, 1600, 144}, {9, 517, 260}};
+    int shapes[][3] = {{1, 1, 1}, {7, 33, 5}, {64, 400, 27}, {130, 70, 300}, {16, 1600, 144}, {9, 517, 260},
+                       {16, 27, 2500}, {33, 150, 4100}};   // the last two: K cut in slices (GEMM_KSPLIT)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int t = 0; t < 4; t++)
             for (int beta = 0; beta < 2; beta++) {
@@ -539,6 +577,7 @@ int main(void) {
     check(alloc_count() - n0 == 1, "the counter sees a malloc: %ld counted (want 1)", alloc_count() - n0);
     test_totals();
     test_gemm();
+    test_im2col();
     test_pool_up();
     test_gradchecks();
     test_whole_net();
