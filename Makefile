@@ -163,6 +163,7 @@ kernel-report-baseline:
 AARCH64_FLAGS  = -ffp-contract=fast -fno-schedule-insns -fno-builtin-fmax -fno-builtin-fmin
 ifneq ($(filter aarch64%,$(shell $(CC) -dumpmachine 2>/dev/null)),)
 CFLAGS        += $(AARCH64_FLAGS)
+EMU_OPT       ?= -O2 -g $(AARCH64_FLAGS)
 endif
 ARM64_CC      ?= aarch64-linux-gnu-gcc
 ARM64_CXX     ?= aarch64-linux-gnu-g++
@@ -189,13 +190,12 @@ $(ARM64_DIR)/yolo: $(SRC)
 	@mkdir -p $(ARM64_DIR)
 	$(ARM64_CC) $(ARM64_FLAGS) -o $@ yolo.c $(LDLIBS)
 cross-arm64: $(ARM64_BINS)
-	$(MAKE) --no-print-directory EMU_DIR=$(ARM64_DIR)/emu CC=$(ARM64_CC) EMU_CXX=$(ARM64_CXX) \
-	    EMU_OPT="-O2 -g $(AARCH64_FLAGS)" emu-bins
+	$(MAKE) --no-print-directory EMU_DIR=$(ARM64_DIR)/emu CC=$(ARM64_CC) EMU_CXX=$(ARM64_CXX) emu-bins
 test-arm64: cross-arm64
 	@test -n "$(QEMU_AARCH64)" || { echo "$@ needs qemu-aarch64 (Debian: qemu-user-static)"; exit 1; }
 	@for y in $(ARM64_DIR)/yolo $(ARM64_DIR)/emu/yolo; do \
 	    printf '#!/bin/sh\nexec $(ARM64_EXEC) %s "$$@"\n' "$(CURDIR)/$$y" >$$y.qemu && chmod +x $$y.qemu; done
-	TEST_EXEC="$(ARM64_EXEC)" TEST_BIN=$(ARM64_DIR) YOLO_BIN=$(ARM64_DIR)/yolo.qemu \
+	EMU_SELFTEST_NO_FORK=1 TEST_EXEC="$(ARM64_EXEC)" TEST_BIN=$(ARM64_DIR) YOLO_BIN=$(ARM64_DIR)/yolo.qemu \
 	    EMU_BIN=$(ARM64_DIR)/emu EMU_YOLO=$(ARM64_DIR)/emu/yolo.qemu bash test/run.sh
 
 clean-tests:
