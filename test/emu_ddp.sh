@@ -4,7 +4,7 @@
 # A 4-image synthetic dataset at 32x32, global batch 6 (3 per rank on 2 ranks, 2 on 3, 6 on 1), so the
 # same checkpoint resumes on 1, 2 or 3 GPUs. Checks: the clear errors (a device listed twice, a device
 # past the count, a batch the ranks do not divide); a 2-rank `yolo train device=0,1` end to end (one
-# results.csv, checkpoints, only rank 0 writes); a 2-rank run whose rank 1 is killed (SIGKILL) once
+# results.csv, checkpoints, only rank 0 writes); the same launched torchrun-style (id over TCP); a 2-rank run whose rank 1 is killed (SIGKILL) once
 # epoch 1's checkpoint exists: the run stops within the timeout with a message naming rank 1, and
 # last.ckpt is byte for byte the one that existed at the kill; that run resumed on 1 rank and, from a
 # copy, on 3 ranks, each finishing epoch 2.
@@ -35,6 +35,18 @@ ok $([ "$(wc -l <"$tmp/runs/d/results.csv")" = 2 ] && [ "$(find "$tmp/runs" -nam
    "one results.csv (rank 0's), with the epoch's row"
 ok $([ -s "$tmp/runs/d/weights/last.ckpt" ] && [ -s "$tmp/runs/d/weights/best.safetensors" ] && [ "$(ls "$tmp/runs" | grep -v '^x$')" = d ] && echo 1) \
    "last.ckpt and best.safetensors written, in the one run folder the launcher chose"
+
+# torchrun-style: two processes started by hand with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+# rank 0 hands the NCCL id and its run folder to rank 1 over TCP
+port=$((20000 + $$ % 20000))
+for r in 0 1; do
+    ( RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port EMU_STRICT=1 \
+      exec "$yolo" train $common epochs=1 device=0,1 name=tr >"$tmp/tr$r.log" 2>&1 ) & eval "tr$r=\$!"
+done
+wait $tr0; rc0=$?; wait $tr1; rc1=$?
+ok $([ $rc0 = 0 ] && [ $rc1 = 0 ] && grep -q '^NCCL: rank 1 of 2 on device 1' "$tmp/tr1.log" && [ "$(wc -l <"$tmp/runs/tr/results.csv")" = 2 ] &&
+     [ -z "$(ls "$tmp/runs" | grep '^tr.')" ] && echo 1) \
+   "torchrun-style launch (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, id over TCP): both ranks exit 0 (rc $rc0, $rc1), one run folder, results.csv"
 
 # a rank killed: run k, rank 1 gets SIGKILL as soon as epoch 1's checkpoint exists
 ( EMU_STRICT=1 exec "$yolo" train $common epochs=2 device=0,1 name=k >"$tmp/k.log" 2>&1 ) & pid=$!
