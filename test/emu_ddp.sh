@@ -11,7 +11,9 @@
 yolo=$1 tmp=$2
 pass=0 fail=0
 ok() { if [ "$1" = 1 ]; then echo "PASS  $2"; pass=$((pass + 1)); else echo "FAIL  $2"; fail=$((fail + 1)); fi; }
-export EMU_DEVICES=3 YOLO_DDP_TIMEOUT=120 EMU_NCCL_TIMEOUT=120
+# the timeouts are long: a rank must see its peer's death itself (at its next collective), not be
+# killed by the launcher because its step was slow on a busy machine
+export EMU_DEVICES=3 YOLO_DDP_TIMEOUT=600 EMU_NCCL_TIMEOUT=600
 "$yolo" shapes out="$tmp/data" ntrain=4 nval=1 imgsz=64 seed=3 >/dev/null || { echo "FAIL  yolo shapes"; echo "0 passed, 1 failed"; exit 1; }
 common="data=$tmp/data/data.yaml imgsz=32 batch=6 workers=1 project=$tmp/runs"
 
@@ -57,7 +59,7 @@ for c in $(ps -o pid= --ppid $pid); do tr '\0' '\n' <"/proc/$c/environ" 2>/dev/n
 [ -n "$r1" ] && kill -9 "$r1"
 t0=$(date +%s); wait $pid; rck=$?; dt=$(( $(date +%s) - t0 ))
 sed 's/^/  /' "$tmp/k.log" | grep -E 'DDP|rank [0-9]' | head -n 4
-ok $([ -n "$r1" ] && [ $rck != 0 ] && [ $dt -le 150 ] && echo 1) "rank 1 killed once epoch 1's checkpoint existed: the run stopped in $dt s (limit YOLO_DDP_TIMEOUT + 30), exit $rck"
+ok $([ -n "$r1" ] && [ $rck != 0 ] && [ $dt -le 630 ] && echo 1) "rank 1 killed once epoch 1's checkpoint existed: the run stopped in $dt s (limit YOLO_DDP_TIMEOUT + 30 = 630), exit $rck"
 ok $(grep -q 'DDP: rank 1 (device 1) was killed by signal 9' "$tmp/k.log" && echo 1) "the launcher names the rank that died"
 ok $(grep -q 'rank 0 of 2: .*another rank died or hung' "$tmp/k.log" && echo 1) "rank 0 saw the failure in its collective and stopped (ncclCommAbort)"
 ok $(cmp -s "$tmp/k.ckpt" "$tmp/runs/k/weights/last.ckpt" && echo 1) "last.ckpt intact: byte for byte the epoch-1 checkpoint"
