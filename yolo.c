@@ -31,8 +31,13 @@
  *  - Sorts in NMS and mAP are stable (numpy/torch quicksort is not): only exact ties can differ.
  *  - Resizes use float bilinear weights (OpenCV: fixed point): pixels may differ by 1.
  *  - No labels/SPLIT.cache file; cutmix, copy_paste, Albumentations and multi_scale are not implemented.
- *  - One device per run: no multi-GPU (DDP) training. On the CPU training is FP32 (amp= applies
- *    to the GPU step: FP16 activations, FP32 master weights, GradScaler; see the device section).
+ *  - On the CPU training is FP32 (amp= applies to the GPU step: FP16 activations, FP32 master
+ *    weights, GradScaler; see the device section).
+ *  - Several GPUs (DDP, "data parallel" section): each sample's augmentation is seeded by its
+ *    position in the epoch (Ultralytics: a seed per rank); rank 0's BN running stats reach the other
+ *    ranks after each step (DDP: before each forward; the same values at every forward); the
+ *    gradient all-reduce starts after backward, not overlapped with it; the NCCL id goes over TCP
+ *    (MASTER_ADDR:MASTER_PORT), also under mpirun (torch: a TCPStore, likewise).
  *  - ONNX export: same inputs, outputs and numbers as Ultralytics' graph, not the same nodes (DFL as
  *    Transpose + Softmax + MatMul instead of a 1x1 Conv; dynamic anchors from Shape/Range); half=1
  *    works on a CPU (Ultralytics needs a GPU for it); no onnxslim pass, no nms=True.

@@ -70,19 +70,25 @@ static Trainer *trainer_for_test(void) {
     return t;
 }
 
+// sub_step: sub-batch s through step (the data-parallel or the single-device trainer step); 1 if
+// its loss was not finite
+static int sub_step(Trainer *t, int s, LossOut (*step)(Trainer *, const Batch *, int *)) {
+    Batch bt;
+    uint8_t img[3 * TS * TS];
+    int bidx[2], cls[2], bad;
+    float box[8];
+    sub_batch(s, &bt, img, bidx, cls, box);
+    step(t, &bt, &bad);
+    if (bad) fprintf(stderr, "sub-batch %d: non-finite loss\n", s);
+    return bad;
+}
+
 // rank_main: rank r of world: its sub-batch through the data-parallel backend
 static int rank_main(int world, int r, ncclUniqueId id) {
     ddp.world = world, ddp.rank = r, ddp.local_rank = r, ddp.dev = 0;
     ddp_comm_open(id);
     Trainer *t = trainer_for_test();
-    Batch bt;
-    uint8_t img[3 * TS * TS];
-    int bidx[2], cls[2];
-    float box[8];
-    sub_batch(r, &bt, img, bidx, cls, box);
-    int bad;
-    ddp_trainer_step(t, &bt, &bad);
-    if (bad) { fprintf(stderr, "rank %d: non-finite loss\n", r); return 1; }
+    if (sub_step(t, r, ddp_trainer_step)) return 1;
     Result res = result_at(r);
     gpu_download(t->gpu, NULL, NULL, res.local, NULL, NULL, NULL, NULL);
     ddp_allreduce_grads(t->gpu);
@@ -99,14 +105,7 @@ static int reference_main(int world) {
     Trainer *t = trainer_for_test();
     Result res = result_at(world);
     for (int s = 0; s < world; s++) {
-        Batch bt;
-        uint8_t img[3 * TS * TS];
-        int bidx[2], cls[2];
-        float box[8];
-        sub_batch(s, &bt, img, bidx, cls, box);
-        int bad;
-        gpu_trainer_step(t, &bt, &bad);
-        if (bad) { fprintf(stderr, "reference: non-finite loss at sub-batch %d\n", s); return 1; }
+        if (sub_step(t, s, gpu_trainer_step)) return 1;
         if (s == 0) gpu_download(t->gpu, NULL, res.buffers0, NULL, NULL, NULL, NULL, NULL);
     }
     gpu_download(t->gpu, NULL, NULL, res.reduced, NULL, NULL, NULL, NULL);

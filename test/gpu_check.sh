@@ -3,8 +3,9 @@
 # ./yolo and the tests with nvcc for the GPU it finds, runs every kernel test and the whole-step test
 # against the CPU on the real device (no emulation), then trains the synthetic dataset at 640 with
 # batch 16 for yolov8n and yolov8s (2 epochs each) and prints images/s and the planned device memory
-# beside what the device reports in use, then where the time of a training step goes (YOLO_PROFILE=1),
-# and that measured time per kind beside the MODEL of test/gpu_model.sh (issue 14).
+# beside what the device reports in use, then (with two GPUs) a data-parallel run on GPUs 0,1 over NCCL, then
+# where the time of a training step goes (YOLO_PROFILE=1), and that measured time per kind beside the MODEL of
+# test/gpu_model.sh (issue 14).
 #   bash test/gpu_check.sh            (from the repository root)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -40,6 +41,18 @@ for m in yolov8n yolov8s; do
     its=$(printf '%s\n' "$out" | grep -E '^ +2/2 ' | tail -n 1 | sed -n 's/.* \([0-9.]*\) it\/s.*/\1/p')
     [ -n "$its" ] && echo "$m: $(echo "$its * 16" | bc) images/s in epoch 2 (training steps; validation and data loading excluded from it/s)"
 done
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$ngpu" -ge 2 ]; then
+    echo "== data parallel over NCCL: yolov8n on GPUs 0,1, global batch 32 (16 per GPU), 2 epochs"
+    out=$(./yolo train data="$data/data.yaml" model=yolov8n imgsz=640 batch=32 epochs=2 device=0,1 workers="$(nproc)" \
+          project="$data/runs" name=ddp 2>&1) || status=1
+    printf '%s\n' "$out" | grep -E '^(DDP|NCCL|data parallel|device|memory)|in use|^ +[0-9]+/2 |all-reduce:|epochs completed|rank [0-9]'
+    its=$(printf '%s\n' "$out" | grep -E '^ +2/2 ' | tail -n 1 | sed -n 's/.* \([0-9.]*\) it\/s.*/\1/p')
+    [ -n "$its" ] && echo "2 GPUs: $(echo "$its * 32" | bc) images/s in epoch 2"
+    [ "$(wc -l <"$data/runs/ddp/results.csv" 2>/dev/null)" = 3 ] || { echo "FAIL  data parallel: results.csv missing or not 2 rows"; status=1; }
+else
+    echo "== data parallel: skipped ($ngpu GPU(s); a 2-GPU epoch runs when the machine has two)"
+fi
 echo "== where a training step's time goes: yolov8n 640 batch 16, 1 epoch of 64 images, YOLO_PROFILE=1"
 ./yolo shapes out="$data/small" ntrain=64 nval=16 imgsz=640 >/dev/null || exit 1
 YOLO_PROFILE=1 ./yolo train data="$data/small/data.yaml" model=yolov8n imgsz=640 batch=16 epochs=1 device=0 workers="$(nproc)" \
