@@ -197,7 +197,20 @@ static long arg_int(int argc, char **argv, const char *key, long def) {
  * deterministic and never calls malloc. Each allocation carries a group tag so `yolo plan` can
  * say where the bytes go.
  */
-enum { G_PARAMS, G_GRADS, G_OPTIM, G_EMA, G_BUFFERS, G_ACTS, G_BACKWARD, G_SCRATCH, G_LOSS, G_INPUT, G_WORKSPACE, G_NGROUPS };
+enum {
+    G_PARAMS,
+    G_GRADS,
+    G_OPTIM,
+    G_EMA,
+    G_BUFFERS,
+    G_ACTS,
+    G_BACKWARD,
+    G_SCRATCH,
+    G_LOSS,
+    G_INPUT,
+    G_WORKSPACE,
+    G_NGROUPS
+};
 static const char *const group_names[G_NGROUPS] = {
     "weights", "gradients", "optimizer state", "EMA", "BN running stats", "activations kept",
     "backward buffers", "scratch", "loss and assigner", "input staging", "GEMM workspace"};
@@ -232,7 +245,8 @@ static void *arena_alloc(Arena *a, size_t bytes, int group) {
     }
     if (a->n == ARENA_MAX_BLOCKS) die("arena: more than %d live blocks (raise ARENA_MAX_BLOCKS)", ARENA_MAX_BLOCKS);
     if (off + size > a->cap)
-        die("arena: plan exceeded (%zu + %zu > %zu bytes): a step allocated more than its dry run did", off, size, a->cap);
+        die("arena: plan exceeded (%zu + %zu > %zu bytes): a step allocated more than its dry run did", off, size,
+            a->cap);
     memmove(&a->blk[at + 1], &a->blk[at], (a->n - at) * sizeof(ArenaBlock));
     a->blk[at] = (ArenaBlock){off, size, group};
     a->n++;
@@ -297,7 +311,8 @@ typedef float gemm_vec __attribute__((vector_size(64), aligned(4)));
 #define GEMM_VL ((int)(sizeof(gemm_vec) / sizeof(float)))
 #define GEMM_NR (GEMM_NV * GEMM_VL)
 #define GEMM_KC 256
-_Static_assert(GEMM_MC % GEMM_MR == 0 && GEMM_NC % GEMM_NR == 0, "the pack buffers hold whole MR x KC and KC x NR panels");
+_Static_assert(GEMM_MC % GEMM_MR == 0 && GEMM_NC % GEMM_NR == 0,
+               "the pack buffers hold whole MR x KC and KC x NR panels");
 #define GEMM_MAX_THREADS 64
 // A GEMM with a small C and a long K (the weight gradient of the high-resolution layers: C is
 // Cout x Cin*K*K, K is every output pixel) has one or two tiles, so one or two threads busy. Such a
@@ -449,8 +464,8 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
             int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
             int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
             int k0 = sl * ks, k1 = K - k0 < ks ? K : k0 + ks;
-            gemm_block(tA, tB, i0, j0, mc, nc, k0, k1, A, lda, B, ldb, 0, gemm_part + (size_t)sl * M * N + (size_t)i0 * N + j0,
-                       N, gemm_thread_pack());
+            gemm_block(tA, tB, i0, j0, mc, nc, k0, k1, A, lda, B, ldb, 0,
+                       gemm_part + (size_t)sl * M * N + (size_t)i0 * N + j0, N, gemm_thread_pack());
         }
 #pragma omp parallel for if ((size_t)M * N * ns > OMP_MIN_WORK)
         for (int i = 0; i < M; i++)
@@ -716,7 +731,8 @@ typedef struct {
 
 typedef struct { char name; double depth, width; int max_ch; } Scale;
 static const Scale scales[] = {
-    {'n', 0.33, 0.25, 1024}, {'s', 0.33, 0.50, 1024}, {'m', 0.67, 0.75, 768}, {'l', 1.00, 1.00, 512}, {'x', 1.00, 1.25, 512},
+        {'n', 0.33, 0.25, 1024}, {'s', 0.33, 0.50, 1024}, {'m', 0.67, 0.75, 768},
+        {'l', 1.00, 1.00, 512},  {'x', 1.00, 1.25, 512},
 };
 
 // scale_find: "yolov8n", "n", "yolov8n.yaml" -> the scale row, or NULL
@@ -941,7 +957,8 @@ static void model_liveness(Model *m) {
 
 // model_shape: sets every value's and conv's spatial size for input H x W (multiples of 32).
 static void model_shape(Model *m, int H, int W) {
-    if (m->has_head && (H % 32 || W % 32 || H <= 0 || W <= 0)) die("input size %dx%d must be a positive multiple of 32", H, W);
+    if (m->has_head && (H % 32 || W % 32 || H <= 0 || W <= 0))
+        die("input size %dx%d must be a positive multiple of 32", H, W);
     m->val[m->input].H = H;
     m->val[m->input].W = W;
     // values are created in topological order, so one pass suffices
@@ -980,7 +997,8 @@ static void model_init_params(Model *m, uint64_t seed) {
         for (int j = 0; j < c->cout; j++) b[j] = c->bn ? 0.f : (float)rng_range(&r, -bound, bound);
         if (c->bn) {
             for (int j = 0; j < c->cout; j++) m->params[c->g_off + j] = 1.f;
-            for (int j = 0; j < c->cout; j++) m->buffers[c->rs_off + j] = 0.f, m->buffers[c->rs_off + c->cout + j] = 1.f;
+            for (int j = 0; j < c->cout; j++)
+                m->buffers[c->rs_off + j] = 0.f, m->buffers[c->rs_off + c->cout + j] = 1.f;
         }
     }
     static const int strides[3] = {8, 16, 32};
@@ -1361,7 +1379,8 @@ static void cpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, fl
 // bn_stats_cpu: per-channel batch statistics of a conv output (train: mean, 1/sqrt(biased var +
 // eps), running stats updated with the unbiased variance, momentum 0.03; eval: from the running
 // stats). z (B, C, HW) with image stride zs; mean, invstd, rm, rv (C). Twin of bn_stats_cuda.
-static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv, int train) {
+static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm,
+                         float *rv, int train) {
     double cnt = (double)B * HW;
 #pragma omp parallel for if (C * cnt > OMP_MIN_WORK)
     for (int o = 0; o < C; o++) {
@@ -1373,7 +1392,9 @@ static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *m
         double s = 0, ss = 0;
         for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += z[b * zs + (long)o * HW + i];
         double mu = s / cnt;
-        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) ss += (z[b * zs + (long)o * HW + i] - mu) * (z[b * zs + (long)o * HW + i] - mu);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < HW; i++)
+                ss += (z[b * zs + (long)o * HW + i] - mu) * (z[b * zs + (long)o * HW + i] - mu);
         double var = ss / cnt;
         mean[o] = (float)mu;
         invstd[o] = (float)(1.0 / sqrt(var + BN_EPS));
@@ -1384,8 +1405,9 @@ static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *m
 // bn_silu_backward_cpu: from dA, the gradient of SiLU(BN(z)), to dz in place, recomputing BN and
 // SiLU from z, and dgamma/dbeta += their gradients (train mode includes the batch-statistics
 // terms). gamma NULL: a plain conv with bias (dbeta += sum dA, dz = dA). Twin of bn_silu_backward_cuda.
-static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd, const float *gamma,
-                                 const float *beta, float *dgamma, float *dbeta, int B, int C, int HW, int train) {
+static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd,
+                                 const float *gamma, const float *beta, float *dgamma, float *dbeta, int B, int C,
+                                 int HW, int train) {
     double cnt = (double)B * HW;
 #pragma omp parallel for if (C * cnt > OMP_MIN_WORK)
     for (int o = 0; o < C; o++) {
@@ -1580,7 +1602,8 @@ static void model_from_args(Model *m, int argc, char **argv) {
     char err[1024], fs;
     int fnc;
     if (!sc && weights_describe(name, &fnc, &fs, err, sizeof err))   // a weights file gives scale and nc
-        die("model=%s: %s%s", name, access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
+        die("model=%s: %s%s", name,
+            access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
     model_build(m, sc ? sc->name : fs, sc ? (int)arg_int(argc, argv, "nc", 80) : fnc);
 }
 
@@ -2281,7 +2304,8 @@ static void optim_step(Optimizer *o, Model *m) {
         int pg[3];
         model_segments(m, ci, off, len, pg);
         for (int s = 0; s < 3; s++) {
-            float lr = (float)o->lr[pg[s]], wd = pg[s] == PG_WEIGHT ? (float)o->weight_decay : 0.f, mom = (float)o->momentum;
+            float lr = (float)o->lr[pg[s]], wd = pg[s] == PG_WEIGHT ? (float)o->weight_decay : 0.f,
+                  mom = (float)o->momentum;
             float *p = m->params + off[s], *g = m->grads + off[s], *mb = o->m + off[s];
             if (o->kind == OPT_SGD) {
                 int first = o->step == 1;
@@ -2539,7 +2563,11 @@ static int utf8_seq(const unsigned char *s, size_t n) {
 static int json_hex4(const unsigned char *s) {
     int v = 0;
     for (int k = 0; k < 4; k++) {
-        int c = s[k], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int c = s[k],
+            d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -2599,7 +2627,9 @@ static int json_string(StJson *j, char **out, const char *ctx) {
             if (cp < 0x80) o[w++] = (char)cp;
             else if (cp < 0x800) { o[w++] = (char)(0xc0 | cp >> 6); o[w++] = (char)(0x80 | (cp & 0x3f)); }
             else if (cp < 0x10000) {
-                o[w++] = (char)(0xe0 | cp >> 12); o[w++] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[w++] = (char)(0x80 | (cp & 0x3f));
+                o[w++] = (char)(0xe0 | cp >> 12);
+                o[w++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                o[w++] = (char)(0x80 | (cp & 0x3f));
             } else {
                 o[w++] = (char)(0xf0 | cp >> 18); o[w++] = (char)(0x80 | ((cp >> 12) & 0x3f));
                 o[w++] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[w++] = (char)(0x80 | (cp & 0x3f));
@@ -2634,7 +2664,8 @@ static int json_uint(StJson *j, uint64_t *out, const char *ctx) {
     while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') {
         unsigned d = j->s[j->i] - '0';
         if (v > ((uint64_t)INT64_MAX - d) / 10)
-            return st_fail(j->err, j->errlen, "'%s': header JSON: integer too large %s at byte %zu", j->path, ctx, start);
+            return st_fail(j->err, j->errlen, "'%s': header JSON: integer too large %s at byte %zu", j->path, ctx,
+                           start);
         v = v * 10 + d;
         j->i++;
     }
@@ -2643,10 +2674,12 @@ static int json_uint(StJson *j, uint64_t *out, const char *ctx) {
         return st_fail(j->err, j->errlen, "'%s': header JSON: expected a non-negative integer %s at byte %zu, found %s",
                        j->path, ctx, start, json_found(j, b, sizeof b));
     if (j->i - start > 1 && j->s[start] == '0')
-        return st_fail(j->err, j->errlen, "'%s': header JSON: integer with a leading zero %s at byte %zu", j->path, ctx, start);
+        return st_fail(j->err, j->errlen, "'%s': header JSON: integer with a leading zero %s at byte %zu", j->path, ctx,
+                       start);
     if (j->i < j->n && (j->s[j->i] == '.' || j->s[j->i] == 'e' || j->s[j->i] == 'E'))
-        return st_fail(j->err, j->errlen, "'%s': header JSON: expected an integer %s at byte %zu, found a fraction or exponent",
-                       j->path, ctx, start);
+        return st_fail(j->err, j->errlen,
+                       "'%s': header JSON: expected an integer %s at byte %zu, found a fraction or exponent", j->path,
+                       ctx, start);
     *out = v;
     return 0;
 }
@@ -2659,7 +2692,8 @@ static int json_uint_array(StJson *j, uint64_t *v, int max, int *count, const ch
     if (j->i < j->n && j->s[j->i] == ']') { j->i++; return 0; }
     for (;;) {
         if (*count == max)
-            return st_fail(j->err, j->errlen, "'%s': header JSON: more than %d values %s at byte %zu", j->path, max, ctx, j->i);
+            return st_fail(j->err, j->errlen, "'%s': header JSON: more than %d values %s at byte %zu", j->path, max,
+                           ctx, j->i);
         if (json_uint(j, &v[*count], ctx)) return -1;
         (*count)++;
         json_ws(j);
@@ -2690,8 +2724,9 @@ static int st_parse_meta(StJson *j, SafeTensors *st) {
         if (json_expect(j, ':', "after a __metadata__ key")) return -1;
         json_ws(j);
         if (j->i >= j->n || j->s[j->i] != '"')
-            return st_fail(j->err, j->errlen, "'%s': header: __metadata__ value of key '%.100s' is not a string (byte %zu)",
-                           j->path, kv[0], j->i);
+            return st_fail(j->err, j->errlen,
+                           "'%s': header: __metadata__ value of key '%.100s' is not a string (byte %zu)", j->path,
+                           kv[0], j->i);
         if (json_string(j, &kv[1], "as a __metadata__ value")) return -1;
         json_ws(j);
         if (j->i < j->n && j->s[j->i] == ',') { j->i++; continue; }
@@ -2714,7 +2749,9 @@ static int st_parse_tensor(StJson *j, StEntry *e, uint64_t data_size) {
             int rc = json_expect(j, ':', "after a tensor field name");
             if (!rc && strcmp(key, "dtype") == 0) {
                 char *v = NULL;
-                if (have_dtype) rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'dtype'", j->path, nm);
+                if (have_dtype)
+                    rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'dtype'", j->path,
+                                 nm);
                 else if (!(rc = json_string(j, &v, "as dtype"))) {
                     e->dtype = -1;
                     for (int d = 0; d < ST_NDTYPE; d++) if (strcmp(v, st_dtype_name[d]) == 0) e->dtype = d;
@@ -2725,19 +2762,26 @@ static int st_parse_tensor(StJson *j, StEntry *e, uint64_t data_size) {
                 free(v);
                 have_dtype = 1;
             } else if (!rc && strcmp(key, "shape") == 0) {
-                if (have_shape) rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'shape'", j->path, nm);
+                if (have_shape)
+                    rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'shape'", j->path,
+                                 nm);
                 else rc = json_uint_array(j, shp, ST_MAXDIM, &e->ndim, "in shape");
                 have_shape = 1;
             } else if (!rc && strcmp(key, "data_offsets") == 0) {
                 int cnt = 0;
-                if (have_off) rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'data_offsets'", j->path, nm);
+                if (have_off)
+                    rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': duplicate field 'data_offsets'",
+                                 j->path, nm);
                 else if (!(rc = json_uint_array(j, off, 2, &cnt, "in data_offsets")) && cnt != 2)
-                    rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': data_offsets has %d values, expected 2 [begin, end]",
+                    rc = st_fail(j->err, j->errlen,
+                                 "'%s': header: tensor '%.200s': data_offsets has %d values, expected 2 [begin, end]",
                                  j->path, nm, cnt);
                 have_off = 1;
             } else if (!rc)
-                rc = st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': unknown field '%.60s' (expected dtype, shape, data_offsets)",
-                             j->path, nm, key);
+                rc = st_fail(
+                        j->err, j->errlen,
+                        "'%s': header: tensor '%.200s': unknown field '%.60s' (expected dtype, shape, data_offsets)",
+                        j->path, nm, key);
             free(key);
             if (rc) return -1;
             json_ws(j);
@@ -2762,16 +2806,21 @@ static int st_parse_tensor(StJson *j, StEntry *e, uint64_t data_size) {
     e->begin = off[0];
     e->end = off[1];
     if (off[0] > off[1])
-        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': data_offsets [%" PRIu64 ", %" PRIu64 "] has begin > end",
+        return st_fail(j->err, j->errlen,
+                       "'%s': header: tensor '%.200s': data_offsets [%" PRIu64 ", %" PRIu64 "] has begin > end",
                        j->path, nm, off[0], off[1]);
     if (off[1] > data_size)
-        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds: "
-                       "the data section has %" PRIu64 " bytes (file truncated?)", j->path, nm, off[0], off[1], data_size);
+        return st_fail(j->err, j->errlen,
+                       "'%s': header: tensor '%.200s': data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds: "
+                       "the data section has %" PRIu64 " bytes (file truncated?)",
+                       j->path, nm, off[0], off[1], data_size);
     if (off[1] - off[0] != bytes) {
         char sb[160];
-        return st_fail(j->err, j->errlen, "'%s': header: tensor '%.200s': size mismatch: dtype %s x shape %s needs %" PRIu64
-                       " bytes but data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64 " bytes", j->path, nm,
-                       st_dtype_name[e->dtype], st_shape_str(sb, sizeof sb, e->ndim, e->shape), bytes, off[0], off[1], off[1] - off[0]);
+        return st_fail(j->err, j->errlen,
+                       "'%s': header: tensor '%.200s': size mismatch: dtype %s x shape %s needs %" PRIu64
+                       " bytes but data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64 " bytes",
+                       j->path, nm, st_dtype_name[e->dtype], st_shape_str(sb, sizeof sb, e->ndim, e->shape), bytes,
+                       off[0], off[1], off[1] - off[0]);
     }
     return 0;
 }
@@ -2838,7 +2887,9 @@ static int st_parse_header(SafeTensors *st, const unsigned char *hdr, size_t n, 
         qsort(keys, (size_t)st->nmeta, sizeof(char *), st_cmp_str);
         int dup = -1;
         for (int i = 1; i < st->nmeta && dup < 0; i++) if (strcmp(keys[i - 1], keys[i]) == 0) dup = i;
-        int rc = dup < 0 ? 0 : st_fail(err, errlen, "'%s': header: duplicate __metadata__ key '%.200s'", st->path, keys[dup]);
+        int rc = dup < 0
+                ? 0
+                : st_fail(err, errlen, "'%s': header: duplicate __metadata__ key '%.200s'", st->path, keys[dup]);
         free(keys);
         if (rc) return rc;
     }
@@ -2849,8 +2900,10 @@ static int st_parse_header(SafeTensors *st, const unsigned char *hdr, size_t n, 
     for (int i = 1; i < st->n && !rc; i++) {
         const StEntry *a = by_begin[i - 1], *b = by_begin[i];
         if (b->begin < a->end)
-            rc = st_fail(err, errlen, "'%s': header: tensors '%.200s' [%" PRIu64 ", %" PRIu64 ") and '%.200s' [%" PRIu64 ", %" PRIu64
-                         ") overlap in the data section", st->path, a->name, a->begin, a->end, b->name, b->begin, b->end);
+            rc = st_fail(err, errlen,
+                         "'%s': header: tensors '%.200s' [%" PRIu64 ", %" PRIu64 ") and '%.200s' [%" PRIu64 ", %" PRIu64
+                         ") overlap in the data section",
+                         st->path, a->name, a->begin, a->end, b->name, b->begin, b->end);
     }
     free(by_begin);
     return rc;
@@ -2891,19 +2944,23 @@ static int st_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
     if (size == 0) { st_fail(err, errlen, "'%s': empty file (0 bytes), not a safetensors file", st->path); goto fail; }
     unsigned char len8[8];
     if (size < 8 || fread(len8, 1, 8, f) != 8) {
-        st_fail(err, errlen, "'%s': file is %lld bytes, too short for the 8-byte safetensors header length (truncated?)",
-                st->path, (long long)size);
+        st_fail(err, errlen,
+                "'%s': file is %lld bytes, too short for the 8-byte safetensors header length (truncated?)", st->path,
+                (long long)size);
         goto fail;
     }
     uint64_t hlen = 0;
     for (int k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
     if (hlen > (uint64_t)size - 8) {
-        st_fail(err, errlen, "'%s': header length %" PRIu64 " exceeds the %lld bytes left in the file (truncated, or not a "
-                "safetensors file)", st->path, hlen, (long long)size - 8);
+        st_fail(err, errlen,
+                "'%s': header length %" PRIu64 " exceeds the %lld bytes left in the file (truncated, or not a "
+                "safetensors file)",
+                st->path, hlen, (long long)size - 8);
         goto fail;
     }
     if (hlen > ST_MAX_HEADER) {
-        st_fail(err, errlen, "'%s': header length %" PRIu64 " exceeds the %llu byte limit", st->path, hlen, ST_MAX_HEADER);
+        st_fail(err, errlen, "'%s': header length %" PRIu64 " exceeds the %llu byte limit", st->path, hlen,
+                ST_MAX_HEADER);
         goto fail;
     }
     if (hlen < 2) {
@@ -2988,22 +3045,24 @@ static int st_read_chunks(SafeTensors *st, const StEntry *e, void *dst, int to_f
     }
     return 0;
 short_read:
-    return st_fail(err, errlen, "'%s': tensor '%s': short read of %" PRIu64 " bytes at offset %" PRIu64 " (%s)", st->path,
-                   e->name, e->end - e->begin, st->data_start + e->begin,
+    return st_fail(err, errlen, "'%s': tensor '%s': short read of %" PRIu64 " bytes at offset %" PRIu64 " (%s)",
+                   st->path, e->name, e->end - e->begin, st->data_start + e->begin,
                    ferror(st->f) ? strerror(errno) : "file shrank after opening?");
 }
 
 // st_read_f32: the e->numel values of a float tensor (F32, F16, BF16, F64) as float into dst.
 static int st_read_f32(SafeTensors *st, const StEntry *e, float *dst, char *err, size_t errlen) {
     if (!st_dtype_is_float(e->dtype))
-        return st_fail(err, errlen, "'%s': tensor '%s' has dtype %s, expected a float dtype", st->path, e->name, st_dtype_name[e->dtype]);
+        return st_fail(err, errlen, "'%s': tensor '%s' has dtype %s, expected a float dtype", st->path, e->name,
+                       st_dtype_name[e->dtype]);
     return st_read_chunks(st, e, dst, 1, err, errlen);
 }
 
 // st_read_i64: the e->numel values of an integer or BOOL tensor as int64 into dst.
 static int st_read_i64(SafeTensors *st, const StEntry *e, int64_t *dst, char *err, size_t errlen) {
     if (st_dtype_is_float(e->dtype))
-        return st_fail(err, errlen, "'%s': tensor '%s' has dtype %s, expected an integer dtype", st->path, e->name, st_dtype_name[e->dtype]);
+        return st_fail(err, errlen, "'%s': tensor '%s' has dtype %s, expected an integer dtype", st->path, e->name,
+                       st_dtype_name[e->dtype]);
     return st_read_chunks(st, e, dst, 0, err, errlen);
 }
 
@@ -3099,7 +3158,10 @@ static int st_write(const char *path, const StTensor *t, int n, const char *cons
     if (meta_kv && meta_kv[0]) {
         stbuf_put(&h, "\"__metadata__\":{", 16);
         for (int i = 0; meta_kv[i]; i += 2) {
-            if (!meta_kv[i + 1]) { st_fail(err, errlen, "'%s': metadata key '%s' has no value", path, meta_kv[i]); goto done; }
+            if (!meta_kv[i + 1]) {
+                st_fail(err, errlen, "'%s': metadata key '%s' has no value", path, meta_kv[i]);
+                goto done;
+            }
             if (i) stbuf_put(&h, ",", 1);
             if (stbuf_json_string(&h, meta_kv[i]) || (stbuf_put(&h, ":", 1), stbuf_json_string(&h, meta_kv[i + 1]))) {
                 st_fail(err, errlen, "'%s': metadata key '%.100s' or its value is not valid UTF-8", path, meta_kv[i]);
@@ -3115,26 +3177,36 @@ static int st_write(const char *path, const StTensor *t, int n, const char *cons
             st_fail(err, errlen, "'%s': tensor %d has an empty or reserved name", path, i); goto done;
         }
         if (x->dtype != ST_F32 && x->dtype != ST_F16 && x->dtype != ST_BF16 && x->dtype != ST_I64) {
-            st_fail(err, errlen, "'%s': tensor '%s': can only write F32, F16, BF16 or I64 (dtype %d)", path, x->name, x->dtype); goto done;
+            st_fail(err, errlen, "'%s': tensor '%s': can only write F32, F16, BF16 or I64 (dtype %d)", path, x->name,
+                    x->dtype);
+            goto done;
         }
         if (x->ndim < 0 || x->ndim > ST_MAXDIM) {
-            st_fail(err, errlen, "'%s': tensor '%s': ndim %d outside [0, %d]", path, x->name, x->ndim, ST_MAXDIM); goto done;
+            st_fail(err, errlen, "'%s': tensor '%s': ndim %d outside [0, %d]", path, x->name, x->ndim, ST_MAXDIM);
+            goto done;
         }
         int64_t ne = 1;
         for (int d = 0; d < x->ndim; d++) {
             if (x->shape[d] < 0 || __builtin_mul_overflow(ne, x->shape[d], &ne)) {
-                st_fail(err, errlen, "'%s': tensor '%s': bad shape %s", path, x->name, st_shape_str(sb, sizeof sb, x->ndim, x->shape));
+                st_fail(err, errlen, "'%s': tensor '%s': bad shape %s", path, x->name,
+                        st_shape_str(sb, sizeof sb, x->ndim, x->shape));
                 goto done;
             }
         }
         if (ne > 0 && !x->data) { st_fail(err, errlen, "'%s': tensor '%s': data is NULL", path, x->name); goto done; }
         numel[i] = ne;
         for (int q = 0; q < i; q++)
-            if (strcmp(t[q].name, x->name) == 0) { st_fail(err, errlen, "'%s': duplicate tensor name '%s'", path, x->name); goto done; }
+            if (strcmp(t[q].name, x->name) == 0) {
+                st_fail(err, errlen, "'%s': duplicate tensor name '%s'", path, x->name);
+                goto done;
+            }
         uint64_t bytes = (uint64_t)ne * (uint64_t)st_dtype_size[x->dtype];
         if (!first) stbuf_put(&h, ",", 1);
         first = 0;
-        if (stbuf_json_string(&h, x->name)) { st_fail(err, errlen, "'%s': tensor name '%.100s' is not valid UTF-8", path, x->name); goto done; }
+        if (stbuf_json_string(&h, x->name)) {
+            st_fail(err, errlen, "'%s': tensor name '%.100s' is not valid UTF-8", path, x->name);
+            goto done;
+        }
         stbuf_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name[x->dtype]);
         for (int d = 0; d < x->ndim; d++) stbuf_printf(&h, "%s%" PRId64, d ? "," : "", x->shape[d]);
         stbuf_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + bytes);
@@ -3224,7 +3296,8 @@ static int weights_save(const char *path, const ParamRef *refs, int n, const cha
     for (int i = 0; i < n && !rc; i++) {
         const ParamRef *r = &refs[i];
         t[i].name = r->name;
-        if (r->ndim < 0 || r->ndim > 4) rc = st_fail(err, errlen, "'%s': param '%s': ndim %d outside [0, 4]", path, r->name, r->ndim);
+        if (r->ndim < 0 || r->ndim > 4)
+            rc = st_fail(err, errlen, "'%s': param '%s': ndim %d outside [0, 4]", path, r->name, r->ndim);
         if (r->kind == PARAM_COUNT) {
             t[i].dtype = ST_I64; t[i].ndim = 0; t[i].data = &r->count;
         } else {
@@ -3254,7 +3327,10 @@ static int weights_load_st(SafeTensors *st, ParamRef *refs, int n, const char *p
     float *tmp = NULL;
     int64_t *cnt = xcalloc((size_t)(n > 0 ? n : 1), sizeof(int64_t));
     msg[0] = 0;
-#define WL_NOTE(...) do { if (bad++ < SHOW && mlen < sizeof msg) mlen += (size_t)snprintf(msg + mlen, sizeof msg - mlen, __VA_ARGS__); } while (0)
+#define WL_NOTE(...)                                                                                                   \
+    do {                                                                                                               \
+        if (bad++ < SHOW && mlen < sizeof msg) mlen += (size_t)snprintf(msg + mlen, sizeof msg - mlen, __VA_ARGS__);   \
+    } while (0)
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
         ParamRef *r = &refs[i];
@@ -3275,7 +3351,10 @@ static int weights_load_st(SafeTensors *st, ParamRef *refs, int n, const char *p
             continue;
         }
         if (!e) { WL_NOTE("; missing tensor '%s'", name); continue; }
-        if (!st_dtype_is_float(e->dtype)) { WL_NOTE("; '%s' has dtype %s, expected a float dtype", name, st_dtype_name[e->dtype]); continue; }
+        if (!st_dtype_is_float(e->dtype)) {
+            WL_NOTE("; '%s' has dtype %s, expected a float dtype", name, st_dtype_name[e->dtype]);
+            continue;
+        }
         int same = e->ndim == r->ndim;
         for (int d = 0; same && d < r->ndim; d++) same = e->shape[d] == r->shape[d];
         if (!same) {
@@ -3290,13 +3369,15 @@ static int weights_load_st(SafeTensors *st, ParamRef *refs, int n, const char *p
         for (int k = 0; k < st->n; k++) {
             const StEntry *e = &st->t[k];
             size_t nl = strlen(e->name), sl = strlen("num_batches_tracked");
-            int counter = !st_dtype_is_float(e->dtype) && nl >= sl && strcmp(e->name + nl - sl, "num_batches_tracked") == 0;
-            if (!used[k] && !counter) WL_NOTE("; unexpected tensor '%s' %s", e->name, st_shape_str(sb, sizeof sb, e->ndim, e->shape));
+            int counter =
+                    !st_dtype_is_float(e->dtype) && nl >= sl && strcmp(e->name + nl - sl, "num_batches_tracked") == 0;
+            if (!used[k] && !counter)
+                WL_NOTE("; unexpected tensor '%s' %s", e->name, st_shape_str(sb, sizeof sb, e->ndim, e->shape));
         }
 #undef WL_NOTE
     if (bad) {
-        st_fail(err, errlen, "'%s': does not match the model: %d mismatch%s%s%s", st->path, bad, bad == 1 ? "" : "es", msg,
-                bad > SHOW ? "; ..." : "");
+        st_fail(err, errlen, "'%s': does not match the model: %d mismatch%s%s%s", st->path, bad, bad == 1 ? "" : "es",
+                msg, bad > SHOW ? "; ..." : "");
         goto done;
     }
     tmp = xmalloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
@@ -3311,8 +3392,8 @@ static int weights_load_st(SafeTensors *st, ParamRef *refs, int n, const char *p
         if (st_read_f32(st, e, tmp + o, err, errlen)) goto done;
         for (int64_t q = 0; q < e->numel; q++)
             if (!isfinite(tmp[o + q])) {
-                st_fail(err, errlen, "'%s': tensor '%s' has a non-finite value (%s) at index %" PRId64, st->path, e->name,
-                        isnan(tmp[o + q]) ? "NaN" : "Inf", q);
+                st_fail(err, errlen, "'%s': tensor '%s' has a non-finite value (%s) at index %" PRId64, st->path,
+                        e->name, isnan(tmp[o + q]) ? "NaN" : "Inf", q);
                 goto done;
             }
         o += e->numel;
@@ -3356,13 +3437,17 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
                 !stem ? "model.0.conv.weight" : !cls ? "model.22.cv3.0.2.weight" : "model.22.cv2.0.2.weight");
     else if (stem->ndim != 4 || stem->shape[1] != 3 || stem->shape[2] != 3 || stem->shape[3] != 3 ||
              stem->shape[0] % 16 || stem->shape[0] < 16 || stem->shape[0] > 80)
-        st_fail(err, errlen, "'%s': not a YOLOv8 detection model: model.0.conv.weight has shape %s, expected (16|32|48|64|80, 3, 3, 3)",
+        st_fail(err, errlen,
+                "'%s': not a YOLOv8 detection model: model.0.conv.weight has shape %s, expected (16|32|48|64|80, 3, 3, "
+                "3)",
                 path, st_shape_str(sb, sizeof sb, stem->ndim, stem->shape));
     else if (cls->ndim != 4 || cls->shape[0] < 1 || cls->shape[0] > 100000 || cls->shape[2] != 1 || cls->shape[3] != 1)
-        st_fail(err, errlen, "'%s': not a YOLOv8 detection model: model.22.cv3.0.2.weight has shape %s, expected (nc, c3, 1, 1)",
+        st_fail(err, errlen,
+                "'%s': not a YOLOv8 detection model: model.22.cv3.0.2.weight has shape %s, expected (nc, c3, 1, 1)",
                 path, st_shape_str(sb, sizeof sb, cls->ndim, cls->shape));
     else if (box->ndim != 4 || box->shape[0] != 64)
-        st_fail(err, errlen, "'%s': not a YOLOv8 detection model: model.22.cv2.0.2.weight has shape %s, expected (64, c2, 1, 1)",
+        st_fail(err, errlen,
+                "'%s': not a YOLOv8 detection model: model.22.cv2.0.2.weight has shape %s, expected (64, c2, 1, 1)",
                 path, st_shape_str(sb, sizeof sb, box->ndim, box->shape));
     else {
         *nc = (int)cls->shape[0];
@@ -3439,7 +3524,9 @@ static int weights_infer(const char *path, int *nc, char *scale, char *err, size
 #define PT_MAX_DEPTH 64             // module nesting (a YOLOv8 model is 5 deep)
 
 static uint16_t pt_rd16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t pt_rd32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint32_t pt_rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 static uint64_t pt_rd64(const unsigned char *p) { return (uint64_t)pt_rd32(p) | (uint64_t)pt_rd32(p + 4) << 32; }
 
 // pt_name_ok: a name from the file that can go into a one-line message (no control characters)
@@ -3471,7 +3558,9 @@ typedef struct {
     char prefix[256];            // "FOLDER/" of FOLDER/data.pkl
 } PtZip;
 
-static int pt_cmp_entry(const void *a, const void *b) { return strcmp(((const PtZipEntry *)a)->name, ((const PtZipEntry *)b)->name); }
+static int pt_cmp_entry(const void *a, const void *b) {
+    return strcmp(((const PtZipEntry *)a)->name, ((const PtZipEntry *)b)->name);
+}
 static int pt_cmp_hdr(const void *a, const void *b) {
     const PtZipEntry *x = *(PtZipEntry *const *)a, *y = *(PtZipEntry *const *)b;
     return x->hdr < y->hdr ? -1 : x->hdr > y->hdr;
@@ -3494,12 +3583,15 @@ static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
     const char *P = z->path;
     unsigned char tail[65557], *eo = NULL;
     size_t nt = z->fsize < sizeof tail ? (size_t)z->fsize : sizeof tail;
-    if (pt_read_at(z->f, z->fsize - nt, tail, nt)) return st_fail(err, errlen, "'%s': read failed: %s", P, strerror(errno));
+    if (pt_read_at(z->f, z->fsize - nt, tail, nt))
+        return st_fail(err, errlen, "'%s': read failed: %s", P, strerror(errno));
     for (size_t i = nt >= 22 ? nt - 22 + 1 : 0; i-- > 0;)
         if (pt_rd32(tail + i) == 0x06054b50u && i + 22 + pt_rd16(tail + i + 20) == nt) { eo = tail + i; break; }
     if (!eo)
-        return st_fail(err, errlen, "'%s': the file is cut off: its %" PRIu64 " bytes start like a zip archive but the end-of-"
-                       "central-directory record is missing (an interrupted download? fetch the file again)", P, z->fsize);
+        return st_fail(err, errlen,
+                       "'%s': the file is cut off: its %" PRIu64 " bytes start like a zip archive but the end-of-"
+                       "central-directory record is missing (an interrupted download? fetch the file again)",
+                       P, z->fsize);
     uint64_t eocd = z->fsize - nt + (uint64_t)(eo - tail);
     uint64_t count = pt_rd16(eo + 10), cd_size = pt_rd32(eo + 12), cd_off = pt_rd32(eo + 16), cd_end_limit = eocd;
     if (count == 0xffff || cd_size == 0xffffffffu || cd_off == 0xffffffffu) {   // zip64: locator, then the zip64 record
@@ -3508,18 +3600,25 @@ static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
             return st_fail(err, errlen, "'%s': zip64 sizes but no zip64 end-of-central-directory locator", P);
         uint64_t r64 = pt_rd64(loc + 8);
         if (r64 > eocd - 20 || eocd - 20 - r64 < 56 || pt_read_at(z->f, r64, r, 56) || pt_rd32(r) != 0x06064b50u)
-            return st_fail(err, errlen, "'%s': the zip64 end-of-central-directory record at offset %" PRIu64 " is missing or past "
-                           "the end of the %" PRIu64 "-byte file (cut off?)", P, r64, z->fsize);
+            return st_fail(err, errlen,
+                           "'%s': the zip64 end-of-central-directory record at offset %" PRIu64 " is missing or past "
+                           "the end of the %" PRIu64 "-byte file (cut off?)",
+                           P, r64, z->fsize);
         count = pt_rd64(r + 32), cd_size = pt_rd64(r + 40), cd_off = pt_rd64(r + 48), cd_end_limit = r64;
     }
     if (cd_off > cd_end_limit || cd_size > cd_end_limit - cd_off)
-        return st_fail(err, errlen, "'%s': the central directory (%" PRIu64 " bytes at offset %" PRIu64 ") lies past its end "
-                       "record at %" PRIu64 ": the file (%" PRIu64 " bytes) is cut off or not a valid zip", P, cd_size, cd_off,
-                       cd_end_limit, z->fsize);
+        return st_fail(err, errlen,
+                       "'%s': the central directory (%" PRIu64 " bytes at offset %" PRIu64 ") lies past its end "
+                       "record at %" PRIu64 ": the file (%" PRIu64 " bytes) is cut off or not a valid zip",
+                       P, cd_size, cd_off, cd_end_limit, z->fsize);
     if (count == 0 || count > 1000000 || count * 46 > cd_size)
-        return st_fail(err, errlen, "'%s': the zip directory claims %" PRIu64 " entries in %" PRIu64 " bytes", P, count, cd_size);
+        return st_fail(err, errlen, "'%s': the zip directory claims %" PRIu64 " entries in %" PRIu64 " bytes", P, count,
+                       cd_size);
     unsigned char *cd = xmalloc((size_t)cd_size);
-    if (pt_read_at(z->f, cd_off, cd, (size_t)cd_size)) { free(cd); return st_fail(err, errlen, "'%s': read failed", P); }
+    if (pt_read_at(z->f, cd_off, cd, (size_t)cd_size)) {
+        free(cd);
+        return st_fail(err, errlen, "'%s': read failed", P);
+    }
     z->e = xcalloc((size_t)count, sizeof(PtZipEntry));
     int rc = -1;
     uint64_t p = 0;
@@ -3529,7 +3628,8 @@ static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
             goto done;
         }
         const unsigned char *c = cd + p;
-        unsigned flags = pt_rd16(c + 8), method = pt_rd16(c + 10), nl = pt_rd16(c + 28), xl = pt_rd16(c + 30), cl = pt_rd16(c + 32);
+        unsigned flags = pt_rd16(c + 8), method = pt_rd16(c + 10), nl = pt_rd16(c + 28), xl = pt_rd16(c + 30),
+                 cl = pt_rd16(c + 32);
         uint64_t csize = pt_rd32(c + 20), usize = pt_rd32(c + 24), hdr = pt_rd32(c + 42);
         if (cd_size - p - 46 < (uint64_t)nl + xl + cl) {
             st_fail(err, errlen, "'%s': zip central directory entry %" PRIu64 " runs past the directory", P, k);
@@ -3557,8 +3657,10 @@ static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
         p += 46 + (uint64_t)nl + xl + cl;
         if (flags & 1) { st_fail(err, errlen, "'%s': zip entry '%.200s' is encrypted", P, e->name); goto done; }
         if (method != 0) {
-            st_fail(err, errlen, "'%s': zip entry '%.200s' is compressed (method %u%s); torch.save writes stored entries: re-save "
-                    "it with torch.save, or unzip and zip it again with `zip -0`", P, e->name, method, method == 8 ? ", deflate" : "");
+            st_fail(err, errlen,
+                    "'%s': zip entry '%.200s' is compressed (method %u%s); torch.save writes stored entries: re-save "
+                    "it with torch.save, or unzip and zip it again with `zip -0`",
+                    P, e->name, method, method == 8 ? ", deflate" : "");
             goto done;
         }
         if (csize != usize) {
@@ -3568,17 +3670,19 @@ static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
         }
         unsigned char lh[30];
         if (hdr > cd_off || cd_off - hdr < 30 || pt_read_at(z->f, hdr, lh, 30) || pt_rd32(lh) != 0x04034b50u) {
-            st_fail(err, errlen, "'%s': zip entry '%.200s': no local header at offset %" PRIu64 " (file of %" PRIu64 " bytes)",
-                    P, e->name, hdr, z->fsize);
+            st_fail(err, errlen,
+                    "'%s': zip entry '%.200s': no local header at offset %" PRIu64 " (file of %" PRIu64 " bytes)", P,
+                    e->name, hdr, z->fsize);
             goto done;
         }
         e->hdr = hdr;
         e->off = hdr + 30 + pt_rd16(lh + 26) + pt_rd16(lh + 28);
         e->size = usize;
         if (e->off > cd_off || e->size > cd_off - e->off) {
-            st_fail(err, errlen, "'%s': zip entry '%.200s' claims %" PRIu64 " bytes at offset %" PRIu64 ", past the %" PRIu64
-                    " bytes before the central directory: the sizes do not add up (a damaged or malicious archive)", P, e->name,
-                    e->size, e->off, cd_off);
+            st_fail(err, errlen,
+                    "'%s': zip entry '%.200s' claims %" PRIu64 " bytes at offset %" PRIu64 ", past the %" PRIu64
+                    " bytes before the central directory: the sizes do not add up (a damaged or malicious archive)",
+                    P, e->name, e->size, e->off, cd_off);
             goto done;
         }
     }
@@ -3590,18 +3694,24 @@ static int pt_zip_open(PtZip *z, char *err, size_t errlen) {
         for (int i = 1; i < z->n && bad < 0; i++)
             if (by[i]->hdr < by[i - 1]->off + by[i - 1]->size) bad = i;
         if (bad >= 0)
-            st_fail(err, errlen, "'%s': zip entries '%.200s' and '%.200s' overlap: the sizes do not add up (a damaged or malicious "
-                    "archive)", P, by[bad - 1]->name, by[bad]->name);
+            st_fail(err, errlen,
+                    "'%s': zip entries '%.200s' and '%.200s' overlap: the sizes do not add up (a damaged or malicious "
+                    "archive)",
+                    P, by[bad - 1]->name, by[bad]->name);
         free(by);
         if (bad >= 0) goto done;
     }
     qsort(z->e, (size_t)z->n, sizeof(PtZipEntry), pt_cmp_entry);
     for (int i = 1; i < z->n; i++)
-        if (!strcmp(z->e[i].name, z->e[i - 1].name)) { st_fail(err, errlen, "'%s': zip entry '%.200s' appears twice", P, z->e[i].name); goto done; }
+        if (!strcmp(z->e[i].name, z->e[i - 1].name)) {
+            st_fail(err, errlen, "'%s': zip entry '%.200s' appears twice", P, z->e[i].name);
+            goto done;
+        }
     const PtZipEntry *pk = NULL;
     for (int i = 0; i < z->n; i++) {
         const char *s = strrchr(z->e[i].name, '/');
-        if (!strcmp(s ? s + 1 : z->e[i].name, "data.pkl") && (!pk || strlen(z->e[i].name) < strlen(pk->name))) pk = &z->e[i];
+        if (!strcmp(s ? s + 1 : z->e[i].name, "data.pkl") && (!pk || strlen(z->e[i].name) < strlen(pk->name)))
+            pk = &z->e[i];
     }
     if (!pk || strlen(pk->name) - 8 >= sizeof z->prefix) {
         st_fail(err, errlen, "'%s': a zip archive without a data.pkl record: not a PyTorch checkpoint", P);
@@ -3620,11 +3730,22 @@ done:
 
 enum { PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_BYTES, PK_TUPLE, PK_LIST, PK_DICT, PK_SET, PK_GLOBAL, PK_OBJ,
        PK_STORAGE, PK_TENSOR, PK_MARK };
-static const char *const pk_type_name[] = {"None", "bool", "int", "float", "str", "bytes", "tuple", "list", "dict", "set",
-                                           "global", "object", "storage", "tensor", "mark"};
+static const char *const pk_type_name[] = {"None", "bool", "int",    "float",  "str",     "bytes",  "tuple", "list",
+                                           "dict", "set",  "global", "object", "storage", "tensor", "mark"};
 // what an allow-listed global is
-enum { PKG_CLASS, PKG_ODICT, PKG_SET, PKG_REBUILD_TENSOR, PKG_REBUILD_TENSOR_V2, PKG_REBUILD_PARAM, PKG_REBUILD_PARAM_STATE,
-       PKG_RECONSTRUCTOR, PKG_OBJECT, PKG_DATA, PKG_STORAGE };
+enum {
+    PKG_CLASS,
+    PKG_ODICT,
+    PKG_SET,
+    PKG_REBUILD_TENSOR,
+    PKG_REBUILD_TENSOR_V2,
+    PKG_REBUILD_PARAM,
+    PKG_REBUILD_PARAM_STATE,
+    PKG_RECONSTRUCTOR,
+    PKG_OBJECT,
+    PKG_DATA,
+    PKG_STORAGE
+};
 
 typedef struct PkNode PkNode;
 struct PkNode {
@@ -3660,7 +3781,8 @@ typedef struct {
 } Pk;
 
 static PkNode *pk_new(Pk *k, int type) {
-    if (k->nall >= PT_MAX_NODES) die("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path, PT_MAX_NODES);
+    if (k->nall >= PT_MAX_NODES)
+        die("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path, PT_MAX_NODES);
     if (k->nall == k->capall) {
         k->capall = k->capall ? 2 * k->capall : 1024;
         k->all = realloc(k->all, sizeof(PkNode *) * k->capall);
@@ -3710,7 +3832,10 @@ static int pk_pop_mark(Pk *k, size_t *start) {
     return 0;
 }
 static const unsigned char *pk_take(Pk *k, size_t n) {
-    if (k->n - k->i < n) { PK_FAIL("'%s': pickle: data ends inside an opcode at byte %zu (data.pkl cut off)", k->path, k->i); return NULL; }
+    if (k->n - k->i < n) {
+        PK_FAIL("'%s': pickle: data ends inside an opcode at byte %zu (data.pkl cut off)", k->path, k->i);
+        return NULL;
+    }
     const unsigned char *p = k->p + k->i;
     k->i += n;
     return p;
@@ -3724,7 +3849,9 @@ static PkNode *pk_str(Pk *k, int type, const unsigned char *s, size_t n) {
     return x;
 }
 static int pk_memo_put(Pk *k, uint64_t idx) {
-    if (idx >= PT_MAX_MEMO) return PK_FAIL("'%s': pickle: memo index %" PRIu64 " exceeds the limit of %u (memo abuse)", k->path, idx, PT_MAX_MEMO);
+    if (idx >= PT_MAX_MEMO)
+        return PK_FAIL("'%s': pickle: memo index %" PRIu64 " exceeds the limit of %u (memo abuse)", k->path, idx,
+                       PT_MAX_MEMO);
     if (k->sp == 0) return PK_FAIL("'%s': pickle: PUT on an empty stack at byte %zu", k->path, k->i);
     if (idx >= k->memocap) {
         size_t nc = k->memocap ? k->memocap : 256;
@@ -3740,7 +3867,8 @@ static int pk_memo_put(Pk *k, uint64_t idx) {
     return 0;
 }
 static int pk_memo_get(Pk *k, uint64_t idx) {
-    if (idx >= k->nmemo || !k->memo[idx]) return PK_FAIL("'%s': pickle: memo index %" PRIu64 " read before it was written", k->path, idx);
+    if (idx >= k->nmemo || !k->memo[idx])
+        return PK_FAIL("'%s': pickle: memo index %" PRIu64 " read before it was written", k->path, idx);
     return pk_push(k, k->memo[idx]);
 }
 static PkNode *pk_dict_get(const PkNode *d, const char *key) {
@@ -3777,37 +3905,66 @@ static int pt_global(Pk *k, const char *mod, const char *name, int64_t *kind) {
         for (size_t i = 0; i < sizeof storages / sizeof storages[0]; i++)
             if (!strcmp(name, storages[i].name)) { *kind = PKG_STORAGE + storages[i].dtype; return 0; }
     if (!strcmp(mod, "collections") && !strcmp(name, "OrderedDict")) { *kind = PKG_ODICT; return 0; }
-    if ((!strcmp(mod, "builtins") || !strcmp(mod, "__builtin__")) && (!strcmp(name, "set") || !strcmp(name, "frozenset"))) {
+    if ((!strcmp(mod, "builtins") || !strcmp(mod, "__builtin__")) &&
+        (!strcmp(name, "set") || !strcmp(name, "frozenset"))) {
         *kind = PKG_SET; return 0;
     }
-    if ((!strcmp(mod, "builtins") || !strcmp(mod, "__builtin__")) && !strcmp(name, "object")) { *kind = PKG_OBJECT; return 0; }
+    if ((!strcmp(mod, "builtins") || !strcmp(mod, "__builtin__")) && !strcmp(name, "object")) {
+        *kind = PKG_OBJECT;
+        return 0;
+    }
     if (!strcmp(mod, "copyreg") && !strcmp(name, "_reconstructor")) { *kind = PKG_RECONSTRUCTOR; return 0; }
     // plain values that checkpoint metadata (train_metrics, train_args, model.args) may hold; kept as
     // opaque objects, never built: numpy scalars and arrays, paths, namespaces, torch dtypes and sizes
-    static const char *const data[][2] = {
-        {"numpy.core.multiarray", "scalar"}, {"numpy._core.multiarray", "scalar"}, {"numpy.core.multiarray", "_reconstruct"},
-        {"numpy._core.multiarray", "_reconstruct"}, {"numpy", "dtype"}, {"numpy", "ndarray"}, {"_codecs", "encode"}, {"builtins", "getattr"}, {"__builtin__", "getattr"},
-        {"pathlib", "PosixPath"}, {"pathlib", "WindowsPath"}, {"pathlib", "Path"}, {"types", "SimpleNamespace"},
-        {"argparse", "Namespace"}, {"torch", "Size"}, {"torch", "device"}, {"torch", "float16"}, {"torch", "float32"},
-        {"torch", "bfloat16"}, {"torch", "float64"}, {"torch", "int64"}, {"torch", "int32"}, {"torch", "uint8"}, {"torch", "bool"}};
+    static const char *const data[][2] = {{"numpy.core.multiarray", "scalar"},
+                                          {"numpy._core.multiarray", "scalar"},
+                                          {"numpy.core.multiarray", "_reconstruct"},
+                                          {"numpy._core.multiarray", "_reconstruct"},
+                                          {"numpy", "dtype"},
+                                          {"numpy", "ndarray"},
+                                          {"_codecs", "encode"},
+                                          {"builtins", "getattr"},
+                                          {"__builtin__", "getattr"},
+                                          {"pathlib", "PosixPath"},
+                                          {"pathlib", "WindowsPath"},
+                                          {"pathlib", "Path"},
+                                          {"types", "SimpleNamespace"},
+                                          {"argparse", "Namespace"},
+                                          {"torch", "Size"},
+                                          {"torch", "device"},
+                                          {"torch", "float16"},
+                                          {"torch", "float32"},
+                                          {"torch", "bfloat16"},
+                                          {"torch", "float64"},
+                                          {"torch", "int64"},
+                                          {"torch", "int32"},
+                                          {"torch", "uint8"},
+                                          {"torch", "bool"}};
     for (size_t i = 0; i < sizeof data / sizeof data[0]; i++)
         if (!strcmp(mod, data[i][0]) && !strcmp(name, data[i][1])) { *kind = PKG_DATA; return 0; }
     if (!strncmp(mod, "torch.nn.modules.", 17)) { *kind = PKG_CLASS; return 0; }
-    if (!strcmp(mod, "models.yolo") || !strcmp(mod, "models.common") || !strncmp(mod, "models.", 7) || !strncmp(mod, "utils.", 6))
-        return PK_FAIL("'%s': a YOLOv5 checkpoint (it contains %s.%s from the yolov5 repository): only YOLOv8 detection models "
-                       "are supported", k->path, mod, name);
+    if (!strcmp(mod, "models.yolo") || !strcmp(mod, "models.common") || !strncmp(mod, "models.", 7) ||
+        !strncmp(mod, "utils.", 6))
+        return PK_FAIL("'%s': a YOLOv5 checkpoint (it contains %s.%s from the yolov5 repository): only YOLOv8 "
+                       "detection models "
+                       "are supported",
+                       k->path, mod, name);
     if (!strncmp(mod, "ultralytics.", 12)) {
         for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
             if (!strcmp(name, other[i].name))
-                return PK_FAIL("'%s': %s (it contains %s.%s): only YOLOv8 detection models are supported", k->path, other[i].what,
-                               mod, name);
+                return PK_FAIL("'%s': %s (it contains %s.%s): only YOLOv8 detection models are supported", k->path,
+                               other[i].what, mod, name);
         for (int i = 0; v8[i]; i++)
             if (!strcmp(name, v8[i])) { *kind = PKG_CLASS; return 0; }
-        return PK_FAIL("'%s': contains %s.%s, which is not part of a YOLOv8 detection model: only YOLOv8 detection models are "
-                       "supported", k->path, mod, name);
+        return PK_FAIL(
+                "'%s': contains %s.%s, which is not part of a YOLOv8 detection model: only YOLOv8 detection models are "
+                "supported",
+                k->path, mod, name);
     }
-    return PK_FAIL("'%s': the pickle refers to %s.%s, which is not on the list of what a model checkpoint may contain; the file "
-                   "was not loaded and nothing in it was run (torch.load would have called it)", k->path, mod, name);
+    return PK_FAIL("'%s': the pickle refers to %s.%s, which is not on the list of what a model checkpoint may contain; "
+                   "the file "
+                   "was not loaded and nothing in it was run (torch.load would have called it)",
+                   k->path, mod, name);
 }
 
 static int pk_global(Pk *k, const char *mod, size_t ml, const char *name, size_t nl) {
@@ -3816,7 +3973,8 @@ static int pk_global(Pk *k, const char *mod, size_t ml, const char *name, size_t
         return PK_FAIL("'%s': pickle: a global name longer than 255 bytes at byte %zu", k->path, k->i);
     memcpy(m, mod, ml); m[ml] = 0;
     memcpy(n, name, nl); n[nl] = 0;
-    if (!pt_name_ok(m) || !pt_name_ok(n)) return PK_FAIL("'%s': pickle: a global name with control characters at byte %zu", k->path, k->i);
+    if (!pt_name_ok(m) || !pt_name_ok(n))
+        return PK_FAIL("'%s': pickle: a global name with control characters at byte %zu", k->path, k->i);
     int64_t kind = 0;
     if (pt_global(k, m, n, &kind)) return -1;
     PkNode *g = pk_new(k, PK_GLOBAL);
@@ -3845,12 +4003,13 @@ static PkNode *pk_rebuild_tensor(Pk *k, PkNode *args) {
     t->storage = args->a[0];
     t->ndim = args->a[2]->n;
     if (t->ndim > ST_MAXDIM || pk_int_of(args->a[1], &t->offset) || t->offset < 0) {
-        PK_FAIL("'%s': pickle: a tensor with %d dimensions or a bad storage offset at byte %zu", k->path, t->ndim, k->i);
+        PK_FAIL("'%s': pickle: a tensor with %d dimensions or a bad storage offset at byte %zu", k->path, t->ndim,
+                k->i);
         return NULL;
     }
     for (int d = 0; d < t->ndim; d++)
-        if (pk_int_of(args->a[2]->a[d], &t->shape[d]) || pk_int_of(args->a[3]->a[d], &t->stride[d]) || t->shape[d] < 0 ||
-            t->stride[d] < 0) {
+        if (pk_int_of(args->a[2]->a[d], &t->shape[d]) || pk_int_of(args->a[3]->a[d], &t->stride[d]) ||
+            t->shape[d] < 0 || t->stride[d] < 0) {
             PK_FAIL("'%s': pickle: a tensor with a bad size or stride at byte %zu", k->path, k->i);
             return NULL;
         }
@@ -3860,7 +4019,8 @@ static PkNode *pk_rebuild_tensor(Pk *k, PkNode *args) {
 // pk_reduce: callable(args) for the allow-listed callables; the result or NULL
 static PkNode *pk_reduce(Pk *k, PkNode *fn, PkNode *args) {
     if (fn->type != PK_GLOBAL || args->type != PK_TUPLE) {
-        PK_FAIL("'%s': pickle: REDUCE of a %s with %s arguments at byte %zu", k->path, pk_type_name[fn->type], pk_type_name[args->type], k->i);
+        PK_FAIL("'%s': pickle: REDUCE of a %s with %s arguments at byte %zu", k->path, pk_type_name[fn->type],
+                pk_type_name[args->type], k->i);
         return NULL;
     }
     PkNode *x;
@@ -3915,23 +4075,27 @@ static int pk_run(Pk *k, PkNode **root) {
     for (;;) {
         if (k->i >= k->n) return PK_FAIL("'%s': pickle: data ends without STOP (data.pkl cut off)", k->path);
         if (k->nall + 4 > PT_MAX_NODES)   // an opcode makes at most 2 objects, so pk_new never reaches its limit
-            return PK_FAIL("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path, PT_MAX_NODES);
+            return PK_FAIL("'%s': the pickle builds more than %u objects: not a model checkpoint", k->path,
+                           PT_MAX_NODES);
         size_t at = k->i;
         unsigned op = k->p[k->i++];
         switch (op) {
         case 0x80:   // PROTO
             if (!(q = pk_take(k, 1))) return -1;
-            if (q[0] < 2 || q[0] > 5) return PK_FAIL("'%s': pickle protocol %u is not supported (2 to 5 are)", k->path, q[0]);
+            if (q[0] < 2 || q[0] > 5)
+                return PK_FAIL("'%s': pickle protocol %u is not supported (2 to 5 are)", k->path, q[0]);
             break;
         case 0x95:   // FRAME: a length prefix only
             if (!pk_take(k, 8)) return -1;
             break;
         case '.':    // STOP
-            if (k->sp != 1 || k->nmarks) return PK_FAIL("'%s': pickle: STOP with %zu values and %zu marks left", k->path, k->sp, k->nmarks);
+            if (k->sp != 1 || k->nmarks)
+                return PK_FAIL("'%s': pickle: STOP with %zu values and %zu marks left", k->path, k->sp, k->nmarks);
             *root = k->stack[0];
             return 0;
         case '(':    // MARK
-            if (k->nmarks == PT_MAX_MARKS) return PK_FAIL("'%s': pickle: more than %d nested marks (recursion abuse)", k->path, PT_MAX_MARKS);
+            if (k->nmarks == PT_MAX_MARKS)
+                return PK_FAIL("'%s': pickle: more than %d nested marks (recursion abuse)", k->path, PT_MAX_MARKS);
             if (k->nmarks == k->mcap) {
                 k->mcap = k->mcap ? 2 * k->mcap : 64;
                 k->marks = realloc(k->marks, sizeof(size_t) * k->mcap);
@@ -3964,7 +4128,8 @@ static int pk_run(Pk *k, PkNode **root) {
         case 0x8a: case 0x8b: {   // LONG1, LONG4: little-endian two's complement
             if (!(q = pk_take(k, op == 0x8a ? 1 : 4))) return -1;
             uint32_t nb = op == 0x8a ? q[0] : pt_rd32(q);
-            if (nb > 8) return PK_FAIL("'%s': pickle: a %u-byte integer at byte %zu does not fit 64 bits", k->path, nb, at);
+            if (nb > 8)
+                return PK_FAIL("'%s': pickle: a %u-byte integer at byte %zu does not fit 64 bits", k->path, nb, at);
             if (!(q = pk_take(k, nb))) return -1;
             uint64_t v = 0;
             for (uint32_t b = 0; b < nb; b++) v |= (uint64_t)q[b] << (8 * b);
@@ -3980,11 +4145,14 @@ static int pk_run(Pk *k, PkNode **root) {
             break;
         }
         case 'X': case 0x8c: case 0x8d: case 'T': case 'U': case 'B': case 'C': case 0x8e: case 0x96: {
-            // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8, BINSTRING, SHORT_BINSTRING, BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
+            // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8, BINSTRING, SHORT_BINSTRING, BINBYTES, SHORT_BINBYTES,
+            // BINBYTES8, BYTEARRAY8
             int w = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d || op == 0x8e || op == 0x96) ? 8 : 4;
             if (!(q = pk_take(k, (size_t)w))) return -1;
             uint64_t len = w == 1 ? q[0] : w == 4 ? pt_rd32(q) : pt_rd64(q);
-            if (len > k->n - k->i) return PK_FAIL("'%s': pickle: a %" PRIu64 "-byte string at byte %zu runs past the end", k->path, len, at);
+            if (len > k->n - k->i)
+                return PK_FAIL("'%s': pickle: a %" PRIu64 "-byte string at byte %zu runs past the end", k->path, len,
+                               at);
             q = pk_take(k, (size_t)len);
             int isstr = op == 'X' || op == 0x8c || op == 0x8d || op == 'T' || op == 'U';
             pk_push(k, pk_str(k, isstr ? PK_STR : PK_BYTES, q, (size_t)len));
@@ -4006,7 +4174,8 @@ static int pk_run(Pk *k, PkNode **root) {
         }
         case 't': case 'l': case 0x91: case 'd':   // TUPLE, LIST, FROZENSET, DICT from the items above MARK
             if (pk_pop_mark(k, &start)) return -1;
-            if (op == 'd' && (k->sp - start) % 2) return PK_FAIL("'%s': pickle: DICT with an odd number of items at byte %zu", k->path, at);
+            if (op == 'd' && (k->sp - start) % 2)
+                return PK_FAIL("'%s': pickle: DICT with an odd number of items at byte %zu", k->path, at);
             x = pk_new(k, op == 't' ? PK_TUPLE : op == 'l' ? PK_LIST : op == 'd' ? PK_DICT : PK_SET);
             for (size_t i = start; i < k->sp; i++) pk_push_item(x, k->stack[i]);
             k->sp = start;
@@ -4014,7 +4183,8 @@ static int pk_run(Pk *k, PkNode **root) {
             break;
         case 'a':   // APPEND
             if (!(y = pk_pop(k)) || !(x = pk_top(k))) return -1;
-            if (x->type != PK_LIST) return PK_FAIL("'%s': pickle: APPEND to a %s at byte %zu", k->path, pk_type_name[x->type], at);
+            if (x->type != PK_LIST)
+                return PK_FAIL("'%s': pickle: APPEND to a %s at byte %zu", k->path, pk_type_name[x->type], at);
             pk_push_item(x, y);
             break;
         case 'e': case 0x90:   // APPENDS, ADDITEMS
@@ -4022,21 +4192,25 @@ static int pk_run(Pk *k, PkNode **root) {
             if (start == 0) return PK_FAIL("'%s': pickle: stack underflow at byte %zu", k->path, at);
             x = k->stack[start - 1];
             if (x->type != (op == 'e' ? PK_LIST : PK_SET))
-                return PK_FAIL("'%s': pickle: %s to a %s at byte %zu", k->path, op == 'e' ? "APPENDS" : "ADDITEMS", pk_type_name[x->type], at);
+                return PK_FAIL("'%s': pickle: %s to a %s at byte %zu", k->path, op == 'e' ? "APPENDS" : "ADDITEMS",
+                               pk_type_name[x->type], at);
             for (size_t i = start; i < k->sp; i++) pk_push_item(x, k->stack[i]);
             k->sp = start;
             break;
         case 's':   // SETITEM
             if (!(z = pk_pop(k)) || !(y = pk_pop(k)) || !(x = pk_top(k))) return -1;
-            if (x->type != PK_DICT) return PK_FAIL("'%s': pickle: SETITEM on a %s at byte %zu", k->path, pk_type_name[x->type], at);
+            if (x->type != PK_DICT)
+                return PK_FAIL("'%s': pickle: SETITEM on a %s at byte %zu", k->path, pk_type_name[x->type], at);
             pk_push_item(x, y);
             pk_push_item(x, z);
             break;
         case 'u':   // SETITEMS
             if (pk_pop_mark(k, &start)) return -1;
-            if (start == 0 || (k->sp - start) % 2) return PK_FAIL("'%s': pickle: malformed SETITEMS at byte %zu", k->path, at);
+            if (start == 0 || (k->sp - start) % 2)
+                return PK_FAIL("'%s': pickle: malformed SETITEMS at byte %zu", k->path, at);
             x = k->stack[start - 1];
-            if (x->type != PK_DICT) return PK_FAIL("'%s': pickle: SETITEMS on a %s at byte %zu", k->path, pk_type_name[x->type], at);
+            if (x->type != PK_DICT)
+                return PK_FAIL("'%s': pickle: SETITEMS on a %s at byte %zu", k->path, pk_type_name[x->type], at);
             for (size_t i = start; i < k->sp; i++) pk_push_item(x, k->stack[i]);
             k->sp = start;
             break;
@@ -4050,7 +4224,8 @@ static int pk_run(Pk *k, PkNode **root) {
         }
         case 0x93:   // STACK_GLOBAL
             if (!(y = pk_pop(k)) || !(x = pk_pop(k))) return -1;
-            if (x->type != PK_STR || y->type != PK_STR) return PK_FAIL("'%s': pickle: STACK_GLOBAL of non-strings at byte %zu", k->path, at);
+            if (x->type != PK_STR || y->type != PK_STR)
+                return PK_FAIL("'%s': pickle: STACK_GLOBAL of non-strings at byte %zu", k->path, at);
             if (pk_global(k, x->s, x->len, y->s, y->len)) return -1;
             break;
         case 'R':    // REDUCE
@@ -4062,7 +4237,8 @@ static int pk_run(Pk *k, PkNode **root) {
             if (op == 0x92 && !pk_pop(k)) return -1;
             if (!(y = pk_pop(k)) || !(x = pk_pop(k))) return -1;
             if (x->type != PK_GLOBAL || (x->i != PKG_CLASS && x->i != PKG_DATA && x->i != PKG_ODICT && x->i != PKG_SET))
-                return PK_FAIL("'%s': pickle: NEWOBJ of %s at byte %zu", k->path, x->type == PK_GLOBAL ? x->s : pk_type_name[x->type], at);
+                return PK_FAIL("'%s': pickle: NEWOBJ of %s at byte %zu", k->path,
+                               x->type == PK_GLOBAL ? x->s : pk_type_name[x->type], at);
             if (!(z = pk_reduce(k, x, y))) return -1;
             pk_push(k, z);
             break;
@@ -4076,11 +4252,13 @@ static int pk_run(Pk *k, PkNode **root) {
             if (!(x = pk_pop(k))) return -1;
             int64_t numel;
             if (x->type != PK_TUPLE || x->n < 5 || x->a[0]->type != PK_STR || strcmp(x->a[0]->s, "storage") ||
-                x->a[1]->type != PK_GLOBAL || x->a[1]->i < PKG_STORAGE || x->a[2]->type != PK_STR || pk_int_of(x->a[4], &numel) ||
-                numel < 0)
-                return PK_FAIL("'%s': pickle: a persistent id that is not a torch storage record at byte %zu", k->path, at);
+                x->a[1]->type != PK_GLOBAL || x->a[1]->i < PKG_STORAGE || x->a[2]->type != PK_STR ||
+                pk_int_of(x->a[4], &numel) || numel < 0)
+                return PK_FAIL("'%s': pickle: a persistent id that is not a torch storage record at byte %zu", k->path,
+                               at);
             if (!pt_name_ok(x->a[2]->s) || x->a[2]->len != strlen(x->a[2]->s) || x->a[2]->len > 200)
-                return PK_FAIL("'%s': pickle: a storage key with control characters or over 200 bytes at byte %zu", k->path, at);
+                return PK_FAIL("'%s': pickle: a storage key with control characters or over 200 bytes at byte %zu",
+                               k->path, at);
             y = pk_new(k, PK_STORAGE);
             y->i = x->a[1]->i - PKG_STORAGE;
             y->s = strdup(x->a[2]->s);
@@ -4102,8 +4280,10 @@ static int pk_run(Pk *k, PkNode **root) {
             if (pk_memo_get(k, op == 'h' ? q[0] : pt_rd32(q))) return -1;
             break;
         default:
-            return PK_FAIL("'%s': pickle opcode 0x%02x ('%c') at byte %zu is not supported (a model checkpoint written by torch.save "
-                           "does not use it)", k->path, op, op >= 32 && op < 127 ? op : '?', at);
+            return PK_FAIL("'%s': pickle opcode 0x%02x ('%c') at byte %zu is not supported (a model checkpoint written "
+                           "by torch.save "
+                           "does not use it)",
+                           k->path, op, op >= 32 && op < 127 ? op : '?', at);
         }
     }
 }
@@ -4125,29 +4305,37 @@ static void pt_list_add(PtList *l, const char *name, PkNode *t) {
 
 // pt_walk_module: the state_dict entries of module object m under prefix (Module.state_dict order:
 // own parameters, own persistent buffers, then each child)
-static int pt_walk_module(const char *path, PkNode *m, const char *prefix, int depth, PtList *out, char *err, size_t errlen) {
-    if (depth > PT_MAX_DEPTH) return st_fail(err, errlen, "'%s': modules nested deeper than %d (recursion abuse)", path, PT_MAX_DEPTH);
+static int pt_walk_module(const char *path, PkNode *m, const char *prefix, int depth, PtList *out, char *err,
+                          size_t errlen) {
+    if (depth > PT_MAX_DEPTH)
+        return st_fail(err, errlen, "'%s': modules nested deeper than %d (recursion abuse)", path, PT_MAX_DEPTH);
     PkNode *st = m->state;
     if (!st || st->type != PK_DICT)
-        return st_fail(err, errlen, "'%s': module '%s' (%s) has no attribute dict", path, prefix[0] ? prefix : "(root)", m->cls->s);
-    PkNode *params = pk_dict_get(st, "_parameters"), *bufs = pk_dict_get(st, "_buffers"), *mods = pk_dict_get(st, "_modules");
+        return st_fail(err, errlen, "'%s': module '%s' (%s) has no attribute dict", path, prefix[0] ? prefix : "(root)",
+                       m->cls->s);
+    PkNode *params = pk_dict_get(st, "_parameters"), *bufs = pk_dict_get(st, "_buffers"),
+           *mods = pk_dict_get(st, "_modules");
     PkNode *np = pk_dict_get(st, "_non_persistent_buffers_set");
     char name[512];
     for (int pass = 0; pass < 2; pass++) {
         PkNode *d = pass ? bufs : params;
         if (!d) continue;
-        if (d->type != PK_DICT) return st_fail(err, errlen, "'%s': module '%s': %s is not a dict", path, prefix, pass ? "_buffers" : "_parameters");
+        if (d->type != PK_DICT)
+            return st_fail(err, errlen, "'%s': module '%s': %s is not a dict", path, prefix,
+                           pass ? "_buffers" : "_parameters");
         for (int i = 0; i + 1 < d->n; i += 2) {
             PkNode *key = d->a[i], *v = d->a[i + 1];
             if (key->type != PK_STR || !pt_name_ok(key->s) || key->len != strlen(key->s))
-                return st_fail(err, errlen, "'%s': module '%s': a tensor key that is not a printable string", path, prefix);
+                return st_fail(err, errlen, "'%s': module '%s': a tensor key that is not a printable string", path,
+                               prefix);
             if (v->type == PK_NONE) continue;
             int skip = 0;
             for (int j = 0; pass && np && np->type == PK_SET && j < np->n; j++)
                 skip |= np->a[j]->type == PK_STR && !strcmp(np->a[j]->s, key->s);
             if (skip) continue;
             if (v->type != PK_TENSOR)
-                return st_fail(err, errlen, "'%s': module '%s': '%s' is a %s, not a tensor", path, prefix, key->s, pk_type_name[v->type]);
+                return st_fail(err, errlen, "'%s': module '%s': '%s' is a %s, not a tensor", path, prefix, key->s,
+                               pk_type_name[v->type]);
             if ((size_t)snprintf(name, sizeof name, "%s%s", prefix, key->s) >= sizeof name)
                 return st_fail(err, errlen, "'%s': a tensor name longer than %zu bytes", path, sizeof name - 1);
             pt_list_add(out, name, v);
@@ -4200,14 +4388,18 @@ static void pt_read_meta(SafeTensors *st, PkNode *root, PkNode *m) {
         int step = names->type == PK_DICT ? 2 : 1, ok = 1;
         for (int i = 0; i + step - 1 < names->n && ok; i += step) {
             PkNode *v = names->a[i + step - 1];
-            ok = v->type == PK_STR && pt_name_ok(v->s) && (step == 1 || (names->a[i]->type == PK_INT && names->a[i]->i == i / 2));
+            ok = v->type == PK_STR && pt_name_ok(v->s) &&
+                    (step == 1 || (names->a[i]->type == PK_INT && names->a[i]->i == i / 2));
             if (ok) { if (i) stbuf_put(&b, "\n", 1); stbuf_put(&b, v->s, strlen(v->s)); }
         }
         if (ok && b.p) pt_meta_add(st, "names", b.p);
         free(b.p);
     }
     PkNode *v;
-    if ((v = pk_dict_get(yaml, "nc")) && v->type == PK_INT) { snprintf(buf, sizeof buf, "%" PRId64, v->i); pt_meta_add(st, "yaml_nc", buf); }
+    if ((v = pk_dict_get(yaml, "nc")) && v->type == PK_INT) {
+        snprintf(buf, sizeof buf, "%" PRId64, v->i);
+        pt_meta_add(st, "yaml_nc", buf);
+    }
     if ((v = pk_dict_get(yaml, "scale")) && v->type == PK_STR && pt_name_ok(v->s)) pt_meta_add(st, "yaml_scale", v->s);
     static const char *const keys[] = {"epoch", "date", "version"};
     for (int i = 0; i < 3; i++) {
@@ -4228,7 +4420,9 @@ static void pt_read_meta(SafeTensors *st, PkNode *root, PkNode *m) {
     }
 }
 
-static int pt_cmp_named(const void *a, const void *b) { return strcmp(((const PtNamed *)a)->name, ((const PtNamed *)b)->name); }
+static int pt_cmp_named(const void *a, const void *b) {
+    return strcmp(((const PtNamed *)a)->name, ((const PtNamed *)b)->name);
+}
 
 // pt_tensors: copies every named tensor's elements (gathering views) into one buffer and fills
 // st's entries over it
@@ -4259,24 +4453,33 @@ static int pt_tensors(PtZip *z, PtList *l, SafeTensors *st, char *err, size_t er
         for (int d = 0; d < t->ndim; d++) {
             e->shape[d] = t->shape[d];
             if (__builtin_mul_overflow(e->numel, t->shape[d], &e->numel) || e->numel > (int64_t)1 << 40)
-                return st_fail(err, errlen, "'%s': tensor '%s' has an impossible shape %s", P, e->name, st_shape_str(sb, sizeof sb, t->ndim, t->shape));
+                return st_fail(err, errlen, "'%s': tensor '%s' has an impossible shape %s", P, e->name,
+                               st_shape_str(sb, sizeof sb, t->ndim, t->shape));
         }
         for (int d = 0; d < t->ndim && e->numel; d++) {
             int64_t span;
-            if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &span) || __builtin_add_overflow(last, span, &last))
+            if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &span) ||
+                __builtin_add_overflow(last, span, &last))
                 return st_fail(err, errlen, "'%s': tensor '%s': strides overflow", P, e->name);
         }
         char key[300];
         snprintf(key, sizeof key, "%sdata/%s", z->prefix, s->s);
         const PtZipEntry *ze = pt_zip_find(z, key);
         int es = st_dtype_size[e->dtype];
-        if (!ze) return st_fail(err, errlen, "'%s': tensor '%s': its storage record '%s' is missing from the archive", P, e->name, key);
+        if (!ze)
+            return st_fail(err, errlen, "'%s': tensor '%s': its storage record '%s' is missing from the archive", P,
+                           e->name, key);
         if ((uint64_t)s->numel_storage > ze->size / (uint64_t)es)
-            return st_fail(err, errlen, "'%s': tensor '%s': storage '%s' should hold %" PRId64 " %s elements but the record has %"
-                           PRIu64 " bytes", P, e->name, key, s->numel_storage, st_dtype_name[e->dtype], ze->size);
+            return st_fail(err, errlen,
+                           "'%s': tensor '%s': storage '%s' should hold %" PRId64
+                           " %s elements but the record has %" PRIu64 " bytes",
+                           P, e->name, key, s->numel_storage, st_dtype_name[e->dtype], ze->size);
         if (e->numel && last >= s->numel_storage)
-            return st_fail(err, errlen, "'%s': tensor '%s' (shape %s, offset %" PRId64 ") reaches element %" PRId64 " of a %" PRId64
-                           "-element storage", P, e->name, st_shape_str(sb, sizeof sb, t->ndim, t->shape), t->offset, last, s->numel_storage);
+            return st_fail(err, errlen,
+                           "'%s': tensor '%s' (shape %s, offset %" PRId64 ") reaches element %" PRId64 " of a %" PRId64
+                           "-element storage",
+                           P, e->name, st_shape_str(sb, sizeof sb, t->ndim, t->shape), t->offset, last,
+                           s->numel_storage);
         e->begin = total;
         e->end = total + (uint64_t)e->numel * (uint64_t)es;
         total = e->end;
@@ -4335,7 +4538,10 @@ static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
     unsigned char *pkl = NULL;
     int rc = -1;
     off_t size;
-    if (fseeko(f, 0, SEEK_END) != 0 || (size = ftello(f)) < 0) { st_fail(err, errlen, "'%s': cannot determine the file size", P); goto out; }
+    if (fseeko(f, 0, SEEK_END) != 0 || (size = ftello(f)) < 0) {
+        st_fail(err, errlen, "'%s': cannot determine the file size", P);
+        goto out;
+    }
     z.fsize = (uint64_t)size;
     if (pt_zip_open(&z, err, errlen)) goto out;
     char key[300];
@@ -4344,15 +4550,22 @@ static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
     if (bo) {
         char b[16] = "";
         if (bo->size >= sizeof b || pt_read_at(f, bo->off, b, (size_t)bo->size) || strcmp(b, "little")) {
-            st_fail(err, errlen, "'%s': the byteorder record says '%.15s': only little-endian checkpoints are supported", P, b);
+            st_fail(err, errlen,
+                    "'%s': the byteorder record says '%.15s': only little-endian checkpoints are supported", P, b);
             goto out;
         }
     }
     snprintf(key, sizeof key, "%sdata.pkl", z.prefix);
     pe = pt_zip_find(&z, key);
-    if (pe->size > PT_MAX_PICKLE) { st_fail(err, errlen, "'%s': data.pkl is %" PRIu64 " bytes, over the 64 MiB limit", P, pe->size); goto out; }
+    if (pe->size > PT_MAX_PICKLE) {
+        st_fail(err, errlen, "'%s': data.pkl is %" PRIu64 " bytes, over the 64 MiB limit", P, pe->size);
+        goto out;
+    }
     pkl = xmalloc((size_t)pe->size + 1);
-    if (pt_read_at(f, pe->off, pkl, (size_t)pe->size)) { st_fail(err, errlen, "'%s': read of data.pkl failed", P); goto out; }
+    if (pt_read_at(f, pe->off, pkl, (size_t)pe->size)) {
+        st_fail(err, errlen, "'%s': read of data.pkl failed", P);
+        goto out;
+    }
     k.p = pkl;
     k.n = (size_t)pe->size;
     PkNode *root = NULL, *m = NULL;
@@ -4362,7 +4575,10 @@ static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
         PkNode *ema = pk_dict_get(root, "ema"), *model = pk_dict_get(root, "model");
         m = ema && ema->type != PK_NONE ? ema : model;
         src = m == ema ? "ema" : "model";
-        if (!m || m->type == PK_NONE) { st_fail(err, errlen, "'%s': a checkpoint whose 'model' and 'ema' are both None", P); goto out; }
+        if (!m || m->type == PK_NONE) {
+            st_fail(err, errlen, "'%s': a checkpoint whose 'model' and 'ema' are both None", P);
+            goto out;
+        }
         if (m->type == PK_DICT) root = m, m = NULL;   // a state_dict stored under 'model'
         else if (m->type != PK_OBJ) {
             st_fail(err, errlen, "'%s': checkpoint '%s' is a %s, not a model", P, src, pk_type_name[m->type]);
@@ -4374,7 +4590,9 @@ static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
     }
     if (m) {
         if (strcmp(m->cls->s, "ultralytics.nn.tasks.DetectionModel")) {
-            st_fail(err, errlen, "'%s': holds a %s, not an ultralytics DetectionModel: only YOLOv8 detection models are supported", P, m->cls->s);
+            st_fail(err, errlen,
+                    "'%s': holds a %s, not an ultralytics DetectionModel: only YOLOv8 detection models are supported",
+                    P, m->cls->s);
             goto out;
         }
         if (pt_walk_module(P, m, "", 0, &l, err, errlen)) goto out;
@@ -4382,14 +4600,17 @@ static int pt_open_stream(FILE *f, const char *label, SafeTensors *st, char *err
         for (int i = 0; i + 1 < root->n; i += 2) {
             PkNode *kk = root->a[i], *v = root->a[i + 1];
             if (kk->type != PK_STR || v->type != PK_TENSOR || !pt_name_ok(kk->s) || kk->len != strlen(kk->s)) {
-                st_fail(err, errlen, "'%s': a dict whose entry %d is %s -> %s: neither a state_dict (printable names -> tensors) "
-                        "nor an Ultralytics checkpoint ('model'/'ema')", P, i / 2, pk_type_name[kk->type], pk_type_name[v->type]);
+                st_fail(err, errlen,
+                        "'%s': a dict whose entry %d is %s -> %s: neither a state_dict (printable names -> tensors) "
+                        "nor an Ultralytics checkpoint ('model'/'ema')",
+                        P, i / 2, pk_type_name[kk->type], pk_type_name[v->type]);
                 goto out;
             }
             pt_list_add(&l, kk->s, v);
         }
     } else {
-        st_fail(err, errlen, "'%s': the pickle holds a %s, not a checkpoint dict, state_dict or model", P, pk_type_name[root->type]);
+        st_fail(err, errlen, "'%s': the pickle holds a %s, not a checkpoint dict, state_dict or model", P,
+                pk_type_name[root->type]);
         goto out;
     }
     if (!l.n) { st_fail(err, errlen, "'%s': no tensors found", P); goto out; }
@@ -4424,23 +4645,31 @@ static int weights_open(const char *path, SafeTensors *st, char *err, size_t err
     if (n >= 40 && !memcmp(head, "version https://git-lfs.github.com/spec/", 40)) {
         fclose(f);
         const char *sz = strstr((const char *)head, "\nsize ");
-        return st_fail(err, errlen, "'%s' is a Git LFS pointer (%lld bytes), not the weights%s%.*s%s: fetch the real file with "
-                       "`git lfs pull` (git lfs install first if needed) or download it again", path, size,
-                       sz ? " (the real file has " : "", sz ? (int)strcspn(sz + 6, "\n") : 0, sz ? sz + 6 : "", sz ? " bytes)" : "");
+        return st_fail(err, errlen,
+                       "'%s' is a Git LFS pointer (%lld bytes), not the weights%s%.*s%s: fetch the real file with "
+                       "`git lfs pull` (git lfs install first if needed) or download it again",
+                       path, size, sz ? " (the real file has " : "", sz ? (int)strcspn(sz + 6, "\n") : 0,
+                       sz ? sz + 6 : "", sz ? " bytes)" : "");
     }
     const char *ext = strrchr(path, '.');
     int pt_ext = ext && (!strcmp(ext, ".pt") || !strcmp(ext, ".pth"));
     // torch < 1.6 wrote a bare pickle stream starting with a pickled magic number (LONG1 0x1950a86a20f9469cfc6c)
     static const unsigned char legacy[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
-    if (n >= 14 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 && (pt_ext || !memcmp(head + 2, legacy, sizeof legacy)))
-        return fclose(f), st_fail(err, errlen, "'%s': the legacy (non-zip) PyTorch format of torch < 1.6: re-save it with a "
-                                  "current torch (torch.save(torch.load(f), f2)) and use the new file", path);
+    if (n >= 14 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 &&
+        (pt_ext || !memcmp(head + 2, legacy, sizeof legacy)))
+        return fclose(f),
+               st_fail(err, errlen,
+                       "'%s': the legacy (non-zip) PyTorch format of torch < 1.6: re-save it with a "
+                       "current torch (torch.save(torch.load(f), f2)) and use the new file",
+                       path);
     int is_zip = n >= 4 && !memcmp(head, "PK\x03\x04", 4);
     if (is_zip || pt_ext) {
         if (!is_zip) {
             fclose(f);
-            return st_fail(err, errlen, "'%s': not a PyTorch checkpoint: a .pt file is a zip archive, this one starts with "
-                           "%02x %02x %02x %02x (%lld bytes)", path, head[0], head[1], head[2], head[3], size);
+            return st_fail(err, errlen,
+                           "'%s': not a PyTorch checkpoint: a .pt file is a zip archive, this one starts with "
+                           "%02x %02x %02x %02x (%lld bytes)",
+                           path, head[0], head[1], head[2], head[3], size);
         }
         return pt_open_stream(f, path, st, err, errlen);
     }
@@ -4465,15 +4694,22 @@ static int weights_describe(const char *path, int *nc, char *scale, char *err, s
             nparam += st.t[i].numel;
     }
     printf("model=%s: %s, YOLOv8%c, nc=%d, %d tensors, %lld parameters\n", path,
-           !src ? "safetensors weights" : !strcmp(src, "state_dict") ? "PyTorch state_dict"
-           : !strcmp(src, "ema") ? "Ultralytics checkpoint (EMA weights)" : !strcmp(src, "model") ? "Ultralytics checkpoint (model weights)"
-           : "pickled PyTorch model", *scale, *nc, st.n, nparam);
+           !src                                 ? "safetensors weights"
+                   : !strcmp(src, "state_dict") ? "PyTorch state_dict"
+                   : !strcmp(src, "ema")        ? "Ultralytics checkpoint (EMA weights)"
+                   : !strcmp(src, "model")      ? "Ultralytics checkpoint (model weights)"
+                                                : "pickled PyTorch model",
+           *scale, *nc, st.n, nparam);
     if ((v = st_meta(&st, "pt_class"))) printf("  class: %s\n", v);
     if ((v = st_meta(&st, "yaml_scale")) || st_meta(&st, "yaml_nc"))
         printf("  yaml: scale %s, nc %s\n", v ? v : "-", st_meta(&st, "yaml_nc") ? st_meta(&st, "yaml_nc") : "-");
     if ((v = st_meta(&st, "names"))) {
         printf("  names:");
-        for (int i = 0; *v; i++) { int l = (int)strcspn(v, "\n"); printf("%s %d: %.*s", i ? "," : "", i, l, v); v += l + (v[l] != 0); }
+        for (int i = 0; *v; i++) {
+            int l = (int)strcspn(v, "\n");
+            printf("%s %d: %.*s", i ? "," : "", i, l, v);
+            v += l + (v[l] != 0);
+        }
         printf("\n");
     }
     static const char *const keys[] = {"epoch", "date", "version", "train_args"};
@@ -4761,7 +4997,8 @@ typedef struct {
 // nms_init: size and allocate the work buffers. Memory = 16*cap + 16*A + 20*max_det bytes
 // (A=8400, NC=80: about 11 MB).
 static void nms_init(Nms *n, NmsConfig cfg, int NC, int A) {
-    if (NC < 1 || A < 1 || cfg.max_det < 1 || cfg.max_nms < 1) die("nms_init: bad NC=%d A=%d max_det=%d max_nms=%d", NC, A, cfg.max_det, cfg.max_nms);
+    if (NC < 1 || A < 1 || cfg.max_det < 1 || cfg.max_nms < 1)
+        die("nms_init: bad NC=%d A=%d max_det=%d max_nms=%d", NC, A, cfg.max_det, cfg.max_nms);
     if (NC == 1) cfg.multi_label = 0;         // Ultralytics: multi_label &= nc > 1
     n->cfg = cfg; n->NC = NC; n->A = A;
     n->cap = cfg.multi_label ? (int64_t)A * NC : A;
@@ -4849,7 +5086,9 @@ static int nms_finish(Nms *n, int64_t count, Det *out) {
 // logit(conf), and DFL boxes are decoded only for candidate anchors.
 static int nms_run_maps(Nms *n, const float *const maps[3], int b, int imgH, int imgW, Det *out) {
     int NC = n->NC, C = 64 + NC;
-    if (head_anchor_count(imgH, imgW) > n->A) die("nms_run_maps: %dx%d gives %d anchors, more than the %d the Nms was sized for", imgH, imgW, head_anchor_count(imgH, imgW), n->A);
+    if (head_anchor_count(imgH, imgW) > n->A)
+        die("nms_run_maps: %dx%d gives %d anchors, more than the %d the Nms was sized for", imgH, imgW,
+            head_anchor_count(imgH, imgW), n->A);
     float conf = n->cfg.conf;
     // sigmoid(x) > conf  <=>  x > log(conf/(1-conf)); the margin covers float rounding.
     float lthr = conf > 0.0f && conf < 1.0f ? logf(conf / (1.0f - conf)) - 1e-3f : -INFINITY;
@@ -5143,7 +5382,10 @@ static void evaluator_compute(Evaluator *ev, Metrics *m) {
         double apc[EVAL_NIOU] = {0};
         if (np_ > 0) {
             for (int t = 0; t < EVAL_NIOU; t++) {
-                for (int64_t i = 0; i < np_; i++) { col_r[i] = rec[i * EVAL_NIOU + t]; col_p[i] = pre[i * EVAL_NIOU + t]; }
+                for (int64_t i = 0; i < np_; i++) {
+                    col_r[i] = rec[i * EVAL_NIOU + t];
+                    col_p[i] = pre[i * EVAL_NIOU + t];
+                }
                 apc[t] = compute_ap(col_r, col_p, np_, mrec, mpre);
                 if (t == 0)
                     for (int k = 0; k < EVAL_NGRID; k++) {
@@ -5286,7 +5528,8 @@ static int check_ref(const char *path) {
     char err[512];
     SafeTensors st;
     if (st_open(path, &st, err, sizeof err)) die("%s", err);
-    const char *ms = st_meta(&st, "scale"), *mnc = st_meta(&st, "nc"), *mimg = st_meta(&st, "imgsz"), *mb = st_meta(&st, "batch");
+    const char *ms = st_meta(&st, "scale"), *mnc = st_meta(&st, "nc"), *mimg = st_meta(&st, "imgsz"),
+               *mb = st_meta(&st, "batch");
     if (!ms || !mnc || !mimg || !mb) die("%s: metadata needs scale, nc, imgsz and batch", path);
     int nc = atoi(mnc), S = atoi(mimg), B = atoi(mb);
     double lr = st_meta(&st, "lr") ? atof(st_meta(&st, "lr")) : 0.01;
@@ -5355,7 +5598,8 @@ static int check_ref(const char *path) {
             worst_bn = fmax(worst_bn, rel_diff(sd->ref[i].data, ref, n));
             free(ref);
         }
-    check_report(worst_bn <= 1e-4, "BN running stats after the train forward: worst max|diff|/max|ref| %.2e (tol 1e-4)", worst_bn);
+    check_report(worst_bn <= 1e-4, "BN running stats after the train forward: worst max|diff|/max|ref| %.2e (tol 1e-4)",
+                 worst_bn);
 
     // 3. loss and assignment
     size_t nt;
@@ -5366,7 +5610,8 @@ static int check_ref(const char *path) {
     LossTargets tg = {(int)nt, bi, ci, tbox};
     model_head_grad(m, a);
     void *scratch = arena_alloc(a, loss_bytes, G_LOSS);
-    LossOut lo = loss_forward_backward(&lcfg, B, nc, S, S, (const float *const *)m->head, m->dhead, &tg, 1.f, scratch, loss_bytes, 0);
+    LossOut lo = loss_forward_backward(&lcfg, B, nc, S, S, (const float *const *)m->head, m->dhead, &tg, 1.f, scratch,
+                                       loss_bytes, 0);
     arena_free(a, scratch);
     static const char *const lnames[3] = {"loss.box", "loss.cls", "loss.dfl"};
     double lgot[3] = {lo.box, lo.cls, lo.dfl};
@@ -5380,7 +5625,8 @@ static int check_ref(const char *path) {
         const StEntry *e = st_find(&st, "assign.fg_count");
         int64_t fg = -1;
         if (!e || st_read_i64(&st, e, &fg, err, sizeof err)) die("%s: assign.fg_count: %s", path, e ? err : "missing");
-        check_report(fg == lo.n_fg, "assigner foreground anchors: got %d want %lld (identical)", lo.n_fg, (long long)fg);
+        check_report(fg == lo.n_fg, "assigner foreground anchors: got %d want %lld (identical)", lo.n_fg,
+                     (long long)fg);
         float *ref = st_tensor(&st, "assign.target_scores_sum", NULL);
         double d = fabs(lo.target_scores_sum - ref[0]) / ref[0];
         check_report(d <= 1e-5, "target_scores_sum: got %.7g want %.7g (tol 1e-5 rel)", lo.target_scores_sum, ref[0]);
@@ -5400,13 +5646,15 @@ static int check_ref(const char *path) {
         float *ref = st_tensor(&st, nm, &n);
         const float *g = m->grads + (sd->ref[i].data - m->params);
         double dn = 0, rn = 0;
-        for (size_t j = 0; j < n; j++) dn += ((double)g[j] - ref[j]) * ((double)g[j] - ref[j]), rn += (double)ref[j] * ref[j];
+        for (size_t j = 0; j < n; j++)
+            dn += ((double)g[j] - ref[j]) * ((double)g[j] - ref[j]), rn += (double)ref[j] * ref[j];
         double d = sqrt(dn) / fmax(sqrt(rn), 1e-20);
         if (d > worst_g) worst_g = d, worst_name = sd->ref[i].name;
         ngrad++;
         free(ref);
     }
-    check_report(worst_g <= 1e-3, "gradients of %d tensors: worst |g - ref| / |ref| %.2e (%s) (tol 1e-3)", ngrad, worst_g, worst_name);
+    check_report(worst_g <= 1e-3, "gradients of %d tensors: worst |g - ref| / |ref| %.2e (%s) (tol 1e-3)", ngrad,
+                 worst_g, worst_name);
 
     // 5. one optimizer step: clip-norm, SGD Nesterov, three groups
     Optimizer opt = {.kind = OPT_SGD, .lr = {lr, lr, lr}, .momentum = mom, .weight_decay = wd};
@@ -5429,7 +5677,8 @@ static int check_ref(const char *path) {
         if (d > worst_p) worst_p = d, worst_name = sd->ref[i].name;
         free(ref);
     }
-    check_report(worst_p <= 1e-5, "parameters after one SGD step: worst max|diff| %.2e (%s) (tol 1e-5)", worst_p, worst_name);
+    check_report(worst_p <= 1e-5, "parameters after one SGD step: worst max|diff| %.2e (%s) (tol 1e-5)", worst_p,
+                 worst_name);
     printf("%d passed, %d failed\n", checks_passed, checks_failed);
     st_close(&st);
     free(x); free(tb); free(tc); free(tbox); free(bi); free(ci); free(sd); free(a->base); free(a); free(m);
@@ -5758,7 +6007,11 @@ static int png_decode(FILE *f, const char *path, Image *img, int probe_only, cha
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &perr, png_err_fn, png_warn_fn);
     if (!png) { snprintf(err, errlen, "%s: libpng init failed", path); return -1; }
     png_infop info = png_create_info_struct(png);
-    if (!info) { png_destroy_read_struct(&png, NULL, NULL); snprintf(err, errlen, "%s: libpng init failed", path); return -1; }
+    if (!info) {
+        png_destroy_read_struct(&png, NULL, NULL);
+        snprintf(err, errlen, "%s: libpng init failed", path);
+        return -1;
+    }
     if (setjmp(perr.jb)) {
         snprintf(err, errlen, "%s: corrupt PNG (%s)", path, perr.msg);
         free(perr.rowbuf);
@@ -5942,7 +6195,15 @@ static void image_resize_strided(const uint8_t *src, int sw, int sh, uint8_t *ds
         int j0 = j < 0 ? 0 : j >= sh ? sh - 1 : j, j1 = j + 1 < 0 ? 0 : j + 1 >= sh ? sh - 1 : j + 1;
         int need[2] = {j0, j1};
         int32_t *rows[2] = {r0, r1};
-        if (have0 == j1 && have1 != j1) { int32_t *t = r0; r0 = r1; r1 = t; have1 = have0; have0 = -2; rows[0] = r0; rows[1] = r1; }
+        if (have0 == j1 && have1 != j1) {
+            int32_t *t = r0;
+            r0 = r1;
+            r1 = t;
+            have1 = have0;
+            have0 = -2;
+            rows[0] = r0;
+            rows[1] = r1;
+        }
         for (int k = 0; k < 2; k++) { // horizontal pass into the row buffers, reusing rows already made
             int have = k ? have1 : have0;
             if (have == need[k]) continue;
@@ -6019,7 +6280,8 @@ static void image_warp(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw,
             if ((unsigned long)ix < (unsigned long)(sw - 1) && (unsigned long)iy < (unsigned long)(sh - 1)) {
                 const uint8_t *p0 = src + ((size_t)iy * sw + ix) * 3, *p1 = p0 + (size_t)sw * 3;
                 for (int c = 0; c < 3; c++)
-                    o[c] = (uint8_t)((p0[c] * w[0] + p0[c + 3] * w[1] + p1[c] * w[2] + p1[c + 3] * w[3] + (1 << 14)) >> 15);
+                    o[c] = (uint8_t)((p0[c] * w[0] + p0[c + 3] * w[1] + p1[c] * w[2] + p1[c + 3] * w[3] + (1 << 14)) >>
+                                     15);
             } else if (ix >= sw || ix + 1 < 0 || iy >= sh || iy + 1 < 0) {
                 o[0] = o[1] = o[2] = 114;
             } else {
@@ -6101,7 +6363,8 @@ static void image_draw_text(Image *img, int x, int y, const char *text, int r, i
         for (int row = 0; row < 7; row++)
             for (int col = 0; col < 5; col++)
                 if (FONT_ROWS[gi][row] & (0x10 >> col))
-                    image_fill_rect(img, x + col * scale, y + row * scale, x + (col + 1) * scale, y + (row + 1) * scale, r, g, b);
+                    image_fill_rect(img, x + col * scale, y + row * scale, x + (col + 1) * scale, y + (row + 1) * scale,
+                                    r, g, b);
     }
 }
 
@@ -6172,7 +6435,8 @@ static int data_yaml_read(FILE *f, const char *path, DataConfig *cfg, char *err,
     yaml_parser_set_input_file(&parser, f);
     if (!yaml_parser_load(&parser, &doc)) {
         snprintf(err, errlen, "%s:%zu: yaml error: %s%s%s", path, parser.problem_mark.line + 1,
-                 parser.problem ? parser.problem : "malformed", parser.context ? " " : "", parser.context ? parser.context : "");
+                 parser.problem ? parser.problem : "malformed", parser.context ? " " : "",
+                 parser.context ? parser.context : "");
         yaml_parser_delete(&parser);
         fclose(f);
         return -1;
@@ -6182,10 +6446,16 @@ static int data_yaml_read(FILE *f, const char *path, DataConfig *cfg, char *err,
     int rc = 0, nc_given = -1;
     char *root = NULL;
     yaml_node_t *top = yaml_document_get_root_node(&doc);
-    if (!top || top->type != YAML_MAPPING_NODE) { rc = yaml_fail(err, errlen, path, top, "expected a mapping of keys (path, train, val, names)"); goto done; }
+    if (!top || top->type != YAML_MAPPING_NODE) {
+        rc = yaml_fail(err, errlen, path, top, "expected a mapping of keys (path, train, val, names)");
+        goto done;
+    }
     for (yaml_node_pair_t *p = top->data.mapping.pairs.start; p < top->data.mapping.pairs.top && rc == 0; p++) {
         yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
-        if (!k || k->type != YAML_SCALAR_NODE) { rc = yaml_fail(err, errlen, path, k, "keys must be plain strings"); break; }
+        if (!k || k->type != YAML_SCALAR_NODE) {
+            rc = yaml_fail(err, errlen, path, k, "keys must be plain strings");
+            break;
+        }
         const char *key = (const char *)k->data.scalar.value;
         int split = -1;
         for (int s = 0; s < 3; s++) if (strcmp(key, SPLIT_NAMES[s]) == 0) split = s;
@@ -6195,21 +6465,35 @@ static int data_yaml_read(FILE *f, const char *path, DataConfig *cfg, char *err,
             root = strdup((const char *)v->data.scalar.value);
         } else if (split >= 0) {
             if (v->type == YAML_SCALAR_NODE) {
-                if (v->data.scalar.length == 0 || strcmp((char *)v->data.scalar.value, "null") == 0 || strcmp((char *)v->data.scalar.value, "~") == 0) continue;
-                if (cfg->nsplit[split] == DATA_MAX_SOURCES) { rc = yaml_fail(err, errlen, path, v, "too many sources in one split (max 16)"); break; }
+                if (v->data.scalar.length == 0 || strcmp((char *)v->data.scalar.value, "null") == 0 ||
+                    strcmp((char *)v->data.scalar.value, "~") == 0)
+                    continue;
+                if (cfg->nsplit[split] == DATA_MAX_SOURCES) {
+                    rc = yaml_fail(err, errlen, path, v, "too many sources in one split (max 16)");
+                    break;
+                }
                 cfg->split[split][cfg->nsplit[split]++] = strdup((const char *)v->data.scalar.value);
             } else if (v->type == YAML_SEQUENCE_NODE) {
                 for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
                     yaml_node_t *e = yaml_document_get_node(&doc, *it);
-                    if (e->type != YAML_SCALAR_NODE) { rc = yaml_fail(err, errlen, path, e, "list entries of a split must be strings"); break; }
-                    if (cfg->nsplit[split] == DATA_MAX_SOURCES) { rc = yaml_fail(err, errlen, path, e, "too many sources in one split (max 16)"); break; }
+                    if (e->type != YAML_SCALAR_NODE) {
+                        rc = yaml_fail(err, errlen, path, e, "list entries of a split must be strings");
+                        break;
+                    }
+                    if (cfg->nsplit[split] == DATA_MAX_SOURCES) {
+                        rc = yaml_fail(err, errlen, path, e, "too many sources in one split (max 16)");
+                        break;
+                    }
                     cfg->split[split][cfg->nsplit[split]++] = strdup((const char *)e->data.scalar.value);
                 }
             } else rc = yaml_fail(err, errlen, path, v, "a split must be a path or a list of paths");
         } else if (strcmp(key, "nc") == 0) {
             char *end;
             long x = v->type == YAML_SCALAR_NODE ? strtol((char *)v->data.scalar.value, &end, 10) : -1;
-            if (v->type != YAML_SCALAR_NODE || *end || x <= 0 || x > 100000) { rc = yaml_fail(err, errlen, path, v, "'nc' must be a positive integer"); break; }
+            if (v->type != YAML_SCALAR_NODE || *end || x <= 0 || x > 100000) {
+                rc = yaml_fail(err, errlen, path, v, "'nc' must be a positive integer");
+                break;
+            }
             nc_given = (int)x;
         } else if (strcmp(key, "names") == 0) {
             if (cfg->names) { rc = yaml_fail(err, errlen, path, v, "'names' given twice"); break; }
@@ -6218,7 +6502,8 @@ static int data_yaml_read(FILE *f, const char *path, DataConfig *cfg, char *err,
                 cfg->names = xcalloc(n ? n : 1, sizeof(char *));
                 for (int i = 0; i < n && rc == 0; i++) {
                     yaml_node_t *e = yaml_document_get_node(&doc, v->data.sequence.items.start[i]);
-                    if (e->type != YAML_SCALAR_NODE) rc = yaml_fail(err, errlen, path, e, "class names must be strings");
+                    if (e->type != YAML_SCALAR_NODE)
+                        rc = yaml_fail(err, errlen, path, e, "class names must be strings");
                     else { cfg->names[i] = strdup((char *)e->data.scalar.value); cfg->nc = i + 1; }
                 }
             } else if (v->type == YAML_MAPPING_NODE) {
@@ -6227,11 +6512,14 @@ static int data_yaml_read(FILE *f, const char *path, DataConfig *cfg, char *err,
                 cfg->nc = n;
                 for (int i = 0; i < n && rc == 0; i++) {
                     yaml_node_pair_t *q = v->data.mapping.pairs.start + i;
-                    yaml_node_t *kk = yaml_document_get_node(&doc, q->key), *vv = yaml_document_get_node(&doc, q->value);
+                    yaml_node_t *kk = yaml_document_get_node(&doc, q->key),
+                                *vv = yaml_document_get_node(&doc, q->value);
                     char *end;
                     long id = kk->type == YAML_SCALAR_NODE ? strtol((char *)kk->data.scalar.value, &end, 10) : -1;
-                    if (kk->type != YAML_SCALAR_NODE || *end || id < 0 || id >= n) rc = yaml_fail(err, errlen, path, kk, "names mapping keys must be the integers 0..n-1");
-                    else if (vv->type != YAML_SCALAR_NODE) rc = yaml_fail(err, errlen, path, vv, "class names must be strings");
+                    if (kk->type != YAML_SCALAR_NODE || *end || id < 0 || id >= n)
+                        rc = yaml_fail(err, errlen, path, kk, "names mapping keys must be the integers 0..n-1");
+                    else if (vv->type != YAML_SCALAR_NODE)
+                        rc = yaml_fail(err, errlen, path, vv, "class names must be strings");
                     else if (cfg->names[id]) rc = yaml_fail(err, errlen, path, kk, "class id repeated in names");
                     else cfg->names[id] = strdup((char *)vv->data.scalar.value);
                 }
@@ -6241,16 +6529,26 @@ static int data_yaml_read(FILE *f, const char *path, DataConfig *cfg, char *err,
     if (rc) goto done;
     if (!cfg->names && nc_given > 0) { // nc without names: Ultralytics names them class0, class1, ...
         cfg->names = xcalloc(nc_given, sizeof(char *));
-        for (int i = 0; i < nc_given; i++) { char b[32]; snprintf(b, sizeof b, "class%d", i); cfg->names[i] = strdup(b); }
+        for (int i = 0; i < nc_given; i++) {
+            char b[32];
+            snprintf(b, sizeof b, "class%d", i);
+            cfg->names[i] = strdup(b);
+        }
         cfg->nc = nc_given;
     }
-    if (!cfg->names || cfg->nc == 0) { rc = yaml_fail(err, errlen, path, top, "missing 'names' (list of class names)"); goto done; }
+    if (!cfg->names || cfg->nc == 0) {
+        rc = yaml_fail(err, errlen, path, top, "missing 'names' (list of class names)");
+        goto done;
+    }
     if (nc_given > 0 && nc_given != cfg->nc) {
         snprintf(err, errlen, "%s: nc=%d but names has %d entries", path, nc_given, cfg->nc);
         rc = -1;
         goto done;
     }
-    if (cfg->nsplit[0] == 0 || cfg->nsplit[1] == 0) { rc = yaml_fail(err, errlen, path, top, "'train' and 'val' are required"); goto done; }
+    if (cfg->nsplit[0] == 0 || cfg->nsplit[1] == 0) {
+        rc = yaml_fail(err, errlen, path, top, "'train' and 'val' are required");
+        goto done;
+    }
     char *ydir = path_dirname(path);
     cfg->root = root ? path_join(ydir, root) : strdup(ydir);
     free(ydir);
@@ -6304,7 +6602,8 @@ static int label_line_parse(const char *line, int nc, float out[5], char *err, s
         char *end;
         errno = 0;
         v[n] = strtod(p, &end);
-        if (end == p || (*end && *end != ' ' && *end != '\t' && *end != '\r' && *end != '\n' && *end != '\f' && *end != '\v')) {
+        if (end == p ||
+            (*end && *end != ' ' && *end != '\t' && *end != '\r' && *end != '\n' && *end != '\f' && *end != '\v')) {
             snprintf(err, errlen, "not a number: '%.20s'", p);
             return -1;
         }
@@ -6319,7 +6618,10 @@ static int label_line_parse(const char *line, int nc, float out[5], char *err, s
     for (int i = 0; i < n; i++) {
         if (!isfinite(v[i])) { snprintf(err, errlen, "non-finite value in column %d", i + 1); return -1; }
         if (v[i] < -0.01) { snprintf(err, errlen, "negative label value %g", v[i]); return -1; }
-        if (i > 0 && v[i] > 1.01) { snprintf(err, errlen, "non-normalized or out of bounds coordinate %g", v[i]); return -1; }
+        if (i > 0 && v[i] > 1.01) {
+            snprintf(err, errlen, "non-normalized or out of bounds coordinate %g", v[i]);
+            return -1;
+        }
     }
     if (v[0] >= nc) { snprintf(err, errlen, "label class %g exceeds dataset class count %d", v[0], nc); return -1; }
     out[0] = (float)(int)v[0];
@@ -6381,7 +6683,8 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 // path_has_image_ext: Ultralytics' IMG_FORMATS test on the extension (case-insensitive).
 static int path_has_image_ext(const char *p) {
-    static const char *const exts[] = {"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm", "heic", NULL};
+    static const char *const exts[] = {"bmp", "dng",  "jpeg", "jpg", "mpo",  "png",
+                                       "tif", "tiff", "webp", "pfm", "heic", NULL};
     const char *dot = strrchr(p, '.'), *slash = strrchr(p, '/');
     if (!dot || (slash && dot < slash)) return 0;
     for (int i = 0; exts[i]; i++)
@@ -6412,7 +6715,10 @@ static int dataset_list_files(const DataConfig *cfg, int split, StrList *out) {
     for (int i = 0; i < cfg->nsplit[split]; i++) {
         const char *src = cfg->split[split][i];
         struct stat st;
-        if (stat(src, &st) != 0) { fprintf(stderr, "%s: %s source '%s' does not exist\n", SPLIT_NAMES[split], SPLIT_NAMES[split], src); return -1; }
+        if (stat(src, &st) != 0) {
+            fprintf(stderr, "%s: %s source '%s' does not exist\n", SPLIT_NAMES[split], SPLIT_NAMES[split], src);
+            return -1;
+        }
         if (S_ISDIR(st.st_mode)) { dir_list(src, out, 0); continue; }
         FILE *f = fopen(src, "r");
         if (!f) { fprintf(stderr, "%s: cannot open (%s)\n", src, strerror(errno)); return -1; }
@@ -6441,7 +6747,11 @@ static int label_file_read(const char *path, int nc, float **lab, int *nlab, int
     int lineno = 0, start = *nlab, bad = 0;
     while ((len = getline(&line, &lcap, f)) >= 0) {
         lineno++;
-        if ((size_t)len != strlen(line)) { fprintf(stderr, "%s:%d: NUL byte in label line, image dropped\n", path, lineno); bad = 1; break; }
+        if ((size_t)len != strlen(line)) {
+            fprintf(stderr, "%s:%d: NUL byte in label line, image dropped\n", path, lineno);
+            bad = 1;
+            break;
+        }
         float row[5];
         char err[160];
         int r = label_line_parse(line, nc, row, err, sizeof err);
@@ -6491,7 +6801,12 @@ static int dataset_load(const DataConfig *cfg, int split, Dataset *ds) {
         int rc = image_probe(p, &w, &h, err, sizeof err);
         if (rc < 0) { fprintf(stderr, "%s, image dropped\n", err); st->corrupt++; free(p); continue; }
         if (rc > 0) fprintf(stderr, "warning: %s\n", err);
-        if (w < 10 || h < 10) { fprintf(stderr, "%s: image size %dx%d < 10 pixels, image dropped\n", p, w, h); st->corrupt++; free(p); continue; }
+        if (w < 10 || h < 10) {
+            fprintf(stderr, "%s: image size %dx%d < 10 pixels, image dropped\n", p, w, h);
+            st->corrupt++;
+            free(p);
+            continue;
+        }
         label_path_from_image(p, lpath, sizeof lpath);
         int missing = 0, nb = label_file_read(lpath, cfg->nc, &ds->lab, &nlab, &cap, &st->duplicates, &missing);
         if (nb < 0) { st->corrupt++; free(p); continue; }
@@ -6507,11 +6822,12 @@ static int dataset_load(const DataConfig *cfg, int split, Dataset *ds) {
     st->kept = ds->n;
     free(files.v);
     printf("Scanning %s '%s'... %d images, %d backgrounds, %d corrupt, %d skipped (%d boxes%s)\n", SPLIT_NAMES[split],
-           cfg->nsplit[split] ? cfg->split[split][0] : "", st->kept, st->backgrounds, st->corrupt, st->skipped, st->boxes,
-           st->duplicates ? ", duplicate rows removed" : "");
+           cfg->nsplit[split] ? cfg->split[split][0] : "", st->kept, st->backgrounds, st->corrupt, st->skipped,
+           st->boxes, st->duplicates ? ", duplicate rows removed" : "");
     if (st->duplicates) printf("  %d duplicate label rows removed\n", st->duplicates);
     if (ds->n == 0) {
-        fprintf(stderr, "%s: no usable images in %s\n", SPLIT_NAMES[split], cfg->nsplit[split] ? cfg->split[split][0] : "(none)");
+        fprintf(stderr, "%s: no usable images in %s\n", SPLIT_NAMES[split],
+                cfg->nsplit[split] ? cfg->split[split][0] : "(none)");
         DatasetStats keep = *st;
         dataset_free(ds);
         ds->stats = keep;
@@ -6640,7 +6956,8 @@ static void perspective_matrix(int sw, int sh, int dw, int dh, double px, double
     for (int m = 0; m < 4; m++) {
         const float *b = chain[m];
         for (int i = 0; i < 3; i++)
-            for (int j = 0; j < 3; j++) t[3 * i + j] = acc[3 * i] * b[j] + acc[3 * i + 1] * b[3 + j] + acc[3 * i + 2] * b[6 + j];
+            for (int j = 0; j < 3; j++)
+                t[3 * i + j] = acc[3 * i] * b[j] + acc[3 * i + 1] * b[3 + j] + acc[3 * i + 2] * b[6 + j];
         memcpy(acc, t, sizeof acc);
     }
     for (int i = 0; i < 9; i++) M[i] = acc[i];
@@ -6664,12 +6981,13 @@ static void warp_inverse(const double M[9], double Mi[9]) {
 // random_perspective: warp src (sw, sh) to dst (dw, dh) with M = T*S*R*P*C and filter boxes;
 // Ultralytics RandomPerspective.__call__/affine_transform/apply_bboxes. Returns the new count.
 // Random draws in order: perspective x, y; angle, scale; shear x, y; translate x, y.
-static int random_perspective(const AugConfig *a, Rng *rng, const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh,
-                              Box *bx, int n) {
+static int random_perspective(const AugConfig *a, Rng *rng, const uint8_t *src, int sw, int sh, uint8_t *dst, int dw,
+                              int dh, Box *bx, int n) {
     double px = rng_range(rng, -a->perspective, a->perspective), py = rng_range(rng, -a->perspective, a->perspective);
     double deg = rng_range(rng, -a->degrees, a->degrees), s = rng_range(rng, 1 - a->scale, 1 + a->scale);
     double shx = rng_range(rng, -a->shear, a->shear), shy = rng_range(rng, -a->shear, a->shear);
-    double tx = rng_range(rng, 0.5 - a->translate, 0.5 + a->translate), ty = rng_range(rng, 0.5 - a->translate, 0.5 + a->translate);
+    double tx = rng_range(rng, 0.5 - a->translate, 0.5 + a->translate),
+           ty = rng_range(rng, 0.5 - a->translate, 0.5 + a->translate);
     double M[9], Mi[9];
     perspective_matrix(sw, sh, dw, dh, px, py, deg, s, shx, shy, tx, ty, M);
     if (a->perspective == 0) M[6] = M[7] = 0, M[8] = 1;
@@ -6685,7 +7003,8 @@ static int random_perspective(const AugConfig *a, Rng *rng, const uint8_t *src, 
             if (a->perspective != 0) { double z = M[6] * xs[c] + M[7] * ys[c] + M[8]; x /= z; y /= z; }
             x1 = fmin(x1, x); x2 = fmax(x2, x); y1 = fmin(y1, y); y2 = fmax(y2, y);
         }
-        Box o = {(float)fmin(fmax(x1, 0), dw), (float)fmin(fmax(y1, 0), dh), (float)fmin(fmax(x2, 0), dw), (float)fmin(fmax(y2, 0), dh), b.cls};
+        Box o = {(float)fmin(fmax(x1, 0), dw), (float)fmin(fmax(y1, 0), dh), (float)fmin(fmax(x2, 0), dw),
+                 (float)fmin(fmax(y2, 0), dh), b.cls};
         if (box_candidate(b.x2 - b.x1, b.y2 - b.y1, o.x2 - o.x1, o.y2 - o.y1, (float)s)) bx[k++] = o;
     }
     return k;
@@ -6754,7 +7073,8 @@ static void hsv_apply(uint8_t *px, int npix, double gh, double gs, double gv) {
 // hsv_augment: RandomHSV: gains U(-1, 1) * (hsv_h, hsv_s, hsv_v), then hsv_apply.
 static void hsv_augment(Rng *rng, const AugConfig *a, uint8_t *px, int npix) {
     if (!(a->hsv_h || a->hsv_s || a->hsv_v)) return;
-    double gh = rng_range(rng, -1, 1) * a->hsv_h, gs = rng_range(rng, -1, 1) * a->hsv_s, gv = rng_range(rng, -1, 1) * a->hsv_v;
+    double gh = rng_range(rng, -1, 1) * a->hsv_h, gs = rng_range(rng, -1, 1) * a->hsv_s,
+           gv = rng_range(rng, -1, 1) * a->hsv_v;
     hsv_apply(px, npix, gh, gs, gv);
 }
 
@@ -6764,7 +7084,11 @@ static void image_flip(uint8_t *px, int w, int h, int horizontal, Box *bx, int n
         for (int y = 0; y < h; y++) {
             uint8_t *row = px + (size_t)y * w * 3;
             for (int x = 0; x < w / 2; x++)
-                for (int c = 0; c < 3; c++) { uint8_t t = row[3 * x + c]; row[3 * x + c] = row[3 * (w - 1 - x) + c]; row[3 * (w - 1 - x) + c] = t; }
+                for (int c = 0; c < 3; c++) {
+                    uint8_t t = row[3 * x + c];
+                    row[3 * x + c] = row[3 * (w - 1 - x) + c];
+                    row[3 * (w - 1 - x) + c] = t;
+                }
         }
         for (int i = 0; i < n; i++) { float x1 = w - bx[i].x2; bx[i].x2 = w - bx[i].x1; bx[i].x1 = x1; }
     } else {
@@ -6884,7 +7208,8 @@ static int labels_pixels(const Loader *L, int idx, float w, float h, float dx, f
     int k = 0;
     for (int j = ds->lab_off[idx]; j < ds->lab_off[idx + 1] && k < cap; j++) {
         const float *l = ds->lab + 5 * j;
-        Box b = {(l[1] - l[3] / 2) * w + dx, (l[2] - l[4] / 2) * h + dy, (l[1] + l[3] / 2) * w + dx, (l[2] + l[4] / 2) * h + dy, (int)l[0]};
+        Box b = {(l[1] - l[3] / 2) * w + dx, (l[2] - l[4] / 2) * h + dy, (l[1] + l[3] / 2) * w + dx,
+                 (l[2] + l[4] / 2) * h + dy, (int)l[0]};
         bx[k++] = b;
     }
     return k;
@@ -6917,9 +7242,11 @@ static int mosaic4(Loader *L, LoaderScratch *ws, Rng *rng, int idx, int pos, Box
         else { x1a = xc; y1a = yc; x2a = xc + w < S2 ? xc + w : S2; y2a = yc + h < S2 ? yc + h : S2;
                x1b = 0; y1b = 0; x2b = w < x2a - x1a ? w : x2a - x1a; }
         for (int y = 0; y < y2a - y1a; y++)
-            memcpy(ws->canvas.px + ((size_t)(y1a + y) * S2 + x1a) * 3, ws->tile.px + ((size_t)(y1b + y) * w + x1b) * 3, (size_t)(x2b - x1b) * 3);
+            memcpy(ws->canvas.px + ((size_t)(y1a + y) * S2 + x1a) * 3, ws->tile.px + ((size_t)(y1b + y) * w + x1b) * 3,
+                   (size_t)(x2b - x1b) * 3);
         if (!ok) continue;
-        int k = labels_pixels(L, ids[t], (float)w, (float)h, (float)(x1a - x1b), (float)(y1a - y1b), bx + n, ws->bcap / 2 - n);
+        int k = labels_pixels(L, ids[t], (float)w, (float)h, (float)(x1a - x1b), (float)(y1a - y1b), bx + n,
+                              ws->bcap / 2 - n);
         for (int i = 0; i < k; i++) {
             Box *b = bx + n + i;
             b->x1 = fminf(fmaxf(b->x1, 0), (float)S2); b->x2 = fminf(fmaxf(b->x2, 0), (float)S2);
@@ -7072,7 +7399,11 @@ static void *loader_worker(void *arg) {
         }
         if (did) continue;
         int s = L->next_fill % 2;
-        if (L->next_fill < L->nbatch && L->state[s] == SLOT_FREE) { slot_begin(L, s, L->next_fill++); pthread_cond_broadcast(&L->cv); continue; }
+        if (L->next_fill < L->nbatch && L->state[s] == SLOT_FREE) {
+            slot_begin(L, s, L->next_fill++);
+            pthread_cond_broadcast(&L->cv);
+            continue;
+        }
         pthread_cond_wait(&L->cv, &L->mu);
     }
     pthread_mutex_unlock(&L->mu);
@@ -7122,7 +7453,8 @@ static void scratch_init(LoaderScratch *ws, int S, int bcap) {
 // workers. Prints the host memory it holds. ds must outlive the loader.
 static Loader *loader_open(const Dataset *ds, const LoaderConfig *cfg) {
     if (cfg->batch < 1 || cfg->imgsz < 32 || cfg->imgsz % 32 || cfg->max_boxes < 1 || cfg->workers < 0)
-        die("loader: bad settings batch=%d imgsz=%d (multiple of 32) max_boxes=%d workers=%d", cfg->batch, cfg->imgsz, cfg->max_boxes, cfg->workers);
+        die("loader: bad settings batch=%d imgsz=%d (multiple of 32) max_boxes=%d workers=%d", cfg->batch, cfg->imgsz,
+            cfg->max_boxes, cfg->workers);
     if (ds->n < 1) die("loader: the dataset has no images");
     Loader *L = xcalloc(1, sizeof *L);
     L->ds = ds;
@@ -7187,9 +7519,10 @@ static Loader *loader_open(const Dataset *ds, const LoaderConfig *cfg) {
     L->ws = xmalloc(sizeof(LoaderScratch) * nws);
     for (int i = 0; i < nws; i++) scratch_init(&L->ws[i], S, bcap);
     size_t scratch_bytes = (size_t)nws * (27 * (size_t)S * S + 2 * sizeof(Box) * bcap);
-    printf("loader: %d images, %d batches of %d, %s, %d workers; host memory: batches %.1f MB, scratch %.1f MB, cache %.1f MB%s\n",
-           n, L->nbatch, B, cfg->train ? "train (augment)" : "val (rect)", cfg->workers, batch_bytes / 1e6, scratch_bytes / 1e6,
-           cfg->cache_ram ? cache_bytes / 1e6 : 0.0, cfg->cache_ram ? "" : " (cache off)");
+    printf("loader: %d images, %d batches of %d, %s, %d workers; host memory: batches %.1f MB, scratch %.1f MB, cache "
+           "%.1f MB%s\n",
+           n, L->nbatch, B, cfg->train ? "train (augment)" : "val (rect)", cfg->workers, batch_bytes / 1e6,
+           scratch_bytes / 1e6, cfg->cache_ram ? cache_bytes / 1e6 : 0.0, cfg->cache_ram ? "" : " (cache off)");
     if (cfg->cache_ram) {
         L->cache = xcalloc(n, sizeof(uint8_t *));
         for (int i = 0; i < n; i++) L->cache[i] = xmalloc((size_t)L->rw[i] * L->rh[i] * 3);
@@ -7213,7 +7546,8 @@ static Loader *loader_open(const Dataset *ds, const LoaderConfig *cfg) {
             void **arg = xmalloc(2 * sizeof(void *));
             arg[0] = L;
             arg[1] = &L->ws[i];
-            if (pthread_create(&L->th[i], NULL, loader_worker, arg) != 0) die("loader: cannot start worker thread %d", i);
+            if (pthread_create(&L->th[i], NULL, loader_worker, arg) != 0)
+                die("loader: cannot start worker thread %d", i);
         }
     }
     return L;
@@ -7234,7 +7568,11 @@ static void loader_start_epoch(Loader *L, int epoch, int close_mosaic) {
         Rng r;
         rng_seed(&r, sample_seed(L->cfg.seed, epoch, -1));
         for (int i = 0; i < L->n; i++) L->order[i] = i;
-        for (int i = L->n - 1; i > 0; i--) { int j = rng_int(&r, i + 1), t = L->order[i]; L->order[i] = L->order[j]; L->order[j] = t; }
+        for (int i = L->n - 1; i > 0; i--) {
+            int j = rng_int(&r, i + 1), t = L->order[i];
+            L->order[i] = L->order[j];
+            L->order[j] = t;
+        }
     }
     L->state[0] = L->state[1] = SLOT_FREE;
     L->inuse = -1;
@@ -7328,7 +7666,8 @@ static void shapes_render(Rng *r, int W, int H, Image *img, float lab[][5], int 
     image_reserve(img, W, H);
     double base[3], tint = rng_range(r, 70, 170);
     for (int c = 0; c < 3; c++) base[c] = tint + rng_range(r, -18, 18);
-    double fx = rng_range(r, 0.02, 0.15), fy = rng_range(r, 0.02, 0.15), ph = rng_range(r, 0, 6.28), amp = rng_range(r, 5, 25);
+    double fx = rng_range(r, 0.02, 0.15), fy = rng_range(r, 0.02, 0.15), ph = rng_range(r, 0, 6.28),
+           amp = rng_range(r, 5, 25);
     for (int y = 0; y < H; y++)
         for (int x = 0; x < W; x++) {
             double t = amp * sin(fx * x + fy * y + ph) + rng_range(r, -10, 10);
@@ -7409,7 +7748,8 @@ static int cmd_shapes(int argc, char **argv) {
             if ((png ? image_save_png(p, &img) : image_save_jpg(p, &img, 92)) != 0) die("shapes: cannot write '%s'", p);
             snprintf(p, sizeof p, "%s/labels/%s/%06d.txt", out, sn, i);
             FILE *f = xfopen(p, "w");
-            for (int j = 0; j < nl; j++) fprintf(f, "%d %.6f %.6f %.6f %.6f\n", (int)lab[j][0], lab[j][1], lab[j][2], lab[j][3], lab[j][4]);
+            for (int j = 0; j < nl; j++)
+                fprintf(f, "%d %.6f %.6f %.6f %.6f\n", (int)lab[j][0], lab[j][1], lab[j][2], lab[j][3], lab[j][4]);
             if (fclose(f) != 0) die("shapes: cannot write '%s'", p);
         }
     }
@@ -7478,12 +7818,16 @@ static int cmd_augment(int argc, char **argv) {
     for (int b = 0; b < bt->B; b++) {
         batch_draw(bt, b, &cfg, &tile);
         int gx = (b % cols) * S, gy = (b / cols) * bt->H;
-        for (int y = 0; y < tile.h; y++) memcpy(grid.px + ((size_t)(gy + y) * grid.w + gx) * 3, tile.px + (size_t)y * tile.w * 3, (size_t)tile.w * 3);
+        for (int y = 0; y < tile.h; y++)
+            memcpy(grid.px + ((size_t)(gy + y) * grid.w + gx) * 3, tile.px + (size_t)y * tile.w * 3,
+                   (size_t)tile.w * 3);
         image_draw_box(&grid, gx, gy, gx + S - 1, gy + bt->H - 1, 255, 255, 255, 1);
     }
     size_t ol = strlen(out);
-    int rc = (ol > 4 && strcasecmp(out + ol - 4, ".png") == 0) ? image_save_png(out, &grid) : image_save_jpg(out, &grid, 90);
-    if (rc == 0) printf("augment: wrote %s (%d samples, %d labels, %d over the cap)\n", out, bt->B, bt->n, bt->overflow);
+    int rc = (ol > 4 && strcasecmp(out + ol - 4, ".png") == 0) ? image_save_png(out, &grid)
+                                                               : image_save_jpg(out, &grid, 90);
+    if (rc == 0)
+        printf("augment: wrote %s (%d samples, %d labels, %d over the cap)\n", out, bt->B, bt->n, bt->overflow);
     image_free(&grid);
     image_free(&tile);
     loader_close(L);
@@ -7933,13 +8277,21 @@ static void plot_labels(const char *dir, const Dataset *ds, const DataConfig *dc
 #ifdef YOLO_CUDA
 #include <cuda_runtime_api.h>
 
-#define GPU_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) \
-    die("%s: %s (CUDA_LAUNCH_BLOCKING=1 makes the failing kernel's launch report it; make test-emu runs every kernel on the CPU)", \
-        #x, cudaGetErrorString(e_)); } while (0)
+#define GPU_CHECK(x)                                                                                                   \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess)                                                                                         \
+            die("%s: %s (CUDA_LAUNCH_BLOCKING=1 makes the failing kernel's launch report it; make test-emu runs "      \
+                "every kernel on the CPU)",                                                                            \
+                #x, cudaGetErrorString(e_));                                                                           \
+    } while (0)
 #else
 // Without CUDA the device schedule below still runs dry: it is how `yolo plan` sizes the device
 // arena. Its launches sit behind `if (!dry)` and are never reached; these names keep it linkable.
-static void gpu_unreachable(int unused, ...) { (void)unused; die("internal error: a device launch in a build without CUDA"); }
+static void gpu_unreachable(int unused, ...) {
+    (void)unused;
+    die("internal error: a device launch in a build without CUDA");
+}
 #define conv_forward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_dgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_wgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
@@ -7996,9 +8348,11 @@ static int device_list(const char *device, int *devs, int max) {
     while (*d) {
         char *end;
         long k = strtol(d, &end, 10);
-        if (end == d || k < 0 || (*end && *end != ',')) die("device=%s: expected cpu, a device index (0), cuda:0 or a list (0,1,2,3)", device);
+        if (end == d || k < 0 || (*end && *end != ','))
+            die("device=%s: expected cpu, a device index (0), cuda:0 or a list (0,1,2,3)", device);
         for (int i = 0; i < n; i++)
-            if (devs[i] == k) die("device=%s: device %ld is listed twice (one process per GPU: each device once)", device, k);
+            if (devs[i] == k)
+                die("device=%s: device %ld is listed twice (one process per GPU: each device once)", device, k);
         if (n == max) die("device=%s: at most %d devices", device, max);
         devs[n++] = (int)k;
         d = *end ? end + 1 : end;
@@ -8104,7 +8458,8 @@ static void prof_report(void) {
     fprintf(stderr, "device time by kind of launch (YOLO_PROFILE=1; each launch waited for):\n"
                     "  %-24s %8s %10s %6s %9s %8s\n", "kind", "launches", "total ms", "share", "ms each", "TFLOP/s");
     for (int i = 0; i < n; i++) {
-        fprintf(stderr, "  %-24s %8ld %10.1f %5.1f%% %9.3f", r[i].name, r[i].n, r[i].ms, 100 * r[i].ms / tot, r[i].ms / r[i].n);
+        fprintf(stderr, "  %-24s %8ld %10.1f %5.1f%% %9.3f", r[i].name, r[i].n, r[i].ms, 100 * r[i].ms / tot,
+                r[i].ms / r[i].n);
         if (r[i].flop > 0) fprintf(stderr, " %8.3g", r[i].flop / (r[i].ms * 1e-3) / 1e12);
         fputc('\n', stderr);
     }
@@ -8122,8 +8477,8 @@ static void prof_report(void) {
 static const void *gpu_w(const Gpu *g, const Conv *c) {
     return g->f32 ? (const void *)(g->params + c->w_off) : (const void *)(g->w16 + c->w_off);
 }
-static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const float *bias, float *z32,
-                           void *z) {
+static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const float *bias,
+                           float *z32, void *z) {
     prof_begin(g);
     if (g->f32) conv_forward_f32_cuda(d, x, act, w, bias, z32 ? z32 : z, g->stream);
     else conv_forward_cuda(d, x, act, w, bias, z32, z32 ? NULL : z, g->stream);
@@ -8148,12 +8503,17 @@ static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, cons
     arena_free(g->a, ws);
 }
 // k_bn_stats: the batch statistics (train) with their chunks' scratch (a temporary), or the running ones
-static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mean, float *invstd, float *rm, float *rv) {
+static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mean, float *invstd, float *rm,
+                       float *rv) {
     float *scratch = g->m->train ? gf32(g, (long)bn_scratch_floats(g->B, C, HW), G_SCRATCH) : NULL;
     if (!arena_dry(g->a)) {
         prof_begin(g);
-        if (g->f32) bn_stats_f32_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, scratch, g->stream);
-        else bn_stats_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, scratch, g->stream);
+        if (g->f32)
+            bn_stats_f32_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, scratch,
+                              g->stream);
+        else
+            bn_stats_cuda(z, zs, g->B, C, HW, mean, invstd, rm, rv, BN_EPS, BN_MOMENTUM, g->m->train, scratch,
+                          g->stream);
         prof_end(g, "bn stats", 0);
     }
     arena_free(g->a, scratch);
@@ -8166,12 +8526,15 @@ static void k_bn_silu(Gpu *g, const void *z, long zs, const float *mean, const f
     prof_end(g, "bn+silu forward", 0);
 }
 static void k_bn_silu_backward(Gpu *g, const void *z, const float *dA, long zs, const float *mean, const float *invstd,
-                               const float *gamma, const float *beta, float *dgamma, float *dbeta, void *dz, float *scratch,
-                               int C, int HW) {
+                               const float *gamma, const float *beta, float *dgamma, float *dbeta, void *dz,
+                               float *scratch, int C, int HW) {
     prof_begin(g);
     if (g->f32)
-        bn_silu_backward_f32_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW, g->m->train, g->stream);
-    else bn_silu_backward_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW, g->m->train, g->stream);
+        bn_silu_backward_f32_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW,
+                                  g->m->train, g->stream);
+    else
+        bn_silu_backward_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW,
+                              g->m->train, g->stream);
     prof_end(g, "bn+silu backward", 0);
 }
 static void k_copy(Gpu *g, const void *src, long ss, void *dst, long ds, long n) {
@@ -8521,27 +8884,30 @@ static int gpu_select(const char *device) {
     if (!strcmp(device, "cpu")) return -1;
     if (!device[0]) {
         if (n > 0) return 0;
-        fprintf(stderr, "no CUDA device found (%s): running on the CPU\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+        fprintf(stderr, "no CUDA device found (%s): running on the CPU\n",
+                e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
         return -1;
     }
     if (strchr(device, ',')) {   // a data-parallel worker: its own device of the list (ddp_launch checked them)
         if (ddp.world > 1) return ddp.dev;
-        die("device=%s: several devices train together (yolo train, one process each); val, predict and plan take one", device);
+        die("device=%s: several devices train together (yolo train, one process each); val, predict and plan take one",
+            device);
     }
     const char *d = strncmp(device, "cuda:", 5) ? device : device + 5;
     char *end;
     long k = strtol(d, &end, 10);
     if (*end || end == d || k < 0) die("device=%s: expected cpu, a device index (0) or cuda:0", device);
-    if (k >= n) die("device=%s: %d CUDA device(s) present%s%s%s", device, n, e == cudaSuccess ? "" : " (", e == cudaSuccess ? "" : cudaGetErrorString(e),
-                    e == cudaSuccess ? "" : ")");
+    if (k >= n)
+        die("device=%s: %d CUDA device(s) present%s%s%s", device, n, e == cudaSuccess ? "" : " (",
+            e == cudaSuccess ? "" : cudaGetErrorString(e), e == cudaSuccess ? "" : ")");
     return (int)k;
 }
 
 // gpu_open: plans (dry runs of every shape) and allocates the device arena with one cudaMalloc on
 // device dev, then uploads the host model's weights and running stats. ema_p, ema_b: the EMA's
 // starting point (NULL: the model's own). opt: the optimizer hyper-parameters and step count.
-static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *shape, const Optimizer *opt, const float *ema_p,
-                     const float *ema_b, const LossConfig *lcfg) {
+static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *shape, const Optimizer *opt,
+                     const float *ema_p, const float *ema_b, const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
     g->m = m;
     g->opt = *opt;
@@ -8553,12 +8919,13 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     int bmax = 0;
     for (int i = 0; i < nshape; i++) {
         if ((long)shape[i].B * shape[i].H * shape[i].W >= (1L << 31) / 4)   // the kernels' 32-bit index math (yolo.h)
-            die("device: batch %d at %dx%d is beyond the kernels' 32-bit indexing; lower batch or imgsz", shape[i].B, shape[i].W,
-                shape[i].H);
+            die("device: batch %d at %dx%d is beyond the kernels' 32-bit indexing; lower batch or imgsz", shape[i].B,
+                shape[i].W, shape[i].H);
         bmax = shape[i].B > bmax ? shape[i].B : bmax;
         for (int l = 0; l < 3; l++) {
             int st = 8 << l;
-            head_max[l] = (size_t)fmax(head_max[l], (double)shape[i].B * (REG_MAX * 4 + m->nc) * (shape[i].H / st) * (shape[i].W / st));
+            head_max[l] = (size_t)fmax(
+                    head_max[l], (double)shape[i].B * (REG_MAX * 4 + m->nc) * (shape[i].H / st) * (shape[i].W / st));
         }
     }
     // the plan: the same schedules with no memory
@@ -8577,8 +8944,8 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     cudaError_t e = cudaMalloc(&base, g->plan);
     if (e != cudaSuccess)
         die("device %d: cannot allocate the planned %.1f MiB (%s; %.1f MiB of %.1f MiB were in use already): see "
-            "`yolo plan gpu_mem=...` for what fits", dev, g->plan / 1048576.0, cudaGetErrorString(e), g->mem_before / 1048576.0,
-            g->mem_total / 1048576.0);
+            "`yolo plan gpu_mem=...` for what fits",
+            dev, g->plan / 1048576.0, cudaGetErrorString(e), g->mem_before / 1048576.0, g->mem_total / 1048576.0);
     g->mem_after = gpu_in_use(g);
     *g->a = (Arena){.base = base, .cap = g->plan};
     gpu_alloc(g);
@@ -8622,14 +8989,19 @@ static void gpu_report(const Gpu *g, int dev) {
     const size_t *p = g->plan_at;
     size_t got = g->mem_after - g->mem_before;
     printf("device %d: %s (sm_%d%d, %.0f MiB)\n", dev, pr.name, pr.major, pr.minor, g->mem_total / 1048576.0);
-    printf("memory plan: %.1f MiB in one cudaMalloc (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, activations %.1f, "
-           "backward %.1f, input %.1f MiB); nothing is allocated after this\n", g->plan / 1048576.0, (p[G_PARAMS] + p[G_BUFFERS]) / 1048576.0,
-           p[G_GRADS] / 1048576.0, p[G_OPTIM] / 1048576.0, p[G_EMA] / 1048576.0, p[G_ACTS] / 1048576.0, p[G_BACKWARD] / 1048576.0,
+    printf("memory plan: %.1f MiB in one cudaMalloc (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, "
+           "activations %.1f, "
+           "backward %.1f, input %.1f MiB); nothing is allocated after this\n",
+           g->plan / 1048576.0, (p[G_PARAMS] + p[G_BUFFERS]) / 1048576.0, p[G_GRADS] / 1048576.0,
+           p[G_OPTIM] / 1048576.0, p[G_EMA] / 1048576.0, p[G_ACTS] / 1048576.0, p[G_BACKWARD] / 1048576.0,
            p[G_INPUT] / 1048576.0);
-    printf("device memory in use: %.1f MiB before (CUDA context and other processes), %.1f MiB after: the arena took %.1f MiB "
-           "= plan %.1f MiB rounded up to the driver's 2 MiB pages%s\n", g->mem_before / 1048576.0, g->mem_after / 1048576.0,
-           got / 1048576.0, g->plan / 1048576.0,
-           got == (g->plan + (2u << 20) - 1) / (2u << 20) * (2u << 20) ? "" : " (NOT equal: another process allocated meanwhile?)");
+    printf("device memory in use: %.1f MiB before (CUDA context and other processes), %.1f MiB after: the arena took "
+           "%.1f MiB "
+           "= plan %.1f MiB rounded up to the driver's 2 MiB pages%s\n",
+           g->mem_before / 1048576.0, g->mem_after / 1048576.0, got / 1048576.0, g->plan / 1048576.0,
+           got == (g->plan + (2u << 20) - 1) / (2u << 20) * (2u << 20)
+                   ? ""
+                   : " (NOT equal: another process allocated meanwhile?)");
 }
 
 static void gpu_close(Gpu *g) {
@@ -8651,7 +9023,8 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
     int B = g->B, M = lcfg->max_boxes, NC = g->m->nc;
     LossOut lo = {0};
     for (int i = 0; i < tg->n; i++)
-        if (tg->batch_idx[i] < 0 || tg->batch_idx[i] >= B) die("loss: box %d has batch_idx %d, outside [0, %d)", i, tg->batch_idx[i], B);
+        if (tg->batch_idx[i] < 0 || tg->batch_idx[i] >= B)
+            die("loss: box %d has batch_idx %d, outside [0, %d)", i, tg->batch_idx[i], B);
     for (int b = 0; b < B; b++) {
         int n = loss_gather_gts(tg, b, NC, g->H, g->W, M, g->gts_h + (size_t)b * M);
         if (n > M) lo.n_over_cap += n - M, lo.n_images_over_cap++, n = M;
@@ -8659,8 +9032,10 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
     }
     if (lo.n_over_cap && !loss_cap_warned) {
         loss_cap_warned = 1;
-        fprintf(stderr, "warning: %d boxes in %d images were over the max_boxes=%d cap and are ignored by the loss (reported "
-                "once; raise max_boxes to keep them)\n", lo.n_over_cap, lo.n_images_over_cap, M);
+        fprintf(stderr,
+                "warning: %d boxes in %d images were over the max_boxes=%d cap and are ignored by the loss (reported "
+                "once; raise max_boxes to keep them)\n",
+                lo.n_over_cap, lo.n_images_over_cap, M);
     }
     prof_begin(g);
     GPU_CHECK(cudaMemcpyAsync(gts, g->gts_h, (size_t)B * M * sizeof(LossGtD), cudaMemcpyHostToDevice, s));
@@ -8729,7 +9104,8 @@ static void gpu_zero_grad(Gpu *g) {
 
 // gpu_train_step: forward, loss and backward of the uint8 batch img at shape s (one planned by
 // gpu_open); the gradients, times the loss scale, are added to g->grads.
-static LossOut gpu_train_step(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg) {
+static LossOut gpu_train_step(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg,
+                              const LossConfig *lcfg) {
     gpu_shape(g, s);
     GPU_CHECK(cudaMemcpyAsync(g->bn_keep, g->buffers, g->m->nbuffers * sizeof(float), cudaMemcpyDeviceToDevice,
                               (cudaStream_t)g->stream));
@@ -8758,8 +9134,8 @@ static void gpu_upload_grads(Gpu *g, const float *grads) {
 // gpu_eval: an evaluation forward of the uint8 batch img at shape s (train == 0) and its loss
 // against tg (*lo); the three head maps come back in g->head_h (host, for NMS) and nothing stays
 // allocated on the device.
-static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg, const LossConfig *lcfg,
-                              LossOut *lo) {
+static float *const *gpu_eval(Gpu *g, const GpuShape *s, const uint8_t *img, const LossTargets *tg,
+                              const LossConfig *lcfg, LossOut *lo) {
     gpu_shape(g, s);
     gpu_input_begin(g, img);
     Exec e = exec_gpu(g);
@@ -8813,7 +9189,8 @@ static void gpu_use_ema(Gpu *g, int on) {
 
 // gpu_download: the training state to the host (checkpoints): weights, running stats, the
 // gradients accumulated so far (unscaled), the EMA and the optimizer's moments; any may be NULL.
-static void gpu_download(Gpu *g, float *params, float *buffers, float *grads, float *ema_p, float *ema_b, float *opt_m, float *opt_v) {
+static void gpu_download(Gpu *g, float *params, float *buffers, float *grads, float *ema_p, float *ema_b, float *opt_m,
+                         float *opt_v) {
     size_t n = g->m->nparams, nb = g->m->nbuffers;
     if (g->ema_on) die("gpu_download: inside gpu_use_ema");
     GPU_CHECK(cudaStreamSynchronize((cudaStream_t)g->stream));
@@ -8899,8 +9276,12 @@ static void gpu_close(Gpu *g) { (void)g; }
 // gpu_select without CUDA: the CPU, or a clear error for a GPU device
 static int gpu_select(const char *device) {
     if (!device[0] || !strcmp(device, "cpu")) return -1;
-    if (strchr(device, ',')) die("device=%s: this yolo was built without CUDA (make found no nvcc), so it cannot train on several GPUs", device);
-    die("device=%s: this yolo was built without CUDA (make found no nvcc); use device=cpu or rebuild with the CUDA Toolkit", device);
+    if (strchr(device, ','))
+        die("device=%s: this yolo was built without CUDA (make found no nvcc), so it cannot train on several GPUs",
+            device);
+    die("device=%s: this yolo was built without CUDA (make found no nvcc); use device=cpu or rebuild with the CUDA "
+        "Toolkit",
+        device);
 }
 #endif // YOLO_CUDA
 
@@ -8914,7 +9295,8 @@ static int gpu_select(const char *device) {
 typedef struct {
     char data[512], model[512], project[256], name[128], optimizer[16], device[32], cache[16], source[512];
     double batch_auto;         // AutoBatch as given: -1 (AUTOBATCH_FRACTION) or a share of free device memory; 0 off
-    int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes, exist_ok, recompute;
+    int epochs, imgsz, batch, workers, nbs, close_mosaic, patience, cos_lr, amp, resume, accumulate, max_boxes,
+            exist_ok, recompute;
     double lr0, lrf, momentum, weight_decay, warmup_epochs, warmup_momentum, warmup_bias_lr, box, cls, dfl, conf, iou;
     uint64_t seed;
     AugConfig aug;
@@ -8950,7 +9332,8 @@ static Config config_from_args(int argc, char **argv) {
     c.epochs = (int)arg_int(argc, argv, "epochs", 100);
     c.imgsz = (int)arg_int(argc, argv, "imgsz", 640);
     double bf = arg_num(argc, argv, "batch", 16);
-    if (bf == -1 || (bf > 0 && bf < 1)) {   // AutoBatch: resolved by train_run on the device (Ultralytics: CUDA only, CPU uses 16)
+    if (bf == -1 ||
+        (bf > 0 && bf < 1)) {   // AutoBatch: resolved by train_run on the device (Ultralytics: CUDA only, CPU uses 16)
         c.batch_auto = bf;
         bf = 16;
     }
@@ -8988,7 +9371,8 @@ static Config config_from_args(int argc, char **argv) {
         fprintf(stderr, "imgsz=%d is not a multiple of 32 (the largest stride); using %d\n", c.imgsz, r);
         c.imgsz = r;
     }
-    if (c.batch < 1) die("batch=%d: must be >= 1 (batch=-1 / AutoBatch needs a GPU memory size; see yolo plan)", c.batch);
+    if (c.batch < 1)
+        die("batch=%d: must be >= 1 (batch=-1 / AutoBatch needs a GPU memory size; see yolo plan)", c.batch);
     if (c.epochs < 1) die("epochs=%d: must be >= 1", c.epochs);
     if (c.workers < 0 || c.workers > 64) die("workers=%d: must be 0..64", c.workers);
     if (c.max_boxes < 1) die("max_boxes=%d: must be >= 1", c.max_boxes);
@@ -9203,21 +9587,25 @@ static char model_spec_scale(const char *spec, int *file_nc) {
 // saved, so a run that diverged never overwrites its last good files)
 static int trainer_weights_ok(Trainer *t) {
     Model *m = &t->m;
-    if (all_finite(m->params, m->nparams) && all_finite(m->buffers, m->nbuffers) && all_finite(t->ema.params, m->nparams) &&
-        all_finite(t->ema.buffers, m->nbuffers))
+    if (all_finite(m->params, m->nparams) && all_finite(m->buffers, m->nbuffers) &&
+        all_finite(t->ema.params, m->nparams) && all_finite(t->ema.buffers, m->nbuffers))
         return 1;
-    fprintf(stderr, "stopping: the weights hold non-finite values after epoch %d; nothing was saved, so %s/weights/last.ckpt "
-                    "still holds the last good state (hint: lower lr0)\n", t->epoch, t->dir);
+    fprintf(stderr,
+            "stopping: the weights hold non-finite values after epoch %d; nothing was saved, so %s/weights/last.ckpt "
+            "still holds the last good state (hint: lower lr0)\n",
+            t->epoch, t->dir);
     return 0;
 }
 
 // trainer_signature: the settings a resume must share with the run it continues
 static void trainer_signature(const Trainer *t, char *out, size_t n) {
     const Config *c = &t->cfg;
-    snprintf(out, n, "data=%s batch=%d imgsz=%d epochs=%d optimizer=%d lr0=%.9g lrf=%.9g momentum=%.9g weight_decay=%.9g "
+    snprintf(out, n,
+             "data=%s batch=%d imgsz=%d epochs=%d optimizer=%d lr0=%.9g lrf=%.9g momentum=%.9g weight_decay=%.9g "
              "warmup_epochs=%.9g nbs=%d accumulate=%d cos_lr=%d close_mosaic=%d seed=%llu images=%d max_boxes=%d",
-             c->data, t->B * ddp.world, t->S, c->epochs, t->opt.kind, c->lr0, c->lrf, c->momentum, c->weight_decay, c->warmup_epochs, c->nbs,
-             t->accumulate, c->cos_lr, c->close_mosaic, (unsigned long long)c->seed, t->train_ds.n, c->max_boxes);
+             c->data, t->B * ddp.world, t->S, c->epochs, t->opt.kind, c->lr0, c->lrf, c->momentum, c->weight_decay,
+             c->warmup_epochs, c->nbs, t->accumulate, c->cos_lr, c->close_mosaic, (unsigned long long)c->seed,
+             t->train_ds.n, c->max_boxes);
 }
 
 // trainer_save: the EMA weights as last.safetensors (and best.safetensors), then the resume
@@ -9234,10 +9622,12 @@ static void trainer_save(Trainer *t, int best) {
     snprintf(ncs, sizeof ncs, "%d", m->nc);
     const char *wkv[] = {"format", "yolo.c", "scale", scale, "nc", ncs, "epoch", meta[0], NULL};
     snprintf(path, sizeof path, "%s/weights/last.safetensors", t->dir);
-    if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
+    if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err))
+        fprintf(stderr, "warning: %s\n", err);
     if (best) {
         snprintf(path, sizeof path, "%s/weights/best.safetensors", t->dir);
-        if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err)) fprintf(stderr, "warning: %s\n", err);
+        if (weights_save(path, t->sd_ema.ref, t->sd_ema.n, wkv, ST_F32, err, sizeof err))
+            fprintf(stderr, "warning: %s\n", err);
     }
     int n = 0;
     StTensor *ts = xcalloc((size_t)t->sd.n * 2 + 8, sizeof(StTensor));
@@ -9253,9 +9643,13 @@ static void trainer_save(Trainer *t, int best) {
             n++;
         }
     }
-    ts[n++] = (StTensor){.name = "optim.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.m};
-    if (t->opt.v) ts[n++] = (StTensor){.name = "optim.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.v};
-    ts[n++] = (StTensor){.name = "optim.grad", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = m->grads};
+    ts[n++] =
+            (StTensor){.name = "optim.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.m};
+    if (t->opt.v)
+        ts[n++] = (StTensor){
+                .name = "optim.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = t->opt.v};
+    ts[n++] = (StTensor){
+            .name = "optim.grad", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams}, .data = m->grads};
     snprintf(meta[1], 64, "%ld", t->opt.step);
     snprintf(meta[2], 64, "%ld", t->ema.updates);
     snprintf(meta[3], 64, "%ld", t->last_opt_step);
@@ -9266,9 +9660,29 @@ static void trainer_save(Trainer *t, int best) {
     snprintf(meta[8], 64, "%.17g", t->amp_scale);
     snprintf(meta[9], 64, "%d", t->amp_good);
     trainer_signature(t, sig, sizeof sig);
-    const char *kv[] = {"epoch", meta[0], "opt_step", meta[1], "ema_updates", meta[2], "last_opt_step", meta[3],
-                        "best_fitness", meta[4], "best_epoch", meta[5], "num_batches_tracked", meta[6], "momentum", meta[7],
-                        "amp_scale", meta[8], "amp_good_steps", meta[9], "settings", sig, NULL};
+    const char *kv[] = {"epoch",
+                        meta[0],
+                        "opt_step",
+                        meta[1],
+                        "ema_updates",
+                        meta[2],
+                        "last_opt_step",
+                        meta[3],
+                        "best_fitness",
+                        meta[4],
+                        "best_epoch",
+                        meta[5],
+                        "num_batches_tracked",
+                        meta[6],
+                        "momentum",
+                        meta[7],
+                        "amp_scale",
+                        meta[8],
+                        "amp_good_steps",
+                        meta[9],
+                        "settings",
+                        sig,
+                        NULL};
     snprintf(path, sizeof path, "%s/weights/last.ckpt", t->dir);
     if (st_write(path, ts, n, kv, err, sizeof err)) fprintf(stderr, "warning: checkpoint not saved: %s\n", err);
     free(ts);
@@ -9290,28 +9704,33 @@ static void trainer_resume(Trainer *t) {
             char nm[96];
             snprintf(nm, sizeof nm, "%s%s", pre[k], sd->ref[i].name + 6);
             const StEntry *e = st_find(&st, nm);
-            if (!e || e->numel != param_numel(&sd->ref[i])) die("resume: %s: tensor '%s' missing or of the wrong size", path, nm);
+            if (!e || e->numel != param_numel(&sd->ref[i]))
+                die("resume: %s: tensor '%s' missing or of the wrong size", path, nm);
             if (st_read_f32(&st, e, sd->ref[i].data, err, sizeof err)) die("resume: %s", err);
         }
     }
     const StEntry *e = st_find(&st, "optim.m");
-    if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->opt.m, err, sizeof err)) die("resume: %s: optim.m", path);
+    if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->opt.m, err, sizeof err))
+        die("resume: %s: optim.m", path);
     if (t->opt.v) {
         e = st_find(&st, "optim.v");
         if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->opt.v, err, sizeof err))
             die("resume: %s: optim.v missing (was the run started with another optimizer?)", path);
     }
-    const char *k[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked",
-                       "momentum", "settings"};
+    const char *k[] = {"epoch",        "opt_step",   "ema_updates",         "last_opt_step",
+                       "best_fitness", "best_epoch", "num_batches_tracked", "momentum",
+                       "settings"};
     for (int i = 0; i < 9; i++)
         if (!st_meta(&st, k[i])) die("resume: %s: metadata '%s' missing", path, k[i]);
     char sig[1400];
     trainer_signature(t, sig, sizeof sig);
     if (strcmp(sig, st_meta(&st, "settings")))
-        die("resume: %s was written by a run with other settings; resume with the same ones.\n  checkpoint: %s\n  now:        %s",
+        die("resume: %s was written by a run with other settings; resume with the same ones.\n  checkpoint: %s\n  now: "
+            "       %s",
             path, st_meta(&st, "settings"), sig);
     e = st_find(&st, "optim.grad");
-    if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->m.grads, err, sizeof err)) die("resume: %s: optim.grad", path);
+    if (!e || (size_t)e->numel != t->m.nparams || st_read_f32(&st, e, t->m.grads, err, sizeof err))
+        die("resume: %s: optim.grad", path);
     t->opt.momentum = atof(st_meta(&st, "momentum"));
     t->epoch = atoi(st_meta(&st, "epoch"));
     t->opt.step = atol(st_meta(&st, "opt_step"));
@@ -9320,10 +9739,12 @@ static void trainer_resume(Trainer *t) {
     t->best_fitness = atof(st_meta(&st, "best_fitness"));
     t->best_epoch = atoi(st_meta(&st, "best_epoch"));
     t->sd.nbt = atoll(st_meta(&st, "num_batches_tracked"));
-    if (st_meta(&st, "amp_scale") && st_meta(&st, "amp_good_steps")) {   // absent in older checkpoints: a fresh GradScaler
+    if (st_meta(&st, "amp_scale") &&
+        st_meta(&st, "amp_good_steps")) {   // absent in older checkpoints: a fresh GradScaler
         t->amp_scale = atof(st_meta(&st, "amp_scale"));
         t->amp_good = atoi(st_meta(&st, "amp_good_steps"));
-        if (!(t->amp_scale > 0) || !isfinite(t->amp_scale)) die("resume: %s: metadata amp_scale=%s is not a positive number", path, st_meta(&st, "amp_scale"));
+        if (!(t->amp_scale > 0) || !isfinite(t->amp_scale))
+            die("resume: %s: metadata amp_scale=%s is not a positive number", path, st_meta(&st, "amp_scale"));
     }
     st_close(&st);
     free(sd);
@@ -9404,7 +9825,8 @@ static void plot_results(const char *dir, double (*rows)[11], int n) {
         image_draw_text(&img, ox + 2, y1 - 8, lab, 90, 90, 90, 1);
         for (int i = 1; i < n; i++) {
             double xa = x0 + (double)(i - 1) / (n - 1) * (x1 - x0), xb = x0 + (double)i / (n - 1) * (x1 - x0);
-            double ya = y1 - (rows[i - 1][col[k]] - lo) / (hi - lo) * (y1 - y0), yb = y1 - (rows[i][col[k]] - lo) / (hi - lo) * (y1 - y0);
+            double ya = y1 - (rows[i - 1][col[k]] - lo) / (hi - lo) * (y1 - y0),
+                   yb = y1 - (rows[i][col[k]] - lo) / (hi - lo) * (y1 - y0);
             image_draw_line(&img, xa, ya, xb, yb, 2, 31, 119, 180);
         }
     }
@@ -9431,15 +9853,16 @@ static int results_reload(const char *csv, int upto, double (*rows)[11], int max
     while (fgets(line, sizeof line, f)) {
         if (first) { fputs(line, o); first = 0; continue; }
         double v[15];
-        int k = sscanf(line, "%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &v[0], &v[1], &v[2], &v[3], &v[4],
-                       &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14]);
+        int k = sscanf(line, "%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &v[0], &v[1], &v[2], &v[3],
+                       &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14]);
         if (k != 15 || v[0] > upto || n >= maxrows) continue;
         fputs(line, o);
         double r[11] = {v[0], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
         memcpy(rows[n++], r, sizeof r);
     }
     fclose(f);
-    if (fflush(o) || fsync(fileno(o)) || fclose(o) || rename(tmp, csv)) die("cannot rewrite %s: %s", csv, strerror(errno));
+    if (fflush(o) || fsync(fileno(o)) || fclose(o) || rename(tmp, csv))
+        die("cannot rewrite %s: %s", csv, strerror(errno));
     return n;
 }
 
@@ -9454,19 +9877,28 @@ static int plan_max_batch(PlanOpts o, size_t budget);
 static int trainer_auto_batch(const Config *c, int dev, char scale, int nc) {
     double frac = c->batch_auto == -1 ? AUTOBATCH_FRACTION : c->batch_auto;
     if (dev < 0) {
-        fprintf(stderr, "batch=%g: AutoBatch sizes the batch from GPU memory, and this run is on the CPU; using batch=16\n",
+        fprintf(stderr,
+                "batch=%g: AutoBatch sizes the batch from GPU memory, and this run is on the CPU; using batch=16\n",
                 c->batch_auto);
         return 16;
     }
     size_t fr = 0, total = 0;
     gpu_mem_info(dev, &fr, &total);
-    PlanOpts o = {.scale = scale, .nc = nc, .S = c->imgsz, .max_boxes = c->max_boxes, .adamw = 1, .recompute = c->recompute, .half = 1, .fp32 = !c->amp};
+    PlanOpts o = {.scale = scale,
+                  .nc = nc,
+                  .S = c->imgsz,
+                  .max_boxes = c->max_boxes,
+                  .adamw = 1,
+                  .recompute = c->recompute,
+                  .half = 1,
+                  .fp32 = !c->amp};
     // plan_max_batch adds the CUDA context estimate, which `fr` has already paid
     int b = plan_max_batch(o, (size_t)(fr * frac) + GPU_CONTEXT_BYTES);
     if (b < 1) die("batch=%g: not even batch 1 fits %.0f%% of the %.0f MiB free on device %d (see yolo plan)",
                    c->batch_auto, frac * 100, fr / 1048576.0, dev);
-    printf("AutoBatch: batch %d is the largest whose plan fits %.0f%% of the %.0f MiB free on device %d (of %.0f MiB)\n", b,
-           frac * 100, fr / 1048576.0, dev, total / 1048576.0);
+    printf("AutoBatch: batch %d is the largest whose plan fits %.0f%% of the %.0f MiB free on device %d (of %.0f "
+           "MiB)\n",
+           b, frac * 100, fr / 1048576.0, dev, total / 1048576.0);
     return b;
 }
 
@@ -9655,7 +10087,8 @@ static const TrainerOps gpu_trainer_ops = {
 // ddp_rank_batch: the per-rank batch of global batch B (Ultralytics splits batch= over the ranks)
 static int ddp_rank_batch(int B) {
     if (B % ddp.world)
-        die("batch=%d does not split evenly over %d GPUs: give a multiple of %d (batch= is the global batch, as in Ultralytics)",
+        die("batch=%d does not split evenly over %d GPUs: give a multiple of %d (batch= is the global batch, as in "
+            "Ultralytics)",
             B, ddp.world, ddp.world);
     return B / ddp.world;
 }
@@ -9664,7 +10097,8 @@ static int ddp_rank_batch(int B) {
 // runs after backward, so all of its wait counts)
 static void ddp_epoch_report(Trainer *t) {
     (void)t;
-    printf("%22s all-reduce: %.2f s of this epoch waiting on gradient communication (not hidden by compute)\n", "", ddp.comm_s);
+    printf("%22s all-reduce: %.2f s of this epoch waiting on gradient communication (not hidden by compute)\n", "",
+           ddp.comm_s);
     ddp.comm_s = 0;
 }
 
@@ -9738,10 +10172,12 @@ static void ddp_comm_open(ncclUniqueId id) {
     GPU_CHECK(cudaMemGetInfo(&fr0, &total));
     NCCL_CHECK(ncclCommInitRank(&ddp.comm, ddp.world, id, ddp.rank));
     GPU_CHECK(cudaMalloc((void **)&ddp.ctl, 16 * sizeof(int)));
-    if (ddp_agree(1, ncclSum, -1, NULL) != ddp.world) die("rank %d: the warm-up all-reduce did not count %d ranks", ddp.rank, ddp.world);
+    if (ddp_agree(1, ncclSum, -1, NULL) != ddp.world)
+        die("rank %d: the warm-up all-reduce did not count %d ranks", ddp.rank, ddp.world);
     GPU_CHECK(cudaMemGetInfo(&fr1, &total));
     ddp.comm_bytes = fr0 > fr1 ? fr0 - fr1 : 0;
-    printf("NCCL: rank %d of %d on device %d; the communicator took %.1f MiB of device memory (measured before the arena)\n",
+    printf("NCCL: rank %d of %d on device %d; the communicator took %.1f MiB of device memory (measured before the "
+           "arena)\n",
            ddp.rank, ddp.world, ddp.dev, ddp.comm_bytes / 1048576.0);
 }
 
@@ -9769,7 +10205,8 @@ static void ddp_allreduce_grads(Gpu *g) {
     NCCL_CHECK(ncclGroupStart());
     for (size_t off = 0; off < np; off += DDP_BUCKET_FLOATS) {
         size_t n = np - off < DDP_BUCKET_FLOATS ? np - off : DDP_BUCKET_FLOATS;
-        NCCL_CHECK(ncclAllReduce(g->grads + off, g->grads + off, n, ncclFloat32, ncclSum, ddp.comm, (cudaStream_t)g->stream));
+        NCCL_CHECK(ncclAllReduce(g->grads + off, g->grads + off, n, ncclFloat32, ncclSum, ddp.comm,
+                                 (cudaStream_t)g->stream));
     }
     NCCL_CHECK(ncclGroupEnd());
     ddp_wait(g->stream, "ncclAllReduce (gradients)");
@@ -9814,7 +10251,10 @@ static ncclUniqueId ddp_rendezvous(const Config *c) {
         die("rank %d of %d: MASTER_ADDR and MASTER_PORT must be set: rank 0 hands the NCCL id to the others there "
             "(torchrun sets them; with srun or mpirun export them, e.g. MASTER_ADDR=<first node> MASTER_PORT=29500)",
             ddp.rank, ddp.world);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = ddp.rank == 0 ? AI_PASSIVE : 0}, *ai;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = ddp.rank == 0 ? AI_PASSIVE : 0},
+                    *ai;
     int e = getaddrinfo(ddp.rank == 0 ? NULL : host, port, &hints, &ai);
     if (e) die("rank %d: MASTER_ADDR=%s MASTER_PORT=%s: %s", ddp.rank, host, port, gai_strerror(e));
     double t0 = now_sec();
@@ -9827,7 +10267,8 @@ static ncclUniqueId ddp_rendezvous(const Config *c) {
             die("rank 0: cannot listen on port %s for the other ranks: %s", port, strerror(errno));
         for (int served = 1; served < ddp.world;) {
             struct pollfd pf = {.fd = s, .events = POLLIN};
-            if (now_sec() - t0 > ddp.timeout) die("rank 0: only %d of %d ranks came to port %s in %.0f s", served, ddp.world, port, ddp.timeout);
+            if (now_sec() - t0 > ddp.timeout)
+                die("rank 0: only %d of %d ranks came to port %s in %.0f s", served, ddp.world, port, ddp.timeout);
             if (poll(&pf, 1, 1000) <= 0) continue;
             int k = accept(s, NULL, NULL);
             if (k < 0) continue;
@@ -9840,10 +10281,12 @@ static ncclUniqueId ddp_rendezvous(const Config *c) {
             int s = socket(ai->ai_family, SOCK_STREAM, 0);
             size_t got = 0;
             if (s >= 0 && !connect(s, ai->ai_addr, ai->ai_addrlen))
-                for (ssize_t k; got < sizeof msg && (k = read(s, (char *)&msg + got, sizeof msg - got)) > 0;) got += (size_t)k;
+                for (ssize_t k; got < sizeof msg && (k = read(s, (char *)&msg + got, sizeof msg - got)) > 0;)
+                    got += (size_t)k;
             if (s >= 0) close(s);
             if (got == sizeof msg) break;
-            if (now_sec() - t0 > ddp.timeout) die("rank %d: no NCCL id from rank 0 at %s:%s in %.0f s", ddp.rank, host, port, ddp.timeout);
+            if (now_sec() - t0 > ddp.timeout)
+                die("rank %d: no NCCL id from rank 0 at %s:%s in %.0f s", ddp.rank, host, port, ddp.timeout);
             usleep(200000);
         }
     }
@@ -9871,8 +10314,10 @@ static int ddp_spawn(Config *c, int argc, char **argv) {
     ncclUniqueId id;
     NCCL_CHECK(ncclGetUniqueId(&id));
     for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)id.internal[i]);
-    if (c->batch_auto) printf("DDP: %d processes, one per device (%s), AutoBatch on each card, the smallest card's batch on every one; run folder %s\n",
-                              ddp.ndev, c->device, dir);
+    if (c->batch_auto)
+        printf("DDP: %d processes, one per device (%s), AutoBatch on each card, the smallest card's batch on every "
+               "one; run folder %s\n",
+               ddp.ndev, c->device, dir);
     else printf("DDP: %d processes, one per device (%s), batch %d per device; run folder %s\n", ddp.ndev, c->device,
                 c->batch / ddp.ndev, dir);
     fflush(stdout);
@@ -9885,7 +10330,8 @@ static int ddp_spawn(Config *c, int argc, char **argv) {
             snprintf(num[0], 16, "%d", r), snprintf(num[1], 16, "%d", ddp.ndev);
             setenv("RANK", num[0], 1), setenv("LOCAL_RANK", num[0], 1), setenv("WORLD_SIZE", num[1], 1);
             setenv("YOLO_NCCL_ID", hex, 1), setenv("YOLO_RUN_DIR", dir, 1);
-            if (r > 0 && !freopen("/dev/null", "w", stdout)) _exit(127);   // rank 0 speaks for the run; errors still reach stderr
+            if (r > 0 && !freopen("/dev/null", "w", stdout))
+                _exit(127);   // rank 0 speaks for the run; errors still reach stderr
             execv("/proc/self/exe", argv);   // the same command line: `yolo train ... device=0,1`
             fprintf(stderr, "DDP: cannot start rank %d (/proc/self/exe): %s\n", r, strerror(errno));
             _exit(127);
@@ -9899,7 +10345,8 @@ static int ddp_spawn(Config *c, int argc, char **argv) {
         if (w == 0) {
             if (now_sec() > deadline) {
                 for (int r = 0; r < ddp.ndev; r++)
-                    if (pid[r] > 0) fprintf(stderr, "DDP: rank %d has not stopped; killing it\n", r), kill(pid[r], SIGKILL);
+                    if (pid[r] > 0)
+                        fprintf(stderr, "DDP: rank %d has not stopped; killing it\n", r), kill(pid[r], SIGKILL);
                 deadline = now_sec() + 1e9;
             }
             usleep(100000);
@@ -9913,10 +10360,14 @@ static int ddp_spawn(Config *c, int argc, char **argv) {
         left--;
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
         if (!rc) {
-            if (WIFSIGNALED(st)) fprintf(stderr, "DDP: rank %d (device %d) was killed by signal %d (%s)", r, ddp.devs[r], WTERMSIG(st), strsignal(WTERMSIG(st)));
+            if (WIFSIGNALED(st))
+                fprintf(stderr, "DDP: rank %d (device %d) was killed by signal %d (%s)", r, ddp.devs[r], WTERMSIG(st),
+                        strsignal(WTERMSIG(st)));
             else fprintf(stderr, "DDP: rank %d (device %d) exited with status %d", r, ddp.devs[r], WEXITSTATUS(st));
-            fprintf(stderr, "; the other ranks stop at their next collective (at most %.0f s, YOLO_DDP_TIMEOUT). "
-                            "The last checkpoint %s/weights/last.ckpt is intact; resume=1 name=... continues it\n", ddp.timeout, dir);
+            fprintf(stderr,
+                    "; the other ranks stop at their next collective (at most %.0f s, YOLO_DDP_TIMEOUT). "
+                    "The last checkpoint %s/weights/last.ckpt is intact; resume=1 name=... continues it\n",
+                    ddp.timeout, dir);
             deadline = now_sec() + ddp.timeout + 30;
         }
         rc = 1;
@@ -9938,17 +10389,21 @@ static int ddp_launch(Config *c, int argc, char **argv) {
     if (ddp.ndev <= 1 && world <= 1) return -1;
 #if !defined(YOLO_CUDA)
     (void)argc, (void)argv;
-    die("device=%s: this yolo was built without CUDA (make found no nvcc), so it cannot train on several GPUs", c->device);
+    die("device=%s: this yolo was built without CUDA (make found no nvcc), so it cannot train on several GPUs",
+        c->device);
 #elif !defined(YOLO_NCCL)
     (void)argc, (void)argv;
-    die("device=%s: this yolo was built without NCCL, so it cannot train on several GPUs (make links libnccl when it finds "
-        "nccl.h and libnccl: the CUDA toolkit's, or Debian's libnccl-dev)", c->device);
+    die("device=%s: this yolo was built without NCCL, so it cannot train on several GPUs (make links libnccl when it "
+        "finds "
+        "nccl.h and libnccl: the CUDA toolkit's, or Debian's libnccl-dev)",
+        c->device);
 #else
     if (world <= 1) return ddp_spawn(c, argc, argv);
     ddp.world = world;
     ddp.rank = ddp_env("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK");
     ddp.local_rank = ddp_env("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK");
-    if (ddp.rank < 0 || ddp.rank >= world) die("WORLD_SIZE=%d but RANK is %d: every worker needs its RANK (0..%d)", world, ddp.rank, world - 1);
+    if (ddp.rank < 0 || ddp.rank >= world)
+        die("WORLD_SIZE=%d but RANK is %d: every worker needs its RANK (0..%d)", world, ddp.rank, world - 1);
     if (ddp.local_rank < 0) ddp.local_rank = ddp.rank;
     if (ddp.ndev > 0 && ddp.local_rank >= ddp.ndev)
         die("rank %d: LOCAL_RANK=%d but device=%s lists %d devices", ddp.rank, ddp.local_rank, c->device, ddp.ndev);
@@ -9956,7 +10411,8 @@ static int ddp_launch(Config *c, int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || ddp.dev >= n)
         die("rank %d: device %d does not exist (%d CUDA device(s) on this machine)", ddp.rank, ddp.dev, n);
-    if (!strchr(c->device, ',')) snprintf(c->device, sizeof c->device, "%d,", ddp.dev);   // gpu_select: this worker's device
+    if (!strchr(c->device, ','))
+        snprintf(c->device, sizeof c->device, "%d,", ddp.dev);   // gpu_select: this worker's device
     ncclUniqueId id;
     const char *hex = getenv("YOLO_NCCL_ID");
     if (hex && strlen(hex) == 2 * NCCL_UNIQUE_ID_BYTES) {   // started by ddp_spawn
@@ -10046,7 +10502,8 @@ static void trainer_open_memory(Trainer *t) {
     int nc = t->data.nc;
     const Loader *vl = t->val_ld;
     size_t xfloats = (size_t)t->B * 3 * t->S * t->S;
-    for (int i = 0; i < vl->nbatch; i++) xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
+    for (int i = 0; i < vl->nbatch; i++)
+        xfloats = (size_t)fmax(xfloats, (double)t->vB * 3 * vl->shape[i][0] * vl->shape[i][1]);
     t->B_last = t->train_ld->npos % t->B;   // this rank's share of the epoch
     t->vB_last = t->val_ds.n % t->vB;
     if (t->dev >= 0) xfloats = 1;   // the host keeps the master copies for checkpoints; no activations
@@ -10055,15 +10512,19 @@ static void trainer_open_memory(Trainer *t) {
     t->arena = xcalloc(1, sizeof(Arena));
     t->arena->cap = p.total;
     t->arena->base = aligned_alloc(ARENA_ALIGN, (p.total + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN);
-    if (!t->arena->base) die("cannot allocate the %.1f MiB arena (see `yolo plan`; lower batch or imgsz)", p.total / 1048576.0);
+    if (!t->arena->base)
+        die("cannot allocate the %.1f MiB arena (see `yolo plan`; lower batch or imgsz)", p.total / 1048576.0);
     trainer_alloc(t, t->arena, xfloats, 1);
     if (t->dev >= 0)
-        printf("host memory: %.1f MiB (weights, gradients, optimizer state and EMA for checkpoints)\n", p.total / 1048576.0);
-    else printf("memory plan: %.1f MiB in one arena (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, activations %.1f, "
-           "backward %.1f, loss %.1f, input %.1f MiB); nothing is allocated after this\n",
-           p.total / 1048576.0, p.at_peak[G_PARAMS] / 1048576.0, p.at_peak[G_GRADS] / 1048576.0, p.at_peak[G_OPTIM] / 1048576.0,
-           p.at_peak[G_EMA] / 1048576.0, p.at_peak[G_ACTS] / 1048576.0, p.at_peak[G_BACKWARD] / 1048576.0,
-           p.peak[G_LOSS] / 1048576.0, p.at_peak[G_INPUT] / 1048576.0);
+        printf("host memory: %.1f MiB (weights, gradients, optimizer state and EMA for checkpoints)\n",
+               p.total / 1048576.0);
+    else
+        printf("memory plan: %.1f MiB in one arena (weights %.1f, gradients %.1f, optimizer %.1f, EMA %.1f, "
+               "activations %.1f, "
+               "backward %.1f, loss %.1f, input %.1f MiB); nothing is allocated after this\n",
+               p.total / 1048576.0, p.at_peak[G_PARAMS] / 1048576.0, p.at_peak[G_GRADS] / 1048576.0,
+               p.at_peak[G_OPTIM] / 1048576.0, p.at_peak[G_EMA] / 1048576.0, p.at_peak[G_ACTS] / 1048576.0,
+               p.at_peak[G_BACKWARD] / 1048576.0, p.peak[G_LOSS] / 1048576.0, p.at_peak[G_INPUT] / 1048576.0);
     model_load_weights(&t->m, cfg->model, nc, cfg->seed, 0);
     memcpy(t->ema.params, t->m.params, t->m.nparams * sizeof(float));
     memcpy(t->ema.buffers, t->m.buffers, t->m.nbuffers * sizeof(float));
@@ -10076,7 +10537,8 @@ static void trainer_open_memory(Trainer *t) {
     state_dict_build(&t->sd_ema, &t->m, t->ema.params, t->ema.buffers);
     {   // the NMS buffers must hold the largest validation shape
         int Amax = head_anchor_count(t->S, t->S);
-        for (int i = 0; i < vl->nbatch; i++) Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
+        for (int i = 0; i < vl->nbatch; i++)
+            Amax = (int)fmax(Amax, head_anchor_count(vl->shape[i][0], vl->shape[i][1]));
         NmsConfig ncfg = nms_config_val();
         if (cfg->conf >= 0) ncfg.conf = (float)cfg->conf;
         ncfg.iou = (float)cfg->iou;
@@ -10230,7 +10692,8 @@ static int train_run(Config cfg) {
     t->S = cfg.imgsz;
     t->dev = gpu_select(cfg.device);
     t->ops = trainer_ops(t->dev);
-    if (cfg.batch_auto && ddp.world > 1)   // AutoBatch per card (NCCL's memory already taken); the smallest card's, on every rank
+    if (cfg.batch_auto &&
+        ddp.world > 1)   // AutoBatch per card (NCCL's memory already taken); the smallest card's, on every rank
         t->cfg.batch = cfg.batch = ddp.world * ddp_min(trainer_auto_batch(&cfg, t->dev, scale, nc));
     else if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
     if (ddp.world > 1) t->B = ddp_rank_batch(cfg.batch);
@@ -10242,15 +10705,17 @@ static int train_run(Config cfg) {
     snprintf(csv, sizeof csv, "%s/results.csv", t->dir);
     if (!cfg.resume && ddp.rank == 0) {
         FILE *f = xfopen(csv, "w");
-        fprintf(f, "epoch,time,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision(B),metrics/recall(B),"
-                   "metrics/mAP50(B),metrics/mAP50-95(B),val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2\n");
+        fprintf(f,
+                "epoch,time,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision(B),metrics/recall(B),"
+                "metrics/mAP50(B),metrics/mAP50-95(B),val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2\n");
         fclose(f);
     }
-    printf("training yolov8%c nc=%d on %d images (%d val), batch %d, imgsz %d, accumulate %d, weight_decay %g, %d epochs -> %s\n",
+    printf("training yolov8%c nc=%d on %d images (%d val), batch %d, imgsz %d, accumulate %d, weight_decay %g, %d "
+           "epochs -> %s\n",
            scale, nc, t->train_ds.n, t->val_ds.n, t->B * ddp.world, t->S, t->accumulate, t->wd, cfg.epochs, t->dir);
     if (ddp.world > 1)
-        printf("data parallel: %d ranks, batch %d per rank, %d images per rank per epoch (%d batches)\n", ddp.world, t->B,
-               t->train_ld->npos, t->nb);
+        printf("data parallel: %d ranks, batch %d per rank, %d images per rank per epoch (%d batches)\n", ddp.world,
+               t->B, t->train_ld->npos, t->nb);
     tty_out = isatty(1);
     int nw = cfg.warmup_epochs > 0 ? (int)fmax(rint(cfg.warmup_epochs * t->nb), 100) : -1;
     double t_start = now_sec();
@@ -10265,13 +10730,15 @@ static int train_run(Config cfg) {
         if (!stop && ddp.rank == 0) stop = train_epoch_end(t, epoch, tl, ngood, rows, &nrows, csv, t_start);
         if (ddp.world > 1) stop = ddp_agree_stop(t, epoch, stop);   // the others wait here for rank 0's validation
     }
-    if (ddp.rank == 0) eval_plots_save(&t->ev, t->dir, t->data.names);   // the last validation's confusion matrix and curves
+    if (ddp.rank == 0)
+        eval_plots_save(&t->ev, t->dir, t->data.names);   // the last validation's confusion matrix and curves
     double total = now_sec() - t_start;
     const Arena *ar = t->ops->arena(t);
     printf("%d epochs completed in %.1f s (%.3f hours); best fitness (mAP50-95) %.4f at epoch %d; %d steps skipped for "
-           "non-finite values\nmemory: the %s arena's high-water mark was %.1f of %.1f MiB planned\nresults saved to %s\n", t->epoch,
-           total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->ops->where, ar->high / 1048576.0,
-           ar->cap / 1048576.0, t->dir);
+           "non-finite values\nmemory: the %s arena's high-water mark was %.1f of %.1f MiB planned\nresults saved to "
+           "%s\n",
+           t->epoch, total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->ops->where,
+           ar->high / 1048576.0, ar->cap / 1048576.0, t->dir);
     t->ops->close(t, 1);
     loader_close(t->train_ld);
     loader_close(t->val_ld);
@@ -10306,7 +10773,8 @@ static int cmd_val(int argc, char **argv) {
     t->B = t->vB = c.batch;
     t->S = c.imgsz;
     if (dataset_load(&t->data, 1, &t->val_ds)) die("val: no usable validation images in %s", c.data);
-    LoaderConfig vc = {.batch = t->B, .imgsz = t->S, .workers = c.workers, .max_boxes = c.max_boxes, .train = 0, .seed = c.seed};
+    LoaderConfig vc = {
+            .batch = t->B, .imgsz = t->S, .workers = c.workers, .max_boxes = c.max_boxes, .train = 0, .seed = c.seed};
     t->val_ld = loader_open(&t->val_ds, &vc);
     t->lcfg = loss_config_default();
     t->lcfg.max_boxes = c.max_boxes;
@@ -10344,7 +10812,8 @@ static int cmd_val(int argc, char **argv) {
     printf("%22s %9s %9s %9s %9s\n", "class", "P", "R", "mAP50", "mAP50-95");
     printf("%22s %9.3f %9.3f %9.3f %9.3f\n", "all", mt.P, mt.R, mt.map50, mt.map);
     for (int k = 0; k < fnc; k++)
-        if (mt.ap[k] >= 0) printf("%22s %9.3f %9.3f %9.3f %9.3f\n", t->data.names[k], mt.p[k], mt.r[k], mt.ap50[k], mt.ap[k]);
+        if (mt.ap[k] >= 0)
+            printf("%22s %9.3f %9.3f %9.3f %9.3f\n", t->data.names[k], mt.p[k], mt.r[k], mt.ap50[k], mt.ap[k]);
     printf("val losses box %.4f cls %.4f dfl %.4f; %.2f s; pictures in %s\n", vloss[0], vloss[1],
            vloss[2], now_sec() - t0, t->dir);
     metrics_free(&mt);
@@ -10554,7 +11023,8 @@ static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
         int V = o->S + 32;
         GpuShape st = {o->B, o->S, o->S, 1}, sv = {2 * o->B, V, V, 0};
         Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 0, 1, &st, &lc);
-        Plan p2 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 0, 1, &sv, &lc);   // with the training state
+        Plan p2 =
+                gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 0, 1, &sv, &lc);   // with the training state
         if (tr) *tr = p1;
         if (va) *va = p2;
         free(m);
@@ -10580,7 +11050,9 @@ static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
 }
 
 // plan_device_bytes: what the device needs in all: the arena plus the CUDA context estimate
-static size_t plan_device_bytes(const PlanOpts *o) { return plan_train(o, NULL, NULL) + (o->half ? GPU_CONTEXT_BYTES : 0); }
+static size_t plan_device_bytes(const PlanOpts *o) {
+    return plan_train(o, NULL, NULL) + (o->half ? GPU_CONTEXT_BYTES : 0);
+}
 
 // plan_max_batch: the largest batch whose plan fits `budget` bytes (0 if none); the plan grows
 // with the batch, so a binary search finds it, and the test checks batch+1 does not fit.
@@ -10618,7 +11090,8 @@ static void plan_table(const char *title, const Plan *tr, const Plan *va) {
     printf("%s\n  %-22s %12s %12s\n", title, "", "training", "validation");
     for (int g = 0; g < G_NGROUPS; g++)
         if (tr->at_peak[g] || va->at_peak[g])
-            printf("  %-22s %8.1f MiB %8.1f MiB\n", group_names[g], tr->at_peak[g] / 1048576.0, va->at_peak[g] / 1048576.0);
+            printf("  %-22s %8.1f MiB %8.1f MiB\n", group_names[g], tr->at_peak[g] / 1048576.0,
+                   va->at_peak[g] / 1048576.0);
     printf("  %-22s %8.1f MiB %8.1f MiB   (one arena of %.1f MiB serves both)\n", "total", tr->total / 1048576.0,
            va->total / 1048576.0, (tr->total > va->total ? tr->total : va->total) / 1048576.0);
 }
@@ -10630,10 +11103,14 @@ static void plan_ddp_batch(const char *device, int *B, int per_gpu) {
     int devs[64], n = strchr(device, ',') ? device_list(device, devs, 64) : 1;
     if (n < 2) return;
     if (per_gpu) {
-        printf("data parallel over %d GPUs: batch %d per GPU (gpu_mem= of the smallest card), global batch=%d\n", n, *B, *B * n);
+        printf("data parallel over %d GPUs: batch %d per GPU (gpu_mem= of the smallest card), global batch=%d\n", n, *B,
+               *B * n);
     } else {
-        if (*B % n) die("batch=%d does not split evenly over %d GPUs: give a multiple of %d (batch= is the global batch)", *B, n, n);
-        printf("data parallel over %d GPUs: global batch %d = %d per GPU; the plan below is each GPU's\n", n, *B, *B / n);
+        if (*B % n)
+            die("batch=%d does not split evenly over %d GPUs: give a multiple of %d (batch= is the global batch)", *B,
+                n, n);
+        printf("data parallel over %d GPUs: global batch %d = %d per GPU; the plan below is each GPU's\n", n, *B,
+               *B / n);
         *B /= n;
     }
     printf("each GPU also holds NCCL's communicator and buffers: yolo train measures them at start (cudaMemGetInfo "
@@ -10641,16 +11118,21 @@ static void plan_ddp_batch(const char *device, int *B, int per_gpu) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-    static const char *keys[] = {"model", "nc", "imgsz", "batch", "max_boxes", "optimizer", "recompute", "amp", "gpu_mem", "device", NULL};
+    static const char *keys[] = {"model",     "nc",  "imgsz",   "batch",  "max_boxes", "optimizer",
+                                 "recompute", "amp", "gpu_mem", "device", NULL};
     arg_check(argc, argv, keys);
     const char *name = arg_get(argc, argv, "model", "yolov8n");
     const Scale *sc = scale_find(name);
     char err[1024], fs;
     int fnc;
     if (!sc && weights_describe(name, &fnc, &fs, err, sizeof err))   // a weights file gives scale and nc
-        die("model=%s: %s%s", name, access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
-    PlanOpts o = {.scale = sc ? sc->name : fs, .nc = sc ? (int)arg_int(argc, argv, "nc", 80) : fnc, .S = (int)arg_int(argc, argv, "imgsz", 640),
-                  .max_boxes = (int)arg_int(argc, argv, "max_boxes", 400), .recompute = (int)arg_int(argc, argv, "recompute", 0)};
+        die("model=%s: %s%s", name,
+            access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
+    PlanOpts o = {.scale = sc ? sc->name : fs,
+                  .nc = sc ? (int)arg_int(argc, argv, "nc", 80) : fnc,
+                  .S = (int)arg_int(argc, argv, "imgsz", 640),
+                  .max_boxes = (int)arg_int(argc, argv, "max_boxes", 400),
+                  .recompute = (int)arg_int(argc, argv, "recompute", 0)};
     const char *opt = arg_get(argc, argv, "optimizer", "SGD");
     if (strcmp(opt, "SGD") && strcmp(opt, "AdamW")) die("optimizer=%s: expected SGD or AdamW", opt);
     o.adamw = !strcmp(opt, "AdamW");
@@ -10661,7 +11143,8 @@ static int cmd_plan(int argc, char **argv) {
     const char *gm = arg_get(argc, argv, "gpu_mem", NULL);
     size_t budget = gm ? parse_bytes("gpu_mem", gm) : 0;
     double bf = arg_num(argc, argv, "batch", 16);
-    if (!(bf == -1 || (bf > 0 && bf < 1) || (bf >= 1 && bf == floor(bf)))) die("batch=%g: expected >= 1, -1 (60%% of gpu_mem) or a fraction", bf);
+    if (!(bf == -1 || (bf > 0 && bf < 1) || (bf >= 1 && bf == floor(bf))))
+        die("batch=%g: expected >= 1, -1 (60%% of gpu_mem) or a fraction", bf);
     if (bf == -1 || bf < 1) {
         if (!gm) die("batch=%g picks the batch from the GPU memory: give gpu_mem= (e.g. gpu_mem=8G)", bf);
         double frac = bf == -1 ? AUTOBATCH_FRACTION : bf;
@@ -10669,7 +11152,9 @@ static int cmd_plan(int argc, char **argv) {
         q.half = 1;
         q.fp32 = !amp;
         o.B = plan_max_batch(q, (size_t)(budget * frac));
-        if (o.B < 1) die("batch=%g: not even batch 1 fits %.0f%% of gpu_mem=%s; see the suggestions with batch=1", bf, frac * 100, gm);
+        if (o.B < 1)
+            die("batch=%g: not even batch 1 fits %.0f%% of gpu_mem=%s; see the suggestions with batch=1", bf,
+                frac * 100, gm);
         printf("batch=%g: the largest batch whose plan fits %.0f%% of %s is %d\n", bf, frac * 100, gm, o.B);
     } else {
         o.B = (int)bf;
@@ -10678,8 +11163,8 @@ static int cmd_plan(int argc, char **argv) {
     plan_ddp_batch(arg_get(argc, argv, "device", ""), &o.B, bf < 1);
     Model *m = xmalloc(sizeof(Model));
     model_build(m, o.scale, o.nc);
-    printf("YOLOv8%c nc=%d batch=%d imgsz=%d max_boxes=%d %s recompute=%d: %zu parameters\n", o.scale, o.nc, o.B, o.S, o.max_boxes,
-           opt, o.recompute, m->nparams);
+    printf("YOLOv8%c nc=%d batch=%d imgsz=%d max_boxes=%d %s recompute=%d: %zu parameters\n", o.scale, o.nc, o.B, o.S,
+           o.max_boxes, opt, o.recompute, m->nparams);
     free(m);
     Plan tr, va;
     o.half = 0;
@@ -10696,16 +11181,19 @@ static int cmd_plan(int argc, char **argv) {
     g.half = 1;
     g.fp32 = !amp;
     size_t gtotal = plan_train(&g, &tr, &va);
-    plan_table(amp ? "GPU layout (the device step's dry run: FP16 activations; FP32 master weights, gradients, optimizer "
-                     "state, EMA):"
-                   : "GPU layout (the device step's dry run, amp=0: everything FP32):", &tr, &va);
+    plan_table(
+            amp ? "GPU layout (the device step's dry run: FP16 activations; FP32 master weights, gradients, optimizer "
+                  "state, EMA):"
+                : "GPU layout (the device step's dry run, amp=0: everything FP32):",
+            &tr, &va);
     printf("  %-22s %8.1f MiB   (estimate; not part of the plan)\n", "+ CUDA context", GPU_CONTEXT_BYTES / 1048576.0);
     printf("  %-22s %8.1f MiB\n", "device total", (gtotal + GPU_CONTEXT_BYTES) / 1048576.0);
     PlanOpts one = g;
     one.B = 1;
     PlanOpts two = g;
     two.B = 2;
-    printf("  activations and buffers per image: %.1f MiB\n", ((double)plan_train(&two, NULL, NULL) - plan_train(&one, NULL, NULL)) / 1048576.0);
+    printf("  activations and buffers per image: %.1f MiB\n",
+           ((double)plan_train(&two, NULL, NULL) - plan_train(&one, NULL, NULL)) / 1048576.0);
     if (!gm) {
         printf("give gpu_mem=SIZE (e.g. gpu_mem=8G) to see whether this fits and what to change\n");
         return 0;
@@ -10719,17 +11207,19 @@ static int cmd_plan(int argc, char **argv) {
     int k = 1;
     if (bmax >= 1) {
         int acc = (int)fmax(lround(64.0 / bmax), 1);
-        printf("  %d. batch=%d accumulate=%d: same nominal batch of 64, same accuracy, more steps per update%s\n", k++, bmax, acc,
-               bmax < 8 ? " (BN statistics from fewer than 8 images are noisier)" : "");
+        printf("  %d. batch=%d accumulate=%d: same nominal batch of 64, same accuracy, more steps per update%s\n", k++,
+               bmax, acc, bmax < 8 ? " (BN statistics from fewer than 8 images are noisier)" : "");
     }
     if (!g.recompute) {
         PlanOpts r = g;
         r.recompute = 1;
-        if (plan_device_bytes(&r) <= budget) printf("  %d. recompute=1: same results, about a third more compute\n", k++);
+        if (plan_device_bytes(&r) <= budget)
+            printf("  %d. recompute=1: same results, about a third more compute\n", k++);
         else {
             int br = plan_max_batch(r, budget);
-            if (br > bmax) printf("  %d. recompute=1 batch=%d accumulate=%d: same results, about a third more compute\n", k++, br,
-                                  (int)fmax(lround(64.0 / br), 1));
+            if (br > bmax)
+                printf("  %d. recompute=1 batch=%d accumulate=%d: same results, about a third more compute\n", k++, br,
+                       (int)fmax(lround(64.0 / br), 1));
         }
     }
     for (int s = g.S - 32; s >= 32; s -= 32) {
@@ -10759,10 +11249,12 @@ static int cmd_plan(int argc, char **argv) {
 static int cmd_memtable(int argc, char **argv) {
     static const char *keys[] = {"imgsz", "batch", "nc", NULL};
     arg_check(argc, argv, keys);
-    int S = (int)arg_int(argc, argv, "imgsz", 640), B = (int)arg_int(argc, argv, "batch", 16), nc = (int)arg_int(argc, argv, "nc", 80);
+    int S = (int)arg_int(argc, argv, "imgsz", 640), B = (int)arg_int(argc, argv, "batch", 16),
+        nc = (int)arg_int(argc, argv, "nc", 80);
     if (S < 32 || S % 32 || B < 1 || nc < 1) die("memtable: imgsz must be a multiple of 32, batch and nc >= 1");
     static const double others[5] = {2.8, 4.0, 7.2, 9.8, 12.2};
-    printf("| model | yolo.c GPU plan, AMP (GB) | with recompute=1 (GB) | yolo.c CPU FP32 (GB) | reported for PyTorch trainers, AMP (GB) |\n");
+    printf("| model | yolo.c GPU plan, AMP (GB) | with recompute=1 (GB) | yolo.c CPU FP32 (GB) | reported for PyTorch "
+           "trainers, AMP (GB) |\n");
     printf("|---|---|---|---|---|\n");
     for (int i = 0; i < 5; i++) {
         PlanOpts o = {.scale = "nsmlx"[i], .nc = nc, .B = B, .S = S, .max_boxes = 400, .half = 1};
@@ -10775,9 +11267,12 @@ static int cmd_memtable(int argc, char **argv) {
         if (S == 640 && B == 16 && nc == 80) snprintf(rep, sizeof rep, "%.1f", others[i]);
         printf("| yolov8%c | %.2f | %.2f | %.2f | %s |\n", "nsmlx"[i], a, r, c, rep);
     }
-    printf("\nimgsz %d, batch %d, nc %d, max_boxes 400, SGD. The yolo.c figures are the whole arena (weights, gradients, "
-           "optimizer state, EMA, activations, backward buffers, loss, input staging); the CUDA context (~0.5 GB) comes on "
-           "top of the GPU figures.\n", S, B, nc);
+    printf("\nimgsz %d, batch %d, nc %d, max_boxes 400, SGD. The yolo.c figures are the whole arena (weights, "
+           "gradients, "
+           "optimizer state, EMA, activations, backward buffers, loss, input staging); the CUDA context (~0.5 GB) "
+           "comes on "
+           "top of the GPU figures.\n",
+           S, B, nc);
     return 0;
 }
 
@@ -10922,7 +11417,8 @@ static void onnx_node(OnnxGraph *g, const char *op, const char *const *in, const
 
 // onnx_init_raw: an initializer of data type dtype and shape dims (ndim may be 0: a scalar)
 // whose little-endian bytes are raw. The bytes are copied once, straight into the graph.
-static void onnx_init_raw(OnnxGraph *g, const char *name, int dtype, int ndim, const int64_t *dims, const void *raw, size_t nbytes) {
+static void onnx_init_raw(OnnxGraph *g, const char *name, int dtype, int ndim, const int64_t *dims, const void *raw,
+                          size_t nbytes) {
     StBuf t = {0};
     for (int d = 0; d < ndim; d++) pb_int(&t, 1, dims[d]);
     pb_int(&t, 2, dtype);
@@ -10946,8 +11442,9 @@ static void onnx_init_f(OnnxGraph *g, const char *name, int ndim, const int64_t 
     for (size_t i = 0; i < n; i++) {
         h[i] = float_to_half(v[i]);
         if (isfinite(v[i]) && (h[i] & 0x7fffu) == 0x7c00u && !g->err[0])
-            snprintf(g->err, sizeof g->err, "tensor %s: value %g at index %zu overflows FP16 (half=1); export with half=0",
-                     name, (double)v[i], i);
+            snprintf(g->err, sizeof g->err,
+                     "tensor %s: value %g at index %zu overflows FP16 (half=1); export with half=0", name, (double)v[i],
+                     i);
     }
     onnx_init_raw(g, name, ONNX_FLOAT16, ndim, dims, h, n * sizeof(uint16_t));
     free(h);
@@ -11087,7 +11584,8 @@ static void onnx_graph_build(OnnxGraph *g, const Model *m) {
         case V_SLICE: {   // the C2f chunk(2, 1): one Split per conv into equal parts
             const Conv *c = &m->conv[v->conv];
             int parts = c->cout / v->C;
-            if (parts < 1 || parts > 8 || parts * v->C != c->cout || v->c0 % v->C) die("onnx export: %s: unsupported channel slice", c->name);
+            if (parts < 1 || parts > 8 || parts * v->C != c->cout || v->c0 % v->C)
+                die("onnx export: %s: unsupported channel slice", c->name);
             if (!split_done[v->conv]) {
                 char names[8][64];
                 const char *outs[9];
@@ -11128,7 +11626,8 @@ static void onnx_graph_build(OnnxGraph *g, const Model *m) {
             onnx_attr_str(&a, "coordinate_transformation_mode", "asymmetric");
             onnx_attr_str(&a, "mode", "nearest");
             onnx_attr_str(&a, "nearest_mode", "floor");
-            onnx_node(g, "Resize", ONNX_IN(vn[v->src[0]], g->opset < 13 ? "upsample.roi" : "", "upsample.scales"), ONNX_IN(vn[i]), &a);
+            onnx_node(g, "Resize", ONNX_IN(vn[v->src[0]], g->opset < 13 ? "upsample.roi" : "", "upsample.scales"),
+                      ONNX_IN(vn[i]), &a);
             break;
         case V_POOL:   // MaxPool2d(5, 1, 2)
             snprintf(vn[i], 64, "maxpool.%d", i);
@@ -11169,7 +11668,8 @@ static void onnx_graph_build(OnnxGraph *g, const Model *m) {
         onnx_init_i64(g, "anchors.i3", 0, NULL, (int64_t[]){3});
         onnx_scalar(g, "anchors.zero", 0.0f);
         onnx_scalar(g, "anchors.half", 0.5f);
-        for (int l = 0; l < 3; l++) onnx_anchors_dynamic(g, l, vn[conv_val[m->head_conv[l][0]]], head_strides[l], anc_l[l], str_l[l]);
+        for (int l = 0; l < 3; l++)
+            onnx_anchors_dynamic(g, l, vn[conv_val[m->head_conv[l][0]]], head_strides[l], anc_l[l], str_l[l]);
         onnx_attr_int(&a, "axis", 1);
         onnx_node(g, "Concat", ONNX_IN(anc_l[0], anc_l[1], anc_l[2]), ONNX_IN("anchors"), &a);
         onnx_attr_int(&a, "axis", 1);
@@ -11209,7 +11709,8 @@ static void onnx_graph_build(OnnxGraph *g, const Model *m) {
 
 // onnx_value_info: a graph input or output: name, element type and 3 or 4 dims, each a number or,
 // when param[d] is set, a symbolic name
-static void onnx_value_info(StBuf *graph, int field, const char *name, int elem, int ndim, const int64_t *dims, const char *const *param) {
+static void onnx_value_info(StBuf *graph, int field, const char *name, int elem, int ndim, const int64_t *dims,
+                            const char *const *param) {
     StBuf shape = {0}, tensor = {0}, type = {0}, vi = {0};
     for (int d = 0; d < ndim; d++) {
         StBuf dim = {0};
@@ -11259,8 +11760,8 @@ static int onnx_check_options(const OnnxOptions *o, char *err, size_t errlen) {
     else if (o->batch < 1 || o->batch > 1024)
         snprintf(err, errlen, "batch=%d must be between 1 and 1024", o->batch);
     else if (o->opset < ONNX_OPSET_MIN || o->opset > ONNX_OPSET_MAX)
-        snprintf(err, errlen, "opset=%d is not supported: use %d..%d (default %d)", o->opset, ONNX_OPSET_MIN, ONNX_OPSET_MAX,
-                 ONNX_OPSET_DEFAULT);
+        snprintf(err, errlen, "opset=%d is not supported: use %d..%d (default %d)", o->opset, ONNX_OPSET_MIN,
+                 ONNX_OPSET_MAX, ONNX_OPSET_DEFAULT);
     else if ((o->dynamic != 0 && o->dynamic != 1) || (o->half != 0 && o->half != 1))
         snprintf(err, errlen, "dynamic=%d half=%d: each must be 0 or 1", o->dynamic, o->half);
     else return 0;
@@ -11278,7 +11779,8 @@ static int file_write_atomic(const char *path, int np, const StBuf *parts, char 
     FILE *f = fopen(tmp, "wb");
     int rc = -1;
     if (!f) {
-        snprintf(err, errlen, "cannot create '%s': %s (hint: does the directory exist and is it writable?)", tmp, strerror(errno));
+        snprintf(err, errlen, "cannot create '%s': %s (hint: does the directory exist and is it writable?)", tmp,
+                 strerror(errno));
         free(tmp);
         return -1;
     }
@@ -11287,7 +11789,8 @@ static int file_write_atomic(const char *path, int np, const StBuf *parts, char 
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok) snprintf(err, errlen, "writing '%s' failed: %s", tmp, strerror(errno ? errno : EIO));
-    else if (rename(tmp, path) != 0) snprintf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    else if (rename(tmp, path) != 0)
+        snprintf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
     else { st_fsync_dir(path); rc = 0; }
     if (rc) unlink(tmp);
     free(tmp);
@@ -11298,7 +11801,8 @@ static int file_write_atomic(const char *path, int np, const StBuf *parts, char 
 // (atomically). Returns 0, or -1 with a message in err and nothing written.
 static int onnx_export(const Model *m, const OnnxOptions *o, const char *path, char *err, size_t errlen) {
     if (onnx_check_options(o, err, errlen)) return -1;
-    OnnxGraph g = {.opset = o->opset, .half = o->half, .dynamic = o->dynamic, .B = o->batch, .H = o->imgsz, .W = o->imgsz};
+    OnnxGraph g = {
+            .opset = o->opset, .half = o->half, .dynamic = o->dynamic, .B = o->batch, .H = o->imgsz, .W = o->imgsz};
     g.elem = o->half ? ONNX_FLOAT16 : ONNX_FLOAT;
     onnx_graph_build(&g, m);
     if (g.err[0]) {
@@ -11313,8 +11817,10 @@ static int onnx_export(const Model *m, const OnnxOptions *o, const char *path, c
     free(g.inits.p);
     int A = head_anchor_count(o->imgsz, o->imgsz);
     const char *in_param[4] = {"batch", NULL, "height", "width"}, *out_param[3] = {"batch", NULL, "anchors"};
-    onnx_value_info(&graph, 11, "images", g.elem, 4, (int64_t[]){o->batch, 3, o->imgsz, o->imgsz}, o->dynamic ? in_param : NULL);
-    onnx_value_info(&graph, 12, "output0", g.elem, 3, (int64_t[]){o->batch, 4 + m->nc, A}, o->dynamic ? out_param : NULL);
+    onnx_value_info(&graph, 11, "images", g.elem, 4, (int64_t[]){o->batch, 3, o->imgsz, o->imgsz},
+                    o->dynamic ? in_param : NULL);
+    onnx_value_info(&graph, 12, "output0", g.elem, 3, (int64_t[]){o->batch, 4 + m->nc, A},
+                    o->dynamic ? out_param : NULL);
     // ModelProto fields other than the graph, then the graph's key and length
     StBuf head = {0}, sub = {0};
     pb_int(&head, 1, onnx_ir_version(o->opset));
@@ -11337,8 +11843,8 @@ static int onnx_export(const Model *m, const OnnxOptions *o, const char *path, c
         py_repr_str(&names, o->names ? o->names[c] : dflt);
     }
     stbuf_put(&names, "}", 1);
-    stbuf_printf(&args, "{'batch': %d, 'half': %s, 'dynamic': %s, 'simplify': False, 'opset': %d, 'nms': False}", o->batch,
-                 o->half ? "True" : "False", o->dynamic ? "True" : "False", o->opset);
+    stbuf_printf(&args, "{'batch': %d, 'half': %s, 'dynamic': %s, 'simplify': False, 'opset': %d, 'nms': False}",
+                 o->batch, o->half ? "True" : "False", o->dynamic ? "True" : "False", o->opset);
     const char *kv[][2] = {
         {"description", desc}, {"author", "yolo.c"}, {"date", date}, {"version", "yolo.c"},
         {"license", "not stated (weights trained or converted with yolo.c)"}, {"docs", "README.md of yolo.c"},
@@ -11368,7 +11874,8 @@ static void onnx_path_for(const char *weights, char *out, size_t n) {
     snprintf(out + len, n - len, ".onnx");
 }
 
-static const char *const export_keys[] = {"model", "format", "imgsz", "batch", "dynamic", "half", "opset", "data", NULL};
+static const char *const export_keys[] = {"model", "format", "imgsz", "batch", "dynamic",
+                                          "half",  "opset",  "data",  NULL};
 
 // cmd_export_onnx: `yolo export model=X.safetensors|X.pt format=onnx [imgsz=640 batch=1 dynamic=0
 // half=0 opset=17 data=FILE]` writes X.onnx next to the weights (class names from data=).
@@ -11411,17 +11918,22 @@ static int cmd_export_onnx(int argc, char **argv) {
     if (o.dynamic) {
         printf("  input   images  %s [batch, 3, height, width] (exported for %d x 3 x %d x %d; RGB 0-1, letterboxed; "
                "height and width multiples of 32)\n", ty, o.batch, o.imgsz, o.imgsz);
-        printf("  output  output0 %s [batch, %d, anchors] (cx, cy, w, h in input pixels, then %d class scores)\n", ty, 4 + fnc, fnc);
+        printf("  output  output0 %s [batch, %d, anchors] (cx, cy, w, h in input pixels, then %d class scores)\n", ty,
+               4 + fnc, fnc);
     } else {
         printf("  input   images  %s [%d, 3, %d, %d] (RGB 0-1, letterboxed)\n", ty, o.batch, o.imgsz, o.imgsz);
-        printf("  output  output0 %s [%d, %d, %d] (cx, cy, w, h in input pixels, then %d class scores)\n", ty, o.batch, 4 + fnc, A, fnc);
+        printf("  output  output0 %s [%d, %d, %d] (cx, cy, w, h in input pixels, then %d class scores)\n", ty, o.batch,
+               4 + fnc, A, fnc);
     }
     printf("check:  python3 -c \"import onnx; onnx.checker.check_model('%s', full_check=True)\"\n", path);
-    printf("run:    node test/onnx_run.js %s   (after: npm install --prefix test/onnx onnxruntime-node --ignore-scripts)\n", path);
-    printf("engine: trtexec --onnx=%s --saveEngine=%.*s.engine%s", path, (int)(strlen(path) - 5), path, o.half ? " --fp16" : "");
+    printf("run:    node test/onnx_run.js %s   (after: npm install --prefix test/onnx onnxruntime-node "
+           "--ignore-scripts)\n",
+           path);
+    printf("engine: trtexec --onnx=%s --saveEngine=%.*s.engine%s", path, (int)(strlen(path) - 5), path,
+           o.half ? " --fp16" : "");
     if (o.dynamic)   // TensorRT needs the range of the symbolic dimensions
-        printf(" --minShapes=images:1x3x32x32 --optShapes=images:%dx3x%dx%d --maxShapes=images:%dx3x%dx%d", o.batch, o.imgsz,
-               o.imgsz, o.batch, o.imgsz, o.imgsz);
+        printf(" --minShapes=images:1x3x32x32 --optShapes=images:%dx3x%dx%d --maxShapes=images:%dx3x%dx%d", o.batch,
+               o.imgsz, o.imgsz, o.batch, o.imgsz, o.imgsz);
     printf("\n");
     free(m->params); free(m->buffers); free(m);
     if (data[0]) data_config_free(&dc);
@@ -11433,7 +11945,8 @@ static int cmd_export_onnx(int argc, char **argv) {
 // with Ultralytics names)
 static int cmd_export(int argc, char **argv) {
     const char *model = arg_get(argc, argv, "model", NULL), *format = arg_get(argc, argv, "format", NULL);
-    if (!model || !format) die("export: model= and format= are required, e.g. yolo export model=best.safetensors format=onnx");
+    if (!model || !format)
+        die("export: model= and format= are required, e.g. yolo export model=best.safetensors format=onnx");
     if (!strcmp(format, "onnx")) return cmd_export_onnx(argc, argv);
     if (!strcmp(format, "safetensors")) {
         static const char *keys[] = {"model", "format", "out", NULL};
@@ -11461,16 +11974,19 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);   // returns only on failure: then run as we are
     }
     static const Command cmds[] = {
-        {"info", cmd_info, "layer table and totals: model=yolov8n|FILE.pt|FILE.safetensors nc=80 imgsz=640"},
-        {"plan", cmd_plan, "memory plan of a training step: model=yolov8n|FILE nc= batch= imgsz="},
-        {"check-ref", cmd_check_ref, "compare with a reference fixture: yolo check-ref FILE.safetensors"},
-        {"memtable", cmd_memtable, "planned memory of every scale: [imgsz=640 batch=16]"},
-        {"train", cmd_train, "train: data=FILE model=yolov8n|FILE.safetensors|FILE.pt epochs= imgsz= batch= ... (Ultralytics keys)"},
-        {"val", cmd_val, "validate weights: model=FILE.safetensors|FILE.pt data=FILE [imgsz= batch= conf= iou=]"},
-        {"predict", cmd_predict, "detect objects: model=FILE.safetensors|FILE.pt source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
-        {"export", cmd_export, "model=FILE format=onnx [imgsz=640 batch=1 dynamic=0 half=0 opset=17] | format=safetensors [out=]"},
-        {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
-        {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
+            {"info", cmd_info, "layer table and totals: model=yolov8n|FILE.pt|FILE.safetensors nc=80 imgsz=640"},
+            {"plan", cmd_plan, "memory plan of a training step: model=yolov8n|FILE nc= batch= imgsz="},
+            {"check-ref", cmd_check_ref, "compare with a reference fixture: yolo check-ref FILE.safetensors"},
+            {"memtable", cmd_memtable, "planned memory of every scale: [imgsz=640 batch=16]"},
+            {"train", cmd_train,
+             "train: data=FILE model=yolov8n|FILE.safetensors|FILE.pt epochs= imgsz= batch= ... (Ultralytics keys)"},
+            {"val", cmd_val, "validate weights: model=FILE.safetensors|FILE.pt data=FILE [imgsz= batch= conf= iou=]"},
+            {"predict", cmd_predict,
+             "detect objects: model=FILE.safetensors|FILE.pt source=IMAGE|DIR [conf=0.25 imgsz= data=FILE for names]"},
+            {"export", cmd_export,
+             "model=FILE format=onnx [imgsz=640 batch=1 dynamic=0 half=0 opset=17] | format=safetensors [out=]"},
+            {"shapes", cmd_shapes, "write the synthetic shapes dataset: out=DIR [ntrain= nval= imgsz= seed=]"},
+            {"augment", cmd_augment, "write a grid of augmented training samples: data=FILE out=FILE.jpg"},
     };
     int n = (int)(sizeof cmds / sizeof cmds[0]);
     if (argc >= 2)

@@ -1,8 +1,9 @@
 // yolo.h: the interface between yolo.c (host, plain C) and yolo_kernels.cu (device code).
 // Launcher prototypes, plain structs and the little math both sides compute (CIoU, the DFL softmax,
 // sizes); includable from C and C++. Every launcher takes device pointers and a stream (a cudaStream_t
-// passed as void *; NULL is the default stream), enqueues its kernels and checks the launch. Each has a CPU twin, the code of the CPU step that
-// computes the same thing: YOLO_TWINS at the end of this file names it and the test that compares them.
+// passed as void *; NULL is the default stream), enqueues its kernels and checks the launch. Each has a CPU twin, the
+// code of the CPU step that computes the same thing: YOLO_TWINS at the end of this file names it and the test that
+// compares them.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -77,11 +78,12 @@ typedef struct { const float *mean, *invstd, *gamma, *beta; } ConvAct;
 
 // conv_forward_cuda: implicit GEMM on tensor cores (WMMA), FP32 accumulation. z = conv(x, w) (+ bias[co]
 // when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL.
-void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias, float *z, uint16_t *zh,
-                       void *stream);
+void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
+                       float *z, uint16_t *zh, void *stream);
 // conv_forward_f32_cuda: z = conv(x, w) (+ bias[co] when bias != NULL), FP32 in and out, FP32 accumulation
 // (SIMT implicit GEMM, one fmaf chain per output in a fixed order: deterministic); xs, zs as above.
-void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias, float *z, void *stream);
+void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias, float *z,
+                           void *stream);
 // conv_dgrad_cuda: input gradient dx = conv_transpose(dz, w), implicit GEMM on tensor cores. Written to
 // dx (FP32) and/or dxh (FP16), either may be NULL; accumulate != 0 adds to what is there.
 void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
@@ -97,7 +99,8 @@ void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx,
 static inline long conv_wgrad_split(ConvDims d, int f32, long *kchunk) {
     long bk = f32 ? 16 : 32, Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S);
     long N = (long)d.Cin * d.K * d.K, Kd = (long)d.B * Ho * Wo;
-    long tiles = ((N + 63) / 64) * ((d.Cout + 63) / 64), splits = (256 + tiles - 1) / tiles, maxs = (Kd + 8 * bk - 1) / (8 * bk);
+    long tiles = ((N + 63) / 64) * ((d.Cout + 63) / 64), splits = (256 + tiles - 1) / tiles,
+         maxs = (Kd + 8 * bk - 1) / (8 * bk);
     if (splits > maxs) splits = maxs;
     if (splits > 65535) splits = 65535;
     if (splits < 1) splits = 1;
@@ -115,12 +118,12 @@ static inline size_t conv_wgrad_ws_bytes(ConvDims d, int f32) {
 // conv_wgrad_cuda: weight gradient dW (Cout, Cin*K*K) (+)= sum over images and pixels of dz x col(x),
 // FP32 accumulation; accumulate != 0 adds to dW (gradient accumulation), else overwrites. ws: the
 // workspace of conv_wgrad_ws_bytes(d, 0) bytes (NULL when that is 0).
-void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw, float *ws, int accumulate,
-                     void *stream);
+void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw, float *ws,
+                     int accumulate, void *stream);
 // conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32 (one fmaf chain per slice, the slices added in
 // order); ws of conv_wgrad_ws_bytes(d, 1) bytes.
-void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const ConvAct *act, float *dw, float *ws, int accumulate,
-                         void *stream);
+void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const ConvAct *act, float *dw, float *ws,
+                         int accumulate, void *stream);
 
 // BN reductions (bn_stats_cuda, bn_silu_backward_cuda) split each channel's B*HW values into
 // bn_chunks chunks (about 16384 values each, at most 64), summed by blocks of their own and then in
@@ -132,9 +135,9 @@ static inline int bn_chunks(int B, int HW) {
 }
 static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C * (2 * bn_chunks(B, HW) + 2); }
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
-// conv_forward_cpu: train: mean and biased variance (FP32; two passes over each chunk, the chunks combined in order), invstd =
-// 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased
-// variance; eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps). scratch: see bn_chunks (train).
+// conv_forward_cpu: train: mean and biased variance (FP32; two passes over each chunk, the chunks combined in order),
+// invstd = 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased variance;
+// eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps). scratch: see bn_chunks (train).
 void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
                    float eps, float momentum, int train, float *scratch, void *stream);
 // bn_stats_f32_cuda: the same from an FP32 z.
@@ -340,7 +343,11 @@ void optim_step_cuda(float *p, const float *g, float *m, float *v, const uint8_t
 // steps, x0.5 and skip the step on an inf/NaN gradient. Host-side; found_inf comes from the norm
 // optim_step_cuda writes (not finite = found). grad_scaler_update returns 1 when the step was taken.
 typedef struct { float scale; int growth_interval, good_steps; } GradScaler;
-static inline void grad_scaler_init(GradScaler *s) { s->scale = 65536.0f; s->growth_interval = 2000; s->good_steps = 0; }
+static inline void grad_scaler_init(GradScaler *s) {
+    s->scale = 65536.0f;
+    s->growth_interval = 2000;
+    s->good_steps = 0;
+}
 static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     if (found_inf) { s->scale *= 0.5f; s->good_steps = 0; return 0; }
     if (++s->good_steps >= s->growth_interval) { s->scale *= 2.0f; s->good_steps = 0; }

@@ -294,11 +294,12 @@ __device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO st
 // conv_store8: outputs (m, n .. n+7) of a product whose columns n are pixels of NCHW images (HWn pixels,
 // images istride apart), v already final (bias added): FP32 to of and/or FP16 to oh, added to what is
 // there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, else one by one.
-__device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *v, int m, int n, int N, int HWn, FastDiv f,
-                                            long istride, int accumulate) {
+__device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *v, int m, int n, int N, int HWn,
+                                            FastDiv f, long istride, int accumulate) {
     int b = div_fast(n, f), p = n - b * HWn;
     long o = b * istride + (long)m * HWn + p;
-    if (n + 8 <= N && p + 8 <= HWn && (!of || ((uintptr_t)(of + o) & 15) == 0) && (!oh || ((uintptr_t)(oh + o) & 15) == 0)) {
+    if (n + 8 <= N && p + 8 <= HWn && (!of || ((uintptr_t)(of + o) & 15) == 0) &&
+        (!oh || ((uintptr_t)(oh + o) & 15) == 0)) {
         if (of) {
             float4 r0 = make_float4(v[0], v[1], v[2], v[3]), r1 = make_float4(v[4], v[5], v[6], v[7]);
             if (accumulate) {
@@ -313,8 +314,9 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
             if (accumulate) in.u = *(const uint4 *)(oh + o);
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                q.h[e] = accumulate ? __floats2half2_rn(__low2float(in.h[e]) + v[2 * e], __high2float(in.h[e]) + v[2 * e + 1])
-                                    : __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+                q.h[e] = accumulate
+                        ? __floats2half2_rn(__low2float(in.h[e]) + v[2 * e], __high2float(in.h[e]) + v[2 * e + 1])
+                        : __floats2half2_rn(v[2 * e], v[2 * e + 1]);
             *(uint4 *)(oh + o) = q.u;
         }
     } else {
@@ -342,8 +344,8 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
 // replaced, the ACT element the same bn_silu_value rounding, so results match the twin as before.
 struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared load per gathered element
 template <bool ACT, bool BVEC, bool AVEC>
-__global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias,
-                                                       float *z, __half *zh) {
+__global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w,
+                                                       const float *bias, float *z, __half *zh) {
     using namespace nvcuda;
     __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];   // (stage, 64 rows of Cout, 32 of Kd)
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*Ho*Wo)
@@ -421,7 +423,8 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
                     in.u = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
                     float2 bn = tbn[s & 1][r];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) gv.h[8 * i + e] = ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
+                    for (int e = 0; e < 8; e++)
+                        gv.h[8 * i + e] = ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
                 }
             }
         } else {
@@ -433,7 +436,10 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
                 __half v = hzero;
                 if ((unsigned)iy < (unsigned)g.H && (unsigned)ix < (unsigned)g.W) {
                     v = xb[t.off];
-                    if (ACT) { float2 bn = tbn[s & 1][r]; v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y)); }
+                    if (ACT) {
+                        float2 bn = tbn[s & 1][r];
+                        v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
+                    }
                 }
                 gv.h[j] = v;
             }
@@ -466,8 +472,8 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
         conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
     });
 }
-extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
-                                  float *z, uint16_t *zh, void *stream) {
+extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+                                  const float *bias, float *z, uint16_t *zh, void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.Ho * g.Wo;
     if (N == 0 || g.Cout == 0 || (!z && !zh)) return;
@@ -516,7 +522,8 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
     const __half hzero = __float2half(0.0f);
     auto taps = [&](int s) {
         if (!VEC1 && tid < IG_BK) {
-            int k = s * IG_BK + tid, co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
+            int k = s * IG_BK + tid, co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK),
+                kx = kk - ky * g.K;
             ConvTap t = {SS == 1 ? co * HWo - ky * g.Wo - kx : co * HWo, k < Kd ? ky : -(1 << 24), kx,
                          k < Kd ? co * g.Cin * g.KK + kk : -1};
             tap[s & 1][tid] = t;
@@ -566,7 +573,8 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
                 if (SS == 1) {
                     if ((unsigned)ty < (unsigned)g.Ho && (unsigned)tx < (unsigned)g.Wo) v = dzb[t.off];
                 } else if (SS == 2) {
-                    if (((ty | tx) & 1) == 0 && (unsigned)(ty >> 1) < (unsigned)g.Ho && (unsigned)(tx >> 1) < (unsigned)g.Wo)
+                    if (((ty | tx) & 1) == 0 && (unsigned)(ty >> 1) < (unsigned)g.Ho &&
+                        (unsigned)(tx >> 1) < (unsigned)g.Wo)
                         v = dzb[t.off + (ty >> 1) * g.Wo + (tx >> 1)];
                 } else if (ty >= 0 && tx >= 0) {
                     int oy = div_fast(ty, g.fS), ox = div_fast(tx, g.fS);
@@ -589,15 +597,19 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
     conv_warp_zero(acc);
     conv_k_loop(nsteps, taps, fetch, store, [&](int s) {
         conv_warp_step<ALayout, wmma::row_major>(
-            acc, [&](int i, int kk) { return VEC1 ? &As[s & 1][kk][wy * 32 + i * 16] : &As[s & 1][wy * 32 + i * 16][kk]; },
-            VEC1 ? IG_BM + 8 : IG_BK + 8, [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
+                acc,
+                [&](int i, int kk) {
+                    return VEC1 ? &As[s & 1][kk][wy * 32 + i * 16] : &As[s & 1][wy * 32 + i * 16][kk];
+                },
+                VEC1 ? IG_BM + 8 : IG_BK + 8, [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; },
+                IG_BN + 8);
     });
     conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
         if (m < M && n < N) conv_store8(dx, dxh, c, m, n, N, HW, g.fHW, g.xs, accumulate);
     });
 }
-extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
-                                void *stream) {
+extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh,
+                                int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.H * g.W;
     if (N == 0 || g.Cin == 0 || (!dx && !dxh)) return;
@@ -605,8 +617,8 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     cudaStream_t s = (cudaStream_t)stream;
     const __half *dzh = (const __half *)dz, *wh = (const __half *)w;
     __half *xo = (__half *)dxh;
-    bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)dz % 16 == 0 &&
-                (uintptr_t)w % 16 == 0;
+    bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 &&
+            (uintptr_t)dz % 16 == 0 && (uintptr_t)w % 16 == 0;
     if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
     else if (g.S == 1) conv_dgrad_kernel<false, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
     else if (g.S == 2) conv_dgrad_kernel<false, 2><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
@@ -619,16 +631,16 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 // leave the GPU idle; each slice then stores its partial dW into the workspace ws (Cout*N floats per
 // slice) and wgrad_reduce_kernel adds the slices in order (deterministic).
 // conv_wgrad_kernel: dW[co, n = (ci, ky, kx)] over pixels k = (b, oy, ox), a 64x64 tile of (Cout, Cin*KK)
-// per block, with the index math out of the K loop as in conv_fwd_kernel: the block's 64 taps (and, for ACT, their channels' BN scale and
-// shift) are decoded once into shared memory; per K step each thread decodes one pixel (b, oy, ox)
-// and gathers 16 taps of it. col(x) is staged transposed (tap-major, pixels contiguous: matrix_b
-// col_major) so that a warp's 32 pixels of one tap land in consecutive shared addresses. Where the
-// pixels are contiguous in memory (AVEC: dz with Ho*Wo and the image stride multiples of 8; BVEC:
-// 1x1 stride-1 x likewise) operands move as 16-byte cp.async (ACT through registers). Two stages,
-// one barrier per K step; the epilogue stores 8 consecutive dW values per lane (16-byte where aligned).
+// per block, with the index math out of the K loop as in conv_fwd_kernel: the block's 64 taps (and, for ACT, their
+// channels' BN scale and shift) are decoded once into shared memory; per K step each thread decodes one pixel (b, oy,
+// ox) and gathers 16 taps of it. col(x) is staged transposed (tap-major, pixels contiguous: matrix_b col_major) so that
+// a warp's 32 pixels of one tap land in consecutive shared addresses. Where the pixels are contiguous in memory (AVEC:
+// dz with Ho*Wo and the image stride multiples of 8; BVEC: 1x1 stride-1 x likewise) operands move as 16-byte cp.async
+// (ACT through registers). Two stages, one barrier per K step; the epilogue stores 8 consecutive dW values per lane
+// (16-byte where aligned).
 template <bool ACT, bool AVEC, bool BVEC>
-__global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, float *dw,
-                                                         float *ws, int accumulate, int kchunk) {
+__global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
+                                                         float *dw, float *ws, int accumulate, int kchunk) {
     using namespace nvcuda;
     __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];    // (stage, 64 of Cout, 32 pixels)
     __shared__ __align__(128) __half Bt[2][IG_BN][IG_BK + 8];    // (stage, 64 taps, 32 pixels): col(x)^T
@@ -709,7 +721,9 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
                         in.u = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
                         float2 bn = tbn[r];
 #pragma unroll
-                        for (int e = 0; e < 8; e++) bv.h[8 * i + e] = ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
+                        for (int e = 0; e < 8; e++)
+                            bv.h[8 * i + e] =
+                                    ok ? __float2half(bn_silu_folded(__half2float(in.h[e]), bn.x, bn.y)) : hzero;
                     }
                 }
             }
@@ -787,8 +801,8 @@ static void wgrad_end(const ConvGeo &g, dim3 grid, const float *ws, float *dw, i
     wgrad_reduce_kernel<<<cdiv(n, 256), 256, 0, s>>>(ws, n, (int)grid.z, dw, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw, float *ws,
-                                int accumulate, void *stream) {
+extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw,
+                                float *ws, int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid;
@@ -890,8 +904,8 @@ __global__ __launch_bounds__(SG_THREADS) void conv_fwd_f32_kernel(ConvGeo g, con
             z[b * g.zs + (long)m * HWo + (n - b * HWo)] = bias ? v + bias[m] : v;
         });
 }
-extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias, float *z,
-                                      void *stream) {
+extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias,
+                                      float *z, void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.Ho * g.Wo;
     if (N == 0 || g.Cout == 0 || !z) return;
@@ -903,8 +917,8 @@ extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct 
 }
 
 // conv_dgrad_f32: dx (+)= w^T dzg; M = Cin, N = B*H*W, Kd = Cout*KK. grid (ceil(N/64), ceil(Cin/64))
-__global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, const float *dz, const float *w, float *dx,
-                                                                    int accumulate) {
+__global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, const float *dz, const float *w,
+                                                                    float *dx, int accumulate) {
     int Kd = g.Cout * g.KK, N = g.B * g.H * g.W, HW = g.H * g.W;
     sgemm_block<false>(g.Cin, N, 0, Kd,
         [=](int m, int k) { int co = div_fast(k, g.fKK); return w[((long)co * g.Cin + m) * g.KK + (k - co * g.KK)]; },
@@ -915,7 +929,8 @@ __global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, c
             dx[i] = accumulate ? dx[i] + v : v;
         });
 }
-extern "C" void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx, int accumulate, void *stream) {
+extern "C" void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx, int accumulate,
+                                    void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.H * g.W;
     if (N == 0 || g.Cin == 0 || !dx) return;
@@ -927,8 +942,9 @@ extern "C" void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w,
 // conv_wgrad_f32: dW (+)= dz col(x)^T; M = Cout, N = Cin*KK, Kd = B*Ho*Wo (images, then pixels, in
 // order), split over grid.z as the FP16 wgrad. grid (ceil(Cin*KK/64), ceil(Cout/64), slices)
 template <bool ACT>
-__global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x, ConvAct a, float *dw,
-                                                                    float *ws, int accumulate, int kchunk) {
+__global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x,
+                                                                    ConvAct a, float *dw, float *ws, int accumulate,
+                                                                    int kchunk) {
     int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
     float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
     sgemm_block<true>(g.Cout, N, kbeg, min(Kd, kbeg + kchunk),
@@ -940,8 +956,8 @@ __global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, c
             else dw[i] = accumulate ? dw[i] + v : v;
         });
 }
-extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const ConvAct *act, float *dw, float *ws,
-                                    int accumulate, void *stream) {
+extern "C" void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const ConvAct *act, float *dw,
+                                    float *ws, int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid;
@@ -1018,8 +1034,8 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
 // bn_stats_finish: one thread per channel. train: the chunks' means and squared deviations combined in
 // chunk order (Chan et al.'s pairwise update) into the mean, invstd and the running stats; eval:
 // mean = rm, invstd from rv
-__global__ void bn_stats_finish_kernel(const float *part, BnGeo q, int C, float *mean, float *invstd, float *rm, float *rv,
-                                       float eps, float momentum, int train) {
+__global__ void bn_stats_finish_kernel(const float *part, BnGeo q, int C, float *mean, float *invstd, float *rm,
+                                       float *rv, float eps, float momentum, int train) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     if (!train) { mean[c] = rm[c]; invstd[c] = 1.0f / sqrtf(rv[c] + eps); return; }
@@ -1051,12 +1067,12 @@ static void bn_stats_launch(const T *z, long zs, int B, int C, int HW, float *me
     bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(scratch, q, C, mean, invstd, rm, rv, eps, momentum, train);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                              float eps, float momentum, int train, float *scratch, void *stream) {
+extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm,
+                              float *rv, float eps, float momentum, int train, float *scratch, void *stream) {
     bn_stats_launch((const __half *)z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
-extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
-                                  float eps, float momentum, int train, float *scratch, void *stream) {
+extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm,
+                                  float *rv, float eps, float momentum, int train, float *scratch, void *stream) {
     bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
 
@@ -1093,8 +1109,8 @@ static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, co
 // math; grid (ceil(HW/(256 V)), C, B), V consecutive elements per thread (V8: 8, one or two 16-byte
 // loads and stores, else 1); BN folded to a scale and shift once per thread (bn_silu_value's bits)
 template <class T, bool V8>
-__global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                                           const float *beta, T *y, long ys, int HW) {
+__global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd,
+                                           const float *gamma, const float *beta, T *y, long ys, int HW) {
     int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y, b = blockIdx.z;
     if (i >= HW) return;
     float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
@@ -1122,12 +1138,14 @@ static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, c
             z, zs, mean, invstd, gamma, beta, y, ys, HW);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                                         const float *beta, uint16_t *y, long ys, int B, int C, int HW, void *stream) {
+extern "C" void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd,
+                                         const float *gamma, const float *beta, uint16_t *y, long ys, int B, int C,
+                                         int HW, void *stream) {
     bn_silu_forward_act_launch((const __half *)z, zs, mean, invstd, gamma, beta, (__half *)y, ys, B, C, HW, stream);
 }
-extern "C" void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                                         const float *beta, float *y, long ys, int B, int C, int HW, void *stream) {
+extern "C" void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const float *invstd,
+                                         const float *gamma, const float *beta, float *y, long ys, int B, int C, int HW,
+                                         void *stream) {
     bn_silu_forward_act_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, stream);
 }
 
@@ -1139,12 +1157,13 @@ __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, flo
 // bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)
 // into part[c*K + k] and part[C*K + c*K + k]
 template <class T>
-__global__ void bn_bwd_partial_kernel(const T *z, const float *dA, BnGeo q, int C, const float *mean, const float *invstd,
-                                      const float *gamma, const float *beta, float *part) {
+__global__ void bn_bwd_partial_kernel(const T *z, const float *dA, BnGeo q, int C, const float *mean,
+                                      const float *invstd, const float *gamma, const float *beta, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
     long j1 = min(q.n, (k + 1) * q.len);
     float sg = 0.0f, sgx = 0.0f;
-    float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f, be = gamma ? beta[c] : 0.0f;
+    float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f,
+          be = gamma ? beta[c] : 0.0f;
     for (BnWalk it(q, c, k * q.len + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
         long o = it.o;
         if (!gamma) { sg += dA[o]; continue; }
@@ -1184,7 +1203,8 @@ __global__ void bn_bwd_apply_kernel(const T *z, const float *dA, long zs, const 
     float g[8], zv[8];
     if (V8) load8(dA + o, g); else g[0] = dA[o];
     if (gamma) {
-        float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = scratch[c], mgx = scratch[C + c];
+        float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = scratch[c],
+              mgx = scratch[C + c];
         if (V8) load8(z + o, zv); else zv[0] = act_f(z[o]);
 #pragma unroll
         for (int e = 0; e < (V8 ? 8 : 1); e++) {
@@ -1196,16 +1216,18 @@ __global__ void bn_bwd_apply_kernel(const T *z, const float *dA, long zs, const 
 }
 template <class T>
 static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
-                                    const float *gamma, const float *beta, float *dgamma, float *dbeta, T *dz, float *scratch,
-                                    int B, int C, int HW, int train, void *stream) {
+                                    const float *gamma, const float *beta, float *dgamma, float *dbeta, T *dz,
+                                    float *scratch, int B, int C, int HW, int train, void *stream) {
     if (C == 0) return;
     if (!zs) zs = (long)C * HW;
     cudaStream_t s = (cudaStream_t)stream;
     BnGeo q = bn_geo(B, C, HW, zs);
     float *part = scratch + 2 * (long)C;   // after the two means
-    bn_bwd_partial_kernel<T><<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
+    bn_bwd_partial_kernel<T>
+            <<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
-    bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta, scratch);
+    bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta,
+                                                      scratch);
     CUDA_CHECK(cudaGetLastError());
     if ((long)B * HW == 0) return;
     if (bn_vec8(HW, zs, zs, z, dA, dz))
@@ -1216,15 +1238,17 @@ static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const 
             z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
-                                      const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
-                                      float *scratch, int B, int C, int HW, int train, void *stream) {
-    bn_silu_backward_launch((const __half *)z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, (__half *)dz, scratch, B, C, HW,
-                            train, stream);
+extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean,
+                                      const float *invstd, const float *gamma, const float *beta, float *dgamma,
+                                      float *dbeta, uint16_t *dz, float *scratch, int B, int C, int HW, int train,
+                                      void *stream) {
+    bn_silu_backward_launch((const __half *)z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, (__half *)dz, scratch,
+                            B, C, HW, train, stream);
 }
-extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean, const float *invstd,
-                                          const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,
-                                          float *scratch, int B, int C, int HW, int train, void *stream) {
+extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean,
+                                          const float *invstd, const float *gamma, const float *beta, float *dgamma,
+                                          float *dbeta, float *dz, float *scratch, int B, int C, int HW, int train,
+                                          void *stream) {
     bn_silu_backward_launch(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, B, C, HW, train, stream);
 }
 
@@ -1290,7 +1314,8 @@ __global__ void maxpool5_backward_kernel(const float *x, const float *dy, float 
         dx[base + me] = s;
     }
 }
-extern "C" void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W, void *stream) {
+extern "C" void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W,
+                                       void *stream) {
     if ((long)B * C * H * W == 0) return;
     dim3 grid(cdiv(W, MP_T), cdiv(H, MP_T), (unsigned)(B * C)), block(MP_T, MP_T);
     maxpool5_backward_kernel<<<grid, block, 0, (cudaStream_t)stream>>>(x, dy, dx, H, W);
@@ -1327,7 +1352,9 @@ static void u8_to_act_launch(const uint8_t *x, T *y, long n, void *stream) {
     u8_to_act_kernel<T><<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(x, y, n);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream) { u8_to_act_launch(x, (__half *)y, n, stream); }
+extern "C" void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream) {
+    u8_to_act_launch(x, (__half *)y, n, stream);
+}
 extern "C" void u8_to_f32_cuda(const uint8_t *x, float *y, long n, void *stream) { u8_to_act_launch(x, y, n, stream); }
 __global__ void f32_to_f16_kernel(const float *x, __half *y, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1359,10 +1386,12 @@ static void upsample2_forward_act_launch(const T *x, T *y, long ys, int B, int C
     upsample2_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, ys ? ys : 4L * C * H * W, C, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+extern "C" void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W,
+                                           void *stream) {
     upsample2_forward_act_launch((const __half *)x, (__half *)y, ys, B, C, H, W, stream);
 }
-extern "C" void upsample2_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream) {
+extern "C" void upsample2_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W,
+                                           void *stream) {
     upsample2_forward_act_launch(x, y, ys, B, C, H, W, stream);
 }
 
@@ -1390,7 +1419,8 @@ static void maxpool5_forward_act_launch(const T *x, T *y, long ys, int B, int C,
     maxpool5_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, ys ? ys : (long)C * H * W, C, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream) {
+extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W,
+                                          void *stream) {
     maxpool5_forward_act_launch((const __half *)x, (__half *)y, ys, B, C, H, W, stream);
 }
 extern "C" void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream) {
@@ -1407,7 +1437,8 @@ __global__ void add_f16_kernel(const __half *src, long ss, __half *dst, long ds,
 }
 extern "C" void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream) {
     if (B == 0 || n == 0) return;
-    add_f16_kernel<<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>((const __half *)src, ss, (__half *)dst, ds, n);
+    add_f16_kernel<<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>((const __half *)src, ss,
+                                                                                      (__half *)dst, ds, n);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1439,23 +1470,19 @@ extern "C" void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *strea
 /*
  * The twin of loss_forward_backward in yolo.c, with the same float formulas in the same operation order
  * (only the order of the double sums differs; on a GPU nvcc contracts a*b + c into FMAs and its expf,
- * atanf differ in the last bits, so there the results agree to rounding, not bit for bit). The host gathers the boxes of each image (loss_gather_gts);
- * then a memset of the claim counters and seven kernels on the stream:
- *   kernel   threads  computes                                                   yolo.c
- *   decode   B*A      predicted boxes in pixels (images with boxes)              tal_decode_batch
- *   topk     B*M      each gt's top-10 over its anchor rectangle; its claims     tal_topk_gt
- *   resolve  B*A      an anchor claimed twice goes to the gt of largest overlap; tal_resolve_image
- *                     per-gt max align and max overlap (atomicMax on float bits)
- *   score    B*A      target score of each foreground anchor; block sums         tal_resolve_image
- *   norm     1 block  target_scores_sum, n_fg, the gradient scales               step 1 end
- *   terms    B*A      BCE of every class logit, the foreground corrections,      steps 2-3, loss_fg_term
- *                     CIoU and DFL, every dhead value of the anchor; block sums
- *   out      1 block  the block sums in a fixed order -> out
- * No foreground list: the per-anchor kernels skip background anchors, and every sum is a block sum in a
- * fixed tree plus a fixed-order sum of the block partials, so results do not depend on scheduling. The
- * integer claim counts are atomic (order-free); an anchor claimed by one gt keeps that gt's metrics,
- * written by the one thread that claimed it. Known cost: topk walks a gt's rectangle in one thread, so a
- * box covering the image costs that thread all A metric evaluations (as one CPU thread does).
+ * atanf differ in the last bits, so there the results agree to rounding, not bit for bit). The host gathers the boxes
+ * of each image (loss_gather_gts); then a memset of the claim counters and seven kernels on the stream: kernel threads
+ * computes                                                   yolo.c decode   B*A      predicted boxes in pixels (images
+ * with boxes)              tal_decode_batch topk     B*M      each gt's top-10 over its anchor rectangle; its claims
+ * tal_topk_gt resolve  B*A      an anchor claimed twice goes to the gt of largest overlap; tal_resolve_image per-gt max
+ * align and max overlap (atomicMax on float bits) score    B*A      target score of each foreground anchor; block sums
+ * tal_resolve_image norm     1 block  target_scores_sum, n_fg, the gradient scales               step 1 end terms B*A
+ * BCE of every class logit, the foreground corrections,      steps 2-3, loss_fg_term CIoU and DFL, every dhead value of
+ * the anchor; block sums out      1 block  the block sums in a fixed order -> out No foreground list: the per-anchor
+ * kernels skip background anchors, and every sum is a block sum in a fixed tree plus a fixed-order sum of the block
+ * partials, so results do not depend on scheduling. The integer claim counts are atomic (order-free); an anchor claimed
+ * by one gt keeps that gt's metrics, written by the one thread that claimed it. Known cost: topk walks a gt's rectangle
+ * in one thread, so a box covering the image costs that thread all A metric evaluations (as one CPU thread does).
  */
 enum { LOSS_R = DFL_BINS, LOSS_TOPK = 10, LOSS_BLOCK = 256 };
 
@@ -1500,7 +1527,8 @@ __device__ void loss_decode_box(const LossAt &t, float *box, float *p, float *ls
 
 // loss_metric: tal_metric of yolo.c: 1 with o = max(CIoU(gt, pb), 0) and align = sigmoid(logit)^0.5 * o^6
 // when the anchor centre (ax, ay) (pixels) is strictly inside the valid gt, else 0 (o = align = 0).
-__device__ int loss_metric(const LossGtD &gt, float ax, float ay, const float *pb, float logit, float *o, float *align) {
+__device__ int loss_metric(const LossGtD &gt, float ax, float ay, const float *pb, float logit, float *o,
+                           float *align) {
     float dmin = fminf(fminf(ax - gt.x1, ay - gt.y1), fminf(gt.x2 - ax, gt.y2 - ay));
     *o = 0.0f;
     *align = 0.0f;
@@ -1512,7 +1540,6 @@ __device__ int loss_metric(const LossGtD &gt, float ax, float ay, const float *p
     *align = sqrtf(s) * powf(ov, 6.0f);
     return 1;
 }
-
 
 // loss_decode: pbox (B, A, 4) = predicted box of every anchor in pixels, for images with boxes (m > 0).
 __global__ void loss_decode_kernel(LossGeo g, const int *m, float *pbox) {
@@ -1681,7 +1708,8 @@ __global__ void loss_norm_kernel(const double *part, int nblk, int B, float box_
 // loss_fg_term: loss_fg_term of yolo.c for foreground anchor t with target box gt (pixels): box (1 - CIoU)
 // and DFL terms, unweighted; when t.dz is set also the gradient gb * d(1-CIoU) + gd * d(DFL) of the
 // anchor's 64 box logits, written to t.dz.
-__device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, double gd, double *box_term, double *dfl_term) {
+__device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, double gd, double *box_term,
+                             double *dfl_term) {
     float p[4 * LOSS_R], lse[4], pb[4];
     loss_decode_box(t, pb, p, lse);
     float s = t.s, tb[4] = {gt.x1 / s, gt.y1 / s, gt.x2 / s, gt.y2 / s};   // target_bboxes /= stride_tensor
@@ -1756,14 +1784,22 @@ __global__ void loss_terms_kernel(LossGeo g, const LossGtD *gts, const int *owne
     bce = block_sum(bce);
     box = block_sum(box);
     dfl = block_sum(dfl);
-    if (threadIdx.x == 0) { part[3 * blockIdx.x] = bce; part[3 * blockIdx.x + 1] = box; part[3 * blockIdx.x + 2] = dfl; }
+    if (threadIdx.x == 0) {
+        part[3 * blockIdx.x] = bce;
+        part[3 * blockIdx.x + 1] = box;
+        part[3 * blockIdx.x + 2] = dfl;
+    }
 }
 
 // loss_out: one block; the terms partials of nblk blocks in a fixed order -> out (see yolo.h).
 __global__ void loss_out_kernel(const double *part, int nblk, const LossNorm *nrm, float box_gain, float cls_gain,
                                 float dfl_gain, double *out) {
     double bce = 0.0, box = 0.0, dfl = 0.0;
-    for (int k = threadIdx.x; k < nblk; k += blockDim.x) { bce += part[3 * k]; box += part[3 * k + 1]; dfl += part[3 * k + 2]; }
+    for (int k = threadIdx.x; k < nblk; k += blockDim.x) {
+        bce += part[3 * k];
+        box += part[3 * k + 1];
+        dfl += part[3 * k + 2];
+    }
     bce = block_sum(bce);
     box = block_sum(box);
     dfl = block_sum(dfl);
@@ -1831,7 +1867,8 @@ extern "C" void loss_cuda(int B, int NC, int imgH, int imgW, const float *const 
     }
     LossScratch w;
     if (loss_scratch_carve((uintptr_t)scratch, B, g.A, M, &w) != loss_cuda_scratch_bytes(B, g.A, M)) {
-        fprintf(stderr, "loss_cuda: internal error: the scratch layout and loss_cuda_scratch_bytes (yolo.h) disagree\n");
+        fprintf(stderr,
+                "loss_cuda: internal error: the scratch layout and loss_cuda_scratch_bytes (yolo.h) disagree\n");
         exit(1);
     }
     cudaStream_t s = (cudaStream_t)stream;
@@ -1841,11 +1878,13 @@ extern "C" void loss_cuda(int B, int NC, int imgH, int imgW, const float *const 
     CUDA_CHECK(cudaGetLastError());
     loss_topk_kernel<<<nbm, 64, 0, s>>>(g, gts, m, w.pbox, w.cnt, w.owner, w.align, w.iou);
     CUDA_CHECK(cudaGetLastError());
-    loss_resolve_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, gts, m, w.pbox, w.cnt, w.owner, w.align, w.iou, w.max_align, w.max_iou);
+    loss_resolve_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, gts, m, w.pbox, w.cnt, w.owner, w.align, w.iou, w.max_align,
+                                                   w.max_iou);
     CUDA_CHECK(cudaGetLastError());
     loss_score_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, w.owner, w.align, w.max_align, w.max_iou, w.score, w.part_score);
     CUDA_CHECK(cudaGetLastError());
-    loss_norm_kernel<<<1, LOSS_BLOCK, 0, s>>>(w.part_score, (int)nba, B, box_gain, cls_gain, dfl_gain, grad_scale, w.nrm);
+    loss_norm_kernel<<<1, LOSS_BLOCK, 0, s>>>(w.part_score, (int)nba, B, box_gain, cls_gain, dfl_gain, grad_scale,
+                                              w.nrm);
     CUDA_CHECK(cudaGetLastError());
     loss_terms_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, gts, w.owner, w.score, w.nrm, w.part_terms);
     CUDA_CHECK(cudaGetLastError());
@@ -1881,7 +1920,8 @@ __global__ void optim_norm_kernel(const float *g, const uint8_t *group, long n, 
     bad = block_sum(bad);
     if (threadIdx.x == 0) { partials[2 * blockIdx.x] = ss; partials[2 * blockIdx.x + 1] = bad; }
 }
-extern "C" void optim_norm_cuda(const float *g, const uint8_t *group, long n, float inv_scale, float *partials, void *stream) {
+extern "C" void optim_norm_cuda(const float *g, const uint8_t *group, long n, float inv_scale, float *partials,
+                                void *stream) {
     optim_norm_kernel<<<OPT_NORM_BLOCKS, 256, 0, (cudaStream_t)stream>>>(g, group, n, inv_scale, partials);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -1903,7 +1943,12 @@ __global__ void optim_step_kernel(float *p, const float *g, float *m, float *v, 
         float gv = g[i] * h.inv_scale;
         if (clip) gv *= coef;
         // constant indices only: a dynamic index would put the parameter struct on the stack
-        float lr = gr == 0 ? h.lr[0] : gr == 1 ? h.lr[1] : h.lr[2], wd = gr == 0 ? h.wd[0] : gr == 1 ? h.wd[1] : h.wd[2];
+        float lr = gr == 0 ? h.lr[0]
+                : gr == 1  ? h.lr[1]
+                           : h.lr[2],
+              wd = gr == 0 ? h.wd[0]
+                : gr == 1  ? h.wd[1]
+                           : h.wd[2];
         float astep = gr == 0 ? h.adam_step[0] : gr == 1 ? h.adam_step[1] : h.adam_step[2], mom = h.momentum;
         if (!h.adamw) {
             float gi = gv + wd * p[i];
@@ -1918,10 +1963,11 @@ __global__ void optim_step_kernel(float *p, const float *g, float *m, float *v, 
         }
     }
 }
-extern "C" void optim_step_cuda(float *p, const float *g, float *m, float *v, const uint8_t *group, long n, const float *partials,
-                                OptimHyper h, float *norm_out, void *stream) {
+extern "C" void optim_step_cuda(float *p, const float *g, float *m, float *v, const uint8_t *group, long n,
+                                const float *partials, OptimHyper h, float *norm_out, void *stream) {
     unsigned blocks = n ? cdiv(n, OPT_NORM_BLOCKS) : 1;
     if (blocks > 4096) blocks = 4096;
-    optim_step_kernel<<<blocks, OPT_NORM_BLOCKS, 0, (cudaStream_t)stream>>>(p, g, m, v, group, n, partials, h, norm_out);
+    optim_step_kernel<<<blocks, OPT_NORM_BLOCKS, 0, (cudaStream_t)stream>>>(p, g, m, v, group, n, partials, h,
+                                                                            norm_out);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -33,8 +33,14 @@ int main(int argc, char **argv) {
     printf("%d cores\n", ncores);
     for (int cache = 0; cache < 2; cache++)
         for (int w = 1; w <= 4; w *= 2) {
-            LoaderConfig lc = {.batch = 16, .imgsz = 640, .workers = w, .max_boxes = 100, .train = 1, .cache_ram = cache,
-                               .seed = 0, .aug = aug_defaults()};
+            LoaderConfig lc = {.batch = 16,
+                               .imgsz = 640,
+                               .workers = w,
+                               .max_boxes = 100,
+                               .train = 1,
+                               .cache_ram = cache,
+                               .seed = 0,
+                               .aug = aug_defaults()};
             Loader *L = loader_open(&ds, &lc);
             loader_start_epoch(L, 0, 0); // warm-up epoch (page cache, scratch growth)
             while (loader_next(L)) {}
@@ -43,12 +49,14 @@ int main(int argc, char **argv) {
             loader_start_epoch(L, 1, 0);
             for (const Batch *b; (b = loader_next(L));) n += b->B;
             double dt = now_sec() - t, cpu = cpu_sec() - c0;
-            printf("BENCH loader 640 mosaic cache=%s workers=%d: %.1f images/s (%.1f per worker), %.1f ms per batch of 16, "
+            printf("BENCH loader 640 mosaic cache=%s workers=%d: %.1f images/s (%.1f per worker), %.1f ms per batch of "
+                   "16, "
                    "%.1f cores busy, %.1f ms CPU per image\n",
                    cache ? "ram" : "off", w, n / dt, n / dt / w, 1000 * dt / ((n + 15) / 16), cpu / dt, 1000 * cpu / n);
             loader_close(L);
         }
-    LoaderConfig lv = {.batch = 32, .imgsz = 640, .workers = 2, .max_boxes = 100, .train = 0, .seed = 0, .aug = aug_defaults()};
+    LoaderConfig lv = {
+            .batch = 32, .imgsz = 640, .workers = 2, .max_boxes = 100, .train = 0, .seed = 0, .aug = aug_defaults()};
     Loader *L = loader_open(&ds, &lv);
     loader_start_epoch(L, 0, 0);
     double t = now_sec();

@@ -31,7 +31,8 @@ int main(int argc, char **argv) {
 #else
     int th = 1;
 #endif
-    printf("yolov8n forward+backward, batch %d, %dx%d, %d threads: %.3f s (forward %.3f s), %.1f images/s, %.1f GFLOP/s effective\n",
+    printf("yolov8n forward+backward, batch %d, %dx%d, %d threads: %.3f s (forward %.3f s), %.1f images/s, %.1f "
+           "GFLOP/s effective\n",
            B, S, S, th, best, tf, B / best, gflop / best);
     return 0;
 }

@@ -126,7 +126,14 @@ namespace emu {
 
 enum { F_RUN, F_BAR, F_WARP, F_DONE };
 struct Fiber { void *sp; uint3 tid; int lin, state; const char *file; int line; char *stack; void *fake; };
-struct Warp { unsigned arrived, mask; int op, width; const char *file; int line; uint64_t val[32], res[32]; int arg[32]; };
+struct Warp {
+    unsigned arrived, mask;
+    int op, width;
+    const char *file;
+    int line;
+    uint64_t val[32], res[32];
+    int arg[32];
+};
 struct Block {
     int n, alive, bar_count, bar_red, bar_op, bar_result; const char *bar_file; int bar_line;
     Fiber *f; Warp *w; std::function<void()> *body; void *sched_sp;
@@ -158,8 +165,9 @@ static thread_local const void *sched_bottom; static thread_local size_t sched_s
 
 static std::string where() {
     char s[256] = "on the host";
-    if (K && F) snprintf(s, sizeof s, "in kernel %s (launched at %s:%d) block (%u,%u,%u) thread (%u,%u,%u)", K->name, K->file,
-                         K->line, cur_bid.x, cur_bid.y, cur_bid.z, F->tid.x, F->tid.y, F->tid.z);
+    if (K && F)
+        snprintf(s, sizeof s, "in kernel %s (launched at %s:%d) block (%u,%u,%u) thread (%u,%u,%u)", K->name, K->file,
+                 K->line, cur_bid.x, cur_bid.y, cur_bid.z, F->tid.x, F->tid.y, F->tid.z);
     else if (K) snprintf(s, sizeof s, "in kernel %s (launched at %s:%d)", K->name, K->file, K->line);
     return s;
 }
@@ -206,15 +214,20 @@ static void fiber_exit() {
     F->state = F_DONE;
     B->alive--;
     if (B->bar_count > 0) {
-        if (g_strict) fail("thread returned while %d threads wait at __syncthreads (%s:%d): barriers must be reached by every thread (strict mode)",
-                           B->bar_count, B->bar_file, B->bar_line);
+        if (g_strict)
+            fail("thread returned while %d threads wait at __syncthreads (%s:%d): barriers must be reached by every "
+                 "thread (strict mode)",
+                 B->bar_count, B->bar_file, B->bar_line);
         static int warned;
-        if (!warned++) fprintf(stderr, "EMU WARNING: a thread returned while others wait at __syncthreads (%s:%d) %s\n", B->bar_file, B->bar_line, where().c_str());
+        if (!warned++)
+            fprintf(stderr, "EMU WARNING: a thread returned while others wait at __syncthreads (%s:%d) %s\n",
+                    B->bar_file, B->bar_line, where().c_str());
         if (B->bar_count == B->alive) release_barrier();
     }
     Warp &w = B->w[F->lin >> 5];
     if (w.arrived && (w.mask >> (F->lin & 31) & 1))
-        fail("lane %d returned while lanes 0x%08x wait for it in %s (%s:%d)", F->lin & 31, w.arrived, op_name(w.op), w.file, w.line);
+        fail("lane %d returned while lanes 0x%08x wait for it in %s (%s:%d)", F->lin & 31, w.arrived, op_name(w.op),
+             w.file, w.line);
     to_sched();
     abort();  // a finished fiber is never resumed
 }
@@ -225,12 +238,18 @@ int syncthreads_reduce(int op, int pred, const char *file, int line) {
     if (!B) fail("__syncthreads called outside a kernel");
     if (B->bar_count == 0) { B->bar_file = file; B->bar_line = line; B->bar_red = op == 1 ? 1 : 0; B->bar_op = op; }
     else if (g_strict && (B->bar_line != line || strcmp(B->bar_file, file)))
-        fail("threads wait at different __syncthreads: %s:%d and %s:%d (strict mode)", file, line, B->bar_file, B->bar_line);
+        fail("threads wait at different __syncthreads: %s:%d and %s:%d (strict mode)", file, line, B->bar_file,
+             B->bar_line);
     if (op == 0) B->bar_red += pred != 0;
     else if (op == 1) B->bar_red &= pred != 0;
     else if (op == 2) B->bar_red |= pred != 0;
     F->file = file; F->line = line;
-    if (++B->bar_count == B->alive) { B->bar_result = B->bar_red; release_barrier(); yield_run(); return B->bar_result; }
+    if (++B->bar_count == B->alive) {
+        B->bar_result = B->bar_red;
+        release_barrier();
+        yield_run();
+        return B->bar_result;
+    }
     F->state = F_BAR;
     to_sched();
     return B->bar_result;   // valid until every thread reaches the next barrier, this one included
@@ -248,16 +267,21 @@ uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const 
     int lane = F->lin & 31, wi = F->lin >> 5;
     Warp &w = B->w[wi];
     Fiber *base = B->f + wi * 32;
-    if (!(mask >> lane & 1)) fail("lane %d calls %s (%s:%d) with mask 0x%08x that excludes itself", lane, op_name(op), file, line, mask);
+    if (!(mask >> lane & 1))
+        fail("lane %d calls %s (%s:%d) with mask 0x%08x that excludes itself", lane, op_name(op), file, line, mask);
     if (mask & ~lane_exist_mask(wi))
-        fail("%s (%s:%d) mask 0x%08x names lanes that do not exist (warp %d of a %d-thread block)", op_name(op), file, line, mask, wi, B->n);
-    if (width < 1 || width > 32 || (width & (width - 1))) fail("%s (%s:%d): width %d is not a power of two <= 32", op_name(op), file, line, width);
+        fail("%s (%s:%d) mask 0x%08x names lanes that do not exist (warp %d of a %d-thread block)", op_name(op), file,
+             line, mask, wi, B->n);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        fail("%s (%s:%d): width %d is not a power of two <= 32", op_name(op), file, line, width);
     for (int l = 0; l < 32; l++)
         if ((mask >> l & 1) && base[l].state == F_DONE)
-            fail("%s (%s:%d) waits for lane %d, which has already returned (a GPU would hang or read garbage)", op_name(op), file, line, l);
+            fail("%s (%s:%d) waits for lane %d, which has already returned (a GPU would hang or read garbage)",
+                 op_name(op), file, line, l);
     if (w.arrived == 0) { w.mask = mask; w.op = op; w.width = width; w.file = file; w.line = line; }
     else if (w.mask != mask || w.op != op || w.width != width)
-        fail("divergent warp collectives: lane %d calls %s (%s:%d) mask 0x%08x while lanes 0x%08x wait in %s (%s:%d) mask 0x%08x",
+        fail("divergent warp collectives: lane %d calls %s (%s:%d) mask 0x%08x while lanes 0x%08x wait in %s (%s:%d) "
+             "mask 0x%08x",
              lane, op_name(op), file, line, mask, w.arrived, op_name(w.op), w.file, w.line, w.mask);
     w.val[lane] = val; w.arg[lane] = arg;
     w.arrived |= 1u << lane;
@@ -298,7 +322,9 @@ uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const 
             r = acc;
         } }
         if (op >= W_SHFL && op <= W_SHFL_XOR) {
-            if (!(mask >> src & 1)) fail("%s (%s:%d): lane %d reads lane %d, which is not in mask 0x%08x", op_name(op), file, line, l, src, mask);
+            if (!(mask >> src & 1))
+                fail("%s (%s:%d): lane %d reads lane %d, which is not in mask 0x%08x", op_name(op), file, line, l, src,
+                     mask);
             r = w.val[src];
         }
         w.res[l] = r;
@@ -332,8 +358,10 @@ namespace nvcuda { namespace wmma {
 unsigned lane_id() { return emu::F ? (unsigned)(emu::F->lin & 31) : 0; }
 // every WMMA call is a full-warp rendezvous with a warp-uniform pointer and ldm (kernel rule 8)
 void warp_check(const void *p, unsigned ldm_bytes, unsigned align, const char *what, const char *file, int line) {
-    if (align && ((uintptr_t)p % align)) emu::fail("%s (%s:%d): pointer %p is not %u-byte aligned", what, file, line, p, align);
-    if (align && ldm_bytes % 16) emu::fail("%s (%s:%d): ldm of %u bytes is not a multiple of 16 bytes", what, file, line, ldm_bytes);
+    if (align && ((uintptr_t)p % align))
+        emu::fail("%s (%s:%d): pointer %p is not %u-byte aligned", what, file, line, p, align);
+    if (align && ldm_bytes % 16)
+        emu::fail("%s (%s:%d): ldm of %u bytes is not a multiple of 16 bytes", what, file, line, ldm_bytes);
     uint64_t key = (uint64_t)(uintptr_t)p * 1000003u + ldm_bytes;
     if (!emu::warp_op(emu::W_UNIFORM, 0xffffffffu, key, 0, 32, file, line))
         emu::fail("%s (%s:%d): pointer or ldm differs between the lanes of a warp", what, file, line);
@@ -367,10 +395,15 @@ static void deadlock() {
         Fiber &f = B->f[i];
         if (f.state == F_DONE) { done++; continue; }
         char k[256];
-        snprintf(k, sizeof k, "%s at %s:%d", f.state == F_BAR ? "__syncthreads" : op_name(B->w[i >> 5].op), f.file, f.line);
+        snprintf(k, sizeof k, "%s at %s:%d", f.state == F_BAR ? "__syncthreads" : op_name(B->w[i >> 5].op), f.file,
+                 f.line);
         sites[k]++;
     }
-    for (auto &kv : sites) { char t[300]; snprintf(t, sizeof t, "\n    %d threads wait in %s", kv.second, kv.first.c_str()); s += t; }
+    for (auto &kv : sites) {
+        char t[300];
+        snprintf(t, sizeof t, "\n    %d threads wait in %s", kv.second, kv.first.c_str());
+        s += t;
+    }
     F = nullptr;
     fail("deadlock: no thread can run (a GPU would hang); %d threads returned%s", done, s.c_str());
 }
@@ -381,7 +414,8 @@ static void run_block(std::function<void()> &body, int n) {
     size_t sz = stack_bytes();
     fibers.resize(n); warps.assign((n + 31) / 32, Warp{}); order.resize(n);
     while ((int)stacks.size() < n) {
-        char *m = (char *)mmap(nullptr, sz + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        char *m = (char *)mmap(nullptr, sz + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                               -1, 0);
         if (m == MAP_FAILED) fail("out of memory for fiber stacks");
         mprotect(m, PAGE, PROT_NONE);
         stacks.push_back(m);
@@ -400,7 +434,10 @@ static void run_block(std::function<void()> &body, int n) {
     }
     while (blk.alive > 0) {
         if (g_order == 2)
-            for (int i = n - 1; i > 0; i--) { int j = (int)(rng_next() % (uint64_t)(i + 1)); std::swap(order[i], order[j]); }
+            for (int i = n - 1; i > 0; i--) {
+                int j = (int)(rng_next() % (uint64_t)(i + 1));
+                std::swap(order[i], order[j]);
+            }
         int progress = 0;
         for (int k = 0; k < n; k++) {
             Fiber &f = fibers[order[k]];
@@ -430,8 +467,16 @@ static const unsigned char CANARY = 0xA5;
 static int dev_depth;                        // >0 while device memory may be touched
 static void protect(Alloc &a, int prot) { mprotect(a.map + PAGE, a.maplen - 2 * PAGE, prot); }
 struct Dev {   // the device may touch its memory inside this scope (host-trap mode)
-    Dev() { if (dev_depth++ == 0 && g_hosttrap) for (auto &kv : allocs) if (!kv.second.freed) protect(kv.second, PROT_READ | PROT_WRITE); }
-    ~Dev() { if (--dev_depth == 0 && g_hosttrap) for (auto &kv : allocs) if (!kv.second.freed) protect(kv.second, PROT_NONE); }
+    Dev() {
+        if (dev_depth++ == 0 && g_hosttrap)
+            for (auto &kv : allocs)
+                if (!kv.second.freed) protect(kv.second, PROT_READ | PROT_WRITE);
+    }
+    ~Dev() {
+        if (--dev_depth == 0 && g_hosttrap)
+            for (auto &kv : allocs)
+                if (!kv.second.freed) protect(kv.second, PROT_NONE);
+    }
 };
 static Alloc *find_alloc(const void *p, bool include_freed = false) {
     auto it = allocs.upper_bound((uintptr_t)p);
@@ -447,17 +492,29 @@ static Alloc *check_range(const void *p, size_t n, const char *what) {
     if (!a || (const char *)p < a->ptr) fail("%s: %p is not device memory from cudaMalloc", what, p);
     if (a->freed) fail("%s: %p points into device memory that was already freed", what, p);
     size_t off = (const char *)p - a->ptr;
-    if (off + n > a->size) fail("%s: %zu bytes at offset %zu overrun the allocation of %zu bytes by %zu bytes", what, n, off, a->size, off + n - a->size);
+    if (off + n > a->size)
+        fail("%s: %zu bytes at offset %zu overrun the allocation of %zu bytes by %zu bytes", what, n, off, a->size,
+             off + n - a->size);
     return a;
 }
-static bool is_device(const void *p) { Alloc *a = find_alloc(p, true); return a && (const char *)p >= a->ptr && (const char *)p <= a->ptr + a->size; }
+static bool is_device(const void *p) {
+    Alloc *a = find_alloc(p, true);
+    return a && (const char *)p >= a->ptr && (const char *)p <= a->ptr + a->size;
+}
 static void check_canaries(Alloc &a, const char *when) {
     for (char *q = a.map + PAGE; q < a.ptr; q++)
-        if ((unsigned char)*q != CANARY) fail("%s: write %zu bytes before the start of a %zu-byte allocation at %p", when, (size_t)(a.ptr - q), a.size, (void *)a.ptr);
+        if ((unsigned char)*q != CANARY)
+            fail("%s: write %zu bytes before the start of a %zu-byte allocation at %p", when, (size_t)(a.ptr - q),
+                 a.size, (void *)a.ptr);
     for (char *q = a.ptr + a.size; q < a.map + a.maplen - PAGE; q++)
-        if ((unsigned char)*q != CANARY) fail("%s: write %zu bytes past the end of a %zu-byte allocation at %p", when, (size_t)(q - a.ptr - a.size), a.size, (void *)a.ptr);
+        if ((unsigned char)*q != CANARY)
+            fail("%s: write %zu bytes past the end of a %zu-byte allocation at %p", when, (size_t)(q - a.ptr - a.size),
+                 a.size, (void *)a.ptr);
 }
-static void check_all_canaries(const char *when) { for (auto &kv : allocs) if (!kv.second.freed) check_canaries(kv.second, when); }
+static void check_all_canaries(const char *when) {
+    for (auto &kv : allocs)
+        if (!kv.second.freed) check_canaries(kv.second, when);
+}
 
 static void segv_handler(int, siginfo_t *si, void *) {
     const char *a = (const char *)si->si_addr;
@@ -466,14 +523,30 @@ static void segv_handler(int, siginfo_t *si, void *) {
     for (auto &kv : allocs) {
         Alloc &m = kv.second;
         if (a < m.map || a >= m.map + m.maplen) continue;
-        if (m.freed) snprintf(msg, sizeof msg, "access at %p to a %zu-byte device allocation that was freed by cudaFree", (const void *)a, m.size);
-        else if (a >= m.ptr && a < m.ptr + m.size) snprintf(msg, sizeof msg, "host code dereferenced device pointer %p (offset %zu of a %zu-byte allocation); copy with cudaMemcpy first", (const void *)a, (size_t)(a - m.ptr), m.size);
-        else if (a < m.ptr) snprintf(msg, sizeof msg, "out-of-bounds access %zu bytes before the start of a %zu-byte device allocation at %p", (size_t)(m.ptr - a), m.size, (void *)m.ptr);
-        else snprintf(msg, sizeof msg, "out-of-bounds access %zu bytes past the end of a %zu-byte device allocation at %p", (size_t)(a - m.ptr - m.size), m.size, (void *)m.ptr);
+        if (m.freed)
+            snprintf(msg, sizeof msg, "access at %p to a %zu-byte device allocation that was freed by cudaFree",
+                     (const void *)a, m.size);
+        else if (a >= m.ptr && a < m.ptr + m.size)
+            snprintf(msg, sizeof msg,
+                     "host code dereferenced device pointer %p (offset %zu of a %zu-byte allocation); copy with "
+                     "cudaMemcpy first",
+                     (const void *)a, (size_t)(a - m.ptr), m.size);
+        else if (a < m.ptr)
+            snprintf(msg, sizeof msg,
+                     "out-of-bounds access %zu bytes before the start of a %zu-byte device allocation at %p",
+                     (size_t)(m.ptr - a), m.size, (void *)m.ptr);
+        else
+            snprintf(msg, sizeof msg,
+                     "out-of-bounds access %zu bytes past the end of a %zu-byte device allocation at %p",
+                     (size_t)(a - m.ptr - m.size), m.size, (void *)m.ptr);
     }
-    for (char *s : stacks) if (a >= s && a < s + PAGE) snprintf(msg, sizeof msg, "CUDA thread stack overflow (%zu KB fiber stack; set EMU_STACK_KB)", stack_bytes() >> 10);
+    for (char *s : stacks)
+        if (a >= s && a < s + PAGE)
+            snprintf(msg, sizeof msg, "CUDA thread stack overflow (%zu KB fiber stack; set EMU_STACK_KB)",
+                     stack_bytes() >> 10);
     if (smem_map && a >= smem_map && a < smem_map + smem_cap + 2 * PAGE)
-        snprintf(msg, sizeof msg, "dynamic shared memory access at byte %td of %zu bytes given at launch", a - smem_ptr, smem_size);
+        snprintf(msg, sizeof msg, "dynamic shared memory access at byte %td of %zu bytes given at launch", a - smem_ptr,
+                 smem_size);
     signal(SIGSEGV, SIG_DFL);
     signal(SIGBUS, SIG_DFL);
     fail("%s", msg);
@@ -507,32 +580,42 @@ static void enqueue(std::function<void()> fn) {
 }
 
 static std::map<const void *, int> max_dyn_smem;   // cudaFuncAttributeMaxDynamicSharedMemorySize
-cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const void *const *ptrs, const int *pidx, int nptr) {
+cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const void *const *ptrs, const int *pidx,
+                       int nptr) {
     install_handler();
     dim3 g = cfg.grid, b = cfg.block;
     unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
     cudaError_t e = cudaSuccess;
-    if (!b.x || !b.y || !b.z || b.x > 1024 || b.y > 1024 || b.z > 64 || nt > 1024 || !g.x || !g.y || !g.z || g.x > 2147483647u ||
-        g.y > 65535 || g.z > 65535) e = cudaErrorInvalidConfiguration;
+    if (!b.x || !b.y || !b.z || b.x > 1024 || b.y > 1024 || b.z > 64 || nt > 1024 || !g.x || !g.y || !g.z ||
+        g.x > 2147483647u || g.y > 65535 || g.z > 65535)
+        e = cudaErrorInvalidConfiguration;
     size_t lim = 48 << 10;
     if (max_dyn_smem.count(cfg.fn)) lim = max_dyn_smem[cfg.fn];
     if (e == cudaSuccess && cfg.smem > lim) e = cudaErrorInvalidValue;
     if (e != cudaSuccess) {
-        fprintf(stderr, "EMU: launch of %s at %s:%d rejected (grid %u,%u,%u block %u,%u,%u smem %zu): %s\n", cfg.name, cfg.file, cfg.line,
-                g.x, g.y, g.z, b.x, b.y, b.z, cfg.smem, cudaGetErrorString(e));
+        fprintf(stderr, "EMU: launch of %s at %s:%d rejected (grid %u,%u,%u block %u,%u,%u smem %zu): %s\n", cfg.name,
+                cfg.file, cfg.line, g.x, g.y, g.z, b.x, b.y, b.z, cfg.smem, cudaGetErrorString(e));
         last_err = e;
         return e;
     }
     for (int i = 0; i < nptr; i++) {
         Alloc *a = ptrs[i] ? find_alloc(ptrs[i], true) : nullptr;
-        if (a && a->freed) fail("argument %d of kernel %s (launched at %s:%d) points into device memory freed by cudaFree", pidx[i] + 1, cfg.name, cfg.file, cfg.line);
+        if (a && a->freed)
+            fail("argument %d of kernel %s (launched at %s:%d) points into device memory freed by cudaFree",
+                 pidx[i] + 1, cfg.name, cfg.file, cfg.line);
         if (ptrs[i] && !is_device(ptrs[i]) && !pinned.count(ptrs[i]))
             fail("argument %d of kernel %s (launched at %s:%d) is %p, which is not device memory (a host pointer?)",
                  pidx[i] + 1, cfg.name, cfg.file, cfg.line, ptrs[i]);
     }
     if (const char *log = getenv("EMU_LAUNCH_LOG")) {   // which kernels a test launched (test/run_emu.sh)
         static std::set<std::string> logged;
-        if (logged.insert(cfg.name).second) { FILE *f = fopen(log, "a"); if (f) { fprintf(f, "%s\n", cfg.name); fclose(f); } }
+        if (logged.insert(cfg.name).second) {
+            FILE *f = fopen(log, "a");
+            if (f) {
+                fprintf(f, "%s\n", cfg.name);
+                fclose(f);
+            }
+        }
     }
     LaunchCfg c = cfg;
     enqueue([c, body]() mutable {
@@ -559,7 +642,8 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
         for (unsigned long i = 0; i < ns; i++) {
             unsigned long bi = order[i];
             count_block_begin(n, bi);
-            cur_bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y), (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
+            cur_bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y),
+                                 (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
             memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
             run_block(body, n);
         }
@@ -576,7 +660,9 @@ extern "C" void emu_set_hosttrap(int h) {
     settings_init();
     if (h == g_hosttrap) return;
     g_hosttrap = h;
-    if (dev_depth == 0) for (auto &kv : allocs) if (!kv.second.freed) protect(kv.second, h ? PROT_NONE : PROT_READ | PROT_WRITE);
+    if (dev_depth == 0)
+        for (auto &kv : allocs)
+            if (!kv.second.freed) protect(kv.second, h ? PROT_NONE : PROT_READ | PROT_WRITE);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -620,7 +706,11 @@ cudaError_t cudaFree(void *p) {
     mprotect(it->second.map, it->second.maplen, PROT_NONE);   // later use faults as use-after-free
     return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void **p, size_t size) { *p = malloc(size ? size : 1); pinned.insert(*p); return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation); }
+cudaError_t cudaMallocHost(void **p, size_t size) {
+    *p = malloc(size ? size : 1);
+    pinned.insert(*p);
+    return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
+}
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int) { return cudaMallocHost(p, size); }
 cudaError_t cudaFreeHost(void *p) {
     if (!p) return cudaSuccess;
@@ -631,8 +721,11 @@ cudaError_t cudaFreeHost(void *p) {
 }
 static void check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *what) {
     bool dd = is_device(dst), sd = is_device(src);
-    if (kind == cudaMemcpyDefault) kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice) : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-    bool wd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice, ws = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind == cudaMemcpyDefault)
+        kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                  : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+    bool wd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice,
+         ws = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
     if (wd && !dd) fail("%s: destination %p is not device memory but the kind says it is", what, dst);
     if (!wd && dd) fail("%s: destination %p is device memory but the kind says host", what, dst);
     if (ws && !sd) fail("%s: source %p is not device memory but the kind says it is", what, src);
@@ -680,22 +773,37 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)calloc(1, sizeof
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-    enqueue([e]() { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); *(double *)e = t.tv_sec + t.tv_nsec * 1e-9; });
+    enqueue([e]() {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        *(double *)e = t.tv_sec + t.tv_nsec * 1e-9;
+    });
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { drain(); return cudaSuccess; }
-cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)((*(double *)b - *(double *)a) * 1e3); return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = (float)((*(double *)b - *(double *)a) * 1e3);
+    return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) { cudaError_t e = last_err; last_err = cudaSuccess; return e; }
 cudaError_t cudaPeekAtLastError(void) { return last_err; }
 // EMU_DEVICES=N (default 1): how many devices the process sees. Each process emulates the one it set;
 // memory is per process, as each GPU's is (a data-parallel run has one process per device).
 static int emu_devices() { int n = env_int("EMU_DEVICES", 1); return n < 1 ? 1 : n; }
 static int emu_device;
-cudaError_t cudaSetDevice(int d) { if (d < 0 || d >= emu_devices()) return ret(cudaErrorInvalidDevice); emu_device = d; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= emu_devices()) return ret(cudaErrorInvalidDevice);
+    emu_device = d;
+    return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int *d) { *d = emu_device; return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int *n) { *n = emu_devices(); return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { drain(); return cudaSuccess; }
-cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) { *fr = EMU_TOTAL - EMU_CONTEXT - emu_in_use; *total = EMU_TOTAL; return cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
+    *fr = EMU_TOTAL - EMU_CONTEXT - emu_in_use;
+    *total = EMU_TOTAL;
+    return cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int v) {
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (v < 0 || v > 232448) return ret(cudaErrorInvalidValue);
@@ -796,7 +904,8 @@ static bool pid_alive(int pid) {
 // nccl_fail: the communicator cannot go on: record the asynchronous error, tell the other ranks
 static void nccl_fail(ncclComm *c, const char *why) {
     if (c->async == ncclSuccess)
-        fprintf(stderr, "emulated NCCL rank %d of %d: %s; the communicator is in error (ncclRemoteError)\n", c->rank, c->nranks, why);
+        fprintf(stderr, "emulated NCCL rank %d of %d: %s; the communicator is in error (ncclRemoteError)\n", c->rank,
+                c->nranks, why);
     c->async = ncclRemoteError;
     int zero = 0;
     c->h->aborted.compare_exchange_strong(zero, c->rank + 1);
@@ -876,17 +985,22 @@ ncclResult_t ncclGetVersion(int *v) { *v = NCCL_VERSION_CODE; return ncclSuccess
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     static int serial;
     memset(id, 0, sizeof *id);
-    snprintf(id->internal, sizeof id->internal, "/emu-nccl-%d-%d-%llx", (int)getpid(), serial++, (unsigned long long)(nccl_now() * 1e9));
+    snprintf(id->internal, sizeof id->internal, "/emu-nccl-%d-%d-%llx", (int)getpid(), serial++,
+             (unsigned long long)(nccl_now() * 1e9));
     return ncclSuccess;
 }
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
-    if (nranks < 1 || nranks > EMU_NCCL_MAXRANKS || rank < 0 || rank >= nranks || strncmp(id.internal, "/emu-nccl-", 10))
+    if (nranks < 1 || nranks > EMU_NCCL_MAXRANKS || rank < 0 || rank >= nranks ||
+        strncmp(id.internal, "/emu-nccl-", 10))
         return ncclInvalidArgument;
     size_t len = EMU_NCCL_HDR + (size_t)nranks * EMU_NCCL_SLOT;
     int fd = shm_open(id.internal, O_CREAT | O_RDWR, 0600);
     if (fd < 0) return ncclSystemError;
     struct stat sb;
-    if (fstat(fd, &sb) || ((size_t)sb.st_size < len && ftruncate(fd, (off_t)len))) { close(fd); return ncclSystemError; }
+    if (fstat(fd, &sb) || ((size_t)sb.st_size < len && ftruncate(fd, (off_t)len))) {
+        close(fd);
+        return ncclSystemError;
+    }
     void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return ncclSystemError;
@@ -946,10 +1060,15 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     });
     return ncclSuccess;
 }
-ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root, ncclComm_t c,
+                           cudaStream_t) {
     size_t es = nccl_esize(t);
     if (!c || !es || root < 0 || root >= c->nranks) return ncclInvalidArgument;
-    { Dev d; if (c->rank == root) check_range(send, count * es, "ncclBroadcast send"); check_range(recv, count * es, "ncclBroadcast recv"); }
+    {
+        Dev d;
+        if (c->rank == root) check_range(send, count * es, "ncclBroadcast send");
+        check_range(recv, count * es, "ncclBroadcast recv");
+    }
     enqueue([=]() {
         for (size_t off = 0; off < count * es && c->async == ncclSuccess; off += EMU_NCCL_SLOT) {
             size_t n = count * es - off < EMU_NCCL_SLOT ? count * es - off : EMU_NCCL_SLOT;
@@ -1009,7 +1128,11 @@ struct AccKey {
     int warp; uintptr_t site; uint32_t k;
     bool operator==(const AccKey &o) const { return warp == o.warp && site == o.site && k == o.k; }
 };
-struct AccHash { size_t operator()(const AccKey &x) const { return (x.site * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)x.warp << 40) ^ x.k; } };
+struct AccHash {
+    size_t operator()(const AccKey &x) const {
+        return (x.site * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)x.warp << 40) ^ x.k;
+    }
+};
 static std::unordered_map<AccKey, Acc, AccHash> pending;
 static std::vector<std::unordered_map<uintptr_t, uint32_t>> occ;      // per lane: executions of each site
 static std::unordered_map<uintptr_t, std::pair<unsigned long, int>> sectors;   // sector -> (last block, blocks)
@@ -1142,18 +1265,21 @@ static void count_launch_end() {
 static void count_dump() {
     FILE *f = fopen(getenv("EMU_COUNT"), "w");
     if (!f) { fprintf(stderr, "EMU_COUNT=%s: cannot write\n", getenv("EMU_COUNT")); return; }
-    fprintf(f, "# emulator counter mode: one line per launch, figures scaled from the sampled blocks to the grid\n"
-               "# tag\tkernel\tblocks\tsampled\tthreads\tgld_req\tgld_sect\tgld_bytes\tgst_req\tgst_sect\tgst_bytes\t"
-               "gb1\tgb2\tgb4\tgb8\tgb16\tsld_req\tsld_wave\tsld_phase\tsst_req\tsst_wave\tsst_phase\tmma_flop\tcompulsory_bytes\tuseful_flop\n");
+    fprintf(f,
+            "# emulator counter mode: one line per launch, figures scaled from the sampled blocks to the grid\n"
+            "# tag\tkernel\tblocks\tsampled\tthreads\tgld_req\tgld_sect\tgld_bytes\tgst_req\tgst_sect\tgst_bytes\t"
+            "gb1\tgb2\tgb4\tgb8\tgb16\tsld_req\tsld_wave\tsld_phase\tsst_req\tsst_wave\tsst_phase\tmma_"
+            "flop\tcompulsory_bytes\tuseful_flop\n");
     for (auto &r : crecs) {
         double s = (double)r.blocks / r.sampled;
         // compulsory: sectors only one sampled block touched are that block's own (scaled with the
         // grid); sectors several touched are shared by the grid (counted once)
         double comp = 32.0 * (r.sect_single * s + r.sect_multi);
-        fprintf(f, "%s\t%s\t%lu\t%lu\t%d", r.tag.empty() ? "-" : r.tag.c_str(), r.kernel.c_str(), r.blocks, r.sampled, r.threads);
-        double v[] = {r.gld_req, r.gld_sect, r.gld_bytes, r.gst_req, r.gst_sect, r.gst_bytes, r.gbytes_w[0], r.gbytes_w[1],
-                      r.gbytes_w[2], r.gbytes_w[3], r.gbytes_w[4], r.sld_req, r.sld_wave, r.sld_phase, r.sst_req, r.sst_wave,
-                      r.sst_phase, r.mma_flop};
+        fprintf(f, "%s\t%s\t%lu\t%lu\t%d", r.tag.empty() ? "-" : r.tag.c_str(), r.kernel.c_str(), r.blocks, r.sampled,
+                r.threads);
+        double v[] = {r.gld_req,     r.gld_sect,    r.gld_bytes,   r.gst_req,     r.gst_sect,    r.gst_bytes,
+                      r.gbytes_w[0], r.gbytes_w[1], r.gbytes_w[2], r.gbytes_w[3], r.gbytes_w[4], r.sld_req,
+                      r.sld_wave,    r.sld_phase,   r.sst_req,     r.sst_wave,    r.sst_phase,   r.mma_flop};
         for (double x : v) fprintf(f, "\t%.6g", x * s);
         fprintf(f, "\t%.6g\t%.6g\n", comp, r.useful_flop);
     }
@@ -1161,12 +1287,20 @@ static void count_dump() {
 }
 } // namespace emu
 // the hooks g++ -fsanitize=kernel-address calls (call mode: asan-instrumentation-with-call-threshold=0)
-#define EMU_HOOK(n) \
-    extern "C" void __asan_load##n##_noabort(uintptr_t a) { emu::record(a, n, 0, (uintptr_t)__builtin_return_address(0)); } \
-    extern "C" void __asan_store##n##_noabort(uintptr_t a) { emu::record(a, n, 1, (uintptr_t)__builtin_return_address(0)); }
-EMU_HOOK(1) EMU_HOOK(2) EMU_HOOK(4) EMU_HOOK(8) EMU_HOOK(16)
-extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) { emu::record(a, (unsigned)n, 0, (uintptr_t)__builtin_return_address(0)); }
-extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) { emu::record(a, (unsigned)n, 1, (uintptr_t)__builtin_return_address(0)); }
+#define EMU_HOOK(n)                                                                                                    \
+    extern "C" void __asan_load##n##_noabort(uintptr_t a) {                                                            \
+        emu::record(a, n, 0, (uintptr_t)__builtin_return_address(0));                                                  \
+    }                                                                                                                  \
+    extern "C" void __asan_store##n##_noabort(uintptr_t a) {                                                           \
+        emu::record(a, n, 1, (uintptr_t)__builtin_return_address(0));                                                  \
+    }
+EMU_HOOK(1)
+EMU_HOOK(2) EMU_HOOK(4) EMU_HOOK(8) EMU_HOOK(16) extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) {
+    emu::record(a, (unsigned)n, 0, (uintptr_t)__builtin_return_address(0));
+}
+extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) {
+    emu::record(a, (unsigned)n, 1, (uintptr_t)__builtin_return_address(0));
+}
 extern "C" void __asan_handle_no_return(void) {}
 // emu_count_tag: yolo.c's YOLO_PROFILE names each group of launches after it ran ("conv fwd 3x3
 // s1"): the launches since the last tag get that name; NULL (at the start of a timed group) names

@@ -71,11 +71,19 @@ void count_mma(int m, int n, int k);
 void count_quiet(int d);
 
 // ---- launches ----
-struct LaunchCfg { const void *fn; const char *name, *file; int line; dim3 grid, block; size_t smem; cudaStream_t stream; };
+struct LaunchCfg {
+    const void *fn;
+    const char *name, *file;
+    int line;
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+};
 // run_kernel: checks the configuration as the driver does, then runs (or queues, in async mode)
 // body once per CUDA thread of every block. ptrs are the kernel's pointer arguments, checked to
 // be device memory. Returns the launch error (also recorded for cudaGetLastError).
-cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const void *const *ptrs, const int *pidx, int nptr);
+cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const void *const *ptrs, const int *pidx,
+                       int nptr);
 
 template <class T> struct is_ptr : std::is_pointer<typename std::decay<T>::type> {};
 
@@ -100,8 +108,10 @@ template <class... P> struct Launch<void (*)(P...)> {
         else { (void)x; (void)ptrs; (void)pidx; (void)n; (void)i; }
     }
 };
-template <class... P> Launch(void (*)(P...), const char *, const char *, int, dim3, dim3, size_t, cudaStream_t) -> Launch<void (*)(P...)>;
-template <class... P> Launch(void (*)(P...), const char *, const char *, int, dim3, dim3, size_t) -> Launch<void (*)(P...)>;
+template <class... P>
+Launch(void (*)(P...), const char *, const char *, int, dim3, dim3, size_t, cudaStream_t) -> Launch<void (*)(P...)>;
+template <class... P>
+Launch(void (*)(P...), const char *, const char *, int, dim3, dim3, size_t) -> Launch<void (*)(P...)>;
 template <class... P> Launch(void (*)(P...), const char *, const char *, int, dim3, dim3) -> Launch<void (*)(P...)>;
 
 template <class T> static inline uint64_t to_bits(T v) {
@@ -128,21 +138,39 @@ static inline unsigned emu_mask_or_all(unsigned m = 0xffffffffu) { return m; }
 #define __shfl_up_sync(m, v, d, ...) emu_shfl(emu::W_SHFL_UP, (m), (v), (d), __FILE__, __LINE__, ##__VA_ARGS__)
 #define __shfl_down_sync(m, v, d, ...) emu_shfl(emu::W_SHFL_DOWN, (m), (v), (d), __FILE__, __LINE__, ##__VA_ARGS__)
 #define __shfl_xor_sync(m, v, d, ...) emu_shfl(emu::W_SHFL_XOR, (m), (v), (d), __FILE__, __LINE__, ##__VA_ARGS__)
-template <class T> static inline T emu_shfl(int op, unsigned mask, T v, int arg, const char *file, int line, int width = 32) {
+template <class T>
+static inline T emu_shfl(int op, unsigned mask, T v, int arg, const char *file, int line, int width = 32) {
     return emu::from_bits<T>(emu::warp_op(op, mask, emu::to_bits(v), arg, width, file, line));
 }
 #define __ballot_sync(m, p) ((unsigned)emu::warp_op(emu::W_BALLOT, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__))
 #define __any_sync(m, p) (emu::warp_op(emu::W_BALLOT, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__) != 0)
-#define __all_sync(m, p) ((unsigned)emu::warp_op(emu::W_BALLOT, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__) == (unsigned)(m))
+#define __all_sync(m, p)                                                                                               \
+    ((unsigned)emu::warp_op(emu::W_BALLOT, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__) == (unsigned)(m))
 #define __uni_sync(m, p) (emu::warp_op(emu::W_UNIFORM, (m), (p) ? 1 : 0, 0, 32, __FILE__, __LINE__) != 0)
-static inline unsigned emu_reduce_u(int op, unsigned m, unsigned v, const char *f, int l) { return (unsigned)emu::warp_op(op, m, v, 0, 32, f, l); }
-static inline int emu_reduce_i(int op, unsigned m, int v, const char *f, int l) { return (int)(int64_t)emu::warp_op(op, m, (uint64_t)(int64_t)v, 0, 32, f, l); }
-static inline unsigned emu_reduce_add(unsigned m, unsigned v, const char *f, int l) { return emu_reduce_u(emu::W_ADD, m, v, f, l); }
-static inline int emu_reduce_add(unsigned m, int v, const char *f, int l) { return (int)emu_reduce_u(emu::W_ADD, m, (unsigned)v, f, l); }
-static inline unsigned emu_reduce_min(unsigned m, unsigned v, const char *f, int l) { return emu_reduce_u(emu::W_MINU, m, v, f, l); }
-static inline int emu_reduce_min(unsigned m, int v, const char *f, int l) { return emu_reduce_i(emu::W_MINI, m, v, f, l); }
-static inline unsigned emu_reduce_max(unsigned m, unsigned v, const char *f, int l) { return emu_reduce_u(emu::W_MAXU, m, v, f, l); }
-static inline int emu_reduce_max(unsigned m, int v, const char *f, int l) { return emu_reduce_i(emu::W_MAXI, m, v, f, l); }
+static inline unsigned emu_reduce_u(int op, unsigned m, unsigned v, const char *f, int l) {
+    return (unsigned)emu::warp_op(op, m, v, 0, 32, f, l);
+}
+static inline int emu_reduce_i(int op, unsigned m, int v, const char *f, int l) {
+    return (int)(int64_t)emu::warp_op(op, m, (uint64_t)(int64_t)v, 0, 32, f, l);
+}
+static inline unsigned emu_reduce_add(unsigned m, unsigned v, const char *f, int l) {
+    return emu_reduce_u(emu::W_ADD, m, v, f, l);
+}
+static inline int emu_reduce_add(unsigned m, int v, const char *f, int l) {
+    return (int)emu_reduce_u(emu::W_ADD, m, (unsigned)v, f, l);
+}
+static inline unsigned emu_reduce_min(unsigned m, unsigned v, const char *f, int l) {
+    return emu_reduce_u(emu::W_MINU, m, v, f, l);
+}
+static inline int emu_reduce_min(unsigned m, int v, const char *f, int l) {
+    return emu_reduce_i(emu::W_MINI, m, v, f, l);
+}
+static inline unsigned emu_reduce_max(unsigned m, unsigned v, const char *f, int l) {
+    return emu_reduce_u(emu::W_MAXU, m, v, f, l);
+}
+static inline int emu_reduce_max(unsigned m, int v, const char *f, int l) {
+    return emu_reduce_i(emu::W_MAXI, m, v, f, l);
+}
 #define __reduce_add_sync(m, v) emu_reduce_add((m), (v), __FILE__, __LINE__)
 #define __reduce_min_sync(m, v) emu_reduce_min((m), (v), __FILE__, __LINE__)
 #define __reduce_max_sync(m, v) emu_reduce_max((m), (v), __FILE__, __LINE__)
@@ -155,10 +183,13 @@ static inline int emu_reduce_max(unsigned m, int v, const char *f, int l) { retu
 // ---- atomics (return the old value, as CUDA's do) ----
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 template <class T, class Op> static inline T emu_atomic_cas_loop(T *p, Op op) {
     static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "atomic size");
-    typedef typename std::conditional<sizeof(T) == 2, uint16_t, typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type>::type U;
+    typedef typename std::conditional<sizeof(T) == 2, uint16_t,
+                                      typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type>::type U;
     U *q = (U *)(void *)p, old = __atomic_load_n(q, __ATOMIC_RELAXED), nw;
     T o;
     do { memcpy((void *)&o, &old, sizeof(T)); T n = op(o); memcpy(&nw, (void *)&n, sizeof(T)); }
@@ -167,20 +198,37 @@ template <class T, class Op> static inline T emu_atomic_cas_loop(T *p, Op op) {
 }
 static inline float atomicAdd(float *p, float v) { return emu_atomic_cas_loop(p, [v](float o) { return o + v; }); }
 static inline double atomicAdd(double *p, double v) { return emu_atomic_cas_loop(p, [v](double o) { return o + v; }); }
-static inline __half atomicAdd(__half *p, __half v) { return emu_atomic_cas_loop(p, [v](__half o) { return __float2half(__half2float(o) + __half2float(v)); }); }
-static inline __half2 atomicAdd(__half2 *p, __half2 v) { return emu_atomic_cas_loop(p, [v](__half2 o) { return __hadd2(o, v); }); }
+static inline __half atomicAdd(__half *p, __half v) {
+    return emu_atomic_cas_loop(p, [v](__half o) { return __float2half(__half2float(o) + __half2float(v)); });
+}
+static inline __half2 atomicAdd(__half2 *p, __half2 v) {
+    return emu_atomic_cas_loop(p, [v](__half2 o) { return __hadd2(o, v); });
+}
 static inline int atomicSub(int *p, int v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
 static inline unsigned atomicSub(unsigned *p, unsigned v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
 static inline int atomicMax(int *p, int v) { return emu_atomic_cas_loop(p, [v](int o) { return o > v ? o : v; }); }
-static inline unsigned atomicMax(unsigned *p, unsigned v) { return emu_atomic_cas_loop(p, [v](unsigned o) { return o > v ? o : v; }); }
+static inline unsigned atomicMax(unsigned *p, unsigned v) {
+    return emu_atomic_cas_loop(p, [v](unsigned o) { return o > v ? o : v; });
+}
 static inline int atomicMin(int *p, int v) { return emu_atomic_cas_loop(p, [v](int o) { return o < v ? o : v; }); }
-static inline unsigned atomicMin(unsigned *p, unsigned v) { return emu_atomic_cas_loop(p, [v](unsigned o) { return o < v ? o : v; }); }
+static inline unsigned atomicMin(unsigned *p, unsigned v) {
+    return emu_atomic_cas_loop(p, [v](unsigned o) { return o < v ? o : v; });
+}
 static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
 static inline unsigned atomicExch(unsigned *p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
 static inline float atomicExch(float *p, float v) { return emu_atomic_cas_loop(p, [v](float) { return v; }); }
-static inline int atomicCAS(int *p, int c, int v) { __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return c; }
-static inline unsigned atomicCAS(unsigned *p, unsigned c, unsigned v) { __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return c; }
-static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v) { __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return c; }
+static inline int atomicCAS(int *p, int c, int v) {
+    __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return c;
+}
+static inline unsigned atomicCAS(unsigned *p, unsigned c, unsigned v) {
+    __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return c;
+}
+static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v) {
+    __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return c;
+}
 static inline int atomicAnd(int *p, int v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
 static inline int atomicOr(int *p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
 static inline unsigned atomicAnd(unsigned *p, unsigned v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
@@ -214,7 +262,11 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
-inline unsigned __brev(unsigned x) { unsigned r = 0; for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i); return r; }
+inline unsigned __brev(unsigned x) {
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
 inline int __mul24(int a, int b) { return a * b; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 inline float __ldg(const float *p) { return *p; }
@@ -249,25 +301,35 @@ EMU_UNCOUNTED static inline void fill_fragment(fragment<U, M, N, K, T, L> &f, co
     for (int i = 0; i < f.num_elements; i++) f.x[i] = (T)v;
 }
 template <class U, int M, int N, int K, class T, class L, class S>
-EMU_UNCOUNTED static inline void emu_load(fragment<U, M, N, K, T, L> &f, const S *p, unsigned ldm, bool rowmaj, const char *file, int line) {
+EMU_UNCOUNTED static inline void emu_load(fragment<U, M, N, K, T, L> &f, const S *p, unsigned ldm, bool rowmaj,
+                                          const char *file, int line) {
     warp_check(p, ldm * sizeof(S), 32, "load_matrix_sync", file, line);
     typedef fragment<U, M, N, K, T, L> Fr;
     emu::count_tile(p, Fr::rows, Fr::cols, (int)sizeof(S), ldm, rowmaj, 0);
     emu::count_quiet(1);
     for (int r = 0; r < Fr::rows; r++)
-        for (int c = 0; c < Fr::cols; c++) f.x[r * Fr::cols + c] = (T)(rowmaj ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]);
+        for (int c = 0; c < Fr::cols; c++)
+            f.x[r * Fr::cols + c] = (T)(rowmaj ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]);
     emu::count_quiet(-1);
 }
 template <class U, int M, int N, int K, class T, class S>
-static inline void emu_load_l(fragment<U, M, N, K, T, row_major> &f, const S *p, unsigned ldm, const char *fl, int ln) { emu_load(f, p, ldm, true, fl, ln); }
+static inline void emu_load_l(fragment<U, M, N, K, T, row_major> &f, const S *p, unsigned ldm, const char *fl, int ln) {
+    emu_load(f, p, ldm, true, fl, ln);
+}
 template <class U, int M, int N, int K, class T, class S>
-static inline void emu_load_l(fragment<U, M, N, K, T, col_major> &f, const S *p, unsigned ldm, const char *fl, int ln) { emu_load(f, p, ldm, false, fl, ln); }
+static inline void emu_load_l(fragment<U, M, N, K, T, col_major> &f, const S *p, unsigned ldm, const char *fl, int ln) {
+    emu_load(f, p, ldm, false, fl, ln);
+}
 template <int M, int N, int K, class T, class S>
-static inline void emu_load_l(fragment<accumulator, M, N, K, T, void> &f, const S *p, unsigned ldm, layout_t l, const char *fl, int ln) { emu_load(f, p, ldm, l == mem_row_major, fl, ln); }
+static inline void emu_load_l(fragment<accumulator, M, N, K, T, void> &f, const S *p, unsigned ldm, layout_t l,
+                              const char *fl, int ln) {
+    emu_load(f, p, ldm, l == mem_row_major, fl, ln);
+}
 #define load_matrix_sync(f, ...) emu_load_l(f, __VA_ARGS__, __FILE__, __LINE__)
 unsigned lane_id();
 template <int M, int N, int K, class T, class S>
-EMU_UNCOUNTED static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l, const char *file, int line) {
+EMU_UNCOUNTED static inline void emu_store(S *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm,
+                                           layout_t l, const char *file, int line) {
     warp_check(p, ldm * sizeof(S), 32, "store_matrix_sync", file, line);
     bool rm = l == mem_row_major;
     // only this lane's share: a tile read back before __syncwarp() is incomplete, as on hardware
@@ -284,8 +346,9 @@ EMU_UNCOUNTED static inline void emu_store(S *p, const fragment<accumulator, M, 
 }
 #define store_matrix_sync(p, ...) emu_store(p, __VA_ARGS__, __FILE__, __LINE__)
 template <int M, int N, int K, class TA, class LA, class LB, class TC, class TD>
-EMU_UNCOUNTED static inline void mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
-                            const fragment<matrix_b, M, N, K, TA, LB> &b, const fragment<accumulator, M, N, K, TC, void> &c) {
+EMU_UNCOUNTED static inline void
+mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
+         const fragment<matrix_b, M, N, K, TA, LB> &b, const fragment<accumulator, M, N, K, TC, void> &c) {
     warp_check(nullptr, 0, 0, "mma_sync", __FILE__, __LINE__);
     emu::count_mma(M, N, K);
     // the FP16 inputs widened once (exact), then each element summed in k order as before

@@ -127,11 +127,13 @@ static void compare(int world, double lr) {
         double tol = (world - 1) * FLT_EPSILON / 2 * sabs, d = fabs((double)r0.reduced[i] - ref.reduced[i]);
         nexact += r0.reduced[i] == ref.reduced[i];
         if (d > tol) nover++;
-        if (d > 0 && d / (tol > 0 ? tol : 1e-30) > worst_rel) worst_rel = d / (tol > 0 ? tol : 1e-30), worst = d, worst_tol = tol;
+        if (d > 0 && d / (tol > 0 ? tol : 1e-30) > worst_rel)
+            worst_rel = d / (tol > 0 ? tol : 1e-30), worst = d, worst_tol = tol;
     }
-    check(nover == 0, "%d ranks: summed gradient vs single process accumulating the %d sub-batches: %zu of %zu elements bit-exact, "
-          "worst |diff| %.3g against its bound %.3g ((WORLD-1) x 2^-24 x sum_r |g_r|), %zu over", world, world, nexact, NP, worst,
-          worst_tol, nover);
+    check(nover == 0,
+          "%d ranks: summed gradient vs single process accumulating the %d sub-batches: %zu of %zu elements bit-exact, "
+          "worst |diff| %.3g against its bound %.3g ((WORLD-1) x 2^-24 x sum_r |g_r|), %zu over",
+          world, world, nexact, NP, worst, worst_tol, nover);
     // weights after the step
     size_t pexact = 0, pover = 0;
     double pw = 0;
@@ -153,12 +155,17 @@ static void compare(int world, double lr) {
         same &= !memcmp(x.reduced, r0.reduced, NP * 4) && !memcmp(x.params, r0.params, NP * 4) &&
                 !memcmp(x.buffers, r0.buffers, NB * 4);
     }
-    check(same, "%d ranks: summed gradients, updated weights and BN running stats identical on every rank (bit for bit)", world);
+    check(same,
+          "%d ranks: summed gradients, updated weights and BN running stats identical on every rank (bit for bit)",
+          world);
     check(!memcmp(r0.buffers0, ref.buffers0, NB * 4),
-          "%d ranks: BN running stats after the step are rank 0's: equal (bit for bit) to the single process's after sub-batch 0", world);
+          "%d ranks: BN running stats after the step are rank 0's: equal (bit for bit) to the single process's after "
+          "sub-batch 0",
+          world);
     int differ = 0;
     for (int r = 1; r < world; r++) differ |= !!memcmp(result_at(r).local, r0.local, NP * 4);
-    check(differ, "%d ranks: the ranks' own gradients differ before the all-reduce (each stepped on its own sub-batch)", world);
+    check(differ, "%d ranks: the ranks' own gradients differ before the all-reduce (each stepped on its own sub-batch)",
+          world);
 }
 
 int main(void) {

@@ -18,7 +18,14 @@
 #include "test.h"
 using namespace nvcuda;
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                         \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 extern "C" void emu_count_dump_now(void);
 
 // mode 0: x[lane] floats; 1: x[32*lane]; 2: x[0] (every lane); 3: uint4 per lane; each stored once
@@ -28,7 +35,10 @@ __global__ void gload(const float *x, float *y, int mode) {
     if (mode == 0) v = x[l];
     else if (mode == 1) v = x[32 * l];
     else if (mode == 2) v = x[0];
-    else { uint4 q = ((const uint4 *)x)[l]; v = __uint_as_float(q.x) + __uint_as_float(q.y) + __uint_as_float(q.z) + __uint_as_float(q.w); }
+    else {
+        uint4 q = ((const uint4 *)x)[l];
+        v = __uint_as_float(q.x) + __uint_as_float(q.y) + __uint_as_float(q.z) + __uint_as_float(q.w);
+    }
     y[blockIdx.x * 32 + l] = v;
 }
 // shared stores at s[stride * lane], then a broadcast read of s[0] (blockIdx.x is 0)
@@ -105,7 +115,8 @@ int main() {
     if (r.size() != 10) { printf("FAIL  expected 10 launches in the counter dump, got %zu\n", r.size()); return 1; }
     // exact counts: every figure below is a small integer, compared with tolerance 0
     const double want_sect[4] = {4, 32, 1, 16};
-    const char *what[4] = {"x[lane] float (coalesced)", "x[32*lane] float (strided)", "x[0] in every lane (broadcast)", "uint4 x[lane] (16-byte)"};
+    const char *what[4] = {"x[lane] float (coalesced)", "x[32*lane] float (strided)", "x[0] in every lane (broadcast)",
+                           "uint4 x[lane] (16-byte)"};
     for (int m = 0; m < 4; m++) {
         check_close(what[m], r[m].v[GLD_SECT] / r[m].v[GLD_REQ], want_sect[m], 0);
     }
@@ -117,17 +128,22 @@ int main() {
         char w[80];
         snprintf(w, sizeof w, "shared store s[%d*lane]: wavefronts per request", i == 0 ? 1 : i == 1 ? 2 : 32);
         check_close(w, r[4 + i].v[SST_WAVE] / r[4 + i].v[SST_REQ], want_wave[i], 0);
-        check_close("shared broadcast load s[0]: wavefronts per request", r[4 + i].v[SLD_WAVE] / r[4 + i].v[SLD_REQ], 1, 0);
+        check_close("shared broadcast load s[0]: wavefronts per request", r[4 + i].v[SLD_WAVE] / r[4 + i].v[SLD_REQ], 1,
+                    0);
     }
     // a 16x16 half tile is 32 chunks of 16 bytes: one request in 4 phases of 8 rows; a 32-byte row
     // pitch puts rows r and r+4 in the same banks (2 wavefronts a phase), a 48-byte pitch none
     check_close("wmma tile, ldm 16 halves: requests (2 loads)", r[7].v[SLD_REQ], 2, 0);
-    check_close("wmma tile, ldm 16 halves: bank conflicts per request", (r[7].v[SLD_WAVE] - r[7].v[SLD_PHASE]) / r[7].v[SLD_REQ], 4, 0);
-    check_close("wmma tile, ldm 24 halves: bank conflicts per request", (r[8].v[SLD_WAVE] - r[8].v[SLD_PHASE]) / r[8].v[SLD_REQ], 0, 0);
+    check_close("wmma tile, ldm 16 halves: bank conflicts per request",
+                (r[7].v[SLD_WAVE] - r[7].v[SLD_PHASE]) / r[7].v[SLD_REQ], 4, 0);
+    check_close("wmma tile, ldm 24 halves: bank conflicts per request",
+                (r[8].v[SLD_WAVE] - r[8].v[SLD_PHASE]) / r[8].v[SLD_REQ], 0, 0);
     check_close("one 16x16x16 mma_sync: flop", r[7].v[MMA_FLOP], 2.0 * 16 * 16 * 16, 0);
-    check_close("wmma store of a 16x16 float tile to global: sectors per request", r[7].v[GST_SECT] / r[7].v[GST_REQ], 16, 0);
+    check_close("wmma store of a 16x16 float tile to global: sectors per request", r[7].v[GST_SECT] / r[7].v[GST_REQ],
+                16, 0);
     check_close("sampling: blocks run of 100 (EMU_SAMPLE=4)", r[9].v[SAMPLED], 4, 0);
     check_close("sampling: load requests scaled to 100 blocks", r[9].v[GLD_REQ], 100, 0);
-    check_close("sampling: compulsory bytes (x shared by all blocks once, y 128 bytes a block)", r[9].v[COMPULSORY], 128 + 100 * 128, 0);
+    check_close("sampling: compulsory bytes (x shared by all blocks once, y 128 bytes a block)", r[9].v[COMPULSORY],
+                128 + 100 * 128, 0);
     return test_summary();
 }

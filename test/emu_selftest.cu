@@ -25,11 +25,32 @@ extern "C" void emu_set_async(int a);
 extern "C" void emu_set_hosttrap(int h);
 static const char *order_name[3] = {"forward", "reverse", "random"};
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                         \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 static uint64_t rs = 88172645463325252ULL;
-static float frand() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; }
-template <class T> static T *dev_from(const std::vector<T> &h) { T *d; CK(cudaMalloc((void **)&d, h.size() * sizeof(T))); CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); return d; }
-template <class T> static std::vector<T> host_from(const T *d, size_t n) { std::vector<T> h(n); CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost)); return h; }
+static float frand() {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
+}
+template <class T> static T *dev_from(const std::vector<T> &h) {
+    T *d;
+    CK(cudaMalloc((void **)&d, h.size() * sizeof(T)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <class T> static std::vector<T> host_from(const T *d, size_t n) {
+    std::vector<T> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
 
 // runs fn in a child with stderr captured; passes when the child dies and stderr contains needle
 // Under qemu-user 7.2 (make test-arm64) these forked children hang (a SIGSEGV in a forked child
@@ -39,7 +60,15 @@ static void expect_abort(const char *what, void (*fn)(), const char *needle) {
     fflush(stdout); fflush(stderr);
     int p[2]; if (pipe(p)) abort();
     pid_t pid = fork();
-    if (pid == 0) { close(p[0]); dup2(p[1], 2); dup2(p[1], 1); fn(); cudaDeviceSynchronize(); fprintf(stderr, "child finished normally\n"); _exit(0); }
+    if (pid == 0) {
+        close(p[0]);
+        dup2(p[1], 2);
+        dup2(p[1], 1);
+        fn();
+        cudaDeviceSynchronize();
+        fprintf(stderr, "child finished normally\n");
+        _exit(0);
+    }
     close(p[1]);
     std::string out; char buf[4096]; ssize_t r;
     while ((r = read(p[0], buf, sizeof buf)) > 0) out.append(buf, (size_t)r);
@@ -87,7 +116,8 @@ static void test_barriers() {
         block_sum<<<1, 256>>>(dx, dout, 1000);
         auto h = host_from(dout, 4);
         check(fabs(h[0] - ref) <= 1e-5 * 1000 && h[1] == pos && h[2] == 1 && h[3] == 1,
-              "tree reduction with __syncthreads, %s order: sum %.6f want %.6f (tol 1e-2), count %g want %d, or %g, and %g",
+              "tree reduction with __syncthreads, %s order: sum %.6f want %.6f (tol 1e-2), count %g want %d, or %g, "
+              "and %g",
               order_name[o], h[0], ref, h[1], pos, h[2], h[3]);
     }
     int wrong_orders = 0;
@@ -99,11 +129,16 @@ static void test_barriers() {
             rotate<<<4, 250, 250 * sizeof(float)>>>(dx, dy, barrier);
             auto h = host_from(dy, 1000);
             int bad = 0;
-            for (int b = 0; b < 4; b++) for (int t = 0; t < 250; t++) bad += memcmp(&h[b * 250 + t], &x[b * 250 + (t + 1) % 250], 4) != 0;
+            for (int b = 0; b < 4; b++)
+                for (int t = 0; t < 250; t++) bad += memcmp(&h[b * 250 + t], &x[b * 250 + (t + 1) % 250], 4) != 0;
             wrong_orders += bad > 0;
         }
-        if (barrier) check(wrong_orders == 0, "shared-memory rotate with __syncthreads: right in all 3 orders (%d wrong)", wrong_orders);
-        else check(wrong_orders > 0, "shared-memory rotate WITHOUT __syncthreads: wrong in %d of 3 orders (must be >= 1)", wrong_orders);
+        if (barrier)
+            check(wrong_orders == 0, "shared-memory rotate with __syncthreads: right in all 3 orders (%d wrong)",
+                  wrong_orders);
+        else
+            check(wrong_orders > 0,
+                  "shared-memory rotate WITHOUT __syncthreads: wrong in %d of 3 orders (must be >= 1)", wrong_orders);
     }
     emu_set_order(0);
     cudaFree(dx); cudaFree(dout); cudaFree(dy);
@@ -147,11 +182,23 @@ static void test_warps() {
         for (int l = 0; l < 32; l++) if (l % 3 == 0) ballot |= 1u << l;
         for (int t = 0; t < 64; t++) {
             int l = t % 32, w = t / 32, *r = &h[t * 12];
-            int want[12] = {((l + 5) % 32) * 10 + w, l >= 3 ? l - 3 : l, l + 3 < 32 ? l + 3 : l, l ^ 1, (l % 8) + 2 < 8 ? l + 2 : l,
-                            (int)ballot, 1, 0, 496, 69, 31 * (w + 1), 496};
+            int want[12] = {((l + 5) % 32) * 10 + w,
+                            l >= 3 ? l - 3 : l,
+                            l + 3 < 32 ? l + 3 : l,
+                            l ^ 1,
+                            (l % 8) + 2 < 8 ? l + 2 : l,
+                            (int)ballot,
+                            1,
+                            0,
+                            496,
+                            69,
+                            31 * (w + 1),
+                            496};
             for (int k = 0; k < 12; k++) bad += r[k] != want[k];
         }
-        check(!bad, "shfl/up/down/xor/width 8/ballot/any/all/reduce add,min,max/xor-butterfly, %s order: %d of 768 wrong", order_name[o], bad);
+        check(!bad,
+              "shfl/up/down/xor/width 8/ballot/any/all/reduce add,min,max/xor-butterfly, %s order: %d of 768 wrong",
+              order_name[o], bad);
     }
     for (int sync = 1; sync >= 0; sync--) {
         int wrong = 0;
@@ -163,7 +210,9 @@ static void test_warps() {
             for (int t = 0; t < 32; t++) bad += h[t] != (t ^ 31) * 7 + 1;
             wrong += bad > 0;
         }
-        if (sync) check(wrong == 0, "warp exchange through shared memory with __syncwarp: right in all 3 orders (%d wrong)", wrong);
+        if (sync)
+            check(wrong == 0, "warp exchange through shared memory with __syncwarp: right in all 3 orders (%d wrong)",
+                  wrong);
         else check(wrong > 0, "warp exchange WITHOUT __syncwarp: wrong in %d of 3 orders (must be >= 1)", wrong);
     }
     emu_set_order(0);
@@ -208,15 +257,24 @@ static void test_wmma() {
             for (int i = 0; i < M; i++)
                 for (int j = 0; j < N; j++) {
                     double s = 0, sa = 0;
-                    for (int k = 0; k < K; k++) { s += (double)af[i * K + k] * bf[j * K + k]; sa += fabs((double)af[i * K + k] * bf[j * K + k]); }
+                    for (int k = 0; k < K; k++) {
+                        s += (double)af[i * K + k] * bf[j * K + k];
+                        sa += fabs((double)af[i * K + k] * bf[j * K + k]);
+                    }
                     double d = fabs(h[i * N + j] - s);
                     if (!(d <= 1e-5 * sa + 1e-6)) bad++;
                     if (sync && d > worst) worst = d;
                 }
             wrong += bad > 0;
         }
-        if (sync) check(wrong == 0, "WMMA 16x16x16 GEMM (32x48x64, A row-major, B col-major) vs naive: right in all 3 orders, worst |diff| %.3g (tol 1e-5*sum|ab|+1e-6)", worst);
-        else check(wrong > 0, "WMMA store_matrix_sync read back WITHOUT __syncwarp: wrong in %d of 3 orders (must be >= 1)", wrong);
+        if (sync)
+            check(wrong == 0,
+                  "WMMA 16x16x16 GEMM (32x48x64, A row-major, B col-major) vs naive: right in all 3 orders, worst "
+                  "|diff| %.3g (tol 1e-5*sum|ab|+1e-6)",
+                  worst);
+        else
+            check(wrong > 0,
+                  "WMMA store_matrix_sync read back WITHOUT __syncwarp: wrong in %d of 3 orders (must be >= 1)", wrong);
     }
     emu_set_order(0);
     cudaFree(da); cudaFree(db); cudaFree(dc);
@@ -244,17 +302,26 @@ static void test_pipeline() {
         pipeline_copy<<<1, 4>>>(d, o);
         auto r = host_from(o, 32);
         for (int t = 0; t < 4; t++)
-            for (int i = 0; i < 8; i++) bad += __half2float(r[8 * (3 - t) + i]) != (i < 8 - t ? (float)(8 * t + i + 1) : 0.0f);
+            for (int i = 0; i < 8; i++)
+                bad += __half2float(r[8 * (3 - t) + i]) != (i < 8 - t ? (float)(8 * t + i + 1) : 0.0f);
     }
     emu_set_order(0);
-    check(bad == 0, "__pipeline_memcpy_async 16 bytes with zfill 0..6 bytes, read by another thread after wait and barrier: %d wrong values in 3 orders", bad);
+    check(bad == 0,
+          "__pipeline_memcpy_async 16 bytes with zfill 0..6 bytes, read by another thread after wait and barrier: %d "
+          "wrong values in 3 orders",
+          bad);
     cudaFree(d); cudaFree(o);
 }
 __global__ void pipeline_misaligned(const __half *src) {
     __shared__ __align__(16) __half s[8];
     __pipeline_memcpy_async(s, src + 1, 16);
 }
-static void pipeline_misaligned_run() { __half *d; cudaMalloc((void **)&d, 64); pipeline_misaligned<<<1, 1>>>(d); cudaDeviceSynchronize(); }
+static void pipeline_misaligned_run() {
+    __half *d;
+    cudaMalloc((void **)&d, 64);
+    pipeline_misaligned<<<1, 1>>>(d);
+    cudaDeviceSynchronize();
+}
 
 // ---- atomics ----
 __global__ void atomics(float *f, int *i, unsigned *mx) {
@@ -268,8 +335,11 @@ static void test_atomics() {
     CK(cudaMemset(f, 0, 4)); CK(cudaMemset(i, 0, 4)); CK(cudaMemset(m, 0, 4));
     atomics<<<7, 96>>>(f, i, m);
     float hf; int hi; unsigned hm;
-    CK(cudaMemcpy(&hf, f, 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(&hi, i, 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(&hm, m, 4, cudaMemcpyDeviceToHost));
-    check(hf == 336.0f && hi == 672 && hm == 671, "atomicAdd float/int, atomicMax over 672 threads: %g %d %u (want 336 672 671, exact)", hf, hi, hm);
+    CK(cudaMemcpy(&hf, f, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&hi, i, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&hm, m, 4, cudaMemcpyDeviceToHost));
+    check(hf == 336.0f && hi == 672 && hm == 671,
+          "atomicAdd float/int, atomicMax over 672 threads: %g %d %u (want 336 672 671, exact)", hf, hi, hm);
     cudaFree(f); cudaFree(i); cudaFree(m);
 }
 
@@ -294,8 +364,10 @@ static void test_block_order() {
     emu_set_order(0);
     int fwd = 1, rev = 1, perm = 0;
     for (int b = 0; b < 8; b++) fwd &= hs[0][b] == b, rev &= hs[1][b] == 7 - b, perm |= 1 << hs[2][b];
-    check(fwd && rev && perm == 0xff && got[0] != got[1], "EMU_ORDER orders blocks too: forward 0..7, reverse 7..0, random a permutation; "
-          "an order-dependent float atomic sum differs (forward %.9g, reverse %.9g)", got[0], got[1]);
+    check(fwd && rev && perm == 0xff && got[0] != got[1],
+          "EMU_ORDER orders blocks too: forward 0..7, reverse 7..0, random a permutation; "
+          "an order-dependent float atomic sum differs (forward %.9g, reverse %.9g)",
+          got[0], got[1]);
     cudaFree(f); cudaFree(turn); cudaFree(seen);
 }
 
@@ -358,11 +430,17 @@ static void test_math() {
     for (int t = 0; t < 64; t++) {
         float v = x[t], sat = v < 0 ? 0 : v > 1 ? 1 : v;
         float hl = __half2float(__float2half(v)), hh = __half2float(__float2half(2 * v));
-        float want[6] = {expf(v), 1.0f / sqrtf(fabsf(v) + 1.0f), sat, (float)__builtin_popcount(__float_as_uint(v)),
-                         __half2float(__float2half(hl * hl)) + __half2float(__float2half(hh * hh)), __half2float(__float2half(expf(__half2float(__float2half(0.5f * v)))))};
+        float want[6] = {expf(v),
+                         1.0f / sqrtf(fabsf(v) + 1.0f),
+                         sat,
+                         (float)__builtin_popcount(__float_as_uint(v)),
+                         __half2float(__float2half(hl * hl)) + __half2float(__float2half(hh * hh)),
+                         __half2float(__float2half(expf(__half2float(__float2half(0.5f * v)))))};
         for (int k = 0; k < 6; k++) worst = fmax(worst, fabs(y[t * 6 + k] - want[k]) / fmax(1.0, fabs(want[k])));
     }
-    check(worst <= 1e-6 && __half2float(hs[0]) == 64.0f, "device math (__expf, rsqrtf, __saturatef, __popc), __half2 multiply, hexp: worst rel diff %.3g (tol 1e-6); __half atomicAdd x64 = %g (want 64)",
+    check(worst <= 1e-6 && __half2float(hs[0]) == 64.0f,
+          "device math (__expf, rsqrtf, __saturatef, __popc), __half2 multiply, hexp: worst rel diff %.3g (tol 1e-6); "
+          "__half atomicAdd x64 = %g (want 64)",
           worst, __half2float(hs[0]));
     cudaFree(dx); cudaFree(dy); cudaFree(dh);
 }
@@ -405,18 +483,45 @@ static void test_async() {
     CK(cudaMemcpyAsync(h, d, 400, cudaMemcpyDeviceToHost, s));
     float before = h[50];
     CK(cudaStreamSynchronize(s));
-    check(before == -1 && h[50] == 3, "async mode: host copy read before cudaStreamSynchronize is stale (%g, want -1), after it %g (want 3)", before, h[50]);
+    check(before == -1 && h[50] == 3,
+          "async mode: host copy read before cudaStreamSynchronize is stale (%g, want -1), after it %g (want 3)",
+          before, h[50]);
     emu_set_async(0);
     cudaFreeHost(h); cudaStreamDestroy(s); cudaFree(d);
 }
 
 __global__ void write_at(float *p, long i) { if (threadIdx.x == 0) p[i] = 1; }
-static void oob_page() { float *d; cudaMalloc((void **)&d, 4 * 64); write_at<<<1, 32>>>(d, 64 + 8); cudaDeviceSynchronize(); }
-static void oob_slack() { float *d; cudaMalloc((void **)&d, 4 * 3); write_at<<<1, 32>>>(d, 3); cudaDeviceSynchronize(); }
-static void oob_under() { float *d; cudaMalloc((void **)&d, 4 * 8); write_at<<<1, 32>>>(d, -1); cudaDeviceSynchronize(); }
+static void oob_page() {
+    float *d;
+    cudaMalloc((void **)&d, 4 * 64);
+    write_at<<<1, 32>>>(d, 64 + 8);
+    cudaDeviceSynchronize();
+}
+static void oob_slack() {
+    float *d;
+    cudaMalloc((void **)&d, 4 * 3);
+    write_at<<<1, 32>>>(d, 3);
+    cudaDeviceSynchronize();
+}
+static void oob_under() {
+    float *d;
+    cudaMalloc((void **)&d, 4 * 8);
+    write_at<<<1, 32>>>(d, -1);
+    cudaDeviceSynchronize();
+}
 static void host_ptr_arg() { static float h[64]; write_at<<<1, 32>>>(h, 0); }
-static void host_deref() { emu_set_hosttrap(1); float *d; cudaMalloc((void **)&d, 64); volatile float x = d[0]; (void)x; }
-static void memcpy_overrun() { float *d, h[32]; cudaMalloc((void **)&d, 4 * 16); cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice); }
+static void host_deref() {
+    emu_set_hosttrap(1);
+    float *d;
+    cudaMalloc((void **)&d, 64);
+    volatile float x = d[0];
+    (void)x;
+}
+static void memcpy_overrun() {
+    float *d, h[32];
+    cudaMalloc((void **)&d, 4 * 16);
+    cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
+}
 static void memcpy_kind() { float *d, h[4]; cudaMalloc((void **)&d, 16); cudaMemcpy(d, h, 16, cudaMemcpyDeviceToHost); }
 static void double_free() { float *d; cudaMalloc((void **)&d, 16); cudaFree(d); cudaFree(d); }
 static void use_after_free() { float *d; cudaMalloc((void **)&d, 16); cudaFree(d); write_at<<<1, 32>>>(d, 0); }
@@ -425,20 +530,46 @@ __global__ void deadlock_kernel(int *p) {
     else __syncthreads();
     p[threadIdx.x] = 1;
 }
-static void deadlock() { int *d; cudaMalloc((void **)&d, 4 * 64); deadlock_kernel<<<1, 64>>>(d); cudaDeviceSynchronize(); }
+static void deadlock() {
+    int *d;
+    cudaMalloc((void **)&d, 4 * 64);
+    deadlock_kernel<<<1, 64>>>(d);
+    cudaDeviceSynchronize();
+}
 __global__ void early_return(float *p) {
     if (threadIdx.x == 5) return;
     __syncthreads();
     p[threadIdx.x] = 1;
 }
-static void early_return_strict() { emu_set_strict(1); float *d; cudaMalloc((void **)&d, 4 * 64); early_return<<<1, 64>>>(d); cudaDeviceSynchronize(); }
+static void early_return_strict() {
+    emu_set_strict(1);
+    float *d;
+    cudaMalloc((void **)&d, 4 * 64);
+    early_return<<<1, 64>>>(d);
+    cudaDeviceSynchronize();
+}
 __global__ void shfl_exited(int *p) {
     if (threadIdx.x == 3) return;
     p[threadIdx.x] = __shfl_sync(0xffffffffu, (int)threadIdx.x, 0);
 }
-static void shfl_after_exit() { int *d; cudaMalloc((void **)&d, 4 * 32); shfl_exited<<<1, 32>>>(d); cudaDeviceSynchronize(); }
-__global__ void smem_over(float *p) { extern __shared__ float s[]; s[threadIdx.x * 64] = 1; __syncthreads(); p[0] = s[0]; }
-static void smem_overrun() { float *d; cudaMalloc((void **)&d, 4); smem_over<<<1, 128, 4096>>>(d); cudaDeviceSynchronize(); }
+static void shfl_after_exit() {
+    int *d;
+    cudaMalloc((void **)&d, 4 * 32);
+    shfl_exited<<<1, 32>>>(d);
+    cudaDeviceSynchronize();
+}
+__global__ void smem_over(float *p) {
+    extern __shared__ float s[];
+    s[threadIdx.x * 64] = 1;
+    __syncthreads();
+    p[0] = s[0];
+}
+static void smem_overrun() {
+    float *d;
+    cudaMalloc((void **)&d, 4);
+    smem_over<<<1, 128, 4096>>>(d);
+    cudaDeviceSynchronize();
+}
 
 int main() {
     test_barriers();
@@ -463,7 +594,8 @@ int main() {
     expect_abort("deadlock: half a warp at __syncwarp, half at __syncthreads", deadlock, "deadlock");
     expect_abort("strict mode: a thread returns before __syncthreads", early_return_strict, "returned while");
     expect_abort("__shfl_sync waiting for a lane that returned", shfl_after_exit, "returned");
-    expect_abort("__pipeline_memcpy_async from a misaligned address", pipeline_misaligned_run, "__pipeline_memcpy_async");
+    expect_abort("__pipeline_memcpy_async from a misaligned address", pipeline_misaligned_run,
+                 "__pipeline_memcpy_async");
     expect_abort("dynamic shared memory overrun", smem_overrun, "dynamic shared memory");
     return test_summary();
 }

@@ -29,7 +29,8 @@ static int st_entries_readable(SafeTensors *st) {
             return 0;
         }
         void *buf = xmalloc(bytes ? (size_t)e->numel * 8 : 8);
-        int rc = st_dtype_is_float(e->dtype) ? st_read_f32(st, e, buf, err, sizeof err) : st_read_i64(st, e, buf, err, sizeof err);
+        int rc = st_dtype_is_float(e->dtype) ? st_read_f32(st, e, buf, err, sizeof err)
+                                             : st_read_i64(st, e, buf, err, sizeof err);
         free(buf);
         if (rc) { fprintf(stderr, "read of validated tensor '%s' failed: %s\n", e->name, err); return 0; }
     }

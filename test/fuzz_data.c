@@ -96,8 +96,10 @@ static const char *const YAML_SEEDS[] = {
     "train: &t a\nval: *t\nnames: {0: a, 1: b}\ndownload: |\n  some script\n",
     "train:\n  - a\n  - b\nval: [c]\nnames: !!seq [x]\nnc: 1\n",
 };
-static const char *const TOKENS[] = {"\n", "\r\n", " ", "\t", ":", "- ", "[", "]", "{", "}", ",", "'", "\"", "#", "&a ", "*a",
-                                     "!!str ", "nan", "-0", "1e999", "0.5", "99999999999", "names", "train", "val", "nc", "0:", "\\", "\0", "%YAML 1.1\n---\n"};
+static const char *const TOKENS[] = {
+        "\n",  "\r\n",        " ",     "\t",    ":",   "- ", "[",      "]",   "{",  "}",
+        ",",   "'",           "\"",    "#",     "&a ", "*a", "!!str ", "nan", "-0", "1e999",
+        "0.5", "99999999999", "names", "train", "val", "nc", "0:",     "\\",  "\0", "%YAML 1.1\n---\n"};
 
 // mutate: a few random edits of seed into out (byte flips, token inserts, deletions, splices).
 static size_t mutate(Rng *r, const char *seed, const char *other, uint8_t *out, size_t cap) {
@@ -198,7 +200,8 @@ int main(int argc, char **argv) {
     image_free(&im);
     image_free(&fuzz_img);
     check(1, "%d mutated JPEG/PNG files decoded (3 ways each) without a crash", nimg);
-    check(1, "%d label and %d yaml mutations ran without a crash or a broken invariant (%.1f s)", iters, iters, now_sec() - t0);
+    check(1, "%d label and %d yaml mutations ran without a crash or a broken invariant (%.1f s)", iters, iters,
+          now_sec() - t0);
     return test_summary();
 }
 #endif

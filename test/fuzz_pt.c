@@ -2,10 +2,12 @@
 // section of yolo.c).
 //
 // Standalone (deterministic mutations of the small test/fixtures/pt_*.pt files, 20000 runs by default):
-//   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DTESTING test/fuzz_pt.c -o test/bin/fuzz_pt -ljpeg -lpng -lyaml -lm -fopenmp
+//   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DTESTING test/fuzz_pt.c -o
+//   test/bin/fuzz_pt -ljpeg -lpng -lyaml -lm -fopenmp
 //   ./test/bin/fuzz_pt [iterations] [seed]
 // libFuzzer (clang):
-//   clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -DTESTING -DLIBFUZZER test/fuzz_pt.c -o fuzz_pt -ljpeg -lpng -lyaml -lm -fopenmp
+//   clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -DTESTING -DLIBFUZZER test/fuzz_pt.c -o fuzz_pt -ljpeg
+//   -lpng -lyaml -lm -fopenmp
 //
 // Two kinds of edits: anywhere in the file (mostly hitting the zip records), and inside the pickle
 // record data.pkl without changing its length (so the archive stays valid and the unpickler, the
@@ -73,10 +75,49 @@ static Seed seed_file(const char *path) {
 
 // pickle opcodes and fragments worth splicing in
 static const char *const TOKENS[] = {
-    "(", ")", "}", "]", "t", "R", "b", "s", "u", "e", "a", "0", "1", "2", "N", "Q", "\x81", "\x85", "\x86", "\x87", "\x88", "\x89",
-    "q\xff", "h\x00", "h\xff", "r\xff\xff\xff\xff", "j\x00\x00\x00\x00", "\x94", "\x93", "\x8a\x08", "\x8a\xff", "K\xff", "J\xff\xff\xff\xff",
-    "ccollections\nOrderedDict\n", "ctorch._utils\n_rebuild_tensor_v2\n", "ctorch\nHalfStorage\n", "cposix\nsystem\n",
-    "X\x07\x00\x00\x00storage", "X\xff\xff\xff\x7f", ".", "i", "\x95", "\x80\x05",
+        "(",
+        ")",
+        "}",
+        "]",
+        "t",
+        "R",
+        "b",
+        "s",
+        "u",
+        "e",
+        "a",
+        "0",
+        "1",
+        "2",
+        "N",
+        "Q",
+        "\x81",
+        "\x85",
+        "\x86",
+        "\x87",
+        "\x88",
+        "\x89",
+        "q\xff",
+        "h\x00",
+        "h\xff",
+        "r\xff\xff\xff\xff",
+        "j\x00\x00\x00\x00",
+        "\x94",
+        "\x93",
+        "\x8a\x08",
+        "\x8a\xff",
+        "K\xff",
+        "J\xff\xff\xff\xff",
+        "ccollections\nOrderedDict\n",
+        "ctorch._utils\n_rebuild_tensor_v2\n",
+        "ctorch\nHalfStorage\n",
+        "cposix\nsystem\n",
+        "X\x07\x00\x00\x00storage",
+        "X\xff\xff\xff\x7f",
+        ".",
+        "i",
+        "\x95",
+        "\x80\x05",
 };
 #define NTOK ((int)(sizeof TOKENS / sizeof TOKENS[0]))
 
@@ -114,7 +155,8 @@ static size_t mutate(Rng *g, uint8_t *p, size_t n, size_t cap, const Seed *s, in
         static const int64_t d[] = {-64, -1, 1, 30, 1 << 20};
         if (pos + 4 > n || cap < n) return n;
         uint32_t v = pt_rd32(p + pos);
-        v = rng_int(g, 2) ? v + (uint32_t)d[rng_int(g, 5)] : (rng_int(g, 2) ? 0xffffffffu : (uint32_t)rng_int(g, (int)n));
+        v = rng_int(g, 2) ? v + (uint32_t)d[rng_int(g, 5)]
+                          : (rng_int(g, 2) ? 0xffffffffu : (uint32_t)rng_int(g, (int)n));
         memcpy(p + pos, &v, 4);
         return n;
     }
@@ -124,16 +166,16 @@ static size_t mutate(Rng *g, uint8_t *p, size_t n, size_t cap, const Seed *s, in
 int main(int argc, char **argv) {
     long iters = argc > 1 ? atol(argv[1]) : 20000;
     uint64_t seed = argc > 2 ? (uint64_t)atoll(argv[2]) : 1;
-    static const char *const files[] = {"test/fixtures/pt_tiny_ckpt.pt", "test/fixtures/pt_tiny_sd.pt", "test/fixtures/pt_tiny_sd_bo.pt",
-                                        "test/fixtures/pt_v11.pt"};
+    static const char *const files[] = {"test/fixtures/pt_tiny_ckpt.pt", "test/fixtures/pt_tiny_sd.pt",
+                                        "test/fixtures/pt_tiny_sd_bo.pt", "test/fixtures/pt_v11.pt"};
     Seed seeds[4];
     int ns = 4;
     for (int i = 0; i < ns; i++) {
         seeds[i] = seed_file(files[i]);
         long ok0 = fz_ok, e0 = fz_clean_err;
         int clean = fuzz_one(seeds[i].p, seeds[i].n);
-        check(clean && (i < 3 ? fz_ok == ok0 + 1 : fz_clean_err == e0 + 1), "seed %s (%zu bytes) %s", files[i], seeds[i].n,
-              i < 3 ? "loads" : "is refused cleanly");
+        check(clean && (i < 3 ? fz_ok == ok0 + 1 : fz_clean_err == e0 + 1), "seed %s (%zu bytes) %s", files[i],
+              seeds[i].n, i < 3 ? "loads" : "is refused cleanly");
     }
     Rng g;
     rng_seed(&g, seed);

@@ -1,10 +1,12 @@
 // fuzz_safetensors.c: fuzz the safetensors header parser/validator and reader (the weights section of yolo.c).
 //
 // Standalone (deterministic mutations of a few valid seed files, 20000 runs by default):
-//   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DTESTING test/fuzz_safetensors.c -o test/bin/fuzz_safetensors -ljpeg -lpng -lyaml -lm -fopenmp
+//   gcc -std=c11 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -DTESTING test/fuzz_safetensors.c -o
+//   test/bin/fuzz_safetensors -ljpeg -lpng -lyaml -lm -fopenmp
 //   ./test/bin/fuzz_safetensors [iterations] [seed]
 // libFuzzer (clang):
-//   clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -DTESTING -DLIBFUZZER test/fuzz_safetensors.c -o fuzz_st -ljpeg -lpng -lyaml -lm -fopenmp
+//   clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -DTESTING -DLIBFUZZER test/fuzz_safetensors.c -o fuzz_st
+//   -ljpeg -lpng -lyaml -lm -fopenmp
 //
 // Every input must give either a success whose tables satisfy the validator's promises (every
 // tensor in bounds, sized dtype x numel, readable) or a clean error: -1 with a message that names
@@ -81,11 +83,55 @@ static Blob blob_craft(const char *json, const void *data, size_t nd) {
 }
 
 static const char *const TOKENS[] = {
-    "{", "}", "[", "]", ",", ":", "\"", "\\", "\"dtype\"", "\"shape\"", "\"data_offsets\"", "\"__metadata__\"",
-    "\"F32\"", "\"F16\"", "\"BF16\"", "\"I64\"", "\"U8\"", "\"F8_E4M3\"", "0", "1", "4", "16", "-1", "1.5", "1e3",
-    "007", "9223372036854775807", "9223372036854775808", "18446744073709551616", "\\u0000", "\\ud800", "\\udc00",
-    "\\ud83d\\ude00", "\\u00e9", "\xc3\xa9", "\xff", "\xc0\x80", "\xed\xa0\x80", "null", "true", " ", "\n", "\t",
-    "\"model.0.conv.weight\"", "[0,16]", "[2,2]", "[]", "{}", "\"x\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}",
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        "\"",
+        "\\",
+        "\"dtype\"",
+        "\"shape\"",
+        "\"data_offsets\"",
+        "\"__metadata__\"",
+        "\"F32\"",
+        "\"F16\"",
+        "\"BF16\"",
+        "\"I64\"",
+        "\"U8\"",
+        "\"F8_E4M3\"",
+        "0",
+        "1",
+        "4",
+        "16",
+        "-1",
+        "1.5",
+        "1e3",
+        "007",
+        "9223372036854775807",
+        "9223372036854775808",
+        "18446744073709551616",
+        "\\u0000",
+        "\\ud800",
+        "\\udc00",
+        "\\ud83d\\ude00",
+        "\\u00e9",
+        "\xc3\xa9",
+        "\xff",
+        "\xc0\x80",
+        "\xed\xa0\x80",
+        "null",
+        "true",
+        " ",
+        "\n",
+        "\t",
+        "\"model.0.conv.weight\"",
+        "[0,16]",
+        "[2,2]",
+        "[]",
+        "{}",
+        "\"x\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}",
 };
 #define NTOK ((int)(sizeof TOKENS / sizeof TOKENS[0]))
 
@@ -107,14 +153,17 @@ static void hlen_set(uint8_t *p, size_t n, uint64_t h) {
 static size_t mutate(Rng *g, uint8_t *p, size_t n, size_t cap, const Blob *seeds, int nseeds) {
     uint64_t hl = hlen_of(p, n);
     size_t hend = n >= 8 && hl <= n - 8 ? 8 + (size_t)hl : n;
-    size_t pos = n ? (rng_uniform(g) < 0.85 && hend > 8 ? 8 + (size_t)rng_int(g, (int)(hend - 8)) : (size_t)rng_int(g, (int)n)) : 0;
+    size_t pos = n
+            ? (rng_uniform(g) < 0.85 && hend > 8 ? 8 + (size_t)rng_int(g, (int)(hend - 8)) : (size_t)rng_int(g, (int)n))
+            : 0;
     int fix = rng_int(g, 2);
     switch (rng_int(g, 8)) {
     case 0:   // bit flip
         if (n) p[pos] ^= (uint8_t)(1u << rng_int(g, 8));
         return n;
     case 1: { // interesting byte
-        static const uint8_t vals[] = {0, 0xff, '"', '{', '}', '[', ']', ',', ':', '\\', '0', '9', ' ', 0x80, 0x7f, '-'};
+        static const uint8_t vals[] = {0,   0xff, '"', '{', '}', '[',  ']',  ',',
+                                       ':', '\\', '0', '9', ' ', 0x80, 0x7f, '-'};
         if (n) p[pos] = vals[rng_int(g, (int)sizeof vals)];
         return n;
     }
@@ -150,7 +199,9 @@ static size_t mutate(Rng *g, uint8_t *p, size_t n, size_t cap, const Blob *seeds
     default: { // header length field: random, off by a little, or huge
         static const int64_t d[] = {-9, -8, -1, 1, 7, 8, 1000};
         int c = rng_int(g, 3);
-        uint64_t h = c == 0 ? hl + (uint64_t)d[rng_int(g, 7)] : c == 1 ? rng_u64(g) >> rng_int(g, 64) : (uint64_t)rng_int(g, (int)n + 9);
+        uint64_t h = c == 0 ? hl + (uint64_t)d[rng_int(g, 7)]
+                : c == 1    ? rng_u64(g) >> rng_int(g, 64)
+                            : (uint64_t)rng_int(g, (int)n + 9);
         hlen_set(p, n, h);
         return n;
     }
@@ -177,16 +228,19 @@ int main(int argc, char **argv) {
     uint8_t d[64];
     for (int i = 0; i < 64; i++) d[i] = (uint8_t)(i * 37 + 11);
     d[1] = 0x3f; d[3] = 0x40;   // BF16 1.0 and 2.0 at the start
-    seeds[ns++] = blob_craft("{\"__metadata__\":{\"k\\u00e9y\":\"v\\\"al\\\\ue\\ud83d\\ude00\"},"
-                             "\"model.0.conv.weight\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,8]},"
-                             "\"model.0.bn.running_var\":{\"shape\":[3],\"dtype\":\"F16\",\"data_offsets\":[8,14]},"
-                             "\"model.0.bn.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[16,24]},"
-                             "\"u\":{\"dtype\":\"U8\",\"shape\":[3,1,1,1,1,1,1,1],\"data_offsets\":[24,27]},"
-                             "\"z\":{\"dtype\":\"F64\",\"shape\":[0,5],\"data_offsets\":[27,27]},"
-                             "\"i\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[28,36]},"
-                             "\"b\":{\"dtype\":\"BOOL\",\"shape\":[4],\"data_offsets\":[40,44]}}", d, 64);
+    seeds[ns++] =
+            blob_craft("{\"__metadata__\":{\"k\\u00e9y\":\"v\\\"al\\\\ue\\ud83d\\ude00\"},"
+                       "\"model.0.conv.weight\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,8]},"
+                       "\"model.0.bn.running_var\":{\"shape\":[3],\"dtype\":\"F16\",\"data_offsets\":[8,14]},"
+                       "\"model.0.bn.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[16,24]},"
+                       "\"u\":{\"dtype\":\"U8\",\"shape\":[3,1,1,1,1,1,1,1],\"data_offsets\":[24,27]},"
+                       "\"z\":{\"dtype\":\"F64\",\"shape\":[0,5],\"data_offsets\":[27,27]},"
+                       "\"i\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[28,36]},"
+                       "\"b\":{\"dtype\":\"BOOL\",\"shape\":[4],\"data_offsets\":[40,44]}}",
+                       d, 64);
     seeds[ns++] = blob_craft("{}", NULL, 0);
-    seeds[ns++] = blob_craft(" \t\n{ \"a\" : { \"dtype\" : \"F32\" , \"shape\" : [ 1 ] , \"data_offsets\" : [ 0 , 4 ] } } ", d, 4);
+    seeds[ns++] = blob_craft(
+            " \t\n{ \"a\" : { \"dtype\" : \"F32\" , \"shape\" : [ 1 ] , \"data_offsets\" : [ 0 , 4 ] } } ", d, 4);
     snprintf(path, sizeof path, "rm -rf '%s'", dir);
     if (system(path) != 0) printf("note: could not remove %s\n", dir);
 
@@ -217,7 +271,8 @@ int main(int argc, char **argv) {
     check(bad == 0, "%ld mutated inputs: %ld valid (%ld loads succeeded), %ld clean errors, %ld unclean (%.1f s)",
           iters, fz_ok - ns, fz_load_ok, fz_clean_err, fz_unclean, now_sec() - t0);
     check(fz_ok - ns > iters / 50 && fz_clean_err > iters / 2,
-          "mutations reach both outcomes: %ld valid and %ld rejected (want > 2%% and > 50%%)", fz_ok - ns, fz_clean_err);
+          "mutations reach both outcomes: %ld valid and %ld rejected (want > 2%% and > 50%%)", fz_ok - ns,
+          fz_clean_err);
     free(buf);
     for (int i = 0; i < ns; i++) free(seeds[i].p);
     return test_summary();

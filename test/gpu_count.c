@@ -18,8 +18,14 @@ int main(void) {
     int B = 16, S = 640;
     char scale = 'n';
     const char *e = getenv("GPU_COUNT");
-    if (e && sscanf(e, "%d %d %c", &B, &S, &scale) < 2) { fprintf(stderr, "GPU_COUNT=%s: expected \"B S [scale]\"\n", e); return 2; }
-    if (!getenv("EMU_COUNT")) { fprintf(stderr, "gpu_count: set EMU_COUNT=FILE (the counts are written there)\n"); return 2; }
+    if (e && sscanf(e, "%d %d %c", &B, &S, &scale) < 2) {
+        fprintf(stderr, "GPU_COUNT=%s: expected \"B S [scale]\"\n", e);
+        return 2;
+    }
+    if (!getenv("EMU_COUNT")) {
+        fprintf(stderr, "gpu_count: set EMU_COUNT=FILE (the counts are written there)\n");
+        return 2;
+    }
     setenv("YOLO_PROFILE", "1", 1);
     // the loss kernels run whole: a loss computed from sampled blocks could be non-finite, and the
     // step skips its backward after a non-finite loss
@@ -35,11 +41,19 @@ int main(void) {
     float *box = xmalloc(nb * 4 * sizeof(float));
     for (int i = 0; i < nb; i++) {
         bidx[i] = i / 3; cls[i] = (i * 7) % 80;
-        box[4 * i] = 0.2f + 0.25f * (i % 3); box[4 * i + 1] = 0.5f; box[4 * i + 2] = 0.1f + 0.1f * (i % 3); box[4 * i + 3] = 0.2f;
+        box[4 * i] = 0.2f + 0.25f * (i % 3);
+        box[4 * i + 1] = 0.5f;
+        box[4 * i + 2] = 0.1f + 0.1f * (i % 3);
+        box[4 * i + 3] = 0.2f;
     }
     LossTargets tg = {nb, bidx, cls, box};
     LossConfig lc = loss_config_default();
-    Optimizer opt = {.kind = OPT_SGD, .lr = {0.01, 0.01, 0.01}, .momentum = 0.937, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 5e-4};
+    Optimizer opt = {.kind = OPT_SGD,
+                     .lr = {0.01, 0.01, 0.01},
+                     .momentum = 0.937,
+                     .beta2 = 0.999,
+                     .eps = 1e-8,
+                     .weight_decay = 5e-4};
     GpuShape shp = {B, S, S, 1};
     Gpu *g = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
     double t0 = now_sec();

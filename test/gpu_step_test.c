@@ -11,11 +11,11 @@
 // moved by one FP16 ulp) and it is ~3e-2 per tensor, as large as the GPU's difference. At 64x64 the
 // deepest maps are 2x2, BN normalises over 8 values and every rounding difference grows layer by
 // layer (with FP16 storage emulated on the CPU, model.0's z is bit-identical to the GPU's, model.1's
-// differs by one ulp in a few values, and by the 2x2 layers almost every value differs). So the GPU must also stay within 2x the measured sensitivity, and within 2x of what FP16 storage
-// itself costs: the CPU step's FP16 twin (twin_backend: the CPU rounds every tensor where the device
-// stores FP16, at the same loss scale) is ~3.5e-2 per tensor and ~7e-3 in the loss components from
-// the FP32 step, and the device is as far from that twin as from FP32. A wrong index or a missing
-// term would be far outside these bounds.
+// differs by one ulp in a few values, and by the 2x2 layers almost every value differs). So the GPU must also stay
+// within 2x the measured sensitivity, and within 2x of what FP16 storage itself costs: the CPU step's FP16 twin
+// (twin_backend: the CPU rounds every tensor where the device stores FP16, at the same loss scale) is ~3.5e-2 per
+// tensor and ~7e-3 in the loss components from the FP32 step, and the device is as far from that twin as from FP32. A
+// wrong index or a missing term would be far outside these bounds.
 #ifndef TESTING
 #define TESTING
 #endif
@@ -82,7 +82,8 @@ static LossOut cpu_step(Model *m, Arena *a, const float *x, const LossTargets *t
     model_forward(m, a, x, TB, TS, TS);
     for (int i = 0; i < 3; i++) memcpy(head_copy[i], m->head[i], head_n[i] * sizeof(float));
     model_head_grad(m, a);
-    LossOut lo = loss_forward_backward(lc, TB, m->nc, TS, TS, (const float *const *)m->head, m->dhead, tg, 1.f, scratch, lb, 0);
+    LossOut lo = loss_forward_backward(lc, TB, m->nc, TS, TS, (const float *const *)m->head, m->dhead, tg, 1.f, scratch,
+                                       lb, 0);
     model_backward(m, a);
     return lo;
 }
@@ -108,7 +109,8 @@ static double worst_rel(const float *got, const float *ref, size_t n, size_t *at
 static int grad_compare(const Model *m, const float *got, const float *ref, double tol, double *worst, double *whole,
                         char *wname, size_t wn, int *ntens) {
     double tot = 0, dtot = 0;
-    for (size_t i = 0; i < m->nparams; i++) tot += (double)ref[i] * ref[i], dtot += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+    for (size_t i = 0; i < m->nparams; i++)
+        tot += (double)ref[i] * ref[i], dtot += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
     tot = sqrt(tot);
     *whole = sqrt(dtot) / tot;
     int nbad = 0;
@@ -166,7 +168,12 @@ int main(void) {
     LossConfig lc = loss_config_default();
     size_t lb = loss_scratch_bytes(TB, loss_num_anchors(TS, TS), lc.max_boxes);
     void *scratch = xmalloc(lb);
-    Optimizer opt = {.kind = OPT_SGD, .lr = {0.01, 0.01, 0.01}, .momentum = 0.937, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 5e-4};
+    Optimizer opt = {.kind = OPT_SGD,
+                     .lr = {0.01, 0.01, 0.01},
+                     .momentum = 0.937,
+                     .beta2 = 0.999,
+                     .eps = 1e-8,
+                     .weight_decay = 5e-4};
     opt.m = xcalloc(m->nparams, sizeof(float));
 
     // the device step: plan, one cudaMalloc, weights uploaded before the CPU step moves the BN stats
@@ -181,7 +188,8 @@ int main(void) {
         m->recompute = 1;   // a second device, recompute=1, from the same weights and running stats
         gr = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
         m->recompute = 0;
-        printf("device arenas: recompute=0 %.2f MiB, recompute=1 %.2f MiB\n", g->plan / 1048576.0, gr->plan / 1048576.0);
+        printf("device arenas: recompute=0 %.2f MiB, recompute=1 %.2f MiB\n", g->plan / 1048576.0,
+               gr->plan / 1048576.0);
     }
     printf("device arena: %.2f MiB planned by a dry run, params %zu\n", g->plan / 1048576.0, m->nparams);
     g->scaler.scale = 1024.f;   // a scale whose gradients stay finite in FP16 here (65536 overflows at step 1)
@@ -212,7 +220,8 @@ int main(void) {
         m->recompute = 1;
         LossOut lo_r = gpu_forward_backward(gr, img, &tg, &lc);
         m->recompute = 0;
-        float *rg = dev_floats(gr->grads, m->nparams), *rb = dev_floats(gr->buffers, m->nbuffers), *b0 = dev_floats(g->buffers, m->nbuffers);
+        float *rg = dev_floats(gr->grads, m->nparams), *rb = dev_floats(gr->buffers, m->nbuffers),
+              *b0 = dev_floats(g->buffers, m->nbuffers);
         for (size_t i = 0; i < m->nparams; i++) rg[i] /= gr->scaler.scale;
         check(lo_r.box == lo_g.box && lo_r.cls == lo_g.cls && lo_r.dfl == lo_g.dfl && !memcmp(rg, gg, m->nparams * 4) &&
               !memcmp(rb, b0, m->nbuffers * 4) && gr->a->high == gr->plan && gr->plan < g->plan,
@@ -239,7 +248,8 @@ int main(void) {
     char wname[80] = "";
     grad_compare(m, gg, g32, 1, &worst, &whole, wname, sizeof wname, &ntens);
 
-    // B. the reference's own sensitivity: the FP32 CPU step with half of the input pixels one FP16 ulp up (FP16-rounding-sized noise)
+    // B. the reference's own sensitivity: the FP32 CPU step with half of the input pixels one FP16 ulp up
+    // (FP16-rounding-sized noise)
     float *xp = xmalloc(nimg * sizeof(float));
     for (size_t i = 0; i < nimg; i++) xp[i] = rng_uniform(&r) < 0.5 ? half_to_float(float_to_half(x[i]) + 1) : x[i];
     memcpy(m->buffers, buf0, m->nbuffers * sizeof(float));
@@ -250,7 +260,9 @@ int main(void) {
     printf("sensitivity of the FP32 reference to 1-ulp input noise: loss box %.3g cls %.3g dfl %.3g relative; "
            "gradients: worst tensor %.3g (%s), whole %.3g\n", fabs(lo_p.box - lo_c.box) / lo_c.box,
            fabs(lo_p.cls - lo_c.cls) / lo_c.cls, fabs(lo_p.dfl - lo_c.dfl) / lo_c.dfl, sens, sname, sens_whole);
-    check(gpu_worst <= 2 * sens, "gradients: the GPU's worst tensor difference %.3g is within 2x the reference's own sensitivity %.3g", gpu_worst, sens);
+    check(gpu_worst <= 2 * sens,
+          "gradients: the GPU's worst tensor difference %.3g is within 2x the reference's own sensitivity %.3g",
+          gpu_worst, sens);
 
     // C. the CPU step's FP16 twin (twin_backend: the CPU rounds every tensor the device stores in FP16, at
     // the same loss scale) against the FP32 step: what FP16 storage itself costs here. The device may
@@ -266,31 +278,43 @@ int main(void) {
     char tname[80] = "", gname[80] = "";
     grad_compare(m, m->grads, g32, 1, &twin, &twin_whole, tname, sizeof tname, &ntens);
     grad_compare(m, gg, m->grads, 1, &gt_worst, &gt_whole, gname, sizeof gname, &ntens);
-    printf("FP16 twin on the CPU vs the FP32 step: loss box %.3g cls %.3g dfl %.3g relative; gradients: worst tensor %.3g (%s), "
-           "whole %.3g; the device vs the twin: worst tensor %.3g (%s), whole %.3g\n", fabs(lo_h.box - lo_c.box) / lo_c.box,
-           fabs(lo_h.cls - lo_c.cls) / lo_c.cls, fabs(lo_h.dfl - lo_c.dfl) / lo_c.dfl, twin, tname, twin_whole, gt_worst, gname, gt_whole);
-    check(gpu_worst <= 2 * twin, "gradients: the GPU's worst tensor difference from FP32 %.3g is within 2x the FP16 twin's own %.3g", gpu_worst, twin);
+    printf("FP16 twin on the CPU vs the FP32 step: loss box %.3g cls %.3g dfl %.3g relative; gradients: worst tensor "
+           "%.3g (%s), "
+           "whole %.3g; the device vs the twin: worst tensor %.3g (%s), whole %.3g\n",
+           fabs(lo_h.box - lo_c.box) / lo_c.box, fabs(lo_h.cls - lo_c.cls) / lo_c.cls,
+           fabs(lo_h.dfl - lo_c.dfl) / lo_c.dfl, twin, tname, twin_whole, gt_worst, gname, gt_whole);
+    check(gpu_worst <= 2 * twin,
+          "gradients: the GPU's worst tensor difference from FP32 %.3g is within 2x the FP16 twin's own %.3g",
+          gpu_worst, twin);
     for (int i = 0; i < 3; i++) {
         size_t at;
         th[i] = worst_rel(hc[i], h32[i], hn[i], &at);
         double tol = fmax(6e-2, 2 * th[i]);
-        check(hw[i] <= tol, "FP32 ref: head map %d (%zu values): worst |gpu - cpu| / max(1, |cpu|) %.3g at %zu (gpu %g cpu %g), "
-              "tol %.3g (max(6e-2, 2x the FP16 twin's %.3g): FP16 through 50 layers)", i, hn[i], hw[i], hat[i], g->head_h[i][hat[i]],
-              h32[i][hat[i]], tol, th[i]);
+        check(hw[i] <= tol,
+              "FP32 ref: head map %d (%zu values): worst |gpu - cpu| / max(1, |cpu|) %.3g at %zu (gpu %g cpu %g), "
+              "tol %.3g (max(6e-2, 2x the FP16 twin's %.3g): FP16 through 50 layers)",
+              i, hn[i], hw[i], hat[i], g->head_h[i][hat[i]], h32[i][hat[i]], tol, th[i]);
         free(h32[i]);
     }
-    check(whole <= fmax(6e-2, 2 * twin_whole), "FP32 ref: whole gradient ||gpu - cpu||_2 / ||cpu||_2 = %.3g, tol max(6e-2, 2x the "
-          "FP16 twin's %.3g)", whole, twin_whole);
+    check(whole <= fmax(6e-2, 2 * twin_whole),
+          "FP32 ref: whole gradient ||gpu - cpu||_2 / ||cpu||_2 = %.3g, tol max(6e-2, 2x the "
+          "FP16 twin's %.3g)",
+          whole, twin_whole);
     double gtol = fmax(5e-2, 2 * twin);
     int nbad = grad_compare(m, gg, g32, gtol, &worst, &whole, wname, sizeof wname, &ntens);
-    check(!nbad, "FP32 ref: gradients of %d tensors: worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 ||cpu||_2) = %.3g (%s), tol %.3g "
-          "(max(5e-2, 2x the FP16 twin's %.3g)), %d over", ntens, worst, wname, gtol, twin, nbad);
+    check(!nbad,
+          "FP32 ref: gradients of %d tensors: worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 ||cpu||_2) = %.3g (%s), "
+          "tol %.3g "
+          "(max(5e-2, 2x the FP16 twin's %.3g)), %d over",
+          ntens, worst, wname, gtol, twin, nbad);
     // the loss components: the 2e-3, or 2x the twin's own distance from FP32, whichever is larger
     double lh[3] = {lo_h.box, lo_h.cls, lo_h.dfl};
     for (int k = 0; k < 3; k++) {
-        double rel = fabs(lc_g[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12), trel = fabs(lh[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12);
-        check(rel <= fmax(2e-3, 2 * trel), "FP32 ref: loss %s: gpu %.7g cpu %.7g, relative diff %.3g, tol max(2e-3, 2x the FP16 twin's %.3g)",
-              ln[k], lc_g[k], lc_c[k], rel, trel);
+        double rel = fabs(lc_g[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12),
+               trel = fabs(lh[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12);
+        check(rel <= fmax(2e-3, 2 * trel),
+              "FP32 ref: loss %s: gpu %.7g cpu %.7g, relative diff %.3g, tol max(2e-3, 2x the FP16 twin's %.3g)", ln[k],
+              lc_g[k], lc_c[k], rel, trel);
     }
     // bounds for the optimizer checks below, from the same measured FP16 cost
     double ptol = fmax(8e-2, 2 * twin + 1.5e-2), ltol = 1e-2;
@@ -305,7 +329,8 @@ int main(void) {
     float *bg = dev_floats(g->buffers, m->nbuffers);
     size_t at = 0;
     double wb = worst_rel(bg, m->buffers, m->nbuffers, &at);
-    check(wb <= 2e-3, "BN running mean/var after one train forward (%zu values): worst rel diff %.3g, tol 2e-3", m->nbuffers, wb);
+    check(wb <= 2e-3, "BN running mean/var after one train forward (%zu values): worst rel diff %.3g, tol 2e-3",
+          m->nbuffers, wb);
     free(bg);
 
     // 5. one optimizer step on both: norm, then the parameters (SGD, clip 10)
@@ -338,9 +363,13 @@ int main(void) {
             if (!(rel <= worst)) worst = rel;
         }
     }
-    check(!nbad, "parameters after one SGD step: worst max|gpu - cpu| / (||cpu tensor update||_2 + 1e-6 ||cpu update||_2) = %.3g, "
-          "tol %.3g (max(8e-2, 2x the FP16 twin's gradients + 1.5e-2: the update is linear in them, and the clip factor "
-          "differs too), %d tensors over", worst, ptol, nbad);
+    check(!nbad,
+          "parameters after one SGD step: worst max|gpu - cpu| / (||cpu tensor update||_2 + 1e-6 ||cpu update||_2) = "
+          "%.3g, "
+          "tol %.3g (max(8e-2, 2x the FP16 twin's gradients + 1.5e-2: the update is linear in them, and the clip "
+          "factor "
+          "differs too), %d tensors over",
+          worst, ptol, nbad);
     free(pg_);
 
     // 6. a forced overflow: inf in one gradient of the last step (the optimizer leaves the gradients
@@ -356,10 +385,12 @@ int main(void) {
     float d = (float)(0.9999 * (1 - exp(-(double)(ema0 + 1) / 2000.0)));
     double ema_err = 0;
     for (size_t i = 0; i < m->nparams; i++) ema_err = fmax(ema_err, fabs(ea[i] - (d * eb[i] + (1 - d) * pb[i])));
-    check(!took && isinf(nrm_inf) && g->scaler.scale == scale0 / 2 && g->opt.step == step0 && !memcmp(pa, pb, m->nparams * 4) &&
-          g->ema_updates == ema0 + 1 && ema_err <= 1e-6,
-          "forced overflow (inf in %s.weight): step skipped (%d), norm %g, scale %g -> %g, step count kept, weights bit-identical, "
-          "EMA updated once towards them (max err %.2g)", m->conv[5].name, !took, nrm_inf, scale0, g->scaler.scale, ema_err);
+    check(!took && isinf(nrm_inf) && g->scaler.scale == scale0 / 2 && g->opt.step == step0 &&
+                  !memcmp(pa, pb, m->nparams * 4) && g->ema_updates == ema0 + 1 && ema_err <= 1e-6,
+          "forced overflow (inf in %s.weight): step skipped (%d), norm %g, scale %g -> %g, step count kept, weights "
+          "bit-identical, "
+          "EMA updated once towards them (max err %.2g)",
+          m->conv[5].name, !took, nrm_inf, scale0, g->scaler.scale, ema_err);
     free(pa); free(pb); free(ea); free(eb);
 
     // 7. memory: the device arena's high-water mark is exactly its dry-run plan
@@ -391,14 +422,17 @@ int main(void) {
         free(p1);
         LossOut lo_c1 = cpu_step(m, a, x, &tg, &lc, scratch, lb, hc, hn);
         double l1c = lo_c1.box + lo_c1.cls + lo_c1.dfl;
-        check(fabs(l[NSTEP] - l1c) <= ltol * l1c, "after %d SGD steps the device loss %.4f matches the CPU forward of the device's "
-              "updated weights %.4f (%.3g relative, max(1e-2, 2x the FP16 twin's loss difference): the FP16 forward)", NSTEP, l[NSTEP],
-              l1c, ltol);
+        check(fabs(l[NSTEP] - l1c) <= ltol * l1c,
+              "after %d SGD steps the device loss %.4f matches the CPU forward of the device's "
+              "updated weights %.4f (%.3g relative, max(1e-2, 2x the FP16 twin's loss difference): the FP16 forward)",
+              NSTEP, l[NSTEP], l1c, ltol);
         char traj[200];
         int tn = 0;
         for (int k = 0; k <= NSTEP; k++) tn += snprintf(traj + tn, sizeof traj - tn, "%s%.3f", k ? " -> " : "", l[k]);
-        check(l[NSTEP] < 0.7 * l[0], "device SGD steps on one batch (lr 0.01, momentum 0.937): loss %s, below 0.7x the first after "
-              "%d steps (%d taken, the others skipped by the GradScaler)", traj, NSTEP, ok);
+        check(l[NSTEP] < 0.7 * l[0],
+              "device SGD steps on one batch (lr 0.01, momentum 0.937): loss %s, below 0.7x the first after "
+              "%d steps (%d taken, the others skipped by the GradScaler)",
+              traj, NSTEP, ok);
     }
     gpu_close(g);
 
@@ -416,9 +450,10 @@ int main(void) {
         printf("emulated FP32 device step %.2f s\n", now_sec() - t4);
         double c3[3] = {lf_c.box, lf_c.cls, lf_c.dfl}, g3[3] = {lf_g.box, lf_g.cls, lf_g.dfl}, worst_l = 0;
         for (int k = 0; k < 3; k++) worst_l = fmax(worst_l, fabs(g3[k] - c3[k]) / fabs(c3[k]));
-        check(worst_l <= 1e-5 && lf_g.n_fg == lf_c.n_fg, "amp=0 FP32 device step: loss box %.8g / %.8g, cls %.8g / %.8g, dfl %.8g / %.8g "
-              "(gpu / cpu): worst relative diff %.3g, tol 1e-5; foreground %d / %d", g3[0], c3[0], g3[1], c3[1], g3[2], c3[2], worst_l,
-              lf_g.n_fg, lf_c.n_fg);
+        check(worst_l <= 1e-5 && lf_g.n_fg == lf_c.n_fg,
+              "amp=0 FP32 device step: loss box %.8g / %.8g, cls %.8g / %.8g, dfl %.8g / %.8g "
+              "(gpu / cpu): worst relative diff %.3g, tol 1e-5; foreground %d / %d",
+              g3[0], c3[0], g3[1], c3[1], g3[2], c3[2], worst_l, lf_g.n_fg, lf_c.n_fg);
         double hw = 0;
         for (int i = 0; i < 3; i++) {
             size_t at = 0;
@@ -429,8 +464,11 @@ int main(void) {
         double fw, fwhole;
         char fname[80] = "";
         int fbad = grad_compare(m, fg, m->grads, 1e-3, &fw, &fwhole, fname, sizeof fname, &ntens);
-        check(!fbad, "amp=0 FP32 device step: gradients of %d tensors, worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 ||cpu||_2) = "
-              "%.3g (%s), tol 1e-3; whole %.3g", ntens, fw, fname, fwhole);
+        check(!fbad,
+              "amp=0 FP32 device step: gradients of %d tensors, worst max|gpu - cpu| / (||cpu tensor||_2 + 1e-6 "
+              "||cpu||_2) = "
+              "%.3g (%s), tol 1e-3; whole %.3g",
+              ntens, fw, fname, fwhole);
         free(fg);
         free(x32);
         gpu_close(gf);

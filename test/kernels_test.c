@@ -66,9 +66,10 @@ static float *poisoned_dev(long n);
 
 static void test_bn_silu(int B, int C, int HW, void *stream) {
     long n = (long)B * C * HW;
-    float *z = rand_host(n, -4, 4), *mean = rand_host(C, -1, 1), *invstd = rand_host(C, 0.2f, 3), *gamma = rand_host(C, -2, 2),
-          *beta = rand_host(C, -1, 1), *ref = xmalloc(sizeof(float) * n);
-    float *dz = to_dev(z, 4 * n), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C), *dy;
+    float *z = rand_host(n, -4, 4), *mean = rand_host(C, -1, 1), *invstd = rand_host(C, 0.2f, 3),
+          *gamma = rand_host(C, -2, 2), *beta = rand_host(C, -1, 1), *ref = xmalloc(sizeof(float) * n);
+    float *dz = to_dev(z, 4 * n), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C),
+          *db = to_dev(beta, 4 * C), *dy;
     CK(cudaMalloc((void **)&dy, 4 * n));
     bn_silu_forward_cuda(dz, dm, di, dg, db, dy, B, C, HW, stream);
     float *got = from_dev(dy, 4 * n);
@@ -77,11 +78,15 @@ static void test_bn_silu(int B, int C, int HW, void *stream) {
     for (long i = 0; i < n; i++) {
         int c = (int)((i / HW) % C);
         // terms of the affine pre-activation (contracted to fma on a GPU) set the scale
-        double tol = 1e-5 * (fabs(gamma[c] * (z[i] - mean[c]) * invstd[c]) + fabs(beta[c]) + fabs(ref[i])) + 1e-6, d = fabs(got[i] - ref[i]);
+        double tol = 1e-5 * (fabs(gamma[c] * (z[i] - mean[c]) * invstd[c]) + fabs(beta[c]) + fabs(ref[i])) + 1e-6,
+               d = fabs(got[i] - ref[i]);
         if (!(d <= tol)) bad++;
         if (!(d <= worst)) { worst = d; worst_tol = tol; }
     }
-    check(!bad, "bn_silu_forward_cuda B=%d C=%d HW=%d vs _cpu: worst |diff| %.3g (tol there %.3g = 1e-5*sum|terms|+1e-6), %d over", B, C, HW, worst, worst_tol, bad);
+    check(!bad,
+          "bn_silu_forward_cuda B=%d C=%d HW=%d vs _cpu: worst |diff| %.3g (tol there %.3g = 1e-5*sum|terms|+1e-6), %d "
+          "over",
+          B, C, HW, worst, worst_tol, bad);
     cudaFree(dz); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(dy);
     free(z); free(mean); free(invstd); free(gamma); free(beta); free(ref); free(got);
     twin_compared(bn_silu_forward_cuda);
@@ -135,7 +140,10 @@ static void test_gemm_f16(int M, int N, int K, void *stream) {
         if (!(d <= tol)) bad++;
         if (!(d <= worst)) worst = d;
     }
-    check(!bad, "gemm_f16_cuda M=%d N=%d K=%d vs gemm_cpu on fp16-rounded inputs: worst |diff| %.3g, tol 2e-3*max(1,|ref|), %ld over", M, N, K, worst, bad);
+    check(!bad,
+          "gemm_f16_cuda M=%d N=%d K=%d vs gemm_cpu on fp16-rounded inputs: worst |diff| %.3g, tol 2e-3*max(1,|ref|), "
+          "%ld over",
+          M, N, K, worst, bad);
     cudaFree(da); cudaFree(db); cudaFree(dc); free(a); free(b); free(af); free(bf); free(ref); free(got);
     twin_compared(gemm_f16_cuda);
 }
@@ -150,7 +158,8 @@ static void check_f16tol(const char *what, const float *got, const float *ref, l
         if (!(d <= 2e-3 * fmax(1.0, fabs(ref[i])))) bad++;
         if (!(d <= worst)) { worst = d; wi = i; }
     }
-    check(!bad, "%s: worst |diff| %.3g at %ld (got %g ref %g), tol 2e-3*max(1,|ref|), %ld of %ld over", what, worst, wi, got[wi], ref[wi], bad, n);
+    check(!bad, "%s: worst |diff| %.3g at %ld (got %g ref %g), tol 2e-3*max(1,|ref|), %ld of %ld over", what, worst, wi,
+          got[wi], ref[wi], bad, n);
 }
 static uint16_t *rand_f16(long n, float lo, float hi, float *rounded) {
     uint16_t *h = xmalloc(2 * (size_t)(n ? n : 1));
@@ -171,7 +180,8 @@ static float *f16_host_to_f32(const uint16_t *h, long n) {
 // NaN so that a read outside the slice shows.
 static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, void *stream) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo;
-    long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs, nw = (long)Cout * Cin * KK;
+    long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs,
+         nw = (long)Cout * Cin * KK;
     ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0};
     float *xf = xmalloc(4 * nx), *wf = xmalloc(4 * nw), *dzf = xmalloc(4 * nz), *bias = rand_host(Cout, -1, 1);
     uint16_t *xh = rand_f16(nx, -1, 1, xf), *wh = rand_f16(nw, -1, 1, wf), *dzh = rand_f16(nz, -1, 1, dzf);
@@ -180,7 +190,8 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         for (long i = (long)Cout * HWo; i < zs; i++) dzh[b * zs + i] = 0x7e00;
     }
     float *col = xmalloc(4 * (size_t)KK * Cin * (HWo > HW ? HWo : HW) + 4 * (size_t)Cout * HW * KK);
-    float *zref = xmalloc(4 * nz), *dxref = rand_host(nx, -1, 1), *dx0 = xmalloc(4 * nx), *dwref = rand_host(nw, -1, 1), *dw0 = xmalloc(4 * nw);
+    float *zref = xmalloc(4 * nz), *dxref = rand_host(nx, -1, 1), *dx0 = xmalloc(4 * nx), *dwref = rand_host(nw, -1, 1),
+          *dw0 = xmalloc(4 * nw);
     memcpy(dx0, dxref, 4 * nx); memcpy(dw0, dwref, 4 * nw);
     float *dcol = xmalloc(4 * (size_t)Cin * KK * HWo), *dxi = xmalloc(4 * (size_t)Cin * HW);
     for (int b = 0; b < B; b++) {
@@ -195,7 +206,9 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     void *dxh_ = to_dev(xh, 2 * nx), *dwh = to_dev(wh, 2 * nw), *ddz = to_dev(dzh, 2 * nz);
     float *dbias = to_dev(bias, 4 * Cout), *dz32, *ddx = to_dev(dx0, 4 * nx), *ddw = to_dev(dw0, 4 * nw);
     uint16_t *dz16, *ddx16;
-    CK(cudaMalloc((void **)&dz32, 4 * nz)); CK(cudaMalloc((void **)&dz16, 2 * nz)); CK(cudaMalloc((void **)&ddx16, 2 * nx));
+    CK(cudaMalloc((void **)&dz32, 4 * nz));
+    CK(cudaMalloc((void **)&dz16, 2 * nz));
+    CK(cudaMalloc((void **)&ddx16, 2 * nx));
     conv_forward_cuda(d, dxh_, NULL, dwh, dbias, dz32, dz16, stream);
     conv_dgrad_cuda(d, ddz, dwh, ddx, NULL, 1, stream);
     conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 0, stream);
@@ -211,24 +224,40 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     // compare the slices only; outside them the outputs must be untouched
     long bad_out = 0;
     for (int b = 0; b < B; b++) {
-        for (long i = (long)Cout * HWo; i < zs; i++) { bad_out += !isnan(zhf[b * zs + i]) || !isnan(z[b * zs + i]); zref[b * zs + i] = z[b * zs + i] = zhf[b * zs + i] = 0; }
-        for (long i = (long)Cin * HW; i < xs; i++) { bad_out += memcmp(&dx[b * xs + i], &dx0[b * xs + i], 4) != 0; dxhf[b * xs + i] = dxref[b * xs + i]; }
+        for (long i = (long)Cout * HWo; i < zs; i++) {
+            bad_out += !isnan(zhf[b * zs + i]) || !isnan(z[b * zs + i]);
+            zref[b * zs + i] = z[b * zs + i] = zhf[b * zs + i] = 0;
+        }
+        for (long i = (long)Cin * HW; i < xs; i++) {
+            bad_out += memcmp(&dx[b * xs + i], &dx0[b * xs + i], 4) != 0;
+            dxhf[b * xs + i] = dxref[b * xs + i];
+        }
     }
     char what[200];
-    snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d, FP32 z + bias vs im2col+gemm_cpu", B, Cin, H, W, Cout, K, S, xextra, zextra);
+    snprintf(what, sizeof what,
+             "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d, FP32 z + bias vs im2col+gemm_cpu", B,
+             Cin, H, W, Cout, K, S, xextra, zextra);
     check_f16tol(what, z, zref, nz);
-    snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z", B, Cin, H, W, Cout, K, S);
+    snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z", B, Cin, H, W, Cout, K,
+             S);
     check_f16tol(what, zhf, zref, nz);
-    snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP32 accumulate vs gemm_cpu^T+col2im", B, Cin, H, W, Cout, K, S);
+    snprintf(what, sizeof what,
+             "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP32 accumulate vs gemm_cpu^T+col2im", B, Cin, H, W,
+             Cout, K, S);
     check_f16tol(what, dx, dxref, nx);
     for (long i = 0; i < nx; i++) dxref[i] -= dx0[i];
     for (int b = 0; b < B; b++) for (long i = (long)Cin * HW; i < xs; i++) dxhf[b * xs + i] = dxref[b * xs + i];
-    snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 overwrite", B, Cin, H, W, Cout, K, S);
+    snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 overwrite", B, Cin, H, W,
+             Cout, K, S);
     check_f16tol(what, dxhf, dxref, nx);
-    snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d (%ld slice%s), FP32 accumulate vs gemm_cpu(dz, col^T)",
-             B, Cin, H, W, Cout, K, S, nsplit, nsplit > 1 ? "s" : "");
+    snprintf(
+            what, sizeof what,
+            "conv_wgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d (%ld slice%s), FP32 accumulate vs gemm_cpu(dz, col^T)",
+            B, Cin, H, W, Cout, K, S, nsplit, nsplit > 1 ? "s" : "");
     check_f16tol(what, dw, dwref, nw);
-    check(!bad_out, "conv B=%d Cin=%d Cout=%d K=%d S=%d: nothing written outside the channel slices (%ld values touched)", B, Cin, Cout, K, S, bad_out);
+    check(!bad_out,
+          "conv B=%d Cin=%d Cout=%d K=%d S=%d: nothing written outside the channel slices (%ld values touched)", B, Cin,
+          Cout, K, S, bad_out);
     // wgrad overwrite
     conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);
     free(dw); dw = from_dev(ddw, 4 * nw);
@@ -237,12 +266,33 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     check_f16tol(what, dw, dwref, nw);
     conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);   // deterministic: the slices are added in order
     float *dw2 = from_dev(ddw, 4 * nw);
-    check(!memcmp(dw, dw2, 4 * nw), "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d (%ld slice%s): a second call gives the same bits", B, Cin, Cout, K, S, nsplit,
-          nsplit > 1 ? "s" : "");
+    check(!memcmp(dw, dw2, 4 * nw),
+          "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d (%ld slice%s): a second call gives the same bits", B, Cin,
+          Cout, K, S, nsplit, nsplit > 1 ? "s" : "");
     free(dw2);
     cudaFree(ws);
-    cudaFree(dxh_); cudaFree(dwh); cudaFree(ddz); cudaFree(dbias); cudaFree(dz32); cudaFree(ddx); cudaFree(ddw); cudaFree(dz16); cudaFree(ddx16);
-    free(xf); free(wf); free(dzf); free(bias); free(xh); free(wh); free(dzh); free(col); free(zref); free(dxref); free(dx0); free(dwref); free(dw0);
+    cudaFree(dxh_);
+    cudaFree(dwh);
+    cudaFree(ddz);
+    cudaFree(dbias);
+    cudaFree(dz32);
+    cudaFree(ddx);
+    cudaFree(ddw);
+    cudaFree(dz16);
+    cudaFree(ddx16);
+    free(xf);
+    free(wf);
+    free(dzf);
+    free(bias);
+    free(xh);
+    free(wh);
+    free(dzh);
+    free(col);
+    free(zref);
+    free(dxref);
+    free(dx0);
+    free(dwref);
+    free(dw0);
     free(dcol); free(dxi); free(z); free(dx); free(dw); free(zh); free(dxh); free(zhf); free(dxhf);
     twin_compared(conv_forward_cuda);
     twin_compared(conv_dgrad_cuda);
@@ -257,43 +307,51 @@ static void check_rel(const char *what, const float *got, const float *ref, cons
         if (!(d <= tol)) bad++;
         if (!(d / tol <= worst)) { worst = d / tol; wi = i; }
     }
-    check(!bad, "%s: worst |diff|/tol %.3g at %ld (got %.9g ref %.9g), %ld of %ld over", what, worst, wi, got[wi], ref[wi], bad, n);
+    check(!bad, "%s: worst |diff|/tol %.3g at %ld (got %.9g ref %.9g), %ld of %ld over", what, worst, wi, got[wi],
+          ref[wi], bad, n);
 }
 
 static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) {
     long zs = (long)(C + zextra) * HW, ys = (long)(C + yextra) * HW, nz = B * zs, ny = B * ys;
-    float *zf = xmalloc(4 * nz), *mean = xmalloc(4 * C), *invstd = xmalloc(4 * C), *rm = rand_host(C, -1, 1), *rv = rand_host(C, 0.5f, 2);
+    float *zf = xmalloc(4 * nz), *mean = xmalloc(4 * C), *invstd = xmalloc(4 * C), *rm = rand_host(C, -1, 1),
+          *rv = rand_host(C, 0.5f, 2);
     uint16_t *zh = rand_f16(nz, -3, 5, zf);
     float *rm0 = xmalloc(4 * C), *rv0 = xmalloc(4 * C), *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1);
     memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
     void *dzh = to_dev(zh, 2 * nz);
-    float *dmean, *dinv, *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    float *dmean, *dinv, *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C), *dg = to_dev(gamma, 4 * C),
+                         *db = to_dev(beta, 4 * C);
     CK(cudaMalloc((void **)&dmean, 4 * C)); CK(cudaMalloc((void **)&dinv, 4 * C));
     float *dscr = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     char what[200];
     for (int train = 1; train >= 0; train--) {
         bn_stats_cuda(dzh, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, dscr, stream);
         bn_stats_cpu(zf, zs, B, C, HW, mean, invstd, rm, rv, train);
-        float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C), *grv = from_dev(drv, 4 * C);
+        float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C),
+              *grv = from_dev(drv, 4 * C);
         float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
         for (int c = 0; c < C; c++) {
             double sa = 0;
             for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) sa += fabs(zf[b * zs + (long)c * HW + i]);
-            sc[c] = (float)(sa / ((double)B * HW)); sc2[c] = fabsf(invstd[c]) * 4;   // variance error 1e-5 rel -> invstd 0.5e-5
+            sc[c] = (float)(sa / ((double)B * HW));
+            sc2[c] = fabsf(invstd[c]) * 4;   // variance error 1e-5 rel -> invstd 0.5e-5
             sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
         }
-        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d zs+%d %s (%d chunk%s): mean vs conv_forward's (bn_stats_cpu)", B, C, HW, zextra,
-                 train ? "train" : "eval", bn_chunks(B, HW), bn_chunks(B, HW) > 1 ? "s" : "");
+        snprintf(what, sizeof what,
+                 "bn_stats_cuda B=%d C=%d HW=%d zs+%d %s (%d chunk%s): mean vs conv_forward's (bn_stats_cpu)", B, C, HW,
+                 zextra, train ? "train" : "eval", bn_chunks(B, HW), bn_chunks(B, HW) > 1 ? "s" : "");
         check_rel(what, gm, mean, sc, C, 1e-5);
         snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: invstd", B, C, HW, train ? "train" : "eval");
         check_rel(what, gi, invstd, sc2, C, 1e-5);
-        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW, train ? "train" : "eval");
+        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW,
+                 train ? "train" : "eval");
         check_rel(what, grm, rm, sc3, C, 1e-5);
         check_rel(what, grv, rv, sc4, C, 1e-5);
         free(gm); free(gi); free(grm); free(grv); free(sc); free(sc2); free(sc3); free(sc4);
     }
     // BN+SiLU forward in FP16, with the GPU's statistics uploaded again from the CPU's
-    float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *yref = xmalloc(4 * ny), *zd = xmalloc(4 * (size_t)B * C * HW);
+    float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *yref = xmalloc(4 * ny),
+          *zd = xmalloc(4 * (size_t)B * C * HW);
     uint16_t *dy; CK(cudaMalloc((void **)&dy, 2 * ny));
     CK(cudaMemset(dy, 0xff, 2 * ny));
     bn_silu_forward_f16_cuda(dzh, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, stream);
@@ -306,28 +364,56 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
         for (long i = 0; i < ys; i++) yref[b * ys + i] = i < (long)C * HW ? zd[(size_t)b * C * HW + i] : 0;
         for (long i = (long)C * HW; i < ys; i++) { untouched += yh[b * ys + i] == 0xffff; yf[b * ys + i] = 0; }
     }
-    snprintf(what, sizeof what, "bn_silu_forward_f16_cuda B=%d C=%d HW=%d zs+%d ys+%d vs bn_silu_forward_cpu", B, C, HW, zextra, yextra);
+    snprintf(what, sizeof what, "bn_silu_forward_f16_cuda B=%d C=%d HW=%d zs+%d ys+%d vs bn_silu_forward_cpu", B, C, HW,
+             zextra, yextra);
     check_f16tol(what, yf, yref, ny);
-    check(untouched == (long)B * yextra * HW, "bn_silu_forward_f16_cuda: the %ld values outside the output slice untouched", (long)B * yextra * HW);
-    cudaFree(dzh); cudaFree(dmean); cudaFree(dinv); cudaFree(drm); cudaFree(drv); cudaFree(dg); cudaFree(db); cudaFree(dm2); cudaFree(di2); cudaFree(dy);
+    check(untouched == (long)B * yextra * HW,
+          "bn_silu_forward_f16_cuda: the %ld values outside the output slice untouched", (long)B * yextra * HW);
+    cudaFree(dzh);
+    cudaFree(dmean);
+    cudaFree(dinv);
+    cudaFree(drm);
+    cudaFree(drv);
+    cudaFree(dg);
+    cudaFree(db);
+    cudaFree(dm2);
+    cudaFree(di2);
+    cudaFree(dy);
     cudaFree(dscr);
-    free(zf); free(mean); free(invstd); free(rm); free(rv); free(zh); free(rm0); free(rv0); free(gamma); free(beta); free(yref); free(zd); free(yh); free(yf);
+    free(zf);
+    free(mean);
+    free(invstd);
+    free(rm);
+    free(rv);
+    free(zh);
+    free(rm0);
+    free(rv0);
+    free(gamma);
+    free(beta);
+    free(yref);
+    free(zd);
+    free(yh);
+    free(yf);
     twin_compared(bn_stats_cuda);
     twin_compared(bn_silu_forward_f16_cuda);
 }
 
 static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train, void *stream) {
     long zs = (long)(C + zextra) * HW, nz = B * zs;
-    float *zf = xmalloc(4 * nz), *dA = rand_host(nz, -1, 1), *mean = rand_host(C, -0.5f, 0.5f), *invstd = rand_host(C, 0.5f, 2);
-    float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1), *dbet = rand_host(C, -1, 1);
+    float *zf = xmalloc(4 * nz), *dA = rand_host(nz, -1, 1), *mean = rand_host(C, -0.5f, 0.5f),
+          *invstd = rand_host(C, 0.5f, 2);
+    float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1),
+          *dbet = rand_host(C, -1, 1);
     uint16_t *zh = rand_f16(nz, -3, 3, zf);
-    float *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    float *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C),
+          *db = to_dev(beta, 4 * C);
     float *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *scratch;
     void *dz16 = to_dev(zh, 2 * nz);
     uint16_t *ddz; CK(cudaMalloc((void **)&ddz, 2 * nz));
     scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     CK(cudaMemset(ddz, 0xff, 2 * nz));
-    bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW, train, stream);
+    bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
+                          train, stream);
     // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
     float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz);
     memcpy(ref, dA, 4 * nz);
@@ -346,10 +432,15 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     uint16_t *gz = (uint16_t *)from_dev(ddz, 2 * nz);
     float *gzf = f16_host_to_f32(gz, nz);
     long untouched = 0;
-    for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) { untouched += gz[b * zs + i] == 0xffff; gzf[b * zs + i] = ref[b * zs + i] = 0; }
+    for (int b = 0; b < B; b++)
+        for (long i = (long)C * HW; i < zs; i++) {
+            untouched += gz[b * zs + i] == 0xffff;
+            gzf[b * zs + i] = ref[b * zs + i] = 0;
+        }
     char what[200];
-    snprintf(what, sizeof what, "bn_silu_backward_cuda B=%d C=%d HW=%d zs+%d %s %s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)", B, C, HW, zextra,
-             bn ? "BN" : "bias", train ? "train" : "eval");
+    snprintf(what, sizeof what,
+             "bn_silu_backward_cuda B=%d C=%d HW=%d zs+%d %s %s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)",
+             B, C, HW, zextra, bn ? "BN" : "bias", train ? "train" : "eval");
     check_f16tol(what, gzf, ref, nz);
     snprintf(what, sizeof what, "bn_silu_backward_cuda B=%d C=%d HW=%d %s: dbeta (+=)", B, C, HW, bn ? "BN" : "bias");
     check_rel(what, gdb, dbet, sg, C, 1e-5);
@@ -358,8 +449,28 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
         check_rel(what, gdg, dgam, sgx, C, 1e-5);
     }
     check(untouched == (long)B * zextra * HW, "bn_silu_backward_cuda: values outside the dz slice untouched");
-    cudaFree(dAd); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(ddg); cudaFree(ddb); cudaFree(scratch); cudaFree(dz16); cudaFree(ddz);
-    free(zf); free(dA); free(mean); free(invstd); free(gamma); free(beta); free(dgam); free(dbet); free(zh); free(sg); free(sgx); free(ref);
+    cudaFree(dAd);
+    cudaFree(dm);
+    cudaFree(di);
+    cudaFree(dg);
+    cudaFree(db);
+    cudaFree(ddg);
+    cudaFree(ddb);
+    cudaFree(scratch);
+    cudaFree(dz16);
+    cudaFree(ddz);
+    free(zf);
+    free(dA);
+    free(mean);
+    free(invstd);
+    free(gamma);
+    free(beta);
+    free(dgam);
+    free(dbet);
+    free(zh);
+    free(sg);
+    free(sgx);
+    free(ref);
     free(gdg); free(gdb); free(gz); free(gzf);
     twin_compared(bn_silu_backward_cuda);
 }
@@ -390,7 +501,11 @@ static void test_pool_up_backward(int B, int C, int H, int W, void *stream) {
 static void test_convert_copy(long n, void *stream) {
     uint8_t *u = xmalloc(n + 1);
     float *f = rand_host(n, -70000, 70000);
-    for (long i = 0; i < n; i++) { u[i] = (uint8_t)(i * 37 + 11); if (i % 3) f[i] *= 1e-4f; if (i % 7 == 0) f[i] *= 1e-5f; }
+    for (long i = 0; i < n; i++) {
+        u[i] = (uint8_t)(i * 37 + 11);
+        if (i % 3) f[i] *= 1e-4f;
+        if (i % 7 == 0) f[i] *= 1e-5f;
+    }
     if (n > 2) { f[0] = INFINITY; f[1] = -0.0f; }
     void *du = to_dev(u, n), *df = to_dev(f, 4 * n);
     uint16_t *dh, *dh2;
@@ -401,8 +516,12 @@ static void test_convert_copy(long n, void *stream) {
     long bad1 = 0, bad2 = 0;
     for (long i = 0; i < n; i++) bad1 += g1[i] != float_to_half(u[i] * (1.f / 255.f));
     for (long i = 0; i < n; i++) bad2 += g2[i] != float_to_half(f[i]);
-    check(!bad1, "u8_to_f16_cuda n=%ld: bit-exact with the software fp16 of x*(1/255) (input_from_batch), %ld differ", n, bad1);
-    check(!bad2, "f32_to_f16_cuda n=%ld: bit-exact with the software round-to-nearest-even (overflow, subnormals, -0, inf), %ld differ", n, bad2);
+    check(!bad1, "u8_to_f16_cuda n=%ld: bit-exact with the software fp16 of x*(1/255) (input_from_batch), %ld differ",
+          n, bad1);
+    check(!bad2,
+          "f32_to_f16_cuda n=%ld: bit-exact with the software round-to-nearest-even (overflow, subnormals, -0, inf), "
+          "%ld differ",
+          n, bad2);
     // concat by offset: 3 images of n/3 values into the middle of a larger per-image block
     int B = 3; long m = n / 3, ds = m + 5;
     uint16_t *dst; CK(cudaMalloc((void **)&dst, 2 * (size_t)B * ds + 2));
@@ -420,7 +539,16 @@ static void test_convert_copy(long n, void *stream) {
     twin_compared(u8_to_f16_cuda);
     twin_compared(f32_to_f16_cuda);
     twin_compared(copy_f16_cuda);
-    cudaFree(du); cudaFree(df); cudaFree(dh); cudaFree(dh2); cudaFree(dst); free(u); free(f); free(g1); free(g2); free(g3);
+    cudaFree(du);
+    cudaFree(df);
+    cudaFree(dh);
+    cudaFree(dh2);
+    cudaFree(dst);
+    free(u);
+    free(f);
+    free(g1);
+    free(g2);
+    free(g3);
 }
 
 // the view kernels of the device step (the GPU section of yolo.c): FP16 upsample and max-pool into a channel slice
@@ -448,7 +576,9 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
                 if (i >= off && i < off + img) bad += g != float_to_half(ref[b * img + i - off]);
                 else bad += g != 0xffff;
             }
-        check(!bad, "%s B=%d C=%d %dx%d into a channel slice: bit-exact with %s on the fp16 values, nothing else written (%ld differ)",
+        check(!bad,
+              "%s B=%d C=%d %dx%d into a channel slice: bit-exact with %s on the fp16 values, nothing else written "
+              "(%ld differ)",
               up ? "upsample2_forward_f16_cuda" : "maxpool5_forward_f16_cuda", B, C, H, W,
               up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu", bad);
         cudaFree(dy); free(got);
@@ -477,7 +607,8 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
         }
     free(war); free(wg);
     for (long i = 0; i < n; i++) bad3 += memcmp(&gh[i], &xr[i], 4) != 0;
-    check(!bad1, "add_f16_cuda B=%d n=%ld strided: bit-exact with fp16(a + b) in fp32, padding untouched (%ld differ)", B, m, bad1);
+    check(!bad1, "add_f16_cuda B=%d n=%ld strided: bit-exact with fp16(a + b) in fp32, padding untouched (%ld differ)",
+          B, m, bad1);
     check(!bad2, "add_f32_cuda B=%d n=%ld strided: bit-exact, padding untouched (%ld differ)", B, m, bad2);
     check(!bad3, "f16_to_f32_cuda n=%ld: exact (%ld differ)", n, bad3);
     twin_compared(upsample2_forward_f16_cuda);
@@ -494,19 +625,23 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
 // check_slice_f32: B images `stride` values apart, the first `in` of each compared with check_rel (|got -
 // ref| <= 1e-5 * scale + 1e-6); the rest of each image must still hold the bits of `outside` (NULL: the
 // 0xFF poison the buffer was filled with).
-static void check_slice_f32(const char *what, const float *got, const float *ref, const float *scale, int B, long stride,
-                            long in, const float *outside) {
-    float *g = xmalloc(4 * (size_t)B * in + 4), *r = xmalloc(4 * (size_t)B * in + 4), *s = xmalloc(4 * (size_t)B * in + 4);
+static void check_slice_f32(const char *what, const float *got, const float *ref, const float *scale, int B,
+                            long stride, long in, const float *outside) {
+    float *g = xmalloc(4 * (size_t)B * in + 4), *r = xmalloc(4 * (size_t)B * in + 4),
+          *s = xmalloc(4 * (size_t)B * in + 4);
     long bad_out = 0;
     const uint32_t poison = 0xffffffffu;
     for (int b = 0; b < B; b++) {
         memcpy(g + b * in, got + b * stride, 4 * in);
         memcpy(r + b * in, ref + b * stride, 4 * in);
         memcpy(s + b * in, scale + b * stride, 4 * in);
-        for (long i = in; i < stride; i++) bad_out += memcmp(&got[b * stride + i], outside ? (const void *)&outside[b * stride + i] : &poison, 4) != 0;
+        for (long i = in; i < stride; i++)
+            bad_out += memcmp(&got[b * stride + i], outside ? (const void *)&outside[b * stride + i] : &poison, 4) != 0;
     }
     check_rel(what, g, r, s, (long)B * in, 1e-5);
-    if (stride > in) check(!bad_out, "%s: the %ld values outside the slices untouched (%ld differ)", what, (long)B * (stride - in), bad_out);
+    if (stride > in)
+        check(!bad_out, "%s: the %ld values outside the slices untouched (%ld differ)", what, (long)B * (stride - in),
+              bad_out);
     free(g); free(r); free(s);
 }
 static float *abs_host(const float *p, long n) {
@@ -525,18 +660,23 @@ static float *poisoned_dev(long n) {   // n floats of 0xFF bytes (NaN): a value 
 // |bias|, plus |initial value| when accumulating). x and dz are channel slices (xextra/zextra channels
 // of NaN between images, never to be read); every output outside its slice must stay as it was. The
 // wgrad overwrite runs twice: the same bits (deterministic: no atomics, split slices added in order).
-static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, int with_bias, void *stream) {
-    int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo, Kd = Cin * KK;
-    long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs, nw = (long)Cout * Kd;
+static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, int with_bias,
+                          void *stream) {
+    int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo,
+        Kd = Cin * KK;
+    long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs,
+         nw = (long)Cout * Kd;
     ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0};
-    float *x = rand_host(nx, -1, 1), *w = rand_host(nw, -1, 1), *dz = rand_host(nz, -1, 1), *bias = rand_host(Cout, -1, 1);
+    float *x = rand_host(nx, -1, 1), *w = rand_host(nw, -1, 1), *dz = rand_host(nz, -1, 1),
+          *bias = rand_host(Cout, -1, 1);
     float *dx0 = rand_host(nx, -1, 1), *dw0 = rand_host(nw, -1, 1);
     for (int b = 0; b < B; b++) {
         for (long i = (long)Cin * HW; i < xs; i++) x[b * xs + i] = NAN;
         for (long i = (long)Cout * HWo; i < zs; i++) dz[b * zs + i] = NAN;
     }
     float *ax = abs_host(x, nx), *aw = abs_host(w, nw), *adz = abs_host(dz, nz);
-    float *col = xmalloc(4 * (size_t)Kd * HWo + 4), *acol = xmalloc(4 * (size_t)Kd * HWo + 4), *dcol = xmalloc(4 * (size_t)Kd * HWo + 4);
+    float *col = xmalloc(4 * (size_t)Kd * HWo + 4), *acol = xmalloc(4 * (size_t)Kd * HWo + 4),
+          *dcol = xmalloc(4 * (size_t)Kd * HWo + 4);
     float *dxi = xmalloc(4 * (size_t)Cin * HW + 4);
     float *zref = xmalloc(4 * nz), *zsc = xmalloc(4 * nz), *dxref = xmalloc(4 * nx), *dxsc = xmalloc(4 * nx);
     float *dwref = xmalloc(4 * nw), *dwsc = xmalloc(4 * nw);
@@ -548,15 +688,19 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
             float *zo = (pass ? zsc : zref) + b * zs, *dxo = (pass ? dxsc : dxref) + b * xs, *c = pass ? acol : col;
             im2col(xx + b * xs, Cin, H, W, K, S, c);
             gemm_cpu(0, 0, Cout, HWo, Kd, ww, Kd, c, HWo, 0.f, zo, HWo);
-            if (with_bias) for (int o = 0; o < Cout; o++) for (int i = 0; i < HWo; i++) zo[(long)o * HWo + i] += pass ? fabsf(bias[o]) : bias[o];
+            if (with_bias)
+                for (int o = 0; o < Cout; o++)
+                    for (int i = 0; i < HWo; i++) zo[(long)o * HWo + i] += pass ? fabsf(bias[o]) : bias[o];
             gemm_cpu(0, 1, Cout, Kd, HWo, gz, HWo, c, HWo, 1.f, pass ? dwsc : dwref, Kd);
             gemm_cpu(1, 0, Kd, HWo, Cout, ww, Kd, gz, HWo, 0.f, dcol, HWo);
             col2im(dcol, Cin, H, W, K, S, dxi);
             memcpy(dxo, dxi, 4 * (size_t)Cin * HW);
         }
     }
-    float *dxd = to_dev(x, 4 * nx), *dwd = to_dev(w, 4 * nw), *ddz = to_dev(dz, 4 * nz), *dbias = to_dev(bias, 4 * Cout);
-    float *zd = poisoned_dev(nz), *dxacc = to_dev(dx0, 4 * nx), *dxnew = poisoned_dev(nx), *dwacc = to_dev(dw0, 4 * nw), *dwnew = poisoned_dev(nw);
+    float *dxd = to_dev(x, 4 * nx), *dwd = to_dev(w, 4 * nw), *ddz = to_dev(dz, 4 * nz),
+          *dbias = to_dev(bias, 4 * Cout);
+    float *zd = poisoned_dev(nz), *dxacc = to_dev(dx0, 4 * nx), *dxnew = poisoned_dev(nx), *dwacc = to_dev(dw0, 4 * nw),
+          *dwnew = poisoned_dev(nw);
     conv_forward_f32_cuda(d, dxd, NULL, dwd, with_bias ? dbias : NULL, zd, stream);
     conv_dgrad_f32_cuda(d, ddz, dwd, dxacc, 1, stream);
     conv_dgrad_f32_cuda(d, ddz, dwd, dxnew, 0, stream);
@@ -570,25 +714,65 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
     conv_wgrad_f32_cuda(d, ddz, dxd, NULL, dwnew, ws, 0, stream);
     float *gdwn2 = from_dev(dwnew, 4 * nw);
     char what[240];
-    snprintf(what, sizeof what, "conv_forward_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d %s vs im2col+gemm_cpu (tol 1e-5*sum|terms|+1e-6)",
+    snprintf(what, sizeof what,
+             "conv_forward_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d zs+%d %s vs im2col+gemm_cpu (tol "
+             "1e-5*sum|terms|+1e-6)",
              B, Cin, H, W, Cout, K, S, xextra, zextra, with_bias ? "bias" : "no bias");
     check_slice_f32(what, gz, zref, zsc, B, zs, (long)Cout * HWo, NULL);
-    snprintf(what, sizeof what, "conv_dgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d overwrite vs gemm_cpu^T+col2im", B, Cin, H, W, Cout, K, S, xextra);
+    snprintf(what, sizeof what,
+             "conv_dgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d overwrite vs gemm_cpu^T+col2im", B, Cin, H,
+             W, Cout, K, S, xextra);
     check_slice_f32(what, gdxn, dxref, dxsc, B, xs, (long)Cin * HW, NULL);
     for (long i = 0; i < nx; i++) { dxref[i] += dx0[i]; dxsc[i] += fabsf(dx0[i]); }
-    snprintf(what, sizeof what, "conv_dgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d accumulate", B, Cin, H, W, Cout, K, S, xextra);
+    snprintf(what, sizeof what, "conv_dgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs+%d accumulate", B, Cin, H,
+             W, Cout, K, S, xextra);
     check_slice_f32(what, gdxa, dxref, dxsc, B, xs, (long)Cin * HW, dx0);
-    snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d (%ld slice%s) overwrite vs gemm_cpu(dz, col^T)",
+    snprintf(what, sizeof what,
+             "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d (%ld slice%s) overwrite vs gemm_cpu(dz, "
+             "col^T)",
              B, Cin, H, W, Cout, K, S, zextra, nsplit, nsplit > 1 ? "s" : "");
     check_rel(what, gdwn, dwref, dwsc, nw, 1e-5);
     for (long i = 0; i < nw; i++) { dwref[i] += dw0[i]; dwsc[i] += fabsf(dw0[i]); }
-    snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d accumulate", B, Cin, H, W, Cout, K, S);
+    snprintf(what, sizeof what, "conv_wgrad_f32_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d accumulate", B, Cin, H, W,
+             Cout, K, S);
     check_rel(what, gdwa, dwref, dwsc, nw, 1e-5);
-    check(!memcmp(gdwn, gdwn2, 4 * nw), "conv_wgrad_f32_cuda B=%d Cin=%d Cout=%d K=%d S=%d: a second call gives the same bits", B, Cin, Cout, K, S);
+    check(!memcmp(gdwn, gdwn2, 4 * nw),
+          "conv_wgrad_f32_cuda B=%d Cin=%d Cout=%d K=%d S=%d: a second call gives the same bits", B, Cin, Cout, K, S);
     cudaFree(ws);
-    cudaFree(dxd); cudaFree(dwd); cudaFree(ddz); cudaFree(dbias); cudaFree(zd); cudaFree(dxacc); cudaFree(dxnew); cudaFree(dwacc); cudaFree(dwnew);
-    free(x); free(w); free(dz); free(bias); free(dx0); free(dw0); free(ax); free(aw); free(adz); free(col); free(acol); free(dcol); free(dxi);
-    free(zref); free(zsc); free(dxref); free(dxsc); free(dwref); free(dwsc); free(gz); free(gdxa); free(gdxn); free(gdwa); free(gdwn); free(gdwn2);
+    cudaFree(dxd);
+    cudaFree(dwd);
+    cudaFree(ddz);
+    cudaFree(dbias);
+    cudaFree(zd);
+    cudaFree(dxacc);
+    cudaFree(dxnew);
+    cudaFree(dwacc);
+    cudaFree(dwnew);
+    free(x);
+    free(w);
+    free(dz);
+    free(bias);
+    free(dx0);
+    free(dw0);
+    free(ax);
+    free(aw);
+    free(adz);
+    free(col);
+    free(acol);
+    free(dcol);
+    free(dxi);
+    free(zref);
+    free(zsc);
+    free(dxref);
+    free(dxsc);
+    free(dwref);
+    free(dwsc);
+    free(gz);
+    free(gdxa);
+    free(gdxn);
+    free(gdwa);
+    free(gdwn);
+    free(gdwn2);
     twin_compared(conv_forward_f32_cuda);
     twin_compared(conv_dgrad_f32_cuda);
     twin_compared(conv_wgrad_f32_cuda);
@@ -600,17 +784,22 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
 // SiLU's own rounding). z's padding channels are NaN (never read).
 static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stream) {
     long zs = (long)(C + zextra) * HW, ys = (long)(C + yextra) * HW, nz = B * zs, ny = B * ys;
-    float *z = rand_host(nz, -3, 5), *mean = xmalloc(4 * C), *invstd = xmalloc(4 * C), *rm = rand_host(C, -1, 1), *rv = rand_host(C, 0.5f, 2);
+    float *z = rand_host(nz, -3, 5), *mean = xmalloc(4 * C), *invstd = xmalloc(4 * C), *rm = rand_host(C, -1, 1),
+          *rv = rand_host(C, 0.5f, 2);
     float *rm0 = xmalloc(4 * C), *rv0 = xmalloc(4 * C), *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1);
     for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) z[b * zs + i] = NAN;
     memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
-    float *dz = to_dev(z, 4 * nz), *dmean = poisoned_dev(C), *dinv = poisoned_dev(C), *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C);
-    float *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C), *dscr = poisoned_dev((long)bn_scratch_floats(B, C, HW));
+    float *dz = to_dev(z, 4 * nz), *dmean = poisoned_dev(C), *dinv = poisoned_dev(C), *drm = to_dev(rm, 4 * C),
+          *drv = to_dev(rv, 4 * C);
+    float *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C),
+          *dscr = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     char what[200];
     for (int train = 1; train >= 0; train--) {
-        bn_stats_f32_cuda(dz, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, dscr, stream);
+        bn_stats_f32_cuda(dz, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, dscr,
+                          stream);
         bn_stats_cpu(z, zs, B, C, HW, mean, invstd, rm, rv, train);
-        float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C), *grv = from_dev(drv, 4 * C);
+        float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C),
+              *grv = from_dev(drv, 4 * C);
         float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
         for (int c = 0; c < C; c++) {
             double sa = 0;
@@ -618,18 +807,21 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
             sc[c] = (float)(sa / ((double)B * HW)); sc2[c] = fabsf(invstd[c]) * 4;
             sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
         }
-        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d zs+%d %s: mean vs bn_stats_cpu", B, C, HW, zextra, train ? "train" : "eval");
+        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d zs+%d %s: mean vs bn_stats_cpu", B, C, HW,
+                 zextra, train ? "train" : "eval");
         check_rel(what, gm, mean, sc, C, 1e-5);
         snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d %s: invstd", B, C, HW, train ? "train" : "eval");
         check_rel(what, gi, invstd, sc2, C, 1e-5);
-        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW, train ? "train" : "eval");
+        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW,
+                 train ? "train" : "eval");
         check_rel(what, grm, rm, sc3, C, 1e-5);
         check_rel(what, grv, rv, sc4, C, 1e-5);
         memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
         free(gm); free(gi); free(grm); free(grv); free(sc); free(sc2); free(sc3); free(sc4);
     }
     float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *dy = poisoned_dev(ny);
-    float *zd = xmalloc(4 * (size_t)B * C * HW + 4), *yd = xmalloc(4 * (size_t)B * C * HW + 4), *yref = xmalloc(4 * ny), *ysc = xmalloc(4 * ny);
+    float *zd = xmalloc(4 * (size_t)B * C * HW + 4), *yd = xmalloc(4 * (size_t)B * C * HW + 4), *yref = xmalloc(4 * ny),
+          *ysc = xmalloc(4 * ny);
     bn_silu_forward_f32_cuda(dz, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, stream);
     float *gy = from_dev(dy, 4 * ny);
     for (int b = 0; b < B; b++) memcpy(zd + (size_t)b * C * HW, z + b * zs, 4 * (size_t)C * HW);
@@ -643,11 +835,34 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
                 ysc[o] = fabsf(zd[q] * s) + fabsf(mean[c] * s) + fabsf(beta[c]) + fabsf(yd[q]);
             }
         }
-    snprintf(what, sizeof what, "bn_silu_forward_f32_cuda B=%d C=%d HW=%d zs+%d ys+%d vs bn_silu_forward_cpu", B, C, HW, zextra, yextra);
+    snprintf(what, sizeof what, "bn_silu_forward_f32_cuda B=%d C=%d HW=%d zs+%d ys+%d vs bn_silu_forward_cpu", B, C, HW,
+             zextra, yextra);
     check_slice_f32(what, gy, yref, ysc, B, ys, (long)C * HW, NULL);
-    cudaFree(dz); cudaFree(dmean); cudaFree(dinv); cudaFree(drm); cudaFree(drv); cudaFree(dg); cudaFree(db); cudaFree(dm2); cudaFree(di2); cudaFree(dy);
+    cudaFree(dz);
+    cudaFree(dmean);
+    cudaFree(dinv);
+    cudaFree(drm);
+    cudaFree(drv);
+    cudaFree(dg);
+    cudaFree(db);
+    cudaFree(dm2);
+    cudaFree(di2);
+    cudaFree(dy);
     cudaFree(dscr);
-    free(z); free(mean); free(invstd); free(rm); free(rv); free(rm0); free(rv0); free(gamma); free(beta); free(zd); free(yd); free(yref); free(ysc); free(gy);
+    free(z);
+    free(mean);
+    free(invstd);
+    free(rm);
+    free(rv);
+    free(rm0);
+    free(rv0);
+    free(gamma);
+    free(beta);
+    free(zd);
+    free(yd);
+    free(yref);
+    free(ysc);
+    free(gy);
     twin_compared(bn_stats_f32_cuda);
     twin_compared(bn_silu_forward_f32_cuda);
 }
@@ -658,13 +873,19 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
 // own scales sum|gy|/cnt + |xhat|*sum|gy*xhat|/cnt) + 1e-6; without BN dz = dA. dgamma/dbeta as test_bn_backward.
 static void test_bn_backward_f32(int B, int C, int HW, int zextra, int bn, int train, void *stream) {
     long zs = (long)(C + zextra) * HW, nz = B * zs;
-    float *z = rand_host(nz, -3, 3), *dA = rand_host(nz, -1, 1), *mean = rand_host(C, -0.5f, 0.5f), *invstd = rand_host(C, 0.5f, 2);
-    float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1), *dbet = rand_host(C, -1, 1);
+    float *z = rand_host(nz, -3, 3), *dA = rand_host(nz, -1, 1), *mean = rand_host(C, -0.5f, 0.5f),
+          *invstd = rand_host(C, 0.5f, 2);
+    float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1),
+          *dbet = rand_host(C, -1, 1);
     for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) z[b * zs + i] = dA[b * zs + i] = NAN;
-    float *zd = to_dev(z, 4 * nz), *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C);
-    float *db = to_dev(beta, 4 * C), *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW)), *ddz = poisoned_dev(nz);
-    bn_silu_backward_f32_cuda(zd, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW, train, stream);
-    float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz), *sc = xmalloc(4 * nz), *gyt = xmalloc(4 * nz);
+    float *zd = to_dev(z, 4 * nz), *dAd = to_dev(dA, 4 * nz), *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C),
+          *dg = to_dev(gamma, 4 * C);
+    float *db = to_dev(beta, 4 * C), *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C),
+          *scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW)), *ddz = poisoned_dev(nz);
+    bn_silu_backward_f32_cuda(zd, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
+                              train, stream);
+    float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz), *sc = xmalloc(4 * nz),
+          *gyt = xmalloc(4 * nz);
     double cnt = (double)B * HW;
     memcpy(ref, dA, 4 * nz);
     for (int c = 0; c < C; c++) {
@@ -673,30 +894,56 @@ static void test_bn_backward_f32(int B, int C, int HW, int zextra, int bn, int t
             long o = b * zs + (long)c * HW + i;
             float xh = (z[o] - mean[c]) * invstd[c], y = gamma[c] * xh + beta[c], s1 = 1.f / (1.f + expf(-y));
             float gy = bn ? dA[o] * s1 * (1.f + y * (1.f - s1)) : dA[o];
-            gyt[o] = bn ? fabsf(dA[o] * s1) * (1.f + fabsf(y) * (1.f - s1)) + fabsf(dA[o] * gamma[c] * xh) : fabsf(dA[o]);
+            gyt[o] = bn ? fabsf(dA[o] * s1) * (1.f + fabsf(y) * (1.f - s1)) + fabsf(dA[o] * gamma[c] * xh)
+                        : fabsf(dA[o]);
             a += fabs(gy); ax += fabs(gy * xh); gm += gy; gmx += (double)gy * xh;
         }
         sg[c] = (float)(a + fabs(dbet[c])); sgx[c] = (float)(ax + fabs(dgam[c]));
         for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
             long o = b * zs + (long)c * HW + i;
             double xh = fabs((z[o] - mean[c]) * invstd[c]);
-            sc[o] = !bn ? gyt[o] : (float)(fabs(gamma[c] * invstd[c]) * (gyt[o] + (train ? fabs(gm) / cnt + xh * fabs(gmx) / cnt + a / cnt + xh * ax / cnt : 0)));
+            sc[o] = !bn
+                    ? gyt[o]
+                    : (float)(fabs(gamma[c] * invstd[c]) *
+                              (gyt[o] + (train ? fabs(gm) / cnt + xh * fabs(gmx) / cnt + a / cnt + xh * ax / cnt : 0)));
         }
     }
     bn_silu_backward_cpu(z, ref, zs, mean, invstd, bn ? gamma : NULL, beta, dgam, dbet, B, C, HW, train);
     float *gdg = from_dev(ddg, 4 * C), *gdb = from_dev(ddb, 4 * C), *gz = from_dev(ddz, 4 * nz);
     char what[200];
-    snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d zs+%d %s %s: dz vs bn_silu_backward_cpu", B, C, HW, zextra,
-             bn ? "BN" : "bias", train ? "train" : "eval");
+    snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d zs+%d %s %s: dz vs bn_silu_backward_cpu", B,
+             C, HW, zextra, bn ? "BN" : "bias", train ? "train" : "eval");
     check_slice_f32(what, gz, ref, sc, B, zs, (long)C * HW, NULL);
-    snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d %s: dbeta (+=)", B, C, HW, bn ? "BN" : "bias");
+    snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d %s: dbeta (+=)", B, C, HW,
+             bn ? "BN" : "bias");
     check_rel(what, gdb, dbet, sg, C, 1e-5);
     if (bn) {
         snprintf(what, sizeof what, "bn_silu_backward_f32_cuda B=%d C=%d HW=%d: dgamma (+=)", B, C, HW);
         check_rel(what, gdg, dgam, sgx, C, 1e-5);
     }
-    cudaFree(zd); cudaFree(dAd); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(ddg); cudaFree(ddb); cudaFree(scratch); cudaFree(ddz);
-    free(z); free(dA); free(mean); free(invstd); free(gamma); free(beta); free(dgam); free(dbet); free(sg); free(sgx); free(ref); free(sc); free(gyt);
+    cudaFree(zd);
+    cudaFree(dAd);
+    cudaFree(dm);
+    cudaFree(di);
+    cudaFree(dg);
+    cudaFree(db);
+    cudaFree(ddg);
+    cudaFree(ddb);
+    cudaFree(scratch);
+    cudaFree(ddz);
+    free(z);
+    free(dA);
+    free(mean);
+    free(invstd);
+    free(gamma);
+    free(beta);
+    free(dgam);
+    free(dbet);
+    free(sg);
+    free(sgx);
+    free(ref);
+    free(sc);
+    free(gyt);
     free(gdg); free(gdb); free(gz);
     twin_compared(bn_silu_backward_f32_cuda);
 }
@@ -714,13 +961,19 @@ static void test_views_f32(int B, int C, int H, int W, void *stream) {
     for (int up = 0; up < 2; up++) {
         long img = (up ? 4 : 1) * n / B, ys = img + (up ? 4 : 1) * extra, off = (up ? 4 : 1) * extra / 2;
         float *dy = poisoned_dev((long)B * ys), *yref = xmalloc(4 * (size_t)B * ys);
-        if (up) { upsample2_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream); upsample2_forward_cpu(x, ref, B, C, H, W); }
-        else { maxpool5_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream); maxpool5_forward_cpu(x, ref, B, C, H, W); }
+        if (up) {
+            upsample2_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream);
+            upsample2_forward_cpu(x, ref, B, C, H, W);
+        } else {
+            maxpool5_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream);
+            maxpool5_forward_cpu(x, ref, B, C, H, W);
+        }
         float *got = from_dev(dy, 4 * (size_t)B * ys);
         memset(yref, 0xff, 4 * (size_t)B * ys);
         for (int b = 0; b < B; b++) memcpy(yref + b * ys + off, ref + b * img, 4 * img);
         snprintf(what, sizeof what, "%s B=%d C=%d %dx%d into a channel slice vs %s (incl. the untouched rest)",
-                 up ? "upsample2_forward_f32_cuda" : "maxpool5_forward_f32_cuda", B, C, H, W, up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu");
+                 up ? "upsample2_forward_f32_cuda" : "maxpool5_forward_f32_cuda", B, C, H, W,
+                 up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu");
         check_bits(what, got, yref, (long)B * ys);
         cudaFree(dy); free(yref); free(got);
     }
@@ -825,13 +1078,16 @@ static void test_loss(int B, int NC, int imgH, int imgW, int M, const LossTestBo
                 for (int k = 0; k < 4; k++) d[k] = (float)rng_range(&rng, 0, 10);
                 if (q && rng_uniform(&rng) < 0.8) {
                     float e[4] = {ax - q->x1, ay - q->y1, q->x2 - ax, q->y2 - ay};
-                    for (int k = 0; k < 4; k++) d[k] = fminf(fmaxf(e[k] / s + (float)rng_range(&rng, -0.7, 0.7), 0.f), 15.f);
+                    for (int k = 0; k < 4; k++)
+                        d[k] = fminf(fmaxf(e[k] / s + (float)rng_range(&rng, -0.7, 0.7), 0.f), 15.f);
                 }
                 float *z = head[l] + (size_t)b * C * HW + r;
                 for (int k = 0; k < 4; k++)
                     for (int i = 0; i < 16; i++)
-                        z[(size_t)(16 * k + i) * HW] = (float)(0.5 * rng_normal(&rng) + 3.0 * exp(-0.5 * (i - d[k]) * (i - d[k])));
-                for (int c = 0; c < NC; c++) z[(size_t)(64 + c) * HW] = b == 0 && c == 0 ? -100.f : (float)(2 * rng_normal(&rng) - 1);
+                        z[(size_t)(16 * k + i) * HW] =
+                                (float)(0.5 * rng_normal(&rng) + 3.0 * exp(-0.5 * (i - d[k]) * (i - d[k])));
+                for (int c = 0; c < NC; c++)
+                    z[(size_t)(64 + c) * HW] = b == 0 && c == 0 ? -100.f : (float)(2 * rng_normal(&rng) - 1);
             }
     }
     int HW0 = g.H[0] * g.W[0], W0 = g.W[0], ntie = 0;
@@ -847,7 +1103,8 @@ static void test_loss(int B, int NC, int imgH, int imgW, int M, const LossTestBo
     // that box's top-10 is a choice among ties (the lowest anchors win, also when a larger align comes later)
     if (tie >= 0) {
         const LossTestBox *t = &bx[tie];
-        float px1 = floorf((t->x1 - 4) / 8), py1 = floorf((t->y1 - 4) / 8), px2 = ceilf((t->x2 - 4) / 8), py2 = ceilf((t->y2 - 4) / 8);
+        float px1 = floorf((t->x1 - 4) / 8), py1 = floorf((t->y1 - 4) / 8), px2 = ceilf((t->x2 - 4) / 8),
+              py2 = ceilf((t->y2 - 4) / 8);
         for (int r = 0; r < HW0; r++) {
             float cx = (float)(r % W0), cy = (float)(r / W0), e[4] = {cx - px1, cy - py1, px2 - cx, py2 - cy};
             if (e[0] < 1 || e[1] < 1 || e[2] < 1 || e[3] < 1) continue;
@@ -879,7 +1136,8 @@ static void test_loss(int B, int NC, int imgH, int imgW, int M, const LossTestBo
     char what[256];
     for (int gsi = 0; gsi < 2; gsi++) {
         float gs = gsi ? 1024.f : 1.f;
-        LossOut ref = loss_forward_backward(&cfg, B, NC, imgH, imgW, (const float *const *)head, dref, &tg, gs, cscratch, cbytes, 0);
+        LossOut ref = loss_forward_backward(&cfg, B, NC, imgH, imgW, (const float *const *)head, dref, &tg, gs,
+                                            cscratch, cbytes, 0);
         if (gsi == 0) {   // what the case covers, from the CPU's assignment
             LossWork w = loss_work_carve(cscratch, B, A, M);
             int twice = 0, zero_al = 0;
@@ -893,24 +1151,29 @@ static void test_loss(int B, int NC, int imgH, int imgW, int M, const LossTestBo
                                 twice += w.cand[(o + j) * LOSS_TOPK + i].a == w.cand[(o + j2) * LOSS_TOPK + i2].a;
                     }
             }
-            check(twice > 0 && zero_al > 0 && over == want_over && ref.n_over_cap == want_over && (tie < 0 || ntie > 10),
+            check(twice > 0 && zero_al > 0 && over == want_over && ref.n_over_cap == want_over &&
+                          (tie < 0 || ntie > 10),
                   "loss case B=%d NC=%d %dx%d M=%d covers: %d claims of an anchor by a second gt, %d top-k candidates "
-                  "of align 0 (zero-align fill), %d boxes over the cap (want %d), %d anchors of equal align for one box",
+                  "of align 0 (zero-align fill), %d boxes over the cap (want %d), %d anchors of equal align for one "
+                  "box",
                   B, NC, imgW, imgH, M, twice, zero_al, over, want_over, ntie);
         }
         for (int l = 0; l < 3; l++) CK(cudaMemset(dd[l], 0xff, sizeof(float) * n[l]));   // NaN: all must be written
-        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, dd, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch, dout, stream);
+        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, dd, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch,
+                  dout, stream);
         double *out = (double *)from_dev(dout, 5 * sizeof(double));
         const char *nm[3] = {"box", "cls", "dfl"};
         double rv[3] = {ref.box, ref.cls, ref.dfl};
         for (int k = 0; k < 3; k++) {
-            snprintf(what, sizeof what, "loss_cuda B=%d NC=%d %dx%d M=%d grad_scale %g: %s vs loss_forward_backward (tol 1e-5 rel)",
-                     B, NC, imgW, imgH, M, gs, nm[k]);
+            snprintf(what, sizeof what,
+                     "loss_cuda B=%d NC=%d %dx%d M=%d grad_scale %g: %s vs loss_forward_backward (tol 1e-5 rel)", B, NC,
+                     imgW, imgH, M, gs, nm[k]);
             check_close(what, out[k], rv[k], 1e-5 * fabs(rv[k]));
         }
         snprintf(what, sizeof what, "loss_cuda B=%d NC=%d %dx%d: target_scores_sum (tol 1e-5 rel)", B, NC, imgW, imgH);
         check_close(what, out[3], ref.target_scores_sum, 1e-5 * ref.target_scores_sum);
-        check(out[4] == ref.n_fg, "loss_cuda B=%d NC=%d %dx%d: n_fg %g, want %d (exact)", B, NC, imgW, imgH, out[4], ref.n_fg);
+        check(out[4] == ref.n_fg, "loss_cuda B=%d NC=%d %dx%d: n_fg %g, want %d (exact)", B, NC, imgW, imgH, out[4],
+              ref.n_fg);
         double u = gs * B * cfg.box / ref.target_scores_sum, worst = 0, wg = 0, wr = 0;
         long bad = 0, cnt = 0;
         for (int l = 0; l < 3; l++) {
@@ -925,7 +1188,8 @@ static void test_loss(int B, int NC, int imgH, int imgW, int M, const LossTestBo
               "|diff|/tol %.3g (got %.9g ref %.9g), tol 1e-5*max(|ref|, grad_scale*B*box_gain/tss = %.3g), %ld over",
               B, NC, imgW, imgH, gs, cnt, worst, wg, wr, u, bad);
         // again: the same bits; then without a gradient: the same losses
-        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, dd, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch, dout, stream);
+        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, dd, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch,
+                  dout, stream);
         double *out2 = (double *)from_dev(dout, 5 * sizeof(double));
         long diff = memcmp(out, out2, 5 * sizeof(double)) != 0;
         for (int l = 0; l < 3; l++) {
@@ -933,7 +1197,8 @@ static void test_loss(int B, int NC, int imgH, int imgW, int M, const LossTestBo
             diff += memcmp(again, dgot[l], sizeof(float) * n[l]) != 0;
             free(again);
         }
-        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, NULL, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs, gscratch, dout, stream);
+        loss_cuda(B, NC, imgH, imgW, (const float *const *)dh, NULL, dgts, dm, M, cfg.box, cfg.cls, cfg.dfl, gs,
+                  gscratch, dout, stream);
         double *out3 = (double *)from_dev(dout, 5 * sizeof(double));
         check(!diff && !memcmp(out, out3, 5 * sizeof(double)),
               "loss_cuda B=%d NC=%d %dx%d grad_scale %g: a second call gives the same bits (losses and dhead), a call "
@@ -989,7 +1254,9 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
     memset(o.m, 0, 4 * n); if (o.v) memset(o.v, 0, 4 * n);
     float *dp = to_dev(m->params, 4 * n), *dm = to_dev(o.m, 4 * n), *dv = to_dev(o.m, 4 * n), *dg, *partials, *dnorm;
     void *dgroup = to_dev(group, n);
-    CK(cudaMalloc((void **)&dg, 4 * n)); CK(cudaMalloc((void **)&partials, 8 * OPT_NORM_BLOCKS)); CK(cudaMalloc((void **)&dnorm, 4));
+    CK(cudaMalloc((void **)&dg, 4 * n));
+    CK(cudaMalloc((void **)&partials, 8 * OPT_NORM_BLOCKS));
+    CK(cudaMalloc((void **)&dnorm, 4));
     const float S = 1024.f;
     float *gs = xmalloc(4 * n), *p0 = xmalloc(4 * n);
     char what[200];
@@ -1002,14 +1269,26 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         optim_norm_cuda(dg, dgroup, n, 1.f / S, partials, stream);
         optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
         double norm = max_norm > 0 ? grad_clip_norm(m, max_norm) : 0;
-        if (max_norm <= 0) { double ss = 0; for (long i = 0; i < n; i++) if (group[i] != OPT_NO_GROUP) ss += (double)m->grads[i] * m->grads[i]; norm = sqrt(ss); }
+        if (max_norm <= 0) {
+            double ss = 0;
+            for (long i = 0; i < n; i++)
+                if (group[i] != OPT_NO_GROUP) ss += (double)m->grads[i] * m->grads[i];
+            norm = sqrt(ss);
+        }
         optim_step(&o, m);
-        float *gp = from_dev(dp, 4 * n), *gm = from_dev(dm, 4 * n), *gv = kind == OPT_ADAMW ? from_dev(dv, 4 * n) : NULL, *gn = from_dev(dnorm, 4);
+        float *gp = from_dev(dp, 4 * n), *gm = from_dev(dm, 4 * n),
+              *gv = kind == OPT_ADAMW ? from_dev(dv, 4 * n) : NULL, *gn = from_dev(dnorm, 4);
         float *sc = xmalloc(4 * n), *scm = xmalloc(4 * n), nref = (float)norm, nsc = nref;
-        for (long i = 0; i < n; i++) { sc[i] = fabsf(p0[i]) + fabsf(m->params[i]) + 1e-3f * fabsf(m->params[i] - p0[i]); scm[i] = fabsf(o.m[i]) * 4; }
-        snprintf(what, sizeof what, "optim_norm_cuda %s step %d: norm of the unscaled gradients %.6g (clip %g)", name, step + 1, norm, max_norm);
+        for (long i = 0; i < n; i++) {
+            sc[i] = fabsf(p0[i]) + fabsf(m->params[i]) + 1e-3f * fabsf(m->params[i] - p0[i]);
+            scm[i] = fabsf(o.m[i]) * 4;
+        }
+        snprintf(what, sizeof what, "optim_norm_cuda %s step %d: norm of the unscaled gradients %.6g (clip %g)", name,
+                 step + 1, norm, max_norm);
         check_rel(what, gn, &nref, &nsc, 1, 1e-5);
-        snprintf(what, sizeof what, "optim_step_cuda %s step %d (loss scale %g, clip %g) vs grad_clip_norm+optim_step: params", name, step + 1, S, max_norm);
+        snprintf(what, sizeof what,
+                 "optim_step_cuda %s step %d (loss scale %g, clip %g) vs grad_clip_norm+optim_step: params", name,
+                 step + 1, S, max_norm);
         check_rel(what, gp, m->params, sc, n, 1e-5);
         snprintf(what, sizeof what, "optim_step_cuda %s step %d: first moment / momentum buffer", name, step + 1);
         check_rel(what, gm, o.m, scm, n, 1e-5);
@@ -1039,8 +1318,10 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
         float *gp = from_dev(dp, 4 * n), *gm = from_dev(dm, 4 * n), *gn = from_dev(dnorm, 4);
         int taken = grad_scaler_update(&gsc, !isfinite(gn[0]));
-        check(!isfinite(gn[0]) && !taken && !memcmp(gp, m->params, 4 * n) && !memcmp(gm, o.m, 4 * n) && gsc.scale == (t == 0 ? 32768.f : 16384.f),
-              "%s: %s in a gradient: norm %g not finite, step skipped (params and moments bit-identical), GradScaler scale -> %g",
+        check(!isfinite(gn[0]) && !taken && !memcmp(gp, m->params, 4 * n) && !memcmp(gm, o.m, 4 * n) &&
+                      gsc.scale == (t == 0 ? 32768.f : 16384.f),
+              "%s: %s in a gradient: norm %g not finite, step skipped (params and moments bit-identical), GradScaler "
+              "scale -> %g",
               name, t == 0 ? "inf" : "NaN", gn[0], gsc.scale);
         free(gp); free(gm); free(gn);
     }
@@ -1064,7 +1345,8 @@ static void test_ema(void *stream) {
     m->buffers = rand_host(m->nbuffers, -1, 1);
     for (size_t i = 0; i < m->nparams; i++) m->params[i] = (float)rng_range(&rng, -1, 1);
     Ema e = {rand_host(m->nparams, -1, 1), rand_host(m->nbuffers, -1, 1), 5};
-    float *dep = to_dev(e.params, 4 * m->nparams), *deb = to_dev(e.buffers, 4 * m->nbuffers), *dp = to_dev(m->params, 4 * m->nparams), *db = to_dev(m->buffers, 4 * m->nbuffers);
+    float *dep = to_dev(e.params, 4 * m->nparams), *deb = to_dev(e.buffers, 4 * m->nbuffers),
+          *dp = to_dev(m->params, 4 * m->nparams), *db = to_dev(m->buffers, 4 * m->nbuffers);
     float *sc = xmalloc(4 * m->nparams);
     for (size_t i = 0; i < m->nparams; i++) sc[i] = fabsf(e.params[i]) + fabsf(m->params[i]);
     ema_update(&e, m);
@@ -1076,7 +1358,15 @@ static void test_ema(void *stream) {
     for (size_t i = 0; i < m->nbuffers; i++) sc[i] = 2;
     check_rel("ema_update_cuda vs ema_update: buffers", gb, e.buffers, sc, (long)m->nbuffers, 1e-5);
     cudaFree(dep); cudaFree(deb); cudaFree(dp); cudaFree(db);
-    free(gp); free(gb); free(sc); free(e.params); free(e.buffers); free(m->buffers); free(m->params); free(m->grads); free(m);
+    free(gp);
+    free(gb);
+    free(sc);
+    free(e.params);
+    free(e.buffers);
+    free(m->buffers);
+    free(m->params);
+    free(m->grads);
+    free(m);
     twin_compared(ema_update_cuda);
 }
 
@@ -1088,11 +1378,13 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
     long nzp = (long)B * Cp * HW, nx = (long)B * Cin * HW, nw = (long)Cout * Cin * K * K, nz = (long)B * Cout * HWo;
     int es = f32 ? 4 : 2;
     float *zf = rand_host(nzp, -3, 3), *wf = rand_host(nw, -1, 1), *dzf = rand_host(nz, -1, 1);
-    float *mean = rand_host(Cp, -0.5f, 0.5f), *invstd = rand_host(Cp, 0.5f, 2), *gamma = rand_host(Cp, 0.5f, 2), *beta = rand_host(Cp, -1, 1);
+    float *mean = rand_host(Cp, -0.5f, 0.5f), *invstd = rand_host(Cp, 0.5f, 2), *gamma = rand_host(Cp, 0.5f, 2),
+          *beta = rand_host(Cp, -1, 1);
     void *hz = zf, *hw = wf, *hdz = dzf;
     if (!f32) hz = rand_f16(nzp, -3, 3, zf), hw = rand_f16(nw, -1, 1, wf), hdz = rand_f16(nz, -1, 1, dzf);
     char *dzp = (char *)to_dev(hz, es * nzp), *dwt = (char *)to_dev(hw, es * nw), *ddz = (char *)to_dev(hdz, es * nz);
-    float *dm = to_dev(mean, 4 * Cp), *di = to_dev(invstd, 4 * Cp), *dg = to_dev(gamma, 4 * Cp), *db = to_dev(beta, 4 * Cp);
+    float *dm = to_dev(mean, 4 * Cp), *di = to_dev(invstd, 4 * Cp), *dg = to_dev(gamma, 4 * Cp),
+          *db = to_dev(beta, 4 * Cp);
     void *dy;
     CK(cudaMalloc(&dy, es * nx));
     ConvDims dense = {B, Cin, H, W, Cout, K, S, 0, 0}, slice = dense;
@@ -1103,29 +1395,43 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
     float *ws = wsb ? poisoned_dev((long)(wsb / 4)) : NULL, *z1 = poisoned_dev(nz), *z2 = poisoned_dev(nz);
     float *w1 = poisoned_dev(nw), *w2 = poisoned_dev(nw);
     if (f32) {
-        bn_silu_forward_f32_cuda((const float *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (float *)dy, 0, B, Cin, HW, stream);
+        bn_silu_forward_f32_cuda((const float *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (float *)dy, 0, B,
+                                 Cin, HW, stream);
         conv_forward_f32_cuda(dense, (const float *)dy, NULL, (const float *)dwt, NULL, z1, stream);
         conv_forward_f32_cuda(slice, (const float *)xin, &act, (const float *)dwt, NULL, z2, stream);
         conv_wgrad_f32_cuda(dense, (const float *)ddz, (const float *)dy, NULL, w1, ws, 0, stream);
         conv_wgrad_f32_cuda(slice, (const float *)ddz, (const float *)xin, &act, w2, ws, 0, stream);
     } else {
-        bn_silu_forward_f16_cuda((const uint16_t *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (uint16_t *)dy, 0, B, Cin, HW, stream);
+        bn_silu_forward_f16_cuda((const uint16_t *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (uint16_t *)dy, 0,
+                                 B, Cin, HW, stream);
         conv_forward_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, NULL, z1, NULL, stream);
         conv_forward_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, NULL, z2, NULL, stream);
         conv_wgrad_cuda(dense, (const uint16_t *)ddz, (const uint16_t *)dy, NULL, w1, ws, 0, stream);
         conv_wgrad_cuda(slice, (const uint16_t *)ddz, (const uint16_t *)xin, &act, w2, ws, 0, stream);
     }
-    float *g1 = from_dev(z1, 4 * nz), *g2 = from_dev(z2, 4 * nz), *v1 = from_dev(w1, 4 * nw), *v2 = from_dev(w2, 4 * nw);
+    float *g1 = from_dev(z1, 4 * nz), *g2 = from_dev(z2, 4 * nz), *v1 = from_dev(w1, 4 * nw),
+          *v2 = from_dev(w2, 4 * nw);
     long dz_ = 0, dw_ = 0, nan_ = 0;
     for (long i = 0; i < nz; i++) dz_ += memcmp(&g1[i], &g2[i], 4) != 0, nan_ += isnan(g1[i]);
     for (long i = 0; i < nw; i++) dw_ += memcmp(&v1[i], &v2[i], 4) != 0, nan_ += isnan(v1[i]);
-    check(!dz_ && !dw_ && !nan_, "conv%s with ConvAct (B=%d, channels %d..%d of %d, %dx%d, Cout=%d K=%d S=%d): forward and wgrad "
-          "bit-identical to bn_silu_forward + the plain conv (%ld of %ld outputs, %ld of %ld weight gradients differ)", f32 ? " FP32" : "",
-          B, c0, c0 + Cin - 1, Cp, H, W, Cout, K, S, dz_, nz, dw_, nw);
+    check(!dz_ && !dw_ && !nan_,
+          "conv%s with ConvAct (B=%d, channels %d..%d of %d, %dx%d, Cout=%d K=%d S=%d): forward and wgrad "
+          "bit-identical to bn_silu_forward + the plain conv (%ld of %ld outputs, %ld of %ld weight gradients differ)",
+          f32 ? " FP32" : "", B, c0, c0 + Cin - 1, Cp, H, W, Cout, K, S, dz_, nz, dw_, nw);
     cudaFree(dzp); cudaFree(dwt); cudaFree(ddz); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(dy);
     cudaFree(ws); cudaFree(z1); cudaFree(z2); cudaFree(w1); cudaFree(w2);
     if (!f32) free(hz), free(hw), free(hdz);
-    free(zf); free(wf); free(dzf); free(mean); free(invstd); free(gamma); free(beta); free(g1); free(g2); free(v1); free(v2);
+    free(zf);
+    free(wf);
+    free(dzf);
+    free(mean);
+    free(invstd);
+    free(gamma);
+    free(beta);
+    free(g1);
+    free(g2);
+    free(v1);
+    free(v2);
 }
 
 // fast_div / fdiv (yolo.h), the conv kernels' index division: every divisor 1..4096 and random ones up
@@ -1146,7 +1452,9 @@ static void test_fast_div(void) {
             bad += div_fast((int)n, f) != (int)(n / d);
         }
     }
-    check(!bad, "div_fast(n, fast_div(d)) == n / d: %ld of %ld dividends wrong (divisors 1..4096 and 2000 random up to 2^30)", bad, n_checked);
+    check(!bad,
+          "div_fast(n, fast_div(d)) == n / d: %ld of %ld dividends wrong (divisors 1..4096 and 2000 random up to 2^30)",
+          bad, n_checked);
 }
 
 // test_twin_table: YOLO_TWINS (yolo.h) is complete and true: every launcher yolo.h declares is listed,
@@ -1247,9 +1555,10 @@ int main(void) {
     }
     {   // 96 wide, 64 high, 80 classes, no cap; image 0 tiny class-0 boxes at anchor 0 (positive) and 3 (align 0);
         // image 1 two equal boxes of two classes (overlap ties: the first gt wins)
-        LossTestBox bx[] = {{2, 3, 9, 8, 0, 0}, {25, 1, 31, 7, 0, 0}, {10, 10, 90, 60, 0, 7}, {12, 8, 88, 62, 0, 79}, {50, 5, 95, 40, 0, 3},
-                            {56, 0, 96, 28, 1, 5}, {16, 16, 48, 40, 1, 5}, {16, 16, 48, 40, 1, 6}, {60, 30, 70, 52, 1, 0},
-                            {33, 1, 40, 9, 1, 0}, {70, 40, 94, 63, 1, 79}};
+        LossTestBox bx[] = {{2, 3, 9, 8, 0, 0},     {25, 1, 31, 7, 0, 0},   {10, 10, 90, 60, 0, 7},
+                            {12, 8, 88, 62, 0, 79}, {50, 5, 95, 40, 0, 3},  {56, 0, 96, 28, 1, 5},
+                            {16, 16, 48, 40, 1, 5}, {16, 16, 48, 40, 1, 6}, {60, 30, 70, 52, 1, 0},
+                            {33, 1, 40, 9, 1, 0},   {70, 40, 94, 63, 1, 79}};
         test_loss(2, 80, 64, 96, 16, bx, (int)(sizeof bx / sizeof bx[0]), 0, 5, 0, NULL);
     }
     test_optim(OPT_SGD, 1.f, 10.f, s);
@@ -1263,11 +1572,13 @@ int main(void) {
     test_conv_f32(2, 20, 6, 6, 9, 1, 1, 1, 3, 1, s);      // K=1 S=1, strides
     test_conv_f32(1, 6, 7, 5, 4, 1, 2, 0, 0, 1, NULL);    // K=1 S=2
     test_conv_f32(1, 1, 1, 1, 1, 3, 2, 0, 0, 1, s);       // 1x1 image, K=3 S=2
-    test_conv_f32(2, 8, 11, 13, 66, 3, 1, 1, 2, 1, s);    // 2x5 tiles, Kd=72 (4.5 k-steps); wgrad 2x2 tiles, Kd=286 in 3 slices
+    test_conv_f32(2, 8, 11, 13, 66, 3, 1, 1, 2, 1,
+                  s);   // 2x5 tiles, Kd=72 (4.5 k-steps); wgrad 2x2 tiles, Kd=286 in 3 slices
     test_conv_f32(2, 3, 24, 20, 4, 3, 1, 0, 0, 1, s);     // wgrad Kd=960 in 8 slices, the last one ragged
     for (int f32 = 0; f32 < 2; f32++) {
         test_conv_act(f32, 2, 8, 0, 8, 9, 7, 5, 3, 1, s);        // the whole z, 3x3
-        test_conv_act(f32, 2, 12, 4, 6, 10, 11, 70, 3, 2, s);    // a channel slice (C2f's split), stride 2, Cout over a tile
+        test_conv_act(f32, 2, 12, 4, 6, 10, 11, 70, 3, 2,
+                      s);   // a channel slice (C2f's split), stride 2, Cout over a tile
         test_conv_act(f32, 1, 6, 3, 3, 20, 20, 4, 1, 1, NULL);   // 1x1, wgrad split
         test_conv_act(f32, 2, 24, 8, 16, 4, 6, 20, 1, 1, s);     // 1x1 on 16-byte rows of a slice
         test_conv_act(f32, 2, 16, 0, 8, 5, 6, 12, 3, 2, s);      // 3x3 stride 2, Cin*9 % 8 == 0

@@ -15,8 +15,11 @@ static void check(int ok, const char *fmt, ...) {
     fflush(stdout);
 }
 // check_close: |got - want| <= tol, printing both and the difference.
-#define check_close(what, got, want, tol) do { double g_ = (got), w_ = (want), t_ = (tol); \
-    check(fabs(g_ - w_) <= t_, "%s: got %.9g want %.9g |diff| %.3g tol %.3g", what, g_, w_, fabs(g_ - w_), t_); } while (0)
+#define check_close(what, got, want, tol)                                                                              \
+    do {                                                                                                               \
+        double g_ = (got), w_ = (want), t_ = (tol);                                                                    \
+        check(fabs(g_ - w_) <= t_, "%s: got %.9g want %.9g |diff| %.3g tol %.3g", what, g_, w_, fabs(g_ - w_), t_);    \
+    } while (0)
 
 static int test_summary(void) {
     printf("%d passed, %d failed\n", t_passed, t_failed);

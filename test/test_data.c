@@ -62,7 +62,8 @@ static void write_png_raw(const char *path, int w, int h, int depth, int ctype, 
     png_infop info = png_create_info_struct(png);
     if (setjmp(png_jmpbuf(png))) die("png write failed");
     png_init_io(png, f);
-    png_set_IHDR(png, info, w, h, depth, ctype, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_set_IHDR(png, info, w, h, depth, ctype, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+                 PNG_FILTER_TYPE_DEFAULT);
     if (pal) png_set_PLTE(png, info, pal, npal);
     if (trns) png_set_tRNS(png, info, trns, ntrns, NULL);
     png_write_info(png, info);
@@ -112,20 +113,27 @@ static void test_letterbox_rect(void) {
         letterbox_params(c[i].w, c[i].h, c[i].S, c[i].S, c[i].up, &lb);
         int bottom = c[i].S - lb.nh - lb.top, right = c[i].S - lb.nw - lb.left;
         check(lb.nw == c[i].nw && lb.nh == c[i].nh && lb.left == c[i].left && lb.top == c[i].top,
-              "letterbox %dx%d -> %d scaleup=%d: new %dx%d pad left %d top %d (right %d bottom %d); want %dx%d left %d top %d (exact)",
-              c[i].w, c[i].h, c[i].S, c[i].up, lb.nw, lb.nh, lb.left, lb.top, right, bottom, c[i].nw, c[i].nh, c[i].left, c[i].top);
+              "letterbox %dx%d -> %d scaleup=%d: new %dx%d pad left %d top %d (right %d bottom %d); want %dx%d left %d "
+              "top %d (exact)",
+              c[i].w, c[i].h, c[i].S, c[i].up, lb.nw, lb.nh, lb.left, lb.top, right, bottom, c[i].nw, c[i].nh,
+              c[i].left, c[i].top);
     }
     double sq[1] = {1.0};
     int hw[1][2];
     rect_batch_shapes(sq, 1, 1, 640, hw);
-    check(hw[0][0] == 672 && hw[0][1] == 672, "rect shape of a square image at 640: %dx%d want 672x672", hw[0][0], hw[0][1]);
+    check(hw[0][0] == 672 && hw[0][1] == 672, "rect shape of a square image at 640: %dx%d want 672x672", hw[0][0],
+          hw[0][1]);
     rect_batch_shapes(sq, 1, 1, 160, hw);
-    check(hw[0][0] == 192 && hw[0][1] == 192, "rect shape of a square image at 160: %dx%d want 192x192", hw[0][0], hw[0][1]);
+    check(hw[0][0] == 192 && hw[0][1] == 192, "rect shape of a square image at 160: %dx%d want 192x192", hw[0][0],
+          hw[0][1]);
     double ar[4] = {0.5, 0.75, 1.5, 2.0};
     int hw2[2][2];
-    rect_batch_shapes(ar, 4, 2, 640, hw2); // batch 0 wide (maxi .75): h ceil(15.5)=16*32; batch 1 tall (mini 1.5): w ceil(13.83)=14*32
+    rect_batch_shapes(
+            ar, 4, 2, 640,
+            hw2);   // batch 0 wide (maxi .75): h ceil(15.5)=16*32; batch 1 tall (mini 1.5): w ceil(13.83)=14*32
     check(hw2[0][0] == 512 && hw2[0][1] == 672 && hw2[1][0] == 672 && hw2[1][1] == 448,
-          "rect shapes (h,w) for ar {.5,.75 | 1.5,2} at 640: (%d,%d) (%d,%d) want (512,672) (672,448)", hw2[0][0], hw2[0][1], hw2[1][0], hw2[1][1]);
+          "rect shapes (h,w) for ar {.5,.75 | 1.5,2} at 640: (%d,%d) (%d,%d) want (512,672) (672,448)", hw2[0][0],
+          hw2[0][1], hw2[1][0], hw2[1][1]);
     int w, h;
     resized_size(1000, 333, 160, &w, &h);
     check(w == 160 && h == 54, "load size of 1000x333 at 160: %dx%d want 160x54 (ceil(53.28))", w, h);
@@ -161,7 +169,8 @@ static void test_label_parse(void) {
         char shown[64];
         snprintf(shown, sizeof shown, "%s", c[i].line);
         for (char *s = shown; *s; s++) if (*s == '\n' || *s == '\r' || *s == '\t') *s = '~';
-        check(rc == c[i].rc && worst <= 1e-6, "label line '%s' -> rc %d want %d, max |value diff| %.2g tol 1e-6 %s%s", shown, rc, c[i].rc, worst, err[0] ? "msg: " : "", err);
+        check(rc == c[i].rc && worst <= 1e-6, "label line '%s' -> rc %d want %d, max |value diff| %.2g tol 1e-6 %s%s",
+              shown, rc, c[i].rc, worst, err[0] ? "msg: " : "", err);
     }
     char lp[256];
     label_path_from_image("/d/images/x/images/a.b.jpg", lp, sizeof lp);
@@ -173,11 +182,14 @@ static void test_label_parse(void) {
 static void test_yaml(void) {
     DataConfig cfg;
     char err[512];
-    write_text(tp("a.yaml"), "# comment\npath: ds   # root\ntrain: [images/t1, \"images/t2\"]\nval: 'images/v'\nnames:\n  0: cat\n  2: 'dog'\n  1: \"bird #1\"\n");
+    write_text(tp("a.yaml"),
+               "# comment\npath: ds   # root\ntrain: [images/t1, \"images/t2\"]\nval: 'images/v'\nnames:\n  0: cat\n  "
+               "2: 'dog'\n  1: \"bird #1\"\n");
     int rc = data_yaml_load(tp("a.yaml"), &cfg, err, sizeof err);
-    check(rc == 0 && cfg.nc == 3 && strcmp(cfg.names[1], "bird #1") == 0 && strcmp(cfg.names[2], "dog") == 0 && cfg.nsplit[0] == 2 &&
-              strcmp(cfg.split[0][1], tp("ds/images/t2")) == 0 && cfg.nsplit[2] == 0,
-          "yaml with mapping names, flow list, quotes, comments: rc %d nc %d (%s)", rc, cfg.nc, rc ? err : cfg.split[0][1]);
+    check(rc == 0 && cfg.nc == 3 && strcmp(cfg.names[1], "bird #1") == 0 && strcmp(cfg.names[2], "dog") == 0 &&
+                  cfg.nsplit[0] == 2 && strcmp(cfg.split[0][1], tp("ds/images/t2")) == 0 && cfg.nsplit[2] == 0,
+          "yaml with mapping names, flow list, quotes, comments: rc %d nc %d (%s)", rc, cfg.nc,
+          rc ? err : cfg.split[0][1]);
     if (rc == 0) data_config_free(&cfg);
     struct { const char *text, *want; } bad[] = {
         {"train: a\nval: b\nnames: [x, y\nnc: 2\n", ".yaml:4"},         // unclosed flow list: error at line 4
@@ -194,7 +206,8 @@ static void test_yaml(void) {
         write_text(tp("bad.yaml"), bad[i].text);
         err[0] = 0;
         rc = data_yaml_load(tp("bad.yaml"), &cfg, err, sizeof err);
-        check(rc == -1 && strstr(err, "bad.yaml") && strstr(err, bad[i].want), "malformed yaml %zu rejected naming file/line: '%s' (want '%s')", i, err, bad[i].want);
+        check(rc == -1 && strstr(err, "bad.yaml") && strstr(err, bad[i].want),
+              "malformed yaml %zu rejected naming file/line: '%s' (want '%s')", i, err, bad[i].want);
     }
     rc = data_yaml_load(tp("missing.yaml"), &cfg, err, sizeof err);
     check(rc == -1 && strstr(err, "missing.yaml"), "missing yaml: '%s'", err);
@@ -242,8 +255,10 @@ static void test_decode(void) {
     Image im = {0};
     char err[512];
     int rc = image_load(tp("g16.png"), 0, &im, err, sizeof err), worst = 0;
-    for (int i = 0; rc == 0 && i < 144; i++) for (int c = 0; c < 3; c++) worst = fmax(worst, abs(im.px[3 * i + c] - (i + 50)));
-    check(rc == 0 && im.w == 12 && worst == 0, "16-bit gray PNG -> RGB high byte: rc %d, worst diff %d (tol 0)", rc, worst);
+    for (int i = 0; rc == 0 && i < 144; i++)
+        for (int c = 0; c < 3; c++) worst = fmax(worst, abs(im.px[3 * i + c] - (i + 50)));
+    check(rc == 0 && im.w == 12 && worst == 0, "16-bit gray PNG -> RGB high byte: rc %d, worst diff %d (tol 0)", rc,
+          worst);
     png_color pal[2] = {{10, 20, 30}, {200, 100, 50}};
     uint8_t trns[2] = {0, 255}, pix[12 * 12];
     for (int i = 0; i < 144; i++) pix[i] = (uint8_t)(i & 1);
@@ -252,14 +267,17 @@ static void test_decode(void) {
     worst = 0;
     for (int i = 0; rc == 0 && i < 144; i++) {
         const png_color *p = &pal[i & 1];
-        worst = fmax(worst, abs(im.px[3 * i] - p->red) + abs(im.px[3 * i + 1] - p->green) + abs(im.px[3 * i + 2] - p->blue));
+        worst = fmax(worst,
+                     abs(im.px[3 * i] - p->red) + abs(im.px[3 * i + 1] - p->green) + abs(im.px[3 * i + 2] - p->blue));
     }
-    check(rc == 0 && worst == 0, "palette PNG with tRNS -> RGB (alpha dropped): rc %d worst diff %d (tol 0)", rc, worst);
+    check(rc == 0 && worst == 0, "palette PNG with tRNS -> RGB (alpha dropped): rc %d worst diff %d (tol 0)", rc,
+          worst);
     uint8_t ga[12 * 12 * 2];
     for (int i = 0; i < 144; i++) { ga[2 * i] = 77; ga[2 * i + 1] = (uint8_t)i; }
     write_png_raw(tp("ga.png"), 12, 12, 8, PNG_COLOR_TYPE_GRAY_ALPHA, ga, 24, NULL, 0, NULL, 0);
     rc = image_load(tp("ga.png"), 0, &im, err, sizeof err);
-    check(rc == 0 && im.px[0] == 77 && im.px[3 * 143 + 2] == 77, "gray+alpha PNG -> RGB 77: rc %d got %d", rc, im.px[0]);
+    check(rc == 0 && im.px[0] == 77 && im.px[3 * 143 + 2] == 77, "gray+alpha PNG -> RGB 77: rc %d got %d", rc,
+          im.px[0]);
     // JPEG: save/load round trip, DCT scaling sizes, and scaled decode close to a full decode
     Image big = image_alloc(1280, 640);
     for (int y = 0; y < 640; y++)
@@ -276,7 +294,8 @@ static void test_decode(void) {
     int targets[3] = {320, 500, 700}, wantw[3] = {320, 640, 1280};
     for (int t = 0; t < 3; t++) {
         rc = image_load(tp("big.jpg"), targets[t], &im, err, sizeof err);
-        check(rc == 0 && im.w == wantw[t] && im.h == wantw[t] / 2, "JPEG DCT-scaled decode for target %d: %dx%d want %dx%d", targets[t], im.w, im.h, wantw[t], wantw[t] / 2);
+        check(rc == 0 && im.w == wantw[t] && im.h == wantw[t] / 2,
+              "JPEG DCT-scaled decode for target %d: %dx%d want %dx%d", targets[t], im.w, im.h, wantw[t], wantw[t] / 2);
     }
     rc = image_load(tp("big.jpg"), 320, &im, err, sizeof err);
     uint8_t *a = xmalloc(320 * 160 * 3), *b = xmalloc(320 * 160 * 3);
@@ -285,7 +304,9 @@ static void test_decode(void) {
     mad = 0;
     for (int i = 0; i < 320 * 160 * 3; i++) mad += abs(a[i] - b[i]);
     mad /= 320 * 160 * 3;
-    check(mad < 4.0, "DCT 1/4 decode + resize vs full-size source resized to 320x160: mean |diff| %.3f tol 4 (different filters)", mad);
+    check(mad < 4.0,
+          "DCT 1/4 decode + resize vs full-size source resized to 320x160: mean |diff| %.3f tol 4 (different filters)",
+          mad);
     free(a); free(b);
     // EXIF orientation 6 (rotate 90 clockwise): a 40x20 image red on its left half decodes as
     // 20x40 red on its top half, and the probe reports 20x40
@@ -295,18 +316,22 @@ static void test_decode(void) {
     write_jpg_exif(tp("exif6.jpg"), &ex, 6);
     int pw = 0, ph = 0, prc = image_probe(tp("exif6.jpg"), &pw, &ph, err, sizeof err);
     rc = image_load(tp("exif6.jpg"), 0, &im, err, sizeof err);
-    int top_red = rc == 0 && im.w == 20 && im.h == 40 && im.px[(5 * 20 + 10) * 3] > 180 && im.px[(5 * 20 + 10) * 3 + 1] < 80;
+    int top_red =
+            rc == 0 && im.w == 20 && im.h == 40 && im.px[(5 * 20 + 10) * 3] > 180 && im.px[(5 * 20 + 10) * 3 + 1] < 80;
     int bottom_gray = rc == 0 && im.w == 20 && im.px[(35 * 20 + 10) * 3 + 1] > 150;
-    check(prc == 0 && pw == 20 && ph == 40 && top_red && bottom_gray, "EXIF orientation 6: probe %dx%d, decoded %dx%d, top red %d, bottom gray %d (want 20x40)",
-          pw, ph, im.w, im.h, top_red, bottom_gray);
+    check(prc == 0 && pw == 20 && ph == 40 && top_red && bottom_gray,
+          "EXIF orientation 6: probe %dx%d, decoded %dx%d, top red %d, bottom gray %d (want 20x40)", pw, ph, im.w, im.h,
+          top_red, bottom_gray);
     write_jpg_exif(tp("exif3.jpg"), &ex, 3); // rotate 180: red moves to the right half
     rc = image_load(tp("exif3.jpg"), 0, &im, err, sizeof err);
-    check(rc == 0 && im.w == 40 && im.px[(10 * 40 + 35) * 3] > 180 && im.px[(10 * 40 + 5) * 3 + 1] > 150, "EXIF orientation 3: red on the right half");
+    check(rc == 0 && im.w == 40 && im.px[(10 * 40 + 35) * 3] > 180 && im.px[(10 * 40 + 5) * 3 + 1] > 150,
+          "EXIF orientation 3: red on the right half");
     image_free(&ex);
     // drawing helpers
     Image d = image_alloc(40, 30);
     image_draw_box(&d, 5, 6, 20, 16, 255, 0, 0, 2);
-    int on = d.px[(6 * 40 + 10) * 3] == 255 && d.px[(7 * 40 + 10) * 3] == 255 && d.px[(16 * 40 + 20) * 3] == 255 && d.px[(15 * 40 + 19) * 3] == 255;
+    int on = d.px[(6 * 40 + 10) * 3] == 255 && d.px[(7 * 40 + 10) * 3] == 255 && d.px[(16 * 40 + 20) * 3] == 255 &&
+            d.px[(15 * 40 + 19) * 3] == 255;
     int off = d.px[(8 * 40 + 10) * 3] == 0 && d.px[(5 * 40 + 10) * 3] == 0 && d.px[(16 * 40 + 21) * 3] == 0;
     check(on && !!off, "image_draw_box: outline pixels set (%d), interior/outside untouched (%d)", on, off);
     image_draw_box(&d, -10, -10, 100, 100, 0, 255, 0, 3); // clipped, no crash
@@ -339,10 +364,14 @@ static void test_bad_corpus(void) {
     const char *good = "0 0.375 0.375 0.25 0.25\n";
     // kept, with boxes
     make_img(tp("bad/images/train/ok1.jpg"), 40, 30, 0); write_text(tp("bad/labels/train/ok1.txt"), good);
-    make_img(tp("bad/images/train/ok2.png"), 30, 40, 1); write_text(tp("bad/labels/train/ok2.txt"), "0 0.375 0.375 0.25 0.25\r\n1 0.5 0.5 0.2 0.2\r\n");
-    make_img(tp("bad/images/train/poly.jpg"), 40, 40, 0); write_text(tp("bad/labels/train/poly.txt"), "2 0.1 0.1 0.3 0.1 0.3 0.4 0.1 0.4\n");
-    make_img(tp("bad/images/train/dup.jpg"), 40, 40, 0); write_text(tp("bad/labels/train/dup.txt"), "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n\n1 0.5 0.5 0.1 0.1\n");
-    make_img(tp("bad/images/train/pngdata.jpg"), 40, 40, 1); write_text(tp("bad/labels/train/pngdata.txt"), good); // wrong extension, PNG content
+    make_img(tp("bad/images/train/ok2.png"), 30, 40, 1);
+    write_text(tp("bad/labels/train/ok2.txt"), "0 0.375 0.375 0.25 0.25\r\n1 0.5 0.5 0.2 0.2\r\n");
+    make_img(tp("bad/images/train/poly.jpg"), 40, 40, 0);
+    write_text(tp("bad/labels/train/poly.txt"), "2 0.1 0.1 0.3 0.1 0.3 0.4 0.1 0.4\n");
+    make_img(tp("bad/images/train/dup.jpg"), 40, 40, 0);
+    write_text(tp("bad/labels/train/dup.txt"), "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n\n1 0.5 0.5 0.1 0.1\n");
+    make_img(tp("bad/images/train/pngdata.jpg"), 40, 40, 1);
+    write_text(tp("bad/labels/train/pngdata.txt"), good);   // wrong extension, PNG content
     // backgrounds: empty label, missing label, no labels dir
     make_img(tp("bad/images/train/bg_empty.jpg"), 40, 40, 0); write_text(tp("bad/labels/train/bg_empty.txt"), "");
     make_img(tp("bad/images/train/bg_missing.jpg"), 40, 40, 0);
@@ -350,7 +379,8 @@ static void test_bad_corpus(void) {
     // truncated in the scan data (header complete): kept with a warning, like Ultralytics' restore
     size_t n;
     uint8_t *j = read_all(tp("bad/images/train/ok1.jpg"), &n);
-    write_bytes(tp("bad/images/train/trunc_tail.jpg"), j, n - 40); write_text(tp("bad/labels/train/trunc_tail.txt"), good);
+    write_bytes(tp("bad/images/train/trunc_tail.jpg"), j, n - 40);
+    write_text(tp("bad/labels/train/trunc_tail.txt"), good);
     // corrupt images
     write_bytes(tp("bad/images/train/trunc_head.jpg"), j, 60); write_text(tp("bad/labels/train/trunc_head.txt"), good);
     write_text(tp("bad/images/train/zero.jpg"), "");
@@ -379,9 +409,10 @@ static void test_bad_corpus(void) {
     write_bytes(tp("bad/images/train/huge.jpg"), j, nj);
     free(j); free(p);
     // corrupt labels (good images)
-    const char *badlab[][2] = {{"nan", "0 nan 0.5 0.1 0.1\n"}, {"neg", "0 -0.5 0.5 0.1 0.1\n"}, {"over", "0 0.5 1.5 0.1 0.1\n"},
-                               {"cls", "0 0.5 0.5 0.1 0.1\n3 0.5 0.5 0.1 0.1\n"}, {"cols4", "0 0.5 0.5 0.1\n"},
-                               {"cols6", "0 0.5 0.5 0.1 0.1 0.1\n"}, {"words", "zero 0.5 0.5 0.1 0.1\n"}};
+    const char *badlab[][2] = {{"nan", "0 nan 0.5 0.1 0.1\n"},     {"neg", "0 -0.5 0.5 0.1 0.1\n"},
+                               {"over", "0 0.5 1.5 0.1 0.1\n"},    {"cls", "0 0.5 0.5 0.1 0.1\n3 0.5 0.5 0.1 0.1\n"},
+                               {"cols4", "0 0.5 0.5 0.1\n"},       {"cols6", "0 0.5 0.5 0.1 0.1 0.1\n"},
+                               {"words", "zero 0.5 0.5 0.1 0.1\n"}};
     for (int i = 0; i < 7; i++) {
         char a[128], b[128];
         snprintf(a, sizeof a, "bad/images/train/lab_%s.jpg", badlab[i][0]);
@@ -406,33 +437,40 @@ static void test_bad_corpus(void) {
     // found 25 image-named files: ok1 ok2 poly dup pngdata bg_empty bg_missing nolabels trunc_tail (9 kept)
     // + trunc_head zero.jpg zero.png text trunc.png tiny huge.png huge.jpg + 7 bad labels (15 corrupt)
     DatasetStats *st = &ds.stats;
-    check(rc == 0 && st->found == 24 && st->kept == 9 && st->backgrounds == 3 && st->missing == 2 && st->corrupt == 15 &&
-              st->skipped == 2 && st->duplicates == 1 && st->boxes == 8,
-          "bad corpus counts: found %d kept %d backgrounds %d (missing %d) corrupt %d skipped %d duplicates %d boxes %d; "
-          "want 24 9 3 (2) 15 2 1 8", st->found, st->kept, st->backgrounds, st->missing, st->corrupt, st->skipped, st->duplicates, st->boxes);
-    const char *named[] = {"trunc_head.jpg", "zero.jpg", "zero.png", "text.jpg", "trunc.png", "tiny.png", "huge.png", "huge.jpg",
-                           "trunc_tail.jpg", "lab_nan.txt:1", "lab_neg.txt:1", "lab_over.txt:1", "lab_cls.txt:2", "lab_cols4.txt:1",
-                           "lab_cols6.txt:1", "lab_words.txt:1"};
+    check(rc == 0 && st->found == 24 && st->kept == 9 && st->backgrounds == 3 && st->missing == 2 &&
+                  st->corrupt == 15 && st->skipped == 2 && st->duplicates == 1 && st->boxes == 8,
+          "bad corpus counts: found %d kept %d backgrounds %d (missing %d) corrupt %d skipped %d duplicates %d boxes "
+          "%d; "
+          "want 24 9 3 (2) 15 2 1 8",
+          st->found, st->kept, st->backgrounds, st->missing, st->corrupt, st->skipped, st->duplicates, st->boxes);
+    const char *named[] = {"trunc_head.jpg", "zero.jpg",        "zero.png",        "text.jpg",
+                           "trunc.png",      "tiny.png",        "huge.png",        "huge.jpg",
+                           "trunc_tail.jpg", "lab_nan.txt:1",   "lab_neg.txt:1",   "lab_over.txt:1",
+                           "lab_cls.txt:2",  "lab_cols4.txt:1", "lab_cols6.txt:1", "lab_words.txt:1"};
     int missing_msgs = 0;
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
         if (!strstr(msg, named[i])) { missing_msgs++; printf("  no message names %s\n", named[i]); }
-    check(missing_msgs == 0, "a message names each of the %zu bad files (with line for labels): %d missing", sizeof named / sizeof named[0], missing_msgs);
+    check(missing_msgs == 0, "a message names each of the %zu bad files (with line for labels): %d missing",
+          sizeof named / sizeof named[0], missing_msgs);
     check(strstr(msg, "100000x100000") && strstr(msg, "65000x65000"), "huge declared sizes reported before allocating");
     // poly box: x 0.1..0.3, y 0.1..0.4
     int pi = -1;
     for (int i = 0; i < ds.n; i++) if (strstr(ds.paths[i], "poly.jpg")) pi = i;
     const float *pl = pi >= 0 ? ds.lab + 5 * ds.lab_off[pi] : NULL;
-    check(pl && fabsf(pl[1] - 0.2f) < 1e-6 && fabsf(pl[2] - 0.25f) < 1e-6 && fabsf(pl[3] - 0.2f) < 1e-6 && fabsf(pl[4] - 0.3f) < 1e-6,
+    check(pl && fabsf(pl[1] - 0.2f) < 1e-6 && fabsf(pl[2] - 0.25f) < 1e-6 && fabsf(pl[3] - 0.2f) < 1e-6 &&
+                  fabsf(pl[4] - 0.3f) < 1e-6,
           "polygon label reduced to its box (0.2 0.25 0.2 0.3), tol 1e-6");
     free(msg);
     // loading every kept image through the loader (val) works, including the truncated JPEG
-    LoaderConfig lc = {.batch = 4, .imgsz = 64, .workers = 2, .max_boxes = 8, .train = 0, .seed = 1, .aug = aug_defaults()};
+    LoaderConfig lc = {
+            .batch = 4, .imgsz = 64, .workers = 2, .max_boxes = 8, .train = 0, .seed = 1, .aug = aug_defaults()};
     Loader *L = loader_open(&ds, &lc);
     loader_start_epoch(L, 0, 0);
     int nb = 0, nimg = 0, nlab = 0;
     for (const Batch *bt; (bt = loader_next(L)); nb++) { nimg += bt->B; nlab += bt->n; }
-    check(nb == 3 && nimg == 9 && nlab == 8 && L->load_errors == 0, "val loader over the kept images: %d batches %d images %d labels %lld load errors; want 3 9 8 0",
-          nb, nimg, nlab, L->load_errors);
+    check(nb == 3 && nimg == 9 && nlab == 8 && L->load_errors == 0,
+          "val loader over the kept images: %d batches %d images %d labels %lld load errors; want 3 9 8 0", nb, nimg,
+          nlab, L->load_errors);
     loader_close(L);
     // an image deleted after the scan: a message and a gray image without labels, no crash
     remove(tp("bad/images/train/ok1.jpg"));
@@ -442,7 +480,8 @@ static void test_bad_corpus(void) {
     nimg = nlab = 0;
     for (const Batch *bt; (bt = loader_next(L));) { nimg += bt->B; nlab += bt->n; }
     msg = capture_end();
-    check(nimg == 9 && nlab == 7 && L->load_errors == 1 && strstr(msg, "ok1.jpg"), "image deleted after the scan: %d images %d labels (want 9, 7), %lld load errors (want 1), message names it",
+    check(nimg == 9 && nlab == 7 && L->load_errors == 1 && strstr(msg, "ok1.jpg"),
+          "image deleted after the scan: %d images %d labels (want 9, 7), %lld load errors (want 1), message names it",
           nimg, nlab, L->load_errors);
     free(msg);
     loader_close(L);
@@ -474,7 +513,8 @@ static void make_align_dataset(void) {
             int x1 = k * W / 3 + rng_int(&r, W / 3 - bw), y1 = rng_int(&r, H - bh);
             image_fill_rect(&im, x1, y1, x1 + bw, y1 + bh, TCOL[c][0], TCOL[c][1], TCOL[c][2]);
             char line[128];
-            snprintf(line, sizeof line, "%d %.6f %.6f %.6f %.6f\n", c, (x1 + bw / 2.0) / W, (y1 + bh / 2.0) / H, (double)bw / W, (double)bh / H);
+            snprintf(line, sizeof line, "%d %.6f %.6f %.6f %.6f\n", c, (x1 + bw / 2.0) / W, (y1 + bh / 2.0) / H,
+                     (double)bw / W, (double)bh / H);
             strcat(lab, line);
         }
         char a[64], b[64];
@@ -487,7 +527,9 @@ static void make_align_dataset(void) {
     write_text(tp("al/data.yaml"), "train: images/train\nval: images/train\nnames: [red, green, blue]\n");
     // a .txt list: "./" entries are relative to the list's folder, others are kept as written
     char list[2048];
-    snprintf(list, sizeof list, "./images/train/001.png\r\n\n%s\n./images/train/missing.png\n./images/train/000.png\n./notes.md\n", tp("al/images/train/002.png"));
+    snprintf(list, sizeof list,
+             "./images/train/001.png\r\n\n%s\n./images/train/missing.png\n./images/train/000.png\n./notes.md\n",
+             tp("al/images/train/002.png"));
     write_text(tp("al/list.txt"), list);
     write_text(tp("al/list.yaml"), "train: list.txt\nval: [list.txt]\nnames: [red, green, blue]\n");
 }
@@ -503,14 +545,19 @@ static void alignment_stats(const Batch *bt, double *mean_in, double *min_in, do
     uint8_t *hwc = xmalloc((size_t)H * W * 3);
     for (int b = 0; b < bt->B; b++) {
         size_t plane = (size_t)H * W;
-        for (size_t i = 0; i < plane; i++) for (int c = 0; c < 3; c++) hwc[3 * i + c] = bt->img[(size_t)b * 3 * plane + c * plane + i];
+        for (size_t i = 0; i < plane; i++)
+            for (int c = 0; c < 3; c++) hwc[3 * i + c] = bt->img[(size_t)b * 3 * plane + c * plane + i];
         for (int i = 0; i < bt->n; i++) {
             if (bt->batch_idx[i] != b) continue;
             const float *x = bt->box + 4 * i;
             int x1 = (int)ceil((x[0] - x[2] / 2) * W), x2 = (int)floor((x[0] + x[2] / 2) * W);
             int y1 = (int)ceil((x[1] - x[3] / 2) * H), y2 = (int)floor((x[1] + x[3] / 2) * H);
             long in = 0, tot = 0;
-            for (int y = y1; y < y2; y++) for (int xx = x1; xx < x2; xx++) { tot++; in += pix_has(hwc + 3 * ((size_t)y * W + xx), bt->cls[i]); }
+            for (int y = y1; y < y2; y++)
+                for (int xx = x1; xx < x2; xx++) {
+                    tot++;
+                    in += pix_has(hwc + 3 * ((size_t)y * W + xx), bt->cls[i]);
+                }
             if (tot == 0) continue;
             double f = (double)in / tot;
             sum_in += f;
@@ -549,8 +596,10 @@ static void test_alignment(void) {
     capture_begin();
     rc = rc ? rc : dataset_load(&lcfg, 0, &ds);
     char *msg = capture_end();
-    check(rc == 0 && ds.n == 3 && ds.stats.corrupt == 1 && ds.stats.skipped == 1 && strstr(ds.paths[0], "000.png") && strstr(msg, "missing.png"),
-          "image list file: %d kept (want 3, sorted, CRLF ok), %d corrupt (the missing file, named), %d skipped (.md)", ds.n, ds.stats.corrupt, ds.stats.skipped);
+    check(rc == 0 && ds.n == 3 && ds.stats.corrupt == 1 && ds.stats.skipped == 1 && strstr(ds.paths[0], "000.png") &&
+                  strstr(msg, "missing.png"),
+          "image list file: %d kept (want 3, sorted, CRLF ok), %d corrupt (the missing file, named), %d skipped (.md)",
+          ds.n, ds.stats.corrupt, ds.stats.skipped);
     free(msg);
     if (rc == 0) { dataset_free(&ds); data_config_free(&lcfg); }
     dataset_load(&cfg, 0, &ds);
@@ -564,7 +613,13 @@ static void test_alignment(void) {
         {"defaults incl. HSV", aug_defaults(), 1, 0.97, 0.9, 0.06},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        LoaderConfig lc = {.batch = 8, .imgsz = 128, .workers = 2, .max_boxes = 32, .train = cases[k].train, .seed = 3 + k, .aug = cases[k].a};
+        LoaderConfig lc = {.batch = 8,
+                           .imgsz = 128,
+                           .workers = 2,
+                           .max_boxes = 32,
+                           .train = cases[k].train,
+                           .seed = 3 + k,
+                           .aug = cases[k].a};
         Loader *L = loader_open(&ds, &lc);
         double mean_all = 0, min_all = 1, out_all = 0;
         int nb = 0, boxes = 0;
@@ -588,15 +643,20 @@ static void test_alignment(void) {
             double m, mn, of;
             int nbx;
             alignment_stats(bt, &m, &mn, &of, &nbx);
-            check(m < 0.95 || mn < 0.9 || of > 0.05, "negative control: labels shifted 3 px right fail the alignment thresholds (mean %.3f min %.3f outside %.3f)", m, mn, of);
+            check(m < 0.95 || mn < 0.9 || of > 0.05,
+                  "negative control: labels shifted 3 px right fail the alignment thresholds (mean %.3f min %.3f "
+                  "outside %.3f)",
+                  m, mn, of);
         }
         check(boxes > 20 && mean_all >= cases[k].min_mean && min_all >= cases[k].min_min && out_all <= cases[k].max_out,
-              "alignment '%s': %d boxes, box pixels of its colour mean %.3f (>= %.2f) min %.3f (>= %.2f); colour outside its boxes worst batch %.3f (<= %.2f)",
+              "alignment '%s': %d boxes, box pixels of its colour mean %.3f (>= %.2f) min %.3f (>= %.2f); colour "
+              "outside its boxes worst batch %.3f (<= %.2f)",
               cases[k].name, boxes, mean_all, cases[k].min_mean, min_all, cases[k].min_min, out_all, cases[k].max_out);
         loader_close(L);
     }
     // close_mosaic: mosaic/mixup off -> every image is one letterboxed source (one 114 border layout)
-    LoaderConfig lc = {.batch = 8, .imgsz = 128, .workers = 1, .max_boxes = 32, .train = 1, .seed = 1, .aug = aug_defaults()};
+    LoaderConfig lc = {
+            .batch = 8, .imgsz = 128, .workers = 1, .max_boxes = 32, .train = 1, .seed = 1, .aug = aug_defaults()};
     lc.aug.scale = 0; lc.aug.translate = 0; lc.aug.hsv_h = lc.aug.hsv_s = lc.aug.hsv_v = 0; lc.aug.fliplr = 0;
     Loader *L = loader_open(&ds, &lc);
     loader_start_epoch(L, 0, 1);
@@ -614,10 +674,14 @@ static void test_alignment(void) {
         image_resize(src.px, src.w, src.h, rs, rw, rh);
         letterbox_params(rw, rh, 128, 128, 1, &lb);
         letterbox_apply(rs, rw, rh, ref, 128, 128, &lb);
-        for (int i = 0; i < 128 * 128; i++) for (int c = 0; c < 3; c++) worst = fmax(worst, abs(ref[3 * i + c] - bt->img[(size_t)b * 3 * 128 * 128 + c * 128 * 128 + i]));
+        for (int i = 0; i < 128 * 128; i++)
+            for (int c = 0; c < 3; c++)
+                worst = fmax(worst, abs(ref[3 * i + c] - bt->img[(size_t)b * 3 * 128 * 128 + c * 128 * 128 + i]));
         free(rs); free(ref); image_free(&src);
     }
-    check(worst <= 1, "close_mosaic with scale=translate=0: samples equal load+letterbox, worst |diff| %d tol 1 (warp rounding)", worst);
+    check(worst <= 1,
+          "close_mosaic with scale=translate=0: samples equal load+letterbox, worst |diff| %d tol 1 (warp rounding)",
+          worst);
     loader_close(L);
     dataset_free(&ds);
     data_config_free(&cfg);
@@ -636,9 +700,11 @@ static void test_hsv_warp(void) {
     rng_range(&r2, -1, 1); rng_range(&r2, -1, 1);
     double gv = rng_range(&r2, -1, 1) * 0.4;
     int want = (int)fmin(100 * (1 + gv), 255), want7 = (int)fmin(7 * (1 + gv), 255);
-    check(px[0] == want && px[1] == want && px[2] == want && px[15] == want7, "HSV value gain %.4f on gray 100 -> %d (want %d), gray 7 -> %d (want %d)", gv, px[0], want, px[15], want7);
+    check(px[0] == want && px[1] == want && px[2] == want && px[15] == want7,
+          "HSV value gain %.4f on gray 100 -> %d (want %d), gray 7 -> %d (want %d)", gv, px[0], want, px[15], want7);
     int wantred = (int)fmin(255 * (1 + gv), 255);
-    check(px[3] == wantred && px[4] == 0 && px[5] == 0, "HSV value gain on red: (%d,%d,%d) want (%d,0,0)", px[3], px[4], px[5], wantred);
+    check(px[3] == wantred && px[4] == 0 && px[5] == 0, "HSV value gain on red: (%d,%d,%d) want (%d,0,0)", px[3], px[4],
+          px[5], wantred);
     a.hsv_v = 0; a.hsv_h = 1e-12f; // tables ~identity for a positive draw
     uint8_t q[4 * 3] = {255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 128, 0}, q0[12];
     memcpy(q0, q, 12);
@@ -649,7 +715,8 @@ static void test_hsv_warp(void) {
     hsv_augment(&r3, &a, q, 4);
     int worst = 0;
     for (int i = 0; i < 12; i++) worst = fmax(worst, abs(q[i] - q0[i]));
-    check(worst == 0, "HSV round trip (OpenCV 8-bit H in [0,180)) of red, green, blue, orange: worst |diff| %d tol 0", worst);
+    check(worst == 0, "HSV round trip (OpenCV 8-bit H in [0,180)) of red, green, blue, orange: worst |diff| %d tol 0",
+          worst);
     // warp: 20 degree rotation about the centre of a smooth image vs float bilinear
     int n = 64;
     uint8_t *src = xmalloc(n * n * 3), *dst = xmalloc(n * n * 3);
@@ -662,7 +729,10 @@ static void test_hsv_warp(void) {
     int border_ok = 1;
     for (int y = 0; y < n; y++) for (int x = 0; x < n; x++) {
         double sx = Mi[0] * x + Mi[1] * y + Mi[2], sy = Mi[3] * x + Mi[4] * y + Mi[5];
-        if (sx < -1.5 || sy < -1.5 || sx > n + 0.5 || sy > n + 0.5) { border_ok &= dst[(y * n + x) * 3] == 114; continue; }
+        if (sx < -1.5 || sy < -1.5 || sx > n + 0.5 || sy > n + 0.5) {
+            border_ok &= dst[(y * n + x) * 3] == 114;
+            continue;
+        }
         if (sx < 0 || sy < 0 || sx > n - 1 || sy > n - 1) continue;
         int i = (int)sx, j = (int)sy, i1 = i + 1 < n ? i + 1 : i, j1 = j + 1 < n ? j + 1 : j;
         double fx = sx - i, fy = sy - j;
@@ -672,7 +742,10 @@ static void test_hsv_warp(void) {
             worstw = fmax(worstw, fabs(v - dst[(y * n + x) * 3 + c]));
         }
     }
-    check(worstw <= 1.5 && border_ok, "warp 20 deg rotation vs float bilinear: worst |diff| %.2f tol 1.5 (1/32 px quantisation, gradient <= 10/px); border 114: %d", worstw, border_ok);
+    check(worstw <= 1.5 && border_ok,
+          "warp 20 deg rotation vs float bilinear: worst |diff| %.2f tol 1.5 (1/32 px quantisation, gradient <= "
+          "10/px); border 114: %d",
+          worstw, border_ok);
     free(src); free(dst);
 }
 
@@ -684,7 +757,9 @@ static void cv2_src(uint8_t *p, int w, int h) {
 }
 static void cv2_grid(uint8_t *p) {
     for (int y = 0; y < 16; y++) for (int x = 0; x < 16; x++) {
-        p[(y * 16 + x) * 3] = (uint8_t)(x * 17); p[(y * 16 + x) * 3 + 1] = (uint8_t)(y * 17); p[(y * 16 + x) * 3 + 2] = (uint8_t)(((x + y) * 8) % 256);
+            p[(y * 16 + x) * 3] = (uint8_t)(x * 17);
+            p[(y * 16 + x) * 3 + 1] = (uint8_t)(y * 17);
+            p[(y * 16 + x) * 3 + 2] = (uint8_t)(((x + y) * 8) % 256);
     }
 }
 static void cmp_bytes(const char *what, const uint8_t *got, const uint8_t *want, size_t n) {
@@ -694,7 +769,12 @@ static void cmp_bytes(const char *what, const uint8_t *got, const uint8_t *want,
 }
 static void test_cv2_reference(void) {
     FILE *f = fopen("test/fixtures/data_cv2.bin", "rb");
-    if (!f) { check(0, "test/fixtures/data_cv2.bin missing (run from the repo root; regenerate with /usr/bin/python3 test/ref_data.py)"); return; }
+    if (!f) {
+        check(0,
+              "test/fixtures/data_cv2.bin missing (run from the repo root; regenerate with /usr/bin/python3 "
+              "test/ref_data.py)");
+        return;
+    }
     static uint8_t buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf, f), off = 8;
     fclose(f);
@@ -719,21 +799,31 @@ static void test_cv2_reference(void) {
         memcpy(Mref, buf + off, sizeof Mref);
         off += sizeof Mref;
         int sw = (int)wp[k][0], sh = (int)wp[k][1], dw = (int)wp[k][2], dh = (int)wp[k][3];
-        perspective_matrix(sw, sh, dw, dh, wp[k][4], wp[k][5], wp[k][6], wp[k][7], wp[k][8], wp[k][9], wp[k][10], wp[k][11], M);
+        perspective_matrix(sw, sh, dw, dh, wp[k][4], wp[k][5], wp[k][6], wp[k][7], wp[k][8], wp[k][9], wp[k][10],
+                           wp[k][11], M);
         double worst = 0;
         for (int i = 0; i < 9; i++) worst = fmax(worst, fabs(M[i] - Mref[i]) / fmax(fabs(Mref[i]), 1e-3));
-        check(worst <= 1e-6, "RandomPerspective matrix %d (float32 T@S@R@P@C) vs numpy: worst relative diff %.2g tol 1e-6", k, worst);
+        check(worst <= 1e-6,
+              "RandomPerspective matrix %d (float32 T@S@R@P@C) vs numpy: worst relative diff %.2g tol 1e-6", k, worst);
         cv2_src(src, sw, sh);
         warp_inverse(Mref, Mi);
         image_warp(src, sw, sh, out, dw, dh, Mi);
         char what[96];
-        snprintf(what, sizeof what, "%s %dx%d -> %dx%d (border 114)", wp[k][4] != 0 ? "warpPerspective" : "warpAffine", sw, sh, dw, dh);
+        snprintf(what, sizeof what, "%s %dx%d -> %dx%d (border 114)", wp[k][4] != 0 ? "warpPerspective" : "warpAffine",
+                 sw, sh, dw, dh);
         size_t bytes = (size_t)dw * dh * 3;
         if (off + bytes > n) { check(0, "cv2 fixture too short"); return; }
         if (wp[k][4] != 0) { // general inverse is not OpenCV's LU: allow 1
             int w1 = 0, nd = 0;
-            for (size_t i = 0; i < bytes; i++) { int d = abs(out[i] - buf[off + i]); w1 = d > w1 ? d : w1; nd += d != 0; }
-            check(w1 <= 1, "%s vs cv2 4.6: %d of %zu bytes differ, worst |diff| %d (tol 1: 3x3 inverse differs from OpenCV's LU in the last bits)", what, nd, bytes, w1);
+            for (size_t i = 0; i < bytes; i++) {
+                int d = abs(out[i] - buf[off + i]);
+                w1 = d > w1 ? d : w1;
+                nd += d != 0;
+            }
+            check(w1 <= 1,
+                  "%s vs cv2 4.6: %d of %zu bytes differ, worst |diff| %d (tol 1: 3x3 inverse differs from OpenCV's LU "
+                  "in the last bits)",
+                  what, nd, bytes, w1);
         } else cmp_bytes(what, out, buf + off, bytes);
         off += bytes;
     }
@@ -742,12 +832,14 @@ static void test_cv2_reference(void) {
         char what[96];
         cv2_src(src, 23, 17);
         hsv_apply(src, 23 * 17, gains[k][0], gains[k][1], gains[k][2]);
-        snprintf(what, sizeof what, "RandomHSV gains (%g, %g, %g) on the pattern", gains[k][0], gains[k][1], gains[k][2]);
+        snprintf(what, sizeof what, "RandomHSV gains (%g, %g, %g) on the pattern", gains[k][0], gains[k][1],
+                 gains[k][2]);
         cmp_bytes(what, src, buf + off, 23 * 17 * 3);
         off += 23 * 17 * 3;
         cv2_grid(src);
         hsv_apply(src, 256, gains[k][0], gains[k][1], gains[k][2]);
-        snprintf(what, sizeof what, "RandomHSV gains (%g, %g, %g) on a colour grid", gains[k][0], gains[k][1], gains[k][2]);
+        snprintf(what, sizeof what, "RandomHSV gains (%g, %g, %g) on a colour grid", gains[k][0], gains[k][1],
+                 gains[k][2]);
         cmp_bytes(what, src, buf + off, 256 * 3);
         off += 256 * 3;
     }
@@ -779,7 +871,9 @@ static void test_box_rules(void) {
         if (j >= k || bx[j].cls != orig[i].cls || fabsf(bx[j].x2 - orig[i].x2) > 1e-3f) ok = 0;
         j++;
     }
-    check(ok && k == 3, "box rules (w>2, h>2, area ratio>0.1 after clipping, aspect<100): kept %d want 3 (the expected ones: %d)", k, ok);
+    check(ok && k == 3,
+          "box rules (w>2, h>2, area ratio>0.1 after clipping, aspect<100): kept %d want 3 (the expected ones: %d)", k,
+          ok);
     check(box_candidate(10, 10, 4.5f, 4.5f, 1.5f) == 0 && box_candidate(10, 10, 4.5f, 4.5f, 1.0f) == 1,
           "area ratio uses the scale: 20.25/(100*1.5^2) = 0.09 dropped (got keep=%d), with scale 1 0.2 kept (got %d)",
           box_candidate(10, 10, 4.5f, 4.5f, 1.5f), box_candidate(10, 10, 4.5f, 4.5f, 1.0f));
@@ -804,7 +898,8 @@ static void test_determinism(void) {
     argv[2] = out2;
     cmd_shapes(7, argv);
     int same_files = 1;
-    const char *names[] = {"images/train/000000.jpg", "images/train/000002.png", "labels/train/000007.txt", "images/val/000005.png", "data.yaml"};
+    const char *names[] = {"images/train/000000.jpg", "images/train/000002.png", "labels/train/000007.txt",
+                           "images/val/000005.png", "data.yaml"};
     for (int i = 0; i < 5; i++) {
         char a[700], b[700];
         snprintf(a, sizeof a, "shapes/%s", names[i]);
@@ -817,16 +912,27 @@ static void test_determinism(void) {
     check(same_files, "yolo shapes is deterministic: 5 files byte-identical across two runs with seed=5");
     DataConfig cfg;
     char err[512];
-    if (data_yaml_load(tp("shapes/data.yaml"), &cfg, err, sizeof err) != 0) { check(0, "shapes yaml: %s", err); return; }
-    check(cfg.nc == 4 && strcmp(cfg.names[1], "rectangle") == 0 && strcmp(cfg.names[2], "triangle") == 0, "shapes data.yaml read back: nc %d", cfg.nc);
+    if (data_yaml_load(tp("shapes/data.yaml"), &cfg, err, sizeof err) != 0) {
+        check(0, "shapes yaml: %s", err);
+        return;
+    }
+    check(cfg.nc == 4 && strcmp(cfg.names[1], "rectangle") == 0 && strcmp(cfg.names[2], "triangle") == 0,
+          "shapes data.yaml read back: nc %d", cfg.nc);
     Dataset ds;
     dataset_load(&cfg, 0, &ds);
-    check(ds.n == 36 && ds.stats.corrupt == 0 && ds.stats.backgrounds == 1 && ds.stats.boxes > 36, "shapes train split: %d images %d backgrounds %d boxes",
-          ds.n, ds.stats.backgrounds, ds.stats.boxes);
+    check(ds.n == 36 && ds.stats.corrupt == 0 && ds.stats.backgrounds == 1 && ds.stats.boxes > 36,
+          "shapes train split: %d images %d backgrounds %d boxes", ds.n, ds.stats.backgrounds, ds.stats.boxes);
     int wk[4] = {1, 4, 0, 2}, cache[4] = {0, 0, 0, 1};
     Loader *L[4];
     for (int i = 0; i < 4; i++) {
-        LoaderConfig lc = {.batch = 8, .imgsz = 128, .workers = wk[i], .max_boxes = 20, .train = 1, .cache_ram = cache[i], .seed = 11, .aug = aug_defaults()};
+        LoaderConfig lc = {.batch = 8,
+                           .imgsz = 128,
+                           .workers = wk[i],
+                           .max_boxes = 20,
+                           .train = 1,
+                           .cache_ram = cache[i],
+                           .seed = 11,
+                           .aug = aug_defaults()};
         lc.aug.mixup = 0.5f; lc.aug.degrees = 5;
         L[i] = loader_open(&ds, &lc);
     }
@@ -839,27 +945,37 @@ static void test_determinism(void) {
             for (int i = 0; i < 4; i++) b[i] = loader_next(L[i]);
             if (!b[0] || !b[1] || !b[2] || !b[3]) { if (b[0] || b[1] || b[2] || b[3]) same = 0; break; }
             for (int i = 1; i < 4; i++) same &= batches_equal(b[0], b[i]);
-            if (nb == 0) { first = xmalloc((size_t)8 * 3 * 128 * 128); memcpy(first, b[0]->img, (size_t)8 * 3 * 128 * 128); }
-            if (e == 1 && b[0]->number == 0) differs_across_epochs = memcmp(first, b[0]->img, (size_t)8 * 3 * 128 * 128) != 0;
+            if (nb == 0) {
+                first = xmalloc((size_t)8 * 3 * 128 * 128);
+                memcpy(first, b[0]->img, (size_t)8 * 3 * 128 * 128);
+            }
+            if (e == 1 && b[0]->number == 0)
+                differs_across_epochs = memcmp(first, b[0]->img, (size_t)8 * 3 * 128 * 128) != 0;
             nb++;
         }
     }
-    check(same && nb == 15, "same seed, workers 1 / 4 / 0 / 2+cache=ram: identical batches (pixels and labels) over 3 epochs (%d batches, last one close_mosaic)", nb);
+    check(same && nb == 15,
+          "same seed, workers 1 / 4 / 0 / 2+cache=ram: identical batches (pixels and labels) over 3 epochs (%d "
+          "batches, last one close_mosaic)",
+          nb);
     check(differs_across_epochs, "epoch 1 batch 0 differs from epoch 0 batch 0 (fresh randomness per epoch)");
     free(first);
     for (int i = 0; i < 4; i++) loader_close(L[i]);
     // label cap: max_boxes = 1 keeps one label per image and counts the rest
-    LoaderConfig lc = {.batch = 36, .imgsz = 128, .workers = 2, .max_boxes = 1, .train = 0, .seed = 1, .aug = aug_defaults()};
+    LoaderConfig lc = {
+            .batch = 36, .imgsz = 128, .workers = 2, .max_boxes = 1, .train = 0, .seed = 1, .aug = aug_defaults()};
     Loader *Lc = loader_open(&ds, &lc);
     loader_start_epoch(Lc, 0, 0);
     const Batch *bt = loader_next(Lc);
-    check(bt->n == 35 && bt->n + bt->overflow == ds.stats.boxes, "label cap 1/image: %d kept + %d overflow = %d boxes (want 35 + %d)",
-          bt->n, bt->overflow, ds.stats.boxes, ds.stats.boxes - 35);
+    check(bt->n == 35 && bt->n + bt->overflow == ds.stats.boxes,
+          "label cap 1/image: %d kept + %d overflow = %d boxes (want 35 + %d)", bt->n, bt->overflow, ds.stats.boxes,
+          ds.stats.boxes - 35);
     loader_close(Lc);
     // val rect batches: shapes from aspect ratios, images sorted by aspect ratio
     dataset_free(&ds);
     dataset_load(&cfg, 1, &ds);
-    LoaderConfig lv = {.batch = 4, .imgsz = 128, .workers = 2, .max_boxes = 20, .train = 0, .seed = 1, .aug = aug_defaults()};
+    LoaderConfig lv = {
+            .batch = 4, .imgsz = 128, .workers = 2, .max_boxes = 20, .train = 0, .seed = 1, .aug = aug_defaults()};
     Loader *Lv = loader_open(&ds, &lv);
     loader_start_epoch(Lv, 0, 0);
     int ok = 1, nbv = 0;
@@ -880,7 +996,8 @@ static void test_determinism(void) {
         ok &= b->H == (int)ceil(sh * 4 + 0.5) * 32 && b->W == (int)ceil(sw * 4 + 0.5) * 32;
         printf("  val batch %d: %d images %dx%d (h x w), aspect %.2f..%.2f\n", nbv, b->B, b->H, b->W, ar0, ar1);
     }
-    check(ok && nbv == 2, "val rect batches: sorted by aspect, shape ceil(ratio*S/32+0.5)*32, padding as letterbox(scaleup=False)");
+    check(ok && nbv == 2,
+          "val rect batches: sorted by aspect, shape ceil(ratio*S/32+0.5)*32, padding as letterbox(scaleup=False)");
     loader_close(Lv);
     dataset_free(&ds);
     data_config_free(&cfg);
@@ -893,8 +1010,10 @@ static void test_determinism(void) {
 // batch_hash: FNV-1a over a batch's pixels, labels and image indices.
 static uint64_t batch_hash(const Batch *b) {
     uint64_t h = 1469598103934665603ULL;
-    const uint8_t *parts[5] = {b->img, (const uint8_t *)b->cls, (const uint8_t *)b->box, (const uint8_t *)b->batch_idx, (const uint8_t *)b->index};
-    size_t lens[5] = {(size_t)b->B * 3 * b->H * b->W, sizeof(int) * b->n, sizeof(float) * 4 * b->n, sizeof(int) * b->n, sizeof(int) * b->B};
+    const uint8_t *parts[5] = {b->img, (const uint8_t *)b->cls, (const uint8_t *)b->box, (const uint8_t *)b->batch_idx,
+                               (const uint8_t *)b->index};
+    size_t lens[5] = {(size_t)b->B * 3 * b->H * b->W, sizeof(int) * b->n, sizeof(float) * 4 * b->n, sizeof(int) * b->n,
+                      sizeof(int) * b->B};
     for (int k = 0; k < 5; k++)
         for (size_t i = 0; i < lens[k]; i++) h = (h ^ parts[k][i]) * 1099511628211ULL;
     return h ^ (uint64_t)b->n << 32 ^ (uint64_t)b->number;
@@ -909,7 +1028,10 @@ static uint64_t batch_hash(const Batch *b) {
 static void test_loader_threads(void) {
     DataConfig cfg;
     char err[512];
-    if (data_yaml_load(tp("shapes2/data.yaml"), &cfg, err, sizeof err) != 0) { check(0, "shapes2 yaml: %s", err); return; }
+    if (data_yaml_load(tp("shapes2/data.yaml"), &cfg, err, sizeof err) != 0) {
+        check(0, "shapes2 yaml: %s", err);
+        return;
+    }
     Dataset ds;
     dataset_load(&cfg, 0, &ds);
     enum { NCFG = 7, MAXB = 16 };
@@ -917,7 +1039,14 @@ static void test_loader_threads(void) {
     uint64_t seq[NCFG][MAXB];
     int nseq[NCFG], same = 1;
     for (int c = 0; c < NCFG; c++) {
-        LoaderConfig lc = {.batch = 8, .imgsz = 64, .workers = wk[c], .max_boxes = 20, .train = 1, .cache_ram = cache[c], .seed = 21, .aug = aug_defaults()};
+        LoaderConfig lc = {.batch = 8,
+                           .imgsz = 64,
+                           .workers = wk[c],
+                           .max_boxes = 20,
+                           .train = 1,
+                           .cache_ram = cache[c],
+                           .seed = 21,
+                           .aug = aug_defaults()};
         lc.aug.mixup = 0.5f;
         Loader *L = loader_open(&ds, &lc);
         int n = 0;
@@ -933,14 +1062,23 @@ static void test_loader_threads(void) {
         nseq[c] = n;
         same &= n == nseq[0] && memcmp(seq[c], seq[0], sizeof(uint64_t) * n) == 0;
     }
-    check(same && nseq[0] == 12, "loader threads: workers 1/2/4 with and without cache=ram give the batches of workers=0 "
-          "through an abandoned epoch, the close_mosaic switch and a close mid-epoch (%d batches each, want 12)", nseq[0]);
+    check(same && nseq[0] == 12,
+          "loader threads: workers 1/2/4 with and without cache=ram give the batches of workers=0 "
+          "through an abandoned epoch, the close_mosaic switch and a close mid-epoch (%d batches each, want 12)",
+          nseq[0]);
     // an image deleted after the scan and after loader_open: errors raised inside the workers
     const char *gone = NULL;
     for (int i = 0; i < ds.n; i++) if (strstr(ds.paths[i], "000003.")) gone = ds.paths[i];
     Loader *Ls[NCFG];
     for (int c = 0; c < NCFG; c++) {
-        LoaderConfig lc = {.batch = 8, .imgsz = 64, .workers = wk[c], .max_boxes = 20, .train = 1, .cache_ram = cache[c], .seed = 22, .aug = aug_defaults()};
+        LoaderConfig lc = {.batch = 8,
+                           .imgsz = 64,
+                           .workers = wk[c],
+                           .max_boxes = 20,
+                           .train = 1,
+                           .cache_ram = cache[c],
+                           .seed = 22,
+                           .aug = aug_defaults()};
         Ls[c] = loader_open(&ds, &lc);
     }
     int removed = gone && remove(gone) == 0;
@@ -957,7 +1095,9 @@ static void test_loader_threads(void) {
     free(capture_end());
     int errs_ok = errs[0] > 0;
     for (int c = 1; c < NCFG; c++) errs_ok &= errs[c] == (cache[c] ? 0 : errs[0]);
-    check(removed && errs_ok, "image deleted mid-run: %lld load errors with workers 0/1/2/4 (%lld %lld %lld), 0 with cache=ram (%lld %lld %lld)",
+    check(removed && errs_ok,
+          "image deleted mid-run: %lld load errors with workers 0/1/2/4 (%lld %lld %lld), 0 with cache=ram (%lld %lld "
+          "%lld)",
           errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], errs[6]);
     same = 1;   // the threaded loaders against workers=0, and the cached ones against each other
     for (int c = 1; c < NCFG; c++) {

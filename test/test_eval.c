@@ -176,8 +176,8 @@ static void test_ap_by_hand(void) {
         Evaluator ev;
         evaluator_init(&ev, 1);
         evaluator_add_image(&ev, d, 2, gb, gc, 2);
-        check(ev.tp[0] == 0x07f && ev.tp[1] == 0x3ff, "equal IoUs go to the larger label index: tp bits %03x %03x want 07f 3ff",
-              ev.tp[0], ev.tp[1]);
+        check(ev.tp[0] == 0x07f && ev.tp[1] == 0x3ff,
+              "equal IoUs go to the larger label index: tp bits %03x %03x want 07f 3ff", ev.tp[0], ev.tp[1]);
         evaluator_free(&ev);
     }
     // Class mismatch: labels A (cls 0), B (cls 1); d0 cls 1 exactly on A (IoU zeroed -> FP,
@@ -193,7 +193,8 @@ static void test_ap_by_hand(void) {
         check_close("class mismatch mAP50-95", m.map, 0.24875, 1e-12);
         check_close("class mismatch AP50 class 0", m.ap50[0], 0.0, 1e-12);
         check_close("class mismatch AP50 class 1", m.ap50[1], 0.4975, 1e-12);
-        check(m.n_cls == 2 && m.ap50[2] == -1.0, "class without labels excluded: n_cls %d ap50[2] %g", m.n_cls, m.ap50[2]);
+        check(m.n_cls == 2 && m.ap50[2] == -1.0, "class without labels excluded: n_cls %d ap50[2] %g", m.n_cls,
+              m.ap50[2]);
         metrics_free(&m);
     }
     // Detections of a class without labels are ignored: adding a class-2 detection at higher
@@ -269,7 +270,8 @@ static void test_nms_by_hand(void) {
     // same box as a0 is kept (class-aware); a3 class 0 with IoU 70/100 -> float32 0.69999999 is
     // not > 0.7 (torchvision compares the float IoU with the double threshold) -> kept.
     memset(pred, 0, sizeof pred);
-    for (int a = 0; a < A; a++) set_box(pred, NC, A, a, 1000 + 50 * a, 0, 1010 + 50 * a, 10, (float[]){0.1f, 0.1f, 0.1f});
+    for (int a = 0; a < A; a++)
+        set_box(pred, NC, A, a, 1000 + 50 * a, 0, 1010 + 50 * a, 10, (float[]){0.1f, 0.1f, 0.1f});
     set_box(pred, NC, A, 0, 0, 0, 10, 10, (float[]){0.9f, 0.1f, 0.1f});
     set_box(pred, NC, A, 1, 0, 1, 10, 10, (float[]){0.8f, 0.1f, 0.1f});  // inter 90 / union 100
     set_box(pred, NC, A, 2, 0, 0, 10, 10, (float[]){0.1f, 0.85f, 0.1f});
@@ -303,7 +305,8 @@ static void test_nms_by_hand(void) {
     cfg = nms_config_val();
     nms_init(&n, cfg, NC, A);
     k = nms_run_decoded(&n, pred, out);
-    check(k == 2 && out[0].cls == 2 && out[1].cls == 0 && out[1].score == 0.5f, "multi-label: %d dets want 2 (cls 2, cls 0)", k);
+    check(k == 2 && out[0].cls == 2 && out[1].cls == 0 && out[1].score == 0.5f,
+          "multi-label: %d dets want 2 (cls 2, cls 0)", k);
     nms_free(&n);
     cfg.multi_label = 0;
     nms_init(&n, cfg, NC, A);
@@ -315,7 +318,8 @@ static void test_nms_by_hand(void) {
     cfg = nms_config_val(); cfg.max_det = 4;
     nms_init(&n, cfg, NC, A);
     k = nms_run_decoded(&n, pred, out);
-    check(k == 4 && out[0].score == 0.05f * 12 && out[3].score == 0.05f * 9, "max_det 4: %d dets, first %.2f last %.2f", k, out[0].score, k ? out[k - 1].score : 0);
+    check(k == 4 && out[0].score == 0.05f * 12 && out[3].score == 0.05f * 9, "max_det 4: %d dets, first %.2f last %.2f",
+          k, out[0].score, k ? out[k - 1].score : 0);
     nms_free(&n);
     cfg = nms_config_val(); cfg.max_nms = 3;
     nms_init(&n, cfg, NC, A);
@@ -395,8 +399,8 @@ static void test_decode(void) {
     for (int k = 0; k < 4; k++) worst = fmax(worst, fabs(dec[k * A + 20] - w2[k]));
     check(worst <= 1e-3, "decode uniform DFL, stride 32: cx,cy,w,h 16,16,480,480 worst |diff| %.3g tol 1e-3", worst);
     // level 1 pixel (1,0) of image 0 -> anchor 16 + 1: anchor (1.5, .5)*16 = (24, 8)
-    check(fabs(dec[0 * A + 17] - 24) < 1e-3 && fabs(dec[1 * A + 17] - 8) < 1e-3, "decode level-1 anchor centre (24, 8): %g %g",
-          dec[17], dec[A + 17]);
+    check(fabs(dec[0 * A + 17] - 24) < 1e-3 && fabs(dec[1 * A + 17] - 8) < 1e-3,
+          "decode level-1 anchor centre (24, 8): %g %g", dec[17], dec[A + 17]);
     // NMS from the maps at conf 0.25: the only candidate is the peaked anchor of image 1
     Nms n;
     nms_init(&n, nms_config_predict(), NC, A);
@@ -425,7 +429,8 @@ static void test_nms_random(void) {
         for (int b = 0; b < B; b++)
             for (int c = 0; c < C; c++)
                 for (int p = 0; p < hw; p++)
-                    maps[l][((size_t)b * C + c) * hw + p] = c < 64 ? (float)(2.0 * rng_normal(&r)) : (float)(2.0 * rng_normal(&r) - 3.0);
+                    maps[l][((size_t)b * C + c) * hw + p] =
+                            c < 64 ? (float)(2.0 * rng_normal(&r)) : (float)(2.0 * rng_normal(&r) - 3.0);
     }
     float *dec = xmalloc(sizeof(float) * B * (4 + NC) * A);
     head_decode((const float *const *)maps, B, NC, IMG, IMG, dec);
@@ -471,26 +476,39 @@ static void test_fixture(const char *path) {
         if (line[0] == '#') continue;
         if (sscanf(line, "nc %d", &NC) == 1) { evaluator_init(&ev, NC); continue; }
         if (sscanf(line, "image %d %d", &M, &N) == 2) {
-            d = realloc(d, sizeof(Det) * (N + 1)); gb = realloc(gb, sizeof(float) * 4 * (M + 1)); gc = realloc(gc, sizeof(int) * (M + 1));
+            d = realloc(d, sizeof(Det) * (N + 1));
+            gb = realloc(gb, sizeof(float) * 4 * (M + 1));
+            gc = realloc(gc, sizeof(int) * (M + 1));
             for (int i = 0; i < M; i++) {
-                if (!fgets(line, sizeof line, f) || sscanf(line, "l %d %f %f %f %f", &gc[i], &gb[4 * i], &gb[4 * i + 1], &gb[4 * i + 2], &gb[4 * i + 3]) != 5)
+                if (!fgets(line, sizeof line, f) ||
+                    sscanf(line, "l %d %f %f %f %f", &gc[i], &gb[4 * i], &gb[4 * i + 1], &gb[4 * i + 2],
+                           &gb[4 * i + 3]) != 5)
                     die("fixture %s: bad label line '%s'", path, line);
             }
             for (int j = 0; j < N; j++) {
-                if (!fgets(line, sizeof line, f) || sscanf(line, "d %d %f %f %f %f %f", &d[j].cls, &d[j].score, &d[j].x1, &d[j].y1, &d[j].x2, &d[j].y2) != 6)
+                if (!fgets(line, sizeof line, f) ||
+                    sscanf(line, "d %d %f %f %f %f %f", &d[j].cls, &d[j].score, &d[j].x1, &d[j].y1, &d[j].x2,
+                           &d[j].y2) != 6)
                     die("fixture %s: bad detection line '%s'", path, line);
             }
             evaluator_add_image(&ev, d, N, gb, gc, M);
             ngt += M; ndet += N; nimg++;
             continue;
         }
-        if (sscanf(line, "expect %lf %lf %lf %lf", &want[0], &want[1], &want[2], &want[3]) == 4) { have_expect = 1; continue; }
+        if (sscanf(line, "expect %lf %lf %lf %lf", &want[0], &want[1], &want[2], &want[3]) == 4) {
+            have_expect = 1;
+            continue;
+        }
         if (sscanf(line, "best %d", &want_best) == 1) continue;
-        if (n_ap < 64 && sscanf(line, "ap %d %lf %lf", &ap_cls[n_ap], &want_ap[n_ap][0], &want_ap[n_ap][1]) == 3) { n_ap++; continue; }
+        if (n_ap < 64 && sscanf(line, "ap %d %lf %lf", &ap_cls[n_ap], &want_ap[n_ap][0], &want_ap[n_ap][1]) == 3) {
+            n_ap++;
+            continue;
+        }
     }
     fclose(f);
     free(d); free(gb); free(gc);
-    check(NC > 0 && have_expect && nimg > 0, "fixture %s: %d images, %d labels, %d detections, nc %d", path, nimg, ngt, ndet, NC);
+    check(NC > 0 && have_expect && nimg > 0, "fixture %s: %d images, %d labels, %d detections, nc %d", path, nimg, ngt,
+          ndet, NC);
     if (!(NC > 0 && have_expect)) return;
     evaluator_compute(&ev, &m);
     check_close("fixture P", m.P, want[0], 1e-6);
@@ -502,8 +520,9 @@ static void test_fixture(const char *path) {
     double worst = 0;
     for (int i = 0; i < n_ap; i++)
         worst = fmax(worst, fmax(fabs(m.ap50[ap_cls[i]] - want_ap[i][0]), fabs(m.ap[ap_cls[i]] - want_ap[i][1])));
-    check(worst <= 1e-6 && m.n_cls == n_ap, "fixture per-class AP50 and AP50-95 (%d classes, %d averaged): worst |diff| %.3g tol 1e-6",
-          n_ap, m.n_cls, worst);
+    check(worst <= 1e-6 && m.n_cls == n_ap,
+          "fixture per-class AP50 and AP50-95 (%d classes, %d averaged): worst |diff| %.3g tol 1e-6", n_ap, m.n_cls,
+          worst);
     metrics_free(&m);
     evaluator_free(&ev);
 }

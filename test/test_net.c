@@ -138,7 +138,8 @@ static Arena *graph_open(Model *m, int B, int H, int W, Rng *r) {
     for (int i = 0; i < m->nconv; i++) {
         Conv *c = &m->conv[i];
         float bound = 2.f / sqrtf((float)c->cin * c->k * c->k);   // twice PyTorch's default bound
-        for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++) m->params[c->w_off + j] = (float)rng_range(r, -bound, bound);
+        for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++)
+            m->params[c->w_off + j] = (float)rng_range(r, -bound, bound);
         for (int o = 0; o < c->cout; o++) m->params[c->b_off + o] = (float)rng_range(r, -0.3, 0.3);
         for (int o = 0; o < c->cout && c->bn; o++) {
             m->params[c->g_off + o] = (float)rng_range(r, 0.5, 1.5);
@@ -167,7 +168,8 @@ static double graph_f(Model *m, Arena *a, int out, const float *x, const float *
         Exec e = exec_cpu(m, a);
         for (int b = 0; b < B; b++) {
             value_materialize(&e, out, b, o, (long)n);
-            for (size_t i = 0; i < n; i++) f += (double)rw[b * n + i] * o[i], graph_fabs += fabs((double)rw[b * n + i] * o[i]);
+            for (size_t i = 0; i < n; i++)
+                f += (double)rw[b * n + i] * o[i], graph_fabs += fabs((double)rw[b * n + i] * o[i]);
         }
         arena_free(a, o);
         if (grad) {
@@ -182,7 +184,8 @@ static double graph_f(Model *m, Arena *a, int out, const float *x, const float *
         for (int l = 0; l < 3; l++) {
             const Conv *c = &m->conv[m->head_conv[l][0]];
             size_t n = (size_t)B * (4 * REG_MAX + m->nc) * c->Ho * c->Wo;
-            for (size_t i = 0; i < n; i++) f += (double)rw[off + i] * m->head[l][i], graph_fabs += fabs((double)rw[off + i] * m->head[l][i]);
+            for (size_t i = 0; i < n; i++)
+                f += (double)rw[off + i] * m->head[l][i], graph_fabs += fabs((double)rw[off + i] * m->head[l][i]);
             off += n;
         }
         if (grad) {
@@ -274,7 +277,8 @@ static void gradcheck(const char *what, Model *m, Arena *a, int out, const float
             free(p0);
         }
     }
-    check(bad == 0, "gradcheck %-28s %3d of %3d tensors, worst |num-ana|/scale %.2e, tol %.0e", what, ntensor, nall, worst, tol);
+    check(bad == 0, "gradcheck %-28s %3d of %3d tensors, worst |num-ana|/scale %.2e, tol %.0e", what, ntensor, nall,
+          worst, tol);
     free(g);
     free(rw);
 }
@@ -299,15 +303,19 @@ static void run_graph_check(const char *what, Model *m, int out, int B, int C, i
 
 static void test_totals(void) {
     // Ultralytics' own figures for nc=80 (from running its code)
-    static const struct { char s; size_t params; double gflops; } want[] = {
-        {'n', 3157200, 8.9}, {'s', 11166560, 28.8}, {'m', 25902640, 79.3}, {'l', 43691520, 165.7}, {'x', 68229648, 258.5}};
+    static const struct { char s; size_t params; double gflops;
+    } want[] = {{'n', 3157200, 8.9},
+                {'s', 11166560, 28.8},
+                {'m', 25902640, 79.3},
+                {'l', 43691520, 165.7},
+                {'x', 68229648, 258.5}};
     Model *m = xmalloc(sizeof(Model));
     for (int i = 0; i < 5; i++) {
         model_build(m, want[i].s, 80);
         check(m->nparams == want[i].params, "yolov8%c params: got %zu want %zu", want[i].s, m->nparams, want[i].params);
         double gf = model_flops(m, 640, 0);
-        check(fabs(round(gf * 10) / 10 - want[i].gflops) < 1e-9, "yolov8%c GFLOPs@640 (one decimal): got %.3f want %.1f",
-              want[i].s, gf, want[i].gflops);
+        check(fabs(round(gf * 10) / 10 - want[i].gflops) < 1e-9,
+              "yolov8%c GFLOPs@640 (one decimal): got %.3f want %.1f", want[i].s, gf, want[i].gflops);
     }
     model_build(m, 'n', 80);
     check_close("yolov8n GFLOPs@640 unrounded (Ultralytics 8.855)", model_flops(m, 640, 0), 8.855, 5e-4);
@@ -338,7 +346,8 @@ static void test_im2col(void) {
                         for (int oy = 0; oy < Ho; oy++)
                             for (int ox = 0; ox < Wo; ox++) {
                                 int iy = oy * S - p + ky, ix = ox * S - p + kx;
-                                float want = iy >= 0 && iy < H && ix >= 0 && ix < W ? x[((size_t)c * H + iy) * W + ix] : 0.f;
+                                float want =
+                                        iy >= 0 && iy < H && ix >= 0 && ix < W ? x[((size_t)c * H + iy) * W + ix] : 0.f;
                                 bad += col[(((size_t)c * K + ky) * K + kx) * Ho * Wo + (size_t)oy * Wo + ox] != want;
                             }
             col2im(g, C, H, W, K, S, dx);
@@ -382,8 +391,8 @@ static void test_gemm(void) {
                         if (e > tol) ok = 0;
                         if (e / tol > worst) worst = e / tol;
                     }
-                check(ok, "gemm M=%d N=%d K=%d tA=%d tB=%d beta=%d: worst err/tol %.3f (tol 1e-5*sum|ab|+1e-6)", M, N, K, tA, tB,
-                      beta, worst);
+                check(ok, "gemm M=%d N=%d K=%d tA=%d tB=%d beta=%d: worst err/tol %.3f (tol 1e-5*sum|ab|+1e-6)", M, N,
+                      K, tA, tB, beta, worst);
                 free(A); free(B); free(C); free(R);
             }
 }
@@ -395,7 +404,8 @@ static void test_pool_up(void) {
     maxpool5_forward_cpu(x, y, 1, 2, 4, 5);
     int ok = 1;
     for (int i = 0; i < 40; i++) ok &= y[i] < 0;
-    check(ok && y[0] == -1.f && y[20] == -21.f, "maxpool5 pads with -inf: y[0]=%g (want -1), y[20]=%g (want -21)", y[0], y[20]);
+    check(ok && y[0] == -1.f && y[20] == -21.f, "maxpool5 pads with -inf: y[0]=%g (want -1), y[20]=%g (want -21)", y[0],
+          y[20]);
     float u[2 * 8 * 10];
     upsample2_forward_cpu(x, u, 1, 2, 4, 5);
     check(u[0] == x[0] && u[1] == x[0] && u[10] == x[0] && u[11] == x[0] && u[2] == x[1] && u[80 + 19] == x[20 + 4],
@@ -476,7 +486,8 @@ static void test_whole_net(void) {
     model_step_schedule(m, a, x, B, S, S);
     long after = alloc_count();
     check(a->high == p.total, "arena high-water %zu bytes == planned %zu", a->high, p.total);
-    check(after == before, "heap allocations during a forward+backward (%s): %ld (want 0)", ALLOC_COUNTER, after - before);
+    check(after == before, "heap allocations during a forward+backward (%s): %ld (want 0)", ALLOC_COUNTER,
+          after - before);
     check(a->n == 3, "after the step only weights, gradients and BN stats are live: %d blocks", a->n);
     free(x);
     free(a->base);
@@ -493,8 +504,8 @@ static void test_plans(void) {
         float *x = xcalloc((size_t)cfg[i].B * 3 * cfg[i].S * cfg[i].S, 4);
         m->train = 1;
         model_step_schedule(m, a, x, cfg[i].B, cfg[i].S, cfg[i].S);
-        check(a->high == a->cap, "yolov8%c B=%d %dx%d: high-water %zu == plan %zu", cfg[i].s, cfg[i].B, cfg[i].S, cfg[i].S,
-              a->high, a->cap);
+        check(a->high == a->cap, "yolov8%c B=%d %dx%d: high-water %zu == plan %zu", cfg[i].s, cfg[i].B, cfg[i].S,
+              cfg[i].S, a->high, a->cap);
         free(x);
         free(a->base);
         free(a);
@@ -536,7 +547,8 @@ static void test_recompute(void) {
     int same = memcmp(g0, m->grads, m->nparams * 4) == 0;
     for (int l = 0; l < 3; l++) same &= memcmp(h[0][l], h[1][l], nh[l] * 4) == 0, tot += nh[l];
     for (size_t i = 0; i < m->nparams; i++) worst = fmax(worst, fabs(g0[i] - m->grads[i]));
-    check(same, "recompute=1 vs 0: head maps (%zu values) and gradients (%zu) bit-identical (worst |diff| %g)", tot, m->nparams, worst);
+    check(same, "recompute=1 vs 0: head maps (%zu values) and gradients (%zu) bit-identical (worst |diff| %g)", tot,
+          m->nparams, worst);
     free(x); free(buf0); free(g0);
     for (int rc = 0; rc < 2; rc++) for (int l = 0; l < 3; l++) free(h[rc][l]);
     free(a->base); free(a);
@@ -558,8 +570,9 @@ static void test_recompute(void) {
         float *x2 = xcalloc((size_t)cfg[i].B * 3 * cfg[i].S * cfg[i].S, 4);
         m->train = 1;
         model_step_schedule(m, a2, x2, cfg[i].B, cfg[i].S, cfg[i].S);
-        check(a2->high == p.total && p.total < p0, "recompute=1 yolov8%c B=%d %d: high-water %zu == plan %zu < plan without recompute %zu",
-              cfg[i].s, cfg[i].B, cfg[i].S, a2->high, p.total, p0);
+        check(a2->high == p.total && p.total < p0,
+              "recompute=1 yolov8%c B=%d %d: high-water %zu == plan %zu < plan without recompute %zu", cfg[i].s,
+              cfg[i].B, cfg[i].S, a2->high, p.total, p0);
         free(x2); free(a2->base); free(a2);
     }
     free(m);

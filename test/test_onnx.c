@@ -1,8 +1,8 @@
 // test_onnx.c: `yolo export format=onnx` (the exporter section of yolo.c). The yolov8n nc=3 weights of
 // the reference fixture are exported as they are and compared with the fixture's PyTorch eval output;
 // then, with BN statistics set from real activations and class scores spread (see main), exported at
-// 160 and 640, static and dynamic, FP32 and FP16, and at the lowest, default and highest opset. Each file goes through onnx's checker (python3-onnx,
-// when installed) and through onnxruntime (node + onnxruntime-node, when installed: see
+// 160 and 640, static and dynamic, FP32 and FP16, and at the lowest, default and highest opset. Each file goes through
+// onnx's checker (python3-onnx, when installed) and through onnxruntime (node + onnxruntime-node, when installed: see
 // test/onnx_run.js); the runtime's output0 is compared with the C forward + head_decode (what
 // `yolo predict` starts from), and NMS on it with predict's NMS on the C head maps. Bad settings and
 // unwritable paths must give an error and leave no file. Missing tools print a SKIP line.
@@ -34,7 +34,10 @@ static void make_input(float *x, int B, int H, int W) {
                 }
 }
 
-static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
 
 // conf_pick: an NMS threshold that about 3 % of the anchors pass (by their best class score).
 // margin 0: half-way between two neighbouring scores at least 1e-3 apart, so float noise in either
@@ -80,7 +83,8 @@ static void forward_done(Model *m, Arena *a) {
 // c_forward: eval forward of m on x (B, 3, H, W) (forward_planned); out (B, 4+NC, A)
 // gets head_decode's tensor, *conf a threshold from conf_pick(margin), and dets[b] (300) / ndet[b]
 // predict's NMS (nms_run_maps on the head maps) at that threshold.
-static void c_forward(Model *m, const float *x, int B, int H, int W, float margin, float *out, float *conf, Det (*dets)[300], int *ndet) {
+static void c_forward(Model *m, const float *x, int B, int H, int W, float margin, float *out, float *conf,
+                      Det (*dets)[300], int *ndet) {
     Arena *a = forward_planned(m, x, B, H, W);
     int A = head_anchor_count(H, W);
     head_decode((const float *const *)m->head, B, m->nc, H, W, out);
@@ -147,7 +151,10 @@ static int ort_run(const char *path, int half, const float *x, int B, int H, int
     } else got = fread(out, 4, nout, f);
     int extra = fgetc(f) != EOF;
     fclose(f);
-    if (got != nout || extra) { printf("       output has the wrong size (%zu values read, %zu expected)\n", got, nout); return -1; }
+    if (got != nout || extra) {
+        printf("       output has the wrong size (%zu values read, %zu expected)\n", got, nout);
+        return -1;
+    }
     return 0;
 }
 
@@ -177,17 +184,26 @@ typedef struct { const char *name; int imgsz, batch, dynamic, half, opset, run_B
 static void run_case(Model *m, const Case *k) {
     char path[256], tmp[300], err[512];
     path_in(path, sizeof path, k->name);
-    OnnxOptions o = {.imgsz = k->imgsz, .batch = k->batch, .dynamic = k->dynamic, .half = k->half, .opset = k->opset, .source = "fixture"};
+    OnnxOptions o = {.imgsz = k->imgsz,
+                     .batch = k->batch,
+                     .dynamic = k->dynamic,
+                     .half = k->half,
+                     .opset = k->opset,
+                     .source = "fixture"};
     double t0 = now_sec();
     int rc = onnx_export(m, &o, path, err, sizeof err);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    check(rc == 0 && file_exists(path) && !file_exists(tmp), "%s: export imgsz=%d batch=%d dynamic=%d half=%d opset=%d written, no .tmp left (%s, %.1f s)",
-          k->name, k->imgsz, k->batch, k->dynamic, k->half, k->opset, rc ? err : "ok", now_sec() - t0);
+    check(rc == 0 && file_exists(path) && !file_exists(tmp),
+          "%s: export imgsz=%d batch=%d dynamic=%d half=%d opset=%d written, no .tmp left (%s, %.1f s)", k->name,
+          k->imgsz, k->batch, k->dynamic, k->half, k->opset, rc ? err : "ok", now_sec() - t0);
     if (rc) return;
     if (g_onnx) {
         int c = onnx_checker(path, k->opset, m->nc, k->imgsz, k->batch);
         if (c < 0) printf("SKIP  %s: the installed onnx does not know opset %d\n", k->name, k->opset);
-        else check(c == 1, "%s: onnx.checker.check_model(full_check=True) and the metadata (names, stride, imgsz, batch, task)", k->name);
+        else
+            check(c == 1,
+                  "%s: onnx.checker.check_model(full_check=True) and the metadata (names, stride, imgsz, batch, task)",
+                  k->name);
     }
     if (!g_ort) return;
     int B = k->run_B, H = k->run_H, W = k->run_W, NC = m->nc, A = head_anchor_count(H, W);
@@ -210,8 +226,10 @@ static void run_case(Model *m, const Case *k) {
         size_t at;
         double w = worst_rel(oo, oc, nout, &at);
         int row = (int)(at / A % (4 + NC));
-        check(w <= tol, "%s: onnxruntime output0 (%d, %d, %d) vs C forward + decode: worst |diff|/max(|C|,1) %.2e "
-              "(row %d: ort %.6g, C %.6g) tol %.0e (%.1f s)", k->name, B, 4 + NC, A, w, row, oo[at], oc[at], tol, now_sec() - t0);
+        check(w <= tol,
+              "%s: onnxruntime output0 (%d, %d, %d) vs C forward + decode: worst |diff|/max(|C|,1) %.2e "
+              "(row %d: ort %.6g, C %.6g) tol %.0e (%.1f s)",
+              k->name, B, 4 + NC, A, w, row, oo[at], oc[at], tol, now_sec() - t0);
         // NMS on the runtime's output vs predict's NMS on the C head maps: every detection of one
         // has one in the other of the same class with the same box and score (FP32: within 1e-4
         // relative; FP16: IoU >= 0.9 and score within 1e-2, for the C detections clear of the
@@ -233,31 +251,40 @@ static void run_case(Model *m, const Case *k) {
                     const Det *p = &dor[b][j];
                     if (p->cls != q->cls) continue;
                     double d = k->half ? 1 - det_iou(p, q)
-                                       : fmax(fmax(fabs(p->x1 - q->x1) / fmax(1, fabs(q->x1)), fabs(p->y1 - q->y1) / fmax(1, fabs(q->y1))),
-                                              fmax(fabs(p->x2 - q->x2) / fmax(1, fabs(q->x2)), fabs(p->y2 - q->y2) / fmax(1, fabs(q->y2))));
+                                       : fmax(fmax(fabs(p->x1 - q->x1) / fmax(1, fabs(q->x1)),
+                                                   fabs(p->y1 - q->y1) / fmax(1, fabs(q->y1))),
+                                              fmax(fabs(p->x2 - q->x2) / fmax(1, fabs(q->x2)),
+                                                   fabs(p->y2 - q->y2) / fmax(1, fabs(q->y2))));
                     if (d < best) { best = d; bs = fabs(p->score - q->score); }
                 }
                 if (best <= (k->half ? 0.1 : 1e-4) && bs <= (k->half ? 1e-2 : 1e-4)) found++;
                 else if (k->half)   // FP16 may keep the other of two overlapping boxes of near-equal score
                     for (int j = 0; j < ndo[b]; j++)
-                        if (dor[b][j].cls == q->cls && det_iou(&dor[b][j], q) > nc.iou && fabsf(dor[b][j].score - q->score) <= 1e-2f) {
+                        if (dor[b][j].cls == q->cls && det_iou(&dor[b][j], q) > nc.iou &&
+                            fabsf(dor[b][j].score - q->score) <= 1e-2f) {
                             swapped++;
                             break;
                         }
-                if (isfinite(best) && best <= (k->half ? 0.1 : 1e-4)) { worst_box = fmax(worst_box, best); worst_score = fmax(worst_score, bs); }
+                if (isfinite(best) && best <= (k->half ? 0.1 : 1e-4)) {
+                    worst_box = fmax(worst_box, best);
+                    worst_score = fmax(worst_score, bs);
+                }
             }
         }
         if (!k->half)
             check(total_c > 0 && total_c == total_o && found == want,
-                  "%s: NMS (conf %.4f) on the runtime output vs predict's NMS on the C maps: %d vs %d detections, %d of %d matched "
-                  "(same class; worst box |diff|/max(|coord|,1) %.1e, score %.1e; tol 1e-4)", k->name, nc.conf, total_o, total_c,
-                  found, want, worst_box, worst_score);
+                  "%s: NMS (conf %.4f) on the runtime output vs predict's NMS on the C maps: %d vs %d detections, %d "
+                  "of %d matched "
+                  "(same class; worst box |diff|/max(|coord|,1) %.1e, score %.1e; tol 1e-4)",
+                  k->name, nc.conf, total_o, total_c, found, want, worst_box, worst_score);
         else
             check(want > 0 && found + swapped == want && found >= 0.9 * want,
-                  "%s: FP16 NMS (conf %.4f): %d vs %d detections; of the %d C detections 0.01 above conf (and the last kept at max_det), %d matched "
-                  "(same class; worst 1-IoU %.1e tol 0.1, score |diff| %.1e tol 1e-2) and %d replaced by an overlapping one "
-                  "(IoU > %.1f, score within 1e-2; at most 10 %%)", k->name, nc.conf, total_o, total_c, want, found, worst_box,
-                  worst_score, swapped, nc.iou);
+                  "%s: FP16 NMS (conf %.4f): %d vs %d detections; of the %d C detections 0.01 above conf (and the last "
+                  "kept at max_det), %d matched "
+                  "(same class; worst 1-IoU %.1e tol 0.1, score |diff| %.1e tol 1e-2) and %d replaced by an "
+                  "overlapping one "
+                  "(IoU > %.1f, score within 1e-2; at most 10 %%)",
+                  k->name, nc.conf, total_o, total_c, want, found, worst_box, worst_score, swapped, nc.iou);
     }
     nms_free(&nms);
     free(x); free(oc); free(oo); free(dc); free(dor); free(ndc); free(ndo);
@@ -274,15 +301,18 @@ static void test_pytorch_ref(Model *m, SafeTensors *st, int S, int B) {
     size_t nref, nx;
     float *ref = st_tensor(st, "out.eval", &nref), *x = st_tensor(st, "input.images", &nx);
     float *out = xmalloc(nref * sizeof(float));
-    if (nx != (size_t)B * 3 * S * S || nref != (size_t)B * (4 + m->nc) * head_anchor_count(S, S)) die("fixture: unexpected input/output sizes");
+    if (nx != (size_t)B * 3 * S * S || nref != (size_t)B * (4 + m->nc) * head_anchor_count(S, S))
+        die("fixture: unexpected input/output sizes");
     if (ort_run(path, 0, x, B, S, S, out, nref)) check(0, "fixture model: onnxruntime ran it");
     else {
         // the measure `yolo check-ref` holds the C forward to (max|diff| / max|ref|); this random-weight
         // network carries float rounding to ~3e-4 of single values (C vs PyTorch: 2.2e-4), so the
         // per-value bound is for the better-conditioned weights of run_case
         double w = rel_diff(out, ref, nref);
-        check(w <= 1e-4, "fixture weights at %dx%d, batch %d: onnxruntime output0 vs PyTorch's eval output: max|diff|/max|ref| "
-              "%.2e tol 1e-4", S, S, B, w);
+        check(w <= 1e-4,
+              "fixture weights at %dx%d, batch %d: onnxruntime output0 vs PyTorch's eval output: max|diff|/max|ref| "
+              "%.2e tol 1e-4",
+              S, S, B, w);
     }
     free(ref); free(x); free(out);
 }
@@ -310,7 +340,8 @@ static void test_errors(Model *m) {
     OnnxOptions ok = {.imgsz = 64, .batch = 1, .opset = 17};
     snprintf(path, sizeof path, "%s/no/such/dir/x.onnx", g_dir);
     int rc = onnx_export(m, &ok, path, err, sizeof err);
-    check(rc != 0 && strstr(err, "cannot create") && !file_exists(path), "unwritable path (missing directory): error \"%s\"", err);
+    check(rc != 0 && strstr(err, "cannot create") && !file_exists(path),
+          "unwritable path (missing directory): error \"%s\"", err);
     // a directory where the file should go: the temporary is written, the rename fails, and the
     // temporary is removed
     path_in(path, sizeof path, "adir.onnx");
@@ -362,7 +393,8 @@ static void test_cli(const StateDict *sd, int nc) {
     char out[4096] = {0};
     FILE *f = fopen(log, "rb");
     if (f) { size_t n = fread(out, 1, sizeof out - 1, f); out[n] = 0; fclose(f); }
-    check(rc == 0 && file_exists(onnx) && strstr(out, "output0") && strstr(out, "[1, 3, 96, 96]") && strstr(out, "trtexec --onnx="),
+    check(rc == 0 && file_exists(onnx) && strstr(out, "output0") && strstr(out, "[1, 3, 96, 96]") &&
+                  strstr(out, "trtexec --onnx="),
           "./yolo export model=X.safetensors format=onnx imgsz=96: X.onnx written, path, shapes and commands printed");
     snprintf(cmd, sizeof cmd, "%s export model=%s format=tflite > %s 2>&1", yolo, w, log);
     rc = system(cmd);
@@ -379,8 +411,8 @@ static void test_cli(const StateDict *sd, int nc) {
     char pt[256], ptonnx[256];
     path_in(pt, sizeof pt, "ckpt.pt");
     path_in(ptonnx, sizeof ptonnx, "ckpt.onnx");
-    snprintf(cmd, sizeof cmd, "cp test/fixtures/pt_v8n_nc4.pt %s && %s export model=%s format=onnx imgsz=64 > %s 2>&1", pt,
-             yolo, pt, log);
+    snprintf(cmd, sizeof cmd, "cp test/fixtures/pt_v8n_nc4.pt %s && %s export model=%s format=onnx imgsz=64 > %s 2>&1",
+             pt, yolo, pt, log);
     rc = system(cmd);
     size_t nb = 0;
     char *blob = NULL;

@@ -56,7 +56,8 @@ static void test_trainer_plan(char scale, int B, int S, int recompute, int adamw
     trainer_step(t, bv, 2 * B, V, V, 0);
     model_release(&t->m, t->arena);
     check(isfinite(lo.total) && high_train == tr.total && t->arena->high == planned,
-          "yolov8%c B=%d imgsz=%d recompute=%d %s: train high-water %zu == plan %zu, with validation (2B) at %d: %zu == %zu",
+          "yolov8%c B=%d imgsz=%d recompute=%d %s: train high-water %zu == plan %zu, with validation (2B) at %d: %zu "
+          "== %zu",
           scale, B, S, recompute, adamw ? "AdamW" : "SGD", high_train, tr.total, V, t->arena->high, planned);
     free_batch(bt);
     free_batch(bv);
@@ -79,13 +80,16 @@ int main(void) {
         p.B = b, q.B = b + 1;
         size_t fb = plan_device_bytes(&p), fb1 = plan_device_bytes(&q);
         check(b >= 1 && fb <= budgets[i] * 0.6 && fb1 > budgets[i] * 0.6,
-              "batch=-1 for %.0f GiB: batch %d needs %.1f MiB <= 60%% (%.1f MiB) < batch %d's %.1f MiB", budgets[i] / 1073741824.0,
-              b, fb / 1048576.0, budgets[i] * 0.6 / 1048576.0, b + 1, fb1 / 1048576.0);
+              "batch=-1 for %.0f GiB: batch %d needs %.1f MiB <= 60%% (%.1f MiB) < batch %d's %.1f MiB",
+              budgets[i] / 1073741824.0, b, fb / 1048576.0, budgets[i] * 0.6 / 1048576.0, b + 1, fb1 / 1048576.0);
     }
 
     // `yolo plan` takes batch=-1 and a fraction (it refused -1 before checking for it), and refuses
     // 0, -2 and 2.5 with a message naming the key
-    static const struct { const char *b; int ok; } cli[] = {{"-1", 1}, {"0.6", 1}, {"16", 1}, {"0", 0}, {"-2", 0}, {"2.5", 0}};
+    static const struct {
+        const char *b;
+        int ok;
+    } cli[] = {{"-1", 1}, {"0.6", 1}, {"16", 1}, {"0", 0}, {"-2", 0}, {"2.5", 0}};
     for (int i = 0; i < 6 && access("./yolo", X_OK) == 0; i++) {
         char cmd[256], out[4096] = "";
         snprintf(cmd, sizeof cmd, "./yolo plan model=yolov8n nc=80 imgsz=640 gpu_mem=8G batch=%s 2>&1", cli[i].b);
@@ -101,15 +105,17 @@ int main(void) {
     // the figures the issues promise, on the device step's own dry run (AMP, 640, batch 16, whole arena)
     static const struct { char s; int rc; double limit_gb; } want[] = {{'n', 0, 1.0}, {'n', 1, 0.7}, {'x', 0, 5.0}};
     for (int i = 0; i < 3; i++) {
-        PlanOpts p = {.scale = want[i].s, .nc = 80, .B = 16, .S = 640, .max_boxes = 400, .half = 1, .recompute = want[i].rc};
+        PlanOpts p = {
+                .scale = want[i].s, .nc = 80, .B = 16, .S = 640, .max_boxes = 400, .half = 1, .recompute = want[i].rc};
         double gb = plan_train(&p, NULL, NULL) / 1e9;
-        check(gb < want[i].limit_gb, "planned device arena yolov8%c 640 batch 16 AMP recompute=%d: %.3f GB < %.1f GB", want[i].s,
-              want[i].rc, gb, want[i].limit_gb);
+        check(gb < want[i].limit_gb, "planned device arena yolov8%c 640 batch 16 AMP recompute=%d: %.3f GB < %.1f GB",
+              want[i].s, want[i].rc, gb, want[i].limit_gb);
     }
     // amp=0 on the device: the same schedule with FP32 activations, larger than AMP's but below twice it
     PlanOpts a16 = {.scale = 'n', .nc = 80, .B = 16, .S = 640, .max_boxes = 400, .half = 1}, a32 = a16;
     a32.fp32 = 1;
     double g16 = plan_train(&a16, NULL, NULL) / 1e9, g32 = plan_train(&a32, NULL, NULL) / 1e9;
-    check(g32 > g16 && g32 < 2 * g16, "device plan yolov8n 640 batch 16: amp=0 %.3f GB, between AMP's %.3f GB and twice it", g32, g16);
+    check(g32 > g16 && g32 < 2 * g16,
+          "device plan yolov8n 640 batch 16: amp=0 %.3f GB, between AMP's %.3f GB and twice it", g32, g16);
     return test_summary();
 }

@@ -47,39 +47,62 @@ static void check_expected(SafeTensors *st, const char *key) {
     char why[2048] = "";
     while (fgets(line, sizeof line, f)) {
         char k[64];
-        if (line[0] == '#' || sscanf(line, "%63s %511s %31s %127s %llx %63s", k, name, dt, shape, &want, first) != 6 || strcmp(k, key)) continue;
+        if (line[0] == '#' || sscanf(line, "%63s %511s %31s %127s %llx %63s", k, name, dt, shape, &want, first) != 6 ||
+            strcmp(k, key))
+            continue;
         n++;
         const StEntry *e = st_find(st, name);
-        static const struct { const char *t; int d; } dts[] = {{"float16", ST_F16}, {"float32", ST_F32}, {"bfloat16", ST_BF16},
-                                                               {"float64", ST_F64}, {"int64", ST_I64}};
+        static const struct {
+            const char *t;
+            int d;
+        } dts[] = {{"float16", ST_F16},
+                   {"float32", ST_F32},
+                   {"bfloat16", ST_BF16},
+                   {"float64", ST_F64},
+                   {"int64", ST_I64}};
         int d = -1;
         for (int i = 0; i < 5; i++) if (!strcmp(dt, dts[i].t)) d = dts[i].d;
         char got[128] = "scalar", sb[160];
-        if (e && e->ndim) { got[0] = 0; for (int i = 0; i < e->ndim; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%" PRId64, i ? "x" : "", e->shape[i]); }
+        if (e && e->ndim) {
+            got[0] = 0;
+            for (int i = 0; i < e->ndim; i++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%" PRId64, i ? "x" : "", e->shape[i]);
+        }
         uint64_t h = 0;
         char gfirst[64] = "-";
         if (e && e->dtype == d && !strcmp(got, shape)) {
             char err[512];
             if (st_dtype_is_float(d)) {
                 float *v = xmalloc(sizeof(float) * (size_t)(e->numel + 1));
-                if (st_read_f32(st, e, v, err, sizeof err) == 0) { h = fnv64(v, sizeof(float) * (size_t)e->numel); if (e->numel) snprintf(gfirst, sizeof gfirst, "%.9g", v[0]); }
+                if (st_read_f32(st, e, v, err, sizeof err) == 0) {
+                    h = fnv64(v, sizeof(float) * (size_t)e->numel);
+                    if (e->numel) snprintf(gfirst, sizeof gfirst, "%.9g", v[0]);
+                }
                 free(v);
             } else {
                 int64_t *v = xmalloc(sizeof(int64_t) * (size_t)(e->numel + 1));
-                if (st_read_i64(st, e, v, err, sizeof err) == 0) { h = fnv64(v, sizeof(int64_t) * (size_t)e->numel); if (e->numel) snprintf(gfirst, sizeof gfirst, "%" PRId64, v[0]); }
+                if (st_read_i64(st, e, v, err, sizeof err) == 0) {
+                    h = fnv64(v, sizeof(int64_t) * (size_t)e->numel);
+                    if (e->numel) snprintf(gfirst, sizeof gfirst, "%" PRId64, v[0]);
+                }
                 free(v);
             }
         }
         if (!e || e->dtype != d || strcmp(got, shape) || h != want) {
-            if (firstbad) snprintf(why, sizeof why, "; first: %s: %s %s %s (torch: %s %s, first %s, got %s)", name, e ? st_dtype_name[e->dtype] : "missing",
-                                   e ? st_shape_str(sb, sizeof sb, e->ndim, e->shape) : "", h == want ? "same values" : "values differ", dt, shape, first, gfirst);
+            if (firstbad)
+                snprintf(why, sizeof why, "; first: %s: %s %s %s (torch: %s %s, first %s, got %s)", name,
+                         e ? st_dtype_name[e->dtype] : "missing",
+                         e ? st_shape_str(sb, sizeof sb, e->ndim, e->shape) : "",
+                         h == want ? "same values" : "values differ", dt, shape, first, gfirst);
             firstbad = 0;
             bad++;
         }
     }
     fclose(f);
-    check(n > 0 && bad == 0 && st->n == n, "%s: %d tensors of torch.load (file has %d) equal bit for bit (dtype, shape, "
-          "FNV-1a of the values): %d differ (tolerance 0)%s", key, n, st->n, bad, why);
+    check(n > 0 && bad == 0 && st->n == n,
+          "%s: %d tensors of torch.load (file has %d) equal bit for bit (dtype, shape, "
+          "FNV-1a of the values): %d differ (tolerance 0)%s",
+          key, n, st->n, bad, why);
 }
 
 static void part_fixtures(void) {
@@ -91,18 +114,22 @@ static void part_fixtures(void) {
         SafeTensors st;
         if (weights_open(path, &st, err, sizeof err)) { check(0, "%s opens [%s]", path, err); continue; }
         const char *s = st_meta(&st, "pt_source");
-        check(s && !strcmp(s, src[i]), "%s: weights taken from '%s' (want '%s': ema when present, else model)", path, s ? s : "?", src[i]);
+        check(s && !strcmp(s, src[i]), "%s: weights taken from '%s' (want '%s': ema when present, else model)", path,
+              s ? s : "?", src[i]);
         check_expected(&st, keys[i]);
         st_close(&st);
     }
     SafeTensors st;
     char err[1024] = "";
     if (weights_open("test/fixtures/pt_v8n_nc4.pt", &st, err, sizeof err) == 0) {
-        const char *names = st_meta(&st, "names"), *v = st_meta(&st, "version"), *sc = st_meta(&st, "yaml_scale"), *nc = st_meta(&st, "yaml_nc");
-        check(names && !strcmp(names, "circle\nrectangle\ntriangle\ndiamond") && v && !strcmp(v, "8.0.200") && sc && !strcmp(sc, "n") &&
-              nc && !strcmp(nc, "4"), "pt_v8n_nc4.pt metadata: names, version 8.0.200, yaml scale n, nc 4");
+        const char *names = st_meta(&st, "names"), *v = st_meta(&st, "version"), *sc = st_meta(&st, "yaml_scale"),
+                   *nc = st_meta(&st, "yaml_nc");
+        check(names && !strcmp(names, "circle\nrectangle\ntriangle\ndiamond") && v && !strcmp(v, "8.0.200") && sc &&
+                      !strcmp(sc, "n") && nc && !strcmp(nc, "4"),
+              "pt_v8n_nc4.pt metadata: names, version 8.0.200, yaml scale n, nc 4");
         const char *ta = st_meta(&st, "train_args");
-        check(ta && strstr(ta, "imgsz=160") && strstr(ta, "task=detect"), "train_args read: [%.80s]", ta ? ta : "(none)");
+        check(ta && strstr(ta, "imgsz=160") && strstr(ta, "task=detect"), "train_args read: [%.80s]",
+              ta ? ta : "(none)");
         st_close(&st);
     }
 }
@@ -133,18 +160,37 @@ static Blob zip_build(const ZEnt *e, int n, int flags) {
         size_t xl = z64 ? 20 : 0;
         size_t pad = 0;
         if (flags & ZW_ALIGN) { size_t off = lho + 30 + nl + xl + 4; pad = (64 - off % 64) % 64; xl += 4 + pad; }
-        b32(&b, 0x04034b50u); b16(&b, z64 ? 45 : 20); b16(&b, flags & ZW_DESC ? 8 : 0); b16(&b, method); b32(&b, 0); b32(&b, 0);
+        b32(&b, 0x04034b50u);
+        b16(&b, z64 ? 45 : 20);
+        b16(&b, flags & ZW_DESC ? 8 : 0);
+        b16(&b, method);
+        b32(&b, 0);
+        b32(&b, 0);
         uint32_t s32 = z64 ? 0xffffffffu : flags & ZW_DESC ? 0 : (uint32_t)e[i].n;
         b32(&b, s32); b32(&b, s32); b16(&b, (unsigned)nl); b16(&b, (unsigned)xl);
         bput(&b, e[i].name, nl);
         if (z64) { b16(&b, 1); b16(&b, 16); b64(&b, e[i].n); b64(&b, e[i].n); }
-        if (flags & ZW_ALIGN) { b16(&b, 0x4246); b16(&b, (unsigned)pad); for (size_t k = 0; k < pad; k++) bput(&b, "Z", 1); }
+        if (flags & ZW_ALIGN) {
+            b16(&b, 0x4246);
+            b16(&b, (unsigned)pad);
+            for (size_t k = 0; k < pad; k++) bput(&b, "Z", 1);
+        }
         bput(&b, e[i].p, e[i].n);
         if (flags & ZW_DESC) {
             b32(&b, 0x08074b50u); b32(&b, 0);
-            if (z64) { b64(&b, e[i].n); b64(&b, e[i].n); } else { b32(&b, (uint32_t)e[i].n); b32(&b, (uint32_t)e[i].n); }
+            if (z64) {
+                b64(&b, e[i].n);
+                b64(&b, e[i].n);
+            } else {
+                b32(&b, (uint32_t)e[i].n);
+                b32(&b, (uint32_t)e[i].n);
+            }
         }
-        b32(&c, 0x02014b50u); b16(&c, z64 ? 45 : 20); b16(&c, z64 ? 45 : 20); b16(&c, flags & ZW_DESC ? 8 : 0); b16(&c, method);
+        b32(&c, 0x02014b50u);
+        b16(&c, z64 ? 45 : 20);
+        b16(&c, z64 ? 45 : 20);
+        b16(&c, flags & ZW_DESC ? 8 : 0);
+        b16(&c, method);
         b32(&c, 0); b32(&c, 0);
         b32(&c, z64 ? 0xffffffffu : (uint32_t)e[i].n); b32(&c, z64 ? 0xffffffffu : (uint32_t)e[i].n);
         b16(&c, (unsigned)nl); b16(&c, z64 ? 28 : 0); b16(&c, 0); b16(&c, 0); b16(&c, 0); b32(&c, 0);
@@ -223,26 +269,32 @@ static void part_variants(void) {
         snprintf(name, sizeof name, "variant%zu.pt", i);
         Blob b = sd_variant(v[i].folder, v[i].bo, "little", v[i].flags);
         int rc = open_blob(name, b, &st, err, sizeof err);
-        check(rc == 0, "container variant: folder '%s', byteorder %s, %s%s%s opens [%s]", v[i].folder, v[i].bo ? "yes" : "no",
-              v[i].flags & ZW_ALIGN ? "64-byte aligned" : "unaligned", v[i].flags & ZW_DESC ? ", data descriptors" : "",
-              v[i].flags & ZW_ZIP64 ? ", zip64" : "", err);
+        check(rc == 0, "container variant: folder '%s', byteorder %s, %s%s%s opens [%s]", v[i].folder,
+              v[i].bo ? "yes" : "no", v[i].flags & ZW_ALIGN ? "64-byte aligned" : "unaligned",
+              v[i].flags & ZW_DESC ? ", data descriptors" : "", v[i].flags & ZW_ZIP64 ? ", zip64" : "", err);
         if (!rc) { check_expected(&st, "pt_tiny_sd"); st_close(&st); }
         free(b.p);
     }
     {   // a hand-written pickle: a view at storage offset 1 of a 4-element FloatStorage
-        static const char pk[] = "\x80\x02}q\x00X\x01\x00\x00\x00""actorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
-                                 "ctorch\nFloatStorage\nX\x01\x00\x00\x00""0X\x03\x00\x00\x00""cpuK\x04tQK\x01K\x03\x85K\x01\x85\x89"
+        static const char pk[] = "\x80\x02}q\x00X\x01\x00\x00\x00"
+                                 "actorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
+                                 "ctorch\nFloatStorage\nX\x01\x00\x00\x00"
+                                 "0X\x03\x00\x00\x00"
+                                 "cpuK\x04tQK\x01K\x03\x85K\x01\x85\x89"
                                  "ccollections\nOrderedDict\n)RtRs.";
         float data[4] = {10, 11, 12, 13}, got[3] = {0};
-        ZEnt e[2] = {{"archive/data.pkl", (const uint8_t *)pk, sizeof pk - 1}, {"archive/data/0", (const uint8_t *)data, 16}};
+        ZEnt e[2] = {{"archive/data.pkl", (const uint8_t *)pk, sizeof pk - 1},
+                     {"archive/data/0", (const uint8_t *)data, 16}};
         Blob b = zip_build(e, 2, 0);
         SafeTensors st;
         char err[1024] = "";
         int rc = open_blob("hand.pt", b, &st, err, sizeof err);
         const StEntry *t = rc ? NULL : st_find(&st, "a");
         if (t && t->numel == 3) st_read_f32(&st, t, got, err, sizeof err);
-        check(t && t->numel == 3 && got[0] == 11 && got[1] == 12 && got[2] == 13, "hand pickle: offset view reads 11 12 13 "
-              "(got %g %g %g) [%s]", got[0], got[1], got[2], err);
+        check(t && t->numel == 3 && got[0] == 11 && got[1] == 12 && got[2] == 13,
+              "hand pickle: offset view reads 11 12 13 "
+              "(got %g %g %g) [%s]",
+              got[0], got[1], got[2], err);
         if (!rc) st_close(&st);
         free(b.p);
     }
@@ -260,7 +312,8 @@ static void expect_error(const char *what, const char *name, Blob b, const char 
     if (!rc) st_close(&st);
     snprintf(q, sizeof q, "'%s'", path);
     check(rc != 0 && !strncmp(err, q, strlen(q)) && strstr(err, p1) && (!p2 || strstr(err, p2)) && !strchr(err, '\n'),
-          "%s: one-line error naming the file, '%s'%s%s%s: [%s]", what, p1, p2 ? " and '" : "", p2 ? p2 : "", p2 ? "'" : "", err);
+          "%s: one-line error naming the file, '%s'%s%s%s: [%s]", what, p1, p2 ? " and '" : "", p2 ? p2 : "",
+          p2 ? "'" : "", err);
 }
 static void expect_error_file(const char *what, const char *path, const char *p1, const char *p2) {
     Blob b = blob_file(path);
@@ -276,7 +329,8 @@ static Blob pickle_pt(const char *pk, size_t n) {
 
 static void part_bad(void) {
     static const char lfs[] = "version https://git-lfs.github.com/spec/v1\noid sha256:4f1e0a0c0e3c1e2d\nsize 6534387\n";
-    expect_error("Git LFS pointer", "lfs.pt", (Blob){(uint8_t *)lfs, sizeof lfs - 1}, "Git LFS pointer", "git lfs pull");
+    expect_error("Git LFS pointer", "lfs.pt", (Blob){(uint8_t *)lfs, sizeof lfs - 1}, "Git LFS pointer",
+                 "git lfs pull");
     {   // a download cut at 70%: no end-of-central-directory record
         Blob b = blob_file("test/fixtures/pt_tiny_ckpt.pt");
         char want[64];
@@ -294,7 +348,8 @@ static void part_bad(void) {
         free(b.p);
     }
     static const char legacy[] = "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.";
-    expect_error("legacy torch format", "legacy.pt", (Blob){(uint8_t *)legacy, sizeof legacy - 1}, "legacy (non-zip) PyTorch format", NULL);
+    expect_error("legacy torch format", "legacy.pt", (Blob){(uint8_t *)legacy, sizeof legacy - 1},
+                 "legacy (non-zip) PyTorch format", NULL);
     Blob b = sd_variant("archive", 0, "", ZW_DEFLATE);
     expect_error("compressed entry", "deflate.pt", b, "is compressed (method 8", NULL);
     free(b.p);
@@ -308,7 +363,8 @@ static void part_bad(void) {
         memcpy(z.p, good.p, good.n);
         uint32_t big = 1u << 30;
         memcpy(c0 + 20, &big, 4); memcpy(c0 + 24, &big, 4);
-        expect_error("zip bomb (entry larger than the file)", "bomb2.pt", z, "claims 1073741824 bytes", "do not add up");
+        expect_error("zip bomb (entry larger than the file)", "bomb2.pt", z, "claims 1073741824 bytes",
+                     "do not add up");
         free(z.p);
     }
     b = sd_variant("archive", 1, "big", ZW_ALIGN);
@@ -338,13 +394,16 @@ static void part_bad(void) {
         Buf p = {0};
         static const char head1[] = "\x80\x02}X\x05\x00\x00\x00model";
         bput(&p, head1, sizeof head1 - 1);
-        static const char open[] = "ctorch.nn.modules.container\nSequential\n)\x81}X\x08\x00\x00\x00_modules}X\x01\x00\x00\x00""0";
+        static const char open[] =
+                "ctorch.nn.modules.container\nSequential\n)\x81}X\x08\x00\x00\x00_modules}X\x01\x00\x00\x00"
+                "0";
         for (int i = 0; i < 100; i++) bput(&p, open, sizeof open - 1);
         bput(&p, "N", 1);
         for (int i = 0; i < 100; i++) bput(&p, "ssb", 3);
         bput(&p, "s.", 2);
         b = pickle_pt((char *)p.p, p.n);
-        expect_error("a module that is not a DetectionModel", "deep.pt", b, "holds a torch.nn.modules.container.Sequential", NULL);
+        expect_error("a module that is not a DetectionModel", "deep.pt", b,
+                     "holds a torch.nn.modules.container.Sequential", NULL);
         free(b.p);
         // the same tree under a DetectionModel: the walk stops at the depth limit
         Buf q = {0};
@@ -357,12 +416,14 @@ static void part_bad(void) {
         expect_error("recursion abuse (module walk)", "deep2.pt", b, "nested deeper than 64", NULL);
         free(b.p); free(p.p); free(q.p);
     }
-    expect_error_file("a pickle that runs os.system", "test/fixtures/pt_evil.pt", "system, which is not on the list", "nothing in it was run");
+    expect_error_file("a pickle that runs os.system", "test/fixtures/pt_evil.pt", "system, which is not on the list",
+                      "nothing in it was run");
     if (access("/tmp/yolo_pt_pwned", F_OK) == 0) check(0, "pt_evil.pt ran its command");
     b = PICKLE_PT("\x80\x02}X\x05\x00\x00\x00modelcmodels.yolo\nDetectionModel\n)\x81}bs.");
     expect_error("YOLOv5 checkpoint", "v5.pt", b, "YOLOv5 checkpoint", "only YOLOv8 detection"); free(b.p);
     expect_error_file("YOLO11 checkpoint", "test/fixtures/pt_v11.pt", "a YOLO11 model", "only YOLOv8 detection");
-    expect_error_file("segmentation checkpoint", "test/fixtures/pt_seg.pt", "a segmentation model", "only YOLOv8 detection");
+    expect_error_file("segmentation checkpoint", "test/fixtures/pt_seg.pt", "a segmentation model",
+                      "only YOLOv8 detection");
     b = PICKLE_PT("\x80\x02}X\x05\x00\x00\x00modelcultralytics.nn.tasks\nPoseModel\n)\x81}bs.");
     expect_error("pose checkpoint", "pose.pt", b, "a pose model", "only YOLOv8 detection"); free(b.p);
     b = PICKLE_PT("\x80\x02}X\x05\x00\x00\x00modelcultralytics.nn.tasks\nClassificationModel\n)\x81}bs.");
@@ -370,11 +431,15 @@ static void part_bad(void) {
     b = PICKLE_PT("\x80\x02}X\x05\x00\x00\x00modelcultralytics.nn.modules.head\nOBB\n)\x81}bs.");
     expect_error("OBB checkpoint", "obb.pt", b, "oriented-box (OBB) model", "only YOLOv8 detection"); free(b.p);
     {   // a view reaching past its storage
-        static const char pk[] = "\x80\x02}q\x00X\x01\x00\x00\x00""actorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
-                                 "ctorch\nFloatStorage\nX\x01\x00\x00\x00""0X\x03\x00\x00\x00""cpuK\x04tQK\x02K\x03\x85K\x01\x85\x89"
+        static const char pk[] = "\x80\x02}q\x00X\x01\x00\x00\x00"
+                                 "actorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
+                                 "ctorch\nFloatStorage\nX\x01\x00\x00\x00"
+                                 "0X\x03\x00\x00\x00"
+                                 "cpuK\x04tQK\x02K\x03\x85K\x01\x85\x89"
                                  "ccollections\nOrderedDict\n)RtRs.";
         float data[4] = {0};
-        ZEnt e[2] = {{"archive/data.pkl", (const uint8_t *)pk, sizeof pk - 1}, {"archive/data/0", (const uint8_t *)data, 16}};
+        ZEnt e[2] = {{"archive/data.pkl", (const uint8_t *)pk, sizeof pk - 1},
+                     {"archive/data/0", (const uint8_t *)data, 16}};
         b = zip_build(e, 2, 0);
         expect_error("tensor view past its storage", "oob.pt", b, "reaches element 4 of a 4-element storage", NULL);
         free(b.p);
@@ -390,11 +455,14 @@ static void part_bad(void) {
         char err[512] = "";
         int rc = open_blob("hdr640.safetensors", (Blob){st8, sizeof st8}, &st, err, sizeof err);
         if (!rc) { st_read_f32(&st, &st.t[0], &got, err, sizeof err); st_close(&st); }
-        check(rc == 0 && got == 1.5f, "safetensors with header length 640 (bytes 80 02 like a pickle) reads as safetensors "
-              "(got %g) [%s]", got, err);
+        check(rc == 0 && got == 1.5f,
+              "safetensors with header length 640 (bytes 80 02 like a pickle) reads as safetensors "
+              "(got %g) [%s]",
+              got, err);
     }
     static const char junk[] = "this is not a checkpoint at all";
-    expect_error(".pt that is not a zip", "junk.pt", (Blob){(uint8_t *)junk, sizeof junk - 1}, "not a PyTorch checkpoint", NULL);
+    expect_error(".pt that is not a zip", "junk.pt", (Blob){(uint8_t *)junk, sizeof junk - 1},
+                 "not a PyTorch checkpoint", NULL);
     // the yolo command line: one line, the file and the cause, exit status 1
     char cmd[1024];
     FILE *p = popen(yolo_cmd("./yolo info model=test/fixtures/pt_v11.pt 2>&1", cmd, sizeof cmd), "r");
@@ -445,19 +513,25 @@ static void part_cli(void) {
     char want[128];
     snprintf(want, sizeof want, "%zu parameters", m->nparams);
     const char *first = strstr(out, want), *second = first ? strstr(first + 1, want) : NULL;
-    check(rc == 0 && strstr(out, "YOLOv8n, nc=4") && strstr(out, "names: 0: circle, 1: rectangle, 2: triangle, 3: diamond") &&
-          strstr(out, "yaml: scale n, nc 4") && strstr(out, "version: 8.0.200") && first && second,
-          "yolo info model=pt_v8n_nc4.pt: scale n, nc 4, names, and '%s' both counted from the file and by the built model", want);
+    check(rc == 0 && strstr(out, "YOLOv8n, nc=4") &&
+                  strstr(out, "names: 0: circle, 1: rectangle, 2: triangle, 3: diamond") &&
+                  strstr(out, "yaml: scale n, nc 4") && strstr(out, "version: 8.0.200") && first && second,
+          "yolo info model=pt_v8n_nc4.pt: scale n, nc 4, names, and '%s' both counted from the file and by the built "
+          "model",
+          want);
     free(out);
 
     out = run("./yolo plan model=test/fixtures/pt_v8n_nc4.pt batch=8 imgsz=320 2>&1", &rc);
-    check(rc == 0 && strstr(out, "YOLOv8n nc=4 batch=8 imgsz=320") && strstr(out, want), "yolo plan model=pt_v8n_nc4.pt: "
-          "the plan of YOLOv8n nc=4 with %s", want);
+    check(rc == 0 && strstr(out, "YOLOv8n nc=4 batch=8 imgsz=320") && strstr(out, want),
+          "yolo plan model=pt_v8n_nc4.pt: "
+          "the plan of YOLOv8n nc=4 with %s",
+          want);
     free(out);
 
     snprintf(cmd, sizeof cmd, "./yolo shapes out=%s/shapes ntrain=16 nval=8 imgsz=64 seed=3 2>&1", g_dir);
     free(run(cmd, &rc));
-    snprintf(cmd, sizeof cmd, "./yolo export model=test/fixtures/pt_v8n_nc4.pt format=safetensors out=%s/v8n.safetensors 2>&1", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "./yolo export model=test/fixtures/pt_v8n_nc4.pt format=safetensors out=%s/v8n.safetensors 2>&1", g_dir);
     out = run(cmd, &rc);
     check(rc == 0 && strstr(out, "355 tensors"), "yolo export format=safetensors: %.*s", (int)strcspn(out, "\n"), out);
     free(out);
@@ -473,7 +547,8 @@ static void part_cli(void) {
                 if (!x || x->numel != b.t[i].numel) { same = 0; break; }
                 if (!st_dtype_is_float(x->dtype)) continue;
                 f32 &= x->dtype == ST_F32;
-                float *u = xmalloc(sizeof(float) * (size_t)x->numel + 4), *v = xmalloc(sizeof(float) * (size_t)x->numel + 4);
+                float *u = xmalloc(sizeof(float) * (size_t)x->numel + 4),
+                      *v = xmalloc(sizeof(float) * (size_t)x->numel + 4);
                 same = !st_read_f32(&a, x, u, err, sizeof err) && !st_read_f32(&b, &b.t[i], v, err, sizeof err) &&
                        !memcmp(u, v, sizeof(float) * (size_t)x->numel);
                 free(u); free(v);
@@ -484,8 +559,10 @@ static void part_cli(void) {
         if (ok) st_close(&a);
     }
     char m1[4096], m2[4096];
-    snprintf(cmd, sizeof cmd, "./yolo val model=test/fixtures/pt_v8n_nc4.pt data=%s/shapes/data.yaml imgsz=64 batch=8 workers=1 "
-             "project=%s name=a exist_ok=1 2>&1", g_dir, g_dir);
+    snprintf(cmd, sizeof cmd,
+             "./yolo val model=test/fixtures/pt_v8n_nc4.pt data=%s/shapes/data.yaml imgsz=64 batch=8 workers=1 "
+             "project=%s name=a exist_ok=1 2>&1",
+             g_dir, g_dir);
     out = run(cmd, &rc);
     metric_lines(out, m1, sizeof m1);
     free(out);
@@ -494,18 +571,24 @@ static void part_cli(void) {
     out = run(cmd, &rc);
     metric_lines(out, m2, sizeof m2);
     free(out);
-    check(rc == 0 && strstr(m1, "val losses box") && !strcmp(m1, m2), "yolo val: .pt and its safetensors export print identical "
-          "metrics and losses:\n%s", m1);
+    check(rc == 0 && strstr(m1, "val losses box") && !strcmp(m1, m2),
+          "yolo val: .pt and its safetensors export print identical "
+          "metrics and losses:\n%s",
+          m1);
 
     // fine-tuning to a dataset with nc=6: transfer count against the shapes of both models
     snprintf(cmd, sizeof cmd, "%s/shapes/data6.yaml", g_dir);
     FILE *f = xfopen(cmd, "w");
-    fprintf(f, "path: %s/shapes\ntrain: images/train\nval: images/val\nnames: [circle, rectangle, triangle, diamond, star, hexagon]\n", g_dir);
+    fprintf(f,
+            "path: %s/shapes\ntrain: images/train\nval: images/val\nnames: [circle, rectangle, triangle, diamond, "
+            "star, hexagon]\n",
+            g_dir);
     fclose(f);
     Model *m6 = xcalloc(1, sizeof(Model));
     model_build(m6, 'n', 6);
     StateDict *s4 = xcalloc(1, sizeof(StateDict)), *s6 = xcalloc(1, sizeof(StateDict));
-    float *w4 = xcalloc(m->nparams + m->nbuffers, sizeof(float)), *w6 = xcalloc(m6->nparams + m6->nbuffers, sizeof(float));
+    float *w4 = xcalloc(m->nparams + m->nbuffers, sizeof(float)),
+          *w6 = xcalloc(m6->nparams + m6->nbuffers, sizeof(float));
     state_dict_build(s4, m, w4, w4 + m->nparams);
     state_dict_build(s6, m6, w6, w6 + m6->nparams);
     int same = 0;
@@ -515,12 +598,17 @@ static void part_cli(void) {
                 !memcmp(s6->ref[i].shape, s4->ref[j].shape, sizeof(int64_t) * (size_t)s4->ref[j].ndim))
                 same++;
     snprintf(want, sizeof want, "Transferred %d/%d items from pretrained weights", same, s6->n);
-    snprintf(cmd, sizeof cmd, "./yolo train data=%s/shapes/data6.yaml model=test/fixtures/pt_v8n_nc4.pt epochs=4 imgsz=64 batch=4 "
-             "workers=1 optimizer=SGD lr0=0.01 warmup_epochs=0 nbs=4 mosaic=0 fliplr=0 translate=0 scale=0 hsv_h=0 hsv_s=0 hsv_v=0 "
-             "seed=1 project=%s name=ft exist_ok=1 2>&1", g_dir, g_dir);
+    snprintf(cmd, sizeof cmd,
+             "./yolo train data=%s/shapes/data6.yaml model=test/fixtures/pt_v8n_nc4.pt epochs=4 imgsz=64 batch=4 "
+             "workers=1 optimizer=SGD lr0=0.01 warmup_epochs=0 nbs=4 mosaic=0 fliplr=0 translate=0 scale=0 hsv_h=0 "
+             "hsv_s=0 hsv_v=0 "
+             "seed=1 project=%s name=ft exist_ok=1 2>&1",
+             g_dir, g_dir);
     out = run(cmd, &rc);
-    check(rc == 0 && strstr(out, want) && strstr(out, "re-initialised"), "fine-tune .pt (nc 4) -> nc 6: '%s' (%d of %d names "
-          "have the same shape in both models) and the re-initialisation is reported", want, same, s6->n);
+    check(rc == 0 && strstr(out, want) && strstr(out, "re-initialised"),
+          "fine-tune .pt (nc 4) -> nc 6: '%s' (%d of %d names "
+          "have the same shape in both models) and the re-initialisation is reported",
+          want, same, s6->n);
     free(out);
     snprintf(cmd, sizeof cmd, "%s/ft/results.csv", g_dir);
     f = fopen(cmd, "r");
@@ -529,14 +617,22 @@ static void part_cli(void) {
     char line[1024];
     while (f && fgets(line, sizeof line, f) && ne < 8) {
         double x[12];
-        if (sscanf(line, "%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &x[0], &x[1], &x[2], &x[3], &x[4], &x[5], &x[6], &x[7],
-                   &x[8], &x[9], &x[10], &x[11]) == 12) { v[ne][0] = x[9]; v[ne][1] = x[10]; v[ne][2] = x[11]; ne++; }
+        if (sscanf(line, "%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &x[0], &x[1], &x[2], &x[3], &x[4], &x[5],
+                   &x[6], &x[7], &x[8], &x[9], &x[10], &x[11]) == 12) {
+            v[ne][0] = x[9];
+            v[ne][1] = x[10];
+            v[ne][2] = x[11];
+            ne++;
+        }
     }
     if (f) fclose(f);
     int falls = ne == 4;
     for (int k = 0; k < 3 && falls; k++) falls = v[3][k] < v[0][k];
-    check(falls, "fine-tuning learns: validation box/cls/dfl losses after epoch 4 below epoch 1: %.4f %.4f %.4f -> %.4f %.4f %.4f",
-          ne ? v[0][0] : 0, ne ? v[0][1] : 0, ne ? v[0][2] : 0, ne == 4 ? v[3][0] : 0, ne == 4 ? v[3][1] : 0, ne == 4 ? v[3][2] : 0);
+    check(falls,
+          "fine-tuning learns: validation box/cls/dfl losses after epoch 4 below epoch 1: %.4f %.4f %.4f -> %.4f %.4f "
+          "%.4f",
+          ne ? v[0][0] : 0, ne ? v[0][1] : 0, ne ? v[0][2] : 0, ne == 4 ? v[3][0] : 0, ne == 4 ? v[3][1] : 0,
+          ne == 4 ? v[3][2] : 0);
     free(m); free(m6); free(s4); free(s6); free(w4); free(w6);
 }
 

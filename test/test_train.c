@@ -26,7 +26,9 @@
 static char g_root[256];          // mkdtemp folder holding everything
 static char g_data[512];          // its data.yaml
 static const char *g_common = "model=yolov8n imgsz=64 batch=8 workers=2 seed=1 exist_ok=1";
-static const char *g_common1 = "model=yolov8n imgsz=64 batch=1 workers=2 seed=1 exist_ok=1";   // part 4 (./yolo takes the first of repeated keys)
+static const char *g_common1 =
+        "model=yolov8n imgsz=64 batch=1 workers=2 seed=1 exist_ok=1";   // part 4 (./yolo takes the first of repeated
+                                                                        // keys)
 
 static const char *g_yolo = "./yolo";   // YOLO_BIN
 
@@ -204,19 +206,31 @@ static int ckpt_validate(const char *path, int *epoch, char *err, size_t errlen)
             char nm[128];
             snprintf(nm, sizeof nm, "%s%s", pre[k], r->name + 6);
             const StEntry *e = st_find(&st, nm);
-            if (!e || e->numel != param_numel(r)) { snprintf(err, errlen, "%s: '%s' missing or wrong size", path, nm); goto done; }
+            if (!e || e->numel != param_numel(r)) {
+                snprintf(err, errlen, "%s: '%s' missing or wrong size", path, nm);
+                goto done;
+            }
             nsd++;
         }
     const StEntry *om = st_find(&st, "optim.m");
-    if (!om || (size_t)om->numel != g_model->nparams) { snprintf(err, errlen, "%s: optim.m missing or wrong size", path); goto done; }
+    if (!om || (size_t)om->numel != g_model->nparams) {
+        snprintf(err, errlen, "%s: optim.m missing or wrong size", path);
+        goto done;
+    }
     int64_t most = 0;
     for (int i = 0; i < st.n; i++) {
         const StEntry *e = &st.t[i];
         int sd = !strncmp(e->name, "model.", 6) || !strncmp(e->name, "ema.", 4);
-        if (!sd && strncmp(e->name, "optim.", 6)) { snprintf(err, errlen, "%s: unexpected tensor '%s'", path, e->name); goto done; }
+        if (!sd && strncmp(e->name, "optim.", 6)) {
+            snprintf(err, errlen, "%s: unexpected tensor '%s'", path, e->name);
+            goto done;
+        }
         if (e->numel > most) most = e->numel;
     }
-    if (st.n - nsd < 1 || st.n - nsd > 8) { snprintf(err, errlen, "%s: %d tensors, %d of them model.*/ema.* (want %d)", path, st.n, nsd, nsd); goto done; }
+    if (st.n - nsd < 1 || st.n - nsd > 8) {
+        snprintf(err, errlen, "%s: %d tensors, %d of them model.*/ema.* (want %d)", path, st.n, nsd, nsd);
+        goto done;
+    }
     for (int i = 0; i < st.n; i++)   // a model.*/ema.* name outside the state dict shows up as a count mismatch
         if ((!strncmp(st.t[i].name, "model.", 6) || !strncmp(st.t[i].name, "ema.", 4)) && --nsd < 0) {
             snprintf(err, errlen, "%s: more model.*/ema.* tensors than the state dict has", path);
@@ -227,9 +241,13 @@ static int ckpt_validate(const char *path, int *epoch, char *err, size_t errlen)
         const StEntry *e = &st.t[i];
         if (st_read_f32(&st, e, buf, err, errlen)) goto done;
         for (int64_t q = 0; q < e->numel; q++)
-            if (!isfinite(buf[q])) { snprintf(err, errlen, "%s: '%s'[%" PRId64 "] = %g", path, e->name, q, buf[q]); goto done; }
+            if (!isfinite(buf[q])) {
+                snprintf(err, errlen, "%s: '%s'[%" PRId64 "] = %g", path, e->name, q, buf[q]);
+                goto done;
+            }
     }
-    const char *keys[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked"};
+    const char *keys[] = {"epoch",        "opt_step",   "ema_updates",        "last_opt_step",
+                          "best_fitness", "best_epoch", "num_batches_tracked"};
     for (int i = 0; i < 7; i++)
         if (!st_meta(&st, keys[i])) { snprintf(err, errlen, "%s: metadata '%s' missing", path, keys[i]); goto done; }
     *epoch = atoi(st_meta(&st, "epoch"));
@@ -271,8 +289,8 @@ static int weights_match_ema(const char *wpath, const char *cpath, int *epoch, c
         ndiff += memcmp(x, y, sizeof(float) * (size_t)ew->numel) != 0;
     }
     if (ndiff || !ce || *epoch != atoi(ce)) {
-        snprintf(err, errlen, "%d tensors differ from the checkpoint's ema.*; weights epoch %d, checkpoint epoch %s", ndiff, *epoch,
-                 ce ? ce : "?");
+        snprintf(err, errlen, "%d tensors differ from the checkpoint's ema.*; weights epoch %d, checkpoint epoch %s",
+                 ndiff, *epoch, ce ? ce : "?");
         goto done;
     }
     rc = 0;
@@ -314,10 +332,13 @@ static void compare_ckpt(const char *pa, const char *pb, const char *what) {
     }
     static const char *gname[3] = {"model.*", "ema.*", "optim.*"};
     for (int g = 0; g < 3; g++)
-        check(nt[g] > 0 && ndiff[g] == 0, "%s: %s tensors bit-identical: %d of %d differ (first %s), max |diff| %.3g, tol 0",
-              what, gname[g], ndiff[g], nt[g], first[g] ? first[g] : "-", maxd[g]);
-    check(missing == 0 && a.n == b.n, "%s: same tensor set: %d vs %d tensors, %d missing or unreadable", what, a.n, b.n, missing);
-    const char *keys[] = {"epoch", "opt_step", "ema_updates", "last_opt_step", "best_fitness", "best_epoch", "num_batches_tracked"};
+        check(nt[g] > 0 && ndiff[g] == 0,
+              "%s: %s tensors bit-identical: %d of %d differ (first %s), max |diff| %.3g, tol 0", what, gname[g],
+              ndiff[g], nt[g], first[g] ? first[g] : "-", maxd[g]);
+    check(missing == 0 && a.n == b.n, "%s: same tensor set: %d vs %d tensors, %d missing or unreadable", what, a.n, b.n,
+          missing);
+    const char *keys[] = {"epoch",        "opt_step",   "ema_updates",        "last_opt_step",
+                          "best_fitness", "best_epoch", "num_batches_tracked"};
     int same = 1;
     char msg[512] = "";
     size_t ml = 0;
@@ -325,8 +346,9 @@ static void compare_ckpt(const char *pa, const char *pb, const char *what) {
         const char *va = st_meta(&a, keys[i]), *vb = st_meta(&b, keys[i]);
         int eq = va && vb && !strcmp(va, vb);
         same &= eq;
-        if (ml < sizeof msg) ml += (size_t)snprintf(msg + ml, sizeof msg - ml, " %s=%s%s%s", keys[i], va ? va : "?", eq ? "" : "/",
-                                                 eq ? "" : (vb ? vb : "?"));
+        if (ml < sizeof msg)
+            ml += (size_t)snprintf(msg + ml, sizeof msg - ml, " %s=%s%s%s", keys[i], va ? va : "?", eq ? "" : "/",
+                                   eq ? "" : (vb ? vb : "?"));
     }
     check(same, "%s: checkpoint metadata equal:%s", what, msg);
     free(x); free(y);
@@ -340,7 +362,8 @@ static void compare_files(const char *pa, const char *pb, const char *what) {
     if (a && b)
         for (long i = 0; i < (la < lb ? la : lb); i++)
             if (a[i] != b[i]) { first = i; break; }
-    check(a && b && la == lb && first < 0, "%s: byte for byte: %ld vs %ld bytes, first differing byte %ld", what, la, lb, first);
+    check(a && b && la == lb && first < 0, "%s: byte for byte: %ld vs %ld bytes, first differing byte %ld", what, la,
+          lb, first);
     free(a); free(b);
 }
 
@@ -350,8 +373,10 @@ static void compare_csv_row(const char *pa, const char *pb, int e, const char *w
     int na = csv_row(pa, e, va, 32), nb = csv_row(pb, e, vb, 32);
     double worst = 0;
     for (int i = 0; i < na && i < nb; i++) worst = fmax(worst, fabs(va[i] - vb[i]) / fmax(fabs(vb[i]), 1e-12));
-    check(na > 0 && na == nb && worst <= 1e-4, "%s: results.csv epoch %d row (without time): %d vs %d columns, worst rel diff "
-          "%.3g, tol 1e-4 (5 printed digits)", what, e, na, nb, worst);
+    check(na > 0 && na == nb && worst <= 1e-4,
+          "%s: results.csv epoch %d row (without time): %d vs %d columns, worst rel diff "
+          "%.3g, tol 1e-4 (5 printed digits)",
+          what, e, na, nb, worst);
 }
 
 static void test_resume_identical(void) {
@@ -365,7 +390,8 @@ static void test_resume_identical(void) {
     for (int i = 0; i < 2; i++) {
         snprintf(log, sizeof log, "%s/%s.log", g_root, names[i]);
         double ti = now_sec();
-        int st = run(log, what, sizeof what, "train data=%s %s epochs=2 project=%s name=%s", g_data, g_common, proj, names[i]);
+        int st = run(log, what, sizeof what, "train data=%s %s epochs=2 project=%s name=%s", g_data, g_common, proj,
+                     names[i]);
         printf("  straight run %s: %.0f ms\n", names[i], ms_since(ti));
         check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "resume: straight 2-epoch run %s finishes: %s", names[i], what);
         if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
@@ -394,14 +420,15 @@ static void test_resume_identical(void) {
     if (killed) run_wait(pid, what, sizeof what);
     else snprintf(what, sizeof what, "ended by itself (%s)", WIFEXITED(st) ? "exit" : "signal");
     int n = csv_epochs(csv, ep, 8), ck = ckpt_epoch(ckpt);
-    check(killed && ck == 1, "resume: run B killed during epoch 2 (%s): last.ckpt epoch %d (want 1), results.csv rows %d", what, ck, n);
+    check(killed && ck == 1,
+          "resume: run B killed during epoch 2 (%s): last.ckpt epoch %d (want 1), results.csv rows %d", what, ck, n);
     snprintf(log, sizeof log, "%s/b2.log", g_root);
     st = run(log, what, sizeof what, "train data=%s %s epochs=2 project=%s name=b resume=1", g_data, g_common, proj);
     check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "resume: B resumed for epoch 2 finishes: %s", what);
     if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
     n = csv_epochs(csv, ep, 8);
-    check(n == 2 && ep[0] == 1 && ep[1] == 2, "resume: B results.csv epochs: %d rows (%d, %d), want 1, 2", n, n > 0 ? ep[0] : -1,
-          n > 1 ? ep[1] : -1);
+    check(n == 2 && ep[0] == 1 && ep[1] == 2, "resume: B results.csv epochs: %d rows (%d, %d), want 1, 2", n,
+          n > 0 ? ep[0] : -1, n > 1 ? ep[1] : -1);
     printf("  killed + resumed run B: %.0f ms\n", ms_since(t1));
 
     // determinism of training itself first (A vs A2), then resume (A vs B)
@@ -435,7 +462,8 @@ static void test_resume_identical(void) {
 static void test_kill_mid_write(void) {
     double t0 = now_sec();
     enum { EPOCHS = 5 };
-    char proj[512], dir[600], ckpt[800], ckpt_tmp[800], last[800], last_tmp[800], csv[800], log[512], what[64], err[1024];
+    char proj[512], dir[600], ckpt[800], ckpt_tmp[800], last[800], last_tmp[800], csv[800], log[512], what[64],
+            err[1024];
     snprintf(proj, sizeof proj, "%s/p2", g_root);
     snprintf(dir, sizeof dir, "%s/k", proj);
     snprintf(ckpt, sizeof ckpt, "%s/weights/last.ckpt", dir);
@@ -463,7 +491,8 @@ static void test_kill_mid_write(void) {
         int st = 0, killed = 0, armed_at = prev;   // the checkpoint epoch when the watch was armed
         long tmp_size = -1;
         uint64_t seen = file_id(ckpt);
-        for (int it = 0, armed = !plan[a].skip; it < 300000; it++) {   // <= 60 s; a tight poll, so that the kill lands inside the write
+        for (int it = 0, armed = !plan[a].skip; it < 300000;
+             it++) {   // <= 60 s; a tight poll, so that the kill lands inside the write
             if (waitpid(pid, &st, WNOHANG) == pid) break;
             if (!armed) {
                 uint64_t id = file_id(ckpt);
@@ -488,22 +517,25 @@ static void test_kill_mid_write(void) {
         int mid = tmp_size >= 0;   // the .tmp outlives the process only if it died before the rename
         mid_write += mid, after_rename += !mid;
         int next = (armed_at >= 0 ? armed_at : 0) + 1;   // the epoch of the save the kill hit
-        printf("  kill %d: %s %s, %s after %s appeared + %ld us: %s, .tmp %s (%ld bytes), checkpoint at start %d, when armed %d\n", a,
-               what, prev >= 0 ? "resumed run" : "fresh run", plan[a].skip ? "one save let through" : "first save",
-               plan[a].ckpt ? "last.ckpt.tmp" : "last.safetensors.tmp", plan[a].delay_us, mid ? "mid-write" : "after the rename",
-               mid ? "left behind" : "gone", tmp_size, prev, armed_at);
+        printf("  kill %d: %s %s, %s after %s appeared + %ld us: %s, .tmp %s (%ld bytes), checkpoint at start %d, when "
+               "armed %d\n",
+               a, what, prev >= 0 ? "resumed run" : "fresh run", plan[a].skip ? "one save let through" : "first save",
+               plan[a].ckpt ? "last.ckpt.tmp" : "last.safetensors.tmp", plan[a].delay_us,
+               mid ? "mid-write" : "after the rename", mid ? "left behind" : "gone", tmp_size, prev, armed_at);
         // the checkpoint on disk: absent only if no save ever finished, else it opens and validates
         int e = -1;
         if (access(ckpt, F_OK) == 0) {
             int rc = ckpt_validate(ckpt, &e, err, sizeof err);
-            check(rc == 0, "kill %d: last.ckpt opens and validates (all tensors, finite, metadata): %s (epoch %d)", a, rc ? err : "ok", e);
+            check(rc == 0, "kill %d: last.ckpt opens and validates (all tensors, finite, metadata): %s (epoch %d)", a,
+                  rc ? err : "ok", e);
         }
         if (plan[a].ckpt)   // killed inside the write of epoch next's checkpoint, or just after its rename
-            check(e == (mid ? armed_at : next), "kill %d: last.ckpt is epoch %d, want %d (-1: none) for a kill %s", a, e,
-                  mid ? armed_at : next, mid ? "mid-write: the previous file stays" : "after the rename");
+            check(e == (mid ? armed_at : next), "kill %d: last.ckpt is epoch %d, want %d (-1: none) for a kill %s", a,
+                  e, mid ? armed_at : next, mid ? "mid-write: the previous file stays" : "after the rename");
         else   // last.safetensors may be written before or after the checkpoint: either is consistent
-            check(e == armed_at || e == next, "kill %d: last.ckpt is epoch %d, want the one before (%d) or the one being saved (%d)",
-                  a, e, armed_at, next);
+            check(e == armed_at || e == next,
+                  "kill %d: last.ckpt is epoch %d, want the one before (%d) or the one being saved (%d)", a, e,
+                  armed_at, next);
         if (access(last, F_OK) == 0) {
             int rc = weights_validate(last, err, sizeof err);
             check(rc == 0, "kill %d: last.safetensors loads with weights_load: %s", a, rc ? err : "ok");
@@ -516,12 +548,13 @@ static void test_kill_mid_write(void) {
     double t1 = now_sec();
     snprintf(log, sizeof log, "%s/kfinal.log", g_root);
     int prev = ckpt_epoch(ckpt);
-    int st = run(log, what, sizeof what, "train data=%s %s epochs=%d project=%s name=k%s", g_data, g_common, EPOCHS, proj,
-                 prev >= 0 ? " resume=1" : "");
+    int st = run(log, what, sizeof what, "train data=%s %s epochs=%d project=%s name=k%s", g_data, g_common, EPOCHS,
+                 proj, prev >= 0 ? " resume=1" : "");
     check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kill: final resume=1 from epoch %d finishes: %s", prev, what);
     if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
     int e = -1, rc = ckpt_validate(ckpt, &e, err, sizeof err);
-    check(rc == 0 && e == EPOCHS, "kill: final last.ckpt validates with epoch %d (want %d): %s", e, EPOCHS, rc ? err : "ok");
+    check(rc == 0 && e == EPOCHS, "kill: final last.ckpt validates with epoch %d (want %d): %s", e, EPOCHS,
+          rc ? err : "ok");
     rc = weights_validate(last, err, sizeof err);
     check(rc == 0, "kill: final last.safetensors loads: %s", rc ? err : "ok");
     check(access(ckpt_tmp, F_OK) != 0, "kill: no last.ckpt.tmp left after the final run");
@@ -533,13 +566,14 @@ static void test_kill_mid_write(void) {
     int all = 1;
     for (int k = 1; k <= EPOCHS; k++) all &= seen[k] > 0;
     char rows[160] = "";
-    for (int i = 0, l = 0; i < n && l < 150; i++) l += snprintf(rows + l, sizeof rows - (size_t)l, "%s%d", i ? "," : "", ep[i]);
+    for (int i = 0, l = 0; i < n && l < 150; i++)
+        l += snprintf(rows + l, sizeof rows - (size_t)l, "%s%d", i ? "," : "", ep[i]);
     check(all && !bad, "kill: final results.csv has every epoch 1..%d: rows [%s]", EPOCHS, rows);
     check(!dup && n == EPOCHS, "kill: final results.csv has each epoch once: %d rows, %d repeated", n, dup);
     int we = -1;
     rc = weights_match_ema(last, ckpt, &we, err, sizeof err);
-    check(rc == 0 && we == EPOCHS, "kill: final last.safetensors is the final checkpoint's EMA, epoch %d (want %d): %s", we, EPOCHS,
-          rc ? err : "ok");
+    check(rc == 0 && we == EPOCHS, "kill: final last.safetensors is the final checkpoint's EMA, epoch %d (want %d): %s",
+          we, EPOCHS, rc ? err : "ok");
     char best[800];
     snprintf(best, sizeof best, "%s/weights/best.safetensors", dir);
     rc = weights_validate(best, err, sizeof err);
@@ -575,19 +609,24 @@ static void test_kill_final_weights(void) {
     else snprintf(what, sizeof what, "ended by itself");
     long tmp_size = file_size(last_tmp);
     int ce = ckpt_epoch(ckpt), we = -1;
-    check(killed && tmp_size >= 0 && (ce == EPOCHS || ce == EPOCHS - 1), "final-epoch kill: %s while the final last.safetensors.tmp "
-          "was written (%ld bytes); last.ckpt epoch %d (%d or %d, by the save order)", what, tmp_size, ce, EPOCHS - 1, EPOCHS);
+    check(killed && tmp_size >= 0 && (ce == EPOCHS || ce == EPOCHS - 1),
+          "final-epoch kill: %s while the final last.safetensors.tmp "
+          "was written (%ld bytes); last.ckpt epoch %d (%d or %d, by the save order)",
+          what, tmp_size, ce, EPOCHS - 1, EPOCHS);
     snprintf(log, sizeof log, "%s/f2.log", g_root);
-    st = run(log, what, sizeof what, "train data=%s %s epochs=%d project=%s name=f resume=1", g_data, g_common, EPOCHS, proj);
+    st = run(log, what, sizeof what, "train data=%s %s epochs=%d project=%s name=f resume=1", g_data, g_common, EPOCHS,
+             proj);
     check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "final-epoch kill: resume=1 exits cleanly: %s", what);
     int rc = weights_match_ema(last, ckpt, &we, err, sizeof err);
-    check(rc == 0 && we == EPOCHS, "final-epoch kill: after resume=1, last.safetensors is the final checkpoint's EMA, epoch %d "
-          "(want %d): %s", we, EPOCHS, rc ? err : "ok");
+    check(rc == 0 && we == EPOCHS,
+          "final-epoch kill: after resume=1, last.safetensors is the final checkpoint's EMA, epoch %d "
+          "(want %d): %s",
+          we, EPOCHS, rc ? err : "ok");
     char csv[800];
     snprintf(csv, sizeof csv, "%s/results.csv", dir);
     int ep[8], n = csv_epochs(csv, ep, 8);
-    check(n == EPOCHS && ep[0] == 1 && ep[1] == 2, "final-epoch kill: results.csv rows 1, 2: %d rows (%d, %d)", n, n > 0 ? ep[0] : -1,
-          n > 1 ? ep[1] : -1);
+    check(n == EPOCHS && ep[0] == 1 && ep[1] == 2, "final-epoch kill: results.csv rows 1, 2: %d rows (%d, %d)", n,
+          n > 0 ? ep[0] : -1, n > 1 ? ep[1] : -1);
     printf("  part 2b (kill while the final last.safetensors is written): %.0f ms\n", ms_since(t0));
 }
 
@@ -601,7 +640,8 @@ static void test_nonfinite(void) {
     snprintf(proj, sizeof proj, "%s/p3", g_root);
     snprintf(dir, sizeof dir, "%s/nan", proj);
     snprintf(log, sizeof log, "%s/nan.log", g_root);
-    int st = run(log, what, sizeof what, "train data=%s %s epochs=3 project=%s name=nan lr0=1e30 optimizer=SGD", g_data, g_common, proj);
+    int st = run(log, what, sizeof what, "train data=%s %s epochs=3 project=%s name=nan lr0=1e30 optimizer=SGD", g_data,
+                 g_common, proj);
     int ok_exit = WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 1);
     check(ok_exit, "nan: lr0=1e30 SGD ends with exit 0 or 1, not a crash: %s", what);
     long len;
@@ -615,7 +655,8 @@ static void test_nonfinite(void) {
         int rc = weights_validate(path, err, sizeof err);
         check(rc == 0, "nan: last.safetensors has no NaN/Inf (weights_load): %s", rc ? err : "ok");
     } else {
-        check(WIFEXITED(st) && WEXITSTATUS(st) == 1, "nan: no last.safetensors, allowed only when the run stopped (exit 1): %s", what);
+        check(WIFEXITED(st) && WEXITSTATUS(st) == 1,
+              "nan: no last.safetensors, allowed only when the run stopped (exit 1): %s", what);
     }
     snprintf(path, sizeof path, "%s/weights/best.safetensors", dir);
     if (access(path, F_OK) == 0) {
@@ -636,11 +677,13 @@ static void test_nonfinite(void) {
 
 // run_until_ckpt: train NAME (resume=1 if asked) and SIGKILL it as soon as last.ckpt has epoch
 // stop; the checkpoint epoch after the kill (or after the run ended by itself).
-static int run_until_ckpt(const char *proj, const char *name, const char *args, int stop, int resume, char *what, size_t wn) {
+static int run_until_ckpt(const char *proj, const char *name, const char *args, int stop, int resume, char *what,
+                          size_t wn) {
     char ckpt[800], log[600];
     snprintf(ckpt, sizeof ckpt, "%s/%s/weights/last.ckpt", proj, name);
     snprintf(log, sizeof log, "%s/%s.%d.log", g_root, name, stop);
-    pid_t pid = spawn(log, "train data=%s %s %s project=%s name=%s%s", g_data, g_common1, args, proj, name, resume ? " resume=1" : "");
+    pid_t pid = spawn(log, "train data=%s %s %s project=%s name=%s%s", g_data, g_common1, args, proj, name,
+                      resume ? " resume=1" : "");
     int st = 0, killed = 0;
     uint64_t seen = 0;
     for (int it = 0; it < 300000; it++) {   // <= 60 s
@@ -651,7 +694,8 @@ static int run_until_ckpt(const char *proj, const char *name, const char *args, 
     }
     if (killed) run_wait(pid, what, wn);
     else {
-        snprintf(what, wn, "ended by itself (%s %d)", WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        snprintf(what, wn, "ended by itself (%s %d)", WIFEXITED(st) ? "exit" : "signal",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
         show_log_tail(log);
     }
     return ckpt_epoch(ckpt);
@@ -664,7 +708,8 @@ static void test_batch1_sgd_resume(void) {
     // batch=1: every validation image is its own rect batch, of several shapes
     snprintf(log, sizeof log, "%s/b1.log", g_root);
     int st = run(log, what, sizeof what, "train data=%s %s epochs=1 project=%s name=v", g_data, g_common1, proj);
-    check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "batch=1: one epoch with validation over several rect shapes finishes: %s", what);
+    check(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+          "batch=1: one epoch with validation over several rect shapes finishes: %s", what);
     if (!WIFEXITED(st) || WEXITSTATUS(st)) show_log_tail(log);
     printf("  part 4a (batch=1 validation): %.0f ms\n", ms_since(t0));
 
@@ -708,7 +753,8 @@ int main(void) {
     if (data_yaml_load(g_data, &dc, err, sizeof err)) die("%s", err);
     ref_model_init(dc.nc);
 
-    printf("  yolo binary: %s; parts: %s\n", g_yolo, getenv("TEST_TRAIN_SAMPLE") && *getenv("TEST_TRAIN_SAMPLE") ? getenv("TEST_TRAIN_SAMPLE") : "all");
+    printf("  yolo binary: %s; parts: %s\n", g_yolo,
+           getenv("TEST_TRAIN_SAMPLE") && *getenv("TEST_TRAIN_SAMPLE") ? getenv("TEST_TRAIN_SAMPLE") : "all");
     if (part_on("1")) test_resume_identical();
     if (part_on("2")) test_kill_mid_write();
     if (part_on("2b")) test_kill_final_weights();

@@ -101,8 +101,8 @@ static void expect_load_fail(const char *what, const char *path, const char *wan
     char err[2048] = "";
     int rc = weights_load(path, r, NSPEC, err, sizeof err);
     int named = strstr(err, want) != NULL && strstr(err, path) != NULL;
-    check(rc != 0 && named && refs_same(r, snap), "bad file (%s): load fails, error names '%s' and the file, refs untouched [%s]",
-          what, want, err);
+    check(rc != 0 && named && refs_same(r, snap),
+          "bad file (%s): load fails, error names '%s' and the file, refs untouched [%s]", what, want, err);
     refs_free(r); refs_free(snap);
 }
 
@@ -118,12 +118,15 @@ static void test_half(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         float got = half_to_float((uint16_t)h);
         double want = ref_half((uint16_t)h);
-        int ok = isnan(want) ? isnan(got) && (signbit(got) != 0) == (h >> 15) && ((f32_bits(got) >> 13) & 0x3ff) == (h & 0x3ff)
-                             : (double)got == want && (signbit(got) != 0) == (h >> 15);
+        int ok = isnan(want)
+                ? isnan(got) && (signbit(got) != 0) == (h >> 15) && ((f32_bits(got) >> 13) & 0x3ff) == (h & 0x3ff)
+                : (double)got == want && (signbit(got) != 0) == (h >> 15);
         if (!ok) { if (bad < 3) printf("  half 0x%04x: got %g want %g\n", h, got, want); bad++; }
         if (float_to_half(got) != (uint16_t)(isnan(want) ? (h | 0x200) : h)) badrt++;
     }
-    check(bad == 0, "half_to_float: all 65536 bit patterns equal ldexp reference (incl. subnormals, inf, NaN payload): %d wrong", bad);
+    check(bad == 0,
+          "half_to_float: all 65536 bit patterns equal ldexp reference (incl. subnormals, inf, NaN payload): %d wrong",
+          bad);
     check(badrt == 0, "float_to_half(half_to_float(h)) == h for all 65536 h (NaN quieted): %d wrong", badrt);
     // ties and near-ties between every pair of adjacent finite non-negative halves (incl. subnormals)
     int badtie = 0, badnear = 0;
@@ -137,9 +140,12 @@ static void test_half(void) {
     check(badtie == 0, "float_to_half ties round to even at all 31743 midpoints (both signs): %d wrong", badtie);
     check(badnear == 0, "float_to_half one ulp below/above each midpoint rounds down/up: %d wrong", badnear);
     check(float_to_half(65519.99f) == 0x7bff && float_to_half(65520.0f) == 0x7c00 && float_to_half(1e10f) == 0x7c00 &&
-          float_to_half(-INFINITY) == 0xfc00 && (float_to_half(NAN) & 0x7e00) == 0x7e00 && float_to_half(ldexpf(1, -25)) == 0 &&
-          float_to_half(nextafterf(ldexpf(1, -25), 1)) == 1 && float_to_half(-0.0f) == 0x8000 && float_to_half(ldexpf(3, -25)) == 2 && float_to_half(ldexpf(5, -25)) == 2,
-          "float_to_half edge cases: 65519.99->0x7bff, 65520->inf, 2^-25->0, just above->1, ties 3*2^-25->2 and 5*2^-25->2, -0, NaN");
+                  float_to_half(-INFINITY) == 0xfc00 && (float_to_half(NAN) & 0x7e00) == 0x7e00 &&
+                  float_to_half(ldexpf(1, -25)) == 0 && float_to_half(nextafterf(ldexpf(1, -25), 1)) == 1 &&
+                  float_to_half(-0.0f) == 0x8000 && float_to_half(ldexpf(3, -25)) == 2 &&
+                  float_to_half(ldexpf(5, -25)) == 2,
+          "float_to_half edge cases: 65519.99->0x7bff, 65520->inf, 2^-25->0, just above->1, ties 3*2^-25->2 and "
+          "5*2^-25->2, -0, NaN");
     // gcc's own _Float16 as a second reference on random floats
 #ifdef __FLT16_MAX__
     Rng g; rng_seed(&g, 5);
@@ -157,9 +163,10 @@ static void test_half(void) {
 #endif
     // bfloat16
     check(float_to_bf16(bits_f32(0x3f808000u)) == 0x3f80 && float_to_bf16(bits_f32(0x3f818000u)) == 0x3f82 &&
-          float_to_bf16(bits_f32(0x3f808001u)) == 0x3f81 && float_to_bf16(bits_f32(0x7f7fffffu)) == 0x7f80 &&
-          (float_to_bf16(NAN) & 0x7fc0) == 0x7fc0 && bf16_to_float(0x0001) == ldexpf(1, -133),
-          "bf16: ties to even (0x3f808000->0x3f80, 0x3f818000->0x3f82), above tie up, max->inf, NaN, subnormal 0x0001=2^-133");
+                  float_to_bf16(bits_f32(0x3f808001u)) == 0x3f81 && float_to_bf16(bits_f32(0x7f7fffffu)) == 0x7f80 &&
+                  (float_to_bf16(NAN) & 0x7fc0) == 0x7fc0 && bf16_to_float(0x0001) == ldexpf(1, -133),
+          "bf16: ties to even (0x3f808000->0x3f80, 0x3f818000->0x3f82), above tie up, max->inf, NaN, subnormal "
+          "0x0001=2^-133");
 }
 
 static void test_roundtrip(void) {
@@ -177,7 +184,8 @@ static void test_roundtrip(void) {
     check(rc == 0 && n1 == n2 && memcmp(f1, f2, n1) == 0, "save, load, save: identical file bytes (%zu bytes)", n1);
     uint64_t hl = 0;
     for (int k = 7; k >= 0; k--) hl = hl << 8 | f1[k];
-    check(hl % 8 == 0 && f1[8] == '{', "header length %llu is a multiple of 8 and starts with '{'", (unsigned long long)hl);
+    check(hl % 8 == 0 && f1[8] == '{', "header length %llu is a multiple of 8 and starts with '{'",
+          (unsigned long long)hl);
     free(f1); free(f2);
     SafeTensors st;
     rc = st_open(p1, &st, err, sizeof err);
@@ -185,7 +193,8 @@ static void test_roundtrip(void) {
     check(rc == 0 && st.nmeta == 3 && note && strcmp(note, meta[5]) == 0 && strcmp(st_meta(&st, "nc"), "3") == 0,
           "metadata round trip incl. escaped quote, backslash, tab and UTF-8 [%s]", note ? note : err);
     const StEntry *e = rc ? NULL : st_find(&st, "model.1.bn.num_batches_tracked");
-    check(e && e->dtype == ST_I64 && e->ndim == 0 && e->numel == 1, "num_batches_tracked stored as I64 scalar with shape []");
+    check(e && e->dtype == ST_I64 && e->ndim == 0 && e->numel == 1,
+          "num_batches_tracked stored as I64 scalar with shape []");
     check(!rc && st_find(&st, "model.99.x") == NULL, "st_find of a missing name gives NULL");
     st_close(&st);
 
@@ -199,7 +208,8 @@ static void test_roundtrip(void) {
         for (int64_t k = 0; k < param_numel(&a[i]); k++, tot++)
             bad += f32_bits(b[i].data[k]) != f32_bits(half_to_float(float_to_half(a[i].data[k])));
     }
-    check(rc == 0 && bad == 0, "F16 save -> load: %lld values equal fp16-rounded originals, %lld differ [%s]", (long long)tot, (long long)bad, err);
+    check(rc == 0 && bad == 0, "F16 save -> load: %lld values equal fp16-rounded originals, %lld differ [%s]",
+          (long long)tot, (long long)bad, err);
     // BF16 likewise
     rc = weights_save(p3, a, NSPEC, NULL, ST_BF16, err, sizeof err);
     rc = rc ? rc : weights_load(p3, b, NSPEC, err, sizeof err);
@@ -207,12 +217,14 @@ static void test_roundtrip(void) {
     for (int i = 0; i < NSPEC && !rc; i++)
         for (int64_t k = 0; a[i].kind != PARAM_COUNT && k < param_numel(&a[i]); k++)
             bad += f32_bits(b[i].data[k]) != f32_bits(bf16_to_float(float_to_bf16(a[i].data[k])));
-    check(rc == 0 && bad == 0, "BF16 save -> load equals bf16-rounded originals (%lld differ) [%s]", (long long)bad, err);
+    check(rc == 0 && bad == 0, "BF16 save -> load equals bf16-rounded originals (%lld differ) [%s]", (long long)bad,
+          err);
     // F16 overflow is refused, not silently turned into inf
     float keep = a[0].data[5];
     a[0].data[5] = 70000.0f;
     rc = weights_save(p3, a, NSPEC, NULL, ST_F16, err, sizeof err);
-    check(rc != 0 && strstr(err, "model.0.conv.weight") && strstr(err, "overflows F16"), "F16 save of 70000 fails naming the tensor [%s]", err);
+    check(rc != 0 && strstr(err, "model.0.conv.weight") && strstr(err, "overflows F16"),
+          "F16 save of 70000 fails naming the tensor [%s]", err);
     a[0].data[5] = keep;
     refs_free(a); refs_free(b);
 }
@@ -222,8 +234,11 @@ static void test_bf16_file(void) {
     const uint16_t v[] = {0x3f80, 0x4049, 0xbf00, 0x0001, 0x7f7f, 0x8000, 0xc2f7, 0x3e80, 0x7f80, 0xff80, 0x7fc1};
     const double want[] = {1.0, 3.140625, -0.5, ldexp(1, -133), ldexp(255, 120), -0.0, -123.5, 0.25};
     const char *p = path_in("bf16.safetensors");
-    file_craft(p, "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"BF16\",\"shape\":[2,4],\"data_offsets\":[0,16]},"
-                  "\"special\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]}}", v, sizeof v);
+    file_craft(
+            p,
+            "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"BF16\",\"shape\":[2,4],\"data_offsets\":[0,16]},"
+            "\"special\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]}}",
+            v, sizeof v);
     float w[8] = {0}, sp[3];
     ParamRef r = {"w", 2, {2, 4}, w, PARAM_TRAIN, 0};
     SafeTensors st;
@@ -237,13 +252,16 @@ static void test_bf16_file(void) {
     st_close(&st);
     int bad = 0;
     for (int k = 0; k < 8; k++) bad += !((double)w[k] == want[k] && !!signbit(w[k]) == !!signbit(want[k]));
-    check(rc == 0 && bad == 0, "BF16 file values equal hand-computed 1, 3.140625, -0.5, 2^-133, 3.3895314e38, -0, -123.5, 0.25 (%d wrong) [%s]",
+    check(rc == 0 && bad == 0,
+          "BF16 file values equal hand-computed 1, 3.140625, -0.5, 2^-133, 3.3895314e38, -0, -123.5, 0.25 (%d wrong) "
+          "[%s]",
           bad, err);
     // with allow_extra = 0 the extra tensor is reported and w is left alone
     float w2[8] = {0};
     r.data = w2;
     rc = weights_load(p, &r, 1, err, sizeof err);
-    check(rc != 0 && strstr(err, "unexpected tensor 'special' (3)") && w2[0] == 0, "strict load of the BF16 file reports 'special' [%s]", err);
+    check(rc != 0 && strstr(err, "unexpected tensor 'special' (3)") && w2[0] == 0,
+          "strict load of the BF16 file reports 'special' [%s]", err);
 }
 
 static void test_bad_files(void) {
@@ -255,7 +273,8 @@ static void test_bad_files(void) {
     unsigned char *g = file_read(good, &n);
     uint64_t hl = 0;
     for (int k = 7; k >= 0; k--) hl = hl << 8 | g[k];
-    size_t cuts[] = {1, 7, 8, 9, 8 + (size_t)hl / 2, 8 + (size_t)hl - 1, 8 + (size_t)hl, 8 + (size_t)hl + 100, n / 2, n - 1};
+    size_t cuts[] = {1,     7,    8, 9, 8 + (size_t)hl / 2, 8 + (size_t)hl - 1, 8 + (size_t)hl, 8 + (size_t)hl + 100,
+                     n / 2, n - 1};
     const char *wants[] = {"too short", "too short", "exceeds", "exceeds", "exceeds", "exceeds", "out of bounds",
                            "out of bounds", "out of bounds", "out of bounds"};
     for (int c = 0; c < (int)(sizeof cuts / sizeof cuts[0]); c++) {
@@ -287,7 +306,8 @@ static void test_bad_files(void) {
     file_craft(bad, "{\"model.0.bn.weight\":{\"dtype\":\"F32\",\"shape\":[16],\"data_offsets\":[0,64]},"
                     "\"model.0.bn.weight\":{\"dtype\":\"F32\",\"shape\":[16],\"data_offsets\":[64,128]}}", d, 128);
     expect_load_fail("duplicate names", bad, "duplicate tensor name 'model.0.bn.weight'");
-    file_craft(bad, "{\"model.0.bn.weight\":{\"dtype\":\"F32\",\"shape\":[16],\"data_offsets\":[0,64],\"extra\":1}}", d, 64);
+    file_craft(bad, "{\"model.0.bn.weight\":{\"dtype\":\"F32\",\"shape\":[16],\"data_offsets\":[0,64],\"extra\":1}}", d,
+               64);
     expect_load_fail("unknown field", bad, "unknown field 'extra'");
     file_craft(bad, "{\"model.0.bn.weight\":{\"dtype\":\"F32\",\"shape\":[-16],\"data_offsets\":[0,64]}}", d, 64);
     expect_load_fail("negative dim", bad, "non-negative integer");
@@ -298,7 +318,8 @@ static void test_bad_files(void) {
     ParamRef *m = refs_make(1);
     m[6].shape[0] = 8;    // model.1.conv.weight (8, 16, 3, 3)
     weights_save(bad, m, NSPEC, NULL, ST_F32, err, sizeof err);
-    expect_load_fail("wrong shape", bad, "'model.1.conv.weight' shape (8, 16, 3, 3) in file, model expects (32, 16, 3, 3)");
+    expect_load_fail("wrong shape", bad,
+                     "'model.1.conv.weight' shape (8, 16, 3, 3) in file, model expects (32, 16, 3, 3)");
     m[6].shape[0] = 32;
     weights_save(bad, m, NSPEC - 1, NULL, ST_F32, err, sizeof err);
     expect_load_fail("missing tensor", bad, "missing tensor 'model.22.dfl.conv.weight'");
@@ -310,7 +331,11 @@ static void test_bad_files(void) {
     expect_load_fail("unexpected tensor", bad, "unexpected tensor 'model.23.foo' (4)");
     // many mismatches: first few listed and a count
     for (int i = 0; i < NSPEC; i++) if (m[i].kind != PARAM_COUNT) m[i].shape[0] += 1;
-    for (int i = 0; i < NSPEC; i++) if (m[i].kind != PARAM_COUNT) { free(m[i].data); m[i].data = xcalloc((size_t)param_numel(&m[i]), 4); }
+    for (int i = 0; i < NSPEC; i++)
+        if (m[i].kind != PARAM_COUNT) {
+            free(m[i].data);
+            m[i].data = xcalloc((size_t)param_numel(&m[i]), 4);
+        }
     weights_save(bad, m, NSPEC, NULL, ST_F32, err, sizeof err);
     expect_load_fail("all shapes wrong", bad, "24 mismatches");
     expect_load_fail("all shapes wrong (list cut)", bad, "; ...");
@@ -324,7 +349,8 @@ static void test_bad_files(void) {
     for (int i = 0; i < NSPEC; i++) if (nb[i].kind != PARAM_COUNT) nb2[k2++] = nb[i];
     rc = rc ? rc : weights_load_st(&st, nb2, k2, NULL, 0, err, sizeof err);
     st_close(&st);
-    check(rc == 0, "a file's I64 num_batches_tracked tensors are accepted (skipped) by refs without counters [%s]", err);
+    check(rc == 0, "a file's I64 num_batches_tracked tensors are accepted (skipped) by refs without counters [%s]",
+          err);
     free(nb2); refs_free(nb);
     // NaN / Inf values
     float keep = a[12].data[7];
@@ -336,13 +362,18 @@ static void test_bad_files(void) {
     expect_load_fail("Inf value", bad, "(Inf) at index 7");
     a[12].data[7] = keep;
     expect_load_fail("nonexistent file", path_in("nope.safetensors"), "cannot open");
-    file_craft(bad, "{\"model.0.bn.weight\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,64]}}", d, 64);
+    file_craft(
+            bad,
+            "{\"model.0.bn.weight\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,64]}}",
+            d, 64);
     expect_load_fail("shape product overflow", bad, "tensor 'model.0.bn.weight': shape product overflows");
-    file_craft(bad, "{\"model.0.bn.num_batches_tracked\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}", d, 4);
+    file_craft(bad, "{\"model.0.bn.num_batches_tracked\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}", d,
+               4);
     {
         ParamRef cr = {"model.0.bn.num_batches_tracked", 0, {0}, NULL, PARAM_COUNT, 77};
         int r2 = weights_load(bad, &cr, 1, err, sizeof err);
-        check(r2 != 0 && cr.count == 77 && strstr(err, "'model.0.bn.num_batches_tracked' should be one integer, file has F32 ()"),
+        check(r2 != 0 && cr.count == 77 &&
+                      strstr(err, "'model.0.bn.num_batches_tracked' should be one integer, file has F32 ()"),
               "counter stored as F32 is refused, count untouched [%s]", err);
     }
     {   // header length over the 100 MB cap, in a sparse 150 MB file (no real disk use)
@@ -351,7 +382,8 @@ static void test_bad_files(void) {
         for (int k = 0; k < 8; k++) h8[k] = (unsigned char)(hl8 >> (8 * k));
         file_write(bad, h8, 8);
         if (truncate(bad, 150000000) != 0) die("truncate %s", bad);
-        expect_load_fail("header length over the 100 MB cap", bad, "header length 120000000 exceeds the 100000000 byte limit");
+        expect_load_fail("header length over the 100 MB cap", bad,
+                         "header length 120000000 exceeds the 100000000 byte limit");
         file_write(bad, h8, 8);
     }
     free(x); refs_free(m); refs_free(a);
@@ -373,11 +405,13 @@ static void test_atomic(void) {
         char tmp[300]; snprintf(tmp, sizeof tmp, "%s.tmp", p);
         struct stat sb;
         check(rc != 0 && strstr(err, "writing") && n1 == n0 && memcmp(f0, f1, n0) == 0 && stat(tmp, &sb) != 0,
-              "save failing after %lld bytes: error reported, old file intact, no .tmp left [%s]", (long long)fails[c], err);
+              "save failing after %lld bytes: error reported, old file intact, no .tmp left [%s]", (long long)fails[c],
+              err);
         free(f1);
     }
     int rc = weights_save(path_in("no/such/dir/x.safetensors"), a, NSPEC, NULL, ST_F32, err, sizeof err);
-    check(rc != 0 && strstr(err, "no/such/dir/x.safetensors") && strstr(err, "cannot create"), "save into a missing directory fails [%s]", err);
+    check(rc != 0 && strstr(err, "no/such/dir/x.safetensors") && strstr(err, "cannot create"),
+          "save into a missing directory fails [%s]", err);
     rc = weights_save(p, b, NSPEC, NULL, ST_F32, err, sizeof err);
     ParamRef *c = refs_make(0);
     rc = rc ? rc : weights_load(p, c, NSPEC, err, sizeof err);
@@ -413,19 +447,23 @@ static void test_generic(void) {
     rc = rc ? rc : st_open(p, &st, err, sizeof err);
     if (rc == 0) {
         int rc2 = weights_load_st(&st, b, NSPEC, NULL, 0, err, sizeof err);
-        check(rc2 != 0 && strstr(err, "unexpected tensor 'optim."), "checkpoint: strict load reports optim.* as unexpected [%s]", err);
+        check(rc2 != 0 && strstr(err, "unexpected tensor 'optim."),
+              "checkpoint: strict load reports optim.* as unexpected [%s]", err);
         rc2 = weights_load_st(&st, b, NSPEC, NULL, 1, err, sizeof err);
         check(rc2 == 0 && refs_same(a, b), "checkpoint: load with allow_extra gets the model exactly [%s]", err);
         const StEntry *e = st_find(&st, "optim.model.22.cv3.0.2.weight");
         float buf[3 * 64];
         rc2 = e ? st_read_f32(&st, e, buf, err, sizeof err) : -1;
-        check(rc2 == 0 && e->numel == 192 && memcmp(buf, a[24].data, sizeof buf) == 0, "checkpoint: st_find + st_read_f32 of an optim tensor");
+        check(rc2 == 0 && e->numel == 192 && memcmp(buf, a[24].data, sizeof buf) == 0,
+              "checkpoint: st_find + st_read_f32 of an optim tensor");
         int64_t got[2];
         e = st_find(&st, "train.step");
         rc2 = e ? st_read_i64(&st, e, got, err, sizeof err) : -1;
-        check(rc2 == 0 && got[0] == 12345 && got[1] == -7 && strcmp(st_meta(&st, "epoch"), "4") == 0, "checkpoint: I64 tensor and metadata");
+        check(rc2 == 0 && got[0] == 12345 && got[1] == -7 && strcmp(st_meta(&st, "epoch"), "4") == 0,
+              "checkpoint: I64 tensor and metadata");
         rc2 = e ? st_read_f32(&st, e, buf, err, sizeof err) : 0;
-        check(rc2 != 0 && strstr(err, "train.step") && strstr(err, "I64"), "st_read_f32 of an I64 tensor is an error [%s]", err);
+        check(rc2 != 0 && strstr(err, "train.step") && strstr(err, "I64"),
+              "st_read_f32 of an I64 tensor is an error [%s]", err);
         st_close(&st);
     } else check(0, "checkpoint write/open [%s]", err);
     // every readable dtype from a hand-made file
@@ -454,11 +492,14 @@ static void test_generic(void) {
         const char *nm[] = {"i8", "u16", "i16", "u32", "i32", "bool", "u8"};
         r2 = r2 ? r2 : st_read_f32(&s2, st_find(&s2, "f64"), fv, err, sizeof err);
         for (int k = 0; k < 7 && !r2; k++) r2 = st_read_i64(&s2, st_find(&s2, nm[k]), iv[k], err, sizeof err);
-        check(r2 == 0 && fv[0] == -2.5f && fv[1] == (float)1e-3 && iv[0][0] == -128 && iv[0][1] == 127 && iv[1][0] == 65535 &&
-              iv[1][1] == 1 && iv[2][0] == -32768 && iv[2][1] == 5 && iv[3][0] == 4294967295ll && iv[4][0] == INT32_MIN &&
-              iv[4][1] == 9 && iv[5][0] == 1 && iv[5][1] == 0 && iv[6][0] == 200, "F64, I8, U16, I16, U32, I32, BOOL, U8 read with sign/zero extension [%s]", err);
+        check(r2 == 0 && fv[0] == -2.5f && fv[1] == (float)1e-3 && iv[0][0] == -128 && iv[0][1] == 127 &&
+                      iv[1][0] == 65535 && iv[1][1] == 1 && iv[2][0] == -32768 && iv[2][1] == 5 &&
+                      iv[3][0] == 4294967295ll && iv[4][0] == INT32_MIN && iv[4][1] == 9 && iv[5][0] == 1 &&
+                      iv[5][1] == 0 && iv[6][0] == 200,
+              "F64, I8, U16, I16, U32, I32, BOOL, U8 read with sign/zero extension [%s]", err);
         r2 = r2 ? r2 : st_read_i64(&s2, st_find(&s2, "f64"), iv[0], err, sizeof err);
-        check(r2 != 0 && strstr(err, "'f64' has dtype F64, expected an integer dtype"), "st_read_i64 of a float tensor is an error [%s]", err);
+        check(r2 != 0 && strstr(err, "'f64' has dtype F64, expected an integer dtype"),
+              "st_read_i64 of a float tensor is an error [%s]", err);
         st_close(&s2);
     }
     {   // writer argument errors
@@ -475,7 +516,8 @@ static void test_generic(void) {
     }
     t[1].name = t[0].name;
     rc = st_write(p, t, nt, NULL, err, sizeof err);
-    check(rc != 0 && strstr(err, "duplicate tensor name 'model.0.conv.weight'"), "st_write refuses duplicate names [%s]", err);
+    check(rc != 0 && strstr(err, "duplicate tensor name 'model.0.conv.weight'"),
+          "st_write refuses duplicate names [%s]", err);
     free(t); refs_free(a); refs_free(b);
 }
 
@@ -486,7 +528,8 @@ static void test_infer(void) {
     const char *p = path_in("infer.safetensors");
     weights_save(p, a, NSPEC, NULL, ST_F16, err, sizeof err);
     int rc = weights_infer(p, &nc, &scale, err, sizeof err);
-    check(rc == 0 && nc == 3 && scale == 'n', "weights_infer: nc 3 scale n (got %d %c) [%s]", nc, scale ? scale : '?', err);
+    check(rc == 0 && nc == 3 && scale == 'n', "weights_infer: nc 3 scale n (got %d %c) [%s]", nc, scale ? scale : '?',
+          err);
     ParamRef *m = refs_make(0);
     m[0].shape[0] = 48; free(m[0].data); m[0].data = xcalloc(48 * 27, 4);
     m[24].shape[0] = 80; free(m[24].data); m[24].data = xcalloc(80 * 64, 4);
@@ -496,10 +539,12 @@ static void test_infer(void) {
     m[0].shape[0] = 40; free(m[0].data); m[0].data = xcalloc(40 * 27, 4);
     weights_save(p, m, NSPEC, NULL, ST_F32, err, sizeof err);
     rc = weights_infer(p, &nc, &scale, err, sizeof err);
-    check(rc != 0 && strstr(err, "model.0.conv.weight has shape (40, 3, 3, 3)"), "weights_infer: stem width 40 rejected [%s]", err);
+    check(rc != 0 && strstr(err, "model.0.conv.weight has shape (40, 3, 3, 3)"),
+          "weights_infer: stem width 40 rejected [%s]", err);
     weights_save(p, m + 1, 20, NULL, ST_F32, err, sizeof err);
     rc = weights_infer(p, &nc, &scale, err, sizeof err);
-    check(rc != 0 && strstr(err, "not a YOLOv8 detection model: no tensor 'model.0.conv.weight'"), "weights_infer: no stem [%s]", err);
+    check(rc != 0 && strstr(err, "not a YOLOv8 detection model: no tensor 'model.0.conv.weight'"),
+          "weights_infer: no stem [%s]", err);
     refs_free(a); refs_free(m);
 }
 

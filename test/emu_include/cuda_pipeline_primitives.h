@@ -8,7 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-static inline void __pipeline_memcpy_async(void *dst_shared, const void *src_global, size_t size_and_align, size_t zfill = 0) {
+static inline void __pipeline_memcpy_async(void *dst_shared, const void *src_global, size_t size_and_align,
+                                           size_t zfill = 0) {
     if ((size_and_align != 4 && size_and_align != 8 && size_and_align != 16) || zfill > size_and_align ||
         ((uintptr_t)dst_shared | (uintptr_t)src_global) % size_and_align)
         emu::fail("__pipeline_memcpy_async: size %zu, zfill %zu, dst %p, src %p (size 4, 8 or 16, both aligned to it)",

@@ -1,5 +1,6 @@
 // cuda_runtime.h of the CUDA-on-CPU emulation (see cuda_runtime_api.h here): the runtime API plus
-// the C++ pieces a .cu file sees: uint3, dim3, the 8/16-byte vector types and the templated cudaFuncSetAttribute. C++ only.
+// the C++ pieces a .cu file sees: uint3, dim3, the 8/16-byte vector types and the templated cudaFuncSetAttribute. C++
+// only.
 #pragma once
 #include "cuda_runtime_api.h"
 
