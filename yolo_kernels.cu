@@ -1223,8 +1223,8 @@ static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const 
     cudaStream_t s = (cudaStream_t)stream;
     BnGeo q = bn_geo(B, C, HW, zs);
     float *part = scratch + 2 * (long)C;   // after the two means
-    bn_bwd_partial_kernel<T>
-            <<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
+    dim3 grid((unsigned)q.K, (unsigned)C);
+    bn_bwd_partial_kernel<T><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
     bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta,
                                                       scratch);
