@@ -265,7 +265,7 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 // MR x NR register-blocked micro-kernel written with GCC vector extensions (AVX-512 / AVX2 /
 // SSE / NEON, whatever -march gives). Pack buffers are allocated once (gemm_init), never per call.
 // The block is GEMM_NV vectors gemm_vec wide. aarch64: 16-byte NEON vectors and 32 registers, so
-// 8 x 12 (24 accumulators, 3 of B, 2 of A); a 64-byte vector there would be 4 registers each and
+// 8 x 12 (24 accumulators, 3 vectors of B, A's 8 values); a 64-byte vector there is 4 registers and
 // the 8 x 32 block 64 accumulators, most of them spilled.
 #if defined(__aarch64__)
 typedef float gemm_vec __attribute__((vector_size(16), aligned(4)));
