@@ -286,9 +286,9 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 // The block is GEMM_NV vectors gemm_vec wide, sized per ISA so that the accumulators stay in
 // registers: AVX-512 (32 zmm): 8 x 32, 16 accumulators; AVX2 / SSE (16 ymm / xmm): 6 x 16 of
 // 64-byte vectors (12 ymm); aarch64 (32 q registers, 16-byte NEON vectors): 8 x 12 (24
-// accumulators, 3 of B, 2 of A; a 64-byte vector there would be 4 registers and the 8 x 32 block
-// 64 accumulators, most of them spilled). The blocking does not change the order in which a C
-// element's products are summed, so results are the same on every ISA.
+// accumulators, 3 vectors of B, A's 8 values; a 64-byte vector there would be 4 registers and
+// the 8 x 32 block 64 accumulators, most of them spilled). The blocking does not change the order
+// in which a C element's products are summed, so results are the same on every ISA.
 #if defined(__aarch64__)
 typedef float gemm_vec __attribute__((vector_size(16), aligned(4)));
 #define GEMM_MR 8
