@@ -278,7 +278,7 @@ typedef float vf16 __attribute__((vector_size(64), aligned(4)));
 #endif
 #define GEMM_NR (16 * GEMM_NV)
 #define GEMM_KC 256
-#define GEMM_MC 128
+#define GEMM_MC (GEMM_MR * (128 / GEMM_MR))   // a whole number of MR panels: the A pack must not spill into B's
 #define GEMM_NC 512
 #define GEMM_MAX_THREADS 64
 // A GEMM with a small C and a long K (the weight gradient of the high-resolution layers: C is
