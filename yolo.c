@@ -376,6 +376,21 @@ static inline void gemm_kernel(int kc, const float *restrict ap, const float *re
     }
 }
 
+// gemm_pack_panel: n (<= w) lines of an operand, kc deep, into dst (kc, w), zero padded to w.
+// Element (line i, depth k) is src[i * ld + k] when along_k (read along the rows, contiguous),
+// else src[k * ld + i].
+static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc, int w, float *restrict dst) {
+    if (along_k) {
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < kc; k++) dst[k * w + i] = src[(size_t)i * ld + k];
+    } else {
+        for (int k = 0; k < kc; k++)
+            for (int i = 0; i < n; i++) dst[k * w + i] = src[(size_t)k * ld + i];
+    }
+    for (int k = 0; k < kc; k++)
+        for (int i = n; i < w; i++) dst[k * w + i] = 0;
+}
+
 // gemm_block: C block (mc x nc at C) (+)= op(A) rows i0.. times op(B) columns j0.., over k in
 // [k0, k1), KC at a time; add: whether the first KC block adds to C. pa: this thread's pack buffer.
 // A transposed operand is packed reading along its rows (contiguous), not across them.
@@ -384,45 +399,15 @@ static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, i
     float *pb = pa + GEMM_MC * GEMM_KC;
     for (int p0 = k0; p0 < k1; p0 += GEMM_KC) {
         int kc = k1 - p0 < GEMM_KC ? k1 - p0 : GEMM_KC;
-        // pack B (kc x nc) into NR-wide panels, zero padded
-        for (int jp = 0; jp < nc; jp += GEMM_NR) {
-            float *dst = pb + (size_t)jp * kc;
+        for (int jp = 0; jp < nc; jp += GEMM_NR) {   // B (kc x nc) into NR-wide panels
             int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-            if (!tB) {
-                for (int k = 0; k < kc; k++) {
-                    float *d = dst + k * GEMM_NR;
-                    const float *src = B + (size_t)(p0 + k) * ldb + j0 + jp;
-                    for (int j = 0; j < nr; j++) d[j] = src[j];
-                    for (int j = nr; j < GEMM_NR; j++) d[j] = 0;
-                }
-            } else {
-                for (int j = 0; j < nr; j++) {
-                    const float *src = B + (size_t)(j0 + jp + j) * ldb + p0;
-                    for (int k = 0; k < kc; k++) dst[k * GEMM_NR + j] = src[k];
-                }
-                for (int k = 0; k < kc; k++)
-                    for (int j = nr; j < GEMM_NR; j++) dst[k * GEMM_NR + j] = 0;
-            }
+            const float *src = tB ? B + (size_t)(j0 + jp) * ldb + p0 : B + (size_t)p0 * ldb + j0 + jp;
+            gemm_pack_panel(src, ldb, tB, nr, kc, GEMM_NR, pb + (size_t)jp * kc);
         }
-        // pack A (mc x kc) into MR-high panels, zero padded
-        for (int ip = 0; ip < mc; ip += GEMM_MR) {
-            float *dst = pa + (size_t)ip * kc;
+        for (int ip = 0; ip < mc; ip += GEMM_MR) {   // A (mc x kc) into MR-high panels
             int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
-            if (tA) {
-                for (int k = 0; k < kc; k++) {
-                    float *d = dst + k * GEMM_MR;
-                    const float *src = A + (size_t)(p0 + k) * lda + i0 + ip;
-                    for (int i = 0; i < mr; i++) d[i] = src[i];
-                    for (int i = mr; i < GEMM_MR; i++) d[i] = 0;
-                }
-            } else {
-                for (int i = 0; i < mr; i++) {
-                    const float *src = A + (size_t)(i0 + ip + i) * lda + p0;
-                    for (int k = 0; k < kc; k++) dst[k * GEMM_MR + i] = src[k];
-                }
-                for (int k = 0; k < kc; k++)
-                    for (int i = mr; i < GEMM_MR; i++) dst[k * GEMM_MR + i] = 0;
-            }
+            const float *src = tA ? A + (size_t)p0 * lda + i0 + ip : A + (size_t)(i0 + ip) * lda + p0;
+            gemm_pack_panel(src, lda, !tA, mr, kc, GEMM_MR, pa + (size_t)ip * kc);
         }
         int addk = p0 > k0 || add;
         for (int jp = 0; jp < nc; jp += GEMM_NR)
