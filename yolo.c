@@ -551,7 +551,7 @@ static inline float exp_poly(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.f;
-    int32_t eb = (ni + 127) << 23;
+    uint32_t eb = ((uint32_t)ni + 127u) << 23;   // unsigned: a NaN's bits must not shift into UB
     float sc;
     memcpy(&sc, &eb, sizeof sc);
     return p * sc;
