@@ -24,14 +24,24 @@ BANNER  := $(shell $(CC) --version | head -n 1); OpenMP on; $(if $(NVCC),nvcc $(
 # and a libnccl.so the dynamic linker knows (ldconfig: the toolkit's or Debian's libnccl2). NCCL=0
 # builds without it: then device=0,1 is refused with a message saying so.
 NCCL_H   := $(firstword $(wildcard $(patsubst %/bin/nvcc,%,$(NVCC))/include/nccl.h /usr/include/nccl.h))
-NCCL_LIB := $(shell ldconfig -p 2>/dev/null | sed -n 's|.*libnccl\.so (.*) => \(.*\)/libnccl\.so$$|\1|p' | head -n 1)
+# (ldconfig's cache first, else the toolkit's lib/ or lib64/ folder; the binary gets an rpath to it)
+NCCL_LDC := $(shell ldconfig -p 2>/dev/null | sed -n 's|.*libnccl\.so (.*) => \(.*\)/libnccl\.so$$|\1|p' | head -n 1)
+NCCL_TK  := $(wildcard $(patsubst %/bin/nvcc,%,$(NVCC))/lib/libnccl.so $(patsubst %/bin/nvcc,%,$(NVCC))/lib64/libnccl.so)
+NCCL_LIB := $(or $(NCCL_LDC),$(patsubst %/libnccl.so,%,$(firstword $(NCCL_TK))))
 NCCL     ?= $(if $(and $(NVCC),$(NCCL_H),$(NCCL_LIB)),1,0)
-NCCL_FLAGS = $(if $(filter 1,$(NCCL)),-DYOLO_NCCL -I$(dir $(NCCL_H)) -L$(NCCL_LIB) -lnccl)
+NCCL_FLAGS = $(if $(filter 1,$(NCCL)),-DYOLO_NCCL -I$(dir $(NCCL_H)) -L$(NCCL_LIB) -Wl$(comma)-rpath$(comma)$(NCCL_LIB) \
+             -lnccl $(MPI_FLAGS))
+# MPI (optional, with NCCL): ranks started by mpirun get the NCCL id over MPI, else over TCP at
+# MASTER_ADDR:MASTER_PORT. Found through OpenMPI's mpicc (Debian's libopenmpi-dev); MPI=0 builds without.
+MPI_CC   := $(shell mpicc --showme:compile >/dev/null 2>&1 && echo mpicc)
+MPI      ?= $(if $(MPI_CC),1,0)
+MPI_COMPILE = $(if $(filter 1,$(MPI)),-DYOLO_MPI $(shell mpicc --showme:compile 2>/dev/null))
+MPI_FLAGS   = $(if $(filter 1,$(MPI)),$(MPI_COMPILE) $(shell mpicc --showme:link 2>/dev/null))
 all: yolo
 
 ifeq ($(CUDA),1)
 yolo: $(SRC) yolo_kernels.o
-	@echo "yolo.c: CUDA + CPU build, kernels for sm_$(CUDA_ARCH) ($(BANNER)); $(if $(filter 1,$(NCCL)),NCCL $(NCCL_LIB) (device=0$(comma)1 trains on several GPUs),no NCCL (one GPU per run)); without a GPU at run time it trains on the CPU"
+	@echo "yolo.c: CUDA + CPU build, kernels for sm_$(CUDA_ARCH) ($(BANNER)); $(if $(filter 1,$(NCCL)),NCCL $(NCCL_LIB) (device=0$(comma)1 trains on several GPUs)$(if $(filter 1,$(MPI)), + MPI (mpirun),),no NCCL (one GPU per run)); without a GPU at run time it trains on the CPU"
 	$(CC) $(CFLAGS) -DYOLO_CUDA -I$(CUDA_HOME)/include -o $@ yolo.c yolo_kernels.o $(NCCL_FLAGS) $(LDLIBS) -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -ldl -lpthread -lstdc++
 
 yolo_kernels.o: yolo_kernels.cu yolo.h
@@ -95,6 +105,9 @@ ASAN_ENV   = ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$(CURDIR)/tes
              UBSAN_OPTIONS=print_stacktrace=1:abort_on_error=1:log_path=$(CURDIR)/test/bin/asan/report
 TSAN_ENV   = TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:log_path=$(CURDIR)/test/bin/tsan/report \
              OMP_NUM_THREADS=1
+# the sanitizers' runs without address-space randomisation where setarch allows it: GCC 12's TSan
+# and ASan runtimes abort at start on kernels that randomise mmap with more bits than they expect
+NO_ASLR := $(shell setarch $$(uname -m) -R true >/dev/null 2>&1 && echo "setarch $$(uname -m) -R")
 ASAN_TRAIN_SAMPLE ?= 1,3
 TSAN_TRAIN_SAMPLE ?= 3
 TEST_NET_SAMPLE   ?= 8
@@ -121,12 +134,12 @@ fuzz-asan: $(FUZZ_BINS)
 asan: $(ASAN_BINS) emu-asan-bins
 	rm -f test/bin/asan/report.*
 	$(ASAN_ENV) TEST_BIN=test/bin/asan TEST_GLOB='fuzz_* test_*' YOLO_BIN=test/bin/asan/yolo EMU_BIN=$(EMU_ASAN_DIR) \
-	    TEST_TRAIN_SAMPLE=$(ASAN_TRAIN_SAMPLE) TEST_NET_SAMPLE=$(TEST_NET_SAMPLE) SAN_REPORTS=test/bin/asan/report bash test/run.sh
+	    TEST_TRAIN_SAMPLE=$(ASAN_TRAIN_SAMPLE) TEST_NET_SAMPLE=$(TEST_NET_SAMPLE) SAN_REPORTS=test/bin/asan/report $(NO_ASLR) bash test/run.sh
 
 tsan: $(TSAN_BINS)
 	rm -f test/bin/tsan/report.*
 	$(TSAN_ENV) TEST_BIN=test/bin/tsan TEST_GLOB='test_*' YOLO_BIN=test/bin/tsan/yolo SKIP_EMU=1 SKIP_CHECK_REF=1 \
-	    TEST_TRAIN_SAMPLE=$(TSAN_TRAIN_SAMPLE) SAN_REPORTS=test/bin/tsan/report bash test/run.sh
+	    TEST_TRAIN_SAMPLE=$(TSAN_TRAIN_SAMPLE) SAN_REPORTS=test/bin/tsan/report $(NO_ASLR) bash test/run.sh
 
 # --- GPU efficiency without a GPU (issue 14; none of this is part of make test) ------------------
 # make kernel-report: registers, spills, shared memory, occupancy of every kernel for sm_80/86/89/90

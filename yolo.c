@@ -8312,6 +8312,7 @@ static void gpu_unreachable(int unused, ...) {
 #ifdef YOLO_NCCL
 #include <nccl.h>
 #endif
+#define DDP_MAX_BUCKETS 256
 typedef struct {
     int rank, world, local_rank;   // as torch.distributed's RANK, WORLD_SIZE, LOCAL_RANK
     int dev;                       // this rank's CUDA device
@@ -8322,6 +8323,16 @@ typedef struct {
 #ifdef YOLO_NCCL
     ncclComm_t comm;
     int *ctl;                      // (16) device scratch: flags agreed over the communicator
+    // the gradient's buckets (ddp_buckets_open): bucket i is parameters [lo[i], hi[i]), bucket 0 the
+    // last ones (the head's, whose backward ends first); left[i]: its convs still in the backward
+    cudaStream_t cstream;          // the all-reduces' stream, beside the compute stream
+    cudaEvent_t ev, ev_bwd, ev_comm;
+    size_t lo[DDP_MAX_BUCKETS], hi[DDP_MAX_BUCKETS];
+    int nbucket, nconv[DDP_MAX_BUCKETS], left[DDP_MAX_BUCKETS];
+    int next;                      // the next bucket to all-reduce (always in bucket order: the same on every rank)
+    int sync;                      // this backward ends an accumulation window: its buckets are all-reduced
+    int reduced;                   // the gradients are summed over the ranks (since the last optimizer step)
+    int early;                     // buckets of the last all-reducing backward started before its end
 #endif
 } Ddp;
 static Ddp ddp = {.world = 1, .dev = -1, .timeout = 600};
@@ -8370,6 +8381,9 @@ typedef struct Gpu {
     LossGt *gts_h;            // (B, max_boxes) the boxes of each image, gathered for upload
     int *nbox_h;              // (B) boxes per image
     int copy_heads;           // tests: gpu_loss also copies the head maps of a training step to head_h
+    // data parallel (ddp_grads_done): called by the backward when conv c's gradients are final, and
+    // with c NULL when the step's backward is enqueued (or skipped for a non-finite loss)
+    void (*grads_done)(struct Gpu *g, const Conv *c);
     Optimizer opt;            // host: kind, lr, momentum, decay, step count (its m, v unused)
     GradScaler scaler;
     long ema_updates;
@@ -8683,6 +8697,7 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     GpuIn xin = gpu_conv_input(e, c);
     k_conv_wgrad(g, gpu_conv_dims(g, c, xin.xs, zs), dz, xin.x, xin.fused ? &xin.act : NULL, e->grads + c->w_off);
     gpu_input_free(g, &xin);
+    if (g->grads_done && !dry) g->grads_done(g, c);   // its all-reduce may start while dgrad runs
     const Value *in = &m->val[c->in];
     const void *w = gpu_w(g, c);
     if (in->kind == V_CONV || in->kind == V_SLICE) {
@@ -9097,6 +9112,7 @@ static LossOut gpu_train_step(Gpu *g, const GpuShape *s, const uint8_t *img, con
     gpu_input_begin(g, img);
     Exec e = exec_gpu(g);
     LossOut lo = walk_step(&e, tg, lcfg);   // a non-finite loss skips the backward: the caller drops the window
+    if (g->grads_done && !arena_dry(g->a)) g->grads_done(g, NULL);
     gpu_input_end(g);
     return lo;
 }
@@ -9399,6 +9415,7 @@ typedef struct {
     // progress (saved in checkpoints)
     int epoch;                 // next epoch to run
     long last_opt_step;
+    int will_optimize;         // the step now running ends an accumulation window (set by train_epoch)
     double best_fitness;
     int best_epoch, nan_skips;
     int consecutive_nan;       // non-finite losses in a row (10 stop the run)
@@ -9960,7 +9977,9 @@ static void gpu_trainer_open(Trainer *t, int train) {
         t->gpu = gpu_open(&t->m, t->dev, t->cfg.amp, ns, sh, &t->opt, t->ema.params, t->ema.buffers, &t->lcfg);
         t->gpu->ema_updates = t->ema.updates;
         if (t->cfg.amp) t->gpu->scaler.scale = (float)t->amp_scale, t->gpu->scaler.good_steps = t->amp_good;
-        if (t->cfg.resume) gpu_upload_grads(t->gpu, t->m.grads);   // at the restored scale
+        // at the restored scale; in a data-parallel run rank 0's (the others start the window at 0,
+        // so the all-reduce that ends it does not count the checkpoint's gradient once per rank)
+        if (t->cfg.resume && ddp.rank == 0) gpu_upload_grads(t->gpu, t->m.grads);
     } else {   // evaluation shapes only: weights, running stats and the forward
         Optimizer none = {.kind = OPT_SGD};
         t->gpu = gpu_open(&t->m, t->dev, 1, ns, sh, &none, NULL, NULL, &t->lcfg);
@@ -10049,7 +10068,8 @@ static const TrainerOps gpu_trainer_ops = {
  *     and weight decay from the global batch, so the nominal batch stays nbs=64;
  *   - its shard of every epoch's shuffled order (loader_global: DistributedSampler's, the shuffle
  *     the same on every rank), each sample's augmentation seeded by its position in the epoch;
- *   - after backward, every rank's gradient summed over the ranks (ncclAllReduce). Each rank's
+ *   - every rank's gradient summed over the ranks (ncclAllReduce), bucket by bucket while the
+ *     backward runs (see "the gradient all-reduce" below). Each rank's
  *     gradient is that of its batch's loss x its batch size (as Ultralytics' loss returns it);
  *     DDP multiplies by world_size and averages, which is the same sum. So the update is the one a
  *     single process makes accumulating the same sub-batches;
@@ -10067,7 +10087,7 @@ static const TrainerOps gpu_trainer_ops = {
  * Several machines: start the same command on every machine with torchrun-style variables (RANK,
  * WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID
  * and OpenMPI's OMPI_COMM_WORLD_* are read too); rank 0 serves the unique id on MASTER_ADDR:MASTER_PORT
- * (ddp_rendezvous, TCP).
+ * (ddp_rendezvous, TCP), or with MPI_Bcast when mpirun started the ranks and MPI was linked.
  */
 // ddp_rank_batch: the per-rank batch of global batch B (Ultralytics splits batch= over the ranks)
 static int ddp_rank_batch(int B) {
@@ -10078,13 +10098,12 @@ static int ddp_rank_batch(int B) {
     return B / ddp.world;
 }
 
-// ddp_epoch_report: the epoch's communication time not hidden by compute (the gradient all-reduce
-// runs after backward, so all of its wait counts)
-static void ddp_epoch_report(Trainer *t) {
-    (void)t;
-    printf("%22s all-reduce: %.2f s of this epoch waiting on gradient communication (not hidden by compute)\n", "",
-           ddp.comm_s);
-    ddp.comm_s = 0;
+// ddp_comm_note: the end of the epoch line in a data-parallel run: the epoch's gradient
+// communication not hidden by compute (the all-reduces' time past the end of each backward)
+static const char *ddp_comm_note(char *buf, size_t n) {
+    if (ddp.world > 1) snprintf(buf, n, "  all-reduce %.2f s not hidden", ddp.comm_s);
+    else buf[0] = 0;
+    return buf;
 }
 
 // ddp_env: a launcher's variable: torchrun's name, else Slurm's, else OpenMPI's; -1 when none is set
@@ -10157,6 +10176,10 @@ static void ddp_comm_open(ncclUniqueId id) {
     GPU_CHECK(cudaMemGetInfo(&fr0, &total));
     NCCL_CHECK(ncclCommInitRank(&ddp.comm, ddp.world, id, ddp.rank));
     GPU_CHECK(cudaMalloc((void **)&ddp.ctl, 16 * sizeof(int)));
+    GPU_CHECK(cudaStreamCreateWithFlags(&ddp.cstream, cudaStreamNonBlocking));
+    GPU_CHECK(cudaEventCreateWithFlags(&ddp.ev, cudaEventDisableTiming));
+    GPU_CHECK(cudaEventCreate(&ddp.ev_bwd));
+    GPU_CHECK(cudaEventCreate(&ddp.ev_comm));
     if (ddp_agree(1, ncclSum, -1, NULL) != ddp.world)
         die("rank %d: the warm-up all-reduce did not count %d ranks", ddp.rank, ddp.world);
     GPU_CHECK(cudaMemGetInfo(&fr1, &total));
@@ -10167,45 +10190,125 @@ static void ddp_comm_open(ncclUniqueId id) {
 }
 
 // ---- the data-parallel trainer backend: the device's, plus the collectives ----
-static void ddp_trainer_open(Trainer *t, int train) { gpu_trainer_open(t, train); }
-// ddp_trainer_step: the device step; a non-finite loss on any rank skips the step on every rank;
-// then rank 0's BN running statistics to every rank
+static void ddp_buckets_open(const Model *m);
+static void ddp_grads_done(Gpu *g, const Conv *c);
+static void ddp_trainer_open(Trainer *t, int train) {
+    gpu_trainer_open(t, train);
+    if (!train) return;
+    ddp_buckets_open(&t->m);
+    t->gpu->grads_done = ddp_grads_done;
+}
+// ddp_trainer_step: the device step, its gradient buckets armed (all-reduced during its backward when
+// it ends an accumulation window); a non-finite loss on any rank skips the step on every rank; then
+// rank 0's BN running statistics to every rank
 static LossOut ddp_trainer_step(Trainer *t, const Batch *bt, int *bad) {
+    ddp.sync = t->will_optimize, ddp.next = 0;
+    memcpy(ddp.left, ddp.nconv, sizeof ddp.left);
     LossOut lo = gpu_trainer_step(t, bt, bad);
     if (ddp_agree(*bad, ncclMax, -1, t->gpu->stream) && !*bad) {
         gpu_bn_restore(t->gpu);
         gpu_zero_grad(t->gpu);
         *bad = 1;
     }
+    if (*bad) ddp.reduced = 0;   // the window starts again from zero gradients
     Gpu *g = t->gpu;
     NCCL_CHECK(ncclBroadcast(g->buffers, g->buffers, t->m.nbuffers, ncclFloat32, 0, ddp.comm, (cudaStream_t)g->stream));
     ddp_wait(g->stream, "ncclBroadcast (BN running statistics)");
     return lo;
 }
-// ddp_allreduce_grads: g's gradients (nparams, at the loss scale, the same on every rank) summed
-// over the ranks in place, in 25 MiB buckets (one NCCL group); the wait is the epoch line's comm time
+// ---- the gradient all-reduce, overlapped with the backward (DDP's Reducer) ----
+// The gradient is cut into buckets from its end: the first of 1 MiB, the others of 25 MiB (DDP's
+// first_bucket_bytes and bucket_cap_mb; YOLO_DDP_BUCKET_MB sets the 25). The backward runs from the
+// head to the stem, so the parameters at the end of the array are the first whose gradients are
+// final. When the last conv of a bucket has its weight gradient (ddp_grads_done, called by
+// gpu_conv_grads), the bucket is all-reduced on a stream of its own while the backward goes on;
+// buckets start in bucket order only, so every rank issues the same collectives in the same order.
+// Only the backward that ends an accumulation window all-reduces (the gradient accumulated so far
+// is summed once); the others accumulate locally, as DDP under no_sync.
+static void ddp_buckets_open(const Model *m) {
+    const char *v = getenv("YOLO_DDP_BUCKET_MB");
+    double mb = v && *v ? atof(v) : 25;
+    if (!(mb > 0 && mb <= 1024)) die("YOLO_DDP_BUCKET_MB=%s: expected a size in MiB in (0, 1024]", v);
+    size_t cap = (size_t)(mb * 262144) ? (size_t)(mb * 262144) : 1, first = cap < 262144 ? cap : 262144;
+    size_t hi = m->nparams;
+    ddp.nbucket = 0;
+    while (hi > 0) {
+        if (ddp.nbucket == DDP_MAX_BUCKETS)
+            die("YOLO_DDP_BUCKET_MB=%s: more than %d buckets for %zu parameters: give a larger size", v,
+                DDP_MAX_BUCKETS, m->nparams);
+        size_t n = ddp.nbucket ? cap : first, lo = hi > n ? hi - n : 0;
+        ddp.lo[ddp.nbucket] = lo, ddp.hi[ddp.nbucket] = hi, ddp.nconv[ddp.nbucket] = 0;
+        ddp.nbucket++;
+        hi = lo;
+    }
+    for (int k = 0; k < m->nexec; k++) {   // the convs whose backward runs (a conv's parameters are contiguous)
+        const Conv *c = &m->conv[m->exec[k]];
+        for (int i = 0; i < ddp.nbucket; i++)
+            ddp.nconv[i] += c->w_off < ddp.hi[i] && c->b_off + c->cout > ddp.lo[i];
+    }
+}
+// ddp_bucket_launch: the buckets ready, in order, each after the compute stream's work so far
+static void ddp_bucket_launch(Gpu *g, int all) {
+    while (ddp.next < ddp.nbucket && (all || ddp.left[ddp.next] == 0)) {
+        int i = ddp.next++;
+        GPU_CHECK(cudaEventRecord(ddp.ev, (cudaStream_t)g->stream));
+        GPU_CHECK(cudaStreamWaitEvent(ddp.cstream, ddp.ev, 0));
+        NCCL_CHECK(ncclAllReduce(g->grads + ddp.lo[i], g->grads + ddp.lo[i], ddp.hi[i] - ddp.lo[i], ncclFloat32,
+                                 ncclSum, ddp.comm, ddp.cstream));
+    }
+}
+// ddp_grads_done (Gpu.grads_done): conv c's gradients are final in this backward (c NULL: the
+// backward is enqueued). At the end: the rest of the buckets, then the watchdog's wait; the compute
+// stream waits for the all-reduces, and the time they ran past the backward (events) is the epoch's
+// communication not hidden by compute.
+static void ddp_grads_done(Gpu *g, const Conv *c) {
+    if (!ddp.sync) return;
+    if (c) {
+        for (int i = ddp.next; i < ddp.nbucket; i++)
+            ddp.left[i] -= c->w_off < ddp.hi[i] && c->b_off + c->cout > ddp.lo[i];
+        ddp_bucket_launch(g, 0);
+        return;
+    }
+    GPU_CHECK(cudaEventRecord(ddp.ev_bwd, (cudaStream_t)g->stream));
+    ddp.early = ddp.next;
+    ddp_bucket_launch(g, 1);
+    GPU_CHECK(cudaEventRecord(ddp.ev_comm, ddp.cstream));
+    GPU_CHECK(cudaStreamWaitEvent((cudaStream_t)g->stream, ddp.ev_comm, 0));
+    ddp_wait(ddp.cstream, "ncclAllReduce (gradients)");
+    ddp_wait(g->stream, "the backward");
+    float ms = 0;
+    GPU_CHECK(cudaEventElapsedTime(&ms, ddp.ev_bwd, ddp.ev_comm));
+    ddp.comm_s += ms > 0 ? ms / 1000 : 0;
+    ddp.reduced = 1;
+}
+// ddp_allreduce_grads: the whole gradient summed over the ranks at once (an optimizer step whose
+// window ended in no all-reducing backward: the tests, a resumed window); the wait counts as exposed
 static void ddp_allreduce_grads(Gpu *g) {
-    size_t np = g->m->nparams;
     double t0 = now_sec();
     NCCL_CHECK(ncclGroupStart());
-    for (size_t off = 0; off < np; off += DDP_BUCKET_FLOATS) {
-        size_t n = np - off < DDP_BUCKET_FLOATS ? np - off : DDP_BUCKET_FLOATS;
-        NCCL_CHECK(ncclAllReduce(g->grads + off, g->grads + off, n, ncclFloat32, ncclSum, ddp.comm,
-                                 (cudaStream_t)g->stream));
-    }
+    ddp.next = 0;
+    ddp_bucket_launch(g, 1);
     NCCL_CHECK(ncclGroupEnd());
-    ddp_wait(g->stream, "ncclAllReduce (gradients)");
+    GPU_CHECK(cudaEventRecord(ddp.ev_comm, ddp.cstream));
+    GPU_CHECK(cudaStreamWaitEvent((cudaStream_t)g->stream, ddp.ev_comm, 0));
+    ddp_wait(ddp.cstream, "ncclAllReduce (gradients)");
     ddp.comm_s += now_sec() - t0;
+    ddp.reduced = 1;
 }
 // ddp_trainer_optimize: the summed gradients, then the device's optimizer step, identical on every rank
 static int ddp_trainer_optimize(Trainer *t) {
-    ddp_allreduce_grads(t->gpu);
+    if (!ddp.reduced) ddp_allreduce_grads(t->gpu);
+    ddp.reduced = 0;
     return gpu_trainer_optimize(t);
 }
 static void ddp_trainer_close(Trainer *t, int train) {
     gpu_trainer_close(t, train);
     if (ddp.comm) {
         GPU_CHECK(cudaFree(ddp.ctl));
+        GPU_CHECK(cudaEventDestroy(ddp.ev));
+        GPU_CHECK(cudaEventDestroy(ddp.ev_bwd));
+        GPU_CHECK(cudaEventDestroy(ddp.ev_comm));
+        GPU_CHECK(cudaStreamDestroy(ddp.cstream));
         ncclCommDestroy(ddp.comm);
         ddp.comm = NULL;
     }
@@ -10225,16 +10328,62 @@ static int ddp_agree_stop(Trainer *t, int epoch, int stop) {
     return stop;
 }
 
-// ddp_rendezvous: the unique id and the run folder (rank 0's run_dir, so every rank writes to the
-// same one) from rank 0 to every rank over TCP at MASTER_ADDR:MASTER_PORT (rank 0 listens; the
-// others connect, retrying until ddp.timeout); the folder goes to YOLO_RUN_DIR
+// DdpHello: what rank 0 tells the others at start: the NCCL unique id and the run folder (rank 0's
+// run_dir, so every rank writes to the same one; it goes to YOLO_RUN_DIR)
+typedef struct { ncclUniqueId id; char dir[768]; } DdpHello;
+#ifdef YOLO_MPI
+#include <mpi.h>
+// ddp_mpi_launched: started by mpirun (OpenMPI's variables, or a PMI/PMIx launcher such as MPICH's
+// hydra or Slurm's srun --mpi=pmix)
+static int ddp_mpi_launched(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+// ddp_mpi_hello: the hello over MPI (MPI_Bcast from rank 0); MPI is used for nothing else, so it
+// is finalized at once and a rank that dies later does not leave MPI waiting for it
+static void ddp_mpi_hello(DdpHello *msg, const Config *c) {
+    int r = -1, n = 0;
+    if (MPI_Init(NULL, NULL) != MPI_SUCCESS) die("rank %d: MPI_Init failed (started by mpirun?)", ddp.rank);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (r != ddp.rank || n != ddp.world)
+        die("MPI says rank %d of %d, the environment rank %d of %d: start one process per GPU with mpirun -np N", r, n,
+            ddp.rank, ddp.world);
+    if (r == 0) {
+        NCCL_CHECK(ncclGetUniqueId(&msg->id));
+        run_dir(msg->dir, sizeof msg->dir, c, "train");
+    }
+    if (MPI_Bcast(msg, (int)sizeof *msg, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die("rank %d: MPI_Bcast of the NCCL id failed", ddp.rank);
+    MPI_Finalize();
+}
+#endif
+
+// ddp_rendezvous: the unique id and the run folder from rank 0 to every rank: over MPI when mpirun
+// started the ranks (and this yolo was built with MPI), else over TCP (ddp_tcp_hello)
+static void ddp_tcp_hello(DdpHello *msg, const Config *c);
 static ncclUniqueId ddp_rendezvous(const Config *c) {
-    struct { ncclUniqueId id; char dir[768]; } msg;
+    DdpHello msg;
     memset(&msg, 0, sizeof msg);
+#ifdef YOLO_MPI
+    if (ddp_mpi_launched()) {
+        ddp_mpi_hello(&msg, c);
+        printf("rank %d of %d: the NCCL id came over MPI\n", ddp.rank, ddp.world);
+    } else
+#endif
+        ddp_tcp_hello(&msg, c);
+    msg.dir[sizeof msg.dir - 1] = 0;
+    setenv("YOLO_RUN_DIR", msg.dir, 1);
+    return msg.id;
+}
+// ddp_tcp_hello: rank 0 listens on MASTER_PORT and hands the hello to each rank that connects; the
+// others connect to MASTER_ADDR:MASTER_PORT, retrying until ddp.timeout
+static void ddp_tcp_hello(DdpHello *out, const Config *c) {
+    DdpHello msg = *out;
     const char *host = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
     if (!host || !*host || !port || !*port)
         die("rank %d of %d: MASTER_ADDR and MASTER_PORT must be set: rank 0 hands the NCCL id to the others there "
-            "(torchrun sets them; with srun or mpirun export them, e.g. MASTER_ADDR=<first node> MASTER_PORT=29500)",
+            "(torchrun sets them; with srun export them, e.g. MASTER_ADDR=<first node> MASTER_PORT=29500; mpirun needs "
+            "neither when this yolo was built with MPI: make links it when mpicc is found)",
             ddp.rank, ddp.world);
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
@@ -10276,9 +10425,7 @@ static ncclUniqueId ddp_rendezvous(const Config *c) {
         }
     }
     freeaddrinfo(ai);
-    msg.dir[sizeof msg.dir - 1] = 0;
-    setenv("YOLO_RUN_DIR", msg.dir, 1);
-    return msg.id;
+    *out = msg;
 }
 
 // ddp_spawn: the launcher of device=0,1,...: the run folder and the unique id, one worker per
@@ -10579,6 +10726,7 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
     int closing = close_at >= 0 && epoch >= close_at;
     if (closing && epoch == close_at) printf("closing dataloader mosaic\n");
     loader_start_epoch(t->train_ld, epoch, closing);
+    ddp.comm_s = 0;
     int nbatch = 0;
     *ngood = 0;
     const Batch *bt;
@@ -10586,6 +10734,7 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
         long ni = (long)nbatch + (long)t->nb * epoch;
         if (ddp.rank == 0) plot_train_batch(t->dir, ni, bt, &t->data, &t->train_ds);
         int accumulate = trainer_lr(t, ni, nw, lf), bad;
+        t->will_optimize = ni - t->last_opt_step >= accumulate;   // data parallel: this backward all-reduces
         LossOut lo = t->ops->step(t, bt, &bad);
         if (bad) {
             t->nan_skips++;
@@ -10604,17 +10753,19 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
         t->sd.nbt++;
         (*ngood)++;
         tl[0] += lo.box, tl[1] += lo.cls, tl[2] += lo.dfl;
-        if (ni - t->last_opt_step >= accumulate) {
+        if (t->will_optimize) {
             int stop = t->ops->optimize(t);
             t->last_opt_step = ni;
             if (stop) return 2;
         }
         nbatch++;
         double el = now_sec() - t0;
+        char note[64];
         if (tty_out || nbatch == t->nb)
-            printf("%s%6d/%-4d %6.1f MiB %9.4f %9.4f %9.4f %6d %5d: %3d/%d %5.2f it/s%s", tty_out ? "\r" : "",
+            printf("%s%6d/%-4d %6.1f MiB %9.4f %9.4f %9.4f %6d %5d: %3d/%d %5.2f it/s%s%s", tty_out ? "\r" : "",
                    epoch + 1, cfg->epochs, t->ops->mem_mib(t), tl[0] / *ngood, tl[1] / *ngood, tl[2] / *ngood, bt->n,
-                   bt->W, nbatch, t->nb, nbatch / el, tty_out && nbatch < t->nb ? "" : "\n");
+                   bt->W, nbatch, t->nb, nbatch / el, ddp_comm_note(note, sizeof note),
+                   tty_out && nbatch < t->nb ? "" : "\n");
         fflush(stdout);
     }
     return 0;
@@ -10682,6 +10833,9 @@ static int train_run(Config cfg) {
         t->cfg.batch = cfg.batch = ddp.world * ddp_min(trainer_auto_batch(&cfg, t->dev, scale, nc));
     else if (cfg.batch_auto) t->B = t->cfg.batch = cfg.batch = trainer_auto_batch(&cfg, t->dev, scale, nc);
     if (ddp.world > 1) t->B = ddp_rank_batch(cfg.batch);
+    // from here rank 0 speaks for the run (Ultralytics logs on rank 0 only); the others' errors
+    // and warnings still reach stderr
+    if (ddp.rank > 0 && !freopen("/dev/null", "w", stdout)) die("rank %d: cannot silence stdout", ddp.rank);
     trainer_open_data(t);
     trainer_open_optim(t);
     trainer_open_memory(t);
@@ -10711,7 +10865,6 @@ static int train_run(Config cfg) {
         double tl[3] = {0, 0, 0};
         int ngood;
         stop = train_epoch(t, epoch, nw, tl, &ngood);
-        if (ddp.world > 1) ddp_epoch_report(t);
         if (!stop && ddp.rank == 0) stop = train_epoch_end(t, epoch, tl, ngood, rows, &nrows, csv, t_start);
         if (ddp.world > 1) stop = ddp_agree_stop(t, epoch, stop);   // the others wait here for rank 0's validation
     }

@@ -799,9 +799,22 @@ cudaError_t cudaSetDevice(int d) {
 cudaError_t cudaGetDevice(int *d) { *d = emu_device; return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int *n) { *n = emu_devices(); return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { drain(); return cudaSuccess; }
+// EMU_DEVICE_MIB=a,b,...: the devices' sizes in MiB (default 16 GiB each), so that a test sees cards
+// of different sizes (AutoBatch over several GPUs takes the smallest card's batch)
+static size_t emu_total() {
+    const char *v = getenv("EMU_DEVICE_MIB");
+    for (int d = 0; v && *v; d++) {
+        char *end;
+        long mib = strtol(v, &end, 10);
+        if (d == emu_device) return mib > 0 ? (size_t)mib << 20 : EMU_TOTAL;
+        v = *end == ',' ? end + 1 : "";
+    }
+    return EMU_TOTAL;
+}
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
-    *fr = EMU_TOTAL - EMU_CONTEXT - emu_in_use;
-    *total = EMU_TOTAL;
+    size_t t = emu_total(), used = EMU_CONTEXT + emu_in_use;
+    *fr = t > used ? t - used : 0;
+    *total = t;
     return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int v) {

@@ -3,8 +3,12 @@
 // YOLOv8n, nc 3, one 64x64 image per sub-batch, amp=0 (the FP32 device step), SGD.
 // For WORLD = 2 and 3: WORLD rank processes and one reference process are forked (before any
 // OpenMP or CUDA use, so each starts clean). Rank r steps on sub-batch r through the trainer's own
-// data-parallel backend (ddp_trainer_step: the step, the non-finite agreement, rank 0's running stats
-// broadcast; ddp_allreduce_grads; gpu_trainer_optimize); the reference runs gpu_trainer_step on
+// data-parallel backend twice: first as a backward inside an accumulation window (no all-reduce, as
+// DDP's no_sync) followed by ddp_allreduce_grads (the whole gradient at once); then, from the same
+// state, as the window's last backward, whose buckets (YOLO_DDP_BUCKET_MB=1 here: 12 buckets) are
+// all-reduced from gpu_conv_grads while the backward goes on (ddp_grads_done); then
+// ddp_trainer_optimize. ddp_trainer_step also agrees on a non-finite loss and broadcasts rank 0's
+// running stats. The reference runs gpu_trainer_step on
 // sub-batches 0..WORLD-1 in turn, gradients accumulating, then the same optimizer step. Each sub-batch
 // is normalised by its own BN batch statistics on both sides. Checked:
 //   - the summed gradient equals the reference's accumulated one: bit for bit where the order
@@ -12,6 +16,8 @@
 //     per element (g_r: rank r's own gradient, downloaded before the all-reduce);
 //   - the updated weights after the optimizer step: within the tolerance the gradient difference
 //     allows (the SGD step is lr * g, so lr x that bound, plus one ulp of the weight);
+//   - the overlapped all-reduce gives the same bits as the one after the backward, and every bucket
+//     started before the backward ended;
 //   - every rank holds the same bits (gradients, weights, BN running stats);
 //   - the running stats equal the reference's after sub-batch 0 (rank 0's, as DDP's buffer broadcast).
 // Built by test/emu.mk against the CPU emulation of yolo_kernels.cu; run by test/run_emu.sh.
@@ -30,12 +36,13 @@
 enum { TS = 64, TNC = 3, MAXW = 3 };
 
 // Result: what one process reports through the shared map (floats of the model's sizes)
-typedef struct { float *local, *reduced, *params, *buffers, *buffers0; } Result;
+typedef struct { float *local, *reduced, *params, *buffers, *buffers0, *overlap, *info; } Result;
 static size_t NP, NB;
 static float *shared_map;
+#define SLOT_FLOATS (4 * NP + 2 * NB + 2)
 static Result result_at(int slot) {   // slot 0..WORLD-1: ranks; WORLD: the reference
-    float *p = shared_map + (size_t)slot * (3 * NP + 2 * NB);
-    return (Result){p, p + NP, p + 2 * NP, p + 3 * NP, p + 3 * NP + NB};
+    float *p = shared_map + (size_t)slot * SLOT_FLOATS;
+    return (Result){p, p + NP, p + 2 * NP, p + 3 * NP, p + 3 * NP + NB, p + 3 * NP + 2 * NB, p + 4 * NP + 2 * NB};
 }
 
 // sub_batch: image and labels of sub-batch s (one image): smooth blobs plus noise, two boxes
@@ -88,12 +95,24 @@ static int rank_main(int world, int r, ncclUniqueId id) {
     ddp.world = world, ddp.rank = r, ddp.local_rank = r, ddp.dev = 0;
     ddp_comm_open(id);
     Trainer *t = trainer_for_test();
+    ddp_buckets_open(&t->m);
+    t->gpu->grads_done = ddp_grads_done;
+    // a backward inside the window: no all-reduce; then the whole gradient summed at once
+    t->will_optimize = 0;
     if (sub_step(t, r, ddp_trainer_step)) return 1;
     Result res = result_at(r);
     gpu_download(t->gpu, NULL, NULL, res.local, NULL, NULL, NULL, NULL);
     ddp_allreduce_grads(t->gpu);
     gpu_download(t->gpu, NULL, res.buffers0, res.reduced, NULL, NULL, NULL, NULL);
-    gpu_trainer_optimize(t);
+    // the same sub-batch from the same state as the window's last backward: the buckets all-reduced
+    // as the backward reaches them
+    gpu_zero_grad(t->gpu);
+    gpu_bn_restore(t->gpu);
+    ddp.reduced = 0, t->will_optimize = 1;
+    if (sub_step(t, r, ddp_trainer_step)) return 1;
+    gpu_download(t->gpu, NULL, NULL, res.overlap, NULL, NULL, NULL, NULL);
+    res.info[0] = (float)ddp.early, res.info[1] = (float)ddp.nbucket;
+    ddp_trainer_optimize(t);   // the gradients are summed already: no second all-reduce
     gpu_download(t->gpu, res.params, res.buffers, NULL, NULL, NULL, NULL, NULL);
     gpu_close(t->gpu);
     ncclCommDestroy(ddp.comm);
@@ -162,6 +181,16 @@ static void compare(int world, double lr) {
           "%d ranks: BN running stats after the step are rank 0's: equal (bit for bit) to the single process's after "
           "sub-batch 0",
           world);
+    int oexact = 1, early = 1;
+    for (int r = 0; r < world; r++) {
+        Result x = result_at(r);
+        oexact &= !memcmp(x.overlap, x.reduced, NP * 4);
+        early &= x.info[0] == x.info[1] && x.info[1] >= 10;
+    }
+    check(oexact && early,
+          "%d ranks: the all-reduce overlapped with the backward (%g buckets, %g of them started before the backward "
+          "ended) sums to the same bits as the one after it, on every rank",
+          world, r0.info[1], r0.info[0]);
     int differ = 0;
     for (int r = 1; r < world; r++) differ |= !!memcmp(result_at(r).local, r0.local, NP * 4);
     check(differ, "%d ranks: the ranks' own gradients differ before the all-reduce (each stepped on its own sub-batch)",
@@ -174,7 +203,8 @@ int main(void) {
     memset(&probe, 0, sizeof probe);
     model_build(&probe, 'n', TNC);
     NP = probe.nparams, NB = probe.nbuffers;
-    size_t bytes = (size_t)(MAXW + 1) * (3 * NP + 2 * NB) * sizeof(float);
+    size_t bytes = (size_t)(MAXW + 1) * SLOT_FLOATS * sizeof(float);
+    setenv("YOLO_DDP_BUCKET_MB", "1", 1);   // YOLOv8n's 11.5 MiB of gradients in 12 buckets
     shared_map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared_map == MAP_FAILED) die("mmap %zu bytes: %s", bytes, strerror(errno));
     for (int world = 2; world <= MAXW; world++) {

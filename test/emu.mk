@@ -65,9 +65,9 @@ $(EMU_DIR)/ddp_step_test: $(EMU_DIR)/ddp_step_test.o $(EMU_DIR)/yolo_kernels.o $
 # the CUDA build of ./yolo itself, on the emulated kernels (run_emu.sh trains a tiny dataset with device=0)
 $(EMU_DIR)/yolo.o: yolo.c yolo.h test/emu_include/nccl.h
 	@mkdir -p $(EMU_DIR)
-	$(CC) $(EMU_CFLAGS) -DYOLO_CUDA -DYOLO_NCCL -c -o $@ yolo.c
+	$(CC) $(EMU_CFLAGS) -DYOLO_CUDA -DYOLO_NCCL $(MPI_COMPILE) -c -o $@ yolo.c
 $(EMU_DIR)/yolo: $(EMU_DIR)/yolo.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
-	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
+	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS) $(MPI_FLAGS)
 $(EMU_DIR)/emu_selftest: $(EMU_DIR)/emu_selftest.o $(EMU_DIR)/cuda_emu.o
 	$(EMU_CXX) $(EMU_SAN) -o $@ $^ $(EMU_LDLIBS)
 

@@ -40,6 +40,8 @@ typedef enum cudaDeviceAttr cudaDeviceAttr;
 
 typedef struct CUstream_st *cudaStream_t;   // opaque handles; NULL is the default stream
 typedef struct CUevent_st *cudaEvent_t;
+#define cudaStreamNonBlocking 0x01    // flags of cudaStreamCreateWithFlags / cudaEventCreateWithFlags (the
+#define cudaEventDisableTiming 0x02   // emulation has one queue in program order, so both are accepted and ignored)
 
 // the fields of NVIDIA's cudaDeviceProp that the code reads (the emulation reports an sm_80 with 4 SMs)
 struct cudaDeviceProp {
