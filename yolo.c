@@ -197,20 +197,10 @@ static long arg_int(int argc, char **argv, const char *key, long def) {
  * deterministic and never calls malloc. Each allocation carries a group tag so `yolo plan` can
  * say where the bytes go.
  */
-enum {
-    G_PARAMS,
-    G_GRADS,
-    G_OPTIM,
-    G_EMA,
-    G_BUFFERS,
-    G_ACTS,
-    G_BACKWARD,
-    G_SCRATCH,
-    G_LOSS,
-    G_INPUT,
-    G_WORKSPACE,
-    G_NGROUPS
-};
+// clang-format off
+enum { G_PARAMS, G_GRADS, G_OPTIM, G_EMA, G_BUFFERS, G_ACTS, G_BACKWARD, G_SCRATCH, G_LOSS, G_INPUT, G_WORKSPACE,
+       G_NGROUPS };
+// clang-format on
 static const char *const group_names[G_NGROUPS] = {
     "weights", "gradients", "optimizer state", "EMA", "BN running stats", "activations kept",
     "backward buffers", "scratch", "loss and assigner", "input staging", "GEMM workspace"};
@@ -320,6 +310,7 @@ _Static_assert(GEMM_MC % GEMM_MR == 0 && GEMM_NC % GEMM_NR == 0,
 // order; the cut does not depend on the thread count, so neither do the bits.
 #define GEMM_KSPLIT 8
 #define GEMM_SPLIT_MN (GEMM_MC * GEMM_NC)   // the largest C that is split
+#define GEMM_MIN_TILES 8                      // C tiles a GEMM is cut into at least, where its shape allows
 static float *gemm_pack[GEMM_MAX_THREADS];    // per thread: A block (MC x KC) then B block (KC x NC)
 static float *gemm_part;                      // (KSPLIT, SPLIT_MN) partial Cs of a split GEMM
 static int gemm_nthreads;
@@ -348,7 +339,10 @@ static void gemm_init(void) {
 #define OPA(i, k) (tA ? A[(size_t)(k) * lda + (i)] : A[(size_t)(i) * lda + (k)])
 #define OPB(k, j) (tB ? B[(size_t)(j) * ldb + (k)] : B[(size_t)(k) * ldb + (j)])
 
-// gemm_kernel: c (MR x NR, row stride ldc) (+)= a_panel (KC x MR, k-major) * b_panel (KC x NR)
+// gemm_kernel: c (MR x NR, row stride ldc) (+)= a_panel (KC x MR, k-major) * b_panel (KC x NR).
+// Each product is added with a fused multiply-add (one rounding, as the GPU's FP32 GEMMs and
+// oneDNN do): ISO C (-std=c11) forbids GCC to contract a * b + c by itself, so it is asked for here.
+__attribute__((optimize("fp-contract=fast")))
 static inline void gemm_kernel(int kc, const float *restrict ap, const float *restrict bp, float *restrict c,
                                int ldc, int mr, int nr, int add) {
     gemm_vec acc[GEMM_MR][GEMM_NV];
@@ -461,10 +455,24 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
             }
         return;
     }
+    // a C of few MC x NC tiles (the low-resolution layers: 128 x 400 at 20 x 20 is one) is cut into
+    // smaller tiles, whole MR x NR panels, so that every thread gets work: at least GEMM_MIN_TILES of
+    // them, N split first (A, the weights, is the smaller operand to pack again). The cut depends on
+    // the shape only, and tiling never changes the order of a C element's sums.
+    int mcb = GEMM_MC, ncb = GEMM_NC;
+    while (mt * nt < GEMM_MIN_TILES && (ncb > GEMM_NR || mcb > GEMM_MR)) {
+        if (ncb > GEMM_NR && (N + ncb - 1) / ncb * 2 <= (N + GEMM_NR - 1) / GEMM_NR)
+            ncb = ((N + 2 * nt - 1) / (2 * nt) + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+        else if (mcb > GEMM_MR && (M + mcb - 1) / mcb * 2 <= (M + GEMM_MR - 1) / GEMM_MR)
+            mcb = ((M + 2 * mt - 1) / (2 * mt) + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
+        else break;
+        mt = (M + mcb - 1) / mcb, nt = (N + ncb - 1) / ncb;
+    }
+    ntile = mt * nt;
 #pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
     for (int tile = 0; tile < ntile; tile++) {
-        int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
-        int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+        int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
+        int mc = M - i0 < mcb ? M - i0 : mcb, nc = N - j0 < ncb ? N - j0 : ncb;
         gemm_block(tA, tB, i0, j0, mc, nc, 0, K, A, lda, B, ldb, beta != 0, C + (size_t)i0 * ldc + j0, ldc,
                    gemm_thread_pack());
     }

@@ -104,7 +104,7 @@ static void probe_tools(void) {
     g_onnx = 0;
     for (int i = 0; i < 2 && !g_onnx; i++) {
         char cmd[128];
-        snprintf(cmd, sizeof cmd, "%s -c 'import onnx' >/dev/null 2>&1", py[i]);
+        snprintf(cmd, sizeof cmd, "%s -c 'import onnx.checker, onnx.defs' >/dev/null 2>&1", py[i]);
         if (system(cmd) == 0) g_onnx = 1, g_python = py[i];
     }
     g_ort = system("node -e \"require('./test/onnx/node_modules/onnxruntime-node')\" >/dev/null 2>&1") == 0;
