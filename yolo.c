@@ -56,6 +56,14 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+// omp_threads: the OpenMP team size of a parallel loop (1 in a build without OpenMP)
+static int omp_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 #include <inttypes.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -321,11 +329,7 @@ static size_t gemm_workspace_bytes(int nthreads) {
 }
 static void gemm_init(void) {
     if (gemm_nthreads) return;
-#ifdef _OPENMP
-    gemm_nthreads = omp_get_max_threads();
-#else
-    gemm_nthreads = 1;
-#endif
+    gemm_nthreads = omp_threads();
     if (gemm_nthreads > GEMM_MAX_THREADS) gemm_nthreads = GEMM_MAX_THREADS;
     for (int t = 0; t < gemm_nthreads; t++) {
         gemm_pack[t] = aligned_alloc(64, (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float));
@@ -373,9 +377,40 @@ static inline void gemm_kernel(int kc, const float *restrict ap, const float *re
 // gemm_pack_panel: n (<= w) lines of an operand, kc deep, into dst (kc, w), zero padded to w.
 // Element (line i, depth k) is src[i * ld + k] when along_k (read along the rows, contiguous),
 // else src[k * ld + i].
+typedef float gemm_v8 __attribute__((vector_size(32), aligned(4)));
+typedef int gemm_v8i __attribute__((vector_size(32)));
+// gemm_transpose8: the 8 x 8 block src (row stride ld) transposed into dst (row stride w), in
+// registers: three rounds of pairwise shuffles, then 8 contiguous stores
+static inline void gemm_transpose8(const float *src, int ld, float *restrict dst, int w) {
+    gemm_v8 r[8], t[8], s[8];
+    for (int i = 0; i < 8; i++) memcpy(&r[i], src + (size_t)i * ld, sizeof r[i]);
+    for (int i = 0; i < 8; i += 2) {   // pairs of rows interleaved by element
+        t[i] = __builtin_shuffle(r[i], r[i + 1], (gemm_v8i){0, 8, 1, 9, 4, 12, 5, 13});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (gemm_v8i){2, 10, 3, 11, 6, 14, 7, 15});
+    }
+    for (int i = 0; i < 8; i += 4)     // then by pairs of elements
+        for (int j = 0; j < 2; j++) {
+            s[i + 2 * j] = __builtin_shuffle(t[i + j], t[i + j + 2], (gemm_v8i){0, 1, 8, 9, 4, 5, 12, 13});
+            s[i + 2 * j + 1] = __builtin_shuffle(t[i + j], t[i + j + 2], (gemm_v8i){2, 3, 10, 11, 6, 7, 14, 15});
+        }
+    for (int j = 0; j < 4; j++) {      // then by halves
+        gemm_v8 lo = __builtin_shuffle(s[j], s[j + 4], (gemm_v8i){0, 1, 2, 3, 8, 9, 10, 11});
+        gemm_v8 hi = __builtin_shuffle(s[j], s[j + 4], (gemm_v8i){4, 5, 6, 7, 12, 13, 14, 15});
+        memcpy(dst + (size_t)j * w, &lo, sizeof lo);
+        memcpy(dst + (size_t)(j + 4) * w, &hi, sizeof hi);
+    }
+}
+
 static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc, int w, float *restrict dst) {
-    if (along_k) {
-        for (int i = 0; i < n; i++)
+    if (along_k) {   // a transpose: 8 x 8 blocks in registers, the edges one value at a time
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            int k = 0;
+            for (; k + 8 <= kc; k += 8) gemm_transpose8(src + (size_t)i * ld + k, ld, dst + (size_t)k * w + i, w);
+            for (; k < kc; k++)
+                for (int l = i; l < i + 8; l++) dst[k * w + l] = src[(size_t)l * ld + k];
+        }
+        for (; i < n; i++)
             for (int k = 0; k < kc; k++) dst[k * w + i] = src[(size_t)i * ld + k];
     } else {
         for (int k = 0; k < kc; k++)
@@ -10863,6 +10898,10 @@ static int train_run(Config cfg) {
     if (ddp.world > 1)
         printf("data parallel: %d ranks, batch %d per rank, %d images per rank per epoch (%d batches)\n", ddp.world,
                t->B, t->train_ld->npos, t->nb);
+    const char *wait = getenv("YOLO_OMP_WAIT");   // omp_wait_policy_auto's choice
+    if (wait && t->dev < 0)
+        printf("OpenMP: %d threads; between loops they wait with %s; OMP_WAIT_POLICY=PASSIVE|ACTIVE decides instead\n",
+               omp_threads(), wait);
     tty_out = isatty(1);
     int nw = cfg.warmup_epochs > 0 ? (int)fmax(rint(cfg.warmup_epochs * t->nb), 100) : -1;
     double t_start = now_sec();
@@ -11316,13 +11355,8 @@ static int cmd_plan(int argc, char **argv) {
     o.half = 0;
     plan_train(&o, &tr, &va);
     plan_table("CPU layout (FP32; host memory):", &tr, &va);
-    printf("  %-22s %8.1f MiB   (GEMM packing, allocated once at start)\n", "+ workspace", gemm_workspace_bytes(
-#ifdef _OPENMP
-        omp_get_max_threads()
-#else
-        1
-#endif
-        ) / 1048576.0);
+    printf("  %-22s %8.1f MiB   (GEMM packing, allocated once at start)\n", "+ workspace",
+           gemm_workspace_bytes(omp_threads()) / 1048576.0);
     PlanOpts g = o;
     g.half = 1;
     g.fp32 = !amp;
@@ -12106,19 +12140,46 @@ static int cmd_export(int argc, char **argv) {
 // ------------------------------------------------------------------------------------------
 // main
 // ------------------------------------------------------------------------------------------
+
+// omp_wait_policy_auto: how the OpenMP threads wait between parallel loops, chosen from what
+// else the machine runs at start. A step has thousands of short parallel loops; a thread that
+// sleeps at the end of each (OMP_WAIT_POLICY=PASSIVE) must be woken for the next, and on an idle
+// 2-core machine that cost 3 epochs of the demo 15.0 s against 10.6 s with a short spin before
+// sleeping (GOMP_SPINCOUNT=30000). With one other busy process on those 2 cores the order turns
+// over: 16.1 s passive, 44.5 s spinning (a spinning thread holds the core its descheduled peer
+// needs). So the runnable tasks of the machine are counted (/proc/loadavg, three looks 10 ms
+// apart): when another task was runnable at every look, the threads wait passively, else they
+// spin briefly. The choice is printed by train and bench. libgomp reads its settings before
+// main, so they are set and the program starts again once; a user's OMP_WAIT_POLICY or
+// GOMP_SPINCOUNT is left alone.
+static void omp_wait_policy_auto(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    int others = 1 << 30;   // the fewest other runnable tasks seen
+    for (int look = 0; look < 3; look++) {
+        if (look) usleep(10000);
+        FILE *f = fopen("/proc/loadavg", "r");
+        int running = 0;
+        if (f) {
+            if (fscanf(f, "%*f %*f %*f %d/", &running) != 1) running = 0;
+            fclose(f);
+        }
+        if (running >= 1 && running - 1 < others) others = running - 1;   // this process is one of them
+    }
+    int busy = others >= 1 && others < (1 << 30);
+    if (busy) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    else setenv("GOMP_SPINCOUNT", "30000", 1);
+    char note[96];
+    if (busy) snprintf(note, sizeof note, "passive sleep (%d other task(s) runnable at start)", others);
+    else snprintf(note, sizeof note, "a short spin, then sleep (the machine was idle at start)");
+    setenv("YOLO_OMP_WAIT", note, 1);
+    execv("/proc/self/exe", argv);   // returns only on failure: then run as we are
+}
+
 #ifndef TESTING
 typedef struct { const char *name; int (*fn)(int, char **); const char *help; } Command;
 
 int main(int argc, char **argv) {
-    // OpenMP threads that spin while waiting starve the loader threads and anything else on the
-    // machine: with one other busy process on 2 cores, 2 epochs of the demo took 8.8 s passive,
-    // 22.7 s with libgomp's default spinning and 23.6 s with a short spin (on an idle machine
-    // passive is ~20 % slower). libgomp reads its settings before main, so set the policy and
-    // start again once; the user's OMP_WAIT_POLICY or GOMP_SPINCOUNT are left alone.
-    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
-        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-        execv("/proc/self/exe", argv);   // returns only on failure: then run as we are
-    }
+    omp_wait_policy_auto(argv);
     static const Command cmds[] = {
             {"info", cmd_info, "layer table and totals: model=yolov8n|FILE.pt|FILE.safetensors nc=80 imgsz=640"},
             {"plan", cmd_plan, "memory plan of a training step: model=yolov8n|FILE nc= batch= imgsz="},

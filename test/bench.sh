@@ -4,8 +4,9 @@
 # the same run, at 320 and 640, best of BENCH_REPS (5) each, the two alternating for
 # BENCH_ROUNDS (1) rounds; prints both, the ratio yolo.c / PyTorch and the CPU. Then one epoch of
 # the shapes set with ./yolo train. Without python3-torch the PyTorch half is skipped.
-# BENCH_THREADS (2) sets OMP_NUM_THREADS for both. yolo.c waits passively (as ./yolo does,
-# unless OMP_WAIT_POLICY is set); PyTorch runs with its own defaults. Each side also reports its
+# BENCH_THREADS (2) sets OMP_NUM_THREADS for both. yolo.c's threads wait as ./yolo's do (a short
+# spin on a machine idle at start, passive on a busy one; OMP_WAIT_POLICY or GOMP_SPINCOUNT
+# decide instead when set); PyTorch runs with its own defaults. Each side also reports its
 # best CPU time per step (all threads): on a busy machine that ratio is steadier than wall time's.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -22,7 +23,7 @@ status=0
 for S in $sizes; do
     yb="" pb="" yc="" pc=""
     for r in $(seq "$rounds"); do
-        line=$(OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} test/bin/bench_step 8 "$S" "$reps") || status=1
+        line=$(OMP_NUM_THREADS=$threads test/bin/bench_step 8 "$S" "$reps") || status=1
         echo "$line" | head -n 1
         t=$(echo "$line" | awk '$1 == "step" {print $5}') c=$(echo "$line" | awk '$1 == "step" {print $9}')
         [ -n "$t" ] && { [ -z "$yb" ] || awk "BEGIN{exit !($t < $yb)}"; } && yb=$t

@@ -14,6 +14,7 @@ static double cpu_sec(void) {   // CPU time of the process (all threads): steadi
 }
 
 int main(int argc, char **argv) {
+    omp_wait_policy_auto(argv);   // as ./yolo: a short spin on an idle machine, passive on a busy one
     int B = argc > 1 ? atoi(argv[1]) : 8, S = argc > 2 ? atoi(argv[2]) : 320, reps = argc > 3 ? atoi(argv[3]) : 5;
     if (B < 1 || S < 32 || S % 32 || reps < 1) die("usage: bench_step [B>=1] [S, a multiple of 32] [reps>=1]");
     Model *m = xmalloc(sizeof(Model));
@@ -66,14 +67,12 @@ int main(int argc, char **argv) {
         if (it > 0 && c3 - c0 < bcpu) bcpu = c3 - c0;
         if (it > 0 && t3 - t0 < best) best = t3 - t0, bf = t1 - t0, bb = t2 - t1, bo = t3 - t2;
     }
-#ifdef _OPENMP
-    int th = omp_get_max_threads();
-#else
-    int th = 1;
-#endif
+    int th = omp_threads();
+    const char *wait = getenv("YOLO_OMP_WAIT");
     printf("yolo.c  yolov8n whole training step, batch %d, %dx%d, %d threads, best of %d: %.3f s "
-           "(forward+loss %.3f / backward %.3f / clip+SGD %.3f); CPU time %.3f s; last loss %.3f\n",
-           B, S, S, th, reps, best, bf, bb, bo, bcpu, loss);
+           "(forward+loss %.3f / backward %.3f / clip+SGD %.3f); CPU time %.3f s; last loss %.3f; waiting: %s\n",
+           B, S, S, th, reps, best, bf, bb, bo, bcpu, loss,
+           wait ? wait : getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "GOMP_SPINCOUNT as set");
     printf("step %d %d %d %.4f %.4f %.4f %.4f %.4f\n", S, B, th, best, bf, bb, bo, bcpu);
     free(x), free(a->base), free(a), free(m);
     return 0;
