@@ -412,6 +412,14 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
         }
         for (; i < n; i++)
             for (int k = 0; k < kc; k++) dst[k * w + i] = src[(size_t)i * ld + k];
+    } else if (n == w && w % 8 == 0) {   // whole rows of 8-float vectors (a memcpy call per row costs more)
+        for (int k = 0; k < kc; k++)
+            for (int i = 0; i < w; i += 8) {
+                gemm_v8 v;
+                memcpy(&v, src + (size_t)k * ld + i, sizeof v);
+                memcpy(dst + (size_t)k * w + i, &v, sizeof v);
+            }
+        return;
     } else {
         for (int k = 0; k < kc; k++)
             for (int i = 0; i < n; i++) dst[k * w + i] = src[(size_t)k * ld + i];
