@@ -687,8 +687,9 @@ static void maxpool5_backward(const float *x, const float *dy, float *dx, int B,
 /*
  * Every tensor of the network is a Value. Only Conv outputs own memory, and what they keep is
  * the pre-BN convolution output z plus the batch mean and 1/std of each channel; the activated
- * output SiLU(BN(z)) is recomputed whenever a consumer needs it. Everything else is a view that
- * is materialised on demand, one image at a time, into scratch:
+ * output SiLU(BN(z)) is recomputed whenever a consumer needs it (CPU training keeps it as well,
+ * Conv.y, unless recompute=1: see exec_cpu). Everything else is a view that is materialised on
+ * demand, one image at a time, into scratch:
  *   V_CONV   SiLU(BN(z)) of a Conv (or the raw output of a Detect 1x1 conv)
  *   V_SLICE  channels [c0, c0+C) of a Conv (the C2f split)
  *   V_ADD    a + b (the Bottleneck shortcut)
@@ -733,6 +734,8 @@ typedef struct {
                             // or FP16 on the device with AMP (then only the address is a float *)
     size_t zstride;         // elements between images in z and dA
     float *mean, *invstd;   // (Cout) statistics used by the last forward
+    float *y;               // (B, Cout, Ho, Wo) SiLU(BN(z)) kept from the forward to the conv's backward
+                            // (Exec.keep_act: CPU training without recompute), else NULL
     float *dA;              // (B, Cout, Ho, Wo) FP32 gradient of the output, live during backward only
 } Conv;
 
@@ -1094,6 +1097,7 @@ typedef struct {
     int nb;                   // images per op call: 1 (CPU, called for b = 0..B-1) or B (device, b = 0)
     int esz;                  // bytes of an activation value: 4 (FP32) or 2 (device FP16)
     void *ctx;                // the backend's own state (the device's Gpu)
+    int keep_act;             // keep each BN conv's activation (Conv.y) instead of recomputing it per reader
 } Exec;
 
 // Backend: the computations the walk asks for. Tensors are nb images from image b; an image
@@ -1284,7 +1288,7 @@ static void walk_forward(Exec *e) {
     for (int k = 0; k < m->nexec; k++) {
         Conv *c = &m->conv[m->exec[k]];
         int HWo = c->Ho * c->Wo;
-        c->dA = NULL;
+        c->dA = c->y = NULL;
         c->mean = c->invstd = NULL;
         if (c->level >= 0) {   // a Detect output conv writes its channels of the level's map
             c->zstride = (size_t)(REG_MAX * 4 + m->nc) * HWo;
@@ -1298,6 +1302,13 @@ static void walk_forward(Exec *e) {
             c->invstd = c->mean + c->cout;
         }
         conv_forward(e, c, 0);
+        if (e->keep_act && c->bn) {   // the activation, made once for every reader and the backward
+            void *y = walk_act(e, (long)m->B * c->zstride, G_ACTS);
+            if (!arena_dry(e->a))
+                for (int b = 0; b < m->B; b += e->nb)
+                    e->be->act(e, c, 0, c->cout, b, (char *)y + (size_t)b * c->zstride * e->esz, (long)c->zstride);
+            c->y = y;
+        }
         if (m->recompute && !m->infer && c->block_out) block_drop(e, c->block);
         if (m->infer)   // no backward follows: free each z after its last reader
             for (int j = 0; j < m->nconv; j++) {
@@ -1333,12 +1344,13 @@ static void walk_backward(Exec *e) {
         Conv *c = &m->conv[m->exec[k]];
         if (m->recompute && c->block_out) block_recompute(e, c->block);
         conv_backward(e, c);
+        arena_free(e->a, c->y);   // its readers' backwards came first
         if (c->level < 0) {
             arena_free(e->a, c->dA);
             arena_free(e->a, c->mean);
             arena_free(e->a, c->z);
         }
-        c->dA = c->z = c->mean = c->invstd = NULL;
+        c->dA = c->z = c->mean = c->invstd = c->y = NULL;
     }
     for (int i = 2; i >= 0 && m->has_head; i--) {
         arena_free(e->a, m->dhead[i]);
@@ -1352,11 +1364,12 @@ static void walk_release(Exec *e) {
     Model *m = e->m;
     for (int k = m->nexec - 1; k >= 0; k--) {
         Conv *c = &m->conv[m->exec[k]];
+        arena_free(e->a, c->y);
         if (c->level < 0) {
             arena_free(e->a, c->mean);
             arena_free(e->a, c->z);
         }
-        c->z = c->mean = c->invstd = NULL;
+        c->z = c->mean = c->invstd = c->y = NULL;
     }
     for (int i = 2; i >= 0 && m->has_head; i--) {
         arena_free(e->a, m->head[i]);
@@ -1377,6 +1390,10 @@ static void cpu_input(Exec *e, int b, void *out, long os, long n) {
 static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
     (void)os;
     int HW = c->Ho * c->Wo;
+    if (c->y) {   // kept by the forward
+        memcpy(out, c->y + (size_t)b * c->zstride + (size_t)c0 * HW, (size_t)C * HW * sizeof(float));
+        return;
+    }
     const float *z = c->z + (size_t)b * c->zstride + (size_t)c0 * HW;
     if (c->bn)
         bn_silu_forward_cpu(z, c->mean + c0, c->invstd + c0, e->params + c->g_off + c0, e->params + c->b_off + c0,
@@ -1480,6 +1497,21 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
     }
 }
 
+// cpu_value_view: image b of value vi where it already lies whole in memory: the input batch, or
+// a conv's kept activation (Conv.y) or a channel slice of it; NULL otherwise (and in a dry run,
+// where value_materialize plans the same temporaries either way), for value_materialize to make
+static const float *cpu_value_view(Exec *e, int vi, int b) {
+    const Model *m = e->m;
+    const Value *v = &m->val[vi];
+    if (arena_dry(e->a)) return NULL;
+    if (v->kind == V_INPUT)   // (a test's twin backend may convert the input: then it is made)
+        return e->be->input == cpu_input ? (const float *)e->x + (size_t)b * v->C * v->H * v->W : NULL;
+    if (v->kind != V_CONV && v->kind != V_SLICE) return NULL;
+    const Conv *p = &m->conv[v->conv];
+    if (!p->y) return NULL;
+    return p->y + (size_t)b * p->zstride + (size_t)(v->kind == V_SLICE ? v->c0 : 0) * v->H * v->W;
+}
+
 // cpu_conv: z = conv(input), one image at a time (materialise, im2col unless 1x1, GEMM). Detect
 // output convs add their bias and keep the result as the head map.
 static void cpu_conv(Exec *e, Conv *c) {
@@ -1491,11 +1523,12 @@ static void cpu_conv(Exec *e, Conv *c) {
     float *col = direct ? x : walk_f32(e, (long)KK * HWo, G_SCRATCH);      // (Cin*K*K, Ho*Wo)
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
     for (int b = 0; b < m->B; b++) {
-        value_materialize(e, c->in, b, x, nx);
+        const float *xb = cpu_value_view(e, c->in, b);
+        if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
         if (dry) continue;
-        if (!direct) im2col(x, c->cin, c->H, c->W, c->k, c->s, col);
+        if (!direct) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
         float *z = c->z + (size_t)b * c->zstride;
-        gemm_cpu(0, 0, c->cout, HWo, KK, w, KK, col, HWo, 0.f, z, HWo);
+        gemm_cpu(0, 0, c->cout, HWo, KK, w, KK, direct ? xb : col, HWo, 0.f, z, HWo);
         if (!c->bn)
             for (int o = 0; o < c->cout; o++)
                 for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
@@ -1531,11 +1564,12 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     float *gw = e->grads + c->w_off;
     for (int b = 0; b < m->B; b++) {
         const float *dz = (const float *)dzv + (size_t)b * c->zstride;     // (Cout, Ho*Wo)
-        value_materialize(e, c->in, b, x, nx);
+        const float *xb = cpu_value_view(e, c->in, b);
+        if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
         if (!dry) {
-            if (!direct) im2col(x, c->cin, c->H, c->W, c->k, c->s, col);
-            gemm_cpu(0, 1, c->cout, KK, HWo, dz, HWo, col, HWo, 1.f, gw, KK);
-            if (need_dx) {
+            if (!direct) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
+            gemm_cpu(0, 1, c->cout, KK, HWo, dz, HWo, direct ? xb : col, HWo, 1.f, gw, KK);
+            if (need_dx) {   // into x (col is x when direct): never into a kept activation
                 gemm_cpu(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, 0.f, col, HWo);
                 if (!direct) col2im(col, c->cin, c->H, c->W, c->k, c->s, x);
             }
@@ -1560,7 +1594,10 @@ static const Backend *model_cpu_backend = &cpu_backend;
 
 // exec_cpu: a walk of model m on the CPU, in arena a, with the model's own weights and input m->x
 static Exec exec_cpu(Model *m, Arena *a) {
-    return (Exec){model_cpu_backend, m, a, m->params, m->grads, m->buffers, m->x, 1, sizeof(float), NULL};
+    // training without recompute keeps the activations: host memory is plentiful, and recomputing
+    // SiLU(BN(z)) for every reader and again in the backward cost a tenth of the CPU step
+    return (Exec){model_cpu_backend, m, a, m->params, m->grads, m->buffers, m->x, 1, sizeof(float), NULL,
+                  !m->recompute && !m->infer};
 }
 
 // model_alloc_params: the persistent groups: weights and gradients (flat, state_dict order)
@@ -8827,7 +8864,7 @@ static const Backend gpu_backend = {
 
 // exec_gpu: a walk on the device, with the weights in use now (the EMA's during validation)
 static Exec exec_gpu(Gpu *g) {
-    return (Exec){&gpu_backend, g->m, g->a, g->params, g->grads, g->buffers, g->x, g->B, g->esz, g};
+    return (Exec){&gpu_backend, g->m, g->a, g->params, g->grads, g->buffers, g->x, g->B, g->esz, g, 0};
 }
 
 // gpu_shape: makes s the current step shape (the model's spatial sizes included)
