@@ -1432,6 +1432,29 @@ static void cpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, fl
 // bn_stats_cpu: per-channel batch statistics of a conv output (train: mean, 1/sqrt(biased var +
 // eps), running stats updated with the unbiased variance, momentum 0.03; eval: from the running
 // stats). z (B, C, HW) with image stride zs; mean, invstd, rm, rv (C). Twin of bn_stats_cuda.
+// The per-channel sums of the BN kernels are taken in double over 8 lanes (element i of a row goes
+// to lane i % 8; the lanes are added in order at the end): the loops vectorise, and the order of
+// the sums depends on the shape only, not on the thread count.
+#define LANES 8
+static double lanes_total(const double l[LANES]) {
+    double t = 0;
+    for (int j = 0; j < LANES; j++) t += l[j];
+    return t;
+}
+// lanes_sum: l += x[0..n); with mu: += (x - mu)^2
+static inline void lanes_sum(double l[LANES], const float *x, int n) {
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) l[j] += x[i + j];
+    for (; i < n; i++) l[i % LANES] += x[i];
+}
+static inline void lanes_sqdev(double l[LANES], const float *x, int n, double mu) {
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) l[j] += (x[i + j] - mu) * (x[i + j] - mu);
+    for (; i < n; i++) l[i % LANES] += (x[i] - mu) * (x[i] - mu);
+}
+
 static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm,
                          float *rv, int train) {
     double cnt = (double)B * HW;
@@ -1442,13 +1465,11 @@ static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *m
             invstd[o] = 1.f / sqrtf(rv[o] + BN_EPS);
             continue;
         }
-        double s = 0, ss = 0;
-        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += z[b * zs + (long)o * HW + i];
-        double mu = s / cnt;
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < HW; i++)
-                ss += (z[b * zs + (long)o * HW + i] - mu) * (z[b * zs + (long)o * HW + i] - mu);
-        double var = ss / cnt;
+        double ls[LANES] = {0}, lss[LANES] = {0};
+        for (int b = 0; b < B; b++) lanes_sum(ls, z + b * zs + (long)o * HW, HW);
+        double mu = lanes_total(ls) / cnt;
+        for (int b = 0; b < B; b++) lanes_sqdev(lss, z + b * zs + (long)o * HW, HW, mu);
+        double var = lanes_total(lss) / cnt;
         mean[o] = (float)mu;
         invstd[o] = (float)(1.0 / sqrt(var + BN_EPS));
         rm[o] = (1 - BN_MOMENTUM) * rm[o] + BN_MOMENTUM * (float)mu;
@@ -1465,27 +1486,28 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
 #pragma omp parallel for if (C * cnt > OMP_MIN_WORK)
     for (int o = 0; o < C; o++) {
         if (!gamma) {
-            double s = 0;
-            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) s += dA[b * zs + (long)o * HW + i];
-            dbeta[o] += (float)s;
+            double l[LANES] = {0};
+            for (int b = 0; b < B; b++) lanes_sum(l, dA + b * zs + (long)o * HW, HW);
+            dbeta[o] += (float)lanes_total(l);
             continue;
         }
         float ga = gamma[o], be = beta[o], mu = mean[o], istd = invstd[o];
-        double sg = 0, sgx = 0;
+        double lg[LANES] = {0}, lgx[LANES] = {0};
         for (int b = 0; b < B; b++) {
             const float *zz = z + b * zs + (long)o * HW;
             float *d = dA + b * zs + (long)o * HW;
-            for (int i = 0; i < HW; i++) {   // vectorised; the double sums below stay in order
+            for (int i = 0; i < HW; i++) {   // vectorised
                 float y = ga * ((zz[i] - mu) * istd) + be;
                 float sg1 = 1.f / (1.f + exp_poly(-y));
                 d[i] = d[i] * sg1 * (1.f + y * (1.f - sg1));
             }
-            for (int i = 0; i < HW; i++) {
-                float gy = d[i], xh = (zz[i] - mu) * istd;
-                sg += gy;
-                sgx += (double)gy * xh;
-            }
+            lanes_sum(lg, d, HW);
+            int i = 0;
+            for (; i + LANES <= HW; i += LANES)
+                for (int j = 0; j < LANES; j++) lgx[j] += (double)d[i + j] * ((zz[i + j] - mu) * istd);
+            for (; i < HW; i++) lgx[i % LANES] += (double)d[i] * ((zz[i] - mu) * istd);
         }
+        double sg = lanes_total(lg), sgx = lanes_total(lgx);
         dgamma[o] += (float)sgx;
         dbeta[o] += (float)sg;
         float k1 = ga * istd, mg = train ? (float)(sg / cnt) : 0.f, mgx = train ? (float)(sgx / cnt) : 0.f;
