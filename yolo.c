@@ -428,16 +428,55 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
         for (int i = n; i < w; i++) dst[k * w + i] = 0;
 }
 
+// Im2col: a KxK convolution's input x (C, H, W), stride S, padding K/2, read as the im2col matrix
+// (C*K*K rows, Ho*Wo columns) without writing it: gemm_cpu packs B's panels straight from x.
+typedef struct { const float *x; int C, H, W, K, S, Ho, Wo; } Im2col;
+static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi);
+
+// gemm_pack_im2col: rows [k0, k0+kc) and columns [j0, j0+n) of g's im2col matrix into dst (kc, w),
+// zero padded to w: the values im2col would have written, so the products are the same
+static void gemm_pack_im2col(const Im2col *g, int k0, int kc, int j0, int n, int w, float *restrict dst) {
+    int KK = g->K * g->K, p = g->K / 2;
+    for (int k = 0; k < kc; k++) {
+        int r = k0 + k, ci = r / KK, ky = r % KK / g->K, kx = r % g->K, lo, hi;
+        float *d = dst + (size_t)k * w;
+        const float *src = g->x + (size_t)ci * g->H * g->W;
+        im2col_span(g->W, g->Wo, g->S, kx - p, &lo, &hi);
+        for (int j = 0; j < n;) {   // a run of columns within one output row
+            int oy = (j0 + j) / g->Wo, ox0 = (j0 + j) % g->Wo, len = g->Wo - ox0 < n - j ? g->Wo - ox0 : n - j;
+            int iy = oy * g->S - p + ky;
+            float *dj = d + j;
+            if (iy < 0 || iy >= g->H) {
+                for (int t = 0; t < len; t++) dj[t] = 0.f;
+            } else {
+                const float *row = src + (size_t)iy * g->W + kx - p;
+                int a = lo > ox0 ? lo - ox0 : 0, e = hi - ox0 < len ? hi - ox0 : len;   // [a, e) inside the row
+                if (e < a) e = a;
+                for (int t = 0; t < a; t++) dj[t] = 0.f;
+                if (g->S == 1) memcpy(dj + a, row + ox0 + a, (size_t)(e - a) * sizeof(float));
+                else for (int t = a; t < e; t++) dj[t] = row[(ox0 + t) * g->S];
+                for (int t = e; t < len; t++) dj[t] = 0.f;
+            }
+            j += len;
+        }
+        for (int j = n; j < w; j++) d[j] = 0.f;
+    }
+}
+
 // gemm_block: C block (mc x nc at C) (+)= op(A) rows i0.. times op(B) columns j0.., over k in
 // [k0, k1), KC at a time; add: whether the first KC block adds to C. pa: this thread's pack buffer.
 // A transposed operand is packed reading along its rows (contiguous), not across them.
 static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, int k1, const float *A, int lda,
-                       const float *B, int ldb, int add, float *C, int ldc, float *pa) {
+                       const float *B, int ldb, const Im2col *bim, int add, float *C, int ldc, float *pa) {
     float *pb = pa + GEMM_MC * GEMM_KC;
     for (int p0 = k0; p0 < k1; p0 += GEMM_KC) {
         int kc = k1 - p0 < GEMM_KC ? k1 - p0 : GEMM_KC;
         for (int jp = 0; jp < nc; jp += GEMM_NR) {   // B (kc x nc) into NR-wide panels
             int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+            if (bim) {
+                gemm_pack_im2col(bim, p0, kc, j0 + jp, nr, GEMM_NR, pb + (size_t)jp * kc);
+                continue;
+            }
             const float *src = tB ? B + (size_t)(j0 + jp) * ldb + p0 : B + (size_t)p0 * ldb + j0 + jp;
             gemm_pack_panel(src, ldb, tB, nr, kc, GEMM_NR, pb + (size_t)jp * kc);
         }
@@ -466,8 +505,15 @@ static float *gemm_thread_pack(void) {
 
 // gemm_cpu: row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C, op = transpose if
 // tX. beta is 0 or 1 in this project (0 never reads C). The CPU twin of the GPU GEMMs.
+// gemm_run: the same, where B may instead be an im2col matrix read in place (bim, tB 0).
+static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     const Im2col *bim, float beta, float *C, int ldc);
 static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                      float beta, float *C, int ldc) {
+    gemm_run(tA, tB, M, N, K, A, lda, B, ldb, NULL, beta, C, ldc);
+}
+static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     const Im2col *bim, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         if (beta == 0) for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
@@ -486,7 +532,7 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
             int i0 = (tile / nt) * GEMM_MC, j0 = (tile % nt) * GEMM_NC;
             int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC, nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
             int k0 = sl * ks, k1 = K - k0 < ks ? K : k0 + ks;
-            gemm_block(tA, tB, i0, j0, mc, nc, k0, k1, A, lda, B, ldb, 0,
+            gemm_block(tA, tB, i0, j0, mc, nc, k0, k1, A, lda, B, ldb, bim, 0,
                        gemm_part + (size_t)sl * M * N + (size_t)i0 * N + j0, N, gemm_thread_pack());
         }
 #pragma omp parallel for if ((size_t)M * N * ns > OMP_MIN_WORK)
@@ -516,7 +562,7 @@ static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int ld
     for (int tile = 0; tile < ntile; tile++) {
         int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
         int mc = M - i0 < mcb ? M - i0 : mcb, nc = N - j0 < ncb ? N - j0 : ncb;
-        gemm_block(tA, tB, i0, j0, mc, nc, 0, K, A, lda, B, ldb, beta != 0, C + (size_t)i0 * ldc + j0, ldc,
+        gemm_block(tA, tB, i0, j0, mc, nc, 0, K, A, lda, B, ldb, bim, beta != 0, C + (size_t)i0 * ldc + j0, ldc,
                    gemm_thread_pack());
     }
 }
@@ -1542,20 +1588,19 @@ static void cpu_conv(Exec *e, Conv *c) {
     int direct = c->k == 1 && c->s == 1;
     long nx = (long)c->cin * c->H * c->W;
     float *x = walk_f32(e, nx, G_SCRATCH);                                   // (Cin, H, W)
-    float *col = direct ? x : walk_f32(e, (long)KK * HWo, G_SCRATCH);      // (Cin*K*K, Ho*Wo)
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
     for (int b = 0; b < m->B; b++) {
         const float *xb = cpu_value_view(e, c->in, b);
         if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
         if (dry) continue;
-        if (!direct) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
         float *z = c->z + (size_t)b * c->zstride;
-        gemm_cpu(0, 0, c->cout, HWo, KK, w, KK, direct ? xb : col, HWo, 0.f, z, HWo);
+        // a KxK or strided conv reads its input as the im2col matrix in place (no col buffer)
+        Im2col g = {xb, c->cin, c->H, c->W, c->k, c->s, c->Ho, c->Wo};
+        gemm_run(0, 0, c->cout, HWo, KK, w, KK, xb, HWo, direct ? NULL : &g, 0.f, z, HWo);
         if (!c->bn)
             for (int o = 0; o < c->cout; o++)
                 for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
     }
-    if (!direct) arena_free(e->a, col);
     arena_free(e->a, x);
 }
 static void cpu_bn_stats(Exec *e, Conv *c) {
