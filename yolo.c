@@ -1542,16 +1542,22 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
         for (int b = 0; b < B; b++) {
             const float *zz = z + b * zs + (long)o * HW;
             float *d = dA + b * zs + (long)o * HW;
-            for (int i = 0; i < HW; i++) {   // vectorised
-                float y = ga * ((zz[i] - mu) * istd) + be;
-                float sg1 = 1.f / (1.f + exp_poly(-y));
-                d[i] = d[i] * sg1 * (1.f + y * (1.f - sg1));
-            }
-            lanes_sum(lg, d, HW);
-            int i = 0;
+            int i = 0;   // one vectorised pass: the gradient through SiLU, and its two sums
             for (; i + LANES <= HW; i += LANES)
-                for (int j = 0; j < LANES; j++) lgx[j] += (double)d[i + j] * ((zz[i + j] - mu) * istd);
-            for (; i < HW; i++) lgx[i % LANES] += (double)d[i] * ((zz[i] - mu) * istd);
+                for (int j = 0; j < LANES; j++) {
+                    float xh = (zz[i + j] - mu) * istd, y = ga * xh + be, sg1 = 1.f / (1.f + exp_poly(-y));
+                    float gy = d[i + j] * sg1 * (1.f + y * (1.f - sg1));
+                    d[i + j] = gy;
+                    lg[j] += gy;
+                    lgx[j] += (double)gy * xh;
+                }
+            for (; i < HW; i++) {
+                float xh = (zz[i] - mu) * istd, y = ga * xh + be, sg1 = 1.f / (1.f + exp_poly(-y));
+                float gy = d[i] * sg1 * (1.f + y * (1.f - sg1));
+                d[i] = gy;
+                lg[i % LANES] += gy;
+                lgx[i % LANES] += (double)gy * xh;
+            }
         }
         double sg = lanes_total(lg), sgx = lanes_total(lgx);
         dgamma[o] += (float)sgx;
