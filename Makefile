@@ -203,7 +203,7 @@ $(ARM64_DIR)/yolo: $(SRC)
 	@mkdir -p $(ARM64_DIR)
 	$(ARM64_CC) $(ARM64_FLAGS) -o $@ yolo.c $(LDLIBS)
 cross-arm64: $(ARM64_BINS)
-	$(MAKE) --no-print-directory EMU_DIR=$(ARM64_DIR)/emu CC=$(ARM64_CC) EMU_CXX=$(ARM64_CXX) emu-bins
+	$(MAKE) --no-print-directory EMU_DIR=$(ARM64_DIR)/emu CC=$(ARM64_CC) EMU_CXX=$(ARM64_CXX) MPI=0 emu-bins
 test-arm64: cross-arm64
 	@test -n "$(QEMU_AARCH64)" || { echo "$@ needs qemu-aarch64 (Debian: qemu-user-static)"; exit 1; }
 	@for y in $(ARM64_DIR)/yolo $(ARM64_DIR)/emu/yolo; do \
