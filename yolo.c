@@ -428,6 +428,7 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
         for (int i = n; i < w; i++) dst[k * w + i] = 0;
 }
 
+#define GEMM_IMPLICIT_MIN (1L << 20)   // im2col matrices of more floats are read in place by the forward
 // Im2col: a KxK convolution's input x (C, H, W), stride S, padding K/2, read as the im2col matrix
 // (C*K*K rows, Ho*Wo columns) without writing it: gemm_cpu packs B's panels straight from x.
 typedef struct { const float *x; int C, H, W, K, S, Ho, Wo; } Im2col;
@@ -1592,21 +1593,26 @@ static void cpu_conv(Exec *e, Conv *c) {
     Model *m = e->m;
     int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
     int direct = c->k == 1 && c->s == 1;
+    // a KxK or strided conv whose im2col matrix would not stay in cache reads its input as that
+    // matrix in place (no col buffer); a smaller one writes it (im2col), which packs faster
+    int implicit = !direct && (long)KK * HWo > GEMM_IMPLICIT_MIN;
     long nx = (long)c->cin * c->H * c->W;
     float *x = walk_f32(e, nx, G_SCRATCH);                                   // (Cin, H, W)
+    float *col = direct || implicit ? NULL : walk_f32(e, (long)KK * HWo, G_SCRATCH);   // (Cin*K*K, Ho*Wo)
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
     for (int b = 0; b < m->B; b++) {
         const float *xb = cpu_value_view(e, c->in, b);
         if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
         if (dry) continue;
         float *z = c->z + (size_t)b * c->zstride;
-        // a KxK or strided conv reads its input as the im2col matrix in place (no col buffer)
         Im2col g = {xb, c->cin, c->H, c->W, c->k, c->s, c->Ho, c->Wo};
-        gemm_run(0, 0, c->cout, HWo, KK, w, KK, xb, HWo, direct ? NULL : &g, 0.f, z, HWo);
+        if (col) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
+        gemm_run(0, 0, c->cout, HWo, KK, w, KK, col ? col : xb, HWo, implicit ? &g : NULL, 0.f, z, HWo);
         if (!c->bn)
             for (int o = 0; o < c->cout; o++)
                 for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
     }
+    arena_free(e->a, col);
     arena_free(e->a, x);
 }
 static void cpu_bn_stats(Exec *e, Conv *c) {
