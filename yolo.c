@@ -10392,6 +10392,8 @@ static LossOut ddp_trainer_step(Trainer *t, const Batch *bt, int *bad) {
 // buckets start in bucket order only, so every rank issues the same collectives in the same order.
 // Only the backward that ends an accumulation window all-reduces (the gradient accumulated so far
 // is summed once); the others accumulate locally, as DDP under no_sync.
+// ddp_in_bucket: whether conv c has parameters in bucket i (a conv's parameters are contiguous)
+static int ddp_in_bucket(const Conv *c, int i) { return c->w_off < ddp.hi[i] && c->b_off + c->cout > ddp.lo[i]; }
 static void ddp_buckets_open(const Model *m) {
     const char *v = getenv("YOLO_DDP_BUCKET_MB");
     double mb = v && *v ? atof(v) : 25;
@@ -10408,11 +10410,8 @@ static void ddp_buckets_open(const Model *m) {
         ddp.nbucket++;
         hi = lo;
     }
-    for (int k = 0; k < m->nexec; k++) {   // the convs whose backward runs (a conv's parameters are contiguous)
-        const Conv *c = &m->conv[m->exec[k]];
-        for (int i = 0; i < ddp.nbucket; i++)
-            ddp.nconv[i] += c->w_off < ddp.hi[i] && c->b_off + c->cout > ddp.lo[i];
-    }
+    for (int k = 0; k < m->nexec; k++)   // the convs whose backward runs
+        for (int i = 0; i < ddp.nbucket; i++) ddp.nconv[i] += ddp_in_bucket(&m->conv[m->exec[k]], i);
 }
 // ddp_bucket_launch: the buckets ready, in order, each after the compute stream's work so far
 static void ddp_bucket_launch(Gpu *g, int all) {
@@ -10424,6 +10423,14 @@ static void ddp_bucket_launch(Gpu *g, int all) {
                                  ncclSum, ddp.comm, ddp.cstream));
     }
 }
+// ddp_bucket_join: after the last bucket's launch: the compute stream waits for the all-reduces,
+// and the host for them too (the watchdog's wait); the gradients are then summed over the ranks
+static void ddp_bucket_join(Gpu *g) {
+    GPU_CHECK(cudaEventRecord(ddp.ev_comm, ddp.cstream));
+    GPU_CHECK(cudaStreamWaitEvent((cudaStream_t)g->stream, ddp.ev_comm, 0));
+    ddp_wait(ddp.cstream, "ncclAllReduce (gradients)");
+    ddp.reduced = 1;
+}
 // ddp_grads_done (Gpu.grads_done): conv c's gradients are final in this backward (c NULL: the
 // backward is enqueued). At the end: the rest of the buckets, then the watchdog's wait; the compute
 // stream waits for the all-reduces, and the time they ran past the backward (events) is the epoch's
@@ -10431,22 +10438,18 @@ static void ddp_bucket_launch(Gpu *g, int all) {
 static void ddp_grads_done(Gpu *g, const Conv *c) {
     if (!ddp.sync) return;
     if (c) {
-        for (int i = ddp.next; i < ddp.nbucket; i++)
-            ddp.left[i] -= c->w_off < ddp.hi[i] && c->b_off + c->cout > ddp.lo[i];
+        for (int i = ddp.next; i < ddp.nbucket; i++) ddp.left[i] -= ddp_in_bucket(c, i);
         ddp_bucket_launch(g, 0);
         return;
     }
     GPU_CHECK(cudaEventRecord(ddp.ev_bwd, (cudaStream_t)g->stream));
     ddp.early = ddp.next;
     ddp_bucket_launch(g, 1);
-    GPU_CHECK(cudaEventRecord(ddp.ev_comm, ddp.cstream));
-    GPU_CHECK(cudaStreamWaitEvent((cudaStream_t)g->stream, ddp.ev_comm, 0));
-    ddp_wait(ddp.cstream, "ncclAllReduce (gradients)");
+    ddp_bucket_join(g);
     ddp_wait(g->stream, "the backward");
     float ms = 0;
     GPU_CHECK(cudaEventElapsedTime(&ms, ddp.ev_bwd, ddp.ev_comm));
     ddp.comm_s += ms > 0 ? ms / 1000 : 0;
-    ddp.reduced = 1;
 }
 // ddp_allreduce_grads: the whole gradient summed over the ranks at once (an optimizer step whose
 // window ended in no all-reducing backward: the tests, a resumed window); the wait counts as exposed
@@ -10456,11 +10459,8 @@ static void ddp_allreduce_grads(Gpu *g) {
     ddp.next = 0;
     ddp_bucket_launch(g, 1);
     NCCL_CHECK(ncclGroupEnd());
-    GPU_CHECK(cudaEventRecord(ddp.ev_comm, ddp.cstream));
-    GPU_CHECK(cudaStreamWaitEvent((cudaStream_t)g->stream, ddp.ev_comm, 0));
-    ddp_wait(ddp.cstream, "ncclAllReduce (gradients)");
+    ddp_bucket_join(g);
     ddp.comm_s += now_sec() - t0;
-    ddp.reduced = 1;
 }
 // ddp_trainer_optimize: the summed gradients, then the device's optimizer step, identical on every rank
 static int ddp_trainer_optimize(Trainer *t) {
