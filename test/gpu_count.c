@@ -48,12 +48,7 @@ int main(void) {
     }
     LossTargets tg = {nb, bidx, cls, box};
     LossConfig lc = loss_config_default();
-    Optimizer opt = {.kind = OPT_SGD,
-                     .lr = {0.01, 0.01, 0.01},
-                     .momentum = 0.937,
-                     .beta2 = 0.999,
-                     .eps = 1e-8,
-                     .weight_decay = 5e-4};
+    Optimizer opt = sgd_test();
     GpuShape shp = {B, S, S, 1};
     Gpu *g = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
     double t0 = now_sec();

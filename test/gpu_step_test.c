@@ -168,12 +168,7 @@ int main(void) {
     LossConfig lc = loss_config_default();
     size_t lb = loss_scratch_bytes(TB, loss_num_anchors(TS, TS), lc.max_boxes);
     void *scratch = xmalloc(lb);
-    Optimizer opt = {.kind = OPT_SGD,
-                     .lr = {0.01, 0.01, 0.01},
-                     .momentum = 0.937,
-                     .beta2 = 0.999,
-                     .eps = 1e-8,
-                     .weight_decay = 5e-4};
+    Optimizer opt = sgd_test();
     opt.m = xcalloc(m->nparams, sizeof(float));
 
     // the device step: plan, one cudaMalloc, weights uploaded before the CPU step moves the BN stats

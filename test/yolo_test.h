@@ -1,6 +1,13 @@
 // yolo_test.h: helpers for the programs in test/ that include yolo.c (after it).
 #pragma once
 
+// sgd_test: the optimizer the device-step tests use: SGD at lr 0.01 with Ultralytics' momentum and
+// weight decay
+static Optimizer sgd_test(void) {
+    return (Optimizer){.kind = OPT_SGD, .lr = {0.01, 0.01, 0.01}, .momentum = 0.937, .beta2 = 0.999, .eps = 1e-8,
+                       .weight_decay = 5e-4};
+}
+
 // model_open: builds the model and allocates its arena (one malloc) for a step of (B, H, W);
 // returns the arena, whose high-water mark tests compare against the plan.
 static Arena *model_open(Model *m, char scale, int nc, int B, int H, int W, uint64_t seed) {
