@@ -343,22 +343,30 @@ static void gemm_init(void) {
 #define OPA(i, k) (tA ? A[(size_t)(k) * lda + (i)] : A[(size_t)(i) * lda + (k)])
 #define OPB(k, j) (tB ? B[(size_t)(j) * ldb + (k)] : B[(size_t)(k) * ldb + (j)])
 
-// gemm_kernel: c (MR x NR, row stride ldc) (+)= a_panel (KC x MR, k-major) * b_panel (KC x NR).
+// gemm_kernel: c (MR x NR, row stride ldc) (+)= a (MR x KC) * b_panel (KC x NR). A's element (i, k)
+// is a[i * si + k * sk]: a packed panel (si 1, sk MR) or A itself, read in place (its rows:
+// si = lda, sk = 1; its columns: si = 1, sk = lda): the kernel takes A one broadcast value at a
+// time, so A needs no packing, only B's NR-wide vectors do. The two in-place forms are separate
+// instantiations (GEMM_KERNEL below), so that each one's strides are constants inside its loop.
 // Each product is added with a fused multiply-add (one rounding, as the GPU's FP32 GEMMs and
 // oneDNN do): ISO C (-std=c11) forbids GCC to contract a * b + c by itself, so it is asked for here.
-__attribute__((optimize("fp-contract=fast")))
-static inline void gemm_kernel(int kc, const float *restrict ap, const float *restrict bp, float *restrict c,
-                               int ldc, int mr, int nr, int add) {
-    gemm_vec acc[GEMM_MR][GEMM_NV];
-    for (int i = 0; i < GEMM_MR; i++)
-        for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};
-    for (int k = 0; k < kc; k++) {
-        gemm_vec b[GEMM_NV];
-        for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(bp + k * GEMM_NR + v * GEMM_VL);
-        const float *a = ap + k * GEMM_MR;
-        for (int i = 0; i < GEMM_MR; i++)
-            for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[i] * b[v];
+#define GEMM_KERNEL(name, SI, SK)                                                                              \
+    __attribute__((optimize("fp-contract=fast"))) static inline void name(                                    \
+        int kc, const float *restrict a, int lda, const float *restrict bp, float *restrict c, int ldc, int mr, \
+        int nr, int add) {                                                                                     \
+        (void)lda;                                                                                             \
+        gemm_vec acc[GEMM_MR][GEMM_NV];                                                                        \
+        for (int i = 0; i < GEMM_MR; i++)                                                                      \
+            for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};                                       \
+        for (int k = 0; k < kc; k++) {                                                                         \
+            gemm_vec b[GEMM_NV];                                                                               \
+            for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(bp + k * GEMM_NR + v * GEMM_VL);      \
+            for (int i = 0; i < GEMM_MR; i++)                                                                  \
+                for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[(size_t)i * (SI) + (size_t)k * (SK)] * b[v];  \
+        }                                                                                                      \
+        gemm_store(acc, c, ldc, mr, nr, add);                                                                  \
     }
+static inline void gemm_store(gemm_vec acc[GEMM_MR][GEMM_NV], float *restrict c, int ldc, int mr, int nr, int add) {
     if (mr == GEMM_MR && nr == GEMM_NR) {
         for (int i = 0; i < GEMM_MR; i++)
             for (int v = 0; v < GEMM_NV; v++) {
@@ -373,6 +381,9 @@ static inline void gemm_kernel(int kc, const float *restrict ap, const float *re
             for (int j = 0; j < nr; j++) c[(size_t)i * ldc + j] = (add ? c[(size_t)i * ldc + j] : 0) + tmp[i][j];
     }
 }
+GEMM_KERNEL(gemm_kernel, 1, GEMM_MR)        // a packed panel
+GEMM_KERNEL(gemm_kernel_rows, lda, 1)       // A's rows in place (A not transposed)
+GEMM_KERNEL(gemm_kernel_cols, 1, lda)       // A's columns in place (A transposed)
 
 // gemm_pack_panel: n (<= w) lines of an operand, kc deep, into dst (kc, w), zero padded to w.
 // Element (line i, depth k) is src[i * ld + k] when along_k (read along the rows, contiguous),
@@ -428,39 +439,44 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
         for (int i = n; i < w; i++) dst[k * w + i] = 0;
 }
 
-#define GEMM_IMPLICIT_MIN (1L << 20)   // im2col matrices of more floats are read in place by the forward
+#define GEMM_IMPLICIT_MIN (1L << 18)   // 1 MiB: a larger im2col matrix would not stay in L2
 // Im2col: a KxK convolution's input x (C, H, W), stride S, padding K/2, read as the im2col matrix
 // (C*K*K rows, Ho*Wo columns) without writing it: gemm_cpu packs B's panels straight from x.
 typedef struct { const float *x; int C, H, W, K, S, Ho, Wo; } Im2col;
 static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi);
 
 // gemm_pack_im2col: rows [k0, k0+kc) and columns [j0, j0+n) of g's im2col matrix into dst (kc, w),
-// zero padded to w: the values im2col would have written, so the products are the same
+// zero padded to w: the values im2col would have written, so the products are the same. The
+// panel's columns are cut once into runs within one output row; each row of the matrix (input
+// channel ci, tap ky, kx, stepped by counters) is then a copy per run, padding as zeros.
+#define IM2COL_KMAX 7
 static void gemm_pack_im2col(const Im2col *g, int k0, int kc, int j0, int n, int w, float *restrict dst) {
-    int KK = g->K * g->K, p = g->K / 2;
+    int K = g->K, KK = K * K, p = K / 2, S = g->S, H = g->H, W = g->W, Wo = g->Wo;
+    int nrun = 0, run_j[GEMM_NR + 1], run_oy[GEMM_NR + 1], run_ox[GEMM_NR + 1], run_len[GEMM_NR + 1];
+    for (int j = 0; j < n;) {   // (n <= w <= GEMM_NR columns: at most n runs)
+        int q = j0 + j, ox0 = q % Wo, len = Wo - ox0 < n - j ? Wo - ox0 : n - j;
+        run_j[nrun] = j, run_oy[nrun] = q / Wo, run_ox[nrun] = ox0, run_len[nrun++] = len;
+        j += len;
+    }
+    int lo[IM2COL_KMAX], hi[IM2COL_KMAX];
+    for (int kx = 0; kx < K; kx++) im2col_span(W, Wo, S, kx - p, &lo[kx], &hi[kx]);
+    int ci = k0 / KK, ky = k0 % KK / K, kx = k0 % K;
     for (int k = 0; k < kc; k++) {
-        int r = k0 + k, ci = r / KK, ky = r % KK / g->K, kx = r % g->K, lo, hi;
         float *d = dst + (size_t)k * w;
-        const float *src = g->x + (size_t)ci * g->H * g->W;
-        im2col_span(g->W, g->Wo, g->S, kx - p, &lo, &hi);
-        for (int j = 0; j < n;) {   // a run of columns within one output row
-            int oy = (j0 + j) / g->Wo, ox0 = (j0 + j) % g->Wo, len = g->Wo - ox0 < n - j ? g->Wo - ox0 : n - j;
-            int iy = oy * g->S - p + ky;
-            float *dj = d + j;
-            if (iy < 0 || iy >= g->H) {
-                for (int t = 0; t < len; t++) dj[t] = 0.f;
-            } else {
-                const float *row = src + (size_t)iy * g->W + kx - p;
-                int a = lo > ox0 ? lo - ox0 : 0, e = hi - ox0 < len ? hi - ox0 : len;   // [a, e) inside the row
-                if (e < a) e = a;
-                for (int t = 0; t < a; t++) dj[t] = 0.f;
-                if (g->S == 1) memcpy(dj + a, row + ox0 + a, (size_t)(e - a) * sizeof(float));
-                else for (int t = a; t < e; t++) dj[t] = row[(ox0 + t) * g->S];
-                for (int t = e; t < len; t++) dj[t] = 0.f;
-            }
-            j += len;
+        const float *src = g->x + (size_t)ci * H * W;
+        for (int r = 0; r < nrun; r++) {
+            float *dj = d + run_j[r];
+            int len = run_len[r], ox0 = run_ox[r], iy = run_oy[r] * S - p + ky;
+            int a = lo[kx] > ox0 ? lo[kx] - ox0 : 0, e = hi[kx] - ox0 < len ? hi[kx] - ox0 : len;   // [a, e) inside
+            if (iy < 0 || iy >= H || e < a) a = e = 0;
+            for (int t = 0; t < a; t++) dj[t] = 0.f;
+            long base = (long)iy * W + (long)ox0 * S + kx - p;   // input index of column t = 0 (when inside)
+            if (S == 1) for (int t = a; t < e; t++) dj[t] = src[base + t];
+            else for (int t = a; t < e; t++) dj[t] = src[base + (long)t * S];
+            for (int t = e; t < len; t++) dj[t] = 0.f;
         }
         for (int j = n; j < w; j++) d[j] = 0.f;
+        if (++kx == K) kx = 0, ky = ky + 1 == K ? (ci++, 0) : ky + 1;
     }
 }
 
@@ -481,8 +497,8 @@ static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, i
             const float *src = tB ? B + (size_t)(j0 + jp) * ldb + p0 : B + (size_t)p0 * ldb + j0 + jp;
             gemm_pack_panel(src, ldb, tB, nr, kc, GEMM_NR, pb + (size_t)jp * kc);
         }
-        for (int ip = 0; ip < mc; ip += GEMM_MR) {   // A (mc x kc) into MR-high panels
-            int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
+        for (int ip = mc / GEMM_MR * GEMM_MR; ip < mc; ip += GEMM_MR) {   // only A's last, partial panel is packed
+            int mr = mc - ip;
             const float *src = tA ? A + (size_t)p0 * lda + i0 + ip : A + (size_t)(i0 + ip) * lda + p0;
             gemm_pack_panel(src, lda, !tA, mr, kc, GEMM_MR, pa + (size_t)ip * kc);
         }
@@ -490,8 +506,11 @@ static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, i
         for (int jp = 0; jp < nc; jp += GEMM_NR)
             for (int ip = 0; ip < mc; ip += GEMM_MR) {
                 int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                gemm_kernel(kc, pa + (size_t)ip * kc, pb + (size_t)jp * kc, C + (size_t)ip * ldc + jp, ldc, mr, nr,
-                            addk);
+                const float *bp = pb + (size_t)jp * kc;
+                float *cp = C + (size_t)ip * ldc + jp;
+                if (mr < GEMM_MR) gemm_kernel(kc, pa + (size_t)ip * kc, GEMM_MR, bp, cp, ldc, mr, nr, addk);
+                else if (tA) gemm_kernel_cols(kc, A + (size_t)p0 * lda + i0 + ip, lda, bp, cp, ldc, mr, nr, addk);
+                else gemm_kernel_rows(kc, A + (size_t)(i0 + ip) * lda + p0, lda, bp, cp, ldc, mr, nr, addk);
             }
     }
 }
@@ -842,6 +861,7 @@ static int value_new(Model *m, int kind, int C) {
 // conv_new: declares a conv (in state_dict order) without an input yet; returns its index.
 static int conv_new(Model *m, const char *name, int cin, int cout, int k, int s, int bn) {
     if (m->nconv == MAX_CONVS) die("model: too many convs");
+    if (k < 1 || k > IM2COL_KMAX || k % 2 == 0) die("model: conv '%s': kernel %d (odd, 1..%d supported)", name, k, IM2COL_KMAX);
     Conv *c = &m->conv[m->nconv];
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
@@ -1630,17 +1650,31 @@ static void *cpu_bn_backward(Exec *e, Conv *c) {
     return c->dA;
 }
 // cpu_conv_grads: per image, the weight gradient (GEMM on the re-materialised input) and the
-// input's gradient (GEMM, col2im), handed to value_backprop
+// input's gradient, handed to value_backprop. The input gradient of a KxK stride-1 conv is itself a
+// KxK convolution, of dz with the weights flipped in space and Cin, Cout swapped
+// (dx[ci][y][x] = sum over co, ky, kx of w[co][ci][ky][kx] dz[co][y+1-ky][x+1-kx], K 3): one GEMM
+// of those weights (wf, made once per step) with dz's im2col matrix, written straight into dx.
+// A strided conv's is the GEMM into the (Cin*K*K, Ho*Wo) matrix and col2im; a 1x1 conv's is one GEMM.
 static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     Model *m = e->m;
-    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
+    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, k2 = c->k * c->k;
     int direct = c->k == 1 && c->s == 1;
     int need_dx = m->val[c->in].kind != V_INPUT;
+    int flip = need_dx && !direct && c->s == 1;   // dx as a convolution of dz (H, W = Ho, Wo)
+    long KKo = (long)c->cout * k2;                 // rows of dz's im2col matrix
+    int implicit = flip && KKo * HWo > GEMM_IMPLICIT_MIN;
+    long ncol = direct ? 0 : (long)KK * HWo;
+    if (flip && !implicit && KKo * HWo > ncol) ncol = KKo * HWo;
     long nx = (long)c->cin * c->H * c->W;
     float *x = walk_f32(e, nx, G_SCRATCH);
-    float *col = direct ? x : walk_f32(e, (long)KK * HWo, G_SCRATCH);
+    float *col = direct ? x : walk_f32(e, ncol, G_SCRATCH);
+    float *wf = flip ? walk_f32(e, (long)c->cin * KKo, G_SCRATCH) : NULL;   // (Cin, Cout*K*K)
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
+    if (wf && !dry)
+        for (int co = 0; co < c->cout; co++)
+            for (int ci = 0; ci < c->cin; ci++)
+                for (int t = 0; t < k2; t++) wf[(size_t)ci * KKo + (size_t)co * k2 + t] = w[(size_t)co * KK + ci * k2 + k2 - 1 - t];
     for (int b = 0; b < m->B; b++) {
         const float *dz = (const float *)dzv + (size_t)b * c->zstride;     // (Cout, Ho*Wo)
         const float *xb = cpu_value_view(e, c->in, b);
@@ -1648,13 +1682,19 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
         if (!dry) {
             if (!direct) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
             gemm_cpu(0, 1, c->cout, KK, HWo, dz, HWo, direct ? xb : col, HWo, 1.f, gw, KK);
-            if (need_dx) {   // into x (col is x when direct): never into a kept activation
+            if (flip) {   // into x: never into a kept activation
+                Im2col g = {dz, c->cout, c->Ho, c->Wo, c->k, 1, c->Ho, c->Wo};
+                if (!implicit) im2col(dz, c->cout, c->Ho, c->Wo, c->k, 1, col);
+                gemm_run(0, 0, c->cin, HWo, (int)KKo, wf, (int)KKo, implicit ? NULL : col, HWo, implicit ? &g : NULL,
+                         0.f, x, HWo);
+            } else if (need_dx) {   // into x (col is x when direct)
                 gemm_cpu(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, 0.f, col, HWo);
                 if (!direct) col2im(col, c->cin, c->H, c->W, c->k, c->s, x);
             }
         }
         if (need_dx) value_backprop(e, c->in, b, x, nx);
     }
+    arena_free(e->a, wf);
     if (!direct) arena_free(e->a, col);
     arena_free(e->a, x);
 }
