@@ -692,7 +692,8 @@ static void bn_silu_forward_cpu(const float *z, const float *mean, const float *
 
 // upsample2_forward_cpu: nearest-neighbour x2 (nn.Upsample(scale_factor=2)). x (B,C,H,W) -> y (B,C,2H,2W)
 static void upsample2_forward_cpu(const float *x, float *y, int B, int C, int H, int W) {
-    for (size_t bc = 0; bc < (size_t)B * C; bc++)
+#pragma omp parallel for if ((size_t)B * C * H * W * 4 > OMP_MIN_WORK)
+    for (long bc = 0; bc < (long)B * C; bc++)
         for (int oy = 0; oy < 2 * H; oy++)
             for (int ox = 0; ox < 2 * W; ox++)
                 y[(bc * 2 * H + oy) * 2 * W + ox] = x[(bc * H + oy / 2) * W + ox / 2];
@@ -700,7 +701,8 @@ static void upsample2_forward_cpu(const float *x, float *y, int B, int C, int H,
 
 // upsample2_backward: dx (B,C,H,W) = sum of the 2x2 gradients each input pixel was copied to.
 static void upsample2_backward(const float *dy, float *dx, int B, int C, int H, int W) {
-    for (size_t bc = 0; bc < (size_t)B * C; bc++)
+#pragma omp parallel for if ((size_t)B * C * H * W * 4 > OMP_MIN_WORK)
+    for (long bc = 0; bc < (long)B * C; bc++)
         for (int y = 0; y < H; y++)
             for (int x = 0; x < W; x++) {
                 const float *g = dy + (bc * 2 * H + 2 * y) * 2 * W + 2 * x;
@@ -709,20 +711,29 @@ static void upsample2_backward(const float *dy, float *dx, int B, int C, int H, 
 }
 
 // maxpool5_forward_cpu: MaxPool2d(5, stride 1, padding 2) with -inf padding (as PyTorch).
-// x, y: (B, C, H, W)
+// x, y: (B, C, H, W). Separable: the max over 5 columns into y, then over 5 rows of that.
 static void maxpool5_forward_cpu(const float *x, float *y, int B, int C, int H, int W) {
-    for (size_t bc = 0; bc < (size_t)B * C; bc++)
-        for (int oy = 0; oy < H; oy++)
+#pragma omp parallel for if ((size_t)B * C * H * W * 10 > OMP_MIN_WORK)
+    for (long bc = 0; bc < (long)B * C; bc++) {
+        const float *xp = x + (size_t)bc * H * W;
+        float *yp = y + (size_t)bc * H * W, col[H];
+        for (int iy = 0; iy < H; iy++)
             for (int ox = 0; ox < W; ox++) {
                 float m = -INFINITY;
-                for (int dy = -2; dy <= 2; dy++)
-                    for (int dx = -2; dx <= 2; dx++) {
-                        int iy = oy + dy, ix = ox + dx;
-                        if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[(bc * H + iy) * W + ix] > m)
-                            m = x[(bc * H + iy) * W + ix];
-                    }
-                y[(bc * H + oy) * W + ox] = m;
+                for (int ix = ox - 2 < 0 ? 0 : ox - 2; ix <= ox + 2 && ix < W; ix++)
+                    if (xp[iy * W + ix] > m) m = xp[iy * W + ix];
+                yp[iy * W + ox] = m;
             }
+        for (int ox = 0; ox < W; ox++) {
+            for (int iy = 0; iy < H; iy++) col[iy] = yp[iy * W + ox];
+            for (int oy = 0; oy < H; oy++) {
+                float m = -INFINITY;
+                for (int iy = oy - 2 < 0 ? 0 : oy - 2; iy <= oy + 2 && iy < H; iy++)
+                    if (col[iy] > m) m = col[iy];
+                yp[oy * W + ox] = m;
+            }
+        }
+    }
 }
 
 // maxpool5_backward: routes each output gradient to the argmax of its window, found again from
@@ -730,7 +741,8 @@ static void maxpool5_forward_cpu(const float *x, float *y, int B, int C, int H, 
 // CPU kernel does. dx (B,C,H,W) is overwritten.
 static void maxpool5_backward(const float *x, const float *dy, float *dx, int B, int C, int H, int W) {
     memset(dx, 0, (size_t)B * C * H * W * sizeof(float));
-    for (size_t bc = 0; bc < (size_t)B * C; bc++)
+#pragma omp parallel for if ((size_t)B * C * H * W * 25 > OMP_MIN_WORK)
+    for (long bc = 0; bc < (long)B * C; bc++)
         for (int oy = 0; oy < H; oy++)
             for (int ox = 0; ox < W; ox++) {
                 float m = -INFINITY;
@@ -1472,6 +1484,7 @@ static void cpu_add(Exec *e, const void *t, long ts, void *out, long os, long n)
     (void)e, (void)ts, (void)os;
     const float *tf = t;
     float *o = out;
+#pragma omp parallel for if (n > OMP_MIN_WORK)
     for (long i = 0; i < n; i++) o[i] += tf[i];
 }
 static void cpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
@@ -1485,6 +1498,7 @@ static void cpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, 
 static void cpu_zero(Exec *e, void *p, size_t bytes) { (void)e, memset(p, 0, bytes); }
 static void cpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
     (void)e, (void)gs, (void)ds;
+#pragma omp parallel for if (n > OMP_MIN_WORK)
     for (long i = 0; i < n; i++) d[i] += g[i];
 }
 static void cpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C, int H, int W) {
