@@ -450,6 +450,9 @@ static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi);
 // panel's columns are cut once into runs within one output row; each row of the matrix (input
 // channel ci, tap ky, kx, stepped by counters) is then a copy per run, padding as zeros.
 #define IM2COL_KMAX 7
+// (no-tree-loop-distribute-patterns: the short copies and zero fills stay inline vector loops, not
+// memmove and memset calls of a few dozen bytes each)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
 static void gemm_pack_im2col(const Im2col *g, int k0, int kc, int j0, int n, int w, float *restrict dst) {
     int K = g->K, KK = K * K, p = K / 2, S = g->S, H = g->H, W = g->W, Wo = g->Wo;
     int nrun = 0, run_j[GEMM_NR + 1], run_oy[GEMM_NR + 1], run_ox[GEMM_NR + 1], run_len[GEMM_NR + 1];
