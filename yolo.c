@@ -474,7 +474,12 @@ static void gemm_pack_im2col(const Im2col *g, int k0, int kc, int j0, int n, int
             if (iy < 0 || iy >= H || e < a) a = e = 0;
             for (int t = 0; t < a; t++) dj[t] = 0.f;
             long base = (long)iy * W + (long)ox0 * S + kx - p;   // input index of column t = 0 (when inside)
+            if (S == 1 && a == 0 && e == GEMM_NR) {   // a whole panel row inside the image: one fixed-size copy
+                memcpy(dj, src + base, GEMM_NR * sizeof(float));
+                continue;
+            }
             if (S == 1) for (int t = a; t < e; t++) dj[t] = src[base + t];
+            else if (S == 2) for (int t = a; t < e; t++) dj[t] = src[base + 2 * (long)t];
             else for (int t = a; t < e; t++) dj[t] = src[base + (long)t * S];
             for (int t = e; t < len; t++) dj[t] = 0.f;
         }
