@@ -595,6 +595,44 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
     }
 }
 
+// gemm_nt_rows: C (M x N, row stride ldc) += A (M x K) * B^T, B (N x K): both read along their
+// rows, as the weight gradient's operands lie (K: the pixels). Each thread takes a contiguous run
+// of A's MR-row panels, reads them in place, and packs B^T's KC x N blocks once for all of them (B
+// is the smaller operand: dz, Cout rows, against the Cin*K*K rows of the im2col matrix). A C
+// element is summed in K order, by one thread: the bits do not depend on the thread count.
+static void gemm_nt_rows(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    gemm_init();
+    int npan = (M + GEMM_MR - 1) / GEMM_MR;
+#pragma omp parallel if ((double)M * N * K > 1e5)
+    {
+        int t = 0, nth = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num(), nth = omp_get_num_threads();
+#endif
+        int q0 = (int)((long)npan * t / nth), q1 = (int)((long)npan * (t + 1) / nth);
+        float *pa = gemm_thread_pack(), *pb = pa + GEMM_MC * GEMM_KC;
+        for (int n0 = 0; n0 < N && q0 < q1; n0 += GEMM_NC)
+            for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                int nc = N - n0 < GEMM_NC ? N - n0 : GEMM_NC, kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+                for (int jp = 0; jp < nc; jp += GEMM_NR)   // B^T (kc x nc) into NR-wide panels
+                    gemm_pack_panel(B + (size_t)(n0 + jp) * ldb + k0, ldb, 1, nc - jp < GEMM_NR ? nc - jp : GEMM_NR, kc,
+                                    GEMM_NR, pb + (size_t)jp * kc);
+                for (int q = q0; q < q1; q++) {
+                    int i0 = q * GEMM_MR, mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
+                    const float *a = A + (size_t)i0 * lda + k0;
+                    if (mr < GEMM_MR) gemm_pack_panel(a, lda, 1, mr, kc, GEMM_MR, pa), a = pa;
+                    for (int jp = 0; jp < nc; jp += GEMM_NR) {
+                        int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                        float *cp = C + (size_t)i0 * ldc + n0 + jp;
+                        if (mr < GEMM_MR) gemm_kernel(kc, a, GEMM_MR, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
+                        else gemm_kernel_rows(kc, a, lda, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
+                    }
+                }
+            }
+    }
+}
+
 // im2col_span: the output columns ox in [lo, hi) whose input column ox*S + off lies in [0, W);
 // the others read padding. Lets im2col and col2im run their inner loops without a test per pixel.
 static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi) {
@@ -1671,8 +1709,9 @@ static void *cpu_bn_backward(Exec *e, Conv *c) {
                              c->cout, c->Ho * c->Wo, e->m->train);
     return c->dA;
 }
-// cpu_conv_grads: per image, the weight gradient (GEMM on the re-materialised input) and the
-// input's gradient, handed to value_backprop. The input gradient of a KxK stride-1 conv is itself a
+// cpu_conv_grads: per image, the weight gradient (GEMM on the re-materialised input, transposed:
+// gemm_nt_rows, summed over the images in gwt and added to the gradient once) and the input's
+// gradient, handed to value_backprop. The input gradient of a KxK stride-1 conv is itself a
 // KxK convolution, of dz with the weights flipped in space and Cin, Cout swapped
 // (dx[ci][y][x] = sum over co, ky, kx of w[co][ci][ky][kx] dz[co][y+1-ky][x+1-kx], K 3): one GEMM
 // of those weights (wf, made once per step) with dz's im2col matrix, written straight into dx.
@@ -1691,8 +1730,10 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     float *x = walk_f32(e, nx, G_SCRATCH);
     float *col = direct ? x : walk_f32(e, ncol, G_SCRATCH);
     float *wf = flip ? walk_f32(e, (long)c->cin * KKo, G_SCRATCH) : NULL;   // (Cin, Cout*K*K)
+    float *gwt = walk_f32(e, (long)KK * c->cout, G_SCRATCH);   // (Cin*K*K, Cout): the weight gradient transposed
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
+    if (!dry) memset(gwt, 0, (size_t)KK * c->cout * sizeof(float));
     if (wf && !dry)
         for (int co = 0; co < c->cout; co++)
             for (int ci = 0; ci < c->cin; ci++)
@@ -1703,7 +1744,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
         if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
         if (!dry) {
             if (!direct) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
-            gemm_cpu(0, 1, c->cout, KK, HWo, dz, HWo, direct ? xb : col, HWo, 1.f, gw, KK);
+            gemm_nt_rows(KK, c->cout, HWo, direct ? xb : col, HWo, dz, HWo, gwt, c->cout);
             if (flip) {   // into x: never into a kept activation
                 Im2col g = {dz, c->cout, c->Ho, c->Wo, c->k, 1, c->Ho, c->Wo};
                 if (!implicit) im2col(dz, c->cout, c->Ho, c->Wo, c->k, 1, col);
@@ -1716,7 +1757,11 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
         }
         if (need_dx) value_backprop(e, c->in, b, x, nx);
     }
+    if (!dry)
+        for (int o = 0; o < c->cout; o++)
+            for (int i = 0; i < KK; i++) gw[(size_t)o * KK + i] += gwt[(size_t)i * c->cout + o];
     arena_free(e->a, wf);
+    arena_free(e->a, gwt);
     if (!direct) arena_free(e->a, col);
     arena_free(e->a, x);
 }
