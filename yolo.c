@@ -385,6 +385,45 @@ GEMM_KERNEL(gemm_kernel, 1, GEMM_MR)        // a packed panel
 GEMM_KERNEL(gemm_kernel_rows, lda, 1)       // A's rows in place (A not transposed)
 GEMM_KERNEL(gemm_kernel_cols, 1, lda)       // A's columns in place (A transposed)
 
+// The same products with one operand's rows found through pointers (PadRows below: the rows of an
+// im2col matrix are shifted rows of the zero-padded input, so nothing is copied):
+// gemm_kernel_bt*: B's row k read in place at brow[k] + j (A as gemm_kernel or gemm_kernel_rows);
+// gemm_kernel_at: A's row i read in place at arow[i] (B a packed panel).
+#define GEMM_KERNEL_BT(name, SI, SK)                                                                           \
+    __attribute__((optimize("fp-contract=fast"))) static inline void name(                                    \
+        int kc, const float *restrict a, int lda, const float *const *brow, size_t j, float *restrict c,      \
+        int ldc, int mr, int nr, int add) {                                                                    \
+        (void)lda;                                                                                             \
+        gemm_vec acc[GEMM_MR][GEMM_NV];                                                                        \
+        for (int i = 0; i < GEMM_MR; i++)                                                                      \
+            for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};                                       \
+        for (int k = 0; k < kc; k++) {                                                                         \
+            gemm_vec b[GEMM_NV];                                                                               \
+            for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(brow[k] + j + v * GEMM_VL);           \
+            for (int i = 0; i < GEMM_MR; i++)                                                                  \
+                for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[(size_t)i * (SI) + (size_t)k * (SK)] * b[v];  \
+        }                                                                                                      \
+        gemm_store(acc, c, ldc, mr, nr, add);                                                                  \
+    }
+GEMM_KERNEL_BT(gemm_kernel_bt, 1, GEMM_MR)   // A a packed panel
+GEMM_KERNEL_BT(gemm_kernel_bt_rows, lda, 1)  // A's rows in place
+__attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
+        int kc, const float *const *arow, size_t k0, const float *restrict bp, float *restrict c, int ldc, int mr,
+        int nr, int add) {
+    const float *a[GEMM_MR];
+    for (int i = 0; i < GEMM_MR; i++) a[i] = arow[i] + k0;
+    gemm_vec acc[GEMM_MR][GEMM_NV];
+    for (int i = 0; i < GEMM_MR; i++)
+        for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};
+    for (int k = 0; k < kc; k++) {
+        gemm_vec b[GEMM_NV];
+        for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(bp + k * GEMM_NR + v * GEMM_VL);
+        for (int i = 0; i < GEMM_MR; i++)
+            for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[i][k] * b[v];
+    }
+    gemm_store(acc, c, ldc, mr, nr, add);
+}
+
 // gemm_pack_panel: n (<= w) lines of an operand, kc deep, into dst (kc, w), zero padded to w.
 // Element (line i, depth k) is src[i * ld + k] when along_k (read along the rows, contiguous),
 // else src[k * ld + i].
@@ -439,7 +478,6 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
         for (int i = n; i < w; i++) dst[k * w + i] = 0;
 }
 
-#define GEMM_IMPLICIT_MIN (1L << 18)   // 1 MiB: a larger im2col matrix would not stay in L2
 // Im2col: a KxK convolution's input x (C, H, W), stride S, padding K/2, read as the im2col matrix
 // (C*K*K rows, Ho*Wo columns) without writing it: gemm_cpu packs B's panels straight from x.
 typedef struct { const float *x; int C, H, W, K, S, Ho, Wo; } Im2col;
@@ -595,12 +633,92 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
     }
 }
 
+// PadRows: the im2col matrix of a stride-1 KxK convolution (padding p = K/2) as rows of the
+// zero-padded input xp (C planes of (H + 2p) x Wp, Wp = W + 2p). Computed on the "wide" pixel
+// grid q = y Wp + x (x < Wp; the columns x >= W are junk, dropped by pad_narrow), row (ci, ky, kx)
+// of that matrix is xp + ci plane + ky Wp + kx, read straight along q: nothing is copied, and the
+// borders read the padding's zeros. pad_floats leaves a zero tail for the last NR-wide panel.
+typedef struct { const float *base; size_t plane; int Wp, K; } PadRows;
+static inline const float *pad_row(const PadRows *g, int r) {
+    int k2 = g->K * g->K, t = r % k2;
+    return g->base + (size_t)(r / k2) * g->plane + (size_t)(t / g->K) * g->Wp + t % g->K;
+}
+static size_t pad_floats(int C, int H, int W, int K) {
+    int p = K / 2;
+    return (size_t)C * (H + 2 * p) * (W + 2 * p) + 2 * p + GEMM_NR;
+}
+// pad_fill: xp (C, H + 2p, W + 2p) = x (C, H, W) inside a zero border, and the zero tail
+static void pad_fill(float *xp, const float *x, int C, int H, int W, int K) {
+    int p = K / 2, Wp = W + 2 * p;
+    size_t plane = (size_t)(H + 2 * p) * Wp;
+#pragma omp parallel for if ((size_t)C * plane > OMP_MIN_WORK)
+    for (int c = 0; c < C; c++) {
+        float *d = xp + c * plane;
+        memset(d, 0, (size_t)p * Wp * sizeof(float));
+        for (int y = 0; y < H; y++) {
+            float *r = d + (size_t)(y + p) * Wp;
+            for (int i = 0; i < p; i++) r[i] = r[p + W + i] = 0.f;
+            memcpy(r + p, x + ((size_t)c * H + y) * W, (size_t)W * sizeof(float));
+        }
+        memset(d + (size_t)(H + p) * Wp, 0, (size_t)p * Wp * sizeof(float));
+    }
+    memset(xp + C * plane, 0, (2 * p + GEMM_NR) * sizeof(float));
+}
+// pad_narrow: out (C, H, W) = the first W columns of each wide row of in (C, H, Wp)
+static void pad_narrow(float *out, const float *in, int C, int H, int W, int Wp) {
+#pragma omp parallel for if ((size_t)C * H * W > OMP_MIN_WORK)
+    for (int c = 0; c < C; c++)
+        for (int y = 0; y < H; y++)
+            memcpy(out + ((size_t)c * H + y) * W, in + ((size_t)c * H + y) * Wp, (size_t)W * sizeof(float));
+}
+
+// gemm_wide: C (M x N, row stride ldc) = A (M x K, rows in place) * B, B's row k at pad_row(g, k):
+// a stride-1 KxK convolution on the wide grid (N = H Wp), with no im2col and no packing of B.
+// Tiles as gemm_run's, in parallel; each C element is summed in K order.
+static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRows *g, float *C, int ldc) {
+    gemm_init();
+    int mt = (M + GEMM_MC - 1) / GEMM_MC, nt = (N + GEMM_NC - 1) / GEMM_NC, mcb = GEMM_MC, ncb = GEMM_NC;
+    while (mt * nt < GEMM_MIN_TILES && (ncb > GEMM_NR || mcb > GEMM_MR)) {
+        if (ncb > GEMM_NR && (N + ncb - 1) / ncb * 2 <= (N + GEMM_NR - 1) / GEMM_NR)
+            ncb = ((N + 2 * nt - 1) / (2 * nt) + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+        else if (mcb > GEMM_MR && (M + mcb - 1) / mcb * 2 <= (M + GEMM_MR - 1) / GEMM_MR)
+            mcb = ((M + 2 * mt - 1) / (2 * mt) + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
+        else break;
+        mt = (M + mcb - 1) / mcb, nt = (N + ncb - 1) / ncb;
+    }
+    int ntile = mt * nt;
+#pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
+    for (int tile = 0; tile < ntile; tile++) {
+        int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
+        int mc = M - i0 < mcb ? M - i0 : mcb, nc = N - j0 < ncb ? N - j0 : ncb;
+        float *pa = gemm_thread_pack();
+        const float *brow[GEMM_KC];
+        for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
+            int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC, add = p0 > 0;
+            for (int k = 0; k < kc; k++) brow[k] = pad_row(g, p0 + k);
+            int mfull = mc / GEMM_MR * GEMM_MR;
+            if (mfull < mc) gemm_pack_panel(A + (size_t)(i0 + mfull) * lda + p0, lda, 1, mc - mfull, kc, GEMM_MR, pa);
+            for (int jp = 0; jp < nc; jp += GEMM_NR)
+                for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                    int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                    float *cp = C + (size_t)(i0 + ip) * ldc + j0 + jp;
+                    if (mr < GEMM_MR) gemm_kernel_bt(kc, pa, GEMM_MR, brow, (size_t)(j0 + jp), cp, ldc, mr, nr, add);
+                    else gemm_kernel_bt_rows(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp,
+                                             ldc, mr, nr, add);
+                }
+        }
+    }
+}
+
 // gemm_nt_rows: C (M x N, row stride ldc) += A (M x K) * B^T, B (N x K): both read along their
 // rows, as the weight gradient's operands lie (K: the pixels). Each thread takes a contiguous run
 // of A's MR-row panels, reads them in place, and packs B^T's KC x N blocks once for all of them (B
 // is the smaller operand: dz, Cout rows, against the Cin*K*K rows of the im2col matrix). A C
 // element is summed in K order, by one thread: the bits do not depend on the thread count.
-static void gemm_nt_rows(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
+// With ag, A's row i is pad_row(ag, i) instead (the weight gradient of a stride-1 KxK conv on the
+// wide grid: B is then dz with zero columns, see cpu_conv_grads).
+static void gemm_nt_rows(int M, int N, int K, const float *A, int lda, const PadRows *ag, const float *B, int ldb,
+                         float *C, int ldc) {
     if (M <= 0 || N <= 0 || K <= 0) return;
     gemm_init();
     int npan = (M + GEMM_MR - 1) / GEMM_MR;
@@ -620,12 +738,15 @@ static void gemm_nt_rows(int M, int N, int K, const float *A, int lda, const flo
                                     GEMM_NR, pb + (size_t)jp * kc);
                 for (int q = q0; q < q1; q++) {
                     int i0 = q * GEMM_MR, mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
-                    const float *a = A + (size_t)i0 * lda + k0;
-                    if (mr < GEMM_MR) gemm_pack_panel(a, lda, 1, mr, kc, GEMM_MR, pa), a = pa;
+                    const float *a = A + (size_t)i0 * lda + k0, *arow[GEMM_MR];
+                    if (ag)   // (a partial panel repeats its first row: only mr rows are stored)
+                        for (int i = 0; i < GEMM_MR; i++) arow[i] = pad_row(ag, i0 + (i < mr ? i : 0));
+                    else if (mr < GEMM_MR) gemm_pack_panel(a, lda, 1, mr, kc, GEMM_MR, pa), a = pa;
                     for (int jp = 0; jp < nc; jp += GEMM_NR) {
                         int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
                         float *cp = C + (size_t)i0 * ldc + n0 + jp;
-                        if (mr < GEMM_MR) gemm_kernel(kc, a, GEMM_MR, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
+                        if (ag) gemm_kernel_at(kc, arow, (size_t)k0, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
+                        else if (mr < GEMM_MR) gemm_kernel(kc, a, GEMM_MR, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
                         else gemm_kernel_rows(kc, a, lda, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
                     }
                 }
@@ -1667,27 +1788,41 @@ static const float *cpu_value_view(Exec *e, int vi, int b) {
     return p->y + (size_t)b * p->zstride + (size_t)(v->kind == V_SLICE ? v->c0 : 0) * v->H * v->W;
 }
 
-// cpu_conv: z = conv(input), one image at a time (materialise, im2col unless 1x1, GEMM). Detect
-// output convs add their bias and keep the result as the head map.
+// cpu_conv: z = conv(input), one image at a time (materialise the input unless it lies in
+// memory, then one GEMM). A 1x1 conv multiplies the input itself; a stride-1 KxK conv reads its
+// im2col matrix as rows of the zero-padded input (PadRows: computed on the wide grid, then
+// narrowed into z); a strided conv packs the im2col matrix's panels straight from the input, or
+// writes it first where it is small enough to stay in L2. Detect output convs add their bias and
+// keep the result as the head map.
+#define GEMM_IMPLICIT_MIN (1L << 18)   // floats: a larger im2col matrix is read in place
 static void cpu_conv(Exec *e, Conv *c) {
     Model *m = e->m;
     int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
-    int direct = c->k == 1 && c->s == 1;
-    // a KxK or strided conv whose im2col matrix would not stay in cache reads its input as that
-    // matrix in place (no col buffer); a smaller one writes it (im2col), which packs faster
-    int implicit = !direct && (long)KK * HWo > GEMM_IMPLICIT_MIN;
+    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1, Wp = c->W + 2 * (c->k / 2);
+    int implicit = !direct && !wide && (long)KK * HWo > GEMM_IMPLICIT_MIN;
     long nx = (long)c->cin * c->H * c->W;
     float *x = walk_f32(e, nx, G_SCRATCH);                                   // (Cin, H, W)
-    float *col = direct || implicit ? NULL : walk_f32(e, (long)KK * HWo, G_SCRATCH);   // (Cin*K*K, Ho*Wo)
+    float *col = direct || implicit ? NULL                                   // (Cin*K*K, Ho*Wo), or wide:
+               : wide ? walk_f32(e, (long)pad_floats(c->cin, c->H, c->W, c->k) + (long)c->cout * c->H * Wp, G_SCRATCH)
+                      : walk_f32(e, (long)KK * HWo, G_SCRATCH);              // the padded input, the wide z
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
     for (int b = 0; b < m->B; b++) {
         const float *xb = cpu_value_view(e, c->in, b);
         if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
         if (dry) continue;
         float *z = c->z + (size_t)b * c->zstride;
-        Im2col g = {xb, c->cin, c->H, c->W, c->k, c->s, c->Ho, c->Wo};
-        if (col) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
-        gemm_run(0, 0, c->cout, HWo, KK, w, KK, col ? col : xb, HWo, implicit ? &g : NULL, 0.f, z, HWo);
+        if (wide) {
+            int H = c->H;
+            float *zw = col + pad_floats(c->cin, H, c->W, c->k);
+            pad_fill(col, xb, c->cin, H, c->W, c->k);
+            PadRows g = {col, (size_t)(H + c->k - 1) * Wp, Wp, c->k};
+            gemm_wide(c->cout, H * Wp, KK, w, KK, &g, zw, H * Wp);
+            pad_narrow(z, zw, c->cout, H, c->W, Wp);
+        } else {
+            Im2col g = {xb, c->cin, c->H, c->W, c->k, c->s, c->Ho, c->Wo};
+            if (col) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
+            gemm_run(0, 0, c->cout, HWo, KK, w, KK, col ? col : xb, HWo, implicit ? &g : NULL, 0.f, z, HWo);
+        }
         if (!c->bn)
             for (int o = 0; o < c->cout; o++)
                 for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
@@ -1709,27 +1844,29 @@ static void *cpu_bn_backward(Exec *e, Conv *c) {
                              c->cout, c->Ho * c->Wo, e->m->train);
     return c->dA;
 }
-// cpu_conv_grads: per image, the weight gradient (GEMM on the re-materialised input, transposed:
-// gemm_nt_rows, summed over the images in gwt and added to the gradient once) and the input's
-// gradient, handed to value_backprop. The input gradient of a KxK stride-1 conv is itself a
-// KxK convolution, of dz with the weights flipped in space and Cin, Cout swapped
-// (dx[ci][y][x] = sum over co, ky, kx of w[co][ci][ky][kx] dz[co][y+1-ky][x+1-kx], K 3): one GEMM
-// of those weights (wf, made once per step) with dz's im2col matrix, written straight into dx.
-// A strided conv's is the GEMM into the (Cin*K*K, Ho*Wo) matrix and col2im; a 1x1 conv's is one GEMM.
+// cpu_conv_grads: per image, the weight gradient (summed over the images transposed, in gwt, and
+// added to the gradient once) and the input's gradient, handed to value_backprop.
+// - 1x1: gemm_nt_rows on the input and dz, and one GEMM for dx.
+// - stride-1 KxK: on the wide grid of cpu_conv. The weight gradient reads the padded input's rows
+//   (PadRows) against dz padded the same way (its wide rows start inside the border, so their
+//   junk columns read zeros and add nothing). The input gradient is itself a KxK convolution, of dz
+//   with the weights flipped in space and Cin, Cout swapped (dx[ci][y][x] = sum over co, ky, kx of
+//   w[co][ci][ky][kx] dz[co][y+p-ky][x+p-kx]): gemm_wide of those weights (wf, made once per
+//   step) over the padded dz, narrowed into dx.
+// - strided: im2col for the weight gradient, the GEMM into the im2col matrix and col2im for dx.
 static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     Model *m = e->m;
     int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, k2 = c->k * c->k;
-    int direct = c->k == 1 && c->s == 1;
+    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1;
     int need_dx = m->val[c->in].kind != V_INPUT;
-    int flip = need_dx && !direct && c->s == 1;   // dx as a convolution of dz (H, W = Ho, Wo)
-    long KKo = (long)c->cout * k2;                 // rows of dz's im2col matrix
-    int implicit = flip && KKo * HWo > GEMM_IMPLICIT_MIN;
-    long ncol = direct ? 0 : (long)KK * HWo;
-    if (flip && !implicit && KKo * HWo > ncol) ncol = KKo * HWo;
-    long nx = (long)c->cin * c->H * c->W;
+    int H = c->H, W = c->W, p = c->k / 2, Wp = W + 2 * p, KKo = c->cout * k2;
+    size_t plane = (size_t)(H + 2 * p) * Wp, npx = pad_floats(c->cin, H, W, c->k), npz = pad_floats(c->cout, H, W, c->k);
+    long nx = (long)c->cin * H * W;
     float *x = walk_f32(e, nx, G_SCRATCH);
-    float *col = direct ? x : walk_f32(e, ncol, G_SCRATCH);
-    float *wf = flip ? walk_f32(e, (long)c->cin * KKo, G_SCRATCH) : NULL;   // (Cin, Cout*K*K)
+    // wide: the padded input, the padded dz, then dx on the wide grid; strided: the im2col matrix
+    float *col = direct ? x : walk_f32(e, wide ? (long)(npx + npz) + (need_dx ? (long)c->cin * H * Wp : 0)
+                                               : (long)KK * HWo, G_SCRATCH);
+    float *wf = wide && need_dx ? walk_f32(e, (long)c->cin * KKo, G_SCRATCH) : NULL;   // (Cin, Cout*K*K)
     float *gwt = walk_f32(e, (long)KK * c->cout, G_SCRATCH);   // (Cin*K*K, Cout): the weight gradient transposed
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
@@ -1742,17 +1879,22 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
         const float *dz = (const float *)dzv + (size_t)b * c->zstride;     // (Cout, Ho*Wo)
         const float *xb = cpu_value_view(e, c->in, b);
         if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
-        if (!dry) {
-            if (!direct) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
-            gemm_nt_rows(KK, c->cout, HWo, direct ? xb : col, HWo, dz, HWo, gwt, c->cout);
-            if (flip) {   // into x: never into a kept activation
-                Im2col g = {dz, c->cout, c->Ho, c->Wo, c->k, 1, c->Ho, c->Wo};
-                if (!implicit) im2col(dz, c->cout, c->Ho, c->Wo, c->k, 1, col);
-                gemm_run(0, 0, c->cin, HWo, (int)KKo, wf, (int)KKo, implicit ? NULL : col, HWo, implicit ? &g : NULL,
-                         0.f, x, HWo);
-            } else if (need_dx) {   // into x (col is x when direct)
+        if (!dry && wide) {
+            float *xp = col, *dzp = col + npx, *dxw = dzp + npz;
+            pad_fill(xp, xb, c->cin, H, W, c->k);
+            pad_fill(dzp, dz, c->cout, H, W, c->k);
+            PadRows gx = {xp, plane, Wp, c->k}, gz = {dzp, plane, Wp, c->k};
+            gemm_nt_rows(KK, c->cout, H * Wp, NULL, 0, &gx, dzp + (size_t)p * Wp + p, (int)plane, gwt, c->cout);
+            if (need_dx) {   // into x: never into a kept activation
+                gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, dxw, H * Wp);
+                pad_narrow(x, dxw, c->cin, H, W, Wp);
+            }
+        } else if (!dry) {
+            if (!direct) im2col(xb, c->cin, H, W, c->k, c->s, col);
+            gemm_nt_rows(KK, c->cout, HWo, direct ? xb : col, HWo, NULL, dz, HWo, gwt, c->cout);
+            if (need_dx) {   // into x (col is x when direct)
                 gemm_cpu(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, 0.f, col, HWo);
-                if (!direct) col2im(col, c->cin, c->H, c->W, c->k, c->s, x);
+                if (!direct) col2im(col, c->cin, H, W, c->k, c->s, x);
             }
         }
         if (need_dx) value_backprop(e, c->in, b, x, nx);
@@ -1760,8 +1902,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     if (!dry)
         for (int o = 0; o < c->cout; o++)
             for (int i = 0; i < KK; i++) gw[(size_t)o * KK + i] += gwt[(size_t)i * c->cout + o];
-    arena_free(e->a, wf);
     arena_free(e->a, gwt);
+    arena_free(e->a, wf);
     if (!direct) arena_free(e->a, col);
     arena_free(e->a, x);
 }
