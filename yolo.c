@@ -1627,17 +1627,37 @@ static void walk_release(Exec *e) {
 // model: the CPU backend (FP32, one image at a time) and the CPU entry points
 // ------------------------------------------------------------------------------------------
 
+// par_copy / par_zero: memcpy / memset of large buffers split over the threads (a single thread
+// does not reach the memory bandwidth of the machine, and the others would only wait)
+#define PAR_CHUNK (1 << 16)   // bytes per piece
+static void par_copy(void *dst, const void *src, size_t bytes) {
+    long n = (long)((bytes + PAR_CHUNK - 1) / PAR_CHUNK);
+#pragma omp parallel for if (n > 4)
+    for (long i = 0; i < n; i++) {
+        size_t o = (size_t)i * PAR_CHUNK;
+        memcpy((char *)dst + o, (const char *)src + o, bytes - o < PAR_CHUNK ? bytes - o : PAR_CHUNK);
+    }
+}
+static void par_zero(void *dst, size_t bytes) {
+    long n = (long)((bytes + PAR_CHUNK - 1) / PAR_CHUNK);
+#pragma omp parallel for if (n > 4)
+    for (long i = 0; i < n; i++) {
+        size_t o = (size_t)i * PAR_CHUNK;
+        memset((char *)dst + o, 0, bytes - o < PAR_CHUNK ? bytes - o : PAR_CHUNK);
+    }
+}
+
 // The CPU's views: one image (nb = 1), so the image strides are not needed.
 static void cpu_input(Exec *e, int b, void *out, long os, long n) {
     (void)os;
-    memcpy(out, (const float *)e->x + (size_t)b * n, (size_t)n * sizeof(float));
+    par_copy(out, (const float *)e->x + (size_t)b * n, (size_t)n * sizeof(float));
 }
 // cpu_act: channels [c0, c0+C) of conv c's activated output for image b, (C, Ho, Wo)
 static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
     (void)os;
     int HW = c->Ho * c->Wo;
     if (c->y) {   // kept by the forward
-        memcpy(out, c->y + (size_t)b * c->zstride + (size_t)c0 * HW, (size_t)C * HW * sizeof(float));
+        par_copy(out, c->y + (size_t)b * c->zstride + (size_t)c0 * HW, (size_t)C * HW * sizeof(float));
         return;
     }
     const float *z = c->z + (size_t)b * c->zstride + (size_t)c0 * HW;
@@ -1645,7 +1665,7 @@ static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, lon
         bn_silu_forward_cpu(z, c->mean + c0, c->invstd + c0, e->params + c->g_off + c0, e->params + c->b_off + c0,
                             out, 1, C, HW);
     else
-        memcpy(out, z, (size_t)C * HW * sizeof(float));
+        par_copy(out, z, (size_t)C * HW * sizeof(float));
 }
 static void cpu_add(Exec *e, const void *t, long ts, void *out, long os, long n) {
     (void)e, (void)ts, (void)os;
@@ -1662,7 +1682,7 @@ static void cpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, 
     (void)e, (void)ys;
     maxpool5_forward_cpu(x, y, 1, C, H, W);
 }
-static void cpu_zero(Exec *e, void *p, size_t bytes) { (void)e, memset(p, 0, bytes); }
+static void cpu_zero(Exec *e, void *p, size_t bytes) { (void)e, par_zero(p, bytes); }
 static void cpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
     (void)e, (void)gs, (void)ds;
 #pragma omp parallel for if (n > OMP_MIN_WORK)
@@ -1870,8 +1890,9 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     float *gwt = walk_f32(e, (long)KK * c->cout, G_SCRATCH);   // (Cin*K*K, Cout): the weight gradient transposed
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
-    if (!dry) memset(gwt, 0, (size_t)KK * c->cout * sizeof(float));
+    if (!dry) par_zero(gwt, (size_t)KK * c->cout * sizeof(float));
     if (wf && !dry)
+#pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
         for (int co = 0; co < c->cout; co++)
             for (int ci = 0; ci < c->cin; ci++)
                 for (int t = 0; t < k2; t++) wf[(size_t)ci * KKo + (size_t)co * k2 + t] = w[(size_t)co * KK + ci * k2 + k2 - 1 - t];
@@ -1900,6 +1921,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
         if (need_dx) value_backprop(e, c->in, b, x, nx);
     }
     if (!dry)
+#pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
         for (int o = 0; o < c->cout; o++)
             for (int i = 0; i < KK; i++) gw[(size_t)o * KK + i] += gwt[(size_t)i * c->cout + o];
     arena_free(e->a, gwt);
