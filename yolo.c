@@ -561,9 +561,11 @@ static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, i
     }
 }
 
+// gemm_thread_pack: the calling thread's pack buffers; inside an image-parallel loop (cpu_conv),
+// where a GEMM's own team is inactive (one thread), those of the loop's thread
 static float *gemm_thread_pack(void) {
 #ifdef _OPENMP
-    return gemm_pack[omp_get_thread_num()];
+    return gemm_pack[omp_get_ancestor_thread_num(omp_get_active_level())];
 #else
     return gemm_pack[0];
 #endif
@@ -571,15 +573,17 @@ static float *gemm_thread_pack(void) {
 
 // gemm_cpu: row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C, op = transpose if
 // tX. beta is 0 or 1 in this project (0 never reads C). The CPU twin of the GPU GEMMs.
-// gemm_run: the same, where B may instead be an im2col matrix read in place (bim, tB 0).
+// gemm_run: the same, where B may instead be an im2col matrix read in place (bim, tB 0), and
+// split 0 never cuts K (the convolutions: their bits must not depend on whether the GEMM runs on
+// one thread of an image-parallel loop or over all of them; the K split uses shared buffers).
 static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                     const Im2col *bim, float beta, float *C, int ldc);
+                     const Im2col *bim, int split, float beta, float *C, int ldc);
 static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                      float beta, float *C, int ldc) {
-    gemm_run(tA, tB, M, N, K, A, lda, B, ldb, NULL, beta, C, ldc);
+    gemm_run(tA, tB, M, N, K, A, lda, B, ldb, NULL, 1, beta, C, ldc);
 }
 static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                     const Im2col *bim, float beta, float *C, int ldc) {
+                     const Im2col *bim, int split, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         if (beta == 0) for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
@@ -588,7 +592,7 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
     gemm_init();
     int mt = (M + GEMM_MC - 1) / GEMM_MC, nt = (N + GEMM_NC - 1) / GEMM_NC;
     int ntile = mt * nt;
-    if (ntile < 4 && (size_t)M * N <= GEMM_SPLIT_MN && K >= GEMM_KSPLIT * GEMM_KC) {   // whatever the thread count
+    if (split && ntile < 4 && (size_t)M * N <= GEMM_SPLIT_MN && K >= GEMM_KSPLIT * GEMM_KC) {   // whatever the thread count
         // slice s covers [s * ks, (s + 1) * ks) of K, a multiple of KC: partial C (M x N, row stride N)
         int ks = (K / GEMM_KSPLIT + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
         int ns = (K + ks - 1) / ks;
@@ -716,13 +720,14 @@ static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRow
 // is the smaller operand: dz, Cout rows, against the Cin*K*K rows of the im2col matrix). A C
 // element is summed in K order, by one thread: the bits do not depend on the thread count.
 // With ag, A's row i is pad_row(ag, i) instead (the weight gradient of a stride-1 KxK conv on the
-// wide grid: B is then dz with zero columns, see cpu_conv_grads).
-static void gemm_nt_rows(int M, int N, int K, const float *A, int lda, const PadRows *ag, const float *B, int ldb,
-                         float *C, int ldc) {
+// wide grid: B is then dz with zero columns, see cpu_conv_grads). nimg pairs (A[g] or ag[g], B[g])
+// are summed one after the other, as one K of nimg * K: a batch's images.
+static void gemm_nt_rows(int M, int N, int K, int nimg, const float *const *As, int lda, const PadRows *ags,
+                         const float *const *Bs, int ldb, float *C, int ldc) {
     if (M <= 0 || N <= 0 || K <= 0) return;
     gemm_init();
     int npan = (M + GEMM_MR - 1) / GEMM_MR;
-#pragma omp parallel if ((double)M * N * K > 1e5)
+#pragma omp parallel if ((double)M * N * K * nimg > 1e5)
     {
         int t = 0, nth = 1;
 #ifdef _OPENMP
@@ -731,14 +736,17 @@ static void gemm_nt_rows(int M, int N, int K, const float *A, int lda, const Pad
         int q0 = (int)((long)npan * t / nth), q1 = (int)((long)npan * (t + 1) / nth);
         float *pa = gemm_thread_pack(), *pb = pa + GEMM_MC * GEMM_KC;
         for (int n0 = 0; n0 < N && q0 < q1; n0 += GEMM_NC)
+            for (int g = 0; g < nimg; g++)
             for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                const float *A = As ? As[g] : NULL, *B = Bs[g];
+                const PadRows *ag = ags ? &ags[g] : NULL;
                 int nc = N - n0 < GEMM_NC ? N - n0 : GEMM_NC, kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
                 for (int jp = 0; jp < nc; jp += GEMM_NR)   // B^T (kc x nc) into NR-wide panels
                     gemm_pack_panel(B + (size_t)(n0 + jp) * ldb + k0, ldb, 1, nc - jp < GEMM_NR ? nc - jp : GEMM_NR, kc,
                                     GEMM_NR, pb + (size_t)jp * kc);
                 for (int q = q0; q < q1; q++) {
                     int i0 = q * GEMM_MR, mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
-                    const float *a = A + (size_t)i0 * lda + k0, *arow[GEMM_MR];
+                    const float *a = A ? A + (size_t)i0 * lda + k0 : NULL, *arow[GEMM_MR];
                     if (ag)   // (a partial panel repeats its first row: only mr rows are stored)
                         for (int i = 0; i < GEMM_MR; i++) arow[i] = pad_row(ag, i0 + (i < mr ? i : 0));
                     else if (mr < GEMM_MR) gemm_pack_panel(a, lda, 1, mr, kc, GEMM_MR, pa), a = pa;
@@ -1796,59 +1804,98 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
 // cpu_value_view: image b of value vi where it already lies whole in memory: the input batch, or
 // a conv's kept activation (Conv.y) or a channel slice of it; NULL otherwise (and in a dry run,
 // where value_materialize plans the same temporaries either way), for value_materialize to make
+// cpu_value_in_place: whether it does (decided from the graph alone, the same in a dry run)
+static int cpu_value_in_place(const Exec *e, int vi) {
+    const Value *v = &e->m->val[vi];
+    if (v->kind == V_INPUT) return e->be->input == cpu_input;   // (a test's twin backend may convert the input)
+    return (v->kind == V_CONV || v->kind == V_SLICE) && e->m->conv[v->conv].y;
+}
 static const float *cpu_value_view(Exec *e, int vi, int b) {
     const Model *m = e->m;
     const Value *v = &m->val[vi];
-    if (arena_dry(e->a)) return NULL;
-    if (v->kind == V_INPUT)   // (a test's twin backend may convert the input: then it is made)
-        return e->be->input == cpu_input ? (const float *)e->x + (size_t)b * v->C * v->H * v->W : NULL;
-    if (v->kind != V_CONV && v->kind != V_SLICE) return NULL;
+    if (arena_dry(e->a) || !cpu_value_in_place(e, vi)) return NULL;
+    if (v->kind == V_INPUT) return (const float *)e->x + (size_t)b * v->C * v->H * v->W;
     const Conv *p = &m->conv[v->conv];
-    if (!p->y) return NULL;
     return p->y + (size_t)b * p->zstride + (size_t)(v->kind == V_SLICE ? v->c0 : 0) * v->H * v->W;
 }
 
-// cpu_conv: z = conv(input), one image at a time (materialise the input unless it lies in
-// memory, then one GEMM). A 1x1 conv multiplies the input itself; a stride-1 KxK conv reads its
-// im2col matrix as rows of the zero-padded input (PadRows: computed on the wide grid, then
-// narrowed into z); a strided conv packs the im2col matrix's panels straight from the input, or
-// writes it first where it is small enough to stay in L2. Detect output convs add their bias and
-// keep the result as the head map.
+// cpu_inputs: conv c's input for every image of the batch, in xs[b]: in place where it lies in
+// memory, else materialised into xall (B x nx floats, allocated here and returned; NULL if none)
+static float *cpu_inputs(Exec *e, const Conv *c, const float **xs) {
+    const Model *m = e->m;
+    long nx = (long)c->cin * c->H * c->W;
+    if (cpu_value_in_place(e, c->in)) {
+        for (int b = 0; b < m->B; b++) xs[b] = cpu_value_view(e, c->in, b);
+        return NULL;
+    }
+    float *xall = walk_f32(e, (long)m->B * nx, G_SCRATCH);
+    for (int b = 0; b < m->B; b++) {
+        value_materialize(e, c->in, b, xall + (size_t)b * nx, nx);
+        xs[b] = xall + (size_t)b * nx;
+    }
+    return xall;
+}
+
+// CPU convolutions run the batch's images in parallel, one per thread, each GEMM on that thread
+// alone, when there are at least as many images as threads (training batches); otherwise one
+// image after the other, each GEMM over all threads (prediction, small batches). A GEMM gives the
+// same bits either way (its tiles never change a sum's order, and conv GEMMs never cut K), so the
+// results do not depend on the thread count. Each thread gets its own scratch (slot): the plan
+// counts one slot per thread.
+static int cpu_conv_slots(const Model *m) {
+    int T = omp_threads();
+    return T > 1 && m->B >= T ? T : 1;
+}
+static int cpu_slot(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+// cpu_conv: z = conv(input) (the images as above). A 1x1 conv multiplies the input itself; a
+// stride-1 KxK conv reads its im2col matrix as rows of the zero-padded input (PadRows: computed
+// on the wide grid, then narrowed into z); a strided conv packs the im2col matrix's panels
+// straight from the input, or writes it first where it is small enough to stay in L2. Detect
+// output convs add their bias and keep the result as the head map.
 #define GEMM_IMPLICIT_MIN (1L << 18)   // floats: a larger im2col matrix is read in place
 static void cpu_conv(Exec *e, Conv *c) {
     Model *m = e->m;
-    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k;
-    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1, Wp = c->W + 2 * (c->k / 2);
-    int implicit = !direct && !wide && (long)KK * HWo > GEMM_IMPLICIT_MIN;
-    long nx = (long)c->cin * c->H * c->W;
-    float *x = walk_f32(e, nx, G_SCRATCH);                                   // (Cin, H, W)
-    float *col = direct || implicit ? NULL                                   // (Cin*K*K, Ho*Wo), or wide:
-               : wide ? walk_f32(e, (long)pad_floats(c->cin, c->H, c->W, c->k) + (long)c->cout * c->H * Wp, G_SCRATCH)
-                      : walk_f32(e, (long)KK * HWo, G_SCRATCH);              // the padded input, the wide z
+    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, H = c->H, W = c->W;
+    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1, Wp = W + 2 * (c->k / 2);
+    int implicit = !direct && !wide && (long)KK * HWo > GEMM_IMPLICIT_MIN, nslot = cpu_conv_slots(m);
+    // a slot: the padded input and the wide z, or the im2col matrix (Cin*K*K, Ho*Wo)
+    long nscr = wide ? (long)pad_floats(c->cin, H, W, c->k) + (long)c->cout * H * Wp
+              : direct || implicit ? 0 : (long)KK * HWo;
+    const float *xs[m->B];
+    float *xall = cpu_inputs(e, c, xs);
+    float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
-    for (int b = 0; b < m->B; b++) {
-        const float *xb = cpu_value_view(e, c->in, b);
-        if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
-        if (dry) continue;
-        float *z = c->z + (size_t)b * c->zstride;
-        if (wide) {
-            int H = c->H;
-            float *zw = col + pad_floats(c->cin, H, c->W, c->k);
-            pad_fill(col, xb, c->cin, H, c->W, c->k);
-            PadRows g = {col, (size_t)(H + c->k - 1) * Wp, Wp, c->k};
-            gemm_wide(c->cout, H * Wp, KK, w, KK, &g, zw, H * Wp);
-            pad_narrow(z, zw, c->cout, H, c->W, Wp);
-        } else {
-            Im2col g = {xb, c->cin, c->H, c->W, c->k, c->s, c->Ho, c->Wo};
-            if (col) im2col(xb, c->cin, c->H, c->W, c->k, c->s, col);
-            gemm_run(0, 0, c->cout, HWo, KK, w, KK, col ? col : xb, HWo, implicit ? &g : NULL, 0.f, z, HWo);
+    if (!dry) {
+        gemm_init();
+#pragma omp parallel for schedule(static, 1) if (nslot > 1)
+        for (int b = 0; b < m->B; b++) {
+            const float *xb = xs[b];
+            float *z = c->z + (size_t)b * c->zstride, *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
+            if (wide) {
+                float *zw = sc + pad_floats(c->cin, H, W, c->k);
+                pad_fill(sc, xb, c->cin, H, W, c->k);
+                PadRows g = {sc, (size_t)(H + c->k - 1) * Wp, Wp, c->k};
+                gemm_wide(c->cout, H * Wp, KK, w, KK, &g, zw, H * Wp);
+                pad_narrow(z, zw, c->cout, H, W, Wp);
+            } else {
+                Im2col g = {xb, c->cin, H, W, c->k, c->s, c->Ho, c->Wo};
+                if (sc) im2col(xb, c->cin, H, W, c->k, c->s, sc);
+                gemm_run(0, 0, c->cout, HWo, KK, w, KK, sc ? sc : xb, HWo, implicit ? &g : NULL, 0, 0.f, z, HWo);
+            }
+            if (!c->bn)
+                for (int o = 0; o < c->cout; o++)
+                    for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
         }
-        if (!c->bn)
-            for (int o = 0; o < c->cout; o++)
-                for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
     }
-    arena_free(e->a, col);
-    arena_free(e->a, x);
+    arena_free(e->a, scr);
+    arena_free(e->a, xall);
 }
 static void cpu_bn_stats(Exec *e, Conv *c) {
     if (arena_dry(e->a)) return;
@@ -1864,70 +1911,98 @@ static void *cpu_bn_backward(Exec *e, Conv *c) {
                              c->cout, c->Ho * c->Wo, e->m->train);
     return c->dA;
 }
-// cpu_conv_grads: per image, the weight gradient (summed over the images transposed, in gwt, and
-// added to the gradient once) and the input's gradient, handed to value_backprop.
-// - 1x1: gemm_nt_rows on the input and dz, and one GEMM for dx.
+// cpu_conv_grads: the weight gradient and the input's gradient (the images as above), handed to
+// value_backprop. The weight gradient is a GEMM over the pixels of every image, computed
+// transposed (gemm_nt_rows: Cin*K*K x Cout, then added to the gradient), in one of two ways, chosen
+// by the shape alone so that the sums' order never depends on the threads, whichever needs less
+// memory: the whole batch as one K, the images in order, after the image loop has laid out every
+// image's operand (a 1x1 conv needs none: its input and dz are read in place); or each image into
+// its own partial sum inside the loop, the partials added in image order.
+// - 1x1: the input itself, and one GEMM for dx.
 // - stride-1 KxK: on the wide grid of cpu_conv. The weight gradient reads the padded input's rows
 //   (PadRows) against dz padded the same way (its wide rows start inside the border, so their
 //   junk columns read zeros and add nothing). The input gradient is itself a KxK convolution, of dz
 //   with the weights flipped in space and Cin, Cout swapped (dx[ci][y][x] = sum over co, ky, kx of
 //   w[co][ci][ky][kx] dz[co][y+p-ky][x+p-kx]): gemm_wide of those weights (wf, made once per
 //   step) over the padded dz, narrowed into dx.
-// - strided: im2col for the weight gradient, the GEMM into the im2col matrix and col2im for dx.
+// - strided: the im2col matrix for the weight gradient; the GEMM into an im2col matrix and col2im
+//   for dx.
 static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     Model *m = e->m;
-    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, k2 = c->k * c->k;
-    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1;
+    int B = m->B, dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, k2 = c->k * c->k;
+    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1, nslot = cpu_conv_slots(m);
     int need_dx = m->val[c->in].kind != V_INPUT;
     int H = c->H, W = c->W, p = c->k / 2, Wp = W + 2 * p, KKo = c->cout * k2;
     size_t plane = (size_t)(H + 2 * p) * Wp, npx = pad_floats(c->cin, H, W, c->k), npz = pad_floats(c->cout, H, W, c->k);
-    long nx = (long)c->cin * H * W;
-    float *x = walk_f32(e, nx, G_SCRATCH);
-    // wide: the padded input, the padded dz, then dx on the wide grid; strided: the im2col matrix
-    float *col = direct ? x : walk_f32(e, wide ? (long)(npx + npz) + (need_dx ? (long)c->cin * H * Wp : 0)
-                                               : (long)KK * HWo, G_SCRATCH);
+    long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
+    long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
+    int batch = nop <= ngw;                                               // the batch as one K
+    long ndx = !need_dx || direct ? 0 : wide ? (long)c->cin * H * Wp : (long)KK * HWo;   // dx on the wide grid / im2col
+    long nscr = (batch ? 0 : nop) + ndx;                                  // a slot
+    const float *xs[B], *as[B], *bs[B];
+    PadRows ag[B];
+    float *xall = cpu_inputs(e, c, xs);
+    float *dxall = need_dx ? walk_f32(e, (long)B * nx, G_SCRATCH) : NULL;          // (B, Cin, H, W)
+    float *gwt = walk_f32(e, (batch ? 1 : B) * ngw, G_SCRATCH);                     // (Cin*K*K, Cout) [per image]
+    float *ops = batch && nop ? walk_f32(e, (long)B * nop, G_SCRATCH) : NULL;      // every image's operands
+    float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
     float *wf = wide && need_dx ? walk_f32(e, (long)c->cin * KKo, G_SCRATCH) : NULL;   // (Cin, Cout*K*K)
-    float *gwt = walk_f32(e, (long)KK * c->cout, G_SCRATCH);   // (Cin*K*K, Cout): the weight gradient transposed
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
-    if (!dry) par_zero(gwt, (size_t)KK * c->cout * sizeof(float));
-    if (wf && !dry)
+    if (!dry) {
+        gemm_init();
+        par_zero(gwt, (size_t)(batch ? 1 : B) * ngw * sizeof(float));
+        if (wf)
 #pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
-        for (int co = 0; co < c->cout; co++)
-            for (int ci = 0; ci < c->cin; ci++)
-                for (int t = 0; t < k2; t++) wf[(size_t)ci * KKo + (size_t)co * k2 + t] = w[(size_t)co * KK + ci * k2 + k2 - 1 - t];
-    for (int b = 0; b < m->B; b++) {
-        const float *dz = (const float *)dzv + (size_t)b * c->zstride;     // (Cout, Ho*Wo)
-        const float *xb = cpu_value_view(e, c->in, b);
-        if (!xb) value_materialize(e, c->in, b, x, nx), xb = x;
-        if (!dry && wide) {
-            float *xp = col, *dzp = col + npx, *dxw = dzp + npz;
-            pad_fill(xp, xb, c->cin, H, W, c->k);
-            pad_fill(dzp, dz, c->cout, H, W, c->k);
-            PadRows gx = {xp, plane, Wp, c->k}, gz = {dzp, plane, Wp, c->k};
-            gemm_nt_rows(KK, c->cout, H * Wp, NULL, 0, &gx, dzp + (size_t)p * Wp + p, (int)plane, gwt, c->cout);
-            if (need_dx) {   // into x: never into a kept activation
-                gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, dxw, H * Wp);
-                pad_narrow(x, dxw, c->cin, H, W, Wp);
+            for (int co = 0; co < c->cout; co++)
+                for (int ci = 0; ci < c->cin; ci++)
+                    for (int t = 0; t < k2; t++)
+                        wf[(size_t)ci * KKo + (size_t)co * k2 + t] = w[(size_t)co * KK + ci * k2 + k2 - 1 - t];
+#pragma omp parallel for schedule(static, 1) if (nslot > 1)
+        for (int b = 0; b < B; b++) {
+            const float *dz = (const float *)dzv + (size_t)b * c->zstride, *xb = xs[b];   // dz (Cout, Ho*Wo)
+            float *dx = need_dx ? dxall + (size_t)b * nx : NULL, *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
+            float *op = batch ? (ops ? ops + (size_t)b * nop : NULL) : sc, *dsc = batch ? sc : sc + nop;
+            if (wide) {
+                float *xp = op, *dzp = op + npx;
+                pad_fill(xp, xb, c->cin, H, W, c->k);
+                pad_fill(dzp, dz, c->cout, H, W, c->k);
+                ag[b] = (PadRows){xp, plane, Wp, c->k}, as[b] = NULL, bs[b] = dzp + (size_t)p * Wp + p;
+                if (dx) {
+                    PadRows gz = {dzp, plane, Wp, c->k};
+                    gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, dsc, H * Wp);
+                    pad_narrow(dx, dsc, c->cin, H, W, Wp);
+                }
+            } else {
+                if (!direct) im2col(xb, c->cin, H, W, c->k, c->s, op);
+                as[b] = direct ? xb : op, bs[b] = dz;
+                if (dx) {
+                    gemm_run(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, NULL, 0, 0.f, direct ? dx : dsc, HWo);
+                    if (!direct) col2im(dsc, c->cin, H, W, c->k, c->s, dx);
+                }
             }
-        } else if (!dry) {
-            if (!direct) im2col(xb, c->cin, H, W, c->k, c->s, col);
-            gemm_nt_rows(KK, c->cout, HWo, direct ? xb : col, HWo, NULL, dz, HWo, gwt, c->cout);
-            if (need_dx) {   // into x (col is x when direct)
-                gemm_cpu(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, 0.f, col, HWo);
-                if (!direct) col2im(col, c->cin, H, W, c->k, c->s, x);
-            }
+            if (!batch)   // this image's partial weight gradient
+                gemm_nt_rows(KK, c->cout, wide ? H * Wp : HWo, 1, &as[b], HWo, wide ? &ag[b] : NULL, &bs[b],
+                             wide ? (int)plane : HWo, gwt + (size_t)b * ngw, c->cout);
         }
-        if (need_dx) value_backprop(e, c->in, b, x, nx);
-    }
-    if (!dry)
-#pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
+        if (batch)
+            gemm_nt_rows(KK, c->cout, wide ? H * Wp : HWo, B, as, HWo, wide ? ag : NULL, bs, wide ? (int)plane : HWo,
+                         gwt, c->cout);
+#pragma omp parallel for if (ngw * (batch ? 1 : B) > OMP_MIN_WORK)
         for (int o = 0; o < c->cout; o++)
-            for (int i = 0; i < KK; i++) gw[(size_t)o * KK + i] += gwt[(size_t)i * c->cout + o];
-    arena_free(e->a, gwt);
+            for (int i = 0; i < KK; i++) {
+                float v = gw[(size_t)o * KK + i];
+                for (int b = 0; b < (batch ? 1 : B); b++) v += gwt[(size_t)b * ngw + (size_t)i * c->cout + o];
+                gw[(size_t)o * KK + i] = v;
+            }
+    }
+    for (int b = 0; b < B && need_dx; b++) value_backprop(e, c->in, b, dxall + (size_t)b * nx, nx);
     arena_free(e->a, wf);
-    if (!direct) arena_free(e->a, col);
-    arena_free(e->a, x);
+    arena_free(e->a, scr);
+    arena_free(e->a, ops);
+    arena_free(e->a, gwt);
+    arena_free(e->a, dxall);
+    arena_free(e->a, xall);
 }
 static struct LossOut cpu_loss(Exec *e, const struct LossTargets *tg, const struct LossConfig *lcfg);
 
