@@ -327,16 +327,18 @@ static size_t gemm_workspace_bytes(int nthreads) {
     return (size_t)nthreads * (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float) + 64 * (size_t)nthreads +
            (size_t)GEMM_KSPLIT * GEMM_SPLIT_MN * sizeof(float) + 64;
 }
+// gemm_init: the pack buffers of every thread (more when the thread count has grown since; called
+// outside parallel regions before a GEMM runs in one)
 static void gemm_init(void) {
-    if (gemm_nthreads) return;
-    gemm_nthreads = omp_threads();
-    if (gemm_nthreads > GEMM_MAX_THREADS) gemm_nthreads = GEMM_MAX_THREADS;
-    for (int t = 0; t < gemm_nthreads; t++) {
+    int want = omp_threads() < GEMM_MAX_THREADS ? omp_threads() : GEMM_MAX_THREADS;
+    if (gemm_nthreads >= want) return;
+    for (int t = gemm_nthreads; t < want; t++) {
         gemm_pack[t] = aligned_alloc(64, (GEMM_MC * GEMM_KC + GEMM_KC * GEMM_NC) * sizeof(float));
         if (!gemm_pack[t]) die("out of host memory for GEMM pack buffers");
     }
-    gemm_part = aligned_alloc(64, (size_t)GEMM_KSPLIT * GEMM_SPLIT_MN * sizeof(float));
+    if (!gemm_part) gemm_part = aligned_alloc(64, (size_t)GEMM_KSPLIT * GEMM_SPLIT_MN * sizeof(float));
     if (!gemm_part) die("out of host memory for GEMM partial sums");
+    gemm_nthreads = want;
 }
 
 // element (i, k) of op(A) and (k, j) of op(B), row-major storage
@@ -561,11 +563,14 @@ static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, i
     }
 }
 
-// gemm_thread_pack: the calling thread's pack buffers; inside an image-parallel loop (cpu_conv),
-// where a GEMM's own team is inactive (one thread), those of the loop's thread
+// gemm_thread_pack: the calling thread's pack buffers: its number in the innermost team of more
+// than one thread (inside cpu_conv's image loop a GEMM's own team has one thread; inside a loop
+// of one thread, the GEMM's team is the one that counts)
 static float *gemm_thread_pack(void) {
 #ifdef _OPENMP
-    return gemm_pack[omp_get_ancestor_thread_num(omp_get_active_level())];
+    for (int l = omp_get_level(); l > 0; l--)
+        if (omp_get_team_size(l) > 1) return gemm_pack[omp_get_ancestor_thread_num(l)];
+    return gemm_pack[0];
 #else
     return gemm_pack[0];
 #endif

@@ -578,6 +578,52 @@ static void test_recompute(void) {
     free(m);
 }
 
+// The CPU step's bits must not depend on the thread count: the convs run the images in parallel
+// (batch >= threads) or each GEMM over the threads (smaller batches), and the weight gradient sums
+// in an order fixed by the shape. One train step at 1, 2 and 3 threads (B = 3: images over 2 and 3
+// threads, the 2-thread split uneven; B = 1: GEMMs over the threads), compared bit for bit, and
+// each thread count's plan is the step's high-water mark.
+static void test_threads(void) {
+    Model *m = xmalloc(sizeof(Model));
+    static const struct { int B, S; } cfg[] = {{3, 96}, {1, 64}};
+    int T0 = omp_threads();
+    for (int i = 0; i < 2; i++) {
+        int B = cfg[i].B, S = cfg[i].S, same = 1, exact = 1;
+        Rng r;
+        rng_seed(&r, 17);
+        float *x = xmalloc((size_t)B * 3 * S * S * 4), *g1 = NULL, *h1[3] = {0};
+        for (int j = 0; j < B * 3 * S * S; j++) x[j] = (float)rng_range(&r, 0, 1);
+        size_t nh[3];
+        for (int T = 1; T <= 3; T++) {
+            omp_set_num_threads(T);
+            Arena *a = model_open(m, 'n', 3, B, S, S, 7);
+            m->train = 1;
+            model_zero_grad(m);
+            model_forward(m, a, x, B, S, S);
+            model_head_grad(m, a);
+            for (int l = 0; l < 3; l++) {
+                const Conv *c = &m->conv[m->head_conv[l][0]];
+                nh[l] = (size_t)B * (64 + 3) * c->Ho * c->Wo;
+                for (size_t k = 0; k < nh[l]; k++) m->dhead[l][k] = (float)sin(0.37 * k + l);
+                if (T == 1) h1[l] = xmalloc(nh[l] * 4), memcpy(h1[l], m->head[l], nh[l] * 4);
+                else same &= memcmp(h1[l], m->head[l], nh[l] * 4) == 0;
+            }
+            model_backward(m, a);
+            if (T == 1) g1 = xmalloc(m->nparams * 4), memcpy(g1, m->grads, m->nparams * 4);
+            else same &= memcmp(g1, m->grads, m->nparams * 4) == 0;
+            exact &= a->high == a->cap;
+            free(a->base);
+            free(a);
+        }
+        check(same && exact, "yolov8n B=%d %dx%d: head maps and gradients bit-identical at 1, 2 and 3 threads%s; "
+              "plan == high-water at each: %s", B, S, S, same ? "" : " (DIFFER)", exact ? "yes" : "no");
+        free(x), free(g1);
+        for (int l = 0; l < 3; l++) free(h1[l]);
+    }
+    omp_set_num_threads(T0);
+    free(m);
+}
+
 int main(void) {
     hold_backend = cpu_backend;
     hold_backend.maxpool = hold_maxpool;
@@ -596,5 +642,6 @@ int main(void) {
     test_whole_net();
     test_plans();
     test_recompute();
+    test_threads();
     return test_summary();
 }
