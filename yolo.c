@@ -740,30 +740,34 @@ static void gemm_nt_rows(int M, int N, int K, int nimg, const float *const *As, 
 #endif
         int q0 = (int)((long)npan * t / nth), q1 = (int)((long)npan * (t + 1) / nth);
         float *pa = gemm_thread_pack(), *pb = pa + GEMM_MC * GEMM_KC;
-        for (int n0 = 0; n0 < N && q0 < q1; n0 += GEMM_NC)
-            for (int g = 0; g < nimg; g++)
-            for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+        for (int n0 = 0; n0 < N && q0 < q1; n0 += GEMM_NC) {
+            int nc = N - n0 < GEMM_NC ? N - n0 : GEMM_NC;
+            for (int g = 0; g < nimg; g++) {
                 const float *A = As ? As[g] : NULL, *B = Bs[g];
                 const PadRows *ag = ags ? &ags[g] : NULL;
-                int nc = N - n0 < GEMM_NC ? N - n0 : GEMM_NC, kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-                for (int jp = 0; jp < nc; jp += GEMM_NR)   // B^T (kc x nc) into NR-wide panels
-                    gemm_pack_panel(B + (size_t)(n0 + jp) * ldb + k0, ldb, 1, nc - jp < GEMM_NR ? nc - jp : GEMM_NR, kc,
-                                    GEMM_NR, pb + (size_t)jp * kc);
-                for (int q = q0; q < q1; q++) {
-                    int i0 = q * GEMM_MR, mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
-                    const float *a = A ? A + (size_t)i0 * lda + k0 : NULL, *arow[GEMM_MR];
-                    if (ag)   // (a partial panel repeats its first row: only mr rows are stored)
-                        for (int i = 0; i < GEMM_MR; i++) arow[i] = pad_row(ag, i0 + (i < mr ? i : 0));
-                    else if (mr < GEMM_MR) gemm_pack_panel(a, lda, 1, mr, kc, GEMM_MR, pa), a = pa;
-                    for (int jp = 0; jp < nc; jp += GEMM_NR) {
-                        int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                        float *cp = C + (size_t)i0 * ldc + n0 + jp;
-                        if (ag) gemm_kernel_at(kc, arow, (size_t)k0, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
-                        else if (mr < GEMM_MR) gemm_kernel(kc, a, GEMM_MR, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
-                        else gemm_kernel_rows(kc, a, lda, pb + (size_t)jp * kc, cp, ldc, mr, nr, 1);
+                for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                    int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+                    for (int jp = 0; jp < nc; jp += GEMM_NR)   // B^T (kc x nc) into NR-wide panels
+                        gemm_pack_panel(B + (size_t)(n0 + jp) * ldb + k0, ldb, 1, nc - jp < GEMM_NR ? nc - jp : GEMM_NR,
+                                        kc, GEMM_NR, pb + (size_t)jp * kc);
+                    for (int q = q0; q < q1; q++) {
+                        int i0 = q * GEMM_MR, mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
+                        const float *a = A ? A + (size_t)i0 * lda + k0 : NULL, *arow[GEMM_MR];
+                        if (ag)   // (a partial panel repeats its first row: only mr rows are stored)
+                            for (int i = 0; i < GEMM_MR; i++) arow[i] = pad_row(ag, i0 + (i < mr ? i : 0));
+                        else if (mr < GEMM_MR) gemm_pack_panel(a, lda, 1, mr, kc, GEMM_MR, pa), a = pa;
+                        for (int jp = 0; jp < nc; jp += GEMM_NR) {
+                            int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                            const float *bp = pb + (size_t)jp * kc;
+                            float *cp = C + (size_t)i0 * ldc + n0 + jp;
+                            if (ag) gemm_kernel_at(kc, arow, (size_t)k0, bp, cp, ldc, mr, nr, 1);
+                            else if (mr < GEMM_MR) gemm_kernel(kc, a, GEMM_MR, bp, cp, ldc, mr, nr, 1);
+                            else gemm_kernel_rows(kc, a, lda, bp, cp, ldc, mr, nr, 1);
+                        }
                     }
                 }
             }
+        }
     }
 }
 
