@@ -73,8 +73,12 @@ demo: yolo
 # benchmarks, never part of make test. make bench: a whole training step of yolov8n in yolo.c and in
 # PyTorch (when python3-torch is installed) in the same run, at 320 and 640, and the ratio; then one
 # epoch of the shapes set (test/bench.sh). The other test/bench_X.c print their own figures.
-bench: yolo $(BENCHES)
+bench: yolo $(BENCHES) test/bin/bench_step_avx2
 	bash test/bench.sh
+# the step built for AVX2 without AVX-512 (BENCH_ISA=avx2 make bench, on an x86-64 machine)
+test/bin/bench_step_avx2: test/bench_step.c test/test.h test/fixture.h test/yolo_test.h $(SRC)
+	@mkdir -p test/bin
+	$(if $(filter x86_64%,$(shell $(CC) -dumpmachine)),$(CC) -O3 -march=haswell -std=c11 -fopenmp -Wall -Wextra -o $@ $< $(LDLIBS),@echo "$@: x86-64 only")
 
 test: tests
 	bash test/run.sh

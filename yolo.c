@@ -282,11 +282,13 @@ static void *arena_zalloc(Arena *a, size_t bytes, int group) {
 // MR x NR register-blocked micro-kernel written with GCC vector extensions (AVX-512 / AVX2 /
 // SSE / NEON, whatever -march gives). Pack buffers are allocated once (gemm_init), never per call.
 // The block is GEMM_NV vectors gemm_vec wide, sized per ISA so that the accumulators stay in
-// registers: AVX-512 (32 zmm): 8 x 32, 16 accumulators; AVX2 / SSE (16 ymm / xmm): 6 x 16 of
-// 64-byte vectors (12 ymm); aarch64 (32 q registers, 16-byte NEON vectors): 8 x 12 (24
-// accumulators, 3 vectors of B, A's 8 values; a 64-byte vector there would be 4 registers and
-// the 8 x 32 block 64 accumulators, most of them spilled). The blocking does not change the order
-// in which a C element's products are summed, so results are the same on every ISA.
+// registers: AVX-512 (32 zmm): 8 x 32, 16 accumulators; AVX / AVX2 (16 ymm): 6 x 16, 12
+// accumulators, 2 vectors of B and a broadcast; SSE only (16 xmm): 4 x 12; aarch64 (32 q
+// registers, 16-byte NEON vectors): 8 x 12 (24 accumulators, 3 vectors of B, A's 8 values). A
+// vector type wider than the ISA's registers is split by GCC into several, and the block then no
+// longer fits: 64-byte vectors on AVX2 (the 6 x 16 block as 6 x 1 of them) spilled every
+// accumulator to the stack in the inner loop, 8x slower. The blocking does not change the order in
+// which a C element's products are summed, so results are the same on every ISA.
 #if defined(__aarch64__)
 typedef float gemm_vec __attribute__((vector_size(16), aligned(4)));
 #define GEMM_MR 8
@@ -299,12 +301,18 @@ typedef float gemm_vec __attribute__((vector_size(64), aligned(4)));
 #define GEMM_NV 2
 #define GEMM_MC 128
 #define GEMM_NC 512
-#else
-typedef float gemm_vec __attribute__((vector_size(64), aligned(4)));
+#elif defined(__AVX__)
+typedef float gemm_vec __attribute__((vector_size(32), aligned(4)));
 #define GEMM_MR 6
-#define GEMM_NV 1
+#define GEMM_NV 2
 #define GEMM_MC 120   // a multiple of GEMM_MR: A's last panel is padded to a whole MR
 #define GEMM_NC 512
+#else
+typedef float gemm_vec __attribute__((vector_size(16), aligned(4)));
+#define GEMM_MR 4
+#define GEMM_NV 3
+#define GEMM_MC 128
+#define GEMM_NC 504
 #endif
 #define GEMM_VL ((int)(sizeof(gemm_vec) / sizeof(float)))
 #define GEMM_NR (GEMM_NV * GEMM_VL)

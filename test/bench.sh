@@ -8,6 +8,9 @@
 # spin on a machine idle at start, passive on a busy one; OMP_WAIT_POLICY or GOMP_SPINCOUNT
 # decide instead when set); PyTorch runs with its own defaults. Each side also reports its
 # best CPU time per step (all threads): on a busy machine that ratio is steadier than wall time's.
+# BENCH_ISA=avx2 on an AVX-512 machine compares the AVX2 code paths of both: yolo.c's step built
+# for Haswell (test/bin/bench_step_avx2: AVX2 + FMA, no AVX-512) against PyTorch with oneDNN and
+# ATen held to AVX2 (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 threads=${BENCH_THREADS:-2} reps=${BENCH_REPS:-5} rounds=${BENCH_ROUNDS:-1} sizes=${BENCH_SIZES:-"320 640"}
@@ -19,11 +22,17 @@ for p in /usr/bin/python3 python3; do
     if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch' >/dev/null 2>&1; then py=$p; break; fi
 done
 [ -n "$py" ] || echo "python3-torch not found: the PyTorch half is skipped (apt-get install python3-torch)"
+bin=test/bin/bench_step
+if [ "${BENCH_ISA:-}" = avx2 ]; then
+    bin=test/bin/bench_step_avx2
+    export ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+    echo "ISA: AVX2 for both ($bin, built -march=haswell; PyTorch with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)"
+fi
 status=0
 for S in $sizes; do
     yb="" pb="" yc="" pc=""
     for r in $(seq "$rounds"); do
-        line=$(OMP_NUM_THREADS=$threads test/bin/bench_step 8 "$S" "$reps") || status=1
+        line=$(OMP_NUM_THREADS=$threads "$bin" 8 "$S" "$reps") || status=1
         echo "$line" | head -n 1
         t=$(echo "$line" | awk '$1 == "step" {print $5}') c=$(echo "$line" | awk '$1 == "step" {print $9}')
         [ -n "$t" ] && { [ -z "$yb" ] || awk "BEGIN{exit !($t < $yb)}"; } && yb=$t
@@ -37,8 +46,8 @@ for S in $sizes; do
         fi
     done
     if [ -n "$yb" ] && [ -n "$pb" ]; then
-        awk -v s="$S" -v y="$yb" -v p="$pb" -v c="$cpu" -v t="$threads" -v yc="$yc" -v pc="$pc" \
-            'BEGIN{printf "BENCH step %s px batch 8, %s threads: yolo.c %.3f s, PyTorch %.3f s, ratio yolo.c/PyTorch %.2f (CPU time %.3f / %.3f s, ratio %.2f) (%s)\n", s, t, y, p, y / p, yc, pc, yc / pc, c}'
+        awk -v s="$S" -v y="$yb" -v p="$pb" -v c="$cpu" -v t="$threads" -v yc="$yc" -v pc="$pc" -v i="${BENCH_ISA:+, ${BENCH_ISA^^} code paths}" \
+            'BEGIN{printf "BENCH step %s px batch 8, %s threads%s: yolo.c %.3f s, PyTorch %.3f s, ratio yolo.c/PyTorch %.2f (CPU time %.3f / %.3f s, ratio %.2f) (%s)\n", s, t, i, y, p, y / p, yc, pc, yc / pc, c}'
     elif [ -n "$yb" ]; then
         echo "BENCH step $S px batch 8, $threads threads: yolo.c $yb s (no PyTorch to compare with)"
     fi
