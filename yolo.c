@@ -443,7 +443,7 @@ typedef int gemm_v8i __attribute__((vector_size(32)));
 // registers: three rounds of pairwise shuffles, then 8 contiguous stores
 static inline void gemm_transpose8(const float *src, int ld, float *restrict dst, int w) {
     gemm_v8 r[8], t[8], s[8];
-    for (int i = 0; i < 8; i++) memcpy(&r[i], src + (size_t)i * ld, sizeof r[i]);
+    for (int i = 0; i < 8; i++) r[i] = *(const gemm_v8 *)(src + (size_t)i * ld);   // (gemm_v8: 4-byte aligned)
     for (int i = 0; i < 8; i += 2) {   // pairs of rows interleaved by element
         t[i] = __builtin_shuffle(r[i], r[i + 1], (gemm_v8i){0, 8, 1, 9, 4, 12, 5, 13});
         t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (gemm_v8i){2, 10, 3, 11, 6, 14, 7, 15});
@@ -456,8 +456,8 @@ static inline void gemm_transpose8(const float *src, int ld, float *restrict dst
     for (int j = 0; j < 4; j++) {      // then by halves
         gemm_v8 lo = __builtin_shuffle(s[j], s[j + 4], (gemm_v8i){0, 1, 2, 3, 8, 9, 10, 11});
         gemm_v8 hi = __builtin_shuffle(s[j], s[j + 4], (gemm_v8i){4, 5, 6, 7, 12, 13, 14, 15});
-        memcpy(dst + (size_t)j * w, &lo, sizeof lo);
-        memcpy(dst + (size_t)(j + 4) * w, &hi, sizeof hi);
+        *(gemm_v8 *)(dst + (size_t)j * w) = lo;
+        *(gemm_v8 *)(dst + (size_t)(j + 4) * w) = hi;
     }
 }
 
@@ -474,11 +474,7 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
             for (int k = 0; k < kc; k++) dst[k * w + i] = src[(size_t)i * ld + k];
     } else if (n == w && w % 8 == 0) {   // whole rows of 8-float vectors (a memcpy call per row costs more)
         for (int k = 0; k < kc; k++)
-            for (int i = 0; i < w; i += 8) {
-                gemm_v8 v;
-                memcpy(&v, src + (size_t)k * ld + i, sizeof v);
-                memcpy(dst + (size_t)k * w + i, &v, sizeof v);
-            }
+            for (int i = 0; i < w; i += 8) *(gemm_v8 *)(dst + (size_t)k * w + i) = *(const gemm_v8 *)(src + (size_t)k * ld + i);
         return;
     } else {
         for (int k = 0; k < kc; k++)
@@ -869,6 +865,37 @@ static inline float exp_poly(float x) {
     return p * sc;
 }
 static inline float silu_f(float y) { return y / (1.f + exp_poly(-y)); }
+// exp_poly8 / silu8: the same on 8 lanes, written with vector types: the same operations in the
+// same order, so the same bits as exp_poly lane by lane. (GCC vectorises exp_poly's loops by itself
+// only with AVX-512's masks: for AVX2, SSE and NEON its clamps stay branches under the default
+// -ftrapping-math, and the loops stay scalar.) The clamps are selects on the compare masks.
+// (in place, through pointers: a 32-byte vector passed by value changes the ABI on SSE-only builds)
+#define V8_SELECT(m, a, b) ((gemm_v8)(((m) & (gemm_v8i)(a)) | (~(m) & (gemm_v8i)(b))))   // m ? a : b
+static inline void exp_poly8(gemm_v8 *v) {
+    const gemm_v8 lo = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f},
+                  hi = {88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f};
+    gemm_v8 x = *v;
+    x = V8_SELECT(x < lo, lo, x);
+    x = V8_SELECT(x > hi, hi, x);
+    const float shift = 12582912.f;
+    gemm_v8 t = x * 1.44269504088896341f + shift, n = t - shift;
+    gemm_v8i ni = (gemm_v8i)t - 0x4B400000;
+    gemm_v8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    gemm_v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    typedef unsigned int v8u __attribute__((vector_size(32)));
+    v8u eb = ((v8u)ni + 127u) << 23;
+    *v = p * (gemm_v8)eb;
+}
+static inline void silu8(gemm_v8 *v) {   // *v = SiLU(*v)
+    gemm_v8 e = -*v;
+    exp_poly8(&e);
+    *v = *v / (1.f + e);
+}
 
 // bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
 // z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
@@ -881,7 +908,13 @@ static void bn_silu_forward_cpu(const float *z, const float *mean, const float *
             float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
             const float *zi = z + ((size_t)b * C + c) * HW;
             float *yo = y + ((size_t)b * C + c) * HW;
-            for (int i = 0; i < HW; i++) yo[i] = silu_f(zi[i] * sc + sh);
+            int i = 0;
+            for (; i + 8 <= HW; i += 8) {
+                gemm_v8 v = *(const gemm_v8 *)(zi + i) * sc + sh;   // (gemm_v8: 4-byte aligned)
+                silu8(&v);
+                *(gemm_v8 *)(yo + i) = v;
+            }
+            for (; i < HW; i++) yo[i] = silu_f(zi[i] * sc + sh);
         }
 }
 
@@ -1731,7 +1764,8 @@ static void cpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, fl
 // The per-channel sums of the BN kernels are taken in double over 8 lanes (element i of a row goes
 // to lane i % 8; the lanes are added in order at the end): the loops vectorise, and the order of
 // the sums depends on the shape only, not on the thread count.
-#define LANES 8
+#define LANES 8   // (= the 8 lanes of gemm_v8)
+typedef double lanes_vd __attribute__((vector_size(LANES * sizeof(double))));
 static double lanes_total(const double l[LANES]) {
     double t = 0;
     for (int j = 0; j < LANES; j++) t += l[j];
@@ -1792,15 +1826,21 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
         for (int b = 0; b < B; b++) {
             const float *zz = z + b * zs + (long)o * HW;
             float *d = dA + b * zs + (long)o * HW;
-            int i = 0;   // one vectorised pass: the gradient through SiLU, and its two sums
-            for (; i + LANES <= HW; i += LANES)
-                for (int j = 0; j < LANES; j++) {
-                    float xh = (zz[i + j] - mu) * istd, y = ga * xh + be, sg1 = 1.f / (1.f + exp_poly(-y));
-                    float gy = d[i + j] * sg1 * (1.f + y * (1.f - sg1));
-                    d[i + j] = gy;
-                    lg[j] += gy;
-                    lgx[j] += (double)gy * xh;
-                }
+            int i = 0;   // one vectorised pass: the gradient through SiLU, and its two sums (lane j: i % 8 == j)
+            lanes_vd vg, vgx;
+            memcpy(&vg, lg, sizeof vg), memcpy(&vgx, lgx, sizeof vgx);
+            for (; i + LANES <= HW; i += LANES) {
+                gemm_v8 zv = *(const gemm_v8 *)(zz + i), dv = *(const gemm_v8 *)(d + i);
+                gemm_v8 xh = (zv - mu) * istd, y = ga * xh + be, e = -y;
+                exp_poly8(&e);
+                gemm_v8 sg1 = 1.f / (1.f + e);
+                gemm_v8 gy = dv * sg1 * (1.f + y * (1.f - sg1));
+                *(gemm_v8 *)(d + i) = gy;
+                lanes_vd gd = __builtin_convertvector(gy, lanes_vd);
+                vg += gd;
+                vgx += gd * __builtin_convertvector(xh, lanes_vd);
+            }
+            memcpy(lg, &vg, sizeof vg), memcpy(lgx, &vgx, sizeof vgx);
             for (; i < HW; i++) {
                 float xh = (zz[i] - mu) * istd, y = ga * xh + be, sg1 = 1.f / (1.f + exp_poly(-y));
                 float gy = d[i] * sg1 * (1.f + y * (1.f - sg1));
