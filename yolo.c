@@ -580,6 +580,25 @@ static float *gemm_thread_pack(void) {
 #endif
 }
 
+// gemm_tiles: C's tiles (mcb x ncb, mt x nt of them; returns their number). A C of few MC x NC
+// tiles (the low-resolution layers: 128 x 400 at 20 x 20 is one) is cut into smaller tiles, whole
+// MR x NR panels, so that every thread gets work: at least GEMM_MIN_TILES of them, N split first
+// (A, the weights, is the smaller operand to read again). The cut depends on the shape only, and
+// tiling never changes the order of a C element's sums.
+static int gemm_tiles(int M, int N, int *mcb, int *ncb, int *mt, int *nt) {
+    int mc = GEMM_MC, nc = GEMM_NC, m = (M + mc - 1) / mc, n = (N + nc - 1) / nc;
+    while (m * n < GEMM_MIN_TILES && (nc > GEMM_NR || mc > GEMM_MR)) {
+        if (nc > GEMM_NR && (N + nc - 1) / nc * 2 <= (N + GEMM_NR - 1) / GEMM_NR)
+            nc = ((N + 2 * n - 1) / (2 * n) + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+        else if (mc > GEMM_MR && (M + mc - 1) / mc * 2 <= (M + GEMM_MR - 1) / GEMM_MR)
+            mc = ((M + 2 * m - 1) / (2 * m) + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
+        else break;
+        m = (M + mc - 1) / mc, n = (N + nc - 1) / nc;
+    }
+    *mcb = mc, *ncb = nc, *mt = m, *nt = n;
+    return m * n;
+}
+
 // gemm_cpu: row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C, op = transpose if
 // tX. beta is 0 or 1 in this project (0 never reads C). The CPU twin of the GPU GEMMs.
 // gemm_run: the same, where B may instead be an im2col matrix read in place (bim, tB 0), and
@@ -623,20 +642,8 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
             }
         return;
     }
-    // a C of few MC x NC tiles (the low-resolution layers: 128 x 400 at 20 x 20 is one) is cut into
-    // smaller tiles, whole MR x NR panels, so that every thread gets work: at least GEMM_MIN_TILES of
-    // them, N split first (A, the weights, is the smaller operand to pack again). The cut depends on
-    // the shape only, and tiling never changes the order of a C element's sums.
-    int mcb = GEMM_MC, ncb = GEMM_NC;
-    while (mt * nt < GEMM_MIN_TILES && (ncb > GEMM_NR || mcb > GEMM_MR)) {
-        if (ncb > GEMM_NR && (N + ncb - 1) / ncb * 2 <= (N + GEMM_NR - 1) / GEMM_NR)
-            ncb = ((N + 2 * nt - 1) / (2 * nt) + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-        else if (mcb > GEMM_MR && (M + mcb - 1) / mcb * 2 <= (M + GEMM_MR - 1) / GEMM_MR)
-            mcb = ((M + 2 * mt - 1) / (2 * mt) + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
-        else break;
-        mt = (M + mcb - 1) / mcb, nt = (N + ncb - 1) / ncb;
-    }
-    ntile = mt * nt;
+    int mcb, ncb;
+    ntile = gemm_tiles(M, N, &mcb, &ncb, &mt, &nt);
 #pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
     for (int tile = 0; tile < ntile; tile++) {
         int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
@@ -693,16 +700,7 @@ static void pad_narrow(float *restrict out, const float *restrict in, int C, int
 // Tiles as gemm_run's, in parallel; each C element is summed in K order.
 static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRows *g, float *C, int ldc) {
     gemm_init();
-    int mt = (M + GEMM_MC - 1) / GEMM_MC, nt = (N + GEMM_NC - 1) / GEMM_NC, mcb = GEMM_MC, ncb = GEMM_NC;
-    while (mt * nt < GEMM_MIN_TILES && (ncb > GEMM_NR || mcb > GEMM_MR)) {
-        if (ncb > GEMM_NR && (N + ncb - 1) / ncb * 2 <= (N + GEMM_NR - 1) / GEMM_NR)
-            ncb = ((N + 2 * nt - 1) / (2 * nt) + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-        else if (mcb > GEMM_MR && (M + mcb - 1) / mcb * 2 <= (M + GEMM_MR - 1) / GEMM_MR)
-            mcb = ((M + 2 * mt - 1) / (2 * mt) + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
-        else break;
-        mt = (M + mcb - 1) / mcb, nt = (N + ncb - 1) / ncb;
-    }
-    int ntile = mt * nt;
+    int mt, nt, mcb, ncb, ntile = gemm_tiles(M, N, &mcb, &ncb, &mt, &nt);
 #pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
     for (int tile = 0; tile < ntile; tile++) {
         int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
