@@ -474,7 +474,8 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
             for (int k = 0; k < kc; k++) dst[k * w + i] = src[(size_t)i * ld + k];
     } else if (n == w && w % 8 == 0) {   // whole rows of 8-float vectors (a memcpy call per row costs more)
         for (int k = 0; k < kc; k++)
-            for (int i = 0; i < w; i += 8) *(gemm_v8 *)(dst + (size_t)k * w + i) = *(const gemm_v8 *)(src + (size_t)k * ld + i);
+            for (int i = 0; i < w; i += 8)
+                *(gemm_v8 *)(dst + (size_t)k * w + i) = *(const gemm_v8 *)(src + (size_t)k * ld + i);
         return;
     } else {
         for (int k = 0; k < kc; k++)
@@ -485,7 +486,7 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
 }
 
 // Im2col: a KxK convolution's input x (C, H, W), stride S, padding K/2, read as the im2col matrix
-// (C*K*K rows, Ho*Wo columns) without writing it: gemm_cpu packs B's panels straight from x.
+// (C*K*K rows, Ho*Wo columns) without writing it: gemm_run packs B's panels straight from x.
 typedef struct { const float *x; int C, H, W, K, S, Ho, Wo; } Im2col;
 static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi);
 
@@ -620,7 +621,8 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
     gemm_init();
     int mt = (M + GEMM_MC - 1) / GEMM_MC, nt = (N + GEMM_NC - 1) / GEMM_NC;
     int ntile = mt * nt;
-    if (split && ntile < 4 && (size_t)M * N <= GEMM_SPLIT_MN && K >= GEMM_KSPLIT * GEMM_KC) {   // whatever the thread count
+    // (the cut depends on the shape only, whatever the thread count)
+    if (split && ntile < 4 && (size_t)M * N <= GEMM_SPLIT_MN && K >= GEMM_KSPLIT * GEMM_KC) {
         // slice s covers [s * ks, (s + 1) * ks) of K, a multiple of KC: partial C (M x N, row stride N)
         int ks = (K / GEMM_KSPLIT + GEMM_KC - 1) / GEMM_KC * GEMM_KC;
         int ns = (K + ks - 1) / ks;
@@ -1099,7 +1101,8 @@ static int value_new(Model *m, int kind, int C) {
 // conv_new: declares a conv (in state_dict order) without an input yet; returns its index.
 static int conv_new(Model *m, const char *name, int cin, int cout, int k, int s, int bn) {
     if (m->nconv == MAX_CONVS) die("model: too many convs");
-    if (k < 1 || k > IM2COL_KMAX || k % 2 == 0) die("model: conv '%s': kernel %d (odd, 1..%d supported)", name, k, IM2COL_KMAX);
+    if (k < 1 || k > IM2COL_KMAX || k % 2 == 0)
+        die("model: conv '%s': kernel %d (odd, 1..%d supported)", name, k, IM2COL_KMAX);
     Conv *c = &m->conv[m->nconv];
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
@@ -1377,8 +1380,8 @@ static double model_flops(Model *m, int imgsz, int fused) {
  * The walk below is the only code that visits the network: forward, backward, materialising a
  * value (a view) into a buffer, back-propagating into a value's convs, dropping and recomputing
  * a block. Every computation in it is a call into a Backend: the CPU's (cpu_backend, further
- * down: FP32, one image at a time, im2col + GEMM) or the device's (gpu_backend, in the GPU
- * section: the whole batch per launch, FP16 or FP32 activations). The state of a step lives in
+ * down: FP32, views one image at a time, convolutions as GEMMs over the batch) or the device's
+ * (gpu_backend, in the GPU section: the whole batch per launch, FP16 or FP32 activations). The state of a step lives in
  * the Model whichever backend runs it: each Conv's z, mean, invstd and dA, and the head maps.
  * Both backends allocate from their arena in the same order, so one dry run of this walk plans
  * either side's memory (model_plan on the CPU, gpu_plan_run on the device).
@@ -1683,7 +1686,7 @@ static void walk_release(Exec *e) {
 }
 
 // ------------------------------------------------------------------------------------------
-// model: the CPU backend (FP32, one image at a time) and the CPU entry points
+// model: the CPU backend (FP32) and the CPU entry points
 // ------------------------------------------------------------------------------------------
 
 // par_copy / par_zero: memcpy / memset of large buffers split over the threads (a single thread
@@ -1991,7 +1994,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1, nslot = cpu_conv_slots(m);
     int need_dx = m->val[c->in].kind != V_INPUT;
     int H = c->H, W = c->W, p = c->k / 2, Wp = W + 2 * p, KKo = c->cout * k2;
-    size_t plane = (size_t)(H + 2 * p) * Wp, npx = pad_floats(c->cin, H, W, c->k), npz = pad_floats(c->cout, H, W, c->k);
+    size_t plane = (size_t)(H + 2 * p) * Wp;
+    size_t npx = pad_floats(c->cin, H, W, c->k), npz = pad_floats(c->cout, H, W, c->k);
     long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
     long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
     int batch = nop <= ngw;                                               // the batch as one K
