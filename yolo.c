@@ -1381,8 +1381,9 @@ static double model_flops(Model *m, int imgsz, int fused) {
  * value (a view) into a buffer, back-propagating into a value's convs, dropping and recomputing
  * a block. Every computation in it is a call into a Backend: the CPU's (cpu_backend, further
  * down: FP32, views one image at a time, convolutions as GEMMs over the batch) or the device's
- * (gpu_backend, in the GPU section: the whole batch per launch, FP16 or FP32 activations). The state of a step lives in
- * the Model whichever backend runs it: each Conv's z, mean, invstd and dA, and the head maps.
+ * (gpu_backend, in the GPU section: the whole batch per launch, FP16 or FP32 activations). The
+ * state of a step lives in the Model whichever backend runs it: each Conv's z, mean, invstd and
+ * dA, and the head maps.
  * Both backends allocate from their arena in the same order, so one dry run of this walk plans
  * either side's memory (model_plan on the CPU, gpu_plan_run on the device).
  *
