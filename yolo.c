@@ -607,6 +607,7 @@ static int gemm_tiles(int M, int N, int *mcb, int *ncb, int *mt, int *nt) {
 // one thread of an image-parallel loop or over all of them; the K split uses shared buffers).
 static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                      const Im2col *bim, int split, float beta, float *C, int ldc);
+__attribute__((unused))   // (the tests' plain GEMM: yolo.c's convolutions call gemm_run, gemm_wide, gemm_nt_rows)
 static void gemm_cpu(int tA, int tB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                      float beta, float *C, int ldc) {
     gemm_run(tA, tB, M, N, K, A, lda, B, ldb, NULL, 1, beta, C, ldc);
@@ -12506,7 +12507,7 @@ static int file_write_atomic(const char *path, int np, const StBuf *parts, char 
     ok = (fclose(f) == 0) && ok;
     if (!ok) snprintf(err, errlen, "writing '%s' failed: %s", tmp, strerror(errno ? errno : EIO));
     else if (rename(tmp, path) != 0)
-        snprintf(err, errlen, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        snprintf(err, errlen, "cannot rename '%.480s' to '%.480s': %s", tmp, path, strerror(errno));
     else { st_fsync_dir(path); rc = 0; }
     if (rc) unlink(tmp);
     free(tmp);
