@@ -12507,7 +12507,7 @@ static int file_write_atomic(const char *path, int np, const StBuf *parts, char 
     ok = (fclose(f) == 0) && ok;
     if (!ok) snprintf(err, errlen, "writing '%s' failed: %s", tmp, strerror(errno ? errno : EIO));
     else if (rename(tmp, path) != 0)
-        snprintf(err, errlen, "cannot rename '%.300s' to '%.300s': %s", tmp, path, strerror(errno));
+        snprintf(err, errlen, "cannot rename '%.200s' to '%.200s': %s", tmp, path, strerror(errno));
     else { st_fsync_dir(path); rc = 0; }
     if (rc) unlink(tmp);
     free(tmp);
