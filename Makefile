@@ -214,7 +214,7 @@ test-arm64: cross-arm64
 	    printf '#!/bin/sh\nexec $(ARM64_EXEC) %s "$$@"\n' "$(CURDIR)/$$y" >$$y.qemu && chmod +x $$y.qemu; done
 	# one OpenMP thread: under Debian 12's qemu-aarch64 (7.2) a second libgomp thread can stall, and
 	# the first parallel loop spins forever (test_loss: hangs with 2 threads, 24 passed with 1)
-	OMP_NUM_THREADS=1 EMU_SELFTEST_NO_FORK=1 TEST_EXEC="$(ARM64_EXEC)" TEST_BIN=$(ARM64_DIR) YOLO_BIN=$(ARM64_DIR)/yolo.qemu \
+	OMP_NUM_THREADS=1 TEST_MAX_THREADS=1 EMU_SELFTEST_NO_FORK=1 TEST_EXEC="$(ARM64_EXEC)" TEST_BIN=$(ARM64_DIR) YOLO_BIN=$(ARM64_DIR)/yolo.qemu \
 	    EMU_BIN=$(ARM64_DIR)/emu EMU_YOLO=$(ARM64_DIR)/emu/yolo.qemu bash test/run.sh
 
 clean-tests:

@@ -584,6 +584,11 @@ static void test_recompute(void) {
 // threads, the 2-thread split uneven; B = 1: GEMMs over the threads), compared bit for bit, and
 // each thread count's plan is the step's high-water mark.
 static void test_threads(void) {
+    const char *mx = getenv("TEST_MAX_THREADS");   // make test-arm64: 1 (a second thread stalls under qemu-user)
+    if (mx && atoi(mx) < 3) {
+        printf("SKIP  one train step at 1, 2 and 3 threads: TEST_MAX_THREADS=%s\n", mx);
+        return;
+    }
     Model *m = xmalloc(sizeof(Model));
     static const struct { int B, S; } cfg[] = {{3, 96}, {1, 64}};
     int T0 = omp_threads();
