@@ -424,6 +424,18 @@ static void test_gradchecks(void) {
             snprintf(what, sizeof what, "conv k%d s%d BN %s", ks[i].k, ks[i].s, train ? "train" : "eval");
             run_graph_check(what, m, v, 2, 3, 9, 10, train, 2e-3);
         }
+    // the CPU convolutions' edges: images narrower than the kernel or a single pixel (the padded
+    // wide grid and its zero tail), a row wider than one 32-wide panel, an odd batch over the
+    // threads; eval BN (train-mode BN over a handful of values is too curved for the differences)
+    static const struct { int H, W; } hw[] = {{1, 1}, {1, 2}, {2, 1}, {3, 37}};
+    for (int i = 0; i < 4; i++)
+        for (int s = 1; s <= 2; s++) {
+            graph_new(m, 3);
+            int v = conv_add(m, "c0", m->input, 6, 3, 1, 1);
+            v = conv_add(m, "c1", v, 5, 3, s, 1);
+            snprintf(what, sizeof what, "conv k3 s%d on %dx%d, B=3 (eval BN)", s, hw[i].H, hw[i].W);
+            run_graph_check(what, m, v, 3, 3, hw[i].H, hw[i].W, 0, 2e-3);
+        }
     for (int sc = 0; sc < 2; sc++) {
         graph_new(m, 3);
         int v = conv_add(m, "c0", m->input, 8, 3, 1, 1);
