@@ -360,9 +360,12 @@ static void gemm_init(void) {
 // instantiations (GEMM_KERNEL below), so that each one's strides are constants inside its loop.
 // Each product is added with a fused multiply-add (one rounding, as the GPU's FP32 GEMMs and
 // oneDNN do): ISO C (-std=c11) forbids GCC to contract a * b + c by itself, so it is asked for here.
-#define GEMM_KERNEL(name, SI, SK)                                                                              \
+// GEMM_KERNEL(name, BPARAMS, BROW, SI, SK): BPARAMS are B's parameters (parenthesised), BROW the
+// address of B's row k within them: a packed panel, or (gemm_kernel_bt*, below) a row read in place.
+#define GEMM_UNPAREN(...) __VA_ARGS__
+#define GEMM_KERNEL(name, BPARAMS, BROW, SI, SK)                                                               \
     __attribute__((optimize("fp-contract=fast"))) static inline void name(                                    \
-        int kc, const float *restrict a, int lda, const float *restrict bp, float *restrict c, int ldc, int mr, \
+        int kc, const float *restrict a, int lda, GEMM_UNPAREN BPARAMS, float *restrict c, int ldc, int mr,   \
         int nr, int add) {                                                                                     \
         (void)lda;                                                                                             \
         gemm_vec acc[GEMM_MR][GEMM_NV];                                                                        \
@@ -370,7 +373,7 @@ static void gemm_init(void) {
             for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};                                       \
         for (int k = 0; k < kc; k++) {                                                                         \
             gemm_vec b[GEMM_NV];                                                                               \
-            for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(bp + k * GEMM_NR + v * GEMM_VL);      \
+            for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)((BROW) + v * GEMM_VL);                \
             for (int i = 0; i < GEMM_MR; i++)                                                                  \
                 for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[(size_t)i * (SI) + (size_t)k * (SK)] * b[v];  \
         }                                                                                                      \
@@ -391,32 +394,17 @@ static inline void gemm_store(gemm_vec acc[GEMM_MR][GEMM_NV], float *restrict c,
             for (int j = 0; j < nr; j++) c[(size_t)i * ldc + j] = (add ? c[(size_t)i * ldc + j] : 0) + tmp[i][j];
     }
 }
-GEMM_KERNEL(gemm_kernel, 1, GEMM_MR)        // a packed panel
-GEMM_KERNEL(gemm_kernel_rows, lda, 1)       // A's rows in place (A not transposed)
-GEMM_KERNEL(gemm_kernel_cols, 1, lda)       // A's columns in place (A transposed)
+// B a packed panel; A a packed panel, its rows in place (A not transposed), its columns (transposed)
+GEMM_KERNEL(gemm_kernel, (const float *restrict bp), bp + k * GEMM_NR, 1, GEMM_MR)
+GEMM_KERNEL(gemm_kernel_rows, (const float *restrict bp), bp + k * GEMM_NR, lda, 1)
+GEMM_KERNEL(gemm_kernel_cols, (const float *restrict bp), bp + k * GEMM_NR, 1, lda)
 
 // The same products with one operand's rows found through pointers (PadRows below: the rows of an
 // im2col matrix are shifted rows of the zero-padded input, so nothing is copied):
 // gemm_kernel_bt*: B's row k read in place at brow[k] + j (A as gemm_kernel or gemm_kernel_rows);
 // gemm_kernel_at: A's row i read in place at arow[i] (B a packed panel).
-#define GEMM_KERNEL_BT(name, SI, SK)                                                                           \
-    __attribute__((optimize("fp-contract=fast"))) static inline void name(                                    \
-        int kc, const float *restrict a, int lda, const float *const *brow, size_t j, float *restrict c,      \
-        int ldc, int mr, int nr, int add) {                                                                    \
-        (void)lda;                                                                                             \
-        gemm_vec acc[GEMM_MR][GEMM_NV];                                                                        \
-        for (int i = 0; i < GEMM_MR; i++)                                                                      \
-            for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};                                       \
-        for (int k = 0; k < kc; k++) {                                                                         \
-            gemm_vec b[GEMM_NV];                                                                               \
-            for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(brow[k] + j + v * GEMM_VL);           \
-            for (int i = 0; i < GEMM_MR; i++)                                                                  \
-                for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[(size_t)i * (SI) + (size_t)k * (SK)] * b[v];  \
-        }                                                                                                      \
-        gemm_store(acc, c, ldc, mr, nr, add);                                                                  \
-    }
-GEMM_KERNEL_BT(gemm_kernel_bt, 1, GEMM_MR)   // A a packed panel
-GEMM_KERNEL_BT(gemm_kernel_bt_rows, lda, 1)  // A's rows in place
+GEMM_KERNEL(gemm_kernel_bt, (const float *const *brow, size_t j), brow[k] + j, 1, GEMM_MR)
+GEMM_KERNEL(gemm_kernel_bt_rows, (const float *const *brow, size_t j), brow[k] + j, lda, 1)
 __attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
         int kc, const float *const *arow, size_t k0, const float *restrict bp, float *restrict c, int ldc, int mr,
         int nr, int add) {
@@ -840,37 +828,14 @@ static void col2im(const float *col, int C, int H, int W, int K, int S, float *d
     }
 }
 
-// exp_poly: e^x in float, within 2 ulp of expf over the whole range, written so that GCC
-// vectorises the loops that call it (libm's expf is a call per element): x = n ln2 + r with
-// |r| <= ln2/2, a degree-7 polynomial for e^r (Cephes' expf coefficients), 2^n put into the
-// exponent bits. x is clamped to [-87, 88] (no subnormals, no overflow of 2^n); a NaN stays NaN.
-static inline float exp_poly(float x) {
-    x = x < -87.f ? -87.f : x;
-    x = x > 88.f ? 88.f : x;
-    const float shift = 12582912.f;   // 1.5 * 2^23: adding it rounds to an integer in the low bits
-    float t = x * 1.44269504088896341f + shift, n = t - shift;
-    int32_t ni;
-    memcpy(&ni, &t, sizeof ni);
-    ni -= 0x4B400000;                 // the bits of shift: what is left is n
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;   // ln2 split in two for an exact n ln2
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    uint32_t eb = ((uint32_t)ni + 127u) << 23;   // unsigned: a NaN's bits must not shift into UB
-    float sc;
-    memcpy(&sc, &eb, sizeof sc);
-    return p * sc;
-}
-static inline float silu_f(float y) { return y / (1.f + exp_poly(-y)); }
-// exp_poly8 / silu8: the same on 8 lanes, written with vector types: the same operations in the
-// same order, so the same bits as exp_poly lane by lane. (GCC vectorises exp_poly's loops by itself
-// only with AVX-512's masks: for AVX2, SSE and NEON its clamps stay branches under the default
-// -ftrapping-math, and the loops stay scalar.) The clamps are selects on the compare masks.
-// (in place, through pointers: a 32-byte vector passed by value changes the ABI on SSE-only builds)
+// exp_poly8: e^x on 8 floats, within 2 ulp of expf over the whole range, written with vector types
+// (libm's expf is a call per element, and GCC vectorises a scalar version of this only with
+// AVX-512's masks: for AVX2, SSE and NEON the clamps would stay branches under the default
+// -ftrapping-math): x = n ln2 + r with |r| <= ln2/2, a degree-7 polynomial for e^r (Cephes' expf
+// coefficients), 2^n put into the exponent bits. x is clamped to [-87, 88] (no subnormals, no
+// overflow of 2^n) by selects on the compare masks; a NaN stays NaN. silu8: SiLU on 8 floats.
+// In place, through pointers (a 32-byte vector passed by value changes the ABI on SSE-only
+// builds); v8_load / v8_store move n <= 8 floats (a row's last, partial group, zero padded).
 #define V8_SELECT(m, a, b) ((gemm_v8)(((m) & (gemm_v8i)(a)) | (~(m) & (gemm_v8i)(b))))   // m ? a : b
 static inline void exp_poly8(gemm_v8 *v) {
     const gemm_v8 lo = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f},
@@ -897,6 +862,19 @@ static inline void silu8(gemm_v8 *v) {   // *v = SiLU(*v)
     exp_poly8(&e);
     *v = *v / (1.f + e);
 }
+static inline void v8_load(gemm_v8 *v, const float *p, int n) {
+    if (n == 8) {
+        *v = *(const gemm_v8 *)p;   // (gemm_v8: 4-byte aligned)
+        return;
+    }
+    float t[8] = {0};
+    memcpy(t, p, (size_t)n * sizeof(float));
+    memcpy(v, t, sizeof t);
+}
+static inline void v8_store(float *p, const gemm_v8 *v, int n) {
+    if (n == 8) *(gemm_v8 *)p = *v;
+    else memcpy(p, v, (size_t)n * sizeof(float));
+}
 
 // bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
 // z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
@@ -909,13 +887,14 @@ static void bn_silu_forward_cpu(const float *z, const float *mean, const float *
             float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
             const float *zi = z + ((size_t)b * C + c) * HW;
             float *yo = y + ((size_t)b * C + c) * HW;
-            int i = 0;
-            for (; i + 8 <= HW; i += 8) {
-                gemm_v8 v = *(const gemm_v8 *)(zi + i) * sc + sh;   // (gemm_v8: 4-byte aligned)
+            for (int i = 0; i < HW; i += 8) {
+                int n = HW - i < 8 ? HW - i : 8;
+                gemm_v8 v;
+                v8_load(&v, zi + i, n);
+                v = v * sc + sh;
                 silu8(&v);
-                *(gemm_v8 *)(yo + i) = v;
+                v8_store(yo + i, &v, n);
             }
-            for (; i < HW; i++) yo[i] = silu_f(zi[i] * sc + sh);
         }
 }
 
@@ -1829,28 +1808,25 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
         for (int b = 0; b < B; b++) {
             const float *zz = z + b * zs + (long)o * HW;
             float *d = dA + b * zs + (long)o * HW;
-            int i = 0;   // one vectorised pass: the gradient through SiLU, and its two sums (lane j: i % 8 == j)
+            // one vectorised pass: the gradient through SiLU, and its two sums (element i to lane i % 8;
+            // a partial last group adds its n lanes only)
             lanes_vd vg, vgx;
             memcpy(&vg, lg, sizeof vg), memcpy(&vgx, lgx, sizeof vgx);
-            for (; i + LANES <= HW; i += LANES) {
-                gemm_v8 zv = *(const gemm_v8 *)(zz + i), dv = *(const gemm_v8 *)(d + i);
+            for (int i = 0; i < HW; i += LANES) {
+                int n = HW - i < LANES ? HW - i : LANES;
+                gemm_v8 zv, dv;
+                v8_load(&zv, zz + i, n), v8_load(&dv, d + i, n);
                 gemm_v8 xh = (zv - mu) * istd, y = ga * xh + be, e = -y;
                 exp_poly8(&e);
                 gemm_v8 sg1 = 1.f / (1.f + e);
                 gemm_v8 gy = dv * sg1 * (1.f + y * (1.f - sg1));
-                *(gemm_v8 *)(d + i) = gy;
-                lanes_vd gd = __builtin_convertvector(gy, lanes_vd);
+                v8_store(d + i, &gy, n);
+                lanes_vd gd = __builtin_convertvector(gy, lanes_vd), gx = gd * __builtin_convertvector(xh, lanes_vd);
+                for (int j = n; j < LANES; j++) gd[j] = gx[j] = -0.0;   // (x + -0 is x, for every x)
                 vg += gd;
-                vgx += gd * __builtin_convertvector(xh, lanes_vd);
+                vgx += gx;
             }
             memcpy(lg, &vg, sizeof vg), memcpy(lgx, &vgx, sizeof vgx);
-            for (; i < HW; i++) {
-                float xh = (zz[i] - mu) * istd, y = ga * xh + be, sg1 = 1.f / (1.f + exp_poly(-y));
-                float gy = d[i] * sg1 * (1.f + y * (1.f - sg1));
-                d[i] = gy;
-                lg[i % LANES] += gy;
-                lgx[i % LANES] += (double)gy * xh;
-            }
         }
         double sg = lanes_total(lg), sgx = lanes_total(lgx);
         dgamma[o] += (float)sgx;

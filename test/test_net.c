@@ -525,6 +525,24 @@ static void test_plans(void) {
     free(m);
 }
 
+// train_step_heads: one train forward and backward of x (B, 3, S, S), with fixed head-map gradients
+// (sin(0.37 i + l)); the head maps are copied into h[l] (nh[l] values each, allocated here), the
+// gradients are left in m->grads
+static void train_step_heads(Model *m, Arena *a, const float *x, int B, int S, float *h[3], size_t nh[3]) {
+    m->train = 1;
+    model_zero_grad(m);
+    model_forward(m, a, x, B, S, S);
+    model_head_grad(m, a);
+    for (int l = 0; l < 3; l++) {
+        const Conv *c = &m->conv[m->head_conv[l][0]];
+        nh[l] = (size_t)B * (64 + 3) * c->Ho * c->Wo;
+        h[l] = xmalloc(nh[l] * 4);
+        memcpy(h[l], m->head[l], nh[l] * 4);
+        for (size_t i = 0; i < nh[l]; i++) m->dhead[l][i] = (float)sin(0.37 * i + l);
+    }
+    model_backward(m, a);
+}
+
 // recompute=1 must give bit-identical head maps and gradients, and its plan must be exact and smaller
 static void test_recompute(void) {
     Model *m = xmalloc(sizeof(Model));
@@ -541,19 +559,8 @@ static void test_recompute(void) {
     double worst = 0;
     for (int rc = 0; rc < 2; rc++) {
         m->recompute = rc;
-        m->train = 1;
         memcpy(m->buffers, buf0, m->nbuffers * 4);
-        model_zero_grad(m);
-        model_forward(m, a, x, B, S, S);
-        model_head_grad(m, a);
-        for (int l = 0; l < 3; l++) {
-            const Conv *c = &m->conv[m->head_conv[l][0]];
-            nh[l] = (size_t)B * (64 + 3) * c->Ho * c->Wo;
-            h[rc][l] = xmalloc(nh[l] * 4);
-            memcpy(h[rc][l], m->head[l], nh[l] * 4);
-            for (size_t i = 0; i < nh[l]; i++) m->dhead[l][i] = (float)sin(0.37 * i + l);
-        }
-        model_backward(m, a);
+        train_step_heads(m, a, x, B, S, h[rc], nh);
         if (rc == 0) memcpy(g0, m->grads, m->nparams * 4);
     }
     int same = memcmp(g0, m->grads, m->nparams * 4) == 0;
@@ -614,18 +621,11 @@ static void test_threads(void) {
         for (int T = 1; T <= 3; T++) {
             omp_set_num_threads(T);
             Arena *a = model_open(m, 'n', 3, B, S, S, 7);
-            m->train = 1;
-            model_zero_grad(m);
-            model_forward(m, a, x, B, S, S);
-            model_head_grad(m, a);
-            for (int l = 0; l < 3; l++) {
-                const Conv *c = &m->conv[m->head_conv[l][0]];
-                nh[l] = (size_t)B * (64 + 3) * c->Ho * c->Wo;
-                for (size_t k = 0; k < nh[l]; k++) m->dhead[l][k] = (float)sin(0.37 * k + l);
-                if (T == 1) h1[l] = xmalloc(nh[l] * 4), memcpy(h1[l], m->head[l], nh[l] * 4);
-                else same &= memcmp(h1[l], m->head[l], nh[l] * 4) == 0;
-            }
-            model_backward(m, a);
+            float *h[3];
+            train_step_heads(m, a, x, B, S, h, nh);
+            for (int l = 0; l < 3; l++)
+                if (T == 1) h1[l] = h[l];
+                else same &= memcmp(h1[l], h[l], nh[l] * 4) == 0, free(h[l]);
             if (T == 1) g1 = xmalloc(m->nparams * 4), memcpy(g1, m->grads, m->nparams * 4);
             else same &= memcmp(g1, m->grads, m->nparams * 4) == 0;
             exact &= a->high == a->cap;
