@@ -16,17 +16,20 @@ GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/
 # GPU nvidia-smi reports, else for every shipped architecture; CUDA_ARCH=86 (or "80 90") overrides.
 # Only the CUDA runtime (static) is linked, and libnccl when found (below); no cuDNN, no cuBLAS.
 CUDA      ?= $(if $(NVCC),1,0)
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# the toolkit's folder: CUDA_HOME if set, else where nvcc itself says it lives (its TOP; PATH's nvcc
+# may be a wrapper script elsewhere, as /usr/local/bin/nvcc is on some machines), else nvcc's ../
+NVCC_TOP  := $(if $(NVCC),$(shell $(NVCC) --dryrun -E -x cu /dev/null 2>&1 | sed -n 's|^\#\$$ TOP=\(.*\)/bin/\.\.$$|\1|p' | head -n 1))
+CUDA_HOME ?= $(or $(NVCC_TOP),$(patsubst %/bin/nvcc,%,$(NVCC)))
 CUDA_ARCH ?= $(if $(GPU_ARCH),$(GPU_ARCH),75 80 86 89 90)
 CUDA_GENCODE = $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
 BANNER  := $(shell $(CC) --version | head -n 1); OpenMP on; $(if $(NVCC),nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')$(if $(GPU_ARCH),$(comma) GPU sm_$(GPU_ARCH),$(comma) no GPU on this machine),no nvcc)
 # NCCL (training on several GPUs, device=0,1): nccl.h beside the toolkit's headers or the system's,
 # and a libnccl.so the dynamic linker knows (ldconfig: the toolkit's or Debian's libnccl2). NCCL=0
 # builds without it: then device=0,1 is refused with a message saying so.
-NCCL_H   := $(firstword $(wildcard $(patsubst %/bin/nvcc,%,$(NVCC))/include/nccl.h /usr/include/nccl.h))
+NCCL_H   := $(firstword $(wildcard $(if $(NVCC),$(CUDA_HOME)/include/nccl.h) /usr/include/nccl.h))
 # (ldconfig's cache first, else the toolkit's lib/ or lib64/ folder; the binary gets an rpath to it)
 NCCL_LDC := $(shell ldconfig -p 2>/dev/null | sed -n 's|.*libnccl\.so (.*) => \(.*\)/libnccl\.so$$|\1|p' | head -n 1)
-NCCL_TK  := $(wildcard $(patsubst %/bin/nvcc,%,$(NVCC))/lib/libnccl.so $(patsubst %/bin/nvcc,%,$(NVCC))/lib64/libnccl.so)
+NCCL_TK  := $(if $(NVCC),$(wildcard $(CUDA_HOME)/lib/libnccl.so $(CUDA_HOME)/lib64/libnccl.so))
 NCCL_LIB := $(or $(NCCL_LDC),$(patsubst %/libnccl.so,%,$(firstword $(NCCL_TK))))
 NCCL     ?= $(if $(and $(NVCC),$(NCCL_H),$(NCCL_LIB)),1,0)
 NCCL_FLAGS = $(if $(filter 1,$(NCCL)),-DYOLO_NCCL -I$(dir $(NCCL_H)) -L$(NCCL_LIB) -Wl$(comma)-rpath$(comma)$(NCCL_LIB) \
@@ -151,7 +154,7 @@ tsan: $(TSAN_BINS)
 #   checked against test/kernel_report.baseline (fails on a spill or a kernel worse than the baseline)
 # make kernel-report-baseline: rewrites the baseline from the kernels as they are now
 # make emu-count / make gpu-model: see test/emu.mk
-KREPORT = NVCC=$(NVCC) python3 test/kernel_report.py
+KREPORT = NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) python3 test/kernel_report.py
 KREPORT_NEED = @command -v python3 >/dev/null || { echo "$@ needs python3"; exit 1; }; \
 	test -n "$(NVCC)" || { echo "$@ needs nvcc (none found in PATH or /usr/local/cuda/bin)"; exit 1; }
 kernel-report:

@@ -8,8 +8,8 @@
 #   make emu-asan     the same under -fsanitize=address,undefined (make asan runs it too)
 #   make cuda-check   nvcc device compile for every shipped arch, warnings as errors (needs nvcc)
 #   make test-gpu     kernels_test.c against the nvcc-built kernels and the real cudart (needs nvcc)
-# the toolkit, only for cuda-check and test-gpu: the one the Makefile found (NVCC), else /usr/local/cuda
-EMU_CUDA     ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),/usr/local/cuda)
+# the toolkit, only for cuda-check and test-gpu: the Makefile's CUDA_HOME (where its nvcc lives), else /usr/local/cuda
+EMU_CUDA     ?= $(if $(NVCC),$(CUDA_HOME),/usr/local/cuda)
 EMU_NVCC     ?= $(EMU_CUDA)/bin/nvcc
 EMU_NEED_NVCC = @test -x "$(EMU_NVCC)" || { echo "$@ needs nvcc ($(EMU_NVCC) not found; set EMU_CUDA=): \
 	the emulated kernels (make test-emu, part of make test) need no CUDA toolkit"; exit 1; }

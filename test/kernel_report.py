@@ -401,7 +401,9 @@ def main():
     nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or os.path.join(cuda, "bin", "nvcc")
     if not os.path.exists(nvcc) and not shutil.which(nvcc):
         sys.exit("kernel_report.py needs nvcc (not found in PATH or " + cuda + "/bin)")
-    bindir = os.path.dirname(os.path.realpath(shutil.which(nvcc) or nvcc))
+    bindir = os.path.join(cuda, "bin")        # PATH's nvcc may be a wrapper script outside the toolkit
+    if not os.path.isdir(bindir):
+        bindir = os.path.dirname(os.path.realpath(shutil.which(nvcc) or nvcc))
     sass = [t for t in ("cuobjdump", "nvdisasm") if os.path.exists(os.path.join(bindir, t)) or shutil.which(t)]
     ver = re.search(r"release ([\d.]+)", subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout)
     note = (f"nvcc {ver.group(1) if ver else '?'}; figures from PTX and ptxas -v"
