@@ -1434,6 +1434,17 @@ static size_t walk_head_bytes(const Model *m, int i) {
     return (size_t)m->B * (REG_MAX * 4 + m->nc) * box->Ho * box->Wo * sizeof(float);
 }
 
+// cat_pool_chain: whether part i of concatenation v is the max-pool of part i - 1 (SPPF's cat of
+// x, m(x), m(m(x)), m(m(m(x)))) and is made from it: with one image per op (the CPU), where a
+// part's input lies dense in the concatenation. Then the cat materialises in one pool per part
+// (recursing into each part's sources took 6 pools for SPPF's 3), and its backward runs down the
+// chain once: dx = g0 + back1(g1 + back2(g2 + back3(g3))), 3 pool backwards instead of 6. (The
+// device's ops take the whole batch, whose input must be dense: it recurses as before.)
+static int cat_pool_chain(const Exec *e, const Value *v, int i) {
+    const Value *s = &e->m->val[v->src[i]];
+    return e->nb == 1 && i > 0 && s->kind == V_POOL && s->src[0] == v->src[i - 1];
+}
+
 // value_materialize: value vi of nb images from image b, (C, H, W) each, into out (image stride os).
 // Views recurse into their sources; temporaries come from the arena (planned like everything).
 static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
@@ -1458,10 +1469,15 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
         break;
     }
     case V_CAT: {
-        long off = 0;
+        long off = 0, prev = 0;
         for (int i = 0; i < v->n; i++) {
-            value_materialize(e, v->src[i], b, (char *)out + off * e->esz, os);
-            off += (long)m->val[v->src[i]].C * v->H * v->W;
+            const Value *s = &m->val[v->src[i]];
+            void *o = (char *)out + off * e->esz;
+            if (cat_pool_chain(e, v, i)) {   // the pool of the part just written (SPPF)
+                if (!dry) e->be->maxpool(e, (char *)out + prev * e->esz, o, os, s->C, s->H, s->W);
+            } else value_materialize(e, v->src[i], b, o, os);
+            prev = off;
+            off += (long)s->C * v->H * v->W;
         }
         break;
     }
@@ -1502,11 +1518,38 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         value_backprop(e, v->src[1], b, g, gs);
         break;
     case V_CAT: {
+        int k = v->n;   // parts k..n-1: a chain of pools from part k - 1 (cat_pool_chain), else k = n
+        while (k > 1 && cat_pool_chain(e, v, k - 1)) k--;
+        if (k < v->n) k--;
         long off = 0;
-        for (int i = 0; i < v->n; i++) {
+        for (int i = 0; i < k; i++) {
             value_backprop(e, v->src[i], b, g + off, gs);
             off += (long)m->val[v->src[i]].C * HW;
         }
+        if (k == v->n) break;
+        // the chain x = part k, its pools parts k+1..n-1: their inputs (parts k..n-2) made once, then
+        // the gradient carried down: acc = g[n-1]; for each pool from the last, acc = g[i-1] +
+        // back_i(acc); x gets acc
+        const Value *x = &m->val[v->src[k]];
+        long ns = (long)x->C * HW;
+        int np = v->n - 1 - k;                                   // pools
+        char *xin = walk_act(e, np * ns, G_SCRATCH);           // parts k..n-2
+        float *acc[2] = {walk_f32(e, ns, G_SCRATCH), walk_f32(e, ns, G_SCRATCH)};
+        value_materialize(e, v->src[k], b, xin, ns);
+        for (int i = 1; i < np && !dry; i++)
+            e->be->maxpool(e, xin + (i - 1) * ns * e->esz, xin + i * ns * e->esz, ns, x->C, x->H, x->W);
+        const float *gi = g + off + (long)np * ns;               // the last part's gradient
+        long gis = gs;
+        for (int i = np; i > 0; i--) {                           // pool i: input part k+i-1, output part k+i
+            float *d = acc[i & 1];
+            e->be->maxpool_back(e, xin + (i - 1) * ns * e->esz, gi, gis, d, x->C, x->H, x->W);
+            if (!dry) e->be->grad_add(e, g + off + (long)(i - 1) * ns, gs, d, ns, ns);
+            gi = d, gis = ns;
+        }
+        value_backprop(e, v->src[k], b, gi, gis);
+        arena_free(e->a, acc[1]);
+        arena_free(e->a, acc[0]);
+        arena_free(e->a, xin);
         break;
     }
     case V_UP:
