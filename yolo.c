@@ -649,10 +649,18 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
 // grid q = y Wp + x (x < Wp; the columns x >= W are junk, dropped by pad_narrow), row (ci, ky, kx)
 // of that matrix is xp + ci plane + ky Wp + kx, read straight along q: nothing is copied, and the
 // borders read the padding's zeros. pad_floats leaves a zero tail for the last NR-wide panel.
-typedef struct { const float *base; size_t plane; int Wp, K; } PadRows;
+// Stride 2 (S 2): the padded input split into its four phases (phase_fill: the even and odd rows
+// and columns of xp, each C planes), output pixel (oy, ox) reads xp[2 oy + ky][2 ox + kx] =
+// phase (ky & 1, kx & 1) at (oy + ky / 2, ox + kx / 2): row (ci, ky, kx) is again a shifted row
+// of one plane, on a wide grid of Wp = Wo + 2 (K / 2) columns. rows: instead, an explicit table
+// (the input gradient of a stride-2 conv, whose rows are a subset of the taps).
+typedef struct { const float *base; size_t plane; int Wp, K, S, C; const float *const *rows; } PadRows;
 static inline const float *pad_row(const PadRows *g, int r) {
-    int k2 = g->K * g->K, t = r % k2;
-    return g->base + (size_t)(r / k2) * g->plane + (size_t)(t / g->K) * g->Wp + t % g->K;
+    if (g->rows) return g->rows[r];
+    int k2 = g->K * g->K, t = r % k2, ky = t / g->K, kx = t % g->K;
+    if (g->S == 1) return g->base + (size_t)(r / k2) * g->plane + (size_t)ky * g->Wp + kx;
+    return g->base + ((size_t)((ky & 1) * 2 + (kx & 1)) * g->C + r / k2) * g->plane + (size_t)(ky >> 1) * g->Wp +
+           (kx >> 1);
 }
 static size_t pad_floats(int C, int H, int W, int K) {
     int p = K / 2;
@@ -677,6 +685,43 @@ static void pad_fill(float *xp, const float *x, int C, int H, int W, int K) {
         memset(d + (size_t)(H + p) * Wp, 0, (size_t)p * Wp * sizeof(float));
     }
     memset(xp + C * plane, 0, (2 * p + GEMM_NR) * sizeof(float));
+}
+// phase_floats / phase_fill: the four phases of x (C, H, W) zero-padded by p = K/2 for a stride-2
+// conv with output Ho x Wo: plane (py, px, c) is (Ho + P) x (Wo + 2P), P = (K - 1) / 2, its (i, j)
+// = xp[2i + py][2j + px] (zero outside x), then a zero tail past the last panel and the taps' reach
+static size_t phase_floats(int C, int Ho, int Wo, int K) {
+    int P = (K - 1) / 2, G = Wo + 2 * P;
+    return 4 * (size_t)C * (Ho + P) * G + G + 2 * P + GEMM_NR;
+}
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+static void phase_fill(float *xq, const float *x, int C, int H, int W, int K, int Ho, int Wo) {
+    int p = K / 2, P = (K - 1) / 2, G = Wo + 2 * P, Hq = Ho + P;
+    size_t plane = (size_t)Hq * G;
+    // each input row is read once, into the rows of its two column phases
+    int j0[2], j1[2];   // phase px's columns [j0, j1) read x[2j + px - p]; the rest are zeros
+    for (int px = 0; px < 2; px++) {
+        j0[px] = (p - px + 1) / 2 > 0 ? (p - px + 1) / 2 : 0;
+        int last = W - 1 + p - px;   // 2j <= last (none when negative)
+        j1[px] = last < 0 ? 0 : last / 2 + 1 < G ? last / 2 + 1 : G;
+    }
+#pragma omp parallel for collapse(2) if (4 * (size_t)C * plane > OMP_MIN_WORK)
+    for (int c = 0; c < C; c++)
+        for (int py = 0; py < 2; py++)
+            for (int i = 0; i < Hq; i++) {
+                int y = 2 * i + py - p;
+                for (int px = 0; px < 2; px++) {
+                    float *r = xq + ((size_t)(2 * py + px) * C + c) * plane + (size_t)i * G;
+                    if (y < 0 || y >= H) {
+                        for (int j = 0; j < G; j++) r[j] = 0.f;
+                        continue;
+                    }
+                    const float *sr = x + ((size_t)c * H + y) * W + px - p;
+                    for (int j = 0; j < j0[px]; j++) r[j] = 0.f;
+                    for (int j = j0[px]; j < j1[px]; j++) r[j] = sr[2 * j];
+                    for (int j = j1[px] > j0[px] ? j1[px] : j0[px]; j < G; j++) r[j] = 0.f;
+                }
+            }
+    memset(xq + 4 * (size_t)C * plane, 0, (G + 2 * P + GEMM_NR) * sizeof(float));
 }
 // pad_narrow: out (C, H, W) = the first W columns of each wide row of in (C, H, Wp)
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
@@ -1942,14 +1987,29 @@ static int cpu_slot(void) {
 // straight from the input, or writes it first where it is small enough to stay in L2. Detect
 // output convs add their bias and keep the result as the head map.
 #define GEMM_IMPLICIT_MIN (1L << 18)   // floats: a larger im2col matrix is read in place
+// conv_grid: a stride-1 KxK or stride-2 conv's wide grid: its width (Wp) and the floats of its
+// input operand (padded input or phases) and of one plane of it
+static int conv_grid(const Conv *c, size_t *nin, size_t *plane) {
+    int p = c->k / 2, P = (c->k - 1) / 2;
+    if (c->s == 1) {
+        *nin = pad_floats(c->cin, c->H, c->W, c->k), *plane = (size_t)(c->H + 2 * p) * (c->W + 2 * p);
+        return c->W + 2 * p;
+    }
+    *nin = phase_floats(c->cin, c->Ho, c->Wo, c->k), *plane = (size_t)(c->Ho + P) * (c->Wo + 2 * P);
+    return c->Wo + 2 * P;
+}
+static int conv_wide(const Conv *c) { return (c->k > 1 && c->s == 1) || (c->s == 2 && c->k % 2); }
 static void cpu_conv(Exec *e, Conv *c) {
     Model *m = e->m;
-    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, H = c->H, W = c->W;
-    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1, Wp = W + 2 * (c->k / 2);
+    int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, H = c->H, W = c->W, Ho = c->Ho;
+    // (stride 2 on the phases gives the same bits, but was slower than packing B's panels from x:
+    // 24 against 13.5 ms per step for YOLOv8n's second conv at 640, batch 8, 2 threads)
+    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1;
     int implicit = !direct && !wide && (long)KK * HWo > GEMM_IMPLICIT_MIN, nslot = cpu_conv_slots(m);
+    size_t nin = 0, plane = 0;
+    int Wp = wide ? conv_grid(c, &nin, &plane) : 0;
     // a slot: the padded input and the wide z, or the im2col matrix (Cin*K*K, Ho*Wo)
-    long nscr = wide ? (long)pad_floats(c->cin, H, W, c->k) + (long)c->cout * H * Wp
-              : direct || implicit ? 0 : (long)KK * HWo;
+    long nscr = wide ? (long)nin + (long)c->cout * Ho * Wp : direct || implicit ? 0 : (long)KK * HWo;
     const float *xs[m->B];
     float *xall = cpu_inputs(e, c, xs);
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
@@ -1961,11 +2021,11 @@ static void cpu_conv(Exec *e, Conv *c) {
             const float *xb = xs[b];
             float *z = c->z + (size_t)b * c->zstride, *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
             if (wide) {
-                float *zw = sc + pad_floats(c->cin, H, W, c->k);
+                float *zw = sc + nin;
                 pad_fill(sc, xb, c->cin, H, W, c->k);
-                PadRows g = {sc, (size_t)(H + c->k - 1) * Wp, Wp, c->k};
-                gemm_wide(c->cout, H * Wp, KK, w, KK, &g, zw, H * Wp);
-                pad_narrow(z, zw, c->cout, H, W, Wp);
+                PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
+                gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, zw, Ho * Wp);
+                pad_narrow(z, zw, c->cout, Ho, c->Wo, Wp);
             } else {
                 Im2col g = {xb, c->cin, H, W, c->k, c->s, c->Ho, c->Wo};
                 if (sc) im2col(xb, c->cin, H, W, c->k, c->s, sc);
@@ -2007,20 +2067,26 @@ static void *cpu_bn_backward(Exec *e, Conv *c) {
 //   with the weights flipped in space and Cin, Cout swapped (dx[ci][y][x] = sum over co, ky, kx of
 //   w[co][ci][ky][kx] dz[co][y+p-ky][x+p-kx]): gemm_wide of those weights (wf, made once per
 //   step) over the padded dz, narrowed into dx.
-// - strided: the im2col matrix for the weight gradient; the GEMM into an im2col matrix and col2im
-//   for dx.
+// - stride 2: the same with the input's phases (cpu_conv) against dz padded by P = (K-1)/2 on the
+//   phases' grid (Wo + 2P wide). The input gradient, phase by phase: padded-input pixel
+//   (2i + py, 2j + px) takes the taps ky = py + 2ty, kx = px + 2tx only, from dz[i - ty][j - tx],
+//   so each phase is a small stride-1 conv of the padded dz (its taps' rows in a table, its weights
+//   in wf: per phase Cin x Cout*taps), scattered back into dx.
+// - other strides: the im2col matrix for the weight gradient; the GEMM into an im2col matrix and
+//   col2im for dx.
 static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     Model *m = e->m;
     int B = m->B, dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, k2 = c->k * c->k;
-    int direct = c->k == 1 && c->s == 1, wide = c->k > 1 && c->s == 1, nslot = cpu_conv_slots(m);
+    int direct = c->k == 1 && c->s == 1, wide = conv_wide(c), nslot = cpu_conv_slots(m), S = c->s;
     int need_dx = m->val[c->in].kind != V_INPUT;
-    int H = c->H, W = c->W, p = c->k / 2, Wp = W + 2 * p, KKo = c->cout * k2;
-    size_t plane = (size_t)(H + 2 * p) * Wp;
-    size_t npx = pad_floats(c->cin, H, W, c->k), npz = pad_floats(c->cout, H, W, c->k);
+    int H = c->H, W = c->W, Ho = c->Ho, Wo = c->Wo, p = c->k / 2, P = S == 1 ? p : (c->k - 1) / 2, KKo = c->cout * k2;
+    size_t npx = 0, xplane = 0;
+    int Wp = wide ? conv_grid(c, &npx, &xplane) : 0, Hq = Ho + P;   // (stride 2: phase rows Hq)
+    size_t npz = wide ? pad_floats(c->cout, Ho, Wo, c->k) : 0, zplane = (size_t)(Ho + 2 * P) * Wp;
     long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
     long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
     int batch = nop <= ngw;                                               // the batch as one K
-    long ndx = !need_dx || direct ? 0 : wide ? (long)c->cin * H * Wp : (long)KK * HWo;   // dx on the wide grid / im2col
+    long ndx = !need_dx || direct ? 0 : wide ? (long)c->cin * (S == 1 ? H : Hq) * Wp : (long)KK * HWo;
     long nscr = (batch ? 0 : nop) + ndx;                                  // a slot
     const float *xs[B], *as[B], *bs[B];
     PadRows ag[B];
@@ -2032,15 +2098,29 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     float *wf = wide && need_dx ? walk_f32(e, (long)c->cin * KKo, G_SCRATCH) : NULL;   // (Cin, Cout*K*K)
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
+    // stride 2: phase ph = 2 py + px's taps (nty x ntx), their weights at wf + wo[ph] (Cin x kph[ph])
+    int nt1[2] = {(c->k + 1) / 2, c->k / 2}, kph[4] = {0}, wo[4] = {0};
+    for (int ph = 0; ph < 4 && S == 2; ph++)
+        kph[ph] = c->cout * nt1[ph >> 1] * nt1[ph & 1], wo[ph] = ph ? wo[ph - 1] + c->cin * kph[ph - 1] : 0;
     if (!dry) {
         gemm_init();
         par_zero(gwt, (size_t)(batch ? 1 : B) * ngw * sizeof(float));
-        if (wf)
+        if (wf && S == 1)
 #pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
             for (int co = 0; co < c->cout; co++)
                 for (int ci = 0; ci < c->cin; ci++)
                     for (int t = 0; t < k2; t++)
                         wf[(size_t)ci * KKo + (size_t)co * k2 + t] = w[(size_t)co * KK + ci * k2 + k2 - 1 - t];
+        if (wf && S == 2)
+            for (int ph = 0; ph < 4; ph++) {
+                int py = ph >> 1, px = ph & 1, ny = nt1[py], nx1 = nt1[px];
+                for (int ci = 0; ci < c->cin; ci++)
+                    for (int co = 0; co < c->cout; co++)
+                        for (int ty = 0; ty < ny; ty++)
+                            for (int tx = 0; tx < nx1; tx++)
+                                wf[wo[ph] + (size_t)ci * kph[ph] + (size_t)(co * ny + ty) * nx1 + tx] =
+                                    w[(size_t)co * KK + ci * k2 + (py + 2 * ty) * c->k + px + 2 * tx];
+            }
 #pragma omp parallel for schedule(static, 1) if (nslot > 1)
         for (int b = 0; b < B; b++) {
             const float *dz = (const float *)dzv + (size_t)b * c->zstride, *xb = xs[b];   // dz (Cout, Ho*Wo)
@@ -2048,13 +2128,37 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
             float *op = batch ? (ops ? ops + (size_t)b * nop : NULL) : sc, *dsc = batch ? sc : sc + nop;
             if (wide) {
                 float *xp = op, *dzp = op + npx;
-                pad_fill(xp, xb, c->cin, H, W, c->k);
-                pad_fill(dzp, dz, c->cout, H, W, c->k);
-                ag[b] = (PadRows){xp, plane, Wp, c->k}, as[b] = NULL, bs[b] = dzp + (size_t)p * Wp + p;
-                if (dx) {
-                    PadRows gz = {dzp, plane, Wp, c->k};
+                if (S == 1) pad_fill(xp, xb, c->cin, H, W, c->k);
+                else phase_fill(xp, xb, c->cin, H, W, c->k, Ho, Wo);
+                pad_fill(dzp, dz, c->cout, Ho, Wo, c->k);
+                ag[b] = (PadRows){xp, xplane, Wp, c->k, S, c->cin, NULL}, as[b] = NULL;
+                bs[b] = dzp + (size_t)P * Wp + P;
+                if (dx && S == 1) {
+                    PadRows gz = {dzp, zplane, Wp, c->k, 1, c->cout, NULL};
                     gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, dsc, H * Wp);
                     pad_narrow(dx, dsc, c->cin, H, W, Wp);
+                }
+                for (int ph = 0; dx && S == 2 && ph < 4; ph++) {
+                    int py = ph >> 1, px = ph & 1, ny = nt1[py], nx1 = nt1[px];
+                    const float *rows[kph[ph] ? kph[ph] : 1];   // row (co, ty, tx): dz[i - ty][j - tx], padded
+                    for (int co = 0; co < c->cout; co++)
+                        for (int ty = 0; ty < ny; ty++)
+                            for (int tx = 0; tx < nx1; tx++)
+                                rows[(co * ny + ty) * nx1 + tx] = dzp + co * zplane + (size_t)(P - ty) * Wp + P - tx;
+                    PadRows gz = {NULL, 0, Wp, c->k, 2, c->cout, rows};
+                    if (kph[ph]) gemm_wide(c->cin, Hq * Wp, kph[ph], wf + wo[ph], kph[ph], &gz, dsc, Hq * Wp);
+                    // dx[ci][y][x] for y + p = 2i + py, x + p = 2j + px (every pixel in one phase)
+                    for (int ci = 0; ci < c->cin; ci++)
+                        for (int i = 0; i < Hq; i++) {
+                            int y = 2 * i + py - p;
+                            if (y < 0 || y >= H) continue;
+                            const float *src = dsc + ((size_t)ci * Hq + i) * Wp;
+                            float *d = dx + ((size_t)ci * H + y) * W;
+                            for (int j = 0; j < Wp; j++) {
+                                int x = 2 * j + px - p;
+                                if (x >= 0 && x < W) d[x] = kph[ph] ? src[j] : 0.f;
+                            }
+                        }
                 }
             } else {
                 if (!direct) im2col(xb, c->cin, H, W, c->k, c->s, op);
@@ -2065,11 +2169,11 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 }
             }
             if (!batch)   // this image's partial weight gradient
-                gemm_nt_rows(KK, c->cout, wide ? H * Wp : HWo, 1, &as[b], HWo, wide ? &ag[b] : NULL, &bs[b],
-                             wide ? (int)plane : HWo, gwt + (size_t)b * ngw, c->cout);
+                gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, 1, &as[b], HWo, wide ? &ag[b] : NULL, &bs[b],
+                             wide ? (int)zplane : HWo, gwt + (size_t)b * ngw, c->cout);
         }
         if (batch)
-            gemm_nt_rows(KK, c->cout, wide ? H * Wp : HWo, B, as, HWo, wide ? ag : NULL, bs, wide ? (int)plane : HWo,
+            gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, B, as, HWo, wide ? ag : NULL, bs, wide ? (int)zplane : HWo,
                          gwt, c->cout);
         // gw (Cout, Cin*K*K) += the partials, transposed: 16 x 16 blocks, so that both sides stay in cache
 #pragma omp parallel for collapse(2) if (ngw * (batch ? 1 : B) > OMP_MIN_WORK)
