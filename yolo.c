@@ -475,7 +475,9 @@ static void gemm_pack_panel(const float *src, int ld, int along_k, int n, int kc
 
 // Im2col: a KxK convolution's input x (C, H, W), stride S, padding K/2, read as the im2col matrix
 // (C*K*K rows, Ho*Wo columns) without writing it: gemm_run packs B's panels straight from x.
-typedef struct { const float *x; int C, H, W, K, S, Ho, Wo; } Im2col;
+// rows: instead, the matrix's rows (a 1x1 conv's input channels) wherever they lie, B's row k at
+// rows[k] (a concatenation read in place: cpu_input_rows).
+typedef struct { const float *x; int C, H, W, K, S, Ho, Wo; const float *const *rows; } Im2col;
 static void im2col_span(int W, int Wo, int S, int off, int *lo, int *hi);
 
 // gemm_pack_im2col: rows [k0, k0+kc) and columns [j0, j0+n) of g's im2col matrix into dst (kc, w),
@@ -521,6 +523,20 @@ static void gemm_pack_im2col(const Im2col *g, int k0, int kc, int j0, int n, int
     }
 }
 
+// gemm_pack_rows: columns [j, j + n) of rows[0..kc) into dst (kc, NR), zero padded to NR
+static void gemm_pack_rows(const float *const *rows, size_t j, int n, int kc, float *restrict dst) {
+    for (int k = 0; k < kc; k++) {
+        const float *src = rows[k] + j;
+        float *d = dst + (size_t)k * GEMM_NR;
+        if (n == GEMM_NR && GEMM_NR % 8 == 0) {   // (SSE's and NEON's 12 take the loop below)
+            for (int i = 0; i < GEMM_NR; i += 8) *(gemm_v8 *)(d + i) = *(const gemm_v8 *)(src + i);
+            continue;
+        }
+        for (int i = 0; i < n; i++) d[i] = src[i];
+        for (int i = n; i < GEMM_NR; i++) d[i] = 0.f;
+    }
+}
+
 // gemm_block: C block (mc x nc at C) (+)= op(A) rows i0.. times op(B) columns j0.., over k in
 // [k0, k1), KC at a time; add: whether the first KC block adds to C. pa: this thread's pack buffer.
 // A transposed operand is packed reading along its rows (contiguous), not across them.
@@ -531,6 +547,10 @@ static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, i
         int kc = k1 - p0 < GEMM_KC ? k1 - p0 : GEMM_KC;
         for (int jp = 0; jp < nc; jp += GEMM_NR) {   // B (kc x nc) into NR-wide panels
             int nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+            if (bim && bim->rows) {
+                gemm_pack_rows(bim->rows + p0, j0 + jp, nr, kc, pb + (size_t)jp * kc);
+                continue;
+            }
             if (bim) {
                 gemm_pack_im2col(bim, p0, kc, j0 + jp, nr, GEMM_NR, pb + (size_t)jp * kc);
                 continue;
@@ -1946,6 +1966,47 @@ static const float *cpu_value_view(Exec *e, int vi, int b) {
     return p->y + (size_t)b * p->zstride + (size_t)(v->kind == V_SLICE ? v->c0 : 0) * v->H * v->W;
 }
 
+// cpu_rows_input: whether 1x1 conv c reads its input as rows (cpu_input_rows): a concatenation
+// with a part that lies in memory (C2f's cv2 and the neck's: the kept activations, and their
+// slices, are read in place; only the other parts are copied). SPPF's chain of pools is made
+// whole (cat_pool_chain). Decided from the graph alone, the same in a dry run.
+static int cpu_rows_input(const Exec *e, const Conv *c) {
+    const Value *v = &e->m->val[c->in];
+    if (c->k != 1 || c->s != 1 || v->kind != V_CAT) return 0;
+    int in_place = 0;
+    for (int i = 0; i < v->n; i++) {
+        if (cat_pool_chain(e, v, i)) return 0;
+        in_place += cpu_value_in_place(e, v->src[i]);
+    }
+    return in_place > 0;
+}
+// cpu_input_rows: conv c's input channels, image b's in rows + b * Cin (each a pointer to H*W
+// floats): in place where a part lies in memory, the other parts materialised into the buffer
+// returned (NULL if none). rows is written only when the arena is real.
+static float *cpu_input_rows(Exec *e, const Conv *c, const float **rows) {
+    const Model *m = e->m;
+    const Value *v = &m->val[c->in];
+    long HW = (long)v->H * v->W, nmat = 0;   // floats per image of the parts made here
+    for (int i = 0; i < v->n; i++)
+        if (!cpu_value_in_place(e, v->src[i])) nmat += m->val[v->src[i]].C * HW;
+    float *buf = nmat ? walk_f32(e, m->B * nmat, G_SCRATCH) : NULL;
+    for (int b = 0; b < m->B; b++) {
+        long off = 0;
+        int r = 0;
+        for (int i = 0; i < v->n; i++) {
+            const Value *s = &m->val[v->src[i]];
+            const float *base = cpu_value_view(e, v->src[i], b);   // (NULL in a dry run)
+            if (!cpu_value_in_place(e, v->src[i])) {
+                float *d = buf + (size_t)b * nmat + off;
+                value_materialize(e, v->src[i], b, d, s->C * HW);
+                base = d, off += s->C * HW;
+            }
+            for (int ch = 0; ch < s->C && !arena_dry(e->a); ch++) rows[(size_t)b * c->cin + r + ch] = base + ch * HW;
+            r += s->C;
+        }
+    }
+    return buf;
+}
 // cpu_inputs: conv c's input for every image of the batch, in xs[b]: in place where it lies in
 // memory, else materialised into xall (B x nx floats, allocated here and returned; NULL if none)
 static float *cpu_inputs(Exec *e, const Conv *c, const float **xs) {
@@ -2011,7 +2072,10 @@ static void cpu_conv(Exec *e, Conv *c) {
     // a slot: the padded input and the wide z, or the im2col matrix (Cin*K*K, Ho*Wo)
     long nscr = wide ? (long)nin + (long)c->cout * Ho * Wp : direct || implicit ? 0 : (long)KK * HWo;
     const float *xs[m->B];
-    float *xall = cpu_inputs(e, c, xs);
+    int byrows = cpu_rows_input(e, c);   // (a 1x1 conv of a concatenation: B's rows in place)
+    const float **rows = byrows ? arena_alloc(e->a, (size_t)m->B * c->cin * sizeof(float *), G_SCRATCH) : NULL;
+    for (int b = 0; b < m->B && byrows; b++) xs[b] = NULL;
+    float *xall = byrows ? cpu_input_rows(e, c, rows) : cpu_inputs(e, c, xs);
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
     if (!dry) {
@@ -2026,8 +2090,11 @@ static void cpu_conv(Exec *e, Conv *c) {
                 PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
                 gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, zw, Ho * Wp);
                 pad_narrow(z, zw, c->cout, Ho, c->Wo, Wp);
+            } else if (byrows) {
+                Im2col g = {.rows = rows + (size_t)b * c->cin};
+                gemm_run(0, 0, c->cout, HWo, KK, w, KK, NULL, HWo, &g, 0, 0.f, z, HWo);
             } else {
-                Im2col g = {xb, c->cin, H, W, c->k, c->s, c->Ho, c->Wo};
+                Im2col g = {xb, c->cin, H, W, c->k, c->s, c->Ho, c->Wo, NULL};
                 if (sc) im2col(xb, c->cin, H, W, c->k, c->s, sc);
                 gemm_run(0, 0, c->cout, HWo, KK, w, KK, sc ? sc : xb, HWo, implicit ? &g : NULL, 0, 0.f, z, HWo);
             }
@@ -2038,6 +2105,7 @@ static void cpu_conv(Exec *e, Conv *c) {
     }
     arena_free(e->a, scr);
     arena_free(e->a, xall);
+    arena_free(e->a, rows);
 }
 static void cpu_bn_stats(Exec *e, Conv *c) {
     if (arena_dry(e->a)) return;
@@ -2090,7 +2158,10 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     long nscr = (batch ? 0 : nop) + ndx;                                  // a slot
     const float *xs[B], *as[B], *bs[B];
     PadRows ag[B];
-    float *xall = cpu_inputs(e, c, xs);
+    int byrows = cpu_rows_input(e, c);   // (as in cpu_conv: the weight gradient's A read through rows)
+    const float **rows = byrows ? arena_alloc(e->a, (size_t)B * c->cin * sizeof(float *), G_SCRATCH) : NULL;
+    for (int b = 0; b < m->B && byrows; b++) xs[b] = NULL;
+    float *xall = byrows ? cpu_input_rows(e, c, rows) : cpu_inputs(e, c, xs);
     float *dxall = need_dx ? walk_f32(e, (long)B * nx, G_SCRATCH) : NULL;          // (B, Cin, H, W)
     float *gwt = walk_f32(e, (batch ? 1 : B) * ngw, G_SCRATCH);                     // (Cin*K*K, Cout) [per image]
     float *ops = batch && nop ? walk_f32(e, (long)B * nop, G_SCRATCH) : NULL;      // every image's operands
@@ -2162,19 +2233,21 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 }
             } else {
                 if (!direct) im2col(xb, c->cin, H, W, c->k, c->s, op);
-                as[b] = direct ? xb : op, bs[b] = dz;
+                as[b] = byrows ? NULL : direct ? xb : op, bs[b] = dz;
+                if (byrows) ag[b] = (PadRows){.rows = rows + (size_t)b * c->cin};
                 if (dx) {
                     gemm_run(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, NULL, 0, 0.f, direct ? dx : dsc, HWo);
                     if (!direct) col2im(dsc, c->cin, H, W, c->k, c->s, dx);
                 }
             }
             if (!batch)   // this image's partial weight gradient
-                gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, 1, &as[b], HWo, wide ? &ag[b] : NULL, &bs[b],
-                             wide ? (int)zplane : HWo, gwt + (size_t)b * ngw, c->cout);
+                gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, 1, byrows ? NULL : &as[b], HWo,
+                             wide || byrows ? &ag[b] : NULL, &bs[b], wide ? (int)zplane : HWo, gwt + (size_t)b * ngw,
+                             c->cout);
         }
         if (batch)
-            gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, B, as, HWo, wide ? ag : NULL, bs, wide ? (int)zplane : HWo,
-                         gwt, c->cout);
+            gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, B, byrows ? NULL : as, HWo, wide || byrows ? ag : NULL, bs,
+                         wide ? (int)zplane : HWo, gwt, c->cout);
         // gw (Cout, Cin*K*K) += the partials, transposed: 16 x 16 blocks, so that both sides stay in cache
 #pragma omp parallel for collapse(2) if (ngw * (batch ? 1 : B) > OMP_MIN_WORK)
         for (int o0 = 0; o0 < c->cout; o0 += 16)
@@ -2193,6 +2266,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     arena_free(e->a, gwt);
     arena_free(e->a, dxall);
     arena_free(e->a, xall);
+    arena_free(e->a, rows);
 }
 static struct LossOut cpu_loss(Exec *e, const struct LossTargets *tg, const struct LossConfig *lcfg);
 
