@@ -666,7 +666,7 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
 
 // PadRows: the im2col matrix of a stride-1 KxK convolution (padding p = K/2) as rows of the
 // zero-padded input xp (C planes of (H + 2p) x Wp, Wp = W + 2p). Computed on the "wide" pixel
-// grid q = y Wp + x (x < Wp; the columns x >= W are junk, dropped by pad_narrow), row (ci, ky, kx)
+// grid q = y Wp + x (x < Wp; the columns x >= W are junk, dropped by wide_store), row (ci, ky, kx)
 // of that matrix is xp + ci plane + ky Wp + kx, read straight along q: nothing is copied, and the
 // borders read the padding's zeros. pad_floats leaves a zero tail for the last NR-wide panel.
 // Stride 2 (S 2): the padded input split into its four phases (phase_fill: the even and odd rows
@@ -743,25 +743,48 @@ static void phase_fill(float *xq, const float *x, int C, int H, int W, int K, in
             }
     memset(xq + 4 * (size_t)C * plane, 0, (G + 2 * P + GEMM_NR) * sizeof(float));
 }
-// pad_narrow: out (C, H, W) = the first W columns of each wide row of in (C, H, Wp)
+// WideOut: where gemm_wide's rows go: row m, grid pixel (i, j) (q = i Wp + j) to out + m H W +
+// y W + x, y = S i + oy, x = S j + ox, when inside H x W; the rest (the junk columns) is dropped.
+// S 1: a stride-1 conv's output (oy = ox = 0); S 2: one phase of a stride-2 conv's input gradient.
+typedef struct { float *out; int H, W, Wp, S, oy, ox; } WideOut;
+// wide_store: a finished C tile (mc x nc at T, row stride ldt; rows m0.., grid pixels q0..) to o
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
-static void pad_narrow(float *restrict out, const float *restrict in, int C, int H, int W, int Wp) {
-#pragma omp parallel for if ((size_t)C * H * W > OMP_MIN_WORK)
-    for (long r = 0; r < (long)C * H; r++)
-        for (int i = 0; i < W; i++) out[r * W + i] = in[r * Wp + i];
+static void wide_store(const WideOut *o, int m0, int mc, int q0, int nc, const float *T, int ldt) {
+    size_t plane = (size_t)o->H * o->W;
+    for (int r = 0; r < mc; r++) {
+        float *dst = o->out + (size_t)(m0 + r) * plane;
+        const float *src = T + (size_t)r * ldt - q0;
+        for (int q = q0; q < q0 + nc;) {
+            int i = q / o->Wp, j = q % o->Wp, len = o->Wp - j < q0 + nc - q ? o->Wp - j : q0 + nc - q;
+            int y = o->S * i + o->oy;
+            if (y >= 0 && y < o->H) {
+                float *d = dst + (size_t)y * o->W;
+                if (o->S == 1)
+                    for (int t = 0; t < len && j + t < o->W; t++) d[j + t] = src[q + t];
+                else
+                    for (int t = 0; t < len; t++) {
+                        int x = o->S * (j + t) + o->ox;
+                        if (x >= 0 && x < o->W) d[x] = src[q + t];
+                    }
+            }
+            q += len;
+        }
+    }
 }
 
-// gemm_wide: C (M x N, row stride ldc) = A (M x K, rows in place) * B, B's row k at pad_row(g, k):
-// a stride-1 KxK convolution on the wide grid (N = H Wp), with no im2col and no packing of B.
-// Tiles as gemm_run's, in parallel; each C element is summed in K order.
-static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRows *g, float *C, int ldc) {
+// gemm_wide: C = A (M x K, rows in place) * B, B's row k at pad_row(g, k): a stride-1 KxK
+// convolution on the wide grid (N = H Wp), with no im2col and no packing of B. Tiles as
+// gemm_run's, in parallel; each C element is summed in K order. A tile is computed in the thread's
+// pack buffer (B's part, unused here) and then stored narrowed (WideOut) while it is still in
+// cache: no wide C is written.
+static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRows *g, const WideOut *o) {
     gemm_init();
     int mt, nt, mcb, ncb, ntile = gemm_tiles(M, N, &mcb, &ncb, &mt, &nt);
 #pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
     for (int tile = 0; tile < ntile; tile++) {
         int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
         int mc = M - i0 < mcb ? M - i0 : mcb, nc = N - j0 < ncb ? N - j0 : ncb;
-        float *pa = gemm_thread_pack();
+        float *pa = gemm_thread_pack(), *T = pa + GEMM_MC * GEMM_KC;   // T: the tile (mc x nc, row stride nc)
         const float *brow[GEMM_KC];
         for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
             int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC, add = p0 > 0;
@@ -771,14 +794,16 @@ static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRow
             for (int jp = 0; jp < nc; jp += GEMM_NR)
                 for (int ip = 0; ip < mc; ip += GEMM_MR) {
                     int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                    float *cp = C + (size_t)(i0 + ip) * ldc + j0 + jp;
-                    if (mr < GEMM_MR) gemm_kernel_bt(kc, pa, GEMM_MR, brow, (size_t)(j0 + jp), cp, ldc, mr, nr, add);
+                    float *cp = T + (size_t)ip * nc + jp;
+                    if (mr < GEMM_MR) gemm_kernel_bt(kc, pa, GEMM_MR, brow, (size_t)(j0 + jp), cp, nc, mr, nr, add);
                     else gemm_kernel_bt_rows(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp,
-                                             ldc, mr, nr, add);
+                                             nc, mr, nr, add);
                 }
         }
+        wide_store(o, i0, mc, j0, nc, T, nc);
     }
 }
+_Static_assert((size_t)GEMM_MC * GEMM_NC <= (size_t)GEMM_KC * GEMM_NC, "gemm_wide's tile fits B's pack buffer");
 
 // gemm_nt_rows: C (M x N, row stride ldc) += A (M x K) * B^T, B (N x K): both read along their
 // rows, as the weight gradient's operands lie (K: the pixels). Each thread takes a contiguous run
@@ -2069,8 +2094,8 @@ static void cpu_conv(Exec *e, Conv *c) {
     int implicit = !direct && !wide && (long)KK * HWo > GEMM_IMPLICIT_MIN, nslot = cpu_conv_slots(m);
     size_t nin = 0, plane = 0;
     int Wp = wide ? conv_grid(c, &nin, &plane) : 0;
-    // a slot: the padded input and the wide z, or the im2col matrix (Cin*K*K, Ho*Wo)
-    long nscr = wide ? (long)nin + (long)c->cout * Ho * Wp : direct || implicit ? 0 : (long)KK * HWo;
+    // a slot: the padded input, or the im2col matrix (Cin*K*K, Ho*Wo)
+    long nscr = wide ? (long)nin : direct || implicit ? 0 : (long)KK * HWo;
     const float *xs[m->B];
     int byrows = cpu_rows_input(e, c);   // (a 1x1 conv of a concatenation: B's rows in place)
     const float **rows = byrows ? arena_alloc(e->a, (size_t)m->B * c->cin * sizeof(float *), G_SCRATCH) : NULL;
@@ -2085,11 +2110,10 @@ static void cpu_conv(Exec *e, Conv *c) {
             const float *xb = xs[b];
             float *z = c->z + (size_t)b * c->zstride, *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
             if (wide) {
-                float *zw = sc + nin;
                 pad_fill(sc, xb, c->cin, H, W, c->k);
                 PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
-                gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, zw, Ho * Wp);
-                pad_narrow(z, zw, c->cout, Ho, c->Wo, Wp);
+                WideOut o = {z, Ho, c->Wo, Wp, 1, 0, 0};
+                gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, &o);
             } else if (byrows) {
                 Im2col g = {.rows = rows + (size_t)b * c->cin};
                 gemm_run(0, 0, c->cout, HWo, KK, w, KK, NULL, HWo, &g, 0, 0.f, z, HWo);
@@ -2154,7 +2178,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
     long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
     int batch = nop <= ngw;                                               // the batch as one K
-    long ndx = !need_dx || direct ? 0 : wide ? (long)c->cin * (S == 1 ? H : Hq) * Wp : (long)KK * HWo;
+    long ndx = !need_dx || direct || wide ? 0 : (long)KK * HWo;   // dx's im2col matrix (other strides)
     long nscr = (batch ? 0 : nop) + ndx;                                  // a slot
     const float *xs[B], *as[B], *bs[B];
     PadRows ag[B];
@@ -2206,8 +2230,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 bs[b] = dzp + (size_t)P * Wp + P;
                 if (dx && S == 1) {
                     PadRows gz = {dzp, zplane, Wp, c->k, 1, c->cout, NULL};
-                    gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, dsc, H * Wp);
-                    pad_narrow(dx, dsc, c->cin, H, W, Wp);
+                    WideOut o = {dx, H, W, Wp, 1, 0, 0};
+                    gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, &o);
                 }
                 for (int ph = 0; dx && S == 2 && ph < 4; ph++) {
                     int py = ph >> 1, px = ph & 1, ny = nt1[py], nx1 = nt1[px];
@@ -2217,19 +2241,14 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                             for (int tx = 0; tx < nx1; tx++)
                                 rows[(co * ny + ty) * nx1 + tx] = dzp + co * zplane + (size_t)(P - ty) * Wp + P - tx;
                     PadRows gz = {NULL, 0, Wp, c->k, 2, c->cout, rows};
-                    if (kph[ph]) gemm_wide(c->cin, Hq * Wp, kph[ph], wf + wo[ph], kph[ph], &gz, dsc, Hq * Wp);
                     // dx[ci][y][x] for y + p = 2i + py, x + p = 2j + px (every pixel in one phase)
-                    for (int ci = 0; ci < c->cin; ci++)
-                        for (int i = 0; i < Hq; i++) {
-                            int y = 2 * i + py - p;
-                            if (y < 0 || y >= H) continue;
-                            const float *src = dsc + ((size_t)ci * Hq + i) * Wp;
-                            float *d = dx + ((size_t)ci * H + y) * W;
-                            for (int j = 0; j < Wp; j++) {
-                                int x = 2 * j + px - p;
-                                if (x >= 0 && x < W) d[x] = kph[ph] ? src[j] : 0.f;
-                            }
-                        }
+                    WideOut o = {dx, H, W, Wp, 2, py - p, px - p};
+                    if (kph[ph]) gemm_wide(c->cin, Hq * Wp, kph[ph], wf + wo[ph], kph[ph], &gz, &o);
+                    else   // (a phase with no taps: K even or 1)
+                        for (int ci = 0; ci < c->cin; ci++)
+                            for (int y = py - p; y < H; y += 2)
+                                for (int x = px - p; x < W && y >= 0; x += 2)
+                                    if (x >= 0) dx[((size_t)ci * H + y) * W + x] = 0.f;
                 }
             } else {
                 if (!direct) im2col(xb, c->cin, H, W, c->k, c->s, op);
