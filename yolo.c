@@ -2186,7 +2186,13 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     const float **rows = byrows ? arena_alloc(e->a, (size_t)B * c->cin * sizeof(float *), G_SCRATCH) : NULL;
     for (int b = 0; b < m->B && byrows; b++) xs[b] = NULL;
     float *xall = byrows ? cpu_input_rows(e, c, rows) : cpu_inputs(e, c, xs);
-    float *dxall = need_dx ? walk_f32(e, (long)B * nx, G_SCRATCH) : NULL;          // (B, Cin, H, W)
+    // a 1x1 conv of a conv's output or of a slice of it adds dx straight into that conv's dA (the GEMM
+    // with beta 1: the same sums as a dx buffer added after); else dx is made whole and handed on
+    const Value *iv = &m->val[c->in];
+    int dx_into = direct && need_dx && (iv->kind == V_CONV || iv->kind == V_SLICE);
+    float *dx_dA = dx_into ? walk_dA(e, &m->conv[iv->conv]) + (size_t)(iv->kind == V_SLICE ? iv->c0 : 0) * H * W : NULL;
+    size_t dx_ds = dx_into ? m->conv[iv->conv].zstride : 0;                           // its image stride
+    float *dxall = need_dx && !dx_into ? walk_f32(e, (long)B * nx, G_SCRATCH) : NULL;   // (B, Cin, H, W)
     float *gwt = walk_f32(e, (batch ? 1 : B) * ngw, G_SCRATCH);                     // (Cin*K*K, Cout) [per image]
     float *ops = batch && nop ? walk_f32(e, (long)B * nop, G_SCRATCH) : NULL;      // every image's operands
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
@@ -2219,7 +2225,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
 #pragma omp parallel for schedule(static, 1) if (nslot > 1)
         for (int b = 0; b < B; b++) {
             const float *dz = (const float *)dzv + (size_t)b * c->zstride, *xb = xs[b];   // dz (Cout, Ho*Wo)
-            float *dx = need_dx ? dxall + (size_t)b * nx : NULL, *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
+            float *dx = dx_into ? dx_dA + b * dx_ds : need_dx ? dxall + (size_t)b * nx : NULL;
+            float *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
             float *op = batch ? (ops ? ops + (size_t)b * nop : NULL) : sc, *dsc = batch ? sc : sc + nop;
             if (wide) {
                 float *xp = op, *dzp = op + npx;
@@ -2255,7 +2262,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 as[b] = byrows ? NULL : direct ? xb : op, bs[b] = dz;
                 if (byrows) ag[b] = (PadRows){.rows = rows + (size_t)b * c->cin};
                 if (dx) {
-                    gemm_run(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, NULL, 0, 0.f, direct ? dx : dsc, HWo);
+                    gemm_run(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, NULL, 0, dx_into ? 1.f : 0.f, direct ? dx : dsc,
+                             HWo);
                     if (!direct) col2im(dsc, c->cin, H, W, c->k, c->s, dx);
                 }
             }
@@ -2278,7 +2286,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                         gw[(size_t)o * KK + i] = v;
                     }
     }
-    for (int b = 0; b < B && need_dx; b++) value_backprop(e, c->in, b, dxall + (size_t)b * nx, nx);
+    for (int b = 0; b < B && dxall; b++) value_backprop(e, c->in, b, dxall + (size_t)b * nx, nx);
     arena_free(e->a, wf);
     arena_free(e->a, scr);
     arena_free(e->a, ops);
