@@ -746,7 +746,8 @@ static void phase_fill(float *xq, const float *x, int C, int H, int W, int K, in
 // WideOut: where gemm_wide's rows go: row m, grid pixel (i, j) (q = i Wp + j) to out + m H W +
 // y W + x, y = S i + oy, x = S j + ox, when inside H x W; the rest (the junk columns) is dropped.
 // S 1: a stride-1 conv's output (oy = ox = 0); S 2: one phase of a stride-2 conv's input gradient.
-typedef struct { float *out; int H, W, Wp, S, oy, ox; } WideOut;
+// add: out += instead of = (an input gradient added into the dA it belongs to).
+typedef struct { float *out; int H, W, Wp, S, oy, ox, add; } WideOut;
 // wide_store: a finished C tile (mc x nc at T, row stride ldt; rows m0.., grid pixels q0..) to o
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
 static void wide_store(const WideOut *o, int m0, int mc, int q0, int nc, const float *T, int ldt) {
@@ -759,12 +760,15 @@ static void wide_store(const WideOut *o, int m0, int mc, int q0, int nc, const f
             int y = o->S * i + o->oy;
             if (y >= 0 && y < o->H) {
                 float *d = dst + (size_t)y * o->W;
-                if (o->S == 1)
-                    for (int t = 0; t < len && j + t < o->W; t++) d[j + t] = src[q + t];
+                int n = o->W - j < len ? o->W - j : len;
+                if (o->S == 1 && o->add)
+                    for (int t = 0; t < n; t++) d[j + t] += src[q + t];
+                else if (o->S == 1)
+                    for (int t = 0; t < n; t++) d[j + t] = src[q + t];
                 else
                     for (int t = 0; t < len; t++) {
                         int x = o->S * (j + t) + o->ox;
-                        if (x >= 0 && x < o->W) d[x] = src[q + t];
+                        if (x >= 0 && x < o->W) d[x] = o->add ? d[x] + src[q + t] : src[q + t];
                     }
             }
             q += len;
@@ -2112,7 +2116,7 @@ static void cpu_conv(Exec *e, Conv *c) {
             if (wide) {
                 pad_fill(sc, xb, c->cin, H, W, c->k);
                 PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
-                WideOut o = {z, Ho, c->Wo, Wp, 1, 0, 0};
+                WideOut o = {z, Ho, c->Wo, Wp, 1, 0, 0, 0};
                 gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, &o);
             } else if (byrows) {
                 Im2col g = {.rows = rows + (size_t)b * c->cin};
@@ -2186,10 +2190,11 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     const float **rows = byrows ? arena_alloc(e->a, (size_t)B * c->cin * sizeof(float *), G_SCRATCH) : NULL;
     for (int b = 0; b < m->B && byrows; b++) xs[b] = NULL;
     float *xall = byrows ? cpu_input_rows(e, c, rows) : cpu_inputs(e, c, xs);
-    // a 1x1 conv of a conv's output or of a slice of it adds dx straight into that conv's dA (the GEMM
-    // with beta 1: the same sums as a dx buffer added after); else dx is made whole and handed on
+    // a 1x1, stride-1 KxK or stride-2 conv of a conv's output or of a slice of it adds dx straight into
+    // that conv's dA (the 1x1 GEMM with beta 1, wide_store adding: the same sums as a dx buffer added
+    // after); else dx is made whole and handed on
     const Value *iv = &m->val[c->in];
-    int dx_into = direct && need_dx && (iv->kind == V_CONV || iv->kind == V_SLICE);
+    int dx_into = (direct || wide) && need_dx && (iv->kind == V_CONV || iv->kind == V_SLICE);
     float *dx_dA = dx_into ? walk_dA(e, &m->conv[iv->conv]) + (size_t)(iv->kind == V_SLICE ? iv->c0 : 0) * H * W : NULL;
     size_t dx_ds = dx_into ? m->conv[iv->conv].zstride : 0;                           // its image stride
     float *dxall = need_dx && !dx_into ? walk_f32(e, (long)B * nx, G_SCRATCH) : NULL;   // (B, Cin, H, W)
@@ -2237,7 +2242,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 bs[b] = dzp + (size_t)P * Wp + P;
                 if (dx && S == 1) {
                     PadRows gz = {dzp, zplane, Wp, c->k, 1, c->cout, NULL};
-                    WideOut o = {dx, H, W, Wp, 1, 0, 0};
+                    WideOut o = {dx, H, W, Wp, 1, 0, 0, dx_into};
                     gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, &o);
                 }
                 for (int ph = 0; dx && S == 2 && ph < 4; ph++) {
@@ -2249,9 +2254,9 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                                 rows[(co * ny + ty) * nx1 + tx] = dzp + co * zplane + (size_t)(P - ty) * Wp + P - tx;
                     PadRows gz = {NULL, 0, Wp, c->k, 2, c->cout, rows};
                     // dx[ci][y][x] for y + p = 2i + py, x + p = 2j + px (every pixel in one phase)
-                    WideOut o = {dx, H, W, Wp, 2, py - p, px - p};
+                    WideOut o = {dx, H, W, Wp, 2, py - p, px - p, dx_into};
                     if (kph[ph]) gemm_wide(c->cin, Hq * Wp, kph[ph], wf + wo[ph], kph[ph], &gz, &o);
-                    else   // (a phase with no taps: K even or 1)
+                    else if (!dx_into)   // (a phase with no taps: a 1x1 stride-2 conv)
                         for (int ci = 0; ci < c->cin; ci++)
                             for (int y = py - p; y < H; y += 2)
                                 for (int x = px - p; x < W && y >= 0; x += 2)
