@@ -2156,15 +2156,16 @@ static void *cpu_bn_backward(Exec *e, Conv *c) {
 // memory: the whole batch as one K, the images in order, after the image loop has laid out every
 // image's operand (a 1x1 conv needs none: its input and dz are read in place); or each image into
 // its own partial sum inside the loop, the partials added in image order.
-// - 1x1: the input itself, and one GEMM for dx.
+// - 1x1: the input itself (a concatenation: its parts through a table of rows, cpu_input_rows), and
+//   one GEMM for dx.
 // - stride-1 KxK: on the wide grid of cpu_conv. The weight gradient reads the padded input's rows
 //   (PadRows) against dz padded the same way (its wide rows start inside the border, so their
 //   junk columns read zeros and add nothing). The input gradient is itself a KxK convolution, of dz
 //   with the weights flipped in space and Cin, Cout swapped (dx[ci][y][x] = sum over co, ky, kx of
 //   w[co][ci][ky][kx] dz[co][y+p-ky][x+p-kx]): gemm_wide of those weights (wf, made once per
 //   step) over the padded dz, narrowed into dx.
-// - stride 2: the same with the input's phases (cpu_conv) against dz padded by P = (K-1)/2 on the
-//   phases' grid (Wo + 2P wide). The input gradient, phase by phase: padded-input pixel
+// - stride 2: the same with the input's four phases (phase_fill) against dz padded by
+//   P = (K-1)/2 on the phases' grid (Wo + 2P wide). The input gradient, phase by phase: pixel
 //   (2i + py, 2j + px) takes the taps ky = py + 2ty, kx = px + 2tx only, from dz[i - ty][j - tx],
 //   so each phase is a small stride-1 conv of the padded dz (its taps' rows in a table, its weights
 //   in wf: per phase Cin x Cout*taps), scattered back into dx.
