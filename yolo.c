@@ -706,16 +706,17 @@ static void pad_fill(float *xp, const float *x, int C, int H, int W, int K) {
     }
     memset(xp + C * plane, 0, (2 * p + GEMM_NR) * sizeof(float));
 }
-// phase_floats / phase_fill: the four phases of x (C, H, W) zero-padded by p = K/2 for a stride-2
-// conv with output Ho x Wo: plane (py, px, c) is (Ho + P) x (Wo + 2P), P = (K - 1) / 2, its (i, j)
-// = xp[2i + py][2j + px] (zero outside x), then a zero tail past the last panel and the taps' reach
+// phase_floats / phase_fill: the four phases of x (C, H, W) zero-padded by p = K/2 (K odd, as
+// conv_new requires) for a stride-2 conv with output Ho x Wo: plane (py, px, c) is (Ho + p) x
+// (Wo + 2p), its (i, j) = xp[2i + py][2j + px] (zero outside x), then a zero tail past the last
+// panel and the taps' reach
 static size_t phase_floats(int C, int Ho, int Wo, int K) {
-    int P = (K - 1) / 2, G = Wo + 2 * P;
-    return 4 * (size_t)C * (Ho + P) * G + G + 2 * P + GEMM_NR;
+    int p = K / 2, G = Wo + 2 * p;
+    return 4 * (size_t)C * (Ho + p) * G + G + 2 * p + GEMM_NR;
 }
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
 static void phase_fill(float *xq, const float *x, int C, int H, int W, int K, int Ho, int Wo) {
-    int p = K / 2, P = (K - 1) / 2, G = Wo + 2 * P, Hq = Ho + P;
+    int p = K / 2, G = Wo + 2 * p, Hq = Ho + p;
     size_t plane = (size_t)Hq * G;
     // each input row is read once, into the rows of its two column phases
     int j0[2], j1[2];   // phase px's columns [j0, j1) read x[2j + px - p]; the rest are zeros
@@ -741,7 +742,7 @@ static void phase_fill(float *xq, const float *x, int C, int H, int W, int K, in
                     for (int j = j1[px] > j0[px] ? j1[px] : j0[px]; j < G; j++) r[j] = 0.f;
                 }
             }
-    memset(xq + 4 * (size_t)C * plane, 0, (G + 2 * P + GEMM_NR) * sizeof(float));
+    memset(xq + 4 * (size_t)C * plane, 0, (G + 2 * p + GEMM_NR) * sizeof(float));
 }
 // WideOut: where gemm_wide's rows go: row m, grid pixel (i, j) (q = i Wp + j) to out + m H W +
 // y W + x, y = S i + oy, x = S j + ox, when inside H x W; the rest (the junk columns) is dropped.
@@ -1539,6 +1540,23 @@ static int cat_pool_chain(const Exec *e, const Value *v, int i) {
     return e->nb == 1 && i > 0 && s->kind == V_POOL && s->src[0] == v->src[i - 1];
 }
 
+static void value_materialize(Exec *e, int vi, int b, void *out, long os);
+// cat_materialize: parts [i0, i1) of concatenation v (nb images from image b) into out, part i0 first
+// (image stride os); a part that is the pool of the one just written here is pooled from it
+static void cat_materialize(Exec *e, const Value *v, int b, int i0, int i1, void *out, long os) {
+    const Model *m = e->m;
+    long off = 0, prev = 0;
+    for (int i = i0; i < i1; i++) {
+        const Value *s = &m->val[v->src[i]];
+        void *o = (char *)out + off * e->esz;
+        if (i > i0 && cat_pool_chain(e, v, i)) {   // (SPPF)
+            if (!arena_dry(e->a)) e->be->maxpool(e, (char *)out + prev * e->esz, o, os, s->C, s->H, s->W);
+        } else value_materialize(e, v->src[i], b, o, os);
+        prev = off;
+        off += (long)s->C * v->H * v->W;
+    }
+}
+
 // value_materialize: value vi of nb images from image b, (C, H, W) each, into out (image stride os).
 // Views recurse into their sources; temporaries come from the arena (planned like everything).
 static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
@@ -1562,19 +1580,9 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
         arena_free(e->a, t);
         break;
     }
-    case V_CAT: {
-        long off = 0, prev = 0;
-        for (int i = 0; i < v->n; i++) {
-            const Value *s = &m->val[v->src[i]];
-            void *o = (char *)out + off * e->esz;
-            if (cat_pool_chain(e, v, i)) {   // the pool of the part just written (SPPF)
-                if (!dry) e->be->maxpool(e, (char *)out + prev * e->esz, o, os, s->C, s->H, s->W);
-            } else value_materialize(e, v->src[i], b, o, os);
-            prev = off;
-            off += (long)s->C * v->H * v->W;
-        }
+    case V_CAT:
+        cat_materialize(e, v, b, 0, v->n, out, os);
         break;
-    }
     case V_UP:
     case V_POOL: {
         const Value *s = &m->val[v->src[0]];
@@ -1629,9 +1637,7 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         int np = v->n - 1 - k;                                   // pools
         char *xin = walk_act(e, np * ns, G_SCRATCH);           // parts k..n-2
         float *acc[2] = {walk_f32(e, ns, G_SCRATCH), walk_f32(e, ns, G_SCRATCH)};
-        value_materialize(e, v->src[k], b, xin, ns);
-        for (int i = 1; i < np && !dry; i++)
-            e->be->maxpool(e, xin + (i - 1) * ns * e->esz, xin + i * ns * e->esz, ns, x->C, x->H, x->W);
+        cat_materialize(e, v, b, k, v->n - 1, xin, ns);
         const float *gi = g + off + (long)np * ns;               // the last part's gradient
         long gis = gs;
         for (int i = np; i > 0; i--) {                           // pool i: input part k+i-1, output part k+i
@@ -2052,6 +2058,19 @@ static float *cpu_inputs(Exec *e, const Conv *c, const float **xs) {
     }
     return xall;
 }
+// cpu_conv_input: conv c's input, one of the two ways above: through rows (cpu_rows_input: *rows, B x
+// Cin pointers from the arena, xs NULL) or whole images (xs; *rows NULL). Returns the buffer of what
+// was materialised (NULL if none); the caller frees it, then *rows.
+static float *cpu_conv_input(Exec *e, const Conv *c, const float **xs, const float ***rows) {
+    int B = e->m->B;
+    if (!cpu_rows_input(e, c)) {
+        *rows = NULL;
+        return cpu_inputs(e, c, xs);
+    }
+    *rows = arena_alloc(e->a, (size_t)B * c->cin * sizeof(float *), G_SCRATCH);
+    for (int b = 0; b < B; b++) xs[b] = NULL;
+    return cpu_input_rows(e, c, *rows);
+}
 
 // CPU convolutions run the batch's images in parallel, one per thread, each GEMM on that thread
 // alone, when there are at least as many images as threads (training batches); otherwise one
@@ -2080,15 +2099,15 @@ static int cpu_slot(void) {
 // conv_grid: a stride-1 KxK or stride-2 conv's wide grid: its width (Wp) and the floats of its
 // input operand (padded input or phases) and of one plane of it
 static int conv_grid(const Conv *c, size_t *nin, size_t *plane) {
-    int p = c->k / 2, P = (c->k - 1) / 2;
+    int p = c->k / 2;
     if (c->s == 1) {
         *nin = pad_floats(c->cin, c->H, c->W, c->k), *plane = (size_t)(c->H + 2 * p) * (c->W + 2 * p);
         return c->W + 2 * p;
     }
-    *nin = phase_floats(c->cin, c->Ho, c->Wo, c->k), *plane = (size_t)(c->Ho + P) * (c->Wo + 2 * P);
-    return c->Wo + 2 * P;
+    *nin = phase_floats(c->cin, c->Ho, c->Wo, c->k), *plane = (size_t)(c->Ho + p) * (c->Wo + 2 * p);
+    return c->Wo + 2 * p;
 }
-static int conv_wide(const Conv *c) { return (c->k > 1 && c->s == 1) || (c->s == 2 && c->k % 2); }
+static int conv_wide(const Conv *c) { return (c->k > 1 && c->s == 1) || c->s == 2; }
 static void cpu_conv(Exec *e, Conv *c) {
     Model *m = e->m;
     int dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, H = c->H, W = c->W, Ho = c->Ho;
@@ -2100,11 +2119,8 @@ static void cpu_conv(Exec *e, Conv *c) {
     int Wp = wide ? conv_grid(c, &nin, &plane) : 0;
     // a slot: the padded input, or the im2col matrix (Cin*K*K, Ho*Wo)
     long nscr = wide ? (long)nin : direct || implicit ? 0 : (long)KK * HWo;
-    const float *xs[m->B];
-    int byrows = cpu_rows_input(e, c);   // (a 1x1 conv of a concatenation: B's rows in place)
-    const float **rows = byrows ? arena_alloc(e->a, (size_t)m->B * c->cin * sizeof(float *), G_SCRATCH) : NULL;
-    for (int b = 0; b < m->B && byrows; b++) xs[b] = NULL;
-    float *xall = byrows ? cpu_input_rows(e, c, rows) : cpu_inputs(e, c, xs);
+    const float *xs[m->B], **rows;   // (rows: a 1x1 conv of a concatenation, B's rows in place)
+    float *xall = cpu_conv_input(e, c, xs, &rows);
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
     if (!dry) {
@@ -2118,7 +2134,7 @@ static void cpu_conv(Exec *e, Conv *c) {
                 PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
                 WideOut o = {z, Ho, c->Wo, Wp, 1, 0, 0, 0};
                 gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, &o);
-            } else if (byrows) {
+            } else if (rows) {
                 Im2col g = {.rows = rows + (size_t)b * c->cin};
                 gemm_run(0, 0, c->cout, HWo, KK, w, KK, NULL, HWo, &g, 0, 0.f, z, HWo);
             } else {
@@ -2165,7 +2181,7 @@ static void *cpu_bn_backward(Exec *e, Conv *c) {
 //   w[co][ci][ky][kx] dz[co][y+p-ky][x+p-kx]): gemm_wide of those weights (wf, made once per
 //   step) over the padded dz, narrowed into dx.
 // - stride 2: the same with the input's four phases (phase_fill) against dz padded by
-//   P = (K-1)/2 on the phases' grid (Wo + 2P wide). The input gradient, phase by phase: pixel
+//   p = K/2 on the phases' grid (Wo + 2p wide). The input gradient, phase by phase: pixel
 //   (2i + py, 2j + px) takes the taps ky = py + 2ty, kx = px + 2tx only, from dz[i - ty][j - tx],
 //   so each phase is a small stride-1 conv of the padded dz (its taps' rows in a table, its weights
 //   in wf: per phase Cin x Cout*taps), scattered back into dx.
@@ -2176,10 +2192,10 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     int B = m->B, dry = arena_dry(e->a), HWo = c->Ho * c->Wo, KK = c->cin * c->k * c->k, k2 = c->k * c->k;
     int direct = c->k == 1 && c->s == 1, wide = conv_wide(c), nslot = cpu_conv_slots(m), S = c->s;
     int need_dx = m->val[c->in].kind != V_INPUT;
-    int H = c->H, W = c->W, Ho = c->Ho, Wo = c->Wo, p = c->k / 2, P = S == 1 ? p : (c->k - 1) / 2, KKo = c->cout * k2;
+    int H = c->H, W = c->W, Ho = c->Ho, Wo = c->Wo, p = c->k / 2, KKo = c->cout * k2;
     size_t npx = 0, xplane = 0;
-    int Wp = wide ? conv_grid(c, &npx, &xplane) : 0, Hq = Ho + P;   // (stride 2: phase rows Hq)
-    size_t npz = wide ? pad_floats(c->cout, Ho, Wo, c->k) : 0, zplane = (size_t)(Ho + 2 * P) * Wp;
+    int Wp = wide ? conv_grid(c, &npx, &xplane) : 0, Hq = Ho + p;   // (stride 2: phase rows Hq)
+    size_t npz = wide ? pad_floats(c->cout, Ho, Wo, c->k) : 0, zplane = (size_t)(Ho + 2 * p) * Wp;
     long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
     long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
     int batch = nop <= ngw;                                               // the batch as one K
@@ -2187,10 +2203,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     long nscr = (batch ? 0 : nop) + ndx;                                  // a slot
     const float *xs[B], *as[B], *bs[B];
     PadRows ag[B];
-    int byrows = cpu_rows_input(e, c);   // (as in cpu_conv: the weight gradient's A read through rows)
-    const float **rows = byrows ? arena_alloc(e->a, (size_t)B * c->cin * sizeof(float *), G_SCRATCH) : NULL;
-    for (int b = 0; b < m->B && byrows; b++) xs[b] = NULL;
-    float *xall = byrows ? cpu_input_rows(e, c, rows) : cpu_inputs(e, c, xs);
+    const float **rows;   // (as in cpu_conv: the weight gradient's A read through rows)
+    float *xall = cpu_conv_input(e, c, xs, &rows);
     // a 1x1, stride-1 KxK or stride-2 conv of a conv's output or of a slice of it adds dx straight into
     // that conv's dA (the 1x1 GEMM with beta 1, wide_store adding: the same sums as a dx buffer added
     // after); else dx is made whole and handed on
@@ -2240,7 +2254,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 else phase_fill(xp, xb, c->cin, H, W, c->k, Ho, Wo);
                 pad_fill(dzp, dz, c->cout, Ho, Wo, c->k);
                 ag[b] = (PadRows){xp, xplane, Wp, c->k, S, c->cin, NULL}, as[b] = NULL;
-                bs[b] = dzp + (size_t)P * Wp + P;
+                bs[b] = dzp + (size_t)p * Wp + p;
                 if (dx && S == 1) {
                     PadRows gz = {dzp, zplane, Wp, c->k, 1, c->cout, NULL};
                     WideOut o = {dx, H, W, Wp, 1, 0, 0, dx_into};
@@ -2248,12 +2262,12 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 }
                 for (int ph = 0; dx && S == 2 && ph < 4; ph++) {
                     int py = ph >> 1, px = ph & 1, ny = nt1[py], nx1 = nt1[px];
-                    const float *rows[kph[ph] ? kph[ph] : 1];   // row (co, ty, tx): dz[i - ty][j - tx], padded
+                    const float *taps[kph[ph] ? kph[ph] : 1];   // row (co, ty, tx): dz[i - ty][j - tx], padded
                     for (int co = 0; co < c->cout; co++)
                         for (int ty = 0; ty < ny; ty++)
                             for (int tx = 0; tx < nx1; tx++)
-                                rows[(co * ny + ty) * nx1 + tx] = dzp + co * zplane + (size_t)(P - ty) * Wp + P - tx;
-                    PadRows gz = {NULL, 0, Wp, c->k, 2, c->cout, rows};
+                                taps[(co * ny + ty) * nx1 + tx] = dzp + co * zplane + (size_t)(p - ty) * Wp + p - tx;
+                    PadRows gz = {NULL, 0, Wp, c->k, 2, c->cout, taps};
                     // dx[ci][y][x] for y + p = 2i + py, x + p = 2j + px (every pixel in one phase)
                     WideOut o = {dx, H, W, Wp, 2, py - p, px - p, dx_into};
                     if (kph[ph]) gemm_wide(c->cin, Hq * Wp, kph[ph], wf + wo[ph], kph[ph], &gz, &o);
@@ -2265,8 +2279,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 }
             } else {
                 if (!direct) im2col(xb, c->cin, H, W, c->k, c->s, op);
-                as[b] = byrows ? NULL : direct ? xb : op, bs[b] = dz;
-                if (byrows) ag[b] = (PadRows){.rows = rows + (size_t)b * c->cin};
+                as[b] = rows ? NULL : direct ? xb : op, bs[b] = dz;
+                if (rows) ag[b] = (PadRows){.rows = rows + (size_t)b * c->cin};
                 if (dx) {
                     gemm_run(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, NULL, 0, dx_into ? 1.f : 0.f, direct ? dx : dsc,
                              HWo);
@@ -2274,12 +2288,12 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 }
             }
             if (!batch)   // this image's partial weight gradient
-                gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, 1, byrows ? NULL : &as[b], HWo,
-                             wide || byrows ? &ag[b] : NULL, &bs[b], wide ? (int)zplane : HWo, gwt + (size_t)b * ngw,
+                gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, 1, rows ? NULL : &as[b], HWo,
+                             wide || rows ? &ag[b] : NULL, &bs[b], wide ? (int)zplane : HWo, gwt + (size_t)b * ngw,
                              c->cout);
         }
         if (batch)
-            gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, B, byrows ? NULL : as, HWo, wide || byrows ? ag : NULL, bs,
+            gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, B, rows ? NULL : as, HWo, wide || rows ? ag : NULL, bs,
                          wide ? (int)zplane : HWo, gwt, c->cout);
         // gw (Cout, Cin*K*K) += the partials, transposed: 16 x 16 blocks, so that both sides stay in cache
 #pragma omp parallel for collapse(2) if (ngw * (batch ? 1 : B) > OMP_MIN_WORK)
