@@ -982,13 +982,18 @@ static void bn_silu_forward_cpu(const float *z, const float *mean, const float *
             float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
             const float *zi = z + ((size_t)b * C + c) * HW;
             float *yo = y + ((size_t)b * C + c) * HW;
-            for (int i = 0; i < HW; i += 8) {
-                int n = HW - i < 8 ? HW - i : 8;
+            int i = 0;
+            for (; i + 8 <= HW; i += 8) {   // (whole groups, then the row's partial last one)
+                gemm_v8 v = *(const gemm_v8 *)(zi + i) * sc + sh;
+                silu8(&v);
+                *(gemm_v8 *)(yo + i) = v;
+            }
+            if (i < HW) {
                 gemm_v8 v;
-                v8_load(&v, zi + i, n);
+                v8_load(&v, zi + i, HW - i);
                 v = v * sc + sh;
                 silu8(&v);
-                v8_store(yo + i, &v, n);
+                v8_store(yo + i, &v, HW - i);
             }
         }
 }
@@ -1931,6 +1936,21 @@ static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *m
         rv[o] = (1 - BN_MOMENTUM) * rv[o] + BN_MOMENTUM * (float)(cnt > 1 ? var * cnt / (cnt - 1) : var);
     }
 }
+#if defined(__AVX__)
+#define V8_EARLY(v) __asm__("" : "+x"(v))   // v is in a register here (loaded, not folded into a later use)
+#else
+#define V8_EARLY(v) ((void)0)
+#endif
+// bn_silu_grad8: for 8 values z of one channel and the gradient dv of SiLU(BN(z)): xh = (z - mean) /
+// std and gy, the gradient w.r.t. BN(z)
+static inline void bn_silu_grad8(const gemm_v8 *zv, const gemm_v8 *dv, float mu, float istd, float ga, float be,
+                                 gemm_v8 *gy, gemm_v8 *xh) {
+    *xh = (*zv - mu) * istd;
+    gemm_v8 y = ga * *xh + be, e = -y;
+    exp_poly8(&e);
+    gemm_v8 sg1 = 1.f / (1.f + e);
+    *gy = *dv * sg1 * (1.f + y * (1.f - sg1));
+}
 // bn_silu_backward_cpu: from dA, the gradient of SiLU(BN(z)), to dz in place, recomputing BN and
 // SiLU from z, and dgamma/dbeta += their gradients (train mode includes the batch-statistics
 // terms). gamma NULL: a plain conv with bias (dbeta += sum dA, dz = dA). Twin of bn_silu_backward_cuda.
@@ -1947,30 +1967,38 @@ static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float
             continue;
         }
         float ga = gamma[o], be = beta[o], mu = mean[o], istd = invstd[o];
-        double lg[LANES] = {0}, lgx[LANES] = {0};
+        lanes_vd vg = {0}, vgx = {0};
         for (int b = 0; b < B; b++) {
             const float *zz = z + b * zs + (long)o * HW;
             float *d = dA + b * zs + (long)o * HW;
             // one vectorised pass: the gradient through SiLU, and its two sums (element i to lane i % 8;
-            // a partial last group adds its n lanes only)
-            lanes_vd vg, vgx;
-            memcpy(&vg, lg, sizeof vg), memcpy(&vgx, lgx, sizeof vgx);
-            for (int i = 0; i < HW; i += LANES) {
-                int n = HW - i < LANES ? HW - i : LANES;
-                gemm_v8 zv, dv;
+            // a partial last group adds its n lanes only). dA is loaded first: V8_EARLY keeps GCC from
+            // folding the load into the multiply at the end of the chain, where its cache misses no
+            // longer overlap (35 % slower on rows longer than the cache with AVX-512).
+            int i = 0;
+            for (; i + LANES <= HW; i += LANES) {
+                gemm_v8 zv = *(const gemm_v8 *)(zz + i), dv = *(const gemm_v8 *)(d + i), gy, xh;
+                V8_EARLY(dv);
+                bn_silu_grad8(&zv, &dv, mu, istd, ga, be, &gy, &xh);
+                *(gemm_v8 *)(d + i) = gy;
+                lanes_vd gd = __builtin_convertvector(gy, lanes_vd);
+                vg += gd;
+                vgx += gd * __builtin_convertvector(xh, lanes_vd);
+            }
+            if (i < HW) {
+                int n = HW - i;
+                gemm_v8 zv, dv, gy, xh;
                 v8_load(&zv, zz + i, n), v8_load(&dv, d + i, n);
-                gemm_v8 xh = (zv - mu) * istd, y = ga * xh + be, e = -y;
-                exp_poly8(&e);
-                gemm_v8 sg1 = 1.f / (1.f + e);
-                gemm_v8 gy = dv * sg1 * (1.f + y * (1.f - sg1));
+                bn_silu_grad8(&zv, &dv, mu, istd, ga, be, &gy, &xh);
                 v8_store(d + i, &gy, n);
                 lanes_vd gd = __builtin_convertvector(gy, lanes_vd), gx = gd * __builtin_convertvector(xh, lanes_vd);
                 for (int j = n; j < LANES; j++) gd[j] = gx[j] = -0.0;   // (x + -0 is x, for every x)
                 vg += gd;
                 vgx += gx;
             }
-            memcpy(lg, &vg, sizeof vg), memcpy(lgx, &vgx, sizeof vgx);
         }
+        double lg[LANES], lgx[LANES];
+        memcpy(lg, &vg, sizeof vg), memcpy(lgx, &vgx, sizeof vgx);
         double sg = lanes_total(lg), sgx = lanes_total(lgx);
         dgamma[o] += (float)sgx;
         dbeta[o] += (float)sg;
