@@ -766,11 +766,16 @@ static void wide_store(const WideOut *o, int m0, int mc, int q0, int nc, const f
                     for (int t = 0; t < n; t++) d[j + t] += src[q + t];
                 else if (o->S == 1)
                     for (int t = 0; t < n; t++) d[j + t] = src[q + t];
-                else
-                    for (int t = 0; t < len; t++) {
-                        int x = o->S * (j + t) + o->ox;
-                        if (x >= 0 && x < o->W) d[x] = o->add ? d[x] + src[q + t] : src[q + t];
-                    }
+                else {   // stride 2: columns x = 2 (j + t) + ox, t in [t0, t1) inside the row
+                    int ox = o->ox, t0 = 2 * j + ox < 0 ? (1 - 2 * j - ox) / 2 : 0, t1 = (o->W - ox + 1) / 2 - j;
+                    float *dd = d + 2 * j + ox;
+                    const float *sq = src + q;
+                    if (t1 > len) t1 = len;
+                    if (o->add)
+                        for (int t = t0; t < t1; t++) dd[2 * t] += sq[t];
+                    else
+                        for (int t = t0; t < t1; t++) dd[2 * t] = sq[t];
+                }
             }
             q += len;
         }
