@@ -1055,21 +1055,39 @@ static void maxpool5_forward_cpu(const float *x, float *y, int B, int C, int H, 
 static void maxpool5_backward(const float *x, const float *dy, float *dx, int B, int C, int H, int W) {
     memset(dx, 0, (size_t)B * C * H * W * sizeof(float));
 #pragma omp parallel for if ((size_t)B * C * H * W * 25 > OMP_MIN_WORK)
-    for (long bc = 0; bc < (long)B * C; bc++)
-        for (int oy = 0; oy < H; oy++)
-            for (int ox = 0; ox < W; ox++) {
+    for (long bc = 0; bc < (long)B * C; bc++) {
+        const float *xp = x + bc * H * W, *gp = dy + bc * H * W;
+        float *dp = dx + bc * H * W;
+        for (int oy = 0; oy < H; oy++) {
+            int y0 = oy - 2 < 0 ? 0 : oy - 2, y1 = oy + 2 < H ? oy + 2 : H - 1;
+            for (int ox = 0; ox < W;) {
+                if (ox >= 2 && ox + 10 <= W) {   // 8 outputs whose windows lie inside the row: as vectors
+                    gemm_v8 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                                 -INFINITY};
+                    gemm_v8i arg = {-1, -1, -1, -1, -1, -1, -1, -1}, lane = {0, 1, 2, 3, 4, 5, 6, 7};
+                    for (int iy = y0; iy <= y1; iy++)
+                        for (int d = -2; d <= 2; d++) {
+                            int at = iy * W + ox + d;
+                            gemm_v8 v = *(const gemm_v8 *)(xp + at);
+                            gemm_v8i gt = v > m;   // (strictly: the first maximum in window order)
+                            m = V8_SELECT(gt, v, m);
+                            arg = (gt & (lane + at)) | (~gt & arg);
+                        }
+                    for (int l = 0; l < 8; l++)   // (in output order, as the loop below)
+                        if (arg[l] >= 0) dp[arg[l]] += gp[oy * W + ox + l];
+                    ox += 8;
+                    continue;
+                }
                 float m = -INFINITY;
                 int arg = -1;
-                for (int dy = -2; dy <= 2; dy++)
-                    for (int dx2 = -2; dx2 <= 2; dx2++) {
-                        int iy = oy + dy, ix = ox + dx2;
-                        if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[(bc * H + iy) * W + ix] > m) {
-                            m = x[(bc * H + iy) * W + ix];
-                            arg = iy * W + ix;
-                        }
-                    }
-                if (arg >= 0) dx[bc * H * W + arg] += dy[(bc * H + oy) * W + ox];
+                for (int iy = y0; iy <= y1; iy++)
+                    for (int ix = ox - 2 < 0 ? 0 : ox - 2; ix <= ox + 2 && ix < W; ix++)
+                        if (xp[iy * W + ix] > m) m = xp[iy * W + ix], arg = iy * W + ix;
+                if (arg >= 0) dp[arg] += gp[oy * W + ox];
+                ox++;
             }
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1128,6 +1146,8 @@ typedef struct {
     float *y;               // (B, Cout, Ho, Wo) SiLU(BN(z)) kept from the forward to the conv's backward
                             // (Exec.keep_act: CPU training without recompute), else NULL
     float *dA;              // (B, Cout, Ho, Wo) FP32 gradient of the output, live during backward only
+    unsigned char *dA_held; // (B) with Backend.lazy_dA: per image, which halves of dA's channels hold a
+                            // gradient yet (bit 0: [0, Cout/2), bit 1: [Cout/2, Cout)); else NULL: all of it
 } Conv;
 
 // a row of the `yolo info` table, one per yaml layer
@@ -1514,24 +1534,61 @@ struct Backend {
     void *(*bn_backward)(Exec *e, Conv *c);    // dz from c->dA through BN and SiLU, dgamma/dbeta (or bias) +=
     void (*conv_grads)(Exec *e, Conv *c, void *dz);   // weight gradient += and the input value's gradient
     struct LossOut (*loss)(Exec *e, const struct LossTargets *tg, const struct LossConfig *lcfg);   // + m->dhead
+    // lazy_dA: a conv's dA is not zeroed when it is made: its first gradient is written into it,
+    // later ones added (dA_held), and what nothing wrote is zeroed before its backward (dA_complete).
+    // For a backend whose dA lies in host memory and whose conv_grads asks dA_held (the CPU's).
+    int lazy_dA;
 };
 
 static void value_materialize(Exec *e, int vi, int b, void *out, long os);
 static void value_backprop(Exec *e, int vi, int b, const float *g, long gs);
+static void par_copy(void *dst, const void *src, size_t bytes);
 
 // walk_act / walk_f32: a buffer of n activation-typed / FP32 values from the walk's arena
 static void *walk_act(Exec *e, long n, int group) { return arena_alloc(e->a, (size_t)n * e->esz, group); }
 static float *walk_f32(Exec *e, long n, int group) {
     return (float *)arena_alloc(e->a, (size_t)n * sizeof(float), group);
 }
-// walk_dA: conv c's gradient buffer dA (B, Cout, Ho, Wo) FP32, created zeroed on first use
+// walk_dA: conv c's gradient buffer dA (B, Cout, Ho, Wo) FP32, created on first use: zeroed, or
+// with Backend.lazy_dA followed by its B dA_held flags, all clear (then every writer asks dA_held)
 static float *walk_dA(Exec *e, Conv *c) {
     if (!c->dA) {
         size_t bytes = (size_t)e->m->B * c->zstride * sizeof(float);
-        c->dA = arena_alloc(e->a, bytes, G_BACKWARD);
-        if (!arena_dry(e->a)) e->be->zero(e, c->dA, bytes);
+        c->dA = arena_alloc(e->a, bytes + (e->be->lazy_dA ? (size_t)e->m->B : 0), G_BACKWARD);
+        c->dA_held = e->be->lazy_dA ? (unsigned char *)c->dA + bytes : NULL;
+        if (!arena_dry(e->a) && c->dA_held) memset(c->dA_held, 0, (size_t)e->m->B);
+        else if (!arena_dry(e->a)) e->be->zero(e, c->dA, bytes);
     }
     return c->dA;
+}
+// dA_fill: zero image b's channel halves of c's dA that are in mask and not held yet, and hold them
+static void dA_fill(Conv *c, int b, unsigned mask) {
+    int h = c->cout / 2;
+    size_t HW = (size_t)c->Ho * c->Wo;
+    for (int k = 0; k < 2; k++)
+        if ((mask & ~c->dA_held[b]) >> k & 1)
+            memset(c->dA + b * c->zstride + (k ? h : 0) * HW, 0, (k ? c->cout - h : h) * HW * sizeof(float));
+    c->dA_held[b] |= mask;
+}
+// dA_held: whether image b's channels [c0, c0 + C) of c's dA (made by walk_dA) already hold a
+// gradient, to be added to; 0: they do not, the caller writes its gradient there (all of that
+// range). Either way they hold one after the call. Ranges other than a half or the whole are added
+// into, after zeroing the halves they overlap. Without lazy_dA (or a head conv's dA, the loss's
+// maps), and in a dry run, always 1. Not thread safe for one image: ask before a parallel region.
+static int dA_held(Exec *e, Conv *c, int b, int c0, int C) {
+    if (!c->dA_held || arena_dry(e->a)) return 1;
+    int h = c->cout / 2;
+    unsigned want = c0 == 0 && C == c->cout ? 3u : c0 == 0 && C == h ? 1u : c0 == h && C == c->cout - h ? 2u : 0u;
+    if (want && !(c->dA_held[b] & want)) {
+        c->dA_held[b] |= want;
+        return 0;
+    }
+    dA_fill(c, b, want ? want : (c0 < h ? 1u : 0u) | (c0 + C > h ? 2u : 0u));
+    return 1;
+}
+// dA_complete: before c's backward, zero what no reader wrote (an output nobody read)
+static void dA_complete(Exec *e, Conv *c) {
+    for (int b = 0; c->dA_held && !arena_dry(e->a) && b < e->m->B; b++) dA_fill(c, b, 3u);
 }
 // walk_head_bytes: bytes of head map i, (B, 64+NC, H_i, W_i) FP32
 static size_t walk_head_bytes(const Model *m, int i) {
@@ -1621,8 +1678,10 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
     case V_CONV:
     case V_SLICE: {
         Conv *c = &m->conv[v->conv];
-        float *d = walk_dA(e, c) + (long)b * c->zstride + (long)(v->kind == V_SLICE ? v->c0 : 0) * HW;
-        if (!dry) e->be->grad_add(e, g, gs, d, (long)c->zstride, (long)v->C * HW);
+        int c0 = v->kind == V_SLICE ? v->c0 : 0;
+        float *d = walk_dA(e, c) + (long)b * c->zstride + (long)c0 * HW;
+        if (!dry && dA_held(e, c, b, c0, v->C)) e->be->grad_add(e, g, gs, d, (long)c->zstride, (long)v->C * HW);
+        else if (!dry) par_copy(d, g, (size_t)v->C * HW * sizeof(float));   // (lazy_dA: host memory)
         break;
     }
     case V_ADD:
@@ -1693,6 +1752,7 @@ static void conv_forward(Exec *e, Conv *c, int recomputing) {
 // z) to dz, then the weight gradient and the input value's gradient.
 static void conv_backward(Exec *e, Conv *c) {
     walk_dA(e, c);   // an output nobody read: zero
+    dA_complete(e, c);
     void *dz = e->be->bn_backward(e, c);
     e->be->conv_grads(e, c, dz);
     if (dz != (void *)c->dA) arena_free(e->a, dz);
@@ -1793,6 +1853,7 @@ static void walk_backward(Exec *e) {
             arena_free(e->a, c->z);
         }
         c->dA = c->z = c->mean = c->invstd = c->y = NULL;
+        c->dA_held = NULL;
     }
     for (int i = 2; i >= 0 && m->has_head; i--) {
         arena_free(e->a, m->dhead[i]);
@@ -2238,13 +2299,17 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     PadRows ag[B];
     const float **rows;   // (as in cpu_conv: the weight gradient's A read through rows)
     float *xall = cpu_conv_input(e, c, xs, &rows);
-    // a 1x1, stride-1 KxK or stride-2 conv of a conv's output or of a slice of it adds dx straight into
-    // that conv's dA (the 1x1 GEMM with beta 1, wide_store adding: the same sums as a dx buffer added
+    // a 1x1, stride-1 KxK or stride-2 conv of a conv's output or of a slice of it puts dx straight into
+    // that conv's dA: written there if it is the first gradient to reach those channels (dA_held),
+    // else added (the 1x1 GEMM with beta 1, wide_store adding: the same sums as a dx buffer added
     // after); else dx is made whole and handed on
     const Value *iv = &m->val[c->in];
     int dx_into = (direct || wide) && need_dx && (iv->kind == V_CONV || iv->kind == V_SLICE);
-    float *dx_dA = dx_into ? walk_dA(e, &m->conv[iv->conv]) + (size_t)(iv->kind == V_SLICE ? iv->c0 : 0) * H * W : NULL;
-    size_t dx_ds = dx_into ? m->conv[iv->conv].zstride : 0;                           // its image stride
+    Conv *pc = dx_into ? &m->conv[iv->conv] : NULL;
+    int pc0 = iv->kind == V_SLICE ? iv->c0 : 0, dx_add[B];   // dx_add[b]: image b's dx added, else written
+    float *dx_dA = dx_into ? walk_dA(e, pc) + (size_t)pc0 * H * W : NULL;
+    size_t dx_ds = dx_into ? pc->zstride : 0;                                         // its image stride
+    for (int b = 0; b < B; b++) dx_add[b] = dx_into && dA_held(e, pc, b, pc0, c->cin);
     float *dxall = need_dx && !dx_into ? walk_f32(e, (long)B * nx, G_SCRATCH) : NULL;   // (B, Cin, H, W)
     float *gwt = walk_f32(e, (batch ? 1 : B) * ngw, G_SCRATCH);                     // (Cin*K*K, Cout) [per image]
     float *ops = batch && nop ? walk_f32(e, (long)B * nop, G_SCRATCH) : NULL;      // every image's operands
@@ -2290,7 +2355,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 bs[b] = dzp + (size_t)p * Wp + p;
                 if (dx && S == 1) {
                     PadRows gz = {dzp, zplane, Wp, c->k, 1, c->cout, NULL};
-                    WideOut o = {dx, H, W, Wp, 1, 0, 0, dx_into};
+                    WideOut o = {dx, H, W, Wp, 1, 0, 0, dx_add[b]};
                     gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, &o);
                 }
                 for (int ph = 0; dx && S == 2 && ph < 4; ph++) {
@@ -2302,9 +2367,9 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                                 taps[(co * ny + ty) * nx1 + tx] = dzp + co * zplane + (size_t)(p - ty) * Wp + p - tx;
                     PadRows gz = {NULL, 0, Wp, c->k, 2, c->cout, taps};
                     // dx[ci][y][x] for y + p = 2i + py, x + p = 2j + px (every pixel in one phase)
-                    WideOut o = {dx, H, W, Wp, 2, py - p, px - p, dx_into};
+                    WideOut o = {dx, H, W, Wp, 2, py - p, px - p, dx_add[b]};
                     if (kph[ph]) gemm_wide(c->cin, Hq * Wp, kph[ph], wf + wo[ph], kph[ph], &gz, &o);
-                    else if (!dx_into)   // (a phase with no taps: a 1x1 stride-2 conv)
+                    else if (!dx_add[b])   // (a phase with no taps: a 1x1 stride-2 conv)
                         for (int ci = 0; ci < c->cin; ci++)
                             for (int y = py - p; y < H; y += 2)
                                 for (int x = px - p; x < W && y >= 0; x += 2)
@@ -2315,7 +2380,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 as[b] = rows ? NULL : direct ? xb : op, bs[b] = dz;
                 if (rows) ag[b] = (PadRows){.rows = rows + (size_t)b * c->cin};
                 if (dx) {
-                    gemm_run(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, NULL, 0, dx_into ? 1.f : 0.f, direct ? dx : dsc,
+                    gemm_run(1, 0, KK, HWo, c->cout, w, KK, dz, HWo, NULL, 0, dx_add[b] ? 1.f : 0.f, direct ? dx : dsc,
                              HWo);
                     if (!direct) col2im(dsc, c->cin, H, W, c->k, c->s, dx);
                 }
@@ -2356,7 +2421,7 @@ static const Backend cpu_backend = {
     .maxpool = cpu_maxpool, .grad_add = cpu_grad_add, .upsample_back = cpu_upsample_back,
     .maxpool_back = cpu_maxpool_back,
     .conv = cpu_conv, .bn_stats = cpu_bn_stats, .bn_backward = cpu_bn_backward, .conv_grads = cpu_conv_grads,
-    .loss = cpu_loss,
+    .loss = cpu_loss, .lazy_dA = 1,
 };
 // model_cpu_backend: the backend the CPU entry points below run on (tests put a twin in its place)
 static const Backend *model_cpu_backend = &cpu_backend;
