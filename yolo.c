@@ -316,6 +316,15 @@ typedef float gemm_vec __attribute__((vector_size(16), aligned(4)));
 #endif
 #define GEMM_VL ((int)(sizeof(gemm_vec) / sizeof(float)))
 #define GEMM_NR (GEMM_NV * GEMM_VL)
+// gemm_wide's block: B's rows are read in place there, never packed, so its width is free of the
+// weight gradient's N (Cout, a multiple of 16): 8 x 48 on AVX-512 (24 accumulators, 3 vectors of
+// B: 11 loads per 24 FMAs, against 10 per 16 at 8 x 32); elsewhere the GEMM's block
+#if defined(__AVX512F__) && !defined(__aarch64__)
+#define GEMM_WNV 3
+#else
+#define GEMM_WNV GEMM_NV
+#endif
+#define GEMM_WNR (GEMM_WNV * GEMM_VL)
 #define GEMM_KC 256
 _Static_assert(GEMM_MC % GEMM_MR == 0 && GEMM_NC % GEMM_NR == 0,
                "the pack buffers hold whole MR x KC and KC x NR panels");
@@ -401,9 +410,8 @@ GEMM_KERNEL(gemm_kernel_cols, (const float *restrict bp), bp + k * GEMM_NR, 1, l
 
 // The same products with one operand's rows found through pointers (PadRows below: the rows of an
 // im2col matrix are shifted rows of the zero-padded input, so nothing is copied):
-// gemm_kernel_bt_rows: B's row k read in place at brow[k] + j, A's rows in place (gemm_tail_bt_rows
-// below takes a tile's last rows); gemm_kernel_at: A's row i read in place at arow[i] (B a packed panel).
-GEMM_KERNEL(gemm_kernel_bt_rows, (const float *const *brow, size_t j), brow[k] + j, lda, 1)
+// gemm_kernel_at: A's row i read in place at arow[i] (B a packed panel); gemm_wide_kernel (below):
+// B's row k read in place at brow[k] + j, A's rows in place.
 __attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
         int kc, const float *const *arow, size_t k0, const float *restrict bp, float *restrict c, int ldc, int mr,
         int nr, int add) {
@@ -429,20 +437,29 @@ __attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
     __attribute__((optimize("fp-contract=fast"))) static inline void name(                                    \
         int kc, const float *restrict a, int lda, const float *const *brow, size_t j, float *restrict c,      \
         int ldc, int nr, int add) {                                                                            \
-        gemm_vec acc[MRV][GEMM_NV];                                                                            \
+        gemm_vec acc[MRV][GEMM_WNV];                                                                           \
         for (int i = 0; i < MRV; i++)                                                                          \
-            for (int v = 0; v < GEMM_NV; v++) acc[i][v] = (gemm_vec){0};                                       \
+            for (int v = 0; v < GEMM_WNV; v++) acc[i][v] = (gemm_vec){0};                                      \
         for (int k = 0; k < kc; k++) {                                                                         \
-            gemm_vec b[GEMM_NV];                                                                               \
-            for (int v = 0; v < GEMM_NV; v++) b[v] = *(const gemm_vec *)(brow[k] + j + v * GEMM_VL);          \
+            gemm_vec b[GEMM_WNV];                                                                              \
+            for (int v = 0; v < GEMM_WNV; v++) b[v] = *(const gemm_vec *)(brow[k] + j + v * GEMM_VL);         \
             for (int i = 0; i < MRV; i++)                                                                      \
-                for (int v = 0; v < GEMM_NV; v++) acc[i][v] += a[(size_t)i * lda + k] * b[v];                  \
+                for (int v = 0; v < GEMM_WNV; v++) acc[i][v] += a[(size_t)i * lda + k] * b[v];                 \
         }                                                                                                      \
-        float tmp[MRV][GEMM_NR];                                                                               \
-        memcpy(tmp, acc, sizeof tmp);                                                                          \
-        for (int i = 0; i < MRV; i++)                                                                          \
-            for (int t = 0; t < nr; t++) c[(size_t)i * ldc + t] = (add ? c[(size_t)i * ldc + t] : 0) + tmp[i][t]; \
+        if (nr == GEMM_WNR)                                                                                    \
+            for (int i = 0; i < MRV; i++)                                                                      \
+                for (int v = 0; v < GEMM_WNV; v++) {                                                           \
+                    gemm_vec *cv = (gemm_vec *)(c + (size_t)i * ldc + v * GEMM_VL);                            \
+                    *cv = add ? *cv + acc[i][v] : acc[i][v];                                                   \
+                }                                                                                              \
+        else {                                                                                                 \
+            float tmp[MRV][GEMM_WNR];                                                                          \
+            memcpy(tmp, acc, sizeof tmp);                                                                      \
+            for (int i = 0; i < MRV; i++)                                                                      \
+                for (int t = 0; t < nr; t++) c[(size_t)i * ldc + t] = (add ? c[(size_t)i * ldc + t] : 0) + tmp[i][t]; \
+        }                                                                                                      \
     }
+GEMM_TAIL_KERNEL(gemm_wide_kernel, GEMM_MR)
 GEMM_TAIL_KERNEL(gemm_tail4_bt_rows, 4)
 GEMM_TAIL_KERNEL(gemm_tail2_bt_rows, 2)
 GEMM_TAIL_KERNEL(gemm_tail1_bt_rows, 1)
@@ -627,11 +644,11 @@ static float *gemm_thread_pack(void) {
 // MR x NR panels, so that every thread gets work: at least GEMM_MIN_TILES of them, N split first
 // (A, the weights, is the smaller operand to read again). The cut depends on the shape only, and
 // tiling never changes the order of a C element's sums.
-static int gemm_tiles(int M, int N, int *mcb, int *ncb, int *mt, int *nt) {
-    int mc = GEMM_MC, nc = GEMM_NC, m = (M + mc - 1) / mc, n = (N + nc - 1) / nc;
-    while (m * n < GEMM_MIN_TILES && (nc > GEMM_NR || mc > GEMM_MR)) {
-        if (nc > GEMM_NR && (N + nc - 1) / nc * 2 <= (N + GEMM_NR - 1) / GEMM_NR)
-            nc = ((N + 2 * n - 1) / (2 * n) + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+static int gemm_tiles_nr(int M, int N, int nr, int *mcb, int *ncb, int *mt, int *nt) {
+    int mc = GEMM_MC, nc = GEMM_NC / nr * nr, m = (M + mc - 1) / mc, n = (N + nc - 1) / nc;
+    while (m * n < GEMM_MIN_TILES && (nc > nr || mc > GEMM_MR)) {
+        if (nc > nr && (N + nc - 1) / nc * 2 <= (N + nr - 1) / nr)
+            nc = ((N + 2 * n - 1) / (2 * n) + nr - 1) / nr * nr;
         else if (mc > GEMM_MR && (M + mc - 1) / mc * 2 <= (M + GEMM_MR - 1) / GEMM_MR)
             mc = ((M + 2 * m - 1) / (2 * m) + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
         else break;
@@ -639,6 +656,10 @@ static int gemm_tiles(int M, int N, int *mcb, int *ncb, int *mt, int *nt) {
     }
     *mcb = mc, *ncb = nc, *mt = m, *nt = n;
     return m * n;
+}
+// (tiles of whole GEMM_NR-wide panels; gemm_wide's of whole GEMM_WNR-wide ones)
+static int gemm_tiles(int M, int N, int *mcb, int *ncb, int *mt, int *nt) {
+    return gemm_tiles_nr(M, N, GEMM_NR, mcb, ncb, mt, nt);
 }
 
 // gemm_cpu: row-major C (M x N) = op(A) (M x K) * op(B) (K x N) + beta * C, op = transpose if
@@ -717,7 +738,7 @@ static inline const float *pad_row(const PadRows *g, int r) {
 }
 static size_t pad_floats(int C, int H, int W, int K) {
     int p = K / 2;
-    return (size_t)C * (H + 2 * p) * (W + 2 * p) + 2 * p + GEMM_NR;
+    return (size_t)C * (H + 2 * p) * (W + 2 * p) + 2 * p + GEMM_WNR;
 }
 // pad_fill: xp (C, H + 2p, W + 2p) = x (C, H, W) inside a zero border, and the zero tail (rows
 // copied by inline loops: a memcpy call per row of 10 to 80 floats costs more than the copy)
@@ -737,7 +758,7 @@ static void pad_fill(float *xp, const float *x, int C, int H, int W, int K) {
         }
         memset(d + (size_t)(H + p) * Wp, 0, (size_t)p * Wp * sizeof(float));
     }
-    memset(xp + C * plane, 0, (2 * p + GEMM_NR) * sizeof(float));
+    memset(xp + C * plane, 0, (2 * p + GEMM_WNR) * sizeof(float));
 }
 // phase_floats / phase_fill: the four phases of x (C, H, W) zero-padded by p = K/2 (K odd, as
 // conv_new requires) for a stride-2 conv with output Ho x Wo: plane (py, px, c) is (Ho + p) x
@@ -745,7 +766,7 @@ static void pad_fill(float *xp, const float *x, int C, int H, int W, int K) {
 // panel and the taps' reach
 static size_t phase_floats(int C, int Ho, int Wo, int K) {
     int p = K / 2, G = Wo + 2 * p;
-    return 4 * (size_t)C * (Ho + p) * G + G + 2 * p + GEMM_NR;
+    return 4 * (size_t)C * (Ho + p) * G + G + 2 * p + GEMM_WNR;
 }
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
 static void phase_fill(float *xq, const float *x, int C, int H, int W, int K, int Ho, int Wo) {
@@ -775,7 +796,7 @@ static void phase_fill(float *xq, const float *x, int C, int H, int W, int K, in
                     for (int j = j1[px] > j0[px] ? j1[px] : j0[px]; j < G; j++) r[j] = 0.f;
                 }
             }
-    memset(xq + 4 * (size_t)C * plane, 0, (G + 2 * p + GEMM_NR) * sizeof(float));
+    memset(xq + 4 * (size_t)C * plane, 0, (G + 2 * p + GEMM_WNR) * sizeof(float));
 }
 // WideOut: where gemm_wide's rows go: row m, grid pixel (i, j) (q = i Wp + j) to out + m H W +
 // y W + x, y = S i + oy, x = S j + ox, when inside H x W; the rest (the junk columns) is dropped.
@@ -822,7 +843,7 @@ static void wide_store(const WideOut *o, int m0, int mc, int q0, int nc, const f
 // cache: no wide C is written.
 static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRows *g, const WideOut *o) {
     gemm_init();
-    int mt, nt, mcb, ncb, ntile = gemm_tiles(M, N, &mcb, &ncb, &mt, &nt);
+    int mt, nt, mcb, ncb, ntile = gemm_tiles_nr(M, N, GEMM_WNR, &mcb, &ncb, &mt, &nt);
 #pragma omp parallel for schedule(dynamic, 1) if (ntile > 1 && (double)M * N * K > 1e5)
     for (int tile = 0; tile < ntile; tile++) {
         int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
@@ -832,15 +853,15 @@ static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRow
         for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
             int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC, add = p0 > 0;
             for (int k = 0; k < kc; k++) brow[k] = pad_row(g, p0 + k);
-            for (int jp = 0; jp < nc; jp += GEMM_NR)
+            for (int jp = 0; jp < nc; jp += GEMM_WNR)
                 for (int ip = 0; ip < mc; ip += GEMM_MR) {
-                    int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                    int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_WNR ? nc - jp : GEMM_WNR;
                     float *cp = T + (size_t)ip * nc + jp;
                     if (mr < GEMM_MR)
                         gemm_tail_bt_rows(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp, nc,
                                           mr, nr, add);
-                    else gemm_kernel_bt_rows(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp,
-                                             nc, mr, nr, add);
+                    else gemm_wide_kernel(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp, nc,
+                                          nr, add);
                 }
         }
         wide_store(o, i0, mc, j0, nc, T, nc);
