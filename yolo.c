@@ -1000,35 +1000,26 @@ static void col2im(const float *col, int C, int H, int W, int K, int S, float *d
 // In place, through pointers (a 32-byte vector passed by value changes the ABI on SSE-only
 // builds); v8_load / v8_store move n <= 8 floats (a row's last, partial group, zero padded).
 #define V8_SELECT(m, a, b) ((gemm_v8)(((m) & (gemm_v8i)(a)) | (~(m) & (gemm_v8i)(b))))   // m ? a : b
-// V8_FMA: a * b + c in the function is one fused multiply-add (as in the GEMM; the device compiler
-// fuses them too), which ISO C does not let GCC do by itself. The BN+SiLU backward is built so (2.2
-// -> 1.7 ns per value on one AVX-512 core) with exp_poly8_fma, its own instance of exp_poly8 (GCC
-// inlines only between functions of the same options). The forward stays unfused: the same bits as
-// before, and its sums are what the loss's fixture test compares with PyTorch at 1e-5.
-#define V8_FMA __attribute__((optimize("fp-contract=fast")))
-#define EXP_POLY8(name, attr)                                                                   \
-    attr static inline void name(gemm_v8 *v) {                                                  \
-        const gemm_v8 lo = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f},            \
-                      hi = {88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f};                    \
-        gemm_v8 x = *v;                                                                         \
-        x = V8_SELECT(x < lo, lo, x);                                                           \
-        x = V8_SELECT(x > hi, hi, x);                                                           \
-        const float shift = 12582912.f;                                                         \
-        gemm_v8 t = x * 1.44269504088896341f + shift, n = t - shift;                            \
-        gemm_v8i ni = (gemm_v8i)t - 0x4B400000;                                                 \
-        gemm_v8 r = x - n * 0.693359375f + n * 2.12194440e-4f;                                  \
-        gemm_v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;                                    \
-        p = p * r + 8.3334519073e-3f;                                                           \
-        p = p * r + 4.1665795894e-2f;                                                           \
-        p = p * r + 1.6666665459e-1f;                                                           \
-        p = p * r + 5.0000001201e-1f;                                                           \
-        p = p * r * r + r + 1.f;                                                                \
-        typedef unsigned int v8u __attribute__((vector_size(32)));                              \
-        v8u eb = ((v8u)ni + 127u) << 23;                                                        \
-        *v = p * (gemm_v8)eb;                                                                   \
-    }
-EXP_POLY8(exp_poly8, )
-EXP_POLY8(exp_poly8_fma, V8_FMA)
+static inline void exp_poly8(gemm_v8 *v) {
+    const gemm_v8 lo = {-87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f, -87.f},
+                  hi = {88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f, 88.f};
+    gemm_v8 x = *v;
+    x = V8_SELECT(x < lo, lo, x);
+    x = V8_SELECT(x > hi, hi, x);
+    const float shift = 12582912.f;
+    gemm_v8 t = x * 1.44269504088896341f + shift, n = t - shift;
+    gemm_v8i ni = (gemm_v8i)t - 0x4B400000;
+    gemm_v8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    gemm_v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    typedef unsigned int v8u __attribute__((vector_size(32)));
+    v8u eb = ((v8u)ni + 127u) << 23;
+    *v = p * (gemm_v8)eb;
+}
 static inline void silu8(gemm_v8 *v) {   // *v = SiLU(*v)
     gemm_v8 e = -*v;
     exp_poly8(&e);
@@ -2075,18 +2066,18 @@ static void bn_stats_cpu(const float *z, long zs, int B, int C, int HW, float *m
 #endif
 // bn_silu_grad8: for 8 values z of one channel and the gradient dv of SiLU(BN(z)): xh = (z - mean) /
 // std and gy, the gradient w.r.t. BN(z)
-V8_FMA static inline void bn_silu_grad8(const gemm_v8 *zv, const gemm_v8 *dv, float mu, float istd, float ga, float be,
+static inline void bn_silu_grad8(const gemm_v8 *zv, const gemm_v8 *dv, float mu, float istd, float ga, float be,
                                  gemm_v8 *gy, gemm_v8 *xh) {
     *xh = (*zv - mu) * istd;
     gemm_v8 y = ga * *xh + be, e = -y;
-    exp_poly8_fma(&e);
+    exp_poly8(&e);
     gemm_v8 sg1 = 1.f / (1.f + e);
     *gy = *dv * sg1 * (1.f + y * (1.f - sg1));
 }
 // bn_silu_backward_cpu: from dA, the gradient of SiLU(BN(z)), to dz in place, recomputing BN and
 // SiLU from z, and dgamma/dbeta += their gradients (train mode includes the batch-statistics
 // terms). gamma NULL: a plain conv with bias (dbeta += sum dA, dz = dA). Twin of bn_silu_backward_cuda.
-V8_FMA static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd,
+static void bn_silu_backward_cpu(const float *z, float *dA, long zs, const float *mean, const float *invstd,
                                  const float *gamma, const float *beta, float *dgamma, float *dbeta, int B, int C,
                                  int HW, int train) {
     double cnt = (double)B * HW;
