@@ -410,7 +410,7 @@ GEMM_KERNEL(gemm_kernel_cols, (const float *restrict bp), bp + k * GEMM_NR, 1, l
 
 // The same products with one operand's rows found through pointers (PadRows below: the rows of an
 // im2col matrix are shifted rows of the zero-padded input, so nothing is copied):
-// gemm_kernel_at: A's row i read in place at arow[i] (B a packed panel); gemm_wide_kernel (below):
+// gemm_kernel_at: A's row i read in place at arow[i] (B a packed panel); gemm_wide_rows (below):
 // B's row k read in place at brow[k] + j, A's rows in place.
 __attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
         int kc, const float *const *arow, size_t k0, const float *restrict bp, float *restrict c, int ldc, int mr,
@@ -429,11 +429,12 @@ __attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
     gemm_store(acc, c, ldc, mr, nr, add);
 }
 
-// The rows of a tile below its last whole MR-row panel (M not a multiple of MR: 16, 32, 64 or 80
-// channels with AVX2's MR of 6), in groups of 4, 2 and 1 rows of A read in place, B's rows in
-// place (gemm_wide's B): where a whole MR-row kernel would compute padding rows (up to 12 % of a
-// 32-row conv) from a packed copy of A. The same sums in the same order.
-#define GEMM_TAIL_KERNEL(name, MRV)                                                                           \
+// gemm_wide_rows: mr rows of C (row stride ldc; nr <= GEMM_WNR columns) (+)= mr rows of A (in place,
+// row stride lda) x B's rows brow[k] + j, the block GEMM_WNV vectors wide. Whole MR-row panels, then
+// the rows below the last one (M not a multiple of MR: 16, 32, 64 or 80 channels with AVX2's MR
+// of 6) in groups of 4, 2 and 1, where a whole MR-row kernel would compute padding rows (up to 12 %
+// of a 32-row conv) from a packed copy of A. The same sums in the same order either way.
+#define GEMM_WIDE_KERNEL(name, MRV)                                                                           \
     __attribute__((optimize("fp-contract=fast"))) static inline void name(                                    \
         int kc, const float *restrict a, int lda, const float *const *brow, size_t j, float *restrict c,      \
         int ldc, int nr, int add) {                                                                            \
@@ -459,17 +460,18 @@ __attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
                 for (int t = 0; t < nr; t++) c[(size_t)i * ldc + t] = (add ? c[(size_t)i * ldc + t] : 0) + tmp[i][t]; \
         }                                                                                                      \
     }
-GEMM_TAIL_KERNEL(gemm_wide_kernel, GEMM_MR)
-GEMM_TAIL_KERNEL(gemm_tail4_bt_rows, 4)
-GEMM_TAIL_KERNEL(gemm_tail2_bt_rows, 2)
-GEMM_TAIL_KERNEL(gemm_tail1_bt_rows, 1)
-static void gemm_tail_bt_rows(int kc, const float *a, int lda, const float *const *brow, size_t j, float *c, int ldc,
-                              int mr, int nr, int add) {
+GEMM_WIDE_KERNEL(gemm_wide_mr, GEMM_MR)
+GEMM_WIDE_KERNEL(gemm_wide_4, 4)
+GEMM_WIDE_KERNEL(gemm_wide_2, 2)
+GEMM_WIDE_KERNEL(gemm_wide_1, 1)
+static void gemm_wide_rows(int kc, const float *a, int lda, const float *const *brow, size_t j, float *c, int ldc,
+                           int mr, int nr, int add) {
     int i = 0;
-    for (; mr - i >= 4; i += 4)
-        gemm_tail4_bt_rows(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
-    if (mr - i >= 2) gemm_tail2_bt_rows(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add), i += 2;
-    if (mr - i >= 1) gemm_tail1_bt_rows(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
+    for (; mr - i >= GEMM_MR; i += GEMM_MR)
+        gemm_wide_mr(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
+    for (; mr - i >= 4; i += 4) gemm_wide_4(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
+    if (mr - i >= 2) gemm_wide_2(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add), i += 2;
+    if (mr - i >= 1) gemm_wide_1(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
 }
 
 // gemm_pack_panel: n (<= w) lines of an operand, kc deep, into dst (kc, w), zero padded to w.
@@ -857,7 +859,7 @@ static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRow
     for (int tile = 0; tile < ntile; tile++) {
         int i0 = (tile / nt) * mcb, j0 = (tile % nt) * ncb;
         int mc = M - i0 < mcb ? M - i0 : mcb, nc = N - j0 < ncb ? N - j0 : ncb;
-        float *pa = gemm_thread_pack(), *T = pa + GEMM_MC * GEMM_KC;   // T: the tile (mc x nc, row stride nc)
+        float *T = gemm_thread_pack() + GEMM_MC * GEMM_KC;   // the tile (mc x nc, row stride nc), in B's pack buffer
         const float *brow[GEMM_KC];
         for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
             int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC, add = p0 > 0;
@@ -866,11 +868,8 @@ static void gemm_wide(int M, int N, int K, const float *A, int lda, const PadRow
                 for (int ip = 0; ip < mc; ip += GEMM_MR) {
                     int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_WNR ? nc - jp : GEMM_WNR;
                     float *cp = T + (size_t)ip * nc + jp;
-                    if (mr < GEMM_MR)
-                        gemm_tail_bt_rows(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp, nc,
-                                          mr, nr, add);
-                    else gemm_wide_kernel(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp, nc,
-                                          nr, add);
+                    gemm_wide_rows(kc, A + (size_t)(i0 + ip) * lda + p0, lda, brow, (size_t)(j0 + jp), cp, nc, mr, nr,
+                                   add);
                 }
         }
         wide_store(o, i0, mc, j0, nc, T, nc);
