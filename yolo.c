@@ -730,10 +730,12 @@ static void gemm_run(int tA, int tB, int M, int N, int K, const float *A, int ld
 }
 
 // PadRows: the im2col matrix of a stride-1 KxK convolution (padding p = K/2) as rows of the
-// zero-padded input xp (C planes of (H + 2p) x Wp, Wp = W + 2p). Computed on the "wide" pixel
-// grid q = y Wp + x (x < Wp; the columns x >= W are junk, dropped by wide_store), row (ci, ky, kx)
-// of that matrix is xp + ci plane + ky Wp + kx, read straight along q: nothing is copied, and the
-// borders read the padding's zeros. pad_floats leaves a zero tail for the last NR-wide panel.
+// zero-padded input xp (C planes of (H + 2p) x Wp, Wp = W + p: a row's p zero columns on the left
+// are also the right-hand padding of the row above, as a tap reaching past a row's end lands
+// there). Computed on the "wide" pixel grid q = y Wp + x (x < Wp; the p columns x >= W are junk,
+// dropped by wide_store), row (ci, ky, kx) of that matrix is xp + ci plane + ky Wp + kx, read
+// straight along q: nothing is copied, and the borders read the padding's zeros. pad_floats leaves
+// a zero tail for the last NR-wide panel.
 // Stride 2 (S 2): the padded input split into its four phases (phase_fill: the even and odd rows
 // and columns of xp, each C planes), output pixel (oy, ox) reads xp[2 oy + ky][2 ox + kx] =
 // phase (ky & 1, kx & 1) at (oy + ky / 2, ox + kx / 2): row (ci, ky, kx) is again a shifted row
@@ -747,15 +749,17 @@ static inline const float *pad_row(const PadRows *g, int r) {
     return g->base + ((size_t)((ky & 1) * 2 + (kx & 1)) * g->C + r / k2) * g->plane + (size_t)(ky >> 1) * g->Wp +
            (kx >> 1);
 }
-static size_t pad_floats(int C, int H, int W, int K) {
+static size_t pad_floats(int C, int H, int K, int Wp) {
     int p = K / 2;
-    return (size_t)C * (H + 2 * p) * (W + 2 * p) + 2 * p + GEMM_WNR;
+    return (size_t)C * (H + 2 * p) * Wp + 2 * p + GEMM_WNR;
 }
-// pad_fill: xp (C, H + 2p, W + 2p) = x (C, H, W) inside a zero border, and the zero tail (rows
-// copied by inline loops: a memcpy call per row of 10 to 80 floats costs more than the copy)
+// pad_fill: xp (C, H + 2p, Wp) = x (C, H, W) inside zeros: p rows above and below, row y of x at
+// columns [p, p + W) of row y + p, zeros left of it and right of it up to Wp (W + p: none; a
+// stride-2 conv's dz on its phases' grid: p more), and the zero tail (rows copied by inline
+// loops: a memcpy call per row of 10 to 80 floats costs more than the copy)
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
-static void pad_fill(float *xp, const float *x, int C, int H, int W, int K) {
-    int p = K / 2, Wp = W + 2 * p;
+static void pad_fill(float *xp, const float *x, int C, int H, int W, int K, int Wp) {
+    int p = K / 2;
     size_t plane = (size_t)(H + 2 * p) * Wp;
 #pragma omp parallel for if ((size_t)C * plane > OMP_MIN_WORK)
     for (int c = 0; c < C; c++) {
@@ -764,7 +768,8 @@ static void pad_fill(float *xp, const float *x, int C, int H, int W, int K) {
         for (int y = 0; y < H; y++) {
             float *r = d + (size_t)(y + p) * Wp;
             const float *src = x + ((size_t)c * H + y) * W;
-            for (int i = 0; i < p; i++) r[i] = r[p + W + i] = 0.f;
+            for (int i = 0; i < p; i++) r[i] = 0.f;
+            for (int i = p + W; i < Wp; i++) r[i] = 0.f;
             for (int i = 0; i < W; i++) r[p + i] = src[i];
         }
         memset(d + (size_t)(H + p) * Wp, 0, (size_t)p * Wp * sizeof(float));
@@ -2251,8 +2256,8 @@ static int cpu_slot(void) {
 static int conv_grid(const Conv *c, size_t *nin, size_t *plane) {
     int p = c->k / 2;
     if (c->s == 1) {
-        *nin = pad_floats(c->cin, c->H, c->W, c->k), *plane = (size_t)(c->H + 2 * p) * (c->W + 2 * p);
-        return c->W + 2 * p;
+        *nin = pad_floats(c->cin, c->H, c->k, c->W + p), *plane = (size_t)(c->H + 2 * p) * (c->W + p);
+        return c->W + p;
     }
     *nin = phase_floats(c->cin, c->Ho, c->Wo, c->k), *plane = (size_t)(c->Ho + p) * (c->Wo + 2 * p);
     return c->Wo + 2 * p;
@@ -2280,7 +2285,7 @@ static void cpu_conv(Exec *e, Conv *c) {
             const float *xb = xs[b];
             float *z = c->z + (size_t)b * c->zstride, *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
             if (wide) {
-                pad_fill(sc, xb, c->cin, H, W, c->k);
+                pad_fill(sc, xb, c->cin, H, W, c->k, Wp);
                 PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
                 WideOut o = {z, Ho, c->Wo, Wp, 1, 0, 0, 0};
                 gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, &o);
@@ -2345,7 +2350,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     int H = c->H, W = c->W, Ho = c->Ho, Wo = c->Wo, p = c->k / 2, KKo = c->cout * k2;
     size_t npx = 0, xplane = 0;
     int Wp = wide ? conv_grid(c, &npx, &xplane) : 0, Hq = Ho + p;   // (stride 2: phase rows Hq)
-    size_t npz = wide ? pad_floats(c->cout, Ho, Wo, c->k) : 0, zplane = (size_t)(Ho + 2 * p) * Wp;
+    size_t npz = wide ? pad_floats(c->cout, Ho, c->k, Wp) : 0, zplane = (size_t)(Ho + 2 * p) * Wp;
     long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
     long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
     int batch = nop <= ngw;                                               // the batch as one K
@@ -2404,9 +2409,9 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
             float *op = batch ? (ops ? ops + (size_t)b * nop : NULL) : sc, *dsc = batch ? sc : sc + nop;
             if (wide) {
                 float *xp = op, *dzp = op + npx;
-                if (S == 1) pad_fill(xp, xb, c->cin, H, W, c->k);
+                if (S == 1) pad_fill(xp, xb, c->cin, H, W, c->k, Wp);
                 else phase_fill(xp, xb, c->cin, H, W, c->k, Ho, Wo);
-                pad_fill(dzp, dz, c->cout, Ho, Wo, c->k);
+                pad_fill(dzp, dz, c->cout, Ho, Wo, c->k, Wp);
                 ag[b] = (PadRows){xp, xplane, Wp, c->k, S, c->cin, NULL}, as[b] = NULL;
                 bs[b] = dzp + (size_t)p * Wp + p;
                 if (dx && S == 1) {
