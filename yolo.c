@@ -631,15 +631,14 @@ static void gemm_block(int tA, int tB, int i0, int j0, int mc, int nc, int k0, i
 // gemm_thread_pack: the calling thread's pack buffers: its number in the innermost team of more
 // than one thread (inside cpu_conv's image loop a GEMM's own team has one thread; inside a loop
 // of one thread, the GEMM's team is the one that counts)
-static float *gemm_thread_pack(void) {
+static int gemm_thread_index(void) {
 #ifdef _OPENMP
     for (int l = omp_get_level(); l > 0; l--)
-        if (omp_get_team_size(l) > 1) return gemm_pack[omp_get_ancestor_thread_num(l)];
-    return gemm_pack[0];
-#else
-    return gemm_pack[0];
+        if (omp_get_team_size(l) > 1) return omp_get_ancestor_thread_num(l);
 #endif
+    return 0;
 }
+static float *gemm_thread_pack(void) { return gemm_pack[gemm_thread_index()]; }
 
 // gemm_tiles: C's tiles (mcb x ncb, mt x nt of them; returns their number). A C of few MC x NC
 // tiles (the low-resolution layers: 128 x 400 at 20 x 20 is one) is cut into smaller tiles, whole
@@ -749,9 +748,11 @@ static inline const float *pad_row(const PadRows *g, int r) {
     return g->base + ((size_t)((ky & 1) * 2 + (kx & 1)) * g->C + r / k2) * g->plane + (size_t)(ky >> 1) * g->Wp +
            (kx >> 1);
 }
+// (the zero tail: the last panel's reach, and a row and 32 floats for wino_input's groups of blocks)
+static size_t pad_tail(int K, int Wp) { return 2 * (size_t)(K / 2) + GEMM_WNR + Wp + 32; }
 static size_t pad_floats(int C, int H, int K, int Wp) {
     int p = K / 2;
-    return (size_t)C * (H + 2 * p) * Wp + 2 * p + GEMM_WNR;
+    return (size_t)C * (H + 2 * p) * Wp + pad_tail(K, Wp);
 }
 // pad_fill: xp (C, H + 2p, Wp) = x (C, H, W) inside zeros: p rows above and below, row y of x at
 // columns [p, p + W) of row y + p, zeros left of it and right of it up to Wp (W + p: none; a
@@ -774,7 +775,7 @@ static void pad_fill(float *xp, const float *x, int C, int H, int W, int K, int 
         }
         memset(d + (size_t)(H + p) * Wp, 0, (size_t)p * Wp * sizeof(float));
     }
-    memset(xp + C * plane, 0, (2 * p + GEMM_WNR) * sizeof(float));
+    memset(xp + C * plane, 0, pad_tail(K, Wp) * sizeof(float));
 }
 // phase_floats / phase_fill: the four phases of x (C, H, W) zero-padded by p = K/2 (K odd, as
 // conv_new requires) for a stride-2 conv with output Ho x Wo: plane (py, px, c) is (Ho + p) x
@@ -1041,6 +1042,166 @@ static inline void v8_load(gemm_v8 *v, const float *p, int n) {
 static inline void v8_store(float *p, const gemm_v8 *v, int n) {
     if (n == 8) *(gemm_v8 *)p = *v;
     else memcpy(p, v, (size_t)n * sizeof(float));
+}
+
+// Winograd F(2x2, 3x3): a stride-1 3x3 convolution's input gradient in 4 products per output
+// pixel and channel pair instead of 9. It is a 3x3 correlation of the padded dz with the flipped
+// weights g (see cpu_conv_grads), and each 2x2 block of outputs, from its 4x4 input patch d, is
+// Y = A^T [(G g G^T) . (B^T d B)] A, with
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1]
+// (an element-wise product of 4x4 transforms). Summed over Cout, the 16 element positions e are
+// 16 GEMMs: M_e (Cin x blocks) = U_e (Cin x Cout, the transformed weights, wino_weights) x V_e
+// (Cout x blocks, the transformed patches, wino_input), then Y = A^T M A (wino_output). The GEMMs
+// are gemm_wide_rows on GEMM_KC-deep blocks of Cout (V_e's rows read in place), so every sum has a
+// fixed order (per e: Cout in order; then Y's fixed sums of the 16), whatever the threads. Output
+// (0, 0) of a block reads patch rows and columns 0..2 only (A^T's first row leaves out M's last row
+// and column exactly), so a patch reaching past the padding (odd H or W), or a group of 8 blocks
+// reaching past its row, changes only outputs that are dropped. Blocks are taken in bands of
+// WINO_NC: a band's V (16 x Cout x WINO_NC) is made, used by every Cin block, and dropped while it
+// is still in cache; each Cin block's 16 M_e tiles fill B's pack buffer. Rounding differs from the
+// direct sum (G's halves, the sums of four in A and B), within the gradient tolerances of the
+// finite-difference and PyTorch-parity tests.
+#define WINO_NC (GEMM_WNR * (GEMM_WNR >= 48 ? 2 : GEMM_WNR >= 16 ? 6 : 8))   // band width, in 2x2 blocks
+#define WINO_MC ((GEMM_KC * GEMM_NC / 16 / WINO_NC - 1) / GEMM_MR * GEMM_MR)   // Cin rows per block
+// V_e and the M_e tiles lie 16 floats more than their size apart: 16 streams a multiple of 4 KiB
+// apart would share their L1 sets (32 -> 32 channels at 40 x 40: 40 % slower)
+#define WINO_SKEW 16
+static size_t wino_es(int C) { return (size_t)C * WINO_NC + WINO_SKEW; }
+_Static_assert(WINO_MC >= GEMM_MR && WINO_NC % 8 == 0 && 16 * (WINO_MC * WINO_NC + WINO_SKEW) <= GEMM_KC * GEMM_NC,
+               "wino_conv's 16 tiles fit B's pack buffer");
+// wino_weights: U (16, Cin, Cout), U_e[ci][co] = (G g G^T)[e / 4][e % 4], g[ky][kx] = w[co][ci][2 - ky][2 - kx]
+static void wino_weights(const float *w, int cout, int cin, float *U) {
+#pragma omp parallel for if ((long)cout * cin * 16 > OMP_MIN_WORK)
+    for (int co = 0; co < cout; co++)
+        for (int ci = 0; ci < cin; ci++) {
+            const float *k = w + ((size_t)co * cin + ci) * 9;
+            float g[3][3], t[4][3];
+            for (int y = 0; y < 3; y++)
+                for (int x = 0; x < 3; x++) g[y][x] = k[8 - 3 * y - x];
+            for (int x = 0; x < 3; x++) {   // t = G g
+                t[0][x] = g[0][x];
+                t[1][x] = 0.5f * (g[0][x] + g[1][x] + g[2][x]);
+                t[2][x] = 0.5f * (g[0][x] - g[1][x] + g[2][x]);
+                t[3][x] = g[2][x];
+            }
+            for (int a = 0; a < 4; a++) {   // U = t G^T
+                float u[4] = {t[a][0], 0.5f * (t[a][0] + t[a][1] + t[a][2]), 0.5f * (t[a][0] - t[a][1] + t[a][2]), t[a][2]};
+                for (int b = 0; b < 4; b++) U[((size_t)(4 * a + b) * cin + ci) * cout + co] = u[b];
+            }
+        }
+}
+// wino_input: V (16, C, ldv) for blocks t0 .. t0 + nc - 1 (block t: output rows 2 (t / W2) + 0..1,
+// columns 2 (t % W2) + 0..1) from the padded planes dp (C planes of `plane` floats, rows Wp wide:
+// patch element (a, b) of block (i, j) is dp[(2i + a) Wp + 2j + b]): V_e = (B^T d B)[e / 4][e % 4].
+// 8 blocks at a time, from the even and odd columns of 18 floats per patch row; a row of blocks
+// that is not a whole number of groups ends with a group that overlaps the one before (the same
+// values stored again), one shorter than 8 with a group that reads on into the next rows (inside
+// the plane and pad_tail) and stores only its blocks.
+static void wino_input(const float *dp, size_t plane, int Wp, int C, int W2, int t0, int nc, float *V, int ldv) {
+    const gemm_v8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = {1, 3, 5, 7, 9, 11, 13, 15};
+    size_t es = wino_es(C);   // V_e to V_e+1
+    for (int c = 0; c < C; c++)
+        for (int t = t0; t < t0 + nc;) {
+            int i = t / W2, j = t % W2, n = W2 - j < t0 + nc - t ? W2 - j : t0 + nc - t;   // blocks left in this row
+            const float *r0 = dp + c * plane + (size_t)(2 * i) * Wp + 2 * j;
+            float *v = V + (size_t)c * ldv + (t - t0);
+            for (int q0 = 0; q0 < n; q0 += 8) {
+                int q = n >= 8 && q0 + 8 > n ? n - 8 : q0, m = n - q < 8 ? n - q : 8;
+                gemm_v8 R[4][4];
+                for (int a = 0; a < 4; a++) {
+                    const float *r = r0 + (size_t)a * Wp + 2 * q;
+                    gemm_v8 l0 = *(const gemm_v8 *)r, l1 = *(const gemm_v8 *)(r + 8);
+                    gemm_v8 h0 = *(const gemm_v8 *)(r + 2), h1 = *(const gemm_v8 *)(r + 10);
+                    gemm_v8 x0 = __builtin_shuffle(l0, l1, ev), x1 = __builtin_shuffle(l0, l1, od);
+                    gemm_v8 x2 = __builtin_shuffle(h0, h1, ev), x3 = __builtin_shuffle(h0, h1, od);
+                    R[a][0] = x0 - x2, R[a][1] = x1 + x2, R[a][2] = x2 - x1, R[a][3] = x1 - x3;
+                }
+                for (int b = 0; b < 4; b++) {
+                    gemm_v8 y[4] = {R[0][b] - R[2][b], R[1][b] + R[2][b], R[2][b] - R[1][b], R[1][b] - R[3][b]};
+                    for (int a = 0; a < 4; a++) {
+                        float *d = v + (size_t)(4 * a + b) * es + q;
+                        if (m == 8) *(gemm_v8 *)d = y[a];
+                        else for (int k = 0; k < m; k++) d[k] = y[a][k];
+                    }
+                }
+            }
+            t += n;
+        }
+}
+// wino_output: out (+)= Y = A^T M A for the Cin rows i0 .. i0 + mc - 1 and blocks t0 .. t0 + nc - 1
+// (M: 16 tiles, tile e's row i at Mt + e wino_es(WINO_MC) + i WINO_NC): per column b of M, the rows'
+// sums s_b = M0b + M1b + M2b and d_b = M1b - M2b - M3b, then Y = (s0 + s1 + s2, s1 - s2 - s3;
+// d0 + d1 + d2, d1 - d2 - d3), each row's two outputs interleaved into a row of out
+static void wino_output(const float *Mt, int i0, int mc, int t0, int nc, int H, int W, int W2, float *out, int add) {
+    const gemm_v8i lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = {4, 12, 5, 13, 6, 14, 7, 15};
+    size_t HW = (size_t)H * W, es = wino_es(WINO_MC);
+    for (int i = 0; i < mc; i++)
+        for (int t = t0; t < t0 + nc;) {
+            int bi = t / W2, bj = t % W2, n = W2 - bj < t0 + nc - t ? W2 - bj : t0 + nc - t;
+            const float *m = Mt + (size_t)i * WINO_NC + (t - t0);
+            float *o = out + (size_t)(i0 + i) * HW + (size_t)(2 * bi) * W + 2 * bj;
+            int w = W - 2 * bj < 2 * n ? W - 2 * bj : 2 * n, rows = H - 2 * bi < 2 ? 1 : 2;   // outputs inside
+            for (int q = 0; q < n; q += 8) {
+                gemm_v8 s[4], d[4], y[4];
+                for (int b = 0; b < 4; b++) {
+                    gemm_v8 m0 = *(const gemm_v8 *)(m + b * es + q), m1 = *(const gemm_v8 *)(m + (4 + b) * es + q);
+                    gemm_v8 m2 = *(const gemm_v8 *)(m + (8 + b) * es + q), m3 = *(const gemm_v8 *)(m + (12 + b) * es + q);
+                    s[b] = m0 + m1 + m2, d[b] = m1 - m2 - m3;
+                }
+                y[0] = s[0] + s[1] + s[2], y[1] = s[1] - s[2] - s[3], y[2] = d[0] + d[1] + d[2], y[3] = d[1] - d[2] - d[3];
+                int wq = w - 2 * q < 16 ? w - 2 * q : 16;   // outputs of this group inside the row
+                for (int r = 0; r < rows; r++) {
+                    gemm_v8 p[2] = {__builtin_shuffle(y[2 * r], y[2 * r + 1], lo), __builtin_shuffle(y[2 * r], y[2 * r + 1], hi)};
+                    float *d0 = o + (size_t)r * W + 2 * q;
+                    if (wq == 16 && add)
+                        for (int h = 0; h < 2; h++) *(gemm_v8 *)(d0 + 8 * h) += p[h];
+                    else if (wq == 16)
+                        for (int h = 0; h < 2; h++) *(gemm_v8 *)(d0 + 8 * h) = p[h];
+                    else {   // (the row's last, partial group)
+                        float f[16];
+                        memcpy(f, p, sizeof f);
+                        for (int k = 0; k < wq; k++) d0[k] = (add ? d0[k] : 0.f) + f[k];
+                    }
+                }
+            }
+            t += n;
+        }
+}
+// wino_floats: floats of the V buffers wino_conv needs (one band per thread)
+static size_t wino_floats(int K, int nthreads) { return (size_t)nthreads * (16 * wino_es(K) + GEMM_WNR); }
+// wino_conv: out (M, H, W) (+)= the 3x3 correlation of the padded planes dp (K of them, `plane`
+// floats, rows Wp wide, Wp >= W + 1, zero outside the input; pad_tail past the last) with the
+// weights transformed into U (wino_weights: 16 x M x K). V: wino_floats(K, omp_threads()) floats.
+// add: out += instead of =.
+static void wino_conv(int M, int K, int H, int W, const float *U, const float *dp, size_t plane, int Wp, float *V,
+                      float *out, int add) {
+    gemm_init();
+    int W2 = (W + 1) / 2, nt = (H + 1) / 2 * W2, nb = (nt + WINO_NC - 1) / WINO_NC;
+#pragma omp parallel for schedule(dynamic, 1) if (nb > 1 && (double)M * K * nt > 1e5)
+    for (int band = 0; band < nb; band++) {
+        int t0 = band * WINO_NC, nc = nt - t0 < WINO_NC ? nt - t0 : WINO_NC;
+        float *v = V + (size_t)gemm_thread_index() * (16 * wino_es(K) + GEMM_WNR);
+        wino_input(dp, plane, Wp, K, W2, t0, nc, v, WINO_NC);
+        float *Mt = gemm_thread_pack() + GEMM_MC * GEMM_KC;   // 16 tiles of WINO_MC x WINO_NC
+        const float *brow[GEMM_KC];
+        for (int i0 = 0; i0 < M; i0 += WINO_MC) {
+            int mc = M - i0 < WINO_MC ? M - i0 : WINO_MC;
+            for (int e = 0; e < 16; e++)
+                for (int p0 = 0; p0 < K; p0 += GEMM_KC) {
+                    int kc = K - p0 < GEMM_KC ? K - p0 : GEMM_KC;
+                    for (int k = 0; k < kc; k++) brow[k] = v + e * wino_es(K) + (size_t)(p0 + k) * WINO_NC;
+                    for (int jp = 0; jp < nc; jp += GEMM_WNR)
+                        for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                            int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_WNR ? nc - jp : GEMM_WNR;
+                            gemm_wide_rows(kc, U + ((size_t)e * M + i0 + ip) * K + p0, K, brow, (size_t)jp,
+                                           Mt + e * wino_es(WINO_MC) + (size_t)ip * WINO_NC + jp, WINO_NC, mr, nr,
+                                           p0 > 0);
+                        }
+                }
+            wino_output(Mt, i0, mc, t0, nc, H, W, W2, out, add);
+        }
+    }
 }
 
 // bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
@@ -2352,6 +2513,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     int Wp = wide ? conv_grid(c, &npx, &xplane) : 0, Hq = Ho + p;   // (stride 2: phase rows Hq)
     size_t npz = wide ? pad_floats(c->cout, Ho, c->k, Wp) : 0, zplane = (size_t)(Ho + 2 * p) * Wp;
     long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
+    int wino = S == 1 && c->k == 3 && need_dx;   // the input gradient by Winograd F(2x2, 3x3) (wino_conv)
     long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
     int batch = nop <= ngw;                                               // the batch as one K
     long ndx = !need_dx || direct || wide ? 0 : (long)KK * HWo;   // dx's im2col matrix (other strides)
@@ -2375,7 +2537,9 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     float *gwt = walk_f32(e, (batch ? 1 : B) * ngw, G_SCRATCH);                     // (Cin*K*K, Cout) [per image]
     float *ops = batch && nop ? walk_f32(e, (long)B * nop, G_SCRATCH) : NULL;      // every image's operands
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
-    float *wf = wide && need_dx ? walk_f32(e, (long)c->cin * KKo, G_SCRATCH) : NULL;   // (Cin, Cout*K*K)
+    // the input gradient's weights: wino_conv's U (16, Cin, Cout), else flipped (Cin, Cout*K*K)
+    float *wf = wide && need_dx ? walk_f32(e, wino ? 16L * c->cin * c->cout : (long)c->cin * KKo, G_SCRATCH) : NULL;
+    float *wv = wino ? walk_f32(e, (long)wino_floats(c->cout, omp_threads()), G_SCRATCH) : NULL;   // its V buffers
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
     // stride 2: phase ph = 2 py + px's taps (nty x ntx), their weights at wf + wo[ph] (Cin x kph[ph])
@@ -2385,7 +2549,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     if (!dry) {
         gemm_init();
         par_zero(gwt, (size_t)(batch ? 1 : B) * ngw * sizeof(float));
-        if (wf && S == 1)
+        if (wino) wino_weights(w, c->cout, c->cin, wf);
+        else if (wf && S == 1)
 #pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
             for (int co = 0; co < c->cout; co++)
                 for (int ci = 0; ci < c->cin; ci++)
@@ -2414,7 +2579,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                 pad_fill(dzp, dz, c->cout, Ho, Wo, c->k, Wp);
                 ag[b] = (PadRows){xp, xplane, Wp, c->k, S, c->cin, NULL}, as[b] = NULL;
                 bs[b] = dzp + (size_t)p * Wp + p;
-                if (dx && S == 1) {
+                if (dx && wino) wino_conv(c->cin, c->cout, H, W, wf, dzp, zplane, Wp, wv, dx, dx_add[b]);
+                else if (dx && S == 1) {
                     PadRows gz = {dzp, zplane, Wp, c->k, 1, c->cout, NULL};
                     WideOut o = {dx, H, W, Wp, 1, 0, 0, dx_add[b]};
                     gemm_wide(c->cin, H * Wp, KKo, wf, KKo, &gz, &o);
@@ -2466,6 +2632,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                     }
     }
     for (int b = 0; b < B && dxall; b++) value_backprop(e, c->in, b, dxall + (size_t)b * nx, nx);
+    arena_free(e->a, wv);
     arena_free(e->a, wf);
     arena_free(e->a, scr);
     arena_free(e->a, ops);
