@@ -433,45 +433,77 @@ __attribute__((optimize("fp-contract=fast"))) static inline void gemm_kernel_at(
 // row stride lda) x B's rows brow[k] + j, the block GEMM_WNV vectors wide. Whole MR-row panels, then
 // the rows below the last one (M not a multiple of MR: 16, 32, 64 or 80 channels with AVX2's MR
 // of 6) in groups of 4, 2 and 1, where a whole MR-row kernel would compute padding rows (up to 12 %
-// of a 32-row conv) from a packed copy of A. The same sums in the same order either way.
-#define GEMM_WIDE_KERNEL(name, MRV)                                                                           \
+// of a 32-row conv) from a packed copy of A. A last panel of columns narrower than the block takes
+// a block of as many vectors as it needs (a 10 x 10 map's 110 wide-grid columns: 48 + 48 + 16 on
+// AVX-512, not 3 x 48). The same sums in the same order either way.
+#define GEMM_WIDE_KERNEL(name, MRV, NVV)                                                                      \
     __attribute__((optimize("fp-contract=fast"))) static inline void name(                                    \
         int kc, const float *restrict a, int lda, const float *const *brow, size_t j, float *restrict c,      \
         int ldc, int nr, int add) {                                                                            \
-        gemm_vec acc[MRV][GEMM_WNV];                                                                           \
+        gemm_vec acc[MRV][NVV];                                                                                \
         for (int i = 0; i < MRV; i++)                                                                          \
-            for (int v = 0; v < GEMM_WNV; v++) acc[i][v] = (gemm_vec){0};                                      \
+            for (int v = 0; v < NVV; v++) acc[i][v] = (gemm_vec){0};                                           \
         for (int k = 0; k < kc; k++) {                                                                         \
-            gemm_vec b[GEMM_WNV];                                                                              \
-            for (int v = 0; v < GEMM_WNV; v++) b[v] = *(const gemm_vec *)(brow[k] + j + v * GEMM_VL);         \
+            gemm_vec b[NVV];                                                                                   \
+            for (int v = 0; v < NVV; v++) b[v] = *(const gemm_vec *)(brow[k] + j + v * GEMM_VL);              \
             for (int i = 0; i < MRV; i++)                                                                      \
-                for (int v = 0; v < GEMM_WNV; v++) acc[i][v] += a[(size_t)i * lda + k] * b[v];                 \
+                for (int v = 0; v < NVV; v++) acc[i][v] += a[(size_t)i * lda + k] * b[v];                      \
         }                                                                                                      \
-        if (nr == GEMM_WNR)                                                                                    \
+        if (nr == NVV * GEMM_VL)                                                                               \
             for (int i = 0; i < MRV; i++)                                                                      \
-                for (int v = 0; v < GEMM_WNV; v++) {                                                           \
+                for (int v = 0; v < NVV; v++) {                                                                \
                     gemm_vec *cv = (gemm_vec *)(c + (size_t)i * ldc + v * GEMM_VL);                            \
                     *cv = add ? *cv + acc[i][v] : acc[i][v];                                                   \
                 }                                                                                              \
         else {                                                                                                 \
-            float tmp[MRV][GEMM_WNR];                                                                          \
+            float tmp[MRV][NVV * GEMM_VL];                                                                     \
             memcpy(tmp, acc, sizeof tmp);                                                                      \
             for (int i = 0; i < MRV; i++)                                                                      \
                 for (int t = 0; t < nr; t++) c[(size_t)i * ldc + t] = (add ? c[(size_t)i * ldc + t] : 0) + tmp[i][t]; \
         }                                                                                                      \
     }
-GEMM_WIDE_KERNEL(gemm_wide_mr, GEMM_MR)
-GEMM_WIDE_KERNEL(gemm_wide_4, 4)
-GEMM_WIDE_KERNEL(gemm_wide_2, 2)
-GEMM_WIDE_KERNEL(gemm_wide_1, 1)
+// GEMM_WIDE_ROWS(NVV, sfx): the kernels of MR, 4, 2 and 1 rows NVV vectors wide, and their
+// dispatcher gemm_wide_rows##sfx over mr rows
+#define GEMM_WIDE_ROWS(NVV, sfx)                                                                               \
+    GEMM_WIDE_KERNEL(gemm_wide_mr##sfx, GEMM_MR, NVV)                                                          \
+    GEMM_WIDE_KERNEL(gemm_wide_4##sfx, 4, NVV)                                                                 \
+    GEMM_WIDE_KERNEL(gemm_wide_2##sfx, 2, NVV)                                                                 \
+    GEMM_WIDE_KERNEL(gemm_wide_1##sfx, 1, NVV)                                                                 \
+    static void gemm_wide_rows##sfx(int kc, const float *a, int lda, const float *const *brow, size_t j,      \
+                                    float *c, int ldc, int mr, int nr, int add) {                              \
+        int i = 0;                                                                                             \
+        for (; mr - i >= GEMM_MR; i += GEMM_MR)                                                                \
+            gemm_wide_mr##sfx(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);       \
+        for (; mr - i >= 4; i += 4)                                                                            \
+            gemm_wide_4##sfx(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);        \
+        if (mr - i >= 2)                                                                                       \
+            gemm_wide_2##sfx(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add), i += 2; \
+        if (mr - i >= 1) gemm_wide_1##sfx(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add); \
+    }
+GEMM_WIDE_ROWS(GEMM_WNV, _w)
+#if GEMM_WNV >= 2
+GEMM_WIDE_ROWS(1, _n1)
+#endif
+#if GEMM_WNV >= 3
+GEMM_WIDE_ROWS(2, _n2)
+#endif
 static void gemm_wide_rows(int kc, const float *a, int lda, const float *const *brow, size_t j, float *c, int ldc,
                            int mr, int nr, int add) {
-    int i = 0;
-    for (; mr - i >= GEMM_MR; i += GEMM_MR)
-        gemm_wide_mr(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
-    for (; mr - i >= 4; i += 4) gemm_wide_4(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
-    if (mr - i >= 2) gemm_wide_2(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add), i += 2;
-    if (mr - i >= 1) gemm_wide_1(kc, a + (size_t)i * lda, lda, brow, j, c + (size_t)i * ldc, ldc, nr, add);
+    int nv = (nr + GEMM_VL - 1) / GEMM_VL;   // vectors the columns need
+#if GEMM_WNV >= 2
+    if (nv == 1) {
+        gemm_wide_rows_n1(kc, a, lda, brow, j, c, ldc, mr, nr, add);
+        return;
+    }
+#endif
+#if GEMM_WNV >= 3
+    if (nv == 2) {
+        gemm_wide_rows_n2(kc, a, lda, brow, j, c, ldc, mr, nr, add);
+        return;
+    }
+#endif
+    (void)nv;
+    gemm_wide_rows_w(kc, a, lda, brow, j, c, ldc, mr, nr, add);
 }
 
 // gemm_pack_panel: n (<= w) lines of an operand, kc deep, into dst (kc, w), zero padded to w.
@@ -1068,26 +1100,34 @@ static inline void v8_store(float *p, const gemm_v8 *v, int n) {
 // apart would share their L1 sets (32 -> 32 channels at 40 x 40: 40 % slower)
 #define WINO_SKEW 16
 static size_t wino_es(int C) { return (size_t)C * WINO_NC + WINO_SKEW; }
+static size_t wino_ues(int M, int K) { return (size_t)M * K + WINO_SKEW; }   // (U_e to U_e+1, the same way)
 _Static_assert(WINO_MC >= GEMM_MR && WINO_NC % 8 == 0 && 16 * (WINO_MC * WINO_NC + WINO_SKEW) <= GEMM_KC * GEMM_NC,
                "wino_conv's 16 tiles fit B's pack buffer");
-// wino_weights: U (16, Cin, Cout), U_e[ci][co] = (G g G^T)[e / 4][e % 4], g[ky][kx] = w[co][ci][2 - ky][2 - kx]
-static void wino_weights(const float *w, int cout, int cin, float *U) {
+// wino_weights: the weights w (Cout, Cin, 3, 3) transformed for wino_conv: flip 0 (a forward conv): U
+// (16, Cout, Cin), U_e[co][ci] = (G g G^T)[e / 4][e % 4], g = w[co][ci]; flip 1 (its input
+// gradient): U (16, Cin, Cout), U_e[ci][co] the same of g[ky][kx] = w[co][ci][2 - ky][2 - kx].
+// U_e starts at U + e wino_ues(rows, cols); U holds 16 wino_ues floats.
+static void wino_weights(const float *w, int cout, int cin, int flip, float *U) {
+    int rows = flip ? cin : cout, cols = flip ? cout : cin;   // each U_e: rows x cols
+    size_t es = wino_ues(rows, cols);
 #pragma omp parallel for if ((long)cout * cin * 16 > OMP_MIN_WORK)
-    for (int co = 0; co < cout; co++)
-        for (int ci = 0; ci < cin; ci++) {
-            const float *k = w + ((size_t)co * cin + ci) * 9;
-            float g[3][3], t[4][3];
-            for (int y = 0; y < 3; y++)
-                for (int x = 0; x < 3; x++) g[y][x] = k[8 - 3 * y - x];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const float *k = w + ((size_t)(flip ? c : r) * cin + (flip ? r : c)) * 9;
+            float g[9], t[4][3];
+            for (int i = 0; i < 9; i++) g[i] = k[flip ? 8 - i : i];
             for (int x = 0; x < 3; x++) {   // t = G g
-                t[0][x] = g[0][x];
-                t[1][x] = 0.5f * (g[0][x] + g[1][x] + g[2][x]);
-                t[2][x] = 0.5f * (g[0][x] - g[1][x] + g[2][x]);
-                t[3][x] = g[2][x];
+                t[0][x] = g[x];
+                t[1][x] = 0.5f * (g[x] + g[3 + x] + g[6 + x]);
+                t[2][x] = 0.5f * (g[x] - g[3 + x] + g[6 + x]);
+                t[3][x] = g[6 + x];
             }
+            float *u = U + (size_t)r * cols + c;
             for (int a = 0; a < 4; a++) {   // U = t G^T
-                float u[4] = {t[a][0], 0.5f * (t[a][0] + t[a][1] + t[a][2]), 0.5f * (t[a][0] - t[a][1] + t[a][2]), t[a][2]};
-                for (int b = 0; b < 4; b++) U[((size_t)(4 * a + b) * cin + ci) * cout + co] = u[b];
+                u[(4 * a) * es] = t[a][0];
+                u[(4 * a + 1) * es] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+                u[(4 * a + 2) * es] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+                u[(4 * a + 3) * es] = t[a][2];
             }
         }
 }
@@ -1194,7 +1234,7 @@ static void wino_conv(int M, int K, int H, int W, const float *U, const float *d
                     for (int jp = 0; jp < nc; jp += GEMM_WNR)
                         for (int ip = 0; ip < mc; ip += GEMM_MR) {
                             int mr = mc - ip < GEMM_MR ? mc - ip : GEMM_MR, nr = nc - jp < GEMM_WNR ? nc - jp : GEMM_WNR;
-                            gemm_wide_rows(kc, U + ((size_t)e * M + i0 + ip) * K + p0, K, brow, (size_t)jp,
+                            gemm_wide_rows(kc, U + e * wino_ues(M, K) + (size_t)(i0 + ip) * K + p0, K, brow, (size_t)jp,
                                            Mt + e * wino_es(WINO_MC) + (size_t)ip * WINO_NC + jp, WINO_NC, mr, nr,
                                            p0 > 0);
                         }
@@ -2435,21 +2475,28 @@ static void cpu_conv(Exec *e, Conv *c) {
     int Wp = wide ? conv_grid(c, &nin, &plane) : 0;
     // a slot: the padded input, or the im2col matrix (Cin*K*K, Ho*Wo)
     long nscr = wide ? (long)nin : direct || implicit ? 0 : (long)KK * HWo;
+    int wino = wide && c->k == 3;   // by Winograd F(2x2, 3x3) (wino_conv)
     const float *xs[m->B], **rows;   // (rows: a 1x1 conv of a concatenation, B's rows in place)
     float *xall = cpu_conv_input(e, c, xs, &rows);
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
     const float *w = e->params + c->w_off;                                   // (Cout, Cin*K*K)
+    float *wu = wino ? walk_f32(e, 16 * (long)wino_ues(c->cout, c->cin), G_SCRATCH) : NULL;   // the weights transformed
+    float *wv = wino ? walk_f32(e, (long)wino_floats(c->cin, omp_threads()), G_SCRATCH) : NULL;   // V buffers
     if (!dry) {
         gemm_init();
+        if (wino) wino_weights(w, c->cout, c->cin, 0, wu);
 #pragma omp parallel for schedule(static, 1) if (nslot > 1)
         for (int b = 0; b < m->B; b++) {
             const float *xb = xs[b];
             float *z = c->z + (size_t)b * c->zstride, *sc = scr ? scr + (size_t)cpu_slot() * nscr : NULL;
             if (wide) {
                 pad_fill(sc, xb, c->cin, H, W, c->k, Wp);
-                PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
-                WideOut o = {z, Ho, c->Wo, Wp, 1, 0, 0, 0};
-                gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, &o);
+                if (wino) wino_conv(c->cout, c->cin, H, W, wu, sc, plane, Wp, wv, z, 0);
+                else {
+                    PadRows g = {sc, plane, Wp, c->k, 1, c->cin, NULL};
+                    WideOut o = {z, Ho, c->Wo, Wp, 1, 0, 0, 0};
+                    gemm_wide(c->cout, Ho * Wp, KK, w, KK, &g, &o);
+                }
             } else if (rows) {
                 Im2col g = {.rows = rows + (size_t)b * c->cin};
                 gemm_run(0, 0, c->cout, HWo, KK, w, KK, NULL, HWo, &g, 0, 0.f, z, HWo);
@@ -2463,6 +2510,8 @@ static void cpu_conv(Exec *e, Conv *c) {
                     for (int i = 0; i < HWo; i++) z[(size_t)o * HWo + i] += e->params[c->b_off + o];
         }
     }
+    arena_free(e->a, wv);
+    arena_free(e->a, wu);
     arena_free(e->a, scr);
     arena_free(e->a, xall);
     arena_free(e->a, rows);
@@ -2538,7 +2587,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     float *ops = batch && nop ? walk_f32(e, (long)B * nop, G_SCRATCH) : NULL;      // every image's operands
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
     // the input gradient's weights: wino_conv's U (16, Cin, Cout), else flipped (Cin, Cout*K*K)
-    float *wf = wide && need_dx ? walk_f32(e, wino ? 16L * c->cin * c->cout : (long)c->cin * KKo, G_SCRATCH) : NULL;
+    float *wf = wide && need_dx ? walk_f32(e, wino ? 16 * (long)wino_ues(c->cin, c->cout) : (long)c->cin * KKo, G_SCRATCH)
+                                : NULL;
     float *wv = wino ? walk_f32(e, (long)wino_floats(c->cout, omp_threads()), G_SCRATCH) : NULL;   // its V buffers
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
@@ -2549,7 +2599,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     if (!dry) {
         gemm_init();
         par_zero(gwt, (size_t)(batch ? 1 : B) * ngw * sizeof(float));
-        if (wino) wino_weights(w, c->cout, c->cin, wf);
+        if (wino) wino_weights(w, c->cout, c->cin, 1, wf);
         else if (wf && S == 1)
 #pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
             for (int co = 0; co < c->cout; co++)
