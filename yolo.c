@@ -1244,6 +1244,91 @@ static void wino_conv(int M, int K, int H, int W, const float *U, const float *d
     }
 }
 
+// The weight gradient the same way: dL/dg = G^T [sum over blocks of (A dY A^T) . (B^T d B)] G for
+// each channel pair (dY: the 2x2 block of dz, d: its 4x4 input patch), so per image 16 GEMMs S_e
+// (Cin x Cout) += V_e (Cin x blocks) x Z_e^T (Cout x blocks), Z_e = (A dY A^T)[e / 4][e % 4], then
+// once for the batch gw += G^T S G (wino_wgrad_finish). Here every product counts: a block's dz
+// outside the image is read as the padding's zeros, its patch past the image as the next rows'
+// values (finite), which meet only those zeros.
+// wino_dz: Z (16, C, ldv) for blocks t0 .. t0 + nc - 1 from the padded dz planes dp (as pad_fill
+// with K 3: dz[y][x] at dp[(1 + y) Wp + 1 + x]); A dY A^T, A = [1 0; 1 1; 1 -1; 0 -1]
+static void wino_dz(const float *dp, size_t plane, int Wp, int C, int W2, int t0, int nc, float *Z, int ldv) {
+    const gemm_v8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = {1, 3, 5, 7, 9, 11, 13, 15};
+    size_t es = wino_es(C);
+    for (int c = 0; c < C; c++)
+        for (int t = t0; t < t0 + nc;) {
+            int i = t / W2, j = t % W2, n = W2 - j < t0 + nc - t ? W2 - j : t0 + nc - t;
+            const float *r0 = dp + c * plane + (size_t)(1 + 2 * i) * Wp + 1 + 2 * j;
+            float *z = Z + (size_t)c * ldv + (t - t0);
+            for (int q0 = 0; q0 < n; q0 += 8) {
+                int q = n >= 8 && q0 + 8 > n ? n - 8 : q0, m = n - q < 8 ? n - q : 8;
+                gemm_v8 R[2][4];   // A along each of the block's two rows
+                for (int a = 0; a < 2; a++) {
+                    const float *r = r0 + (size_t)a * Wp + 2 * q;
+                    gemm_v8 l0 = *(const gemm_v8 *)r, l1 = *(const gemm_v8 *)(r + 8);
+                    gemm_v8 y0 = __builtin_shuffle(l0, l1, ev), y1 = __builtin_shuffle(l0, l1, od);
+                    R[a][0] = y0, R[a][1] = y0 + y1, R[a][2] = y0 - y1, R[a][3] = -y1;
+                }
+                for (int b = 0; b < 4; b++) {
+                    gemm_v8 y[4] = {R[0][b], R[0][b] + R[1][b], R[0][b] - R[1][b], -R[1][b]};
+                    for (int a = 0; a < 4; a++) {
+                        float *d = z + (size_t)(4 * a + b) * es + q;
+                        if (m == 8) *(gemm_v8 *)d = y[a];
+                        else for (int k = 0; k < m; k++) d[k] = y[a][k];
+                    }
+                }
+            }
+            t += n;
+        }
+}
+// wino_wgrad_floats: the V and Z buffers of wino_wgrad, one band per thread
+static size_t wino_wgrad_floats(int Cin, int Cout, int nthreads) {
+    return (size_t)nthreads * (16 * (wino_es(Cin) + wino_es(Cout)) + 2 * GEMM_WNR);
+}
+// wino_wgrad: S (16 x wino_ues(Cin, Cout) floats, S_e: Cin x Cout) += one image's sums, from its
+// padded input xp and padded dz dzp (both rows Wp wide, as pad_fill with K 3)
+static void wino_wgrad(int Cin, int Cout, int H, int W, const float *xp, size_t xplane, const float *dzp, size_t zplane,
+                       int Wp, float *VZ, float *S) {
+    int W2 = (W + 1) / 2, nt = (H + 1) / 2 * W2, nb = (nt + WINO_NC - 1) / WINO_NC;
+    size_t ues = wino_ues(Cin, Cout);
+    float *v = VZ + (size_t)gemm_thread_index() * (16 * (wino_es(Cin) + wino_es(Cout)) + 2 * GEMM_WNR);
+    float *z = v + 16 * wino_es(Cin) + GEMM_WNR;
+    for (int band = 0; band < nb; band++) {   // (in order: each S element sums its blocks in order)
+        int t0 = band * WINO_NC, nc = nt - t0 < WINO_NC ? nt - t0 : WINO_NC;
+        wino_input(xp, xplane, Wp, Cin, W2, t0, nc, v, WINO_NC);
+        wino_dz(dzp, zplane, Wp, Cout, W2, t0, nc, z, WINO_NC);
+        for (int e = 0; e < 16; e++) {
+            const float *ve = v + e * wino_es(Cin), *ze = z + e * wino_es(Cout);
+            gemm_nt_rows(Cin, Cout, nc, 1, &ve, WINO_NC, NULL, &ze, WINO_NC, S + e * ues, Cout);
+        }
+    }
+}
+// wino_wgrad_finish: gw (Cout, Cin, 3, 3) += G^T S G, S the sum of the nimg images' partials (added
+// into the first, in image order), S[a][b] = S_{4a+b}[ci][co]; G^T = [1 1/2 1/2 0; 0 1/2 -1/2 0; 0 1/2 1/2 1]
+static void wino_wgrad_finish(float *S, int nimg, int Cin, int Cout, float *gw) {
+    size_t ues = wino_ues(Cin, Cout), img = 16 * ues;
+#pragma omp parallel for if (img * nimg > OMP_MIN_WORK)
+    for (size_t i = 0; i < img; i++)
+        for (int b = 1; b < nimg; b++) S[i] += S[b * img + i];
+#pragma omp parallel for if ((long)Cin * Cout * 16 > OMP_MIN_WORK)
+    for (int ci = 0; ci < Cin; ci++)
+        for (int co = 0; co < Cout; co++) {
+            float s[4][4], t[3][4];
+            for (int e = 0; e < 16; e++) s[e >> 2][e & 3] = S[e * ues + (size_t)ci * Cout + co];
+            for (int b = 0; b < 4; b++) {   // t = G^T s
+                t[0][b] = s[0][b] + 0.5f * (s[1][b] + s[2][b]);
+                t[1][b] = 0.5f * (s[1][b] - s[2][b]);
+                t[2][b] = 0.5f * (s[1][b] + s[2][b]) + s[3][b];
+            }
+            float *g = gw + ((size_t)co * Cin + ci) * 9;
+            for (int y = 0; y < 3; y++) {   // then t G
+                g[3 * y] += t[y][0] + 0.5f * (t[y][1] + t[y][2]);
+                g[3 * y + 1] += 0.5f * (t[y][1] - t[y][2]);
+                g[3 * y + 2] += 0.5f * (t[y][1] + t[y][2]) + t[y][3];
+            }
+        }
+}
+
 // bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
 // z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
 // pre-BN values: only z is kept between forward and backward, the activation is made again when needed.
@@ -2564,7 +2649,11 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     long nx = (long)c->cin * H * W, ngw = (long)KK * c->cout;
     int wino = S == 1 && c->k == 3 && need_dx;   // the input gradient by Winograd F(2x2, 3x3) (wino_conv)
     long nop = direct ? 0 : wide ? (long)(npx + npz) : (long)KK * HWo;   // an image's operands: padded x, dz / im2col
-    int batch = nop <= ngw;                                               // the batch as one K
+    // the weight gradient by Winograd too (wino_wgrad: per image partials) where its GEMMs are large
+    // enough to win: both channel counts >= 64, maps >= 20 x 20 (yolov8n at 320, 2 threads: 32 -> 32 at
+    // 40 x 40 and 128 -> 128 at 10 x 10 were 15 and 40 % slower, 80 -> 80 at 40 x 40 12 % faster)
+    int wwino = S == 1 && c->k == 3 && c->cin >= 64 && c->cout >= 64 && H >= 20 && W >= 20;
+    int batch = !wwino && nop <= ngw;                                     // the batch as one K
     long ndx = !need_dx || direct || wide ? 0 : (long)KK * HWo;   // dx's im2col matrix (other strides)
     long nscr = (batch ? 0 : nop) + ndx;                                  // a slot
     const float *xs[B], *as[B], *bs[B];
@@ -2583,13 +2672,16 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
     size_t dx_ds = dx_into ? pc->zstride : 0;                                         // its image stride
     for (int b = 0; b < B; b++) dx_add[b] = dx_into && dA_held(e, pc, b, pc0, c->cin);
     float *dxall = need_dx && !dx_into ? walk_f32(e, (long)B * nx, G_SCRATCH) : NULL;   // (B, Cin, H, W)
-    float *gwt = walk_f32(e, (batch ? 1 : B) * ngw, G_SCRATCH);                     // (Cin*K*K, Cout) [per image]
+    // (Cin*K*K, Cout) [per image]; Winograd's: B x 16 planes of (Cin, Cout)
+    long ngwt = wwino ? 16 * (long)wino_ues(c->cin, c->cout) : ngw;
+    float *gwt = walk_f32(e, (batch ? 1 : B) * ngwt, G_SCRATCH);
     float *ops = batch && nop ? walk_f32(e, (long)B * nop, G_SCRATCH) : NULL;      // every image's operands
     float *scr = nscr ? walk_f32(e, nslot * nscr, G_SCRATCH) : NULL;
     // the input gradient's weights: wino_conv's U (16, Cin, Cout), else flipped (Cin, Cout*K*K)
     float *wf = wide && need_dx ? walk_f32(e, wino ? 16 * (long)wino_ues(c->cin, c->cout) : (long)c->cin * KKo, G_SCRATCH)
                                 : NULL;
     float *wv = wino ? walk_f32(e, (long)wino_floats(c->cout, omp_threads()), G_SCRATCH) : NULL;   // its V buffers
+    float *wvz = wwino ? walk_f32(e, (long)wino_wgrad_floats(c->cin, c->cout, omp_threads()), G_SCRATCH) : NULL;
     const float *w = e->params + c->w_off;
     float *gw = e->grads + c->w_off;
     // stride 2: phase ph = 2 py + px's taps (nty x ntx), their weights at wf + wo[ph] (Cin x kph[ph])
@@ -2598,7 +2690,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
         kph[ph] = c->cout * nt1[ph >> 1] * nt1[ph & 1], wo[ph] = ph ? wo[ph - 1] + c->cin * kph[ph - 1] : 0;
     if (!dry) {
         gemm_init();
-        par_zero(gwt, (size_t)(batch ? 1 : B) * ngw * sizeof(float));
+        if (!wwino) par_zero(gwt, (size_t)(batch ? 1 : B) * ngwt * sizeof(float));   // (Winograd's: per image, below)
         if (wino) wino_weights(w, c->cout, c->cin, 1, wf);
         else if (wf && S == 1)
 #pragma omp parallel for if ((long)c->cout * KK > OMP_MIN_WORK)
@@ -2662,7 +2754,11 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                     if (!direct) col2im(dsc, c->cin, H, W, c->k, c->s, dx);
                 }
             }
-            if (!batch)   // this image's partial weight gradient
+            if (wwino) {
+                memset(gwt + (size_t)b * ngwt, 0, ngwt * sizeof(float));
+                wino_wgrad(c->cin, c->cout, H, W, op, xplane, op + npx, zplane, Wp, wvz, gwt + (size_t)b * ngwt);
+            }
+            else if (!batch)   // this image's partial weight gradient
                 gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, 1, rows ? NULL : &as[b], HWo,
                              wide || rows ? &ag[b] : NULL, &bs[b], wide ? (int)zplane : HWo, gwt + (size_t)b * ngw,
                              c->cout);
@@ -2671,6 +2767,8 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
             gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, B, rows ? NULL : as, HWo, wide || rows ? ag : NULL, bs,
                          wide ? (int)zplane : HWo, gwt, c->cout);
         // gw (Cout, Cin*K*K) += the partials, transposed: 16 x 16 blocks, so that both sides stay in cache
+        if (wwino) wino_wgrad_finish(gwt, B, c->cin, c->cout, gw);
+        else
 #pragma omp parallel for collapse(2) if (ngw * (batch ? 1 : B) > OMP_MIN_WORK)
         for (int o0 = 0; o0 < c->cout; o0 += 16)
             for (int i0 = 0; i0 < KK; i0 += 16)
@@ -2682,6 +2780,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
                     }
     }
     for (int b = 0; b < B && dxall; b++) value_backprop(e, c->in, b, dxall + (size_t)b * nx, nx);
+    arena_free(e->a, wvz);
     arena_free(e->a, wv);
     arena_free(e->a, wf);
     arena_free(e->a, scr);

@@ -400,6 +400,108 @@ static void test_gemm(void) {
             }
 }
 
+// Winograd F(2x2, 3x3) (wino_conv, wino_wgrad) against the direct sums in double: a conv's forward,
+// its input gradient and its weight gradient (two images, added into a gradient already holding
+// values), on odd and even maps down to 1x1 and channel counts that are no multiple of a block;
+// tolerance 1e-5 * sum |products| + 1e-6 (the GEMM test's), and the same bits at 1 and 2 threads.
+static void test_winograd(void) {
+    Rng r;
+    rng_seed(&r, 11);
+    static const int sh[][4] = {{64, 64, 20, 21}, {5, 7, 1, 1}, {3, 4, 2, 3}, {16, 9, 9, 8}, {70, 66, 23, 20}};
+    int T0 = omp_threads();
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
+        int Cin = sh[s][0], Cout = sh[s][1], H = sh[s][2], W = sh[s][3], Wp = W + 1, NB = 2;
+        size_t plane = (size_t)(H + 2) * Wp, nx = (size_t)Cin * H * W, nz = (size_t)Cout * H * W, nw = (size_t)Cout * Cin * 9;
+        float *x = xmalloc(NB * nx * 4), *dz = xmalloc(NB * nz * 4), *w = xmalloc(nw * 4);
+        for (size_t i = 0; i < NB * nx; i++) x[i] = (float)rng_normal(&r);
+        for (size_t i = 0; i < NB * nz; i++) dz[i] = (float)rng_normal(&r);
+        for (size_t i = 0; i < nw; i++) w[i] = (float)rng_normal(&r);
+        float *xp = xmalloc(NB * pad_floats(Cin, H, 3, Wp) * 4), *dzp = xmalloc(NB * pad_floats(Cout, H, 3, Wp) * 4);
+        for (int b = 0; b < NB; b++) {
+            pad_fill(xp + b * pad_floats(Cin, H, 3, Wp), x + b * nx, Cin, H, W, 3, Wp);
+            pad_fill(dzp + b * pad_floats(Cout, H, 3, Wp), dz + b * nz, Cout, H, W, 3, Wp);
+        }
+        int KM = Cin > Cout ? Cin : Cout;
+        float *U = xmalloc(16 * wino_ues(KM, KM) * 4), *V = xmalloc(wino_floats(KM, 2) * 4);
+        float *VZ = xmalloc(wino_wgrad_floats(Cin, Cout, 2) * 4), *S = xmalloc(NB * 16 * wino_ues(Cin, Cout) * 4);
+        float *out[2] = {xmalloc((nx > nz ? nx : nz) * 4), xmalloc((nx > nz ? nx : nz) * 4)};
+        float *gw[2] = {xmalloc(nw * 4), xmalloc(nw * 4)};
+        double worst[3] = {0};
+        int same = 1;
+        // x at (c, y, x) of image 0, zero outside
+#define WX(c, y, xx) ((y) < 0 || (y) >= H || (xx) < 0 || (xx) >= W ? 0.0 : (double)x[((size_t)(c) * H + (y)) * W + (xx)])
+#define WZ(b, c, y, xx) ((y) < 0 || (y) >= H || (xx) < 0 || (xx) >= W ? 0.0 : (double)dz[(b) * nz + ((size_t)(c) * H + (y)) * W + (xx)])
+        for (int T = 1; T <= 2; T++) {
+            omp_set_num_threads(T);
+            // forward: out (Cout, H, W) = x conv w (added to 1: add = 1 checks the += path)
+            wino_weights(w, Cout, Cin, 0, U);
+            for (size_t i = 0; i < nz; i++) out[T - 1][i] = 1.f;
+            wino_conv(Cout, Cin, H, W, U, xp, plane, Wp, V, out[T - 1], 1);
+            for (int co = 0; co < Cout && T == 1; co++)
+                for (int y = 0; y < H; y++)
+                    for (int xx = 0; xx < W; xx++) {
+                        double ref = 1, sabs = 0;
+                        for (int ci = 0; ci < Cin; ci++)
+                            for (int t = 0; t < 9; t++) {
+                                double v = w[((size_t)co * Cin + ci) * 9 + t] * WX(ci, y + t / 3 - 1, xx + t % 3 - 1);
+                                ref += v, sabs += fabs(v);
+                            }
+                        double e = fabs(out[0][((size_t)co * H + y) * W + xx] - ref) / (1e-5 * sabs + 1e-6);
+                        if (e > worst[0]) worst[0] = e;
+                    }
+            // input gradient: out (Cin, H, W) = the full correlation of dz with the flipped weights
+            wino_weights(w, Cout, Cin, 1, U);
+            wino_conv(Cin, Cout, H, W, U, dzp, plane, Wp, V, out[T - 1], 0);
+            for (int ci = 0; ci < Cin && T == 1; ci++)
+                for (int y = 0; y < H; y++)
+                    for (int xx = 0; xx < W; xx++) {
+                        double ref = 0, sabs = 0;
+                        for (int co = 0; co < Cout; co++)
+                            for (int t = 0; t < 9; t++) {
+                                double v = w[((size_t)co * Cin + ci) * 9 + t] * WZ(0, co, y + 1 - t / 3, xx + 1 - t % 3);
+                                ref += v, sabs += fabs(v);
+                            }
+                        double e = fabs(out[0][((size_t)ci * H + y) * W + xx] - ref) / (1e-5 * sabs + 1e-6);
+                        if (e > worst[1]) worst[1] = e;
+                    }
+            // weight gradient of the two images, into gw = w (as a gradient already holding values)
+            memset(S, 0, NB * 16 * wino_ues(Cin, Cout) * 4);
+            for (int b = 0; b < NB; b++)
+                wino_wgrad(Cin, Cout, H, W, xp + b * pad_floats(Cin, H, 3, Wp), plane, dzp + b * pad_floats(Cout, H, 3, Wp),
+                           plane, Wp, VZ, S + b * 16 * wino_ues(Cin, Cout));
+            memcpy(gw[T - 1], w, nw * 4);
+            wino_wgrad_finish(S, NB, Cin, Cout, gw[T - 1]);
+            for (int co = 0; co < Cout && T == 1; co++)
+                for (int ci = 0; ci < Cin; ci++)
+                    for (int t = 0; t < 9; t++) {
+                        double ref = w[((size_t)co * Cin + ci) * 9 + t], sabs = fabs(ref);
+                        for (int b = 0; b < NB; b++)
+                            for (int y = 0; y < H; y++)
+                                for (int xx = 0; xx < W; xx++) {
+                                    double xv = WX(ci, y + t / 3 - 1, xx + t % 3 - 1);
+                                    if (b) {   // image 1's input
+                                        int yy = y + t / 3 - 1, x2 = xx + t % 3 - 1;
+                                        xv = yy < 0 || yy >= H || x2 < 0 || x2 >= W ? 0.0 : x[nx + ((size_t)ci * H + yy) * W + x2];
+                                    }
+                                    double v = WZ(b, co, y, xx) * xv;
+                                    ref += v, sabs += fabs(v);
+                                }
+                        double e = fabs(gw[0][((size_t)co * Cin + ci) * 9 + t] - ref) / (1e-5 * sabs + 1e-6);
+                        if (e > worst[2]) worst[2] = e;
+                    }
+        }
+#undef WX
+#undef WZ
+        same = memcmp(out[0], out[1], nx * 4) == 0 && memcmp(gw[0], gw[1], nw * 4) == 0;
+        check(worst[0] <= 1 && worst[1] <= 1 && worst[2] <= 1 && same,
+              "Winograd %d -> %d at %dx%d: forward, input and weight gradients within tol (worst err/tol %.3f %.3f %.3f); "
+              "bit-identical at 1 and 2 threads: %s", Cin, Cout, H, W, worst[0], worst[1], worst[2], same ? "yes" : "NO");
+        free(x); free(dz); free(w); free(xp); free(dzp); free(U); free(V); free(VZ); free(S);
+        free(out[0]); free(out[1]); free(gw[0]); free(gw[1]);
+    }
+    omp_set_num_threads(T0);
+}
+
 static void test_pool_up(void) {
     // max-pool with -inf padding: an all-negative map must stay all-negative (zero padding would not)
     float x[2 * 4 * 5], y[2 * 4 * 5];
@@ -439,6 +541,11 @@ static void test_gradchecks(void) {
             snprintf(what, sizeof what, "conv k3 s%d on %dx%d, B=3 (eval BN)", s, hw[i].H, hw[i].W);
             run_graph_check(what, m, v, 3, 3, hw[i].H, hw[i].W, 0, 2e-3);
         }
+    // a conv whose three products all run by Winograd (>= 64 channels, maps >= 20 x 20), odd width
+    graph_new(m, 3);
+    int v0 = conv_add(m, "c0", m->input, 64, 3, 1, 1);
+    v0 = conv_add(m, "c1", v0, 64, 3, 1, 1);
+    run_graph_check("conv k3 s1 64->64 on 20x21 (Winograd)", m, v0, 2, 3, 20, 21, 1, 2e-3);
     for (int sc = 0; sc < 2; sc++) {
         graph_new(m, 3);
         int v = conv_add(m, "c0", m->input, 8, 3, 1, 1);
@@ -656,6 +763,7 @@ int main(void) {
     check(alloc_count() - n0 == 1, "the counter sees a malloc: %ld counted (want 1)", alloc_count() - n0);
     test_totals();
     test_gemm();
+    test_winograd();
     test_im2col();
     test_pool_up();
     test_gradchecks();
