@@ -25,6 +25,8 @@
  *
  * DEVIATIONS from Ultralytics (known, deliberate; each section lists its own in detail):
  *  - BN batch statistics are computed in double precision (PyTorch: float); ~1e-7 relative.
+ *  - On the CPU, stride-1 3x3 convs run by Winograd F(2x2, 3x3) (CPU ops): other rounding than a
+ *    direct sum (~1e-7 of the sum of |products|), within the PyTorch-parity tolerances.
  *  - Weight init and augmentation draw from our own RNG: a seed does not reproduce PyTorch's.
  *  - Loss: boxes beyond max_boxes per image (default 400) are counted and reported, not assigned;
  *    torch.topk's order among zero-alignment ties follows CUDA torch (loss section).
