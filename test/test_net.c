@@ -406,6 +406,23 @@ static void test_gemm(void) {
 // tolerance 2e-6 * sum |products| + 2e-7 (about 30 FP32 roundings of the largest terms: the
 // transforms add up to 4 values twice and the products of up to 630 terms), and the same bits at
 // 1 and 2 threads.
+// direct3x3: output (o, y, x) of a 3x3 conv (padding 1) summed directly in double, and the sum of
+// its products' magnitudes into *sabs. flip 0, a forward: sum over ci and taps t of w[o][ci][t]
+// src[ci][y + t/3 - 1][x + t%3 - 1] (src: Cin planes); flip 1, an input gradient: sum over co of
+// w[co][o][t] src[co][y + 1 - t/3][x + 1 - t%3] (src: Cout planes). Outside the planes: zeros.
+static double direct3x3(const float *w, int Cout, int Cin, const float *src, int H, int W, int o, int y, int x, int flip,
+                        double *sabs) {
+    double sum = 0;
+    *sabs = 0;
+    for (int c = 0; c < (flip ? Cout : Cin); c++)
+        for (int t = 0; t < 9; t++) {
+            int yy = flip ? y + 1 - t / 3 : y + t / 3 - 1, xx = flip ? x + 1 - t % 3 : x + t % 3 - 1;
+            if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+            double v = (double)w[((size_t)(flip ? c : o) * Cin + (flip ? o : c)) * 9 + t] * src[((size_t)c * H + yy) * W + xx];
+            sum += v, *sabs += fabs(v);
+        }
+    return sum;
+}
 static void test_winograd(void) {
     Rng r;
     rng_seed(&r, 11);
@@ -431,10 +448,8 @@ static void test_winograd(void) {
         float *out[2] = {xmalloc((nx > nz ? nx : nz) * 4), xmalloc((nx > nz ? nx : nz) * 4)};
         float *gw[2] = {xmalloc(nw * 4), xmalloc(nw * 4)};
         double worst[3] = {0};
-        int same = 1;
-        // x at (c, y, x) of image 0, zero outside
-#define WX(c, y, xx) ((y) < 0 || (y) >= H || (xx) < 0 || (xx) >= W ? 0.0 : (double)x[((size_t)(c) * H + (y)) * W + (xx)])
-#define WZ(b, c, y, xx) ((y) < 0 || (y) >= H || (xx) < 0 || (xx) >= W ? 0.0 : (double)dz[(b) * nz + ((size_t)(c) * H + (y)) * W + (xx)])
+        // image b's input at (c, y, x), zero outside
+#define WX(b, c, y, xx) ((y) < 0 || (y) >= H || (xx) < 0 || (xx) >= W ? 0.0 : (double)x[(b) * nx + ((size_t)(c) * H + (y)) * W + (xx)])
         for (int T = 1; T <= TN; T++) {
             omp_set_num_threads(T);
             // forward: out (Cout, H, W) = x conv w (added to 1: add = 1 checks the += path)
@@ -444,12 +459,7 @@ static void test_winograd(void) {
             for (int co = 0; co < Cout && T == 1; co++)
                 for (int y = 0; y < H; y++)
                     for (int xx = 0; xx < W; xx++) {
-                        double ref = 1, sabs = 0;
-                        for (int ci = 0; ci < Cin; ci++)
-                            for (int t = 0; t < 9; t++) {
-                                double v = w[((size_t)co * Cin + ci) * 9 + t] * WX(ci, y + t / 3 - 1, xx + t % 3 - 1);
-                                ref += v, sabs += fabs(v);
-                            }
+                        double sabs, ref = 1 + direct3x3(w, Cout, Cin, x, H, W, co, y, xx, 0, &sabs);
                         double e = fabs(out[0][((size_t)co * H + y) * W + xx] - ref) / (2e-6 * sabs + 2e-7);
                         if (e > worst[0]) worst[0] = e;
                     }
@@ -459,12 +469,7 @@ static void test_winograd(void) {
             for (int ci = 0; ci < Cin && T == 1; ci++)
                 for (int y = 0; y < H; y++)
                     for (int xx = 0; xx < W; xx++) {
-                        double ref = 0, sabs = 0;
-                        for (int co = 0; co < Cout; co++)
-                            for (int t = 0; t < 9; t++) {
-                                double v = w[((size_t)co * Cin + ci) * 9 + t] * WZ(0, co, y + 1 - t / 3, xx + 1 - t % 3);
-                                ref += v, sabs += fabs(v);
-                            }
+                        double sabs, ref = direct3x3(w, Cout, Cin, dz, H, W, ci, y, xx, 1, &sabs);
                         double e = fabs(out[0][((size_t)ci * H + y) * W + xx] - ref) / (2e-6 * sabs + 2e-7);
                         if (e > worst[1]) worst[1] = e;
                     }
@@ -482,12 +487,7 @@ static void test_winograd(void) {
                         for (int b = 0; b < NB; b++)
                             for (int y = 0; y < H; y++)
                                 for (int xx = 0; xx < W; xx++) {
-                                    double xv = WX(ci, y + t / 3 - 1, xx + t % 3 - 1);
-                                    if (b) {   // image 1's input
-                                        int yy = y + t / 3 - 1, x2 = xx + t % 3 - 1;
-                                        xv = yy < 0 || yy >= H || x2 < 0 || x2 >= W ? 0.0 : x[nx + ((size_t)ci * H + yy) * W + x2];
-                                    }
-                                    double v = WZ(b, co, y, xx) * xv;
+                                    double v = dz[b * nz + ((size_t)co * H + y) * W + xx] * WX(b, ci, y + t / 3 - 1, xx + t % 3 - 1);
                                     ref += v, sabs += fabs(v);
                                 }
                         double e = fabs(gw[0][((size_t)co * Cin + ci) * 9 + t] - ref) / (2e-6 * sabs + 2e-7);
@@ -495,8 +495,7 @@ static void test_winograd(void) {
                     }
         }
 #undef WX
-#undef WZ
-        same = TN < 2 || (memcmp(out[0], out[1], nx * 4) == 0 && memcmp(gw[0], gw[1], nw * 4) == 0);
+        int same = TN < 2 || (memcmp(out[0], out[1], nx * 4) == 0 && memcmp(gw[0], gw[1], nw * 4) == 0);
         check(worst[0] <= 1 && worst[1] <= 1 && worst[2] <= 1 && same,
               "Winograd %d -> %d at %dx%d: forward, input and weight gradients within tol (worst err/tol %.3f %.3f %.3f); "
               "bit-identical at 1 and 2 threads: %s", Cin, Cout, H, W, worst[0], worst[1], worst[2],
@@ -524,9 +523,10 @@ static void test_pool_up(void) {
 
 static void test_gradchecks(void) {
     Model *m = xmalloc(sizeof(Model));
-    static const struct { int k, s; } ks[] = {{1, 1}, {3, 1}, {3, 2}, {1, 2}};
+    // (k 5: the direct wide-grid GEMMs, which 3x3 convs leave for Winograd)
+    static const struct { int k, s; } ks[] = {{1, 1}, {3, 1}, {3, 2}, {1, 2}, {5, 1}};
     char what[64];
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         for (int train = 1; train >= 0; train--) {
             graph_new(m, 3);
             int v = conv_add(m, "c0", m->input, 6, 3, 1, 1);   // gives the tested conv a non-image input
