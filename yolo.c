@@ -1140,35 +1140,47 @@ static void wino_weights(const float *w, int cout, int cin, int flip, float *U) 
 // that is not a whole number of groups ends with a group that overlaps the one before (the same
 // values stored again), one shorter than 8 with a group that reads on into the next rows (inside
 // the plane and pad_tail) and stores only its blocks.
+// wino_row: block t's place (row i, column j of blocks) and how many of the band's blocks from it
+// lie in the same row (the transforms and the output walk a band in such runs)
+static inline int wino_row(int t, int t0, int nc, int W2, int *i, int *j) {
+    *i = t / W2, *j = t % W2;
+    return W2 - *j < t0 + nc - t ? W2 - *j : t0 + nc - t;
+}
+// wino_cols: the even (columns 0, 2, .. 14) and odd columns of the 16 floats at r
+static inline void wino_cols(const float *r, gemm_v8 *even, gemm_v8 *odd) {
+    gemm_v8 l0 = *(const gemm_v8 *)r, l1 = *(const gemm_v8 *)(r + 8);
+    *even = __builtin_shuffle(l0, l1, (gemm_v8i){0, 2, 4, 6, 8, 10, 12, 14});
+    *odd = __builtin_shuffle(l0, l1, (gemm_v8i){1, 3, 5, 7, 9, 11, 13, 15});
+}
+// wino_put: the 16 transformed values y (element e of 8 blocks) to T_e + q (T_e e es apart), all 8
+// blocks or the first m
+static inline void wino_put(float *T, size_t es, int q, int m, const gemm_v8 y[16]) {
+    for (int e = 0; e < 16; e++) {
+        float *d = T + e * es + q;
+        if (m == 8) *(gemm_v8 *)d = y[e];
+        else for (int k = 0; k < m; k++) d[k] = y[e][k];
+    }
+}
 static void wino_input(const float *dp, size_t plane, int Wp, int C, int W2, int t0, int nc, float *V, int ldv) {
-    const gemm_v8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = {1, 3, 5, 7, 9, 11, 13, 15};
     size_t es = wino_es(C);   // V_e to V_e+1
     for (int c = 0; c < C; c++)
-        for (int t = t0; t < t0 + nc;) {
-            int i = t / W2, j = t % W2, n = W2 - j < t0 + nc - t ? W2 - j : t0 + nc - t;   // blocks left in this row
+        for (int t = t0, i, j, n; t < t0 + nc; t += n) {
+            n = wino_row(t, t0, nc, W2, &i, &j);
             const float *r0 = dp + c * plane + (size_t)(2 * i) * Wp + 2 * j;
-            float *v = V + (size_t)c * ldv + (t - t0);
             for (int q0 = 0; q0 < n; q0 += 8) {
-                int q = n >= 8 && q0 + 8 > n ? n - 8 : q0, m = n - q < 8 ? n - q : 8;
-                gemm_v8 R[4][4];
+                int q = n >= 8 && q0 + 8 > n ? n - 8 : q0;
+                gemm_v8 R[4][4], y[16];
                 for (int a = 0; a < 4; a++) {
-                    const float *r = r0 + (size_t)a * Wp + 2 * q;
-                    gemm_v8 l0 = *(const gemm_v8 *)r, l1 = *(const gemm_v8 *)(r + 8);
-                    gemm_v8 h0 = *(const gemm_v8 *)(r + 2), h1 = *(const gemm_v8 *)(r + 10);
-                    gemm_v8 x0 = __builtin_shuffle(l0, l1, ev), x1 = __builtin_shuffle(l0, l1, od);
-                    gemm_v8 x2 = __builtin_shuffle(h0, h1, ev), x3 = __builtin_shuffle(h0, h1, od);
+                    gemm_v8 x0, x1, x2, x3;
+                    wino_cols(r0 + (size_t)a * Wp + 2 * q, &x0, &x1);
+                    wino_cols(r0 + (size_t)a * Wp + 2 * q + 2, &x2, &x3);
                     R[a][0] = x0 - x2, R[a][1] = x1 + x2, R[a][2] = x2 - x1, R[a][3] = x1 - x3;
                 }
-                for (int b = 0; b < 4; b++) {
-                    gemm_v8 y[4] = {R[0][b] - R[2][b], R[1][b] + R[2][b], R[2][b] - R[1][b], R[1][b] - R[3][b]};
-                    for (int a = 0; a < 4; a++) {
-                        float *d = v + (size_t)(4 * a + b) * es + q;
-                        if (m == 8) *(gemm_v8 *)d = y[a];
-                        else for (int k = 0; k < m; k++) d[k] = y[a][k];
-                    }
-                }
+                for (int b = 0; b < 4; b++)
+                    y[b] = R[0][b] - R[2][b], y[4 + b] = R[1][b] + R[2][b], y[8 + b] = R[2][b] - R[1][b],
+                    y[12 + b] = R[1][b] - R[3][b];
+                wino_put(V + (size_t)c * ldv + (t - t0), es, q, n - q < 8 ? n - q : 8, y);
             }
-            t += n;
         }
 }
 // wino_output: out (+)= Y = A^T M A for the Cin rows i0 .. i0 + mc - 1 and blocks t0 .. t0 + nc - 1
@@ -1179,8 +1191,8 @@ static void wino_output(const float *Mt, int i0, int mc, int t0, int nc, int H, 
     const gemm_v8i lo = {0, 8, 1, 9, 2, 10, 3, 11}, hi = {4, 12, 5, 13, 6, 14, 7, 15};
     size_t HW = (size_t)H * W, es = wino_es(WINO_MC);
     for (int i = 0; i < mc; i++)
-        for (int t = t0; t < t0 + nc;) {
-            int bi = t / W2, bj = t % W2, n = W2 - bj < t0 + nc - t ? W2 - bj : t0 + nc - t;
+        for (int t = t0, bi, bj, n; t < t0 + nc; t += n) {
+            n = wino_row(t, t0, nc, W2, &bi, &bj);
             const float *m = Mt + (size_t)i * WINO_NC + (t - t0);
             float *o = out + (size_t)(i0 + i) * HW + (size_t)(2 * bi) * W + 2 * bj;
             int w = W - 2 * bj < 2 * n ? W - 2 * bj : 2 * n, rows = H - 2 * bi < 2 ? 1 : 2;   // outputs inside
@@ -1207,7 +1219,6 @@ static void wino_output(const float *Mt, int i0, int mc, int t0, int nc, int H, 
                     }
                 }
             }
-            t += n;
         }
 }
 // wino_floats: floats of the V buffers wino_conv needs (one band per thread)
@@ -1255,32 +1266,23 @@ static void wino_conv(int M, int K, int H, int W, const float *U, const float *d
 // wino_dz: Z (16, C, ldv) for blocks t0 .. t0 + nc - 1 from the padded dz planes dp (as pad_fill
 // with K 3: dz[y][x] at dp[(1 + y) Wp + 1 + x]); A dY A^T, A = [1 0; 1 1; 1 -1; 0 -1]
 static void wino_dz(const float *dp, size_t plane, int Wp, int C, int W2, int t0, int nc, float *Z, int ldv) {
-    const gemm_v8i ev = {0, 2, 4, 6, 8, 10, 12, 14}, od = {1, 3, 5, 7, 9, 11, 13, 15};
     size_t es = wino_es(C);
     for (int c = 0; c < C; c++)
-        for (int t = t0; t < t0 + nc;) {
-            int i = t / W2, j = t % W2, n = W2 - j < t0 + nc - t ? W2 - j : t0 + nc - t;
+        for (int t = t0, i, j, n; t < t0 + nc; t += n) {
+            n = wino_row(t, t0, nc, W2, &i, &j);
             const float *r0 = dp + c * plane + (size_t)(1 + 2 * i) * Wp + 1 + 2 * j;
-            float *z = Z + (size_t)c * ldv + (t - t0);
             for (int q0 = 0; q0 < n; q0 += 8) {
-                int q = n >= 8 && q0 + 8 > n ? n - 8 : q0, m = n - q < 8 ? n - q : 8;
-                gemm_v8 R[2][4];   // A along each of the block's two rows
+                int q = n >= 8 && q0 + 8 > n ? n - 8 : q0;
+                gemm_v8 R[2][4], y[16];   // (R: A along each of the block's two rows)
                 for (int a = 0; a < 2; a++) {
-                    const float *r = r0 + (size_t)a * Wp + 2 * q;
-                    gemm_v8 l0 = *(const gemm_v8 *)r, l1 = *(const gemm_v8 *)(r + 8);
-                    gemm_v8 y0 = __builtin_shuffle(l0, l1, ev), y1 = __builtin_shuffle(l0, l1, od);
+                    gemm_v8 y0, y1;
+                    wino_cols(r0 + (size_t)a * Wp + 2 * q, &y0, &y1);
                     R[a][0] = y0, R[a][1] = y0 + y1, R[a][2] = y0 - y1, R[a][3] = -y1;
                 }
-                for (int b = 0; b < 4; b++) {
-                    gemm_v8 y[4] = {R[0][b], R[0][b] + R[1][b], R[0][b] - R[1][b], -R[1][b]};
-                    for (int a = 0; a < 4; a++) {
-                        float *d = z + (size_t)(4 * a + b) * es + q;
-                        if (m == 8) *(gemm_v8 *)d = y[a];
-                        else for (int k = 0; k < m; k++) d[k] = y[a][k];
-                    }
-                }
+                for (int b = 0; b < 4; b++)
+                    y[b] = R[0][b], y[4 + b] = R[0][b] + R[1][b], y[8 + b] = R[0][b] - R[1][b], y[12 + b] = -R[1][b];
+                wino_put(Z + (size_t)c * ldv + (t - t0), es, q, n - q < 8 ? n - q : 8, y);
             }
-            t += n;
         }
 }
 // wino_wgrad_floats: the V and Z buffers of wino_wgrad, one band per thread
@@ -2764,8 +2766,7 @@ static void cpu_conv_grads(Exec *e, Conv *c, void *dzv) {
             if (wwino) {
                 memset(gwt + (size_t)b * ngwt, 0, ngwt * sizeof(float));
                 wino_wgrad(c->cin, c->cout, H, W, op, xplane, op + npx, zplane, Wp, wvz, gwt + (size_t)b * ngwt);
-            }
-            else if (!batch)   // this image's partial weight gradient
+            } else if (!batch)   // this image's partial weight gradient
                 gemm_nt_rows(KK, c->cout, wide ? Ho * Wp : HWo, 1, rows ? NULL : &as[b], HWo,
                              wide || rows ? &ag[b] : NULL, &bs[b], wide ? (int)zplane : HWo, gwt + (size_t)b * ngw,
                              c->cout);
