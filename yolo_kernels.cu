@@ -327,6 +327,207 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
     }
 }
 
+// ------------------------------------------------------------------------------------------
+// 3x3 stride-1 convolutions by halo tiles
+// ------------------------------------------------------------------------------------------
+/*
+ * conv_halo_kernel: a 3x3, stride-1, pad-1 convolution out[m, y, x] = sum_{c, ky, kx} A_{ky,kx}[m, c]
+ * in[c, y+ky-1, x+kx-1]. The forward is it with in = x, A_t[co, ci] = w[co, ci, t]; the input gradient
+ * (DGRAD) too, with in = dz and A_t[ci, co] = w[co, ci, 8-t]: a stride-1 3x3 conv's input gradient is
+ * the same conv of dz by the weights transposed and flipped. A block computes 64 output channels by
+ * 128 output pixels, TR rows by TC columns of one image. Per K step it stages 16 input channels of
+ * the tile's halo (TR+2 rows by TC+2 columns) once, position-major: the 16 channels of a pixel are a
+ * 32-byte row of shared memory, so the 16 pixels a WMMA tile of any tap reads are matrix_b
+ * col-major at a 32-byte aligned address, a tap's shift a whole number of rows. With the halo come the
+ * 9 taps of A for those 16 channels; then each warp multiplies 9 taps x 2 x 4 WMMA tiles of what was
+ * staged (its 32 channels by 64 pixels). So an input value is loaded from global memory once per block
+ * and K step, not once per tap as in the gather kernels, VW halves at a time (8: 16-byte loads, or 4:
+ * rows whose width is a multiple of 4 only); ACT's BN+SiLU is applied once per staged value. A's 144
+ * values of one output channel (forward) or 16 pixels' 9 taps (DGRAD) are contiguous in the
+ * (Cout, Cin, 3, 3) weights: 16-byte loads, each scattered transposed into shared memory by the
+ * thread that loaded it. The next K step's global loads are in flight in registers while the current
+ * step is multiplied; two barriers per K step of 144. Each output is the sum of the same FP16
+ * products in FP32 as the gather kernels', in a different order (channel-major within the tap-major
+ * K step), so results match the twin within the same tolerance.
+ */
+#define H3_BM 64    // output channels per block
+#define H3_BN 128   // output pixels per block
+#define H3_KC 16    // input channels per K step
+template <int VW> struct H3Piece {   // VW consecutive halves of one row of one channel
+    typedef typename std::conditional<VW == 8, uint4, uint2>::type V;
+    union {
+        V v;
+        __half h[VW];
+    };
+};
+template <bool ACT, bool DGRAD, int TC, int VW>
+__global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
+                                                    const float *bias, float *of, __half *oh, int accumulate) {
+    using namespace nvcuda;
+    constexpr int TR = H3_BN / TC, HR = TR + 2, HC = TC + 2, NCH = TC / VW + 2, FPR = TC / 16;
+    constexpr int NB = HR * NCH * H3_KC, BPT = (NB + 127) / 128;   // halo pieces: all, per thread
+    static_assert(NCH % 2 == 0 && TC % 16 == 0 && H3_BN % TC == 0, "halo geometry");
+    __shared__ __align__(128) __half As[9][H3_KC][H3_BM + 8];   // A per tap, col-major (k, m)
+    __shared__ __align__(128) __half Bs[HR * HC][H3_KC];        // the halo, 16 channels per position
+    __shared__ __align__(32) float Cs[4][16][16];
+    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
+    const int M = DGRAD ? g.Cin : g.Cout, Cr = DGRAD ? g.Cout : g.Cin, H = g.H, W = g.W, HW = H * W;
+    const long is = DGRAD ? g.zs : g.xs, os = DGRAD ? g.xs : g.zs;
+    const int tilesX = (W + TC - 1) / TC, tilesY = (H + TR - 1) / TR, per_img = tilesX * tilesY;
+    const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
+    const int y0 = tile / tilesX * TR, x0 = (tile - tile / tilesX * tilesX) * TC, m0 = blockIdx.y * H3_BM;
+    const int nsteps = (Cr + H3_KC - 1) / H3_KC;
+    const __half *inb = in + b * is;
+    // the thread's halo pieces, decoded once: piece q = tid + 128 i is channel (q >> 1) & 15 (the same
+    // for all of a thread's pieces), row r and piece j of that row (lanes pair pieces 2jp, 2jp + 1)
+    const int pc = (tid >> 1) & 15;
+    int poff[BPT], prow[BPT], pcb[BPT];   // offset in the channel's image (-1: padding), halo row, first column
+#pragma unroll
+    for (int i = 0; i < BPT; i++) {
+        int q = tid + 128 * i, rest = q >> 5, r = rest % HR, j = 2 * (rest / HR) + (q & 1);
+        int yy = y0 - 1 + r, xx = x0 - VW + VW * j;
+        poff[i] = q < NB && yy >= 0 && yy < H && xx >= 0 && xx < W ? yy * W + xx : -1;
+        prow[i] = q < NB ? r * HC : -1;
+        pcb[i] = VW * (j - 1) + 1;   // the halo's column of the piece's first value (x0 - 1 is column 0)
+    }
+    H3Piece<VW> pv[BPT];
+    float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
+    uint4 av[9];                            // A: 72 halves of the next step
+    auto fetch = [&](int s) {
+        const int c0 = s * H3_KC, cc = c0 + pc;
+        const __half *src = inb + (long)cc * HW;
+#pragma unroll
+        for (int i = 0; i < BPT; i++) {
+            typedef typename H3Piece<VW>::V V;
+            pv[i].v = poff[i] >= 0 && cc < Cr ? *(const V *)(src + poff[i]) : V();
+        }
+        if (ACT && cc < Cr) {
+            float sc = a.gamma[cc] * a.invstd[cc];
+            bnf = make_float2(sc, a.beta[cc] - a.mean[cc] * sc);
+        }
+        const uint4 z4 = make_uint4(0, 0, 0, 0);
+        if (!DGRAD) {   // thread: output channel m0 + (tid & 63), input channels c0 + 8 (tid >> 6) ..+7
+            int m = m0 + (tid & 63), c = c0 + 8 * (tid >> 6);
+            const __half *wp = w + ((long)m * Cr + c) * 9;
+            bool ok = m < M && c < Cr;
+#pragma unroll
+            for (int ii = 0; ii < 9; ii++) av[ii] = ok ? *(const uint4 *)(wp + 8 * ii) : z4;
+        } else {        // thread: output channel c0 + (tid >> 3) of w, input channels m0 + 8 (tid & 7) ..+7
+            int c = c0 + (tid >> 3), m = m0 + 8 * (tid & 7);
+            const __half *wp = w + ((long)c * M + m) * 9;
+            bool ok = c < Cr && m < M;
+#pragma unroll
+            for (int ii = 0; ii < 9; ii++) av[ii] = ok ? *(const uint4 *)(wp + 8 * ii) : z4;
+        }
+    };
+    auto store = [&](int s) {
+        const bool cok = s * H3_KC + pc < Cr;
+#pragma unroll
+        for (int i = 0; i < BPT; i++) {
+            if (prow[i] < 0) continue;
+#pragma unroll
+            for (int e = 0; e < VW; e++) {
+                const int col = pcb[i] + e;
+                if ((unsigned)col >= (unsigned)HC) continue;   // outside the halo: a piece's ends
+                __half v = pv[i].h[e];
+                if (ACT && poff[i] >= 0 && cok) v = __float2half(bn_silu_folded(__half2float(v), bnf.x, bnf.y));
+                Bs[prow[i] + col][pc] = v;
+            }
+        }
+        union { uint4 u; __half h[8]; } t;
+#pragma unroll
+        for (int ii = 0; ii < 9; ii++) {
+            t.u = av[ii];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int k = 8 * ii + e;   // 0..71: (channel k / 9, tap k % 9) of the thread's 72
+                if (!DGRAD) As[k % 9][8 * (tid >> 6) + k / 9][tid & 63] = t.h[e];
+                else As[8 - k % 9][tid >> 3][8 * (tid & 7) + k / 9] = t.h[e];
+            }
+        }
+    };
+    ConvAcc acc[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    fetch(0);
+    store(0);
+    __syncthreads();
+    for (int s = 0; s < nsteps; s++) {
+        if (s + 1 < nsteps) fetch(s + 1);
+#pragma unroll
+        for (int t = 0; t < 9; t++) {
+            const int ky = t / 3, kx = t % 3;
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::col_major> fa[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[t][0][wy * 32 + i * 16], H3_BM + 8);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int f = wx * 4 + j, r = f / FPR, sg = f - r * FPR;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, &Bs[(r + ky) * HC + sg * 16 + kx][0], H3_KC);
+#pragma unroll
+                for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+            }
+        }
+        __syncthreads();
+        if (s + 1 < nsteps) {
+            store(s + 1);
+            __syncthreads();
+        }
+    }
+    // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned)
+    const int lane = tid % 32, er = lane / 2, ec = (lane % 2) * 8, N = g.B * HW;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            const int f = wx * 4 + j, r = f / FPR, sg = f - r * FPR;
+            const int m = m0 + wy * 32 + i * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
+            if (m < M && y < H && x < W) {
+                float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = Cs[warp][er][ec + e] + bm;
+                if (x + 8 <= W) conv_store8(of, oh, v, m, b * HW + y * W + x, N, HW, g.fHW, os, accumulate);
+                else {   // a row's last pixels (W % 8 == 4)
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        if (x + e < W) conv_store(of, oh, b * os + (long)m * HW + y * W + x + e, v[e], accumulate);
+                }
+            }
+            __syncwarp();
+        }
+}
+// conv_halo_vw: the halves per halo load for this conv (8: rows, image stride and pointer allow 16-byte
+// loads; 4: 8-byte ones), or 0: not a 3x3 stride-1 conv, or its rows cannot be loaded 4 halves at a time,
+// or the channels that index A's rows are not a multiple of 8: the gather kernels take it
+static int conv_halo_vw(const ConvGeo &g, long is, const void *in, const void *w, int Cm) {
+    if (g.K != 3 || g.S != 1 || Cm % 8 || (uintptr_t)w % 16) return 0;
+    if (g.W % 8 == 0 && is % 8 == 0 && (uintptr_t)in % 16 == 0) return 8;
+    if (g.W % 4 == 0 && is % 4 == 0 && (uintptr_t)in % 8 == 0) return 4;
+    return 0;
+}
+// conv_halo_tc: the tile width for a W x H map (16 or 32 columns, 128 / TC rows): the one that computes
+// the fewest pixels past the map's edges, the wider on a tie
+static int conv_halo_tc(const ConvGeo &g) {
+    long c16 = (long)cdiv(g.W, 16) * 16 * cdiv(g.H, 8) * 8, c32 = (long)cdiv(g.W, 32) * 32 * cdiv(g.H, 4) * 4;
+    return c32 <= c16 ? 32 : 16;
+}
+template <bool ACT, bool DGRAD>
+static void conv_halo_launch(const ConvGeo &g, int vw, const __half *in, const ConvAct &a, const __half *w,
+                         const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s) {
+    int tc = conv_halo_tc(g), tr = H3_BN / tc;
+    dim3 grid(g.B * cdiv(g.W, tc) * cdiv(g.H, tr), cdiv(DGRAD ? g.Cin : g.Cout, H3_BM));
+    if (tc == 32 && vw == 8) conv_halo_kernel<ACT, DGRAD, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate);
+    else if (tc == 32) conv_halo_kernel<ACT, DGRAD, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate);
+    else if (vw == 8) conv_halo_kernel<ACT, DGRAD, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate);
+    else conv_halo_kernel<ACT, DGRAD, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // conv_fwd_kernel: z = w col(x) (+ bias), a 64x64 tile of (Cout, B*Ho*Wo) per block; nothing is divided
 // inside the K loop:
 //   - each thread's output pixel (b, oy, ox) is decoded once per block; the 32 taps k = (ci, ky, kx)
@@ -484,6 +685,11 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
     const __half *xh = (const __half *)x, *wh = (const __half *)w;
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
+    if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin)) {
+        if (act) conv_halo_launch<true, false>(g, vw, xh, a, wh, bias, z, zo, 0, s);
+        else conv_halo_launch<false, false>(g, vw, xh, a, wh, bias, z, zo, 0, s);
+        return;
+    }
     switch ((act ? 4 : 0) | (bvec ? 2 : 0) | (avec ? 1 : 0)) {
     case 0: conv_fwd_kernel<false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
     case 1: conv_fwd_kernel<false, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
@@ -617,6 +823,10 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     cudaStream_t s = (cudaStream_t)stream;
     const __half *dzh = (const __half *)dz, *wh = (const __half *)w;
     __half *xo = (__half *)dxh;
+    if (int vw = conv_halo_vw(g, g.zs, dz, w, g.Cin)) {
+        conv_halo_launch<false, true>(g, vw, dzh, ConvAct(), wh, nullptr, dx, xo, accumulate, s);
+        return;
+    }
     bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 &&
             (uintptr_t)dz % 16 == 0 && (uintptr_t)w % 16 == 0;
     if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);

@@ -1530,6 +1530,11 @@ int main(void) {
     test_conv(2, 8, 4, 4, 70, 1, 1, 8, 3, s);     // the same on channel slices, Cout over a tile
     test_conv(1, 8, 6, 5, 9, 3, 2, 0, 0, s);      // forward: 16-byte w rows, gathered 3x3 stride-2 taps
     test_conv(1, 2, 7, 7, 3, 3, 3, 0, 0, s);      // stride 3: dgrad's any-stride test
+    // 3x3 stride 1 by halo tiles (conv_halo_kernel): 16-byte rows, 16-column tiles (W 40: the last one
+    // half out, H 12: the second row of tiles partly out), Cin 24 (the second K step half empty),
+    // Cout 70 over a tile, on channel slices; then 8-byte rows (W 20) with 32-column tiles
+    test_conv(2, 24, 12, 40, 70, 3, 1, 8, 3, s);
+    test_conv(1, 16, 6, 20, 24, 3, 1, 0, 0, s);
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
@@ -1583,6 +1588,7 @@ int main(void) {
         test_conv_act(f32, 2, 24, 8, 16, 4, 6, 20, 1, 1, s);     // 1x1 on 16-byte rows of a slice
         test_conv_act(f32, 2, 16, 0, 8, 5, 6, 12, 3, 2, s);      // 3x3 stride 2, Cin*9 % 8 == 0
         test_conv_act(f32, 1, 8, 0, 8, 4, 4, 6, 3, 1, s);        // 3x3, Ho*Wo % 8 == 0 (16-byte dz rows in wgrad)
+        test_conv_act(f32, 2, 40, 8, 24, 7, 16, 20, 3, 1, s);    // 3x3 stride 1 by halo tiles, on a slice
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
