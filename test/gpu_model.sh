@@ -56,7 +56,11 @@ BEGIN {
 # the kernel report: "== sm_80" sections, "loop NAME instr/mma X ..." lines
 FILENAME != counts {
     if ($0 ~ /^== sm_/) { arch = substr($0, 7); next }
-    if ($0 ~ /^loop /) { n = split($0, w, " "); IPM[arch, w[2]] = w[4] }
+    if ($0 ~ /^loop /) {   # the name may hold spaces (template arguments): it ends where "instr/mma" starts
+        nm = substr($0, 6); p = index(nm, " instr/mma"); v = substr(nm, p + 10)
+        sub(/ +$/, "", nm); nm = substr(nm, 1, p - 1); sub(/ +$/, "", nm)
+        split(v, w, " "); IPM[arch, nm] = w[1]
+    }
     next
 }
 /^#/ { next }
