@@ -339,8 +339,8 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
  * the tile's halo (TR+2 rows by TC+2 columns) once, position-major: the 16 channels of a pixel are a
  * 32-byte row of shared memory, so the 16 pixels a WMMA tile of any tap reads are matrix_b
  * col-major at a 32-byte aligned address, a tap's shift a whole number of rows. With the halo come the
- * 9 taps of A for those 16 channels; then each warp multiplies 9 taps x 2 x 4 WMMA tiles of what was
- * staged (its 32 channels by 64 pixels). So an input value is loaded from global memory once per block
+ * 9 taps of A for those 16 channels; then each warp multiplies 9 taps x 4 x 2 WMMA tiles of what was
+ * staged (all 64 channels by its 32 pixels). So an input value is loaded from global memory once per block
  * and K step, not once per tap as in the gather kernels, VW halves at a time (8: 16-byte loads, or 4:
  * rows whose width is a multiple of 4 only); ACT's BN+SiLU is applied once per staged value. A's 144
  * values of one output channel (forward) or 16 pixels' 9 taps (DGRAD) are contiguous in the
@@ -429,18 +429,30 @@ struct H3Halo {
         }
     }
 };
-template <bool ACT, bool DGRAD, int TC, int VW>
+template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const float *bias, float *of, __half *oh, int accumulate) {
     using namespace nvcuda;
     constexpr int TR = H3_BN / TC, HR = TR + 2, HC = TC + 2, FPR = TC / 16;
-    __shared__ __align__(128) __half As[9][H3_KC][H3_BM + 8];   // A per tap, col-major (k, m)
+    // A per tap: the forward's col-major (k, m), 64 output channels contiguous per input channel;
+    // DGRAD's row-major (m, k), 16 dz channels contiguous per output channel (so that its transposing
+    // stores, 16 lanes per row, do not fall into the same banks). Pitches of 144 and 48 bytes: the
+    // WMMA tiles read 8 rows without a bank conflict.
+    constexpr int A_HALVES = DGRAD ? 9 * H3_BM * (H3_KC + 8) : 9 * H3_KC * (H3_BM + 8);
+    __shared__ __align__(128) __half Araw[A_HALVES];
     __shared__ __align__(128) __half Bs[HR * HC][H3_KC];        // the halo, 16 channels per position
-    __shared__ __align__(32) float Cs[4][16][16];
-    const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
+    __shared__ __align__(32) float Cs[4][16][20];   // the epilogue's tile per warp (80-byte rows)
+    __half(*As)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // forward
+    __half(*Ad)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // DGRAD
+    const int tid = threadIdx.x, warp = tid / 32;
     const int M = DGRAD ? g.Cin : g.Cout, Cr = DGRAD ? g.Cout : g.Cin, H = g.H, W = g.W, HW = H * W;
     const long is = DGRAD ? g.zs : g.xs, os = DGRAD ? g.xs : g.zs;
-    const int tilesX = (W + TC - 1) / TC, tilesY = (H + TR - 1) / TR, per_img = tilesX * tilesY;
+    // S2 (DGRAD of a stride-2 conv): block z computes the input pixels of parity (py, px), an OH x OW grid;
+    // dz (IH x IW) is its input, the halo's row r / column c dz's row y0 - 1 + r / column x0 - 1 + c
+    const int py = S2 ? blockIdx.z >> 1 : 0, px = S2 ? blockIdx.z & 1 : 0;
+    const int OH = S2 ? (H - py + 1) >> 1 : H, OW = S2 ? (W - px + 1) >> 1 : W;
+    const int IH = S2 ? g.Ho : H, IW = S2 ? g.Wo : W, HWi = IH * IW;
+    const int tilesX = (OW + TC - 1) / TC, tilesY = (OH + TR - 1) / TR, per_img = tilesX * tilesY;
     const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
     const int y0 = tile / tilesX * TR, x0 = (tile - tile / tilesX * tilesX) * TC, m0 = blockIdx.y * H3_BM;
     const int nsteps = (Cr + H3_KC - 1) / H3_KC;
@@ -451,7 +463,7 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     uint4 av[9];                            // A: 72 halves of the next step
     auto fetch = [&](int s) {
         const int c0 = s * H3_KC, cc = c0 + halo.pc;
-        halo.fetch(cc < Cr ? inb + (long)cc * HW : nullptr, y0, x0, H, W);
+        halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, y0, x0, IH, IW);
         if (ACT && cc < Cr) {
             float sc = a.gamma[cc] * a.invstd[cc];
             bnf = make_float2(sc, a.beta[cc] - a.mean[cc] * sc);
@@ -463,8 +475,8 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             bool ok = m < M && c < Cr;
 #pragma unroll
             for (int ii = 0; ii < 9; ii++) av[ii] = ok ? *(const uint4 *)(wp + 8 * ii) : z4;
-        } else {        // thread: output channel c0 + (tid >> 3) of w, input channels m0 + 8 (tid & 7) ..+7
-            int c = c0 + (tid >> 3), m = m0 + 8 * (tid & 7);
+        } else {        // thread: output channel c0 + (tid & 15) of w, input channels m0 + 8 (tid >> 4) ..+7
+            int c = c0 + (tid & 15), m = m0 + 8 * (tid >> 4);
             const __half *wp = w + ((long)c * M + m) * 9;
             bool ok = c < Cr && m < M;
 #pragma unroll
@@ -481,15 +493,19 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             for (int e = 0; e < 8; e++) {
                 const int k = 8 * ii + e;   // 0..71: (channel k / 9, tap k % 9) of the thread's 72
                 if (!DGRAD) As[k % 9][8 * (tid >> 6) + k / 9][tid & 63] = t.h[e];
-                else As[8 - k % 9][tid >> 3][8 * (tid & 7) + k / 9] = t.h[e];
+                else Ad[S2 ? k % 9 : 8 - k % 9][8 * (tid >> 4) + k / 9][tid & 15] = t.h[e];
             }
         }
     };
-    ConvAcc acc[2][4];
+    // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles, fragments 2 warp, +1 of the
+    // tile's 8 runs of 16 pixels): the halo's B tiles, which a 32-byte pitch reads with 2-way bank
+    // conflicts, are loaded once per 4 mma, the conflict-free A tiles once per 2
+    typedef typename std::conditional<DGRAD, wmma::row_major, wmma::col_major>::type ALayout;
+    ConvAcc acc[4][2];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     fetch(0);
     store(0);
     __syncthreads();
@@ -497,17 +513,27 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
         if (s + 1 < nsteps) fetch(s + 1);
 #pragma unroll
         for (int t = 0; t < 9; t++) {
-            const int ky = t / 3, kx = t % 3;
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::col_major> fa[2];
+            // the halo offset of tap t; S2: the weight tap t reaches parity (py, px) only where ky (kx)
+            // is 1 for an even row (column), 0 or 2 for an odd one, from dz row u + 1 (ky 0) or u
+            // (halo row r + 2 or r + 1)
+            int ky = t / 3, kx = t % 3;
+            if (S2) {
+                if ((ky == 1) != (py == 0) || (kx == 1) != (px == 0)) continue;   // block-uniform
+                ky = 1 + (ky == 0); kx = 1 + (kx == 0);
+            }
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[t][0][wy * 32 + i * 16], H3_BM + 8);
+            for (int j = 0; j < 2; j++) {
+                const int f = warp * 2 + j, r = f / FPR, sg = f - r * FPR;
+                wmma::load_matrix_sync(fb[j], &Bs[(r + ky) * HC + sg * 16 + kx][0], H3_KC);
+            }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int f = wx * 4 + j, r = f / FPR, sg = f - r * FPR;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-                wmma::load_matrix_sync(fb, &Bs[(r + ky) * HC + sg * 16 + kx][0], H3_KC);
+            for (int i = 0; i < 4; i++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa;
+                if (DGRAD) wmma::load_matrix_sync(fa, &Ad[t][i * 16][0], H3_KC + 8);
+                else wmma::load_matrix_sync(fa, &As[t][0][i * 16], H3_BM + 8);
 #pragma unroll
-                for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa, fb[j], acc[i][j]);
             }
         }
         __syncthreads();
@@ -516,20 +542,28 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             __syncthreads();
         }
     }
-    // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned)
-    const int lane = tid % 32, er = lane / 2, ec = (lane % 2) * 8, N = g.B * HW;
+    // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned), read
+    // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
+    // phase hit 8 different bank groups), columns 8 (lane / 16)
+    const int lane = tid % 32, er = lane % 16, ec = (lane / 16) * 8, N = g.B * HW;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 20, wmma::mem_row_major);
             __syncwarp();
-            const int f = wx * 4 + j, r = f / FPR, sg = f - r * FPR;
-            const int m = m0 + wy * 32 + i * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
-            if (m < M && y < H && x < W) {
-                float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
+            const int f = warp * 2 + j, r = f / FPR, sg = f - r * FPR;
+            const int m = m0 + i * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
+            if (S2 && m < M && y < OH && x < OW) {   // every other pixel of input row 2y + py
+                const long o = b * os + (long)m * HW + (2 * y + py) * W + px;
 #pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = Cs[warp][er][ec + e] + bm;
+                for (int e = 0; e < 8; e++)
+                    if (x + e < OW) conv_store(of, oh, o + 2 * (x + e), Cs[warp][er][ec + e], accumulate);
+            } else if (!S2 && m < M && y < H && x < W) {
+                float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
+                const float4 q0 = *(const float4 *)&Cs[warp][er][ec], q1 = *(const float4 *)&Cs[warp][er][ec + 4];
+                v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
+                v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
                 if (x + 8 <= W) conv_store8(of, oh, v, m, b * HW + y * W + x, N, HW, g.fHW, os, accumulate);
                 else {   // a row's last pixels (W % 8 == 4)
 #pragma unroll
@@ -540,40 +574,46 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             __syncwarp();
         }
 }
-// conv_halo_vw: the halves per halo load for this conv (8: rows, image stride and pointer allow 16-byte
-// loads; 4: 8-byte ones), or 0: not a 3x3 stride-1 conv, or its rows cannot be loaded 4 halves at a time,
-// or the channels that index A's rows are not a multiple of 8: the gather kernels take it
-static int conv_halo_vw(const ConvGeo &g, long is, const void *in, const void *w, int Cm) {
-    if (g.K != 3 || g.S != 1 || Cm % 8 || (uintptr_t)w % 16) return 0;
-    if (g.W % 8 == 0 && is % 8 == 0 && (uintptr_t)in % 16 == 0) return 8;
-    if (g.W % 4 == 0 && is % 4 == 0 && (uintptr_t)in % 8 == 0) return 4;
+// conv_halo_vw: the halves per halo load for this conv (8: the input's rows of Win, its image stride and
+// pointer allow 16-byte loads; 4: 8-byte ones), or 0: not a 3x3 conv of stride <= smax, or its rows cannot
+// be loaded 4 halves at a time, or the channels that index A's rows are not a multiple of 8: the gather
+// kernels take it
+static int conv_halo_vw(const ConvGeo &g, long is, const void *in, const void *w, int Cm, int Win, int smax) {
+    if (g.K != 3 || g.S < 1 || g.S > smax || Cm % 8 || (uintptr_t)w % 16) return 0;
+    if (Win % 8 == 0 && is % 8 == 0 && (uintptr_t)in % 16 == 0) return 8;
+    if (Win % 4 == 0 && is % 4 == 0 && (uintptr_t)in % 8 == 0) return 4;
     return 0;
 }
 // conv_halo_tc: the tile width for a W x H map (16 or 32 columns, 128 / TC rows): the one that computes
 // the fewest pixels past the map's edges, the wider on a tie
-static int conv_halo_tc(const ConvGeo &g) {
-    long c16 = (long)cdiv(g.W, 16) * 16 * cdiv(g.H, 8) * 8, c32 = (long)cdiv(g.W, 32) * 32 * cdiv(g.H, 4) * 4;
+static int conv_halo_tc(int W, int H) {
+    long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, 8) * 8, c32 = (long)cdiv(W, 32) * 32 * cdiv(H, 4) * 4;
     return c32 <= c16 ? 32 : 16;
 }
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
                              const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s) {
-    int tc = conv_halo_tc(g), tr = H3_BN / tc;
-    dim3 grid(g.B * cdiv(g.W, tc) * cdiv(g.H, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM));
-    switch ((dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
-    case 0: conv_halo_kernel<false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 1: conv_halo_kernel<false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 2: conv_halo_kernel<false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 3: conv_halo_kernel<false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 4: conv_halo_kernel<true, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 5: conv_halo_kernel<true, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 6: conv_halo_kernel<true, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 7: conv_halo_kernel<true, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 8: conv_halo_kernel<false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 9: conv_halo_kernel<false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 10: conv_halo_kernel<false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    default: conv_halo_kernel<false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    bool s2 = g.S == 2;   // dgrad only: the four parities of the input pixels, grid.z
+    int OW = s2 ? (g.W + 1) / 2 : g.W, OH = s2 ? (g.H + 1) / 2 : g.H, tc = conv_halo_tc(OW, OH), tr = H3_BN / tc;
+    dim3 grid(g.B * cdiv(OW, tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 ? 4 : 1);
+    switch ((s2 ? 12 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
+    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    default: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -735,7 +775,7 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
     const __half *xh = (const __half *)x, *wh = (const __half *)w;
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
-    if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin)) {
+    if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 1)) {
         conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s);
         return;
     }
@@ -872,7 +912,7 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     cudaStream_t s = (cudaStream_t)stream;
     const __half *dzh = (const __half *)dz, *wh = (const __half *)w;
     __half *xo = (__half *)dxh;
-    if (int vw = conv_halo_vw(g, g.zs, dz, w, g.Cin)) {
+    if (int vw = conv_halo_vw(g, g.zs, dz, w, g.Cin, g.Wo, 2)) {
         conv_halo_launch(g, vw, false, true, dzh, ConvAct(), wh, nullptr, dx, xo, accumulate, s);
         return;
     }
@@ -1029,7 +1069,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 }
 // conv_halo_wgrad_kernel: the weight gradient of a 3x3 stride-1 conv, dW[co, ci, t] = sum over pixels of
 // dz[co, p] in[ci, p shifted by tap t], by the same halo tiles. A block owns 64 output channels by 16
-// input channels x 9 taps (each warp 16 output channels: 9 accumulator tiles, one per tap) and steps
+// input channels x 9 taps (each warp 32 output channels by 5 or 4 of the taps) and steps
 // through its slice of the batch's pixel tiles (TR x TC pixels of one image, grid.z slices in order,
 // as conv_wgrad_split splits the pixels for the gather kernel). Per K step: dz's 64 x 128 tile by
 // cp.async (VW halves per copy), and the 16 channels' halo, position-major as in conv_halo_kernel
@@ -1084,9 +1124,14 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
         halo.fetch(cc < Cin ? x + tb * g.xs + (long)cc * HW : nullptr, ty0, tx0, H, W);
     };
     auto store = [&](int st) { halo.template store<ACT>(Bs(st), bnf); };
-    ConvAcc acc[9];
+    // each warp: 32 output channels (2 A tiles, rows 32 wy ..) by 16 input channels of 5 taps (wx 0:
+    // taps 0..4) or 4 (wx 1: taps 5..8): a B tile, read with the halo's 2-way bank conflicts, serves 2 mma
+    const int wy = warp >> 1, wx = warp & 1;
+    ConvAcc acc[2][5];
 #pragma unroll
-    for (int t = 0; t < 9; t++) wmma::fill_fragment(acc[t], 0.0f);
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int u = 0; u < 5; u++) wmma::fill_fragment(acc[i][u], 0.0f);
     const int nsteps = kt1 - kt0;
     if (nsteps > 0) { fetch(kt0, 0); store(0); }
     __pipeline_commit();
@@ -1102,39 +1147,49 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
 #pragma unroll
         for (int f = 0; f < 8; f++) {
             const int r = f / FPR, sg = f - r * FPR;
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-            wmma::load_matrix_sync(fa, &A[warp * 16][f * 16], LDA);
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
 #pragma unroll
-            for (int t = 0; t < 9; t++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-                wmma::load_matrix_sync(fb, &B[(r + t / 3) * HC + sg * 16 + t % 3][0], H3_KC);
-                wmma::mma_sync(acc[t], fa, fb, acc[t]);
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &A[wy * 32 + i * 16][f * 16], LDA);
+#pragma unroll
+            for (int u = 0; u < 5; u++) {
+                const int t = 5 * wx + u;
+                if (t < 9) {   // warp-uniform
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
+                    wmma::load_matrix_sync(fb, &B[(r + t / 3) * HC + sg * 16 + t % 3][0], H3_KC);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][u], fa[i], fb, acc[i][u]);
+                }
             }
         }
         if (next) store(st ^ 1);
         __pipeline_wait_prior(0);
         __syncthreads();
     }
-    // epilogue: the warp's 16 x 16 x 9 results as 16 rows of 144 floats (channel-major, then tap), each
+    // epilogue: the block's 64 x 16 x 9 results as 64 rows of 144 floats (channel-major, then tap), each
     // row dW[co, c0*9 .. c0*9 + 143] (or the slice's share of ws), 16-byte stores
-    float(*E)[LDE] = (float(*)[LDE])(sm + warp * 16 * LDE * 4);
+    float(*E)[LDE] = (float(*)[LDE])sm;
     float *stage = (float *)(sm + 4 * 16 * LDE * 4) + warp * 256;   // past the rows: one tile at a time
 #pragma unroll
-    for (int t = 0; t < 9; t++) {
-        wmma::store_matrix_sync(stage, acc[t], 16, wmma::mem_row_major);
-        __syncwarp();
+    for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            int i = lane + 32 * e, r = i / 16, c = i % 16;
-            E[r][c * 9 + t] = stage[i];
+        for (int u = 0; u < 5; u++) {
+            const int t = 5 * wx + u;
+            if (t >= 9) continue;
+            wmma::store_matrix_sync(stage, acc[i][u], 16, wmma::mem_row_major);
+            __syncwarp();
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                int q = lane + 32 * e, r = q / 16, c = q % 16;
+                E[wy * 32 + i * 16 + r][c * 9 + t] = stage[q];
+            }
+            __syncwarp();
         }
-        __syncwarp();
-    }
+    __syncthreads();
     float *out = nslices > 1 ? ws + (long)z * Cout * N : dw;
     const int acm = nslices > 1 ? 0 : accumulate, nv = min(H3_KC, Cin - c0) * 9;   // valid floats per row
 #pragma unroll
     for (int e = 0; e < 18; e++) {
-        int i = lane + 32 * e, r = i / 36, c4 = (i % 36) * 4, m = m0 + warp * 16 + r;
+        int i = tid + 128 * e, r = i / 36, c4 = (i % 36) * 4, m = m0 + r;
         if (m >= Cout || c4 >= nv) continue;
         float *o = out + (long)m * N + c0 * 9 + c4;
         float4 v = make_float4(E[r][c4], E[r][c4 + 1], E[r][c4 + 2], E[r][c4 + 3]);
@@ -1187,11 +1242,11 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
-    int vw = conv_halo_vw(g, g.xs, x, nullptr, g.Cin);
+    int vw = conv_halo_vw(g, g.xs, x, nullptr, g.Cin, g.W, 1);
     if (vw && !(g.zs % vw == 0 && (uintptr_t)dz % (2 * vw) == 0)) vw = 0;
     if (vw) {
         ConvAct a = act ? *act : ConvAct();
-        int tc = conv_halo_tc(g), ns = (int)grid.z;
+        int tc = conv_halo_tc(g.W, g.H), ns = (int)grid.z;
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
         switch ((act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {

@@ -1535,6 +1535,10 @@ int main(void) {
     // Cout 70 over a tile, on channel slices; then 8-byte rows (W 20) with 32-column tiles
     test_conv(2, 24, 12, 40, 70, 3, 1, 8, 3, s);
     test_conv(1, 16, 6, 20, 24, 3, 1, 0, 0, s);
+    // stride-2 3x3 input gradient by halo tiles, one parity of the input pixels per block: H odd (the
+    // parities' grids differ), dz rows of 16 and 8; Cin 72 over a block, Cout 20 (a 4-channel K step)
+    test_conv(2, 16, 15, 32, 24, 3, 2, 8, 3, s);
+    test_conv(1, 72, 9, 15, 20, 3, 2, 0, 0, s);
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
