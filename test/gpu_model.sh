@@ -85,6 +85,7 @@ END {
         printf "MODEL  %-8s %4s %4d %6.3f %10.1f %9.1f %9d %8.2f %12.1f\n", G[i], "sm_" ARCH[i], SM[i], CLK[i], TC[i], F32[i], BW[i], CEIL[i], C[i]
     for (i = 1; i <= ng; i++) {
         if (only != "" && G[i] != only) continue
+        delete FT; delete FU; delete FN; delete NC; gt = 0; gf = 0; gk = ""
         delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
@@ -105,6 +106,14 @@ END {
                 t_tc = flop / (TC[i] * 1e12 * eff)
             }
             t = max(max(max(t_tc, t_mem), max(t_l2, t_sh)), 2e-6)
+            # a conv: its launches (kernel, then a split-K reduction) up to the one carrying the useful FLOP
+            if (k != gk) { gt = 0; gf = 0; gk = k }
+            gt += t; gf += flop
+            if (V[l, 25] > 0) {
+                if (gf > 0 && gf <= 1.05 * V[l, 25]) { FT[k] += gt; FU[k] += V[l, 25]; FN[k]++ }
+                gt = 0; gf = 0
+            }
+            if (V[l, 25] > 0) NC[k]++
             T[k] += t; FL[k] += flop; NL[k]++; DR[k] += comp; L2B[k] += (gld_sect + gst_sect) * 32
             SQ[k] += gld_req + gst_req; SS[k] += gld_sect + gst_sect; BY[k] += gld_bytes + gst_bytes; B16[k] += gb16
             SW[k] += sld_wave + sst_wave; SP[k] += sld_ph + sst_ph; SR[k] += sld_req + sst_req
@@ -125,6 +134,13 @@ END {
                    T[k] * 1e3, 100 * T[k] / tot, pk
         }
         printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n", G[i], tot * 1e3, 16 / tot
+        printf "MODEL  the convolutions whose tiles are full (executed mma FLOP within 5%% of the useful: channel counts\n"
+        printf "MODEL  that fill the 64-channel tiles, maps that fill the pixel tiles), their share of the tensor peak:\n"
+        for (a = 1; a <= nk; a++) {
+            k = KO[a]
+            if (FN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%\n", substr(k, 1, 28), FN[k], NC[k], FU[k] / 1e9,
+                                  FT[k] * 1e3, 100 * FU[k] / (FT[k] * TC[i] * 1e12)
+        }
         if (miss != "") printf "MODEL  (no kernel-report loop figures for:%s; their mma issue taken as ideal)\n", miss
     }
 }' "$report" "$counts"
