@@ -170,7 +170,10 @@ extern "C" void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint
  * them fast is kept out of the K loop: no division there (pixels decoded once per block or once
  * per K step, taps through a small shared table), 16-byte cp.async wherever an operand's rows are
  * contiguous, two shared stages so that one barrier ends each K step, and an epilogue that stores 8
- * consecutive outputs per lane.
+ * consecutive outputs per lane. These gather kernels take the 1x1 convs and the 3x3 ones the halo
+ * kernels (conv_halo_kernel, conv_halo_wgrad_kernel: stride-1 products and the stride-2 input
+ * gradient) cannot: the 3-channel stem, the stride-2 forward and weight gradient, maps whose rows
+ * are not a multiple of 4.
  */
 #define IG_BM 64
 #define IG_BN 64
