@@ -455,10 +455,13 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     const int py = S2 ? blockIdx.z >> 1 : 0, px = S2 ? blockIdx.z & 1 : 0;
     const int OH = S2 ? (H - py + 1) >> 1 : H, OW = S2 ? (W - px + 1) >> 1 : W;
     const int IH = S2 ? g.Ho : H, IW = S2 ? g.Wo : W, HWi = IH * IW;
-    const int tilesX = (OW + TC - 1) / TC, tilesY = (OH + TR - 1) / TR, per_img = tilesX * tilesY;
+    // S2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
+    // falls past it (or into an empty one) is idle (no work, no stores; it still meets every barrier)
+    const int tilesX = (OW + TC - 1) / TC, tilesY = (OH + TR - 1) / TR, per_img = max(tilesX * tilesY, 1);
     const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
-    const int y0 = tile / tilesX * TR, x0 = (tile - tile / tilesX * tilesX) * TC, m0 = blockIdx.y * H3_BM;
-    const int nsteps = (Cr + H3_KC - 1) / H3_KC;
+    const bool live = b < g.B && tilesX * tilesY > 0;
+    const int tx = max(tilesX, 1), y0 = tile / tx * TR, x0 = (tile - tile / tx * tx) * TC, m0 = blockIdx.y * H3_BM;
+    const int nsteps = live ? (Cr + H3_KC - 1) / H3_KC : 0;
     const __half *inb = in + b * is;
     H3Halo<TC, VW> halo;
     halo.init(tid);
@@ -509,8 +512,10 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    fetch(0);
-    store(0);
+    if (nsteps > 0) {
+        fetch(0);
+        store(0);
+    }
     __syncthreads();
     for (int s = 0; s < nsteps; s++) {
         if (s + 1 < nsteps) fetch(s + 1);
@@ -557,7 +562,8 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             __syncwarp();
             const int f = warp * 2 + j, r = f / FPR, sg = f - r * FPR;
             const int m = m0 + i * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
-            if (S2 && m < M && y < OH && x < OW) {   // every other pixel of input row 2y + py
+            if (!live) {
+            } else if (S2 && m < M && y < OH && x < OW) {   // every other pixel of input row 2y + py
                 const long o = b * os + (long)m * HW + (2 * y + py) * W + px;
 #pragma unroll
                 for (int e = 0; e < 8; e++)

@@ -1539,6 +1539,7 @@ int main(void) {
     // parities' grids differ), dz rows of 16 and 8; Cin 72 over a block, Cout 20 (a 4-channel K step)
     test_conv(2, 16, 15, 32, 24, 3, 2, 8, 3, s);
     test_conv(1, 72, 9, 15, 20, 3, 2, 0, 0, s);
+    test_conv(2, 16, 17, 16, 24, 3, 2, 0, 0, s);   // H 17: the odd rows' grid has a row of tiles fewer
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
