@@ -331,13 +331,15 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
 }
 
 // ------------------------------------------------------------------------------------------
-// 3x3 stride-1 convolutions by halo tiles
+// 3x3 convolutions by halo tiles (stride 1; the stride-2 input gradient)
 // ------------------------------------------------------------------------------------------
 /*
  * conv_halo_kernel: a 3x3, stride-1, pad-1 convolution out[m, y, x] = sum_{c, ky, kx} A_{ky,kx}[m, c]
  * in[c, y+ky-1, x+kx-1]. The forward is it with in = x, A_t[co, ci] = w[co, ci, t]; the input gradient
  * (DGRAD) too, with in = dz and A_t[ci, co] = w[co, ci, 8-t]: a stride-1 3x3 conv's input gradient is
- * the same conv of dz by the weights transposed and flipped. A block computes 64 output channels by
+ * the same conv of dz by the weights transposed and flipped; that of a stride-2 conv (S2) is four
+ * such convs of dz, one per parity (py, px) of the input pixels (grid.z), each with only the 1, 2 or 4
+ * taps that reach its pixels. A block computes 64 output channels by
  * 128 output pixels, TR rows by TC columns of one image. Per K step it stages 16 input channels of
  * the tile's halo (TR+2 rows by TC+2 columns) once, position-major: the 16 channels of a pixel are a
  * 32-byte row of shared memory, so the 16 pixels a WMMA tile of any tap reads are matrix_b
