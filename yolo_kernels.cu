@@ -1086,8 +1086,8 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 // cp.async (VW halves per copy), and the 16 channels' halo, position-major as in conv_halo_kernel
 // (through registers, ACT's BN+SiLU applied once per value), so that tap t's B tile (16 pixels by 16
 // channels) is matrix_b row-major at a 32-byte aligned address. Two shared stages, one barrier per K
-// step. The epilogue gathers each warp's 9 taps into rows of dW (16 channels x 9 taps contiguous) and
-// stores them 16 bytes at a time.
+// step. The epilogue gathers the warps' taps into the block's 64 rows of dW (16 channels x 9 taps
+// contiguous) and stores them 16 bytes at a time where dW is aligned.
 template <bool ACT, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
