@@ -36,6 +36,13 @@ __device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd
     float sc = gamma * invstd;
     return bn_silu_folded(v, sc, beta - mean * sc);
 }
+// bn_fold: channel c's BN as bn_silu_folded's (sc, sh), from the four per-channel arrays or a ConvAct
+__device__ __forceinline__ float2 bn_fold(const float *mean, const float *invstd, const float *gamma,
+                                          const float *beta, int c) {
+    float sc = gamma[c] * invstd[c];
+    return make_float2(sc, beta[c] - mean[c] * sc);
+}
+__device__ __forceinline__ float2 bn_fold(const ConvAct &a, int c) { return bn_fold(a.mean, a.invstd, a.gamma, a.beta, c); }
 
 // ------------------------------------------------------------------------------------------
 // CPU ops, device side: elementwise and data movement
@@ -382,6 +389,9 @@ struct H3Halo {
     unsigned fin, sin;                               // bit i: piece i lies inside the image
     H3Piece<VW> fv[FPT];
     __half sv[SPT];
+    // tile_y, tile_x: the top row and left column of tile t of an image (tilesX tiles per row of tiles)
+    __device__ __forceinline__ static int tile_y(int t, int tilesX) { return t / tilesX * TR; }
+    __device__ __forceinline__ static int tile_x(int t, int tilesX) { return (t - t / tilesX * tilesX) * TC; }
     __device__ __forceinline__ void init(int tid) {
         pc = (tid >> 1) & 15; side = tid & 1;
 #pragma unroll
@@ -438,14 +448,15 @@ template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const float *bias, float *of, __half *oh, int accumulate) {
     using namespace nvcuda;
-    constexpr int TR = H3_BN / TC, HR = TR + 2, HC = TC + 2, FPR = TC / 16;
+    typedef H3Halo<TC, VW> Halo;
+    constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16;
     // A per tap: the forward's col-major (k, m), 64 output channels contiguous per input channel;
     // DGRAD's row-major (m, k), 16 dz channels contiguous per output channel (so that its transposing
     // stores, 16 lanes per row, do not fall into the same banks). Pitches of 144 and 48 bytes: the
     // WMMA tiles read 8 rows without a bank conflict.
     constexpr int A_HALVES = DGRAD ? 9 * H3_BM * (H3_KC + 8) : 9 * H3_KC * (H3_BM + 8);
     __shared__ __align__(128) __half Araw[A_HALVES];
-    __shared__ __align__(128) __half Bs[HR * HC][H3_KC];        // the halo, 16 channels per position
+    __shared__ __align__(128) __half Bs[Halo::HR * HC][H3_KC];   // the halo, 16 channels per position
     __shared__ __align__(32) float Cs[4][16][20];   // the epilogue's tile per warp (80-byte rows)
     __half(*As)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // forward
     __half(*Ad)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // DGRAD
@@ -462,20 +473,17 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     const int tilesX = (OW + TC - 1) / TC, tilesY = (OH + TR - 1) / TR, per_img = max(tilesX * tilesY, 1);
     const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
     const bool live = b < g.B && tilesX * tilesY > 0;
-    const int tx = max(tilesX, 1), y0 = tile / tx * TR, x0 = (tile - tile / tx * tx) * TC, m0 = blockIdx.y * H3_BM;
+    const int tx = max(tilesX, 1), y0 = Halo::tile_y(tile, tx), x0 = Halo::tile_x(tile, tx), m0 = blockIdx.y * H3_BM;
     const int nsteps = live ? (Cr + H3_KC - 1) / H3_KC : 0;
     const __half *inb = in + b * is;
-    H3Halo<TC, VW> halo;
+    Halo halo;
     halo.init(tid);
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
     uint4 av[9];                            // A: 72 halves of the next step
     auto fetch = [&](int s) {
         const int c0 = s * H3_KC, cc = c0 + halo.pc;
         halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, y0, x0, IH, IW);
-        if (ACT && cc < Cr) {
-            float sc = a.gamma[cc] * a.invstd[cc];
-            bnf = make_float2(sc, a.beta[cc] - a.mean[cc] * sc);
-        }
+        if (ACT && cc < Cr) bnf = bn_fold(a, cc);
         const uint4 z4 = make_uint4(0, 0, 0, 0);
         if (!DGRAD) {   // thread: output channel m0 + (tid & 63), input channels c0 + 8 (tid >> 6) ..+7
             int m = m0 + (tid & 63), c = c0 + 8 * (tid >> 6);
@@ -491,7 +499,7 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             for (int ii = 0; ii < 9; ii++) av[ii] = ok ? *(const uint4 *)(wp + 8 * ii) : z4;
         }
     };
-    auto store = [&](int) {
+    auto store = [&]() {
         halo.template store<ACT>(Bs, bnf);
         union { uint4 u; __half h[8]; } t;
 #pragma unroll
@@ -516,7 +524,7 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     if (nsteps > 0) {
         fetch(0);
-        store(0);
+        store();
     }
     __syncthreads();
     for (int s = 0; s < nsteps; s++) {
@@ -548,7 +556,7 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
         }
         __syncthreads();
         if (s + 1 < nsteps) {
-            store(s + 1);
+            store();
             __syncthreads();
         }
     }
@@ -564,13 +572,12 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             __syncwarp();
             const int f = warp * 2 + j, r = f / FPR, sg = f - r * FPR;
             const int m = m0 + i * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
-            if (!live) {
-            } else if (S2 && m < M && y < OH && x < OW) {   // every other pixel of input row 2y + py
+            if (live && S2 && m < M && y < OH && x < OW) {   // every other pixel of input row 2y + py
                 const long o = b * os + (long)m * HW + (2 * y + py) * W + px;
 #pragma unroll
                 for (int e = 0; e < 8; e++)
                     if (x + e < OW) conv_store(of, oh, o + 2 * (x + e), Cs[warp][er][ec + e], accumulate);
-            } else if (!S2 && m < M && y < H && x < W) {
+            } else if (live && !S2 && m < M && y < H && x < W) {
                 float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
                 const float4 q0 = *(const float4 *)&Cs[warp][er][ec], q1 = *(const float4 *)&Cs[warp][er][ec + 4];
                 v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
@@ -587,10 +594,10 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
 }
 // conv_halo_vw: the halves per halo load for this conv (8: the input's rows of Win, its image stride and
 // pointer allow 16-byte loads; 4: 8-byte ones), or 0: not a 3x3 conv of stride <= smax, or its rows cannot
-// be loaded 4 halves at a time, or the channels that index A's rows are not a multiple of 8: the gather
-// kernels take it
+// be loaded 4 halves at a time, or the channels that index A's rows are not a multiple of 8, or the
+// weights w (nullptr: a kernel that does not read them) are not 16-byte aligned: the gather kernels take it
 static int conv_halo_vw(const ConvGeo &g, long is, const void *in, const void *w, int Cm, int Win, int smax) {
-    if (g.K != 3 || g.S < 1 || g.S > smax || Cm % 8 || (uintptr_t)w % 16) return 0;
+    if (g.K != 3 || g.S > smax || Cm % 8 || (uintptr_t)w % 16) return 0;
     if (Win % 8 == 0 && is % 8 == 0 && (uintptr_t)in % 16 == 0) return 8;
     if (Win % 4 == 0 && is % 4 == 0 && (uintptr_t)in % 8 == 0) return 4;
     return 0;
@@ -664,11 +671,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
             int k = s * IG_BK + tid, ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK);
             ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), k < Kd ? ky : 1 << 24, kk - ky * g.K, 0};
             tap[s & 1][tid] = t;
-            if (ACT) {
-                float sc = 0.0f, sh = 0.0f;
-                if (k < Kd) { sc = a.gamma[ci] * a.invstd[ci]; sh = a.beta[ci] - a.mean[ci] * sc; }
-                tbn[s & 1][tid] = make_float2(sc, sh);
-            }
+            if (ACT) tbn[s & 1][tid] = k < Kd ? bn_fold(a, ci) : make_float2(0.0f, 0.0f);
         }
     };
     // A (w, Cout x Kd row-major): AVEC 2 x 16 bytes per thread by cp.async, else element by element
@@ -967,11 +970,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
         int n = col0 + tid, ci = div_fast(n, g.fKK), kk = n - ci * g.KK, ky = div_fast(kk, g.fK);
         ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), n < N ? ky : 1 << 24, kk - ky * g.K, 0};
         tap[tid] = t;
-        if (ACT) {
-            float sc = 0.0f, sh = 0.0f;
-            if (n < N) { sc = a.gamma[ci] * a.invstd[ci]; sh = a.beta[ci] - a.mean[ci] * sc; }
-            tbn[tid] = make_float2(sc, sh);
-        }
+        if (ACT) tbn[tid] = n < N ? bn_fold(a, ci) : make_float2(0.0f, 0.0f);
     }
     __syncthreads();
     const int pr = tid % IG_BK, pc = tid / IG_BK;        // scalar paths: pixel row pr, rows/taps pc + 4j
@@ -1092,8 +1091,9 @@ template <bool ACT, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
     using namespace nvcuda;
-    constexpr int TR = H3_BN / TC, HR = TR + 2, HC = TC + 2, FPR = TC / 16;
-    constexpr int LDA = H3_BN + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = HR * HC * H3_KC * 2;
+    typedef H3Halo<TC, VW> Halo;
+    constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16;
+    constexpr int LDA = H3_BN + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = Halo::HR * HC * H3_KC * 2;
     constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC + 4, E_BYTES = 4 * 16 * LDE * 4 + 4 * 256 * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
@@ -1105,22 +1105,14 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int tilesX = (W + TC - 1) / TC, per_img = tilesX * ((H + TR - 1) / TR), ntiles = g.B * per_img;
     const int c0 = blockIdx.x * H3_KC, m0 = blockIdx.y * H3_BM, z = blockIdx.z;
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
-    H3Halo<TC, VW> halo;   // the block's 16 input channels: the thread's is cc
+    Halo halo;   // the block's 16 input channels: the thread's is cc
     halo.init(tid);
     const int cc = c0 + halo.pc;
-    float2 bnf = make_float2(0.0f, 0.0f);
-    if (ACT && cc < Cin) {
-        float sc = a.gamma[cc] * a.invstd[cc];
-        bnf = make_float2(sc, a.beta[cc] - a.mean[cc] * sc);
-    }
+    const float2 bnf = ACT && cc < Cin ? bn_fold(a, cc) : make_float2(0.0f, 0.0f);
     int tb = 0, ty0 = 0, tx0 = 0;   // the fetched tile
-    auto tile_of = [&](int kt) {
-        tb = kt / per_img;
-        int t = kt - tb * per_img;
-        ty0 = t / tilesX * TR; tx0 = (t - t / tilesX * tilesX) * TC;
-    };
     auto fetch = [&](int kt, int st) {   // dz tile by cp.async into stage st; the halo into registers
-        tile_of(kt);
+        tb = kt / per_img;
+        ty0 = Halo::tile_y(kt - tb * per_img, tilesX); tx0 = Halo::tile_x(kt - tb * per_img, tilesX);
         const __half *zb = dz + tb * g.zs;
         __half(*A)[LDA] = As(st);
         constexpr int CPR = TC / VW, NA = H3_BM * TR * CPR;   // copies per tile row, per tile
@@ -1578,14 +1570,14 @@ __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mea
                                            const float *gamma, const float *beta, T *y, long ys, int HW) {
     int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y, b = blockIdx.z;
     if (i >= HW) return;
-    float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
+    const float2 bn = bn_fold(mean, invstd, gamma, beta, c);
     const T *zp = z + b * zs + (long)c * HW + i;
     T *yp = y + b * ys + (long)c * HW + i;
-    if (!V8) { *yp = act_from<T>(bn_silu_folded(act_f(*zp), sc, sh)); return; }
+    if (!V8) { *yp = act_from<T>(bn_silu_folded(act_f(*zp), bn.x, bn.y)); return; }
     float v[8];
     load8(zp, v);
 #pragma unroll
-    for (int e = 0; e < 8; e++) v[e] = bn_silu_folded(v[e], sc, sh);
+    for (int e = 0; e < 8; e++) v[e] = bn_silu_folded(v[e], bn.x, bn.y);
     store8(yp, v);
 }
 template <class T>

@@ -57,9 +57,8 @@ BEGIN {
 FILENAME != counts {
     if ($0 ~ /^== sm_/) { arch = substr($0, 7); next }
     if ($0 ~ /^loop /) {   # the name may hold spaces (template arguments): it ends where "instr/mma" starts
-        nm = substr($0, 6); p = index(nm, " instr/mma"); v = substr(nm, p + 10)
-        sub(/ +$/, "", nm); nm = substr(nm, 1, p - 1); sub(/ +$/, "", nm)
-        split(v, w, " "); IPM[arch, nm] = w[1]
+        nm = substr($0, 6); p = index(nm, " instr/mma"); split(substr(nm, p + 10), w, " ")
+        nm = substr(nm, 1, p - 1); sub(/ +$/, "", nm); IPM[arch, nm] = w[1]
     }
     next
 }
@@ -111,9 +110,8 @@ END {
             gt += t; gf += flop
             if (V[l, 25] > 0) {
                 if (gf > 0 && gf <= 1.05 * V[l, 25]) { FT[k] += gt; FU[k] += V[l, 25]; FN[k]++ }
-                gt = 0; gf = 0
+                gt = 0; gf = 0; NC[k]++
             }
-            if (V[l, 25] > 0) NC[k]++
             T[k] += t; FL[k] += flop; NL[k]++; DR[k] += comp; L2B[k] += (gld_sect + gst_sect) * 32
             SQ[k] += gld_req + gst_req; SS[k] += gld_sect + gst_sect; BY[k] += gld_bytes + gst_bytes; B16[k] += gb16
             SW[k] += sld_wave + sst_wave; SP[k] += sld_ph + sst_ph; SR[k] += sld_req + sst_req
