@@ -469,13 +469,14 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     const int OH = S2 ? (H - py + 1) >> 1 : H, OW = S2 ? (W - px + 1) >> 1 : W;
     const int IH = S2 ? g.Ho : H, IW = S2 ? g.Wo : W, HWi = IH * IW;
     // S2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
-    // falls past it (or into an empty one) is idle (no work, no stores; it still meets every barrier)
+    // falls past it (or into an empty one) is idle: it runs the K loop on image 0's data (in bounds; the
+    // loop the same code as every block's) and stores nothing
     const int tilesX = (OW + TC - 1) / TC, tilesY = (OH + TR - 1) / TR, per_img = max(tilesX * tilesY, 1);
     const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
     const bool live = b < g.B && tilesX * tilesY > 0;
     const int tx = max(tilesX, 1), y0 = Halo::tile_y(tile, tx), x0 = Halo::tile_x(tile, tx), m0 = blockIdx.y * H3_BM;
-    const int nsteps = live ? (Cr + H3_KC - 1) / H3_KC : 0;
-    const __half *inb = in + b * is;
+    const int nsteps = (Cr + H3_KC - 1) / H3_KC;
+    const __half *inb = in + (live ? b : 0) * is;
     Halo halo;
     halo.init(tid);
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
@@ -522,10 +523,8 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    if (nsteps > 0) {
-        fetch(0);
-        store();
-    }
+    fetch(0);
+    store();
     __syncthreads();
     for (int s = 0; s < nsteps; s++) {
         if (s + 1 < nsteps) fetch(s + 1);

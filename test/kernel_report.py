@@ -339,17 +339,19 @@ def parse_report(text):
             continue
         if not arch or line.startswith("#") or line.startswith("kernel "):
             continue
+        # a kernel's name may hold spaces (template arguments: "conv_halo_kernel<false, true, 16, 8>"):
+        # it is what precedes the fixed columns
         if line.startswith("loop "):
-            m = re.match(r"loop (\S+)\s+instr/mma\s+([\d.]+)\s+mma\s+\d+\s+gld_bytes\s+\d+\s+16B%\s+([\d.]+)\s+sts/mma\s+([\d.]+)\s+bar/K\s+(\d+)", line)
+            m = re.match(r"loop (.+?)\s+instr/mma\s+([\d.]+)\s+mma\s+\d+\s+gld_bytes\s+\d+\s+16B%\s+([\d.]+)\s+sts/mma\s+([\d.]+)\s+bar/K\s+(\d+)", line)
             if m:
                 res.setdefault((arch, m.group(1)), {}).update(ipm=float(m.group(2)), g16=float(m.group(3)),
                                                               spm=float(m.group(4)), bar=int(m.group(5)))
             continue
-        p = line.split()
-        if len(p) == 8:
-            sp = p[2].split("/")
-            occ = None if p[7] == "?" else float(p[7].rstrip("%"))
-            res.setdefault((arch, p[0]), {}).update(regs=int(p[1]), spill=int(sp[0]) + int(sp[1]), stack=int(p[3]), occ=occ)
+        m = re.match(r"(.+?)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+\d+\s+\S+\s+\S+\s+(\S+)$", line)
+        if m:
+            occ = None if m.group(6) == "?" else float(m.group(6).rstrip("%"))
+            res.setdefault((arch, m.group(1)), {}).update(regs=int(m.group(2)), spill=int(m.group(3)) + int(m.group(4)),
+                                                          stack=int(m.group(5)), occ=occ)
     return res
 
 
