@@ -112,6 +112,11 @@ static void *xcalloc_at(size_t n, size_t s, const char *file, int line) {
     if (!p) die_at(file, line, "out of host memory allocating %zu x %zu bytes", n, s);
     return p;
 }
+static void *xrealloc_at(void *q, size_t n, const char *file, int line) {
+    void *p = realloc(q, n ? n : 1);
+    if (!p) die_at(file, line, "out of host memory allocating %zu bytes", n);
+    return p;
+}
 static FILE *xfopen_at(const char *path, const char *mode, const char *file, int line) {
     FILE *f = fopen(path, mode);
     if (!f) die_at(file, line, "cannot open '%s' (%s): %s", path, mode, strerror(errno));
@@ -119,6 +124,7 @@ static FILE *xfopen_at(const char *path, const char *mode, const char *file, int
 }
 #define xmalloc(n) xmalloc_at((n), __FILE__, __LINE__)
 #define xcalloc(n, s) xcalloc_at((n), (s), __FILE__, __LINE__)
+#define xrealloc(p, n) xrealloc_at((p), (n), __FILE__, __LINE__)
 #define xfopen(p, m) xfopen_at((p), (m), __FILE__, __LINE__)
 
 static double now_sec(void) {
@@ -206,6 +212,17 @@ static long arg_int(int argc, char **argv, const char *key, long def) {
  * a real step needs. The allocator is first-fit over a fixed table of live blocks, so it is
  * deterministic and never calls malloc. Each allocation carries a group tag so `yolo plan` can
  * say where the bytes go.
+ *
+ * First-fit leaves holes: a block freed between two that stay live can only be reused by smaller
+ * ones, and at the device step's peak (the start of backward) 28 MiB of yolov8n's 640 batch-16
+ * arena were such holes. So the device arena is laid out offline: the dry run records each step's
+ * allocations with their lifetimes (arena_record; a step is a segment, from arena_step_begin to
+ * arena_step_end, that frees everything it allocates), arena_layout places every segment's blocks
+ * largest first, each at the lowest offset free of the blocks it is live beside (greedy by size;
+ * the persistent blocks are fixed obstacles), and the real run replays those offsets allocation by
+ * allocation. A replayed block is checked against the live ones before it is used: a step that
+ * allocates other sizes than its plan, or in another order, falls back to first-fit for the rest
+ * of the step (counted in replay_miss; the tests require none), never onto a live block.
  */
 // clang-format off
 enum { G_PARAMS, G_GRADS, G_OPTIM, G_EMA, G_BUFFERS, G_ACTS, G_BACKWARD, G_SCRATCH, G_LOSS, G_INPUT, G_WORKSPACE,
@@ -218,7 +235,16 @@ static const char *const group_names[G_NGROUPS] = {
 
 #define ARENA_MAX_BLOCKS 1024
 #define ARENA_ALIGN 64
-typedef struct { size_t off, size; int group; } ArenaBlock;
+typedef struct { size_t off, size; int group, rec; } ArenaBlock;   // rec: its ArenaRec, -1 if none
+typedef struct { size_t size, off; int group, seg, t0, t1; } ArenaRec;   // a recorded allocation: lifetime [t0, t1)
+// ArenaLayout: the placed offsets of each segment's allocations, in allocation order
+typedef struct {
+    int nseg;
+    int *first, *count;             // per segment: its first allocation in off/size, and how many
+    size_t *off, *size;
+    int npersist;                   // blocks live outside the segments (allocated before the first)
+    size_t total;                   // the arena's size under this layout
+} ArenaLayout;
 typedef struct {
     char *base;                     // NULL in a dry run
     size_t cap;                     // bytes available (SIZE_MAX in a dry run)
@@ -226,6 +252,17 @@ typedef struct {
     size_t live[G_NGROUPS];         // bytes live per group now
     size_t at_high[G_NGROUPS];      // bytes live per group when `high` was last raised
     size_t peak[G_NGROUPS];         // each group's own peak
+    size_t live_max;                // the most bytes live at once (a layout without holes)
+    size_t at_live_max[G_NGROUPS];  // bytes live per group then
+    // layout (the device arena): recording in the dry run, replay in the real one
+    ArenaRec *rec;                  // recorded allocations (NULL: not recording)
+    int nrec, caprec, t;            // records, capacity, events (allocations and frees) so far
+    int seg;                        // segment being allocated (arena_step_begin), -1 outside one
+    int *seg_end;                   // recording: each segment's end event (nseg_rec of them)
+    int nseg_rec;
+    const ArenaLayout *lay;         // replay: the layout; cursor: next allocation, seg_stop: segment's last + 1
+    int cursor, seg_stop;
+    long replayed, replay_miss;     // allocations placed by the layout / steps that left it
     int n;                          // live blocks, sorted by offset
     ArenaBlock blk[ARENA_MAX_BLOCKS];
 } Arena;
@@ -234,38 +271,179 @@ static int arena_dry(const Arena *a) { return a->base == NULL; }
 
 // arena_alloc: first-fit, 64-byte aligned. Returns a pointer (a fake, never-dereferenced one in
 // a dry run: base address 0 plus the offset, kept in a uintptr_t until the cast).
+// arena_slot: where a block of size bytes at off goes in the live table (sorted by offset), or -1
+// if it overlaps a live block
+static int arena_slot(const Arena *a, size_t off, size_t size) {
+    int lo = 0, hi = a->n;   // first live block with an offset >= off
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a->blk[mid].off < off) lo = mid + 1; else hi = mid;
+    }
+    if (lo > 0 && a->blk[lo - 1].off + a->blk[lo - 1].size > off) return -1;
+    if (lo < a->n && off + size > a->blk[lo].off) return -1;
+    return lo;
+}
 static void *arena_alloc(Arena *a, size_t bytes, int group) {
     size_t size = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     if (size == 0) size = ARENA_ALIGN;
     size_t off = 0;
-    int at = 0;
-    for (; at < a->n; at++) {
-        if (a->blk[at].off - off >= size) break;
-        off = a->blk[at].off + a->blk[at].size;
+    int at = -1;
+    if (a->lay && a->cursor < a->seg_stop) {   // replay: the layout's offset, if it is this allocation's
+        int k = a->cursor++;
+        if (a->lay->size[k] == size && (at = arena_slot(a, a->lay->off[k], size)) >= 0) {
+            off = a->lay->off[k];
+            a->replayed++;
+        } else {
+            a->replay_miss++;
+            a->cursor = a->seg_stop;   // the rest of this step first-fit
+        }
+    }
+    if (at < 0) {   // first-fit
+        at = 0;
+        for (; at < a->n; at++) {
+            if (a->blk[at].off - off >= size) break;
+            off = a->blk[at].off + a->blk[at].size;
+        }
     }
     if (a->n == ARENA_MAX_BLOCKS) die("arena: more than %d live blocks (raise ARENA_MAX_BLOCKS)", ARENA_MAX_BLOCKS);
     if (off + size > a->cap)
         die("arena: plan exceeded (%zu + %zu > %zu bytes): a step allocated more than its dry run did", off, size,
             a->cap);
+    int rec = -1;
+    if (a->rec) {   // recording (dry run)
+        if (a->nrec == a->caprec) {
+            a->caprec = a->caprec ? 2 * a->caprec : 1024;
+            a->rec = xrealloc(a->rec, (size_t)a->caprec * sizeof(ArenaRec));
+        }
+        rec = a->nrec++;
+        a->rec[rec] = (ArenaRec){size, off, group, a->seg, a->t, INT_MAX};
+    }
+    a->t++;
     memmove(&a->blk[at + 1], &a->blk[at], (a->n - at) * sizeof(ArenaBlock));
-    a->blk[at] = (ArenaBlock){off, size, group};
+    a->blk[at] = (ArenaBlock){off, size, group, rec};
     a->n++;
     a->live[group] += size;
     if (a->live[group] > a->peak[group]) a->peak[group] = a->live[group];
     if (off + size > a->high) { a->high = off + size; memcpy(a->at_high, a->live, sizeof a->live); }
+    size_t sum = 0;
+    for (int g = 0; g < G_NGROUPS; g++) sum += a->live[g];
+    if (sum > a->live_max) { a->live_max = sum; memcpy(a->at_live_max, a->live, sizeof a->live); }
     return (void *)((uintptr_t)a->base + off + (a->base ? 0 : ARENA_ALIGN));
 }
 static void arena_free(Arena *a, void *p) {
     if (!p) return;
     size_t off = (uintptr_t)p - (uintptr_t)a->base - (a->base ? 0 : ARENA_ALIGN);
-    for (int i = 0; i < a->n; i++)
-        if (a->blk[i].off == off) {
-            a->live[a->blk[i].group] -= a->blk[i].size;
-            memmove(&a->blk[i], &a->blk[i + 1], (a->n - i - 1) * sizeof(ArenaBlock));
-            a->n--;
-            return;
+    int lo = 0, hi = a->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a->blk[mid].off < off) lo = mid + 1; else hi = mid;
+    }
+    if (lo == a->n || a->blk[lo].off != off) die("arena_free: %p is not a live block", p);
+    a->live[a->blk[lo].group] -= a->blk[lo].size;
+    if (a->blk[lo].rec >= 0) a->rec[a->blk[lo].rec].t1 = a->t;
+    a->t++;
+    memmove(&a->blk[lo], &a->blk[lo + 1], (a->n - lo - 1) * sizeof(ArenaBlock));
+    a->n--;
+}
+
+// arena_record: the dry run from here on records its allocations for arena_layout
+static void arena_record(Arena *a) {
+    a->caprec = 1024;
+    a->rec = xmalloc((size_t)a->caprec * sizeof(ArenaRec));
+    a->nrec = 0;
+    a->seg = -1;
+}
+// arena_step_begin / arena_step_end: one step of planned segment seg (-1: a shape without one);
+// recording, the dry run's segments are numbered 0, 1, ... in order
+static void arena_step_begin(Arena *a, int seg) {
+    a->seg = seg;
+    a->cursor = a->seg_stop = 0;
+    if (a->lay && seg >= 0 && seg < a->lay->nseg && a->n == a->lay->npersist)
+        a->cursor = a->lay->first[seg], a->seg_stop = a->cursor + a->lay->count[seg];
+}
+static void arena_step_end(Arena *a) {
+    if (a->rec && a->seg >= 0) {
+        if (a->seg != a->nseg_rec) die("arena: segment %d recorded out of order", a->seg);
+        a->seg_end = xrealloc(a->seg_end, (size_t)(a->nseg_rec + 1) * sizeof(int));
+        a->seg_end[a->nseg_rec++] = a->t;
+    }
+    a->seg = -1;
+    a->cursor = a->seg_stop = 0;
+}
+
+typedef struct { size_t off, end; } Span;
+static int span_cmp(const void *x, const void *y) {
+    const Span *p = x, *q = y;
+    return p->off < q->off ? -1 : p->off > q->off;
+}
+static const ArenaRec *layout_recs;   // for rec_cmp
+static int rec_cmp(const void *x, const void *y) {   // size descending, then allocation order
+    int i = *(const int *)x, j = *(const int *)y;
+    size_t si = layout_recs[i].size, sj = layout_recs[j].size;
+    return si != sj ? (si > sj ? -1 : 1) : (i > j) - (i < j);
+}
+// arena_layout: the recorded dry run laid out (see the arena's comment); NULL, and the first-fit
+// plan kept, if the recording is not a sequence of self-contained segments after the persistent
+// blocks. Frees the recording.
+static ArenaLayout *arena_layout(Arena *a) {
+    ArenaRec *r = a->rec;
+    int n = a->nrec, npersist = 0, ok = a->nseg_rec > 0;
+    for (int i = 0; i < n && ok; i++) {
+        if (r[i].seg < 0) {   // persistent: before the first segment and never freed
+            ok = r[i].t1 == INT_MAX && (i == 0 || r[i - 1].seg < 0);
+            npersist++;
+        } else {
+            ok = r[i].seg < a->nseg_rec && r[i].t1 <= a->seg_end[r[i].seg];
         }
-    die("arena_free: %p is not a live block", p);
+    }
+    ArenaLayout *L = NULL;
+    if (ok) {
+        L = xcalloc(1, sizeof(ArenaLayout));
+        L->nseg = a->nseg_rec;
+        L->npersist = npersist;
+        L->first = xcalloc((size_t)L->nseg, sizeof(int));
+        L->count = xcalloc((size_t)L->nseg, sizeof(int));
+        L->off = xmalloc((size_t)(n - npersist + 1) * sizeof(size_t));
+        L->size = xmalloc((size_t)(n - npersist + 1) * sizeof(size_t));
+        for (int i = 0; i < npersist; i++)
+            if (r[i].off + r[i].size > L->total) L->total = r[i].off + r[i].size;
+        int *order = xmalloc((size_t)n * sizeof(int));
+        Span *sp = xmalloc((size_t)(n + 1) * sizeof(Span));
+        for (int i = npersist, s = 0; s < L->nseg; s++) {
+            int f = i;
+            while (i < n && r[i].seg == s) i++;
+            L->first[s] = f - npersist, L->count[s] = i - f;
+            for (int k = f; k < i; k++) order[k - f] = k;
+            layout_recs = r;
+            qsort(order, (size_t)(i - f), sizeof(int), rec_cmp);
+            for (int k = 0; k < i - f; k++) {   // place order[k] among the persistent and already placed blocks
+                const ArenaRec *b = &r[order[k]];
+                int ns = 0;
+                for (int j = 0; j < npersist; j++) sp[ns++] = (Span){r[j].off, r[j].off + r[j].size};
+                for (int j = 0; j < k; j++) {
+                    const ArenaRec *o = &r[order[j]];
+                    if (o->t0 < b->t1 && b->t0 < o->t1) sp[ns++] = (Span){o->off, o->off + o->size};
+                }
+                qsort(sp, (size_t)ns, sizeof(Span), span_cmp);
+                size_t off = 0;
+                for (int j = 0; j < ns && sp[j].off < off + b->size; j++)
+                    if (sp[j].end > off) off = sp[j].end;
+                r[order[k]].off = off;
+                if (off + b->size > L->total) L->total = off + b->size;
+            }
+            for (int k = f; k < i; k++) L->off[k - npersist] = r[k].off, L->size[k - npersist] = r[k].size;
+        }
+        free(order);
+        free(sp);
+    }
+    free(r);
+    free(a->seg_end);
+    a->rec = NULL, a->seg_end = NULL, a->nrec = a->caprec = a->nseg_rec = 0;
+    return L;
+}
+static void arena_layout_free(ArenaLayout *L) {
+    if (!L) return;
+    free(L->first), free(L->count), free(L->off), free(L->size), free(L);
 }
 // arena_zalloc: arena_alloc plus zero fill (skipped in a dry run)
 static void *arena_zalloc(Arena *a, size_t bytes, int group) {
@@ -2857,6 +3035,7 @@ typedef struct {
     size_t total;                   // the arena size: high-water mark of the dry run
     size_t at_peak[G_NGROUPS];      // bytes of each group live at that peak
     size_t peak[G_NGROUPS];         // each group's own maximum
+    ArenaLayout *lay;               // the device arena's layout (gpu_plan_run), NULL for first-fit
 } Plan;
 
 // model_step_schedule: the allocation sequence of one training step (forward, head gradient,
@@ -9663,6 +9842,10 @@ static int device_list(const char *device, int *devs, int max) {
     return n;
 }
 
+// GpuShape: one step the arena must hold: a training step (forward, loss, backward) or an
+// evaluation forward, for a batch of B images of H x W
+typedef struct { int B, H, W, train; } GpuShape;
+
 typedef struct Gpu {
     Model *m;                 // the host model: graph, shapes, parameter offsets (its arrays are not used here)
     Arena *a;                 // device arena; base NULL in the dry run
@@ -9697,12 +9880,12 @@ typedef struct Gpu {
     int ema_on;               // gpu_use_ema: params/buffers are swapped with the EMA's
     int eval_only;            // evaluation only (yolo val): no gradients, optimizer state or EMA
     size_t plan_at[G_NGROUPS];// bytes per group live at the plan's high-water mark
+    ArenaLayout *lay;         // the arena's layout (replayed step by step), NULL for first-fit
+    GpuShape *shapes;         // the planned step shapes (the layout's segments, in order)
+    int nshape, seg;          // their count; the current shape's index (-1: not planned)
     size_t mem_total, mem_before, mem_after;   // cudaMemGetInfo: device total; in use before / after the cudaMalloc
 } Gpu;
 
-// GpuShape: one step the arena must hold: a training step (forward, loss, backward) or an
-// evaluation forward, for a batch of B images of H x W
-typedef struct { int B, H, W, train; } GpuShape;
 
 #ifdef YOLO_CUDA   // defined with the runtime calls below
 static void gpu_put_input(Gpu *g, uint8_t *x8, const uint8_t *img, long n);
@@ -9743,12 +9926,14 @@ static void prof_end(const Gpu *g, const char *name, double flop);
 // the CPU emulation's counter mode (test/cuda_emu.cpp, make emu-count) names the launches of each
 // timed group after its row; absent (NULL) in every real build
 extern void emu_count_tag(const char *name, double flop) __attribute__((weak));
+extern void emu_count_dims(int cin, int cout) __attribute__((weak));   // the conv's channels, for the group's tag
 // prof_end_conv: prof_end for a conv launch: the row "conv fwd 3x3 s2", its multiply-adds x 2
 static void prof_end_conv(const Gpu *g, ConvDims d, const char *op) {
     if (gprof.on <= 0) return;   // off, or not yet asked (prof_begin asks)
     int Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S);
     char name[32];
     snprintf(name, sizeof name, "conv %s %dx%d s%d", op, d.K, d.K, d.S);
+    if (emu_count_dims) emu_count_dims(d.Cin, d.Cout);
     prof_end(g, name, 2.0 * d.B * d.Cout * Ho * Wo * (double)d.Cin * d.K * d.K);
 }
 // prof_report: the table, most time first (nothing unless YOLO_PROFILE=1 timed something)
@@ -10089,6 +10274,9 @@ static Exec exec_gpu(Gpu *g) {
 // gpu_shape: makes s the current step shape (the model's spatial sizes included)
 static void gpu_shape(Gpu *g, const GpuShape *s) {
     g->B = s->B, g->H = s->H, g->W = s->W;
+    g->seg = -1;
+    for (int i = 0; i < g->nshape && g->seg < 0; i++)
+        if (!memcmp(&g->shapes[i], s, sizeof *s)) g->seg = i;
     g->m->B = s->B;
     g->m->train = s->train;
     g->m->infer = !s->train;
@@ -10101,6 +10289,7 @@ static void gpu_shape(Gpu *g, const GpuShape *s) {
 // until gpu_input_end after the step. The dry run (img NULL) makes the same allocations.
 static void gpu_input_begin(Gpu *g, const uint8_t *img) {
     long n = (long)g->B * 3 * g->H * g->W;
+    arena_step_begin(g->a, g->seg);
     uint8_t *x8 = (uint8_t *)arena_alloc(g->a, n, G_INPUT);
     g->x = gact(g, n, G_INPUT);
     if (!arena_dry(g->a)) gpu_put_input(g, x8, img, n);
@@ -10109,6 +10298,7 @@ static void gpu_input_begin(Gpu *g, const uint8_t *img) {
 static void gpu_input_end(Gpu *g) {
     arena_free(g->a, g->x);
     g->x = NULL;
+    arena_step_end(g->a);
 }
 
 // gpu_alloc: the persistent groups, in a fixed order (the same in the plan and the run)
@@ -10135,8 +10325,9 @@ static void gpu_alloc(Gpu *g) {
 
 // gpu_plan_run: the device arena for the given step shapes (train and/or eval), by a dry run of the
 // persistent groups (eval_only: the weights and running stats only) and of each shape's schedule in
-// turn (its input included): the total
-// (high-water mark) and each group's bytes at that mark. The plan gpu_open allocates, and `yolo plan`'s.
+// turn (its input included), laid out by arena_layout: the total (the layout's size), each group's
+// bytes when the most were live, and the layout (p.lay, the caller's to free). The plan gpu_open
+// allocates, and `yolo plan`'s.
 static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int eval_only, int nshape, const GpuShape *shape,
                          const LossConfig *lcfg) {
     Gpu *g = xcalloc(1, sizeof(Gpu));
@@ -10147,6 +10338,8 @@ static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int eval_only, int nsh
     g->eval_only = eval_only;
     g->a = xcalloc(1, sizeof(Arena));
     g->a->cap = SIZE_MAX;
+    g->shapes = (GpuShape *)shape, g->nshape = nshape;
+    arena_record(g->a);
     gpu_alloc(g);
     for (int i = 0; i < nshape; i++) {
         gpu_shape(g, &shape[i]);
@@ -10159,6 +10352,14 @@ static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int eval_only, int nsh
     Plan p = {.total = g->a->high};
     memcpy(p.at_peak, g->a->at_high, sizeof p.at_peak);
     memcpy(p.peak, g->a->peak, sizeof p.peak);
+    p.lay = arena_layout(g->a);
+    if (p.lay && p.lay->total < p.total) {   // else first-fit was as good: keep it
+        p.total = p.lay->total;
+        memcpy(p.at_peak, g->a->at_live_max, sizeof p.at_peak);
+    } else {
+        arena_layout_free(p.lay);
+        p.lay = NULL;
+    }
     free(g->a);
     free(g);
     return p;
@@ -10242,6 +10443,10 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     Plan pl = gpu_plan_run(m, opt->kind, amp, g->eval_only, nshape, shape, lcfg);
     g->plan = pl.total;
     memcpy(g->plan_at, pl.at_peak, sizeof g->plan_at);
+    g->lay = pl.lay;
+    g->nshape = nshape;
+    g->shapes = xmalloc(sizeof(GpuShape) * (size_t)nshape);
+    memcpy(g->shapes, shape, sizeof(GpuShape) * (size_t)nshape);
     g->a = xcalloc(1, sizeof(Arena));
     // the device, and the memory in use before and after the one allocation
     GPU_CHECK(cudaSetDevice(dev));
@@ -10254,7 +10459,7 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
             "`yolo plan gpu_mem=...` for what fits",
             dev, g->plan / 1048576.0, cudaGetErrorString(e), g->mem_before / 1048576.0, g->mem_total / 1048576.0);
     g->mem_after = gpu_in_use(g);
-    *g->a = (Arena){.base = base, .cap = g->plan};
+    *g->a = (Arena){.base = base, .cap = g->plan, .lay = g->lay};
     gpu_alloc(g);
     gpu_shape(g, &shape[0]);
     // weights, running stats, EMA copies, parameter groups
@@ -10314,6 +10519,8 @@ static void gpu_report(const Gpu *g, int dev) {
 static void gpu_close(Gpu *g) {
     prof_report();
     GPU_CHECK(cudaFree(g->a->base));
+    arena_layout_free(g->lay);
+    free(g->shapes);
     for (int i = 0; i < 3; i++) free(g->head_h[i]);
     free(g->gts_h);
     free(g->nbox_h);
@@ -12188,6 +12395,9 @@ static int train_run(Config cfg) {
            "%s\n",
            t->epoch, total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->ops->where,
            ar->high / 1048576.0, ar->cap / 1048576.0, t->dir);
+    if (ar->lay)
+        printf("memory: %ld step allocations placed by the arena's layout, %ld steps left it (first-fit)\n",
+               ar->replayed, ar->replay_miss);
     t->ops->close(t, 1);
     loader_close(t->train_ld);
     loader_close(t->val_ld);
@@ -12474,6 +12684,8 @@ static size_t plan_train(const PlanOpts *o, Plan *tr, Plan *va) {
         Plan p1 = gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 0, 1, &st, &lc);
         Plan p2 =
                 gpu_plan_run(m, o->adamw ? OPT_ADAMW : OPT_SGD, !o->fp32, 0, 1, &sv, &lc);   // with the training state
+        arena_layout_free(p1.lay), arena_layout_free(p2.lay);
+        p1.lay = p2.lay = NULL;
         if (tr) *tr = p1;
         if (va) *va = p2;
         free(m);
@@ -12537,10 +12749,17 @@ static size_t parse_bytes(const char *key, const char *v) {
 
 static void plan_table(const char *title, const Plan *tr, const Plan *va) {
     printf("%s\n  %-22s %12s %12s\n", title, "", "training", "validation");
-    for (int g = 0; g < G_NGROUPS; g++)
+    size_t sum[2] = {0, 0};
+    for (int g = 0; g < G_NGROUPS; g++) {
+        sum[0] += tr->at_peak[g], sum[1] += va->at_peak[g];
         if (tr->at_peak[g] || va->at_peak[g])
             printf("  %-22s %8.1f MiB %8.1f MiB\n", group_names[g], tr->at_peak[g] / 1048576.0,
                    va->at_peak[g] / 1048576.0);
+    }
+    if (tr->total > sum[0] + 65536 || va->total > sum[1] + 65536)   // holes between live blocks at the peak
+        printf("  %-22s %8.1f MiB %8.1f MiB\n", "gaps between blocks",
+               (tr->total > sum[0] ? tr->total - sum[0] : 0) / 1048576.0,
+               (va->total > sum[1] ? va->total - sum[1] : 0) / 1048576.0);
     printf("  %-22s %8.1f MiB %8.1f MiB   (one arena of %.1f MiB serves both)\n", "total", tr->total / 1048576.0,
            va->total / 1048576.0, (tr->total > va->total ? tr->total : va->total) / 1048576.0);
 }

@@ -22,6 +22,9 @@ ok $(printf '%s\n' "$out" | grep -q 'in one cudaMalloc' && echo 1) "one cudaMall
 ok $(printf '%s\n' "$out" | grep -E 'the arena took .* pages$' | grep -vq NOT && echo 1) "device memory in use grew by exactly the plan (2 MiB pages)"
 hw=$(printf '%s\n' "$out" | sed -n 's/.*device arena.s high-water mark was \([0-9.]*\) of \([0-9.]*\) MiB.*/\1 \2/p')
 ok $([ -n "$hw" ] && [ "${hw% *}" = "${hw#* }" ] && echo 1) "device arena high-water mark equals the plan ($hw)"
+lay=$(printf '%s\n' "$out" | sed -n 's/^memory: \([0-9]*\) step allocations placed by the arena.s layout, \([0-9]*\) steps left it.*/\1 \2/p')
+ok $([ -n "$lay" ] && [ "${lay% *}" -gt 0 ] && [ "${lay#* }" = 0 ] && echo 1) \
+   "every training and validation step allocated at the offsets of the arena's layout (placed, steps that left it: $lay)"
 ok $([ "$(wc -l <"$tmp/runs/e/results.csv")" = 3 ] && echo 1) "results.csv has both epochs' rows (validated on the device)"
 ok $([ -s "$tmp/runs/e/weights/last.ckpt" ] && [ -s "$tmp/runs/e/weights/best.safetensors" ] && echo 1) "last.ckpt and best.safetensors written"
 val=$("$yolo" val model="$tmp/runs/e/weights/best.safetensors" data="$tmp/data/data.yaml" imgsz=32 batch=2 device=cpu project="$tmp/runs" name=v 2>&1)

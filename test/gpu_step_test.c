@@ -388,10 +388,29 @@ int main(void) {
           m->conv[5].name, !took, nrm_inf, scale0, g->scaler.scale, ema_err);
     free(pa); free(pb); free(ea); free(eb);
 
-    // 7. memory: the device arena's high-water mark is exactly its dry-run plan
-    check(g->a->high == g->plan && g->a->n == 10 + (g->opt_v != NULL),
-          "device arena: high-water mark %zu bytes == plan %zu; %d blocks live after the steps (the persistent ones)",
-          g->a->high, g->plan, g->a->n);
+    // 7. memory: the device arena's high-water mark is exactly its dry-run plan, every step allocation
+    //    at the offset the layout gave it (none fell back to first-fit), and the layout no larger than
+    //    first-fit's plan
+    {
+        Arena *fa = xcalloc(1, sizeof(Arena));   // first-fit: the same dry run without the layout
+        GpuShape fs = {g->B, g->H, g->W, 1};
+        Gpu *fg = xcalloc(1, sizeof(Gpu));
+        fg->m = m, fg->a = fa, fg->opt.kind = g->opt.kind, fg->esz = 2;
+        fa->cap = SIZE_MAX;
+        gpu_alloc(fg);
+        gpu_shape(fg, &fs);
+        gpu_input_begin(fg, NULL);
+        Exec fe = exec_gpu(fg);
+        walk_step(&fe, NULL, &lc);
+        gpu_input_end(fg);
+        check(g->a->high == g->plan && g->a->n == 10 + (g->opt_v != NULL) && g->lay && g->a->replay_miss == 0 &&
+                      g->a->replayed >= g->lay->count[0] && g->plan <= fa->high,
+              "device arena: high-water mark %zu bytes == plan %zu (first-fit's %zu); %d blocks live after the steps "
+              "(the persistent ones); %ld allocations placed by the layout (%d a step), %ld steps left it",
+              g->a->high, g->plan, fa->high, g->a->n, g->a->replayed, g->lay ? g->lay->count[0] : 0, g->a->replay_miss);
+        free(fa), free(fg);
+        gpu_shape(g, &fs);
+    }
     // 8. more SGD steps on the same batch (lr 0.01, momentum 0.937, clip 10): the loss goes down; the
     //    device's weights then give the CPU the same loss. The first steps from random weights move the
     //    loss up or down by chance (the assigner re-assigns, BN over 8 values; the FP32 CPU step does the
