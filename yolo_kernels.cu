@@ -1927,15 +1927,21 @@ extern "C" void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *strea
  * The twin of loss_forward_backward in yolo.c, with the same float formulas in the same operation order
  * (only the order of the double sums differs; on a GPU nvcc contracts a*b + c into FMAs and its expf,
  * atanf differ in the last bits, so there the results agree to rounding, not bit for bit). The host gathers the boxes
- * of each image (loss_gather_gts); then a memset of the claim counters and seven kernels on the stream: kernel threads
- * computes                                                   yolo.c decode   B*A      predicted boxes in pixels (images
- * with boxes)              tal_decode_batch topk     B*M      each gt's top-10 over its anchor rectangle; its claims
- * tal_topk_gt resolve  B*A      an anchor claimed twice goes to the gt of largest overlap; tal_resolve_image per-gt max
- * align and max overlap (atomicMax on float bits) score    B*A      target score of each foreground anchor; block sums
- * tal_resolve_image norm     1 block  target_scores_sum, n_fg, the gradient scales               step 1 end terms B*A
- * BCE of every class logit, the foreground corrections,      steps 2-3, loss_fg_term CIoU and DFL, every dhead value of
- * the anchor; block sums out      1 block  the block sums in a fixed order -> out No foreground list: the per-anchor
- * kernels skip background anchors, and every sum is a block sum in a fixed tree plus a fixed-order sum of the block
+ * of each image (loss_gather_gts); then a memset of the claim counters and eight kernels on the stream:
+ *   kernel   threads   computes                                                      yolo.c
+ *   decode   B*A       predicted boxes in pixels (images with boxes)                 tal_decode_batch
+ *   topk     B*M       each gt's top-10 over its anchor rectangle; its claims        tal_topk_gt
+ *   resolve  B*A       an anchor claimed twice goes to the gt of largest overlap;    tal_resolve_image
+ *                      per-gt max align and max overlap (atomicMax on float bits)
+ *   score    B*A       target score of each foreground anchor; block sums           tal_resolve_image
+ *   norm     1 block   target_scores_sum, n_fg, the gradient scales                  step 1 end
+ *   terms    B*A       BCE of every class logit and its gradient; the box logits'    steps 2-3
+ *                      gradients 0 at background anchors; block sums
+ *   fg       B*A       at foreground anchors: the class correction, CIoU and DFL     steps 2-3, loss_fg_term
+ *                      and their gradients; block sums
+ *   out      1 block   the block sums in a fixed order -> out
+ * No foreground list: the per-anchor kernels skip background anchors (fg's threads there only join the
+ * block sum), and every sum is a block sum in a fixed tree plus a fixed-order sum of the block
  * partials, so results do not depend on scheduling. The integer claim counts are atomic (order-free); an anchor claimed
  * by one gt keeps that gt's metrics, written by the one thread that claimed it. Known cost: topk walks a gt's rectangle
  * in one thread, so a box covering the image costs that thread all A metric evaluations (as one CPU thread does).
@@ -2166,8 +2172,13 @@ __global__ void loss_norm_kernel(const double *part, int nblk, int B, float box_
 // anchor's 64 box logits, written to t.dz.
 __device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, double gd, double *box_term,
                              double *dfl_term) {
-    float p[4 * LOSS_R], lse[4], pb[4];
-    loss_decode_box(t, pb, p, lse);
+    // the 64 probabilities are not kept: each side's 16 are recomputed (the same operations, the same
+    // bits) where the gradient needs them, so a thread holds 16 at a time (the loss kernels' registers)
+    float p[LOSS_R], lse[4], pb[4], dk[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) dk[k] = dfl_side_decode(t.z + (long)k * LOSS_R * t.HW, t.HW, p, lse + k);
+    float ax0 = (float)(t.r % t.W) + 0.5f, ay0 = (float)(t.r / t.W) + 0.5f;
+    pb[0] = ax0 - dk[0]; pb[1] = ay0 - dk[1]; pb[2] = ax0 + dk[2]; pb[3] = ay0 + dk[3];   // loss_decode_box
     float s = t.s, tb[4] = {gt.x1 / s, gt.y1 / s, gt.x2 / s, gt.y2 / s};   // target_bboxes /= stride_tensor
     *box_term = 1.0 - (double)bbox_ciou(pb, tb);
     // DFL: bbox2dist then DFLoss, targets clamped to [0, 14.99]
@@ -2176,6 +2187,7 @@ __device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, doub
     double dfl = 0.0;
     int tl[4];
     float wl[4], wr[4];
+#pragma unroll
     for (int k = 0; k < 4; k++) {
         float tk = fminf(fmaxf(d[k], 0.0f), (float)(LOSS_R - 1 - 0.01));
         tl[k] = (int)tk;
@@ -2190,52 +2202,71 @@ __device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, doub
     double db[4], dd[4];
     bbox_ciou_backward(pb, tb, -gb, 0, db);
     dd[0] = -db[0]; dd[1] = -db[1]; dd[2] = db[2]; dd[3] = db[3];   // x1 = ax - l, x2 = ax + r
-    for (int k = 0; k < 4; k++) {
-        const float *pk = p + k * LOSS_R;
+#pragma unroll 1
+    for (int k = 0; k < 4; k++) {   // one side at a time (not unrolled: its 16 values, not 64, live)
+        float lk;
+        dfl_side_decode(t.z + (long)k * LOSS_R * t.HW, t.HW, p, &lk);
+        // side k's figures by selection, not indexing, so that the small arrays stay in registers
+        double ddk = k == 0 ? dd[0] : k == 1 ? dd[1] : k == 2 ? dd[2] : dd[3];
+        int tlk = k == 0 ? tl[0] : k == 1 ? tl[1] : k == 2 ? tl[2] : tl[3];
+        float wlk = k == 0 ? wl[0] : k == 1 ? wl[1] : k == 2 ? wl[2] : wl[3];
+        float wrk = k == 0 ? wr[0] : k == 1 ? wr[1] : k == 2 ? wr[2] : wr[3];
         double dist = 0.0;
-        for (int i = 0; i < LOSS_R; i++) dist += (double)i * pk[i];
+#pragma unroll
+        for (int i = 0; i < LOSS_R; i++) dist += (double)i * p[i];
+#pragma unroll
         for (int i = 0; i < LOSS_R; i++) {
-            double gz = dd[k] * pk[i] * (i - dist);                    // through the expectation
-            double tgt = (i == tl[k] ? wl[k] : 0.0) + (i == tl[k] + 1 ? wr[k] : 0.0);
-            gz += gd / 4.0 * ((double)pk[i] * ((double)wl[k] + wr[k]) - tgt);   // through the CE
+            double gz = ddk * p[i] * (i - dist);                    // through the expectation
+            double tgt = (i == tlk ? wlk : 0.0) + (i == tlk + 1 ? wrk : 0.0);
+            gz += gd / 4.0 * ((double)p[i] * ((double)wlk + wrk) - tgt);   // through the CE
             t.dz[(k * LOSS_R + i) * t.HW] = (float)gz;
         }
     }
 }
 
 // loss_terms: one thread per anchor of every image: BCE(x, 0) of its NC class logits (and gradient
-// g_cls*sigmoid(x)); at a foreground anchor the correction -x*score of its class logit (gradient
-// g_cls*(sigmoid(x) - score), in double as the CPU) and loss_fg_term with the score as weight; the 64
-// box-logit gradients of a background anchor are 0. part (blocks, 3): the block's BCE, box and DFL sums.
-__global__ void loss_terms_kernel(LossGeo g, const LossGtD *gts, const int *owner, const float *score,
-                                  const LossNorm *nrm, double *part) {
+// g_cls*sigmoid(x)); the 64 box-logit gradients of a background anchor are 0. part (blocks, 2): the
+// block's BCE sum in part[2*block] (the score partials are spent by then). The foreground anchors'
+// terms are loss_fg_kernel's, so that this pass over every anchor stays light (registers, occupancy).
+__global__ void loss_terms_kernel(LossGeo g, const int *owner, const LossNorm *nrm, double *part) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    double bce = 0.0, box = 0.0, dfl = 0.0;
+    double bce = 0.0;
     if (i < g.B * g.A) {
-        int b = i / g.A;
-        LossAt t = loss_at(g, b, i % g.A);
-        double g_cls = nrm->g_cls;
-        float g_clsf = (float)g_cls;
+        LossAt t = loss_at(g, i / g.A, i % g.A);
+        float g_clsf = (float)nrm->g_cls;
         for (int c = 0; c < g.NC; c++) {
             float x = t.z[(long)(64 + c) * t.HW], e = expf(-fabsf(x));
             bce += (double)(fmaxf(x, 0.0f) + log1pf(e));
             if (t.dz) t.dz[(long)(64 + c) * t.HW] = g_clsf * ((x >= 0.0f ? 1.0f : e) / (1.0f + e));   // sigmoid(x)
         }
-        int j = owner[i];
-        if (j >= 0) {
-            const LossGtD gt = gts[(long)b * g.M + j];
-            float sc = score[i];
-            long at = (long)(64 + gt.cls) * t.HW;
-            float x = t.z[at];
-            bce -= (double)x * sc;
-            if (t.dz) t.dz[at] = (float)(g_cls * (1.0 / (1.0 + exp(-(double)x)) - sc));
-            double bt, dt, wa = sc;
-            loss_fg_term(t, gt, nrm->kb * wa, nrm->kd * wa, &bt, &dt);
-            box = bt * wa;
-            dfl = dt * wa;
-        } else if (t.dz) {
+        if (t.dz && owner[i] < 0)
             for (int c = 0; c < 64; c++) t.dz[(long)c * t.HW] = 0.0f;
-        }
+    }
+    bce = block_sum(bce);
+    if (threadIdx.x == 0) part[2 * blockIdx.x] = bce;
+}
+// loss_fg: after loss_terms, one thread per anchor, working at the foreground ones: the correction
+// -x*score of its class logit (gradient g_cls*(sigmoid(x) - score), in double as the CPU, over
+// loss_terms' value) and loss_fg_term with the score as weight. part (blocks, 3): the block's BCE
+// correction, box and DFL sums.
+__global__ void loss_fg_kernel(LossGeo g, const LossGtD *gts, const int *owner, const float *score,
+                               const LossNorm *nrm, double *part) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    double bce = 0.0, box = 0.0, dfl = 0.0;
+    int j = i < g.B * g.A ? owner[i] : -1;
+    if (j >= 0) {
+        int b = i / g.A;
+        LossAt t = loss_at(g, b, i % g.A);
+        const LossGtD gt = gts[(long)b * g.M + j];
+        float sc = score[i];
+        long at = (long)(64 + gt.cls) * t.HW;
+        float x = t.z[at];
+        bce = -(double)x * sc;
+        if (t.dz) t.dz[at] = (float)(nrm->g_cls * (1.0 / (1.0 + exp(-(double)x)) - sc));
+        double bt, dt, wa = sc;
+        loss_fg_term(t, gt, nrm->kb * wa, nrm->kd * wa, &bt, &dt);
+        box = bt * wa;
+        dfl = dt * wa;
     }
     bce = block_sum(bce);
     box = block_sum(box);
@@ -2247,12 +2278,13 @@ __global__ void loss_terms_kernel(LossGeo g, const LossGtD *gts, const int *owne
     }
 }
 
-// loss_out: one block; the terms partials of nblk blocks in a fixed order -> out (see yolo.h).
-__global__ void loss_out_kernel(const double *part, int nblk, const LossNorm *nrm, float box_gain, float cls_gain,
-                                float dfl_gain, double *out) {
+// loss_out: one block; the partials of nblk blocks in a fixed order (loss_terms' BCE in bg, loss_fg's
+// BCE correction, box and DFL in part) -> out (see yolo.h).
+__global__ void loss_out_kernel(const double *bg, const double *part, int nblk, const LossNorm *nrm, float box_gain,
+                                float cls_gain, float dfl_gain, double *out) {
     double bce = 0.0, box = 0.0, dfl = 0.0;
     for (int k = threadIdx.x; k < nblk; k += blockDim.x) {
-        bce += part[3 * k];
+        bce += bg[2 * k] + part[3 * k];
         box += part[3 * k + 1];
         dfl += part[3 * k + 2];
     }
@@ -2277,7 +2309,8 @@ struct LossScratch {
     int *cnt;                        // (B, A) claims            } zeroed together
     int *max_align, *max_iou;        // (B, M) float bits        }  at the start of each call
     size_t zero_bytes;               // bytes from cnt to the end of max_iou
-    double *part_score, *part_terms; // (nblk, 2), (nblk, 3) block partial sums, nblk = ceil(B*A / 256)
+    double *part_score, *part_terms; // (nblk, 2): score's block sums, then terms' BCE; (nblk, 3): fg's;
+                                     // nblk = ceil(B*A / 256)
     LossNorm *nrm;
 };
 // loss_scratch_carve: the parts at the first 256-byte boundary of scratch; returns the bytes needed
@@ -2342,9 +2375,12 @@ extern "C" void loss_cuda(int B, int NC, int imgH, int imgW, const float *const 
     loss_norm_kernel<<<1, LOSS_BLOCK, 0, s>>>(w.part_score, (int)nba, B, box_gain, cls_gain, dfl_gain, grad_scale,
                                               w.nrm);
     CUDA_CHECK(cudaGetLastError());
-    loss_terms_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, gts, w.owner, w.score, w.nrm, w.part_terms);
+    loss_terms_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, w.owner, w.nrm, w.part_score);
     CUDA_CHECK(cudaGetLastError());
-    loss_out_kernel<<<1, LOSS_BLOCK, 0, s>>>(w.part_terms, (int)nba, w.nrm, box_gain, cls_gain, dfl_gain, out);
+    loss_fg_kernel<<<nba, LOSS_BLOCK, 0, s>>>(g, gts, w.owner, w.score, w.nrm, w.part_terms);
+    CUDA_CHECK(cudaGetLastError());
+    loss_out_kernel<<<1, LOSS_BLOCK, 0, s>>>(w.part_score, w.part_terms, (int)nba, w.nrm, box_gain, cls_gain, dfl_gain,
+                                             out);
     CUDA_CHECK(cudaGetLastError());
 }
 

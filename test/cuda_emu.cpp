@@ -1131,6 +1131,7 @@ struct CountRec {                     // one launch; every figure scaled to the 
     double sld_req, sld_wave, sld_phase, sst_req, sst_wave, sst_phase;
     double mma_flop;                  // 2*M*N*K per warp-level mma_sync (padding of partial tiles included)
     double useful_flop;               // the YOLO_PROFILE group's own FLOP figure (not scaled)
+    int cin, cout;                    // a conv group's input and output channels (emu_count_dims), else 0
     double sect_single, sect_multi;   // distinct sectors touched by one sampled block / by several
 };
 struct Acc { uint32_t mask; uint8_t width, kind; uintptr_t addr[32]; };   // kind: 0 gld 1 gst 2 sld 3 sst
@@ -1282,7 +1283,7 @@ static void count_dump() {
             "# emulator counter mode: one line per launch, figures scaled from the sampled blocks to the grid\n"
             "# tag\tkernel\tblocks\tsampled\tthreads\tgld_req\tgld_sect\tgld_bytes\tgst_req\tgst_sect\tgst_bytes\t"
             "gb1\tgb2\tgb4\tgb8\tgb16\tsld_req\tsld_wave\tsld_phase\tsst_req\tsst_wave\tsst_phase\tmma_"
-            "flop\tcompulsory_bytes\tuseful_flop\n");
+            "flop\tcompulsory_bytes\tuseful_flop\tcin\tcout\n");
     for (auto &r : crecs) {
         double s = (double)r.blocks / r.sampled;
         // compulsory: sectors only one sampled block touched are that block's own (scaled with the
@@ -1294,7 +1295,7 @@ static void count_dump() {
                       r.gbytes_w[0], r.gbytes_w[1], r.gbytes_w[2], r.gbytes_w[3], r.gbytes_w[4], r.sld_req,
                       r.sld_wave,    r.sld_phase,   r.sst_req,     r.sst_wave,    r.sst_phase,   r.mma_flop};
         for (double x : v) fprintf(f, "\t%.6g", x * s);
-        fprintf(f, "\t%.6g\t%.6g\n", comp, r.useful_flop);
+        fprintf(f, "\t%.6g\t%.6g\t%d\t%d\n", comp, r.useful_flop, r.cin, r.cout);
     }
     fclose(f);
 }
@@ -1319,14 +1320,18 @@ extern "C" void __asan_handle_no_return(void) {}
 // s1"): the launches since the last tag get that name; NULL (at the start of a timed group) names
 // the launches before it "untimed"; flop: the group's useful FLOP (a conv's 2 x multiply-adds), kept
 // on the group's last launch
+static int emu_dims[2];   // emu_count_dims' channels, for the next tag
 extern "C" void emu_count_tag(const char *name, double flop) {
     emu::drain();
     bool last = true;
     for (auto it = emu::crecs.rbegin(); it != emu::crecs.rend() && it->tag.empty(); ++it) {
         it->tag = name ? name : "untimed";
-        if (last) it->useful_flop = flop, last = false;
+        if (last) it->useful_flop = flop, it->cin = emu_dims[0], it->cout = emu_dims[1], last = false;
     }
+    emu_dims[0] = emu_dims[1] = 0;
 }
+// emu_count_dims: a conv group's channels (yolo.c's prof_end_conv), kept with its tag on the last launch
+extern "C" void emu_count_dims(int cin, int cout) { emu_dims[0] = cin, emu_dims[1] = cout; }
 #else
 namespace emu {
 int count_sample() { return 0; }

@@ -20,6 +20,8 @@
 # compulsory bytes; L2 MB, requested sectors; sect/req, 32-byte sectors per warp request (global);
 # 16B %, share of global bytes moved in 16-byte accesses; bank cnfl/r, shared-memory bank conflicts
 # (extra wavefronts) per shared request; tensor peak %, useful FLOP / (modeled time x tensor peak).
+# Below the table, the same share for the convs whose tiles are full and for those with >= 64 input and
+# output channels (the counts' cin and cout columns, from yolo.c's emu_count_dims).
 # Kernels without mma are modeled as memory-bound (their FP32 arithmetic is not counted). The FP32
 # CUDA-core figures are stated for reference only. Nothing here is measured: every line says MODEL.
 set -u
@@ -66,7 +68,7 @@ FILENAME != counts {
 {
     nl++
     TAG[nl] = $1; K[nl] = $2
-    for (j = 6; j <= 25; j++) V[nl, j] = $j
+    for (j = 6; j <= 27; j++) V[nl, j] = $j
 }
 END {
     if (tsv) {
@@ -84,7 +86,7 @@ END {
         printf "MODEL  %-8s %4s %4d %6.3f %10.1f %9.1f %9d %8.2f %12.1f\n", G[i], "sm_" ARCH[i], SM[i], CLK[i], TC[i], F32[i], BW[i], CEIL[i], C[i]
     for (i = 1; i <= ng; i++) {
         if (only != "" && G[i] != only) continue
-        delete FT; delete FU; delete FN; delete NC; gt = 0; gf = 0; gk = ""
+        delete FT; delete FU; delete FN; delete NC; delete WT; delete WU; delete WN; gt = 0; gf = 0; gk = ""
         delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
@@ -110,6 +112,7 @@ END {
             gt += t; gf += flop
             if (V[l, 25] > 0) {
                 if (gf > 0 && gf <= 1.05 * V[l, 25]) { FT[k] += gt; FU[k] += V[l, 25]; FN[k]++ }
+                if (V[l, 26] >= 64 && V[l, 27] >= 64) { WT[k] += gt; WU[k] += V[l, 25]; WN[k]++ }
                 gt = 0; gf = 0; NC[k]++
             }
             T[k] += t; FL[k] += flop; NL[k]++; DR[k] += comp; L2B[k] += (gld_sect + gst_sect) * 32
@@ -138,6 +141,12 @@ END {
             k = KO[a]
             if (FN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%\n", substr(k, 1, 28), FN[k], NC[k], FU[k] / 1e9,
                                   FT[k] * 1e3, 100 * FU[k] / (FT[k] * TC[i] * 1e12)
+        }
+        printf "MODEL  the convolutions with at least 64 input and 64 output channels, their share of the tensor peak:\n"
+        for (a = 1; a <= nk; a++) {
+            k = KO[a]
+            if (WN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%\n", substr(k, 1, 28), WN[k], NC[k], WU[k] / 1e9,
+                                  WT[k] * 1e3, 100 * WU[k] / (WT[k] * TC[i] * 1e12)
         }
         if (miss != "") printf "MODEL  (no kernel-report loop figures for:%s; their mma issue taken as ideal)\n", miss
     }
