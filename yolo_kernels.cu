@@ -1868,11 +1868,44 @@ __global__ void maxpool5_forward_act_kernel(const T *x, T *y, long ys, int C, in
         }
     y[b * ys + (long)c * H * W + i] = act_from<T>(m);
 }
+// maxpool5_plane: the same pool, one block per (c, b) plane that fits MP_PLANE floats with its -inf
+// border (SPPF's 20x20 maps at imgsz 640, up to 64x64): the plane is read once into shared memory,
+// then a row pass (max of 5 across) and a column pass (max of 5 down). Max is exact, so the
+// separable order gives the same values as the 25-value window; each input is loaded once, where
+// maxpool5_forward_act's threads load 25 each. grid (C, B)
+#define MP_PLANE (68 * 68)
+template <class T>
+__global__ void maxpool5_plane_kernel(const T *x, T *y, long ys, int C, int H, int W) {
+    __shared__ float t[MP_PLANE], r[MP_PLANE];
+    const int c = blockIdx.x, b = blockIdx.y, PW = W + 4, PH = H + 4, n = H * W;
+    const T *p = x + ((long)b * C + c) * n;
+    for (int i = threadIdx.x; i < PH * PW; i += blockDim.x) {   // the border -inf, the plane at (2, 2)
+        int py = i / PW, px = i - py * PW, iy = py - 2, ix = px - 2;
+        t[i] = iy >= 0 && iy < H && ix >= 0 && ix < W ? act_f(p[iy * W + ix]) : -INFINITY;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < PH * W; i += blockDim.x) {   // rows: r (PH, W)
+        int py = i / W, ox = i - py * W;
+        const float *q = t + py * PW + ox;
+        r[i] = fmaxf(fmaxf(fmaxf(q[0], q[1]), fmaxf(q[2], q[3])), q[4]);
+    }
+    __syncthreads();
+    T *o = y + b * ys + (long)c * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {   // columns
+        const float *q = r + i;   // output (oy, ox) = i: rows oy .. oy+4 of r, W apart
+        o[i] = act_from<T>(fmaxf(fmaxf(fmaxf(q[0], q[W]), fmaxf(q[2 * W], q[3 * W])), q[4 * W]));
+    }
+}
 template <class T>
 static void maxpool5_forward_act_launch(const T *x, T *y, long ys, int B, int C, int H, int W, void *stream) {
     if ((long)B * C * H * W == 0) return;
-    dim3 grid(cdiv((long)H * W, 256), (unsigned)C, (unsigned)B);
-    maxpool5_forward_act_kernel<T><<<grid, 256, 0, (cudaStream_t)stream>>>(x, y, ys ? ys : (long)C * H * W, C, H, W);
+    if (!ys) ys = (long)C * H * W;
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 planes((unsigned)C, (unsigned)B), grid(cdiv((long)H * W, 256), (unsigned)C, (unsigned)B);
+    if ((H + 4) * (W + 4) <= MP_PLANE && C <= 65535 && B <= 65535)
+        maxpool5_plane_kernel<T><<<planes, 256, 0, s>>>(x, y, ys, C, H, W);
+    else
+        maxpool5_forward_act_kernel<T><<<grid, 256, 0, s>>>(x, y, ys, C, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W,

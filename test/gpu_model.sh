@@ -86,7 +86,7 @@ END {
         printf "MODEL  %-8s %4s %4d %6.3f %10.1f %9.1f %9d %8.2f %12.1f\n", G[i], "sm_" ARCH[i], SM[i], CLK[i], TC[i], F32[i], BW[i], CEIL[i], C[i]
     for (i = 1; i <= ng; i++) {
         if (only != "" && G[i] != only) continue
-        delete FT; delete FU; delete FN; delete NC; delete WT; delete WU; delete WN; gt = 0; gf = 0; gk = ""
+        delete FT; delete FU; delete FN; delete NC; delete XT; delete XU; delete XN; gt = 0; gf = 0; gk = ""
         delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
@@ -112,7 +112,7 @@ END {
             gt += t; gf += flop
             if (V[l, 25] > 0) {
                 if (gf > 0 && gf <= 1.05 * V[l, 25]) { FT[k] += gt; FU[k] += V[l, 25]; FN[k]++ }
-                if (V[l, 26] >= 64 && V[l, 27] >= 64) { WT[k] += gt; WU[k] += V[l, 25]; WN[k]++ }
+                if (V[l, 26] >= 64 && V[l, 27] >= 64) { XT[k] += gt; XU[k] += V[l, 25]; XN[k]++ }
                 gt = 0; gf = 0; NC[k]++
             }
             T[k] += t; FL[k] += flop; NL[k]++; DR[k] += comp; L2B[k] += (gld_sect + gst_sect) * 32
@@ -145,8 +145,8 @@ END {
         printf "MODEL  the convolutions with at least 64 input and 64 output channels, their share of the tensor peak:\n"
         for (a = 1; a <= nk; a++) {
             k = KO[a]
-            if (WN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%\n", substr(k, 1, 28), WN[k], NC[k], WU[k] / 1e9,
-                                  WT[k] * 1e3, 100 * WU[k] / (WT[k] * TC[i] * 1e12)
+            if (XN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%\n", substr(k, 1, 28), XN[k], NC[k], XU[k] / 1e9,
+                                  XT[k] * 1e3, 100 * XU[k] / (XT[k] * TC[i] * 1e12)
         }
         if (miss != "") printf "MODEL  (no kernel-report loop figures for:%s; their mma issue taken as ideal)\n", miss
     }
