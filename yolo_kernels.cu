@@ -561,7 +561,9 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     }
     // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned), read
     // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
-    // phase hit 8 different bank groups), columns 8 (lane / 16)
+    // phase hit 8 different bank groups), columns 8 (lane / 16). S2 writes every other pixel of an
+    // input row, so there a store takes 16 consecutive pixels of two channels (lane % 16, lane / 16):
+    // 8 sectors per warp store where one channel per lane touched 32
     const int lane = tid % 32, er = lane % 16, ec = (lane / 16) * 8, N = g.B * HW;
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -571,11 +573,15 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
             __syncwarp();
             const int f = warp * 2 + j, r = f / FPR, sg = f - r * FPR;
             const int m = m0 + i * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
-            if (live && S2 && m < M && y < OH && x < OW) {   // every other pixel of input row 2y + py
-                const long o = b * os + (long)m * HW + (2 * y + py) * W + px;
+            if (S2) {   // every other pixel of input row 2y + py
+                const int xs = x0 + sg * 16 + er;
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (x + e < OW) conv_store(of, oh, o + 2 * (x + e), Cs[warp][er][ec + e], accumulate);
+                for (int e = 0; e < 8; e++) {
+                    const int rs = 2 * e + lane / 16, ms = m0 + i * 16 + rs;
+                    if (live && ms < M && y < OH && xs < OW)
+                        conv_store(of, oh, b * os + (long)ms * HW + (2 * y + py) * W + px + 2 * xs, Cs[warp][rs][er],
+                                   accumulate);
+                }
             } else if (live && !S2 && m < M && y < H && x < W) {
                 float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
                 const float4 q0 = *(const float4 *)&Cs[warp][er][ec], q1 = *(const float4 *)&Cs[warp][er][ec + 4];
