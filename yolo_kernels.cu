@@ -178,9 +178,9 @@ extern "C" void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint
  * per K step, taps through a small shared table), 16-byte cp.async wherever an operand's rows are
  * contiguous, two shared stages so that one barrier ends each K step, and an epilogue that stores 8
  * consecutive outputs per lane. These gather kernels take the 1x1 convs and the 3x3 ones the halo
- * kernels (conv_halo_kernel, conv_halo_wgrad_kernel: stride-1 products and the stride-2 input
- * gradient) cannot: the 3-channel stem, the stride-2 forward and weight gradient, maps whose rows
- * are not a multiple of 4.
+ * kernels (conv_halo_kernel, conv_halo_wgrad_kernel: stride-1 products, the stride-2 input and
+ * weight gradients) cannot: the 3-channel stem, the stride-2 forward, maps whose rows are not a
+ * multiple of 4.
  */
 #define IG_BM 64
 #define IG_BN 64
@@ -338,7 +338,7 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
 }
 
 // ------------------------------------------------------------------------------------------
-// 3x3 convolutions by halo tiles (stride 1; the stride-2 input gradient)
+// 3x3 convolutions by halo tiles (stride 1; the stride-2 input and weight gradients)
 // ------------------------------------------------------------------------------------------
 /*
  * conv_halo_kernel: a 3x3, stride-1, pad-1 convolution out[m, y, x] = sum_{c, ky, kx} A_{ky,kx}[m, c]
@@ -379,11 +379,15 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // thread's pieces are one channel, pc; its single halves are all on one side, tid & 1.
 // fetch loads them (global -> registers), zero past the image or past Cr channels; store writes them
 // into shared memory, ACT's BN+SiLU applied to the values inside the image (the padding stays 0).
-template <int TC, int VW>
+// S2: the input window of a stride-2 tile of BN output pixels, HR = 2 TR + 1 rows by HC = 2 TC + 1
+// columns from input (2 y0 - 1, 2 x0 - 1): 2 TC inner columns and one edge column (the left), whose
+// single halves the two lanes of a pair take on alternate rows.
+template <int TC, int VW, bool S2 = false, int BN = H3_BN>
 struct H3Halo {
-    static constexpr int TR = H3_BN / TC, HR = TR + 2, HC = TC + 2, PR = TC / VW;
-    static constexpr int NF = HR * PR * H3_KC, NS = HR * 2 * H3_KC, FPT = (NF + 127) / 128, SPT = (NS + 127) / 128;
-    static_assert(PR % 2 == 0 && TC % 16 == 0 && H3_BN % TC == 0, "halo geometry");
+    static constexpr int TR = BN / TC, HR = S2 ? 2 * TR + 1 : TR + 2, HC = S2 ? 2 * TC + 1 : TC + 2;
+    static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = HR * PR * H3_KC, NS = HR * (S2 ? 1 : 2) * H3_KC;
+    static constexpr int FPT = (NF + 127) / 128, SPT = S2 ? (HR + 7) / 8 : (NS + 127) / 128;
+    static_assert(PR % 2 == 0 && TC % 16 == 0 && BN % TC == 0, "halo geometry");
     typedef typename H3Piece<VW>::V V;
     int frow[FPT], fcol[FPT], srow[SPT], side, pc;   // halo row (-1: no piece), first halo column
     unsigned fin, sin;                               // bit i: piece i lies inside the image
@@ -401,9 +405,13 @@ struct H3Halo {
             fcol[i] = VW * (2 * (rest / HR) + (q & 1)) + 1;
         }
 #pragma unroll
-        for (int i = 0; i < SPT; i++) srow[i] = tid + 128 * i < NS ? (tid + 128 * i) >> 5 : -1;
+        for (int i = 0; i < SPT; i++) {
+            int r = S2 ? 2 * ((tid + 128 * i) >> 5) + side : (tid + 128 * i) >> 5;
+            srow[i] = (S2 ? r < HR : tid + 128 * i < NS) ? r : -1;
+        }
     }
-    // src: channel pc's (H, W) image, or nullptr when that channel is past the tensor's
+    // src: channel pc's (H, W) image, or nullptr when that channel is past the tensor's; (y0, x0): the
+    // input pixel of halo position (1, 1)
     __device__ __forceinline__ void fetch(const __half *src, int y0, int x0, int H, int W) {
         fin = sin = 0;
 #pragma unroll
@@ -413,7 +421,7 @@ struct H3Halo {
             fv[i].v = ok ? *(const V *)(src + y * W + x) : V();
             fin |= (unsigned)ok << i;
         }
-        const int x = side ? x0 + TC : x0 - 1;
+        const int x = !S2 && side ? x0 + TC : x0 - 1;
 #pragma unroll
         for (int i = 0; i < SPT; i++) {
             int y = y0 - 1 + srow[i];
@@ -434,7 +442,7 @@ struct H3Halo {
                 Bs[frow[i] * HC + fcol[i] + e][pc] = v;
             }
         }
-        const int col = side ? TC + 1 : 0;
+        const int col = !S2 && side ? TC + 1 : 0;
 #pragma unroll
         for (int i = 0; i < SPT; i++) {
             if (srow[i] < 0) continue;
@@ -1082,8 +1090,8 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
         }
     });
 }
-// conv_halo_wgrad_kernel: the weight gradient of a 3x3 stride-1 conv, dW[co, ci, t] = sum over pixels of
-// dz[co, p] in[ci, p shifted by tap t], by the same halo tiles. A block owns 64 output channels by 16
+// conv_halo_wgrad_kernel: the weight gradient of a 3x3 conv, dW[co, ci, t] = sum over output pixels of
+// dz[co, p] in[ci, S p shifted by tap t], by the same halo tiles. A block owns 64 output channels by 16
 // input channels x 9 taps (each warp 32 output channels by 5 or 4 of the taps) and steps
 // through its slice of the batch's pixel tiles (TR x TC pixels of one image, grid.z slices in order,
 // as conv_wgrad_split splits the pixels for the gather kernel). Per K step: dz's 64 x 128 tile by
@@ -1091,14 +1099,17 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 // (through registers, ACT's BN+SiLU applied once per value), so that tap t's B tile (16 pixels by 16
 // channels) is matrix_b row-major at a 32-byte aligned address. Two shared stages, one barrier per K
 // step. The epilogue gathers the warps' taps into the block's 64 rows of dW (16 channels x 9 taps
-// contiguous) and stores them 16 bytes at a time where dW is aligned.
-template <bool ACT, int TC, int VW>
+// contiguous) and stores them 16 bytes at a time where dW is aligned. S2 (stride 2): tiles of 4 x 16
+// output pixels (64, so that two stages of the 9 x 33 input window fit 48 KB), whose B tiles are
+// every other halo position (a 64-byte pitch); dz's rows are Wo wide, x's W.
+template <bool ACT, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
     using namespace nvcuda;
-    typedef H3Halo<TC, VW> Halo;
-    constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16;
-    constexpr int LDA = H3_BN + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = Halo::HR * HC * H3_KC * 2;
+    constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
+    typedef H3Halo<TC, VW, S2, BNW> Halo;
+    constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
+    constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * H3_KC * 2 + 127) / 128 * 128;
     constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC + 4, E_BYTES = 4 * 16 * LDE * 4 + 4 * 256 * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
@@ -1107,7 +1118,8 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     auto Bs = [&](int st) { return (__half(*)[H3_KC])(sm + st * STAGE + A_BYTES); };
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int Cout = g.Cout, Cin = g.Cin, H = g.H, W = g.W, HW = H * W, N = Cin * 9;
-    const int tilesX = (W + TC - 1) / TC, per_img = tilesX * ((H + TR - 1) / TR), ntiles = g.B * per_img;
+    const int OH = g.Ho, OW = g.Wo, OHW = OH * OW;   // dz's map (S2: every other input pixel's)
+    const int tilesX = (OW + TC - 1) / TC, per_img = tilesX * ((OH + TR - 1) / TR), ntiles = g.B * per_img;
     const int c0 = blockIdx.x * H3_KC, m0 = blockIdx.y * H3_BM, z = blockIdx.z;
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
     Halo halo;   // the block's 16 input channels: the thread's is cc
@@ -1126,10 +1138,11 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
             int q = tid + 128 * i, col = q % CPR, rr = q / CPR % TR, m = q / (CPR * TR);
             int y = ty0 + rr, xx = tx0 + col * VW;
             __half *dst = &A[m][rr * TC + col * VW];
-            if (m0 + m < Cout && y < H && xx < W) __pipeline_memcpy_async(dst, zb + (long)(m0 + m) * HW + y * W + xx, 2 * VW);
+            if (m0 + m < Cout && y < OH && xx < OW)
+                __pipeline_memcpy_async(dst, zb + (long)(m0 + m) * OHW + y * OW + xx, 2 * VW);
             else *(typename H3Piece<VW>::V *)dst = typename H3Piece<VW>::V();
         }
-        halo.fetch(cc < Cin ? x + tb * g.xs + (long)cc * HW : nullptr, ty0, tx0, H, W);
+        halo.fetch(cc < Cin ? x + tb * g.xs + (long)cc * HW : nullptr, SH * ty0, SH * tx0, H, W);
     };
     auto store = [&](int st) { halo.template store<ACT>(Bs(st), bnf); };
     // each warp: 32 output channels (2 A tiles, rows 32 wy ..) by 16 input channels of 5 taps (wx 0:
@@ -1153,7 +1166,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
         __half(*A)[LDA] = As(st);
         __half(*B)[H3_KC] = Bs(st);
 #pragma unroll
-        for (int f = 0; f < 8; f++) {
+        for (int f = 0; f < BNW / 16; f++) {
             const int r = f / FPR, sg = f - r * FPR;
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
 #pragma unroll
@@ -1163,7 +1176,8 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                 const int t = 5 * wx + u;
                 if (t < 9) {   // warp-uniform
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-                    wmma::load_matrix_sync(fb, &B[(r + t / 3) * HC + sg * 16 + t % 3][0], H3_KC);
+                    // S2: the tile's pixels are every other halo position (a pitch of 2 x 32 bytes)
+                    wmma::load_matrix_sync(fb, &B[(SH * r + t / 3) * HC + SH * sg * 16 + t % 3][0], SH * H3_KC);
 #pragma unroll
                     for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][u], fa[i], fb, acc[i][u]);
                 }
@@ -1250,22 +1264,29 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
-    int vw = conv_halo_vw(g, g.xs, x, nullptr, g.Cin, g.W, 1);
-    if (vw && !(g.zs % vw == 0 && (uintptr_t)dz % (2 * vw) == 0)) vw = 0;
+    // the halo kernels where x's rows load 8 or 4 halves at a time and dz's rows (dz's map: every
+    // other pixel at stride 2) do too
+    int vw = conv_halo_vw(g, g.xs, x, nullptr, g.Cin, g.W, 2);
+    for (; vw; vw = vw == 8 ? 4 : 0)
+        if (g.zs % vw == 0 && (uintptr_t)dz % (2 * vw) == 0 && g.Wo % vw == 0) break;
     if (vw) {
         ConvAct a = act ? *act : ConvAct();
-        int tc = conv_halo_tc(g.W, g.H), ns = (int)grid.z;
+        int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), ns = (int)grid.z;
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
-        switch ((act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
-        case 0: conv_halo_wgrad_kernel<false, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 1: conv_halo_wgrad_kernel<false, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 2: conv_halo_wgrad_kernel<false, 32, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 3: conv_halo_wgrad_kernel<false, 32, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 4: conv_halo_wgrad_kernel<true, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 5: conv_halo_wgrad_kernel<true, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 6: conv_halo_wgrad_kernel<true, 32, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        default: conv_halo_wgrad_kernel<true, 32, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
+        case 0: conv_halo_wgrad_kernel<false, false, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 1: conv_halo_wgrad_kernel<false, false, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 2: conv_halo_wgrad_kernel<false, false, 32, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 3: conv_halo_wgrad_kernel<false, false, 32, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 4: conv_halo_wgrad_kernel<true, false, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 5: conv_halo_wgrad_kernel<true, false, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 6: conv_halo_wgrad_kernel<true, false, 32, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 7: conv_halo_wgrad_kernel<true, false, 32, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 8: conv_halo_wgrad_kernel<false, true, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 9: conv_halo_wgrad_kernel<false, true, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 12: conv_halo_wgrad_kernel<true, true, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        default: conv_halo_wgrad_kernel<true, true, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
         }
         wgrad_end(g, grid, ws, dw, accumulate, s);
         return;
