@@ -1542,6 +1542,7 @@ int main(void) {
     test_conv(2, 16, 17, 16, 24, 3, 2, 0, 0, s);   // H 17: the odd rows' grid has a row of tiles fewer
     test_conv(2, 64, 8, 8, 80, 3, 2, 0, 0, s);      // stride 2 on an 8x8 map: 4 K steps, Cout over a tile
     test_conv(1, 8, 40, 32, 16, 3, 2, 0, 0, s);     // stride-2 weight gradient by halo tiles in slices
+    test_conv(1, 16, 6, 88, 24, 3, 2, 0, 0, s);     // the same with dz rows of 44 (8-byte pieces)
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
@@ -1598,7 +1599,8 @@ int main(void) {
         test_conv_act(f32, 1, 8, 0, 8, 4, 4, 6, 3, 1, s);        // 3x3, Ho*Wo % 8 == 0 (16-byte dz rows in wgrad)
         test_conv_act(f32, 2, 40, 8, 24, 7, 16, 20, 3, 1, s);    // 3x3 stride 1 by halo tiles, on a slice
         test_conv_act(f32, 2, 80, 16, 64, 8, 8, 72, 3, 2, s);    // 3x3 stride 2 on a slice, 4 K steps
-        test_conv_act(f32, 2, 24, 8, 16, 10, 16, 20, 3, 2, s);   // stride 2, 16-byte rows of x and dz: halo wgrad
+        test_conv_act(f32, 2, 24, 8, 16, 10, 32, 20, 3, 2, s);   // stride 2, 16-byte rows of x and dz: halo wgrad
+        test_conv_act(f32, 1, 16, 0, 16, 6, 88, 12, 3, 2, s);    // stride 2, dz rows of 44: 8-byte halo wgrad
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
