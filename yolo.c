@@ -3032,7 +3032,7 @@ static void model_release(Model *m, Arena *a) { Exec e = exec_cpu(m, a); walk_re
 
 // Plan: what a dry run measured, for one layout.
 typedef struct {
-    size_t total;                   // the arena size: high-water mark of the dry run
+    size_t total;                   // the arena size: high-water mark of the dry run (of its layout, lay)
     size_t at_peak[G_NGROUPS];      // bytes of each group live at that peak
     size_t peak[G_NGROUPS];         // each group's own maximum
     ArenaLayout *lay;               // the device arena's layout (gpu_plan_run), NULL for first-fit
@@ -9851,7 +9851,7 @@ typedef struct Gpu {
     Arena *a;                 // device arena; base NULL in the dry run
     void *stream;             // cudaStream_t, NULL = default stream
     int B, H, W;              // the step's batch and input size (planned)
-    size_t plan;              // bytes of the arena: high-water mark of the dry run
+    size_t plan;              // bytes of the arena: high-water mark of the dry run's layout
     // persistent (G_PARAMS .. G_INPUT)
     float *params, *grads;    // (nparams) FP32 master weights / gradients (scaled by the loss scale)
     int f32;                  // amp=0: activations, dz and the convs' weights in FP32 (no w16)

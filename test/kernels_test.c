@@ -1558,7 +1558,7 @@ int main(void) {
     test_convert_copy(1000, s);
     test_views_f16(2, 3, 7, 9, NULL);
     test_views_f16(1, 2, 20, 17, s);
-    test_views_f16(1, 2, 66, 61, s);   // a map past maxpool5_plane's shared memory: the per-output kernel
+    test_views_f16(1, 2, 66, 66, s);   // past maxpool5_plane's 68 x 68 floats: the per-output kernel
     {   // image 0: overlapping boxes, boxes of class 0 (align 0 but at anchors 0-2); image 1 none; image 2: two over
         // M = 6, an invalid box, and box 8 with tied aligns
         LossTestBox bx[] = {{8, 8, 40, 40, 0, 1}, {10, 12, 44, 42, 0, 2}, {30, 20, 60, 62, 0, 1}, {1, 1, 40, 15, 0, 0},
@@ -1612,7 +1612,7 @@ int main(void) {
     test_bn_backward_f32(2, 3, 20000, 1, 1, 1, s);
     test_views_f32(2, 3, 7, 9, NULL);
     test_views_f32(1, 2, 20, 17, s);
-    test_views_f32(1, 2, 66, 61, s);
+    test_views_f32(1, 2, 66, 66, s);
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
     test_twin_table();
