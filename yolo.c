@@ -269,20 +269,25 @@ typedef struct {
 
 static int arena_dry(const Arena *a) { return a->base == NULL; }
 
-// arena_alloc: first-fit, 64-byte aligned. Returns a pointer (a fake, never-dereferenced one in
-// a dry run: base address 0 plus the offset, kept in a uintptr_t until the cast).
-// arena_slot: where a block of size bytes at off goes in the live table (sorted by offset), or -1
-// if it overlaps a live block
-static int arena_slot(const Arena *a, size_t off, size_t size) {
-    int lo = 0, hi = a->n;   // first live block with an offset >= off
+// arena_lower: the first live block (sorted by offset) whose offset is >= off, or a->n
+static int arena_lower(const Arena *a, size_t off) {
+    int lo = 0, hi = a->n;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
         if (a->blk[mid].off < off) lo = mid + 1; else hi = mid;
     }
+    return lo;
+}
+// arena_slot: where a block of size bytes at off goes in the live table, or -1 if it overlaps a live block
+static int arena_slot(const Arena *a, size_t off, size_t size) {
+    int lo = arena_lower(a, off);
     if (lo > 0 && a->blk[lo - 1].off + a->blk[lo - 1].size > off) return -1;
     if (lo < a->n && off + size > a->blk[lo].off) return -1;
     return lo;
 }
+// arena_alloc: 64-byte aligned; at the layout's offset when replaying one (arena_step_begin), else
+// first-fit. Returns a pointer (a fake, never-dereferenced one in a dry run: base address 0 plus
+// the offset, kept in a uintptr_t until the cast).
 static void *arena_alloc(Arena *a, size_t bytes, int group) {
     size_t size = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     if (size == 0) size = ARENA_ALIGN;
@@ -333,11 +338,7 @@ static void *arena_alloc(Arena *a, size_t bytes, int group) {
 static void arena_free(Arena *a, void *p) {
     if (!p) return;
     size_t off = (uintptr_t)p - (uintptr_t)a->base - (a->base ? 0 : ARENA_ALIGN);
-    int lo = 0, hi = a->n;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (a->blk[mid].off < off) lo = mid + 1; else hi = mid;
-    }
+    int lo = arena_lower(a, off);
     if (lo == a->n || a->blk[lo].off != off) die("arena_free: %p is not a live block", p);
     a->live[a->blk[lo].group] -= a->blk[lo].size;
     if (a->blk[lo].rec >= 0) a->rec[a->blk[lo].rec].t1 = a->t;

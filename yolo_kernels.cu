@@ -1931,7 +1931,7 @@ static void maxpool5_forward_act_launch(const T *x, T *y, long ys, int B, int C,
     if (!ys) ys = (long)C * H * W;
     cudaStream_t s = (cudaStream_t)stream;
     dim3 planes((unsigned)C, (unsigned)B), grid(cdiv((long)H * W, 256), (unsigned)C, (unsigned)B);
-    if ((H + 4) * (W + 4) <= MP_PLANE && C <= 65535 && B <= 65535)
+    if ((H + 4) * (W + 4) <= MP_PLANE && B <= 65535)   // B is grid.y
         maxpool5_plane_kernel<T><<<planes, 256, 0, s>>>(x, y, ys, C, H, W);
     else
         maxpool5_forward_act_kernel<T><<<grid, 256, 0, s>>>(x, y, ys, C, H, W);
@@ -2040,11 +2040,13 @@ __device__ __forceinline__ LossAt loss_at(const LossGeo &g, int b, int a) {
 
 // CIoU (bbox_ciou, bbox_ciou_backward) and the DFL softmax (dfl_side_decode) are yolo.h's, the CPU loss's own text.
 
-// loss_decode_box: dfl_side_decode + loss_decode_box of yolo.c: box (4) xyxy in grid units of anchor t;
-// p (4, 16) the softmax of every side, lse (4) its log-sum-exp.
-__device__ void loss_decode_box(const LossAt &t, float *box, float *p, float *lse) {
-    float d[4];
-    for (int s = 0; s < 4; s++) d[s] = dfl_side_decode(t.z + (long)s * LOSS_R * t.HW, t.HW, p + s * LOSS_R, lse + s);
+// loss_decode_box: dfl_side_decode + loss_decode_box of yolo.c: box (4) xyxy in grid units of anchor t,
+// lse (4) each side's log-sum-exp. The probabilities are not kept (one side's 16 at a time): loss_fg_term
+// recomputes a side's by the same operations where its gradient needs them.
+__device__ void loss_decode_box(const LossAt &t, float *box, float *lse) {
+    float d[4], p[LOSS_R];
+#pragma unroll
+    for (int s = 0; s < 4; s++) d[s] = dfl_side_decode(t.z + (long)s * LOSS_R * t.HW, t.HW, p, lse + s);
     float ax = (float)(t.r % t.W) + 0.5f, ay = (float)(t.r / t.W) + 0.5f;
     box[0] = ax - d[0]; box[1] = ay - d[1]; box[2] = ax + d[2]; box[3] = ay + d[3];
 }
@@ -2070,8 +2072,8 @@ __global__ void loss_decode_kernel(LossGeo g, const int *m, float *pbox) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, b = i / g.A;
     if (i >= g.B * g.A || m[b] == 0) return;
     LossAt t = loss_at(g, b, i % g.A);
-    float p[4 * LOSS_R], lse[4], box[4];
-    loss_decode_box(t, box, p, lse);
+    float lse[4], box[4];
+    loss_decode_box(t, box, lse);
     for (int k = 0; k < 4; k++) pbox[(long)i * 4 + k] = box[k] * t.s;
 }
 
@@ -2234,13 +2236,8 @@ __global__ void loss_norm_kernel(const double *part, int nblk, int B, float box_
 // anchor's 64 box logits, written to t.dz.
 __device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, double gd, double *box_term,
                              double *dfl_term) {
-    // the 64 probabilities are not kept: each side's 16 are recomputed (the same operations, the same
-    // bits) where the gradient needs them, so a thread holds 16 at a time (the loss kernels' registers)
-    float p[LOSS_R], lse[4], pb[4], dk[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) dk[k] = dfl_side_decode(t.z + (long)k * LOSS_R * t.HW, t.HW, p, lse + k);
-    float ax0 = (float)(t.r % t.W) + 0.5f, ay0 = (float)(t.r / t.W) + 0.5f;
-    pb[0] = ax0 - dk[0]; pb[1] = ay0 - dk[1]; pb[2] = ax0 + dk[2]; pb[3] = ay0 + dk[3];   // loss_decode_box
+    float p[LOSS_R], lse[4], pb[4];
+    loss_decode_box(t, pb, lse);
     float s = t.s, tb[4] = {gt.x1 / s, gt.y1 / s, gt.x2 / s, gt.y2 / s};   // target_bboxes /= stride_tensor
     *box_term = 1.0 - (double)bbox_ciou(pb, tb);
     // DFL: bbox2dist then DFLoss, targets clamped to [0, 14.99]
@@ -2265,7 +2262,7 @@ __device__ void loss_fg_term(const LossAt &t, const LossGtD &gt, double gb, doub
     bbox_ciou_backward(pb, tb, -gb, 0, db);
     dd[0] = -db[0]; dd[1] = -db[1]; dd[2] = db[2]; dd[3] = db[3];   // x1 = ax - l, x2 = ax + r
 #pragma unroll 1
-    for (int k = 0; k < 4; k++) {   // one side at a time (not unrolled: its 16 values, not 64, live)
+    for (int k = 0; k < 4; k++) {   // one side at a time (not unrolled: its 16 probabilities, not 64, live)
         float lk;
         dfl_side_decode(t.z + (long)k * LOSS_R * t.HW, t.HW, p, &lk);
         // side k's figures by selection, not indexing, so that the small arrays stay in registers
