@@ -1675,7 +1675,9 @@ typedef struct {
     float *mean, *invstd;   // (Cout) statistics used by the last forward
     float *y;               // (B, Cout, Ho, Wo) SiLU(BN(z)) kept from the forward to the conv's backward
                             // (Exec.keep_act: CPU training without recompute), else NULL
-    float *dA;              // (B, Cout, Ho, Wo) FP32 gradient of the output, live during backward only
+    float *dA;              // (B, Cout, Ho, Wo) gradient of the output, live during backward only: FP32, or
+                            // FP16 on the device with AMP (Exec.gsz; the Detect outputs' stay FP32, inside
+                            // the loss's maps)
     unsigned char *dA_held; // (B) with Backend.lazy_dA: per image, which halves of dA's channels hold a
                             // gradient yet (bit 0: [0, Cout/2), bit 1: [Cout/2, Cout)); else NULL: all of it
 } Conv;
@@ -2042,11 +2044,14 @@ typedef struct {
     int esz;                  // bytes of an activation value: 4 (FP32) or 2 (device FP16)
     void *ctx;                // the backend's own state (the device's Gpu)
     int keep_act;             // keep each BN conv's activation (Conv.y) instead of recomputing it per reader
+    int gsz;                  // bytes of a gradient value (dA, the views' gradients): 4, or 2 (device AMP)
 } Exec;
 
 // Backend: the computations the walk asks for. Tensors are nb images from image b; an image
 // stride (os, ts, gs, ds, ys) is the distance in elements between two images of a buffer.
-// Activations are of the backend's activation type (esz bytes); gradients are FP32.
+// Activations are of the backend's activation type (esz bytes); gradients of values (dA and what
+// value_backprop carries) of its gradient type (gsz bytes: FP32, FP16 on the device with AMP; only
+// the address is a float * then); weight gradients are FP32.
 struct Backend {
     // called only when the arena is real
     void (*zero)(Exec *e, void *p, size_t bytes);                               // p = 0
@@ -2079,11 +2084,17 @@ static void *walk_act(Exec *e, long n, int group) { return arena_alloc(e->a, (si
 static float *walk_f32(Exec *e, long n, int group) {
     return (float *)arena_alloc(e->a, (size_t)n * sizeof(float), group);
 }
-// walk_dA: conv c's gradient buffer dA (B, Cout, Ho, Wo) FP32, created on first use: zeroed, or
-// with Backend.lazy_dA followed by its B dA_held flags, all clear (then every writer asks dA_held)
+// walk_grad: a buffer of n gradient values (gsz bytes each); grad_at: gradient buffer p + off values
+static float *walk_grad(Exec *e, long n, int group) {
+    return (float *)arena_alloc(e->a, (size_t)n * e->gsz, group);
+}
+static float *grad_at(const Exec *e, const float *p, long off) { return (float *)((char *)p + off * e->gsz); }
+// walk_dA: conv c's gradient buffer dA (B, Cout, Ho, Wo) of the walk's gradient type, created on
+// first use: zeroed, or with Backend.lazy_dA followed by its B dA_held flags, all clear (then every
+// writer asks dA_held)
 static float *walk_dA(Exec *e, Conv *c) {
     if (!c->dA) {
-        size_t bytes = (size_t)e->m->B * c->zstride * sizeof(float);
+        size_t bytes = (size_t)e->m->B * c->zstride * e->gsz;
         c->dA = arena_alloc(e->a, bytes + (e->be->lazy_dA ? (size_t)e->m->B : 0), G_BACKWARD);
         c->dA_held = e->be->lazy_dA ? (unsigned char *)c->dA + bytes : NULL;
         if (!arena_dry(e->a) && c->dA_held) memset(c->dA_held, 0, (size_t)e->m->B);
@@ -2197,7 +2208,7 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
 }
 
 // value_backprop: adds g, the gradient w.r.t. value vi of nb images from image b ((C, H, W) each,
-// FP32, image stride gs), into the dA of the convs the value is made of.
+// of the walk's gradient type, image stride gs), into the dA of the convs the value is made of.
 static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
     Model *m = e->m;
     const Value *v = &m->val[vi];
@@ -2209,9 +2220,9 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
     case V_SLICE: {
         Conv *c = &m->conv[v->conv];
         int c0 = v->kind == V_SLICE ? v->c0 : 0;
-        float *d = walk_dA(e, c) + (long)b * c->zstride + (long)c0 * HW;
+        float *d = grad_at(e, walk_dA(e, c), (long)b * c->zstride + (long)c0 * HW);
         if (!dry && dA_held(e, c, b, c0, v->C)) e->be->grad_add(e, g, gs, d, (long)c->zstride, (long)v->C * HW);
-        else if (!dry) par_copy(d, g, (size_t)v->C * HW * sizeof(float));   // (lazy_dA: host memory)
+        else if (!dry) par_copy(d, g, (size_t)v->C * HW * e->gsz);   // (lazy_dA: host memory)
         break;
     }
     case V_ADD:
@@ -2224,7 +2235,7 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         if (k < v->n) k--;
         long off = 0;
         for (int i = 0; i < k; i++) {
-            value_backprop(e, v->src[i], b, g + off, gs);
+            value_backprop(e, v->src[i], b, grad_at(e, g, off), gs);
             off += (long)m->val[v->src[i]].C * HW;
         }
         if (k == v->n) break;
@@ -2235,14 +2246,14 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         long ns = (long)x->C * HW;
         int np = v->n - 1 - k;                                   // pools
         char *xin = walk_act(e, np * ns, G_SCRATCH);           // parts k..n-2
-        float *acc[2] = {walk_f32(e, ns, G_SCRATCH), walk_f32(e, ns, G_SCRATCH)};
+        float *acc[2] = {walk_grad(e, ns, G_SCRATCH), walk_grad(e, ns, G_SCRATCH)};
         cat_materialize(e, v, b, k, v->n - 1, xin, ns);
-        const float *gi = g + off + (long)np * ns;               // the last part's gradient
+        const float *gi = grad_at(e, g, off + (long)np * ns);   // the last part's gradient
         long gis = gs;
         for (int i = np; i > 0; i--) {                           // pool i: input part k+i-1, output part k+i
             float *d = acc[i & 1];
             e->be->maxpool_back(e, xin + (i - 1) * ns * e->esz, gi, gis, d, x->C, x->H, x->W);
-            if (!dry) e->be->grad_add(e, g + off + (long)(i - 1) * ns, gs, d, ns, ns);
+            if (!dry) e->be->grad_add(e, grad_at(e, g, off + (long)(i - 1) * ns), gs, d, ns, ns);
             gi = d, gis = ns;
         }
         value_backprop(e, v->src[k], b, gi, gis);
@@ -2255,7 +2266,7 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
     case V_POOL: {
         const Value *s = &m->val[v->src[0]];
         long ns = (long)s->C * s->H * s->W;
-        float *gx = walk_f32(e, e->nb * ns, G_SCRATCH);       // (nb, C, Hs, Ws)
+        float *gx = walk_grad(e, e->nb * ns, G_SCRATCH);      // (nb, C, Hs, Ws)
         if (v->kind == V_UP) {
             if (!dry) e->be->upsample_back(e, g, gs, gx, s->C, s->H, s->W);
         } else {   // the window argmax, found again from the input as the forward saw it
@@ -2995,7 +3006,7 @@ static Exec exec_cpu(Model *m, Arena *a) {
     // training without recompute keeps the activations: host memory is plentiful, and recomputing
     // SiLU(BN(z)) for every reader and again in the backward cost a tenth of the CPU step
     return (Exec){model_cpu_backend, m, a, m->params, m->grads, m->buffers, m->x, 1, sizeof(float), NULL,
-                  !m->recompute && !m->infer};
+                  !m->recompute && !m->infer, sizeof(float)};
 }
 
 // model_alloc_params: the persistent groups: weights and gradients (flat, state_dict order)
@@ -9770,14 +9781,16 @@ static void gpu_unreachable(int unused, ...) {
 #define bn_stats_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_silu_backward_h_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define copy_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define add_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define add_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
-#define f16_to_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define upsample2_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define upsample2_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define upsample2_backward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define maxpool5_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define maxpool5_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define maxpool5_backward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_dgrad_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_wgrad_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
@@ -9976,10 +9989,11 @@ static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act
     else conv_forward_cuda(d, x, act, w, bias, z32, z32 ? NULL : z, g->stream);
     prof_end_conv(g, d, "fwd");
 }
-static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, float *dx, int acc) {
+// k_conv_dgrad: dx (the step's gradient type: FP16 with AMP) = or += the input gradient
+static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, void *dx, int acc) {
     prof_begin(g);
     if (g->f32) conv_dgrad_f32_cuda(d, dz, w, dx, acc, g->stream);
-    else conv_dgrad_cuda(d, dz, w, dx, NULL, acc, g->stream);
+    else conv_dgrad_cuda(d, dz, w, NULL, dx, acc, g->stream);
     prof_end_conv(g, d, "dgrad");
 }
 // k_conv_wgrad: dw += the weight gradient, with the workspace of its split (a temporary, < 8 MiB)
@@ -10017,13 +10031,17 @@ static void k_bn_silu(Gpu *g, const void *z, long zs, const float *mean, const f
     else bn_silu_forward_f16_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, g->stream);
     prof_end(g, "bn+silu forward", 0);
 }
-static void k_bn_silu_backward(Gpu *g, const void *z, const float *dA, long zs, const float *mean, const float *invstd,
-                               const float *gamma, const float *beta, float *dgamma, float *dbeta, void *dz,
-                               float *scratch, int C, int HW) {
+// k_bn_silu_backward: dA FP32 (dA16 0: amp=0, or a Detect output's) or FP16 (AMP)
+static void k_bn_silu_backward(Gpu *g, const void *z, const void *dA, int dA16, long zs, const float *mean,
+                               const float *invstd, const float *gamma, const float *beta, float *dgamma, float *dbeta,
+                               void *dz, float *scratch, int C, int HW) {
     prof_begin(g);
     if (g->f32)
         bn_silu_backward_f32_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW,
                                   g->m->train, g->stream);
+    else if (dA16)
+        bn_silu_backward_h_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW,
+                                g->m->train, g->stream);
     else
         bn_silu_backward_cuda(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, scratch, g->B, C, HW,
                               g->m->train, g->stream);
@@ -10086,32 +10104,33 @@ static void gpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H,
 static void gpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
     k_maxpool(e->ctx, x, y, ys, C, H, W);
 }
+// the gradients of the views, in the step's gradient type (FP16 with AMP: sums in FP32, rounded once)
 static void gpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
     Gpu *gp = e->ctx;
     prof_begin(gp);
-    add_f32_cuda(g, gs, d, ds, gp->B, n, gp->stream);
+    if (gp->f32) add_f32_cuda(g, gs, d, ds, gp->B, n, gp->stream);
+    else add_f16_cuda((const uint16_t *)g, gs, (uint16_t *)d, ds, gp->B, n, gp->stream);
     prof_end(gp, "gradient add", 0);
 }
 static void gpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C, int H, int W) {
     Gpu *gp = e->ctx;
     long ns = (long)C * H * W;
     prof_begin(gp);
-    for (int b = 0; b < gp->B; b++) upsample2_backward_cuda(g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
+    if (!gp->f32) upsample2_backward_f16_cuda((const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
+    for (int b = 0; b < gp->B && gp->f32; b++)
+        upsample2_backward_cuda(g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
     prof_end(gp, "upsample backward", 0);
 }
-// gpu_maxpool_back: the kernel reads x in FP32: FP16 activations are widened into a temporary first
 static void gpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
     Gpu *gp = e->ctx;
     long ns = (long)C * H * W;
-    float *xf = gp->f32 ? (float *)x : gf32(gp, gp->B * ns, G_SCRATCH);
-    if (!arena_dry(gp->a)) {
-        if (!gp->f32) f16_to_f32_cuda(x, xf, gp->B * ns, gp->stream);
-        prof_begin(gp);
-        for (int b = 0; b < gp->B; b++)
-            maxpool5_backward_cuda(xf + b * ns, g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
-        prof_end(gp, "maxpool backward", 0);
-    }
-    if (!gp->f32) arena_free(gp->a, xf);
+    if (arena_dry(gp->a)) return;
+    prof_begin(gp);
+    if (!gp->f32)
+        maxpool5_backward_f16_cuda(x, (const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
+    for (int b = 0; b < gp->B && gp->f32; b++)
+        maxpool5_backward_cuda((const float *)x + b * ns, g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
+    prof_end(gp, "maxpool backward", 0);
 }
 
 // GpuIn: the input of a conv as its kernels read it: x with image stride xs (0: dense), and act set
@@ -10173,7 +10192,7 @@ static void *gpu_bn_backward(Exec *e, Conv *c) {
     void *dz = gact(g, g->B * zs, G_BACKWARD);                  // (B, Cout, Ho, Wo), image stride zs
     float *scratch = gf32(g, (long)bn_scratch_floats(g->B, c->cout, HWo), G_SCRATCH);
     if (!arena_dry(g->a))
-        k_bn_silu_backward(g, c->bn ? c->z : NULL, c->dA, zs, c->mean, c->bn ? c->invstd : NULL,
+        k_bn_silu_backward(g, c->bn ? c->z : NULL, c->dA, c->level < 0, zs, c->mean, c->bn ? c->invstd : NULL,
                            c->bn ? e->params + c->g_off : NULL, e->params + c->b_off,
                            c->bn ? e->grads + c->g_off : NULL, e->grads + c->b_off, dz, scratch, c->cout, HWo);
     arena_free(g->a, scratch);
@@ -10195,7 +10214,7 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     const void *w = gpu_w(g, c);
     if (in->kind == V_CONV || in->kind == V_SLICE) {
         Conv *p = &m->conv[in->conv];
-        float *d = walk_dA(e, p) + (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W;
+        float *d = grad_at(e, walk_dA(e, p), (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W);
         if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, d, 1);
     } else if (in->kind == V_CAT) {
         // per source of the concat: its columns of the weights copied contiguous, then its input
@@ -10215,12 +10234,12 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
             d.Cin = v->C;
             if (v->kind == V_CONV || v->kind == V_SLICE) {
                 Conv *p = &m->conv[v->conv];
-                float *dst = walk_dA(e, p) + (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W;
+                float *dst = grad_at(e, walk_dA(e, p), (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W);
                 d.xs = (long)p->zstride;
                 if (!dry) k_conv_dgrad(g, d, dz, ws, dst, 1);
             } else {
                 long n = (long)v->C * c->H * c->W;
-                float *gx = gf32(g, g->B * n, G_SCRATCH);              // (B, C_i, H, W)
+                float *gx = walk_grad(e, g->B * n, G_SCRATCH);         // (B, C_i, H, W)
                 if (!dry) k_conv_dgrad(g, d, dz, ws, gx, 0);
                 value_backprop(e, in->src[i], 0, gx, n);
                 arena_free(g->a, gx);
@@ -10230,7 +10249,7 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
         }
     } else if (in->kind != V_INPUT) {
         long n = (long)c->cin * c->H * c->W;
-        float *gx = gf32(g, g->B * n, G_SCRATCH);               // (B, Cin, H, W)
+        float *gx = walk_grad(e, g->B * n, G_SCRATCH);          // (B, Cin, H, W)
         if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, 0, zs), dz, w, gx, 0);
         value_backprop(e, c->in, 0, gx, n);
         arena_free(g->a, gx);
@@ -10269,7 +10288,7 @@ static const Backend gpu_backend = {
 
 // exec_gpu: a walk on the device, with the weights in use now (the EMA's during validation)
 static Exec exec_gpu(Gpu *g) {
-    return (Exec){&gpu_backend, g->m, g->a, g->params, g->grads, g->buffers, g->x, g->B, g->esz, g, 0};
+    return (Exec){&gpu_backend, g->m, g->a, g->params, g->grads, g->buffers, g->x, g->B, g->esz, g, 0, g->esz};
 }
 
 // gpu_shape: makes s the current step shape (the model's spatial sizes included)

@@ -158,6 +158,11 @@ void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const 
 void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
                            const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                            float *scratch, int B, int C, int HW, int train, void *stream);
+// bn_silu_backward_h_cuda: the same with dA in FP16 (the AMP step's gradient buffers; the Detect
+// outputs' dA, the loss's FP32 maps, take bn_silu_backward_cuda).
+void bn_silu_backward_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean, const float *invstd,
+                             const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
+                             float *scratch, int B, int C, int HW, int train, void *stream);
 // bn_silu_backward_f32_cuda: the same with z and dz in FP32; dz is a buffer of its own (not dA).
 void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean, const float *invstd,
                                const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,
@@ -168,6 +173,11 @@ void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, in
 // maxpool5_backward_cuda: dx (overwritten) from dy, argmax of each 5x5 window recomputed from x, ties
 // to the first maximum in row-major window order; sums in output order (bit-exact with the CPU).
 void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W, void *stream);
+// upsample2_backward_f16_cuda / maxpool5_backward_f16_cuda: the same in FP16 (sums in FP32, each dx rounded
+// once), the whole batch in one launch: dy's images gs apart (0: dense), x and dx dense.
+void upsample2_backward_f16_cuda(const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H, int W, void *stream);
+void maxpool5_backward_f16_cuda(const uint16_t *x, const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H,
+                                int W, void *stream);
 // copy_f16_cuda: B blocks of n FP16 values, src block b at src + b*ss -> dst + b*ds (concat by offset).
 void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
 // copy_f32_cuda: the same for floats (bit-exact).
@@ -188,10 +198,9 @@ void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, i
 void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream);
 // add_f16_cuda: B blocks of n FP16: dst + b*ds += src + b*ss (FP32 sum rounded once; V_ADD).
 void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
-// add_f32_cuda: B blocks of n floats: dst + b*ds += src + b*ss (gradients into a conv's dA slice).
+// add_f32_cuda: B blocks of n floats: dst + b*ds += src + b*ss (gradients into a conv's dA slice; add_f16_cuda
+// does that in the AMP step).
 void add_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream);
-// f16_to_f32_cuda: y = x, exact (the max-pool backward reads FP32 inputs).
-void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *stream);
 // ema_update_cuda: ema = d*ema + (1-d)*p over n floats.
 void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream);
 
@@ -376,9 +385,12 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(bn_silu_forward_f16_cuda, bn_silu_forward_cpu, test_bn) \
     X(bn_silu_forward_f32_cuda, bn_silu_forward_cpu, test_bn_f32) \
     X(bn_silu_backward_cuda, bn_silu_backward_cpu, test_bn_backward) \
+    X(bn_silu_backward_h_cuda, bn_silu_backward_cpu, test_bn_backward) \
     X(bn_silu_backward_f32_cuda, bn_silu_backward_cpu, test_bn_backward_f32) \
     X(upsample2_backward_cuda, upsample2_backward, test_pool_up_backward) \
     X(maxpool5_backward_cuda, maxpool5_backward, test_pool_up_backward) \
+    X(upsample2_backward_f16_cuda, upsample2_backward, test_pool_up_backward) \
+    X(maxpool5_backward_f16_cuda, maxpool5_backward, test_pool_up_backward) \
     X(copy_f16_cuda, copy_strided_cpu, test_convert_copy) \
     X(copy_f32_cuda, copy_strided_cpu, test_views_f32) \
     X(u8_to_f16_cuda, input_from_batch, test_convert_copy) \
@@ -390,7 +402,6 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(maxpool5_forward_f32_cuda, maxpool5_forward_cpu, test_views_f32) \
     X(add_f16_cuda, add_strided_cpu, test_views_f16) \
     X(add_f32_cuda, add_strided_cpu, test_views_f16) \
-    X(f16_to_f32_cuda, half_to_float, test_views_f16) \
     X(ema_update_cuda, ema_update, test_ema) \
     X(loss_cuda, loss_forward_backward, test_loss) \
     X(optim_norm_cuda, grad_clip_norm, test_optim) \

@@ -87,6 +87,7 @@ extern "C" void upsample2_forward_cuda(const float *x, float *y, int B, int C, i
 // grid (ceil(W/16), ceil(H/16), B*C); x, y: (B, C, H, W)
 #define MP_T 16
 #define MP_S (MP_T + 4)
+#define MP_PLANE (68 * 68)   // the plane kernels: a (H + 4) x (W + 4) padded plane in shared memory
 __global__ void maxpool5_forward_kernel(const float *x, float *y, int H, int W) {
     __shared__ float tile[MP_S][MP_S + 1];
     const float *xp = x + (long)blockIdx.z * H * W;
@@ -1641,8 +1642,8 @@ __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, flo
 }
 // bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)
 // into part[c*K + k] and part[C*K + c*K + k]
-template <class T>
-__global__ void bn_bwd_partial_kernel(const T *z, const float *dA, BnGeo q, int C, const float *mean,
+template <class T, class TD>
+__global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, const float *mean,
                                       const float *invstd, const float *gamma, const float *beta, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
     long j1 = min(q.n, (k + 1) * q.len);
@@ -1651,8 +1652,8 @@ __global__ void bn_bwd_partial_kernel(const T *z, const float *dA, BnGeo q, int 
           be = gamma ? beta[c] : 0.0f;
     for (BnWalk it(q, c, k * q.len + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
         long o = it.o;
-        if (!gamma) { sg += dA[o]; continue; }
-        float xh = (act_f(z[o]) - mu) * is, gy = bn_silu_gy(dA[o], xh, ga, be);
+        if (!gamma) { sg += act_f(dA[o]); continue; }
+        float xh = (act_f(z[o]) - mu) * is, gy = bn_silu_gy(act_f(dA[o]), xh, ga, be);
         sg += gy;
         sgx += gy * xh;
     }
@@ -1679,14 +1680,14 @@ __global__ void bn_bwd_finish_kernel(const float *part, int K, int C, float cnt,
 }
 // bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN).
 // grid (ceil(HW/(256 V)), C, B), V (V8: 8, 16-byte accesses, else 1) consecutive elements per thread
-template <class T, bool V8>
-__global__ void bn_bwd_apply_kernel(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
+template <class T, class TD, bool V8>
+__global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, const float *scratch, T *dz, int C, int HW) {
     int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y;
     if (i >= HW) return;
     long o = blockIdx.z * zs + (long)c * HW + i;
     float g[8], zv[8];
-    if (V8) load8(dA + o, g); else g[0] = dA[o];
+    if (V8) load8(dA + o, g); else g[0] = act_f(dA[o]);
     if (gamma) {
         float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = scratch[c],
               mgx = scratch[C + c];
@@ -1699,8 +1700,8 @@ __global__ void bn_bwd_apply_kernel(const T *z, const float *dA, long zs, const 
     }
     if (V8) store8(dz + o, g); else dz[o] = act_from<T>(g[0]);
 }
-template <class T>
-static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const float *mean, const float *invstd,
+template <class T, class TD>
+static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, float *dgamma, float *dbeta, T *dz,
                                     float *scratch, int B, int C, int HW, int train, void *stream) {
     if (C == 0) return;
@@ -1709,17 +1710,17 @@ static void bn_silu_backward_launch(const T *z, const float *dA, long zs, const 
     BnGeo q = bn_geo(B, C, HW, zs);
     float *part = scratch + 2 * (long)C;   // after the two means
     dim3 grid((unsigned)q.K, (unsigned)C);
-    bn_bwd_partial_kernel<T><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
+    bn_bwd_partial_kernel<T, TD><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
     bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta,
                                                       scratch);
     CUDA_CHECK(cudaGetLastError());
     if ((long)B * HW == 0) return;
     if (bn_vec8(HW, zs, zs, z, dA, dz))
-        bn_bwd_apply_kernel<T, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+        bn_bwd_apply_kernel<T, TD, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
             z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
     else
-        bn_bwd_apply_kernel<T, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+        bn_bwd_apply_kernel<T, TD, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
             z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -1729,6 +1730,13 @@ extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long z
                                       void *stream) {
     bn_silu_backward_launch((const __half *)z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, (__half *)dz, scratch,
                             B, C, HW, train, stream);
+}
+extern "C" void bn_silu_backward_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean,
+                                        const float *invstd, const float *gamma, const float *beta, float *dgamma,
+                                        float *dbeta, uint16_t *dz, float *scratch, int B, int C, int HW, int train,
+                                        void *stream) {
+    bn_silu_backward_launch((const __half *)z, (const __half *)dA, zs, mean, invstd, gamma, beta, dgamma, dbeta,
+                            (__half *)dz, scratch, B, C, HW, train, stream);
 }
 extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean,
                                           const float *invstd, const float *gamma, const float *beta, float *dgamma,
@@ -1741,35 +1749,50 @@ extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long 
 // upsample, max-pool backward; copies and conversions
 // ------------------------------------------------------------------------------------------
 
-// upsample2_backward: one thread per dx element, the 2x2 sum in the CPU's order
-__global__ void upsample2_backward_kernel(const float *dy, float *dx, int H, int W, long n) {
+// upsample2_backward: one thread per dx element, the 2x2 sum in the CPU's order (in FP32; an FP16
+// gradient is rounded once, when stored)
+// (dy's images gs apart, dx dense)
+template <class T>
+__global__ void upsample2_backward_kernel(const T *dy, long gs, T *dx, int C, int H, int W, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int x = (int)(i % W), y = (int)((i / W) % H);
-    long bc = i / ((long)W * H);
-    const float *g = dy + (bc * 2 * H + 2 * y) * 2 * W + 2 * x;
-    dx[i] = g[0] + g[1] + g[2 * W] + g[2 * W + 1];
+    long bc = i / ((long)W * H), b = bc / C;
+    const T *g = dy + b * gs + ((bc - b * C) * 2 * H + 2 * y) * 2 * W + 2 * x;
+    dx[i] = act_from<T>(act_f(g[0]) + act_f(g[1]) + act_f(g[2 * W]) + act_f(g[2 * W + 1]));
 }
-extern "C" void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, int W, void *stream) {
+template <class T>
+static void upsample2_backward_launch(const T *dy, long gs, T *dx, int B, int C, int H, int W, void *stream) {
     long n = (long)B * C * H * W;
     if (n == 0) return;
-    upsample2_backward_kernel<<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(dy, dx, H, W, n);
+    if (!gs) gs = 4L * C * H * W;
+    upsample2_backward_kernel<T><<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(dy, gs, dx, C, H, W, n);
     CUDA_CHECK(cudaGetLastError());
+}
+extern "C" void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, int W, void *stream) {
+    upsample2_backward_launch(dy, 0, dx, B, C, H, W, stream);
+}
+extern "C" void upsample2_backward_f16_cuda(const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H, int W,
+                                            void *stream) {
+    upsample2_backward_launch((const __half *)dy, gs, (__half *)dx, B, C, H, W, stream);
 }
 
 // maxpool5_backward: a 16x16 block owns a 16x16 tile of dx. It stages the 24x24 input tile, finds
 // the argmax of the 20x20 windows whose output reads the tile (first maximum in row-major window
 // order, padding skipped, as the CPU), then every input pixel gathers the dy of the outputs whose
-// argmax it is, in output row-major order (the CPU's summation order). grid (ceil(W/16), ceil(H/16), B*C)
-__global__ void maxpool5_backward_kernel(const float *x, const float *dy, float *dx, int H, int W) {
+// argmax it is, in output row-major order (the CPU's summation order), in FP32 (an FP16 gradient is
+// rounded once, when stored; FP16 inputs are compared as the exact floats they are).
+// grid (ceil(W/16), ceil(H/16), B*C); x and dx dense, dy's images gs apart
+template <class T>
+__global__ void maxpool5_backward_kernel(const T *x, const T *dy, long gs, T *dx, int C, int H, int W) {
     __shared__ float xt[MP_T + 8][MP_T + 9];
     __shared__ int arg[MP_S][MP_S];
     __shared__ float g[MP_S][MP_S];
-    long base = (long)blockIdx.z * H * W;
+    const long base = (long)blockIdx.z * H * W, b = blockIdx.z / C, gbase = b * gs + (blockIdx.z - b * C) * (long)H * W;
     int tx0 = blockIdx.x * MP_T, ty0 = blockIdx.y * MP_T, tid = threadIdx.y * MP_T + threadIdx.x;
     for (int t = tid; t < (MP_T + 8) * (MP_T + 8); t += MP_T * MP_T) {
         int r = t / (MP_T + 8), c = t % (MP_T + 8), iy = ty0 - 4 + r, ix = tx0 - 4 + c;
-        xt[r][c] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[base + (long)iy * W + ix] : 0.0f;
+        xt[r][c] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? act_f(x[base + (long)iy * W + ix]) : 0.0f;
     }
     __syncthreads();
     for (int t = tid; t < MP_S * MP_S; t += MP_T * MP_T) {
@@ -1784,7 +1807,7 @@ __global__ void maxpool5_backward_kernel(const float *x, const float *dy, float 
                         a = iy * W + ix;
                     }
                 }
-            g[r][c] = dy[base + (long)oy * W + ox];
+            g[r][c] = act_f(dy[gbase + (long)oy * W + ox]);
         } else g[r][c] = 0.0f;
         arg[r][c] = a;
     }
@@ -1796,15 +1819,79 @@ __global__ void maxpool5_backward_kernel(const float *x, const float *dy, float 
         for (int r = (int)threadIdx.y; r < (int)threadIdx.y + 5; r++)
             for (int c = (int)threadIdx.x; c < (int)threadIdx.x + 5; c++)
                 if (arg[r][c] == me) s += g[r][c];
-        dx[base + me] = s;
+        dx[base + me] = act_from<T>(s);
     }
+}
+// maxpool5_backward_plane: the same for a plane up to 64 x 64 (SPPF's), one block per (channel, image),
+// the plane read once into shared memory (-inf around it: a window's padding is never its maximum,
+// as the CPU skips it). The argmax is separable: a row pass finds each 5-wide row segment's maximum
+// and its first column (strictly greater wins, from -inf), a column pass the first of the 5 rows whose
+// maximum is strictly greater than those above: the first maximum in row-major window order, the
+// CPU's (NaN never wins, an all -inf window has none). Each output keeps its argmax as its offset in
+// the window (0..24, -1 none); each input pixel then sums the dy of the outputs whose argmax it is, in
+// output row-major order. 9 shared reads per output and 25 per input, where the 16x16 tiles took 50
+// per output and 50 per input, and a 20x20 plane took 4 tiles. grid (C, B)
+template <class T>
+__global__ void maxpool5_backward_plane_kernel(const T *x, const T *dy, long gs, T *dx, int C, int H, int W) {
+    __shared__ float t[MP_PLANE], rm[MP_PLANE];
+    __shared__ signed char rc[MP_PLANE], code[MP_PLANE];
+    const int c = blockIdx.x, b = blockIdx.y, PW = W + 4, PH = H + 4, n = H * W;
+    const long base = ((long)b * C + c) * n, gbase = b * gs + (long)c * n;
+    for (int i = threadIdx.x; i < PH * PW; i += blockDim.x) {
+        int py = i / PW, px = i - py * PW, iy = py - 2, ix = px - 2;
+        t[i] = iy >= 0 && iy < H && ix >= 0 && ix < W ? act_f(x[base + iy * W + ix]) : -INFINITY;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < PH * W; i += blockDim.x) {   // rows: rm, rc (PH, W)
+        int py = i / W, ox = i - py * W;
+        const float *q = t + py * PW + ox;
+        float m = -INFINITY;
+        int a = -1;
+#pragma unroll
+        for (int k = 0; k < 5; k++)
+            if (q[k] > m) m = q[k], a = k;
+        rm[i] = m;
+        rc[i] = (signed char)a;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {   // columns: output (oy, ox) = i, rows oy .. oy+4
+        float m = -INFINITY;
+        int a = -1;
+#pragma unroll
+        for (int k = 0; k < 5; k++)
+            if (rm[i + k * W] > m) m = rm[i + k * W], a = 5 * k + rc[i + k * W];
+        code[i] = (signed char)a;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int iy = i / W, ix = i - iy * W;
+        float s = 0.0f;
+        for (int oy = max(iy - 2, 0); oy <= min(iy + 2, H - 1); oy++)
+            for (int ox = max(ix - 2, 0); ox <= min(ix + 2, W - 1); ox++)
+                if (code[oy * W + ox] == 5 * (iy - oy + 2) + ix - ox + 2) s += act_f(dy[gbase + oy * W + ox]);
+        dx[base + i] = act_from<T>(s);
+    }
+}
+template <class T>
+static void maxpool5_backward_launch(const T *x, const T *dy, long gs, T *dx, int B, int C, int H, int W,
+                                      void *stream) {
+    if ((long)B * C * H * W == 0) return;
+    if (!gs) gs = (long)C * H * W;
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 grid(cdiv(W, MP_T), cdiv(H, MP_T), (unsigned)(B * C)), block(MP_T, MP_T);
+    if ((H + 4) * (W + 4) <= MP_PLANE && B <= 65535)   // B is grid.y
+        maxpool5_backward_plane_kernel<T><<<dim3((unsigned)C, (unsigned)B), 256, 0, s>>>(x, dy, gs, dx, C, H, W);
+    else
+        maxpool5_backward_kernel<T><<<grid, block, 0, s>>>(x, dy, gs, dx, C, H, W);
+    CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W,
                                        void *stream) {
-    if ((long)B * C * H * W == 0) return;
-    dim3 grid(cdiv(W, MP_T), cdiv(H, MP_T), (unsigned)(B * C)), block(MP_T, MP_T);
-    maxpool5_backward_kernel<<<grid, block, 0, (cudaStream_t)stream>>>(x, dy, dx, H, W);
-    CUDA_CHECK(cudaGetLastError());
+    maxpool5_backward_launch(x, dy, 0, dx, B, C, H, W, stream);
+}
+extern "C" void maxpool5_backward_f16_cuda(const uint16_t *x, const uint16_t *dy, long gs, uint16_t *dx, int B, int C,
+                                           int H, int W, void *stream) {
+    maxpool5_backward_launch((const __half *)x, (const __half *)dy, gs, (__half *)dx, B, C, H, W, stream);
 }
 
 // copy_act: B blocks of n values of T (__half or float); grid (ceil(n/256), B)
@@ -1902,7 +1989,6 @@ __global__ void maxpool5_forward_act_kernel(const T *x, T *y, long ys, int C, in
 // then a row pass (max of 5 across) and a column pass (max of 5 down). Max is exact, so the
 // separable order gives the same values as the 25-value window; each input is loaded once, where
 // maxpool5_forward_act's threads load 25 each. grid (C, B)
-#define MP_PLANE (68 * 68)
 template <class T>
 __global__ void maxpool5_plane_kernel(const T *x, T *y, long ys, int C, int H, int W) {
     __shared__ float t[MP_PLANE], r[MP_PLANE];
@@ -1968,17 +2054,6 @@ __global__ void add_f32_kernel(const float *src, long ss, float *dst, long ds, l
 extern "C" void add_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream) {
     if (B == 0 || n == 0) return;
     add_f32_kernel<<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>(src, ss, dst, ds, n);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-// f16_to_f32: y = x (exact)
-__global__ void f16_to_f32_kernel(const __half *x, float *y, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __half2float(x[i]);
-}
-extern "C" void f16_to_f32_cuda(const uint16_t *x, float *y, long n, void *stream) {
-    if (n == 0) return;
-    f16_to_f32_kernel<<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>((const __half *)x, y, n);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -36,8 +36,11 @@ static LossOut gpu_forward_backward(Gpu *g, const uint8_t *img, const LossTarget
 enum { TB = 2, TS = 64, TNC = 3 };
 
 // The CPU step's FP16 twin: the CPU backend with every tensor the device stores in FP16 rounded
-// the same way (activations it materialises, residual sums, pre-BN outputs; dz at the loss scale
-// twin_scale). The Detect maps stay FP32, as on the device. Installed as model_cpu_backend.
+// the same way (activations it materialises, residual sums, pre-BN outputs; at the loss scale
+// twin_scale the gradients: dz, each BN conv's dA when its backward reads it, and the views'
+// gradients as they are added or carried through a pool or upsample). The Detect maps stay FP32, as on
+// the device. Installed as model_cpu_backend. (The device also rounds each partial sum of a dA that
+// several readers add into; the twin rounds the whole once.)
 static float twin_scale;
 static Backend twin_backend;
 
@@ -59,7 +62,21 @@ static void twin_conv(Exec *e, Conv *c) {
     for (int b = 0; b < e->m->B && c->bn && !arena_dry(e->a); b++)
         half_store(c->z + (size_t)b * c->zstride, (size_t)c->cout * c->Ho * c->Wo, 1.f);
 }
+static void twin_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
+    cpu_backend.grad_add(e, g, gs, d, ds, n);
+    half_store(d, (size_t)n, twin_scale);
+}
+static void twin_upsample_back(Exec *e, const float *g, long gs, float *gx, int C, int H, int W) {
+    cpu_backend.upsample_back(e, g, gs, gx, C, H, W);
+    half_store(gx, (size_t)C * H * W, twin_scale);
+}
+static void twin_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
+    cpu_backend.maxpool_back(e, x, g, gs, gx, C, H, W);
+    if (!arena_dry(e->a)) half_store(gx, (size_t)C * H * W, twin_scale);
+}
 static void *twin_bn_backward(Exec *e, Conv *c) {
+    for (int b = 0; b < e->m->B && c->level < 0 && !arena_dry(e->a); b++)   // dA as the device reads it
+        half_store(c->dA + (size_t)b * c->zstride, (size_t)c->cout * c->Ho * c->Wo, twin_scale);
     float *dz = cpu_backend.bn_backward(e, c);
     for (int b = 0; b < e->m->B && !arena_dry(e->a); b++)
         half_store(dz + (size_t)b * c->zstride, (size_t)c->cout * c->Ho * c->Wo, twin_scale);
@@ -71,6 +88,9 @@ static void twin_init(void) {
     twin_backend.add = twin_add;
     twin_backend.conv = twin_conv;
     twin_backend.bn_backward = twin_bn_backward;
+    twin_backend.grad_add = twin_grad_add;
+    twin_backend.upsample_back = twin_upsample_back;
+    twin_backend.maxpool_back = twin_maxpool_back;
 }
 
 // the CPU step as trainer_step + the optimizer, on model m (its own arena a); heads copied out

@@ -18,7 +18,7 @@
 
 
 // fp16 on the host: yolo.c's float_to_half / half_to_float (software, round to nearest even), the CPU
-// twins of f32_to_f16_cuda and f16_to_f32_cuda.
+// twins of f32_to_f16_cuda.
 
 // copy_strided_cpu / add_strided_cpu: the copies and adds that the CPU step does inline (concat slices in
 // value_materialize, gradient sums in value_backprop), written as the device does them: B blocks of n
@@ -250,6 +250,17 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 overwrite", B, Cin, H, W,
              Cout, K, S);
     check_f16tol(what, dxhf, dxref, nx);
+    {   // FP16 accumulate (the AMP step's dA): onto what the overwrite left, the sum rounded once
+        conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 1, stream);
+        uint16_t *acc = (uint16_t *)from_dev(ddx16, 2 * nx);
+        float *accf = f16_host_to_f32(acc, nx), *ref2 = xmalloc(4 * nx);
+        for (long i = 0; i < nx; i++) ref2[i] = dxhf[i] + dxref[i];
+        for (int b = 0; b < B; b++) for (long i = (long)Cin * HW; i < xs; i++) accf[b * xs + i] = ref2[b * xs + i];
+        snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 accumulate", B, Cin, H,
+                 W, Cout, K, S);
+        check_f16tol(what, accf, ref2, nx);
+        free(acc); free(accf); free(ref2);
+    }
     snprintf(
             what, sizeof what,
             "conv_wgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d (%ld slice%s), FP32 accumulate vs gemm_cpu(dz, col^T)",
@@ -398,10 +409,12 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
     twin_compared(bn_silu_forward_f16_cuda);
 }
 
-static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train, void *stream) {
+// h: dA in FP16 (bn_silu_backward_h_cuda, the AMP step's), the reference given the same rounded values
+static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train, int h, void *stream) {
     long zs = (long)(C + zextra) * HW, nz = B * zs;
     float *zf = xmalloc(4 * nz), *dA = rand_host(nz, -1, 1), *mean = rand_host(C, -0.5f, 0.5f),
           *invstd = rand_host(C, 0.5f, 2);
+    uint16_t *dAh = h ? rand_f16(nz, -1, 1, dA) : NULL;
     float *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1),
           *dbet = rand_host(C, -1, 1);
     uint16_t *zh = rand_f16(nz, -3, 3, zf);
@@ -412,8 +425,13 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     uint16_t *ddz; CK(cudaMalloc((void **)&ddz, 2 * nz));
     scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     CK(cudaMemset(ddz, 0xff, 2 * nz));
-    bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
-                          train, stream);
+    void *dAhd = h ? to_dev(dAh, 2 * nz) : NULL;
+    if (h)
+        bn_silu_backward_h_cuda(dz16, dAhd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C,
+                                HW, train, stream);
+    else
+        bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
+                              train, stream);
     // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
     float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz);
     memcpy(ref, dA, 4 * nz);
@@ -438,17 +456,19 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
             gzf[b * zs + i] = ref[b * zs + i] = 0;
         }
     char what[200];
-    snprintf(what, sizeof what,
-             "bn_silu_backward_cuda B=%d C=%d HW=%d zs+%d %s %s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)",
-             B, C, HW, zextra, bn ? "BN" : "bias", train ? "train" : "eval");
+    const char *fn = h ? "bn_silu_backward_h_cuda" : "bn_silu_backward_cuda";
+    snprintf(what, sizeof what, "%s B=%d C=%d HW=%d zs+%d %s %s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)",
+             fn, B, C, HW, zextra, bn ? "BN" : "bias", train ? "train" : "eval");
     check_f16tol(what, gzf, ref, nz);
-    snprintf(what, sizeof what, "bn_silu_backward_cuda B=%d C=%d HW=%d %s: dbeta (+=)", B, C, HW, bn ? "BN" : "bias");
+    snprintf(what, sizeof what, "%s B=%d C=%d HW=%d %s: dbeta (+=)", fn, B, C, HW, bn ? "BN" : "bias");
     check_rel(what, gdb, dbet, sg, C, 1e-5);
     if (bn) {
-        snprintf(what, sizeof what, "bn_silu_backward_cuda B=%d C=%d HW=%d: dgamma (+=)", B, C, HW);
+        snprintf(what, sizeof what, "%s B=%d C=%d HW=%d: dgamma (+=)", fn, B, C, HW);
         check_rel(what, gdg, dgam, sgx, C, 1e-5);
     }
-    check(untouched == (long)B * zextra * HW, "bn_silu_backward_cuda: values outside the dz slice untouched");
+    check(untouched == (long)B * zextra * HW, "%s: values outside the dz slice untouched", fn);
+    cudaFree(dAhd);
+    free(dAh);
     cudaFree(dAd);
     cudaFree(dm);
     cudaFree(di);
@@ -472,7 +492,8 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     free(sgx);
     free(ref);
     free(gdg); free(gdb); free(gz); free(gzf);
-    twin_compared(bn_silu_backward_cuda);
+    if (h) twin_compared(bn_silu_backward_h_cuda);
+    else twin_compared(bn_silu_backward_cuda);
 }
 
 static void test_pool_up_backward(int B, int C, int H, int W, void *stream) {
@@ -493,9 +514,47 @@ static void test_pool_up_backward(int B, int C, int H, int W, void *stream) {
     upsample2_backward(dy4, ref, B, C, H, W);
     snprintf(what, sizeof what, "upsample2_backward_cuda B=%d C=%d %dx%d vs upsample2_backward", B, C, H, W);
     check_bits(what, got, ref, n);
+    // FP16 (the AMP step's), the batch in one launch with dy's images gs apart (a channel slice): sums in FP32
+    // from the FP16 values, rounded once; x as the FP16 values it holds (small integers: exact)
+    {
+        // dy: channels [1, 1 + C) of 2 C + 1 per image; dy4 the same at 2H x 2W
+        long ng = (long)B * (2 * C + 1) * H * W;
+        float *dyf = xmalloc(4 * ng), *dy4f = xmalloc(16 * ng), *reff = xmalloc(4 * n), *gd = xmalloc(4 * n),
+              *g4 = xmalloc(16 * n);
+        uint16_t *dyh = rand_f16(ng, -1, 1, dyf), *dy4h = rand_f16(4 * ng, -1, 1, dy4f), *xh = xmalloc(2 * n);
+        for (long i = 0; i < n; i++) xh[i] = float_to_half(x[i]);
+        long gs = (long)(2 * C + 1) * H * W;
+        for (int b = 0; b < B; b++) {   // the slices, dense, for the FP32 references
+            memcpy(gd + (long)b * C * H * W, dyf + b * gs + (long)H * W, 4 * (size_t)C * H * W);
+            memcpy(g4 + 4L * b * C * H * W, dy4f + 4 * (b * gs + (long)H * W), 16 * (size_t)C * H * W);
+        }
+        void *dxh = to_dev(xh, 2 * n), *ddyh = to_dev(dyh, 2 * ng), *ddy4h = to_dev(dy4h, 8 * ng);
+        uint16_t *dout;
+        CK(cudaMalloc((void **)&dout, 2 * n));
+        maxpool5_backward_f16_cuda(dxh, (uint16_t *)ddyh + H * W, gs, dout, B, C, H, W, stream);
+        uint16_t *gh = (uint16_t *)from_dev(dout, 2 * n);
+        maxpool5_backward(x, gd, reff, B, C, H, W);
+        long bad = 0;
+        for (long i = 0; i < n; i++) bad += gh[i] != float_to_half(reff[i]);
+        check(!bad, "maxpool5_backward_f16_cuda B=%d C=%d %dx%d (ties, strided dy) vs maxpool5_backward rounded: %ld differ",
+              B, C, H, W, bad);
+        free(gh);
+        upsample2_backward_f16_cuda((uint16_t *)ddy4h + 4 * H * W, 4 * gs, dout, B, C, H, W, stream);
+        gh = (uint16_t *)from_dev(dout, 2 * n);
+        upsample2_backward(g4, reff, B, C, H, W);
+        bad = 0;
+        for (long i = 0; i < n; i++) bad += gh[i] != float_to_half(reff[i]);
+        check(!bad, "upsample2_backward_f16_cuda B=%d C=%d %dx%d (strided dy) vs upsample2_backward rounded: %ld differ",
+              B, C, H, W, bad);
+        free(gh);
+        cudaFree(dxh); cudaFree(ddyh); cudaFree(ddy4h); cudaFree(dout);
+        free(dyf); free(dy4f); free(reff); free(gd); free(g4); free(dyh); free(dy4h); free(xh);
+    }
     cudaFree(dx_); cudaFree(ddy); cudaFree(ddy4); cudaFree(ddx); free(x); free(dy); free(dy4); free(ref); free(got);
     twin_compared(upsample2_backward_cuda);
     twin_compared(maxpool5_backward_cuda);
+    twin_compared(upsample2_backward_f16_cuda);
+    twin_compared(maxpool5_backward_f16_cuda);
 }
 
 static void test_convert_copy(long n, void *stream) {
@@ -588,17 +647,15 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
     float *ar = xmalloc(4 * (size_t)B * ds), *f = rand_host(n, -2, 2), *g = rand_host((long)B * ds, -2, 2);
     uint16_t *a = rand_f16((long)B * ds, -2, 2, ar), *da = (uint16_t *)to_dev(a, 2 * (size_t)B * ds);
     add_f16_cuda(dx, m, da, ds, B, m, stream);
-    float *df = to_dev(f, 4 * n), *dg = to_dev(g, 4 * (size_t)B * ds), *dh;
+    float *df = to_dev(f, 4 * n), *dg = to_dev(g, 4 * (size_t)B * ds);
     add_f32_cuda(df, m, dg, ds, B, m, stream);
-    CK(cudaMalloc((void **)&dh, 4 * n));
-    f16_to_f32_cuda(dx, dh, n, stream);
     uint16_t *ga = (uint16_t *)from_dev(da, 2 * (size_t)B * ds);
-    float *gg = from_dev(dg, 4 * (size_t)B * ds), *gh = from_dev(dh, 4 * n);
+    float *gg = from_dev(dg, 4 * (size_t)B * ds);
     float *war = xmalloc(4 * (size_t)B * ds), *wg = xmalloc(4 * (size_t)B * ds);   // the sums in FP32, as the device
     memcpy(war, ar, 4 * (size_t)B * ds); memcpy(wg, g, 4 * (size_t)B * ds);
     add_strided_cpu(xr, m, war, ds, B, m);
     add_strided_cpu(f, m, wg, ds, B, m);
-    long bad1 = 0, bad2 = 0, bad3 = 0;
+    long bad1 = 0, bad2 = 0;
     for (int b = 0; b < B; b++)
         for (long i = 0; i < ds; i++) {
             long o = b * ds + i;
@@ -606,18 +663,15 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
             bad2 += memcmp(&gg[o], &wg[o], 4) != 0;
         }
     free(war); free(wg);
-    for (long i = 0; i < n; i++) bad3 += memcmp(&gh[i], &xr[i], 4) != 0;
     check(!bad1, "add_f16_cuda B=%d n=%ld strided: bit-exact with fp16(a + b) in fp32, padding untouched (%ld differ)",
           B, m, bad1);
     check(!bad2, "add_f32_cuda B=%d n=%ld strided: bit-exact, padding untouched (%ld differ)", B, m, bad2);
-    check(!bad3, "f16_to_f32_cuda n=%ld: exact (%ld differ)", n, bad3);
     twin_compared(upsample2_forward_f16_cuda);
     twin_compared(maxpool5_forward_f16_cuda);
     twin_compared(add_f16_cuda);
     twin_compared(add_f32_cuda);
-    twin_compared(f16_to_f32_cuda);
-    cudaFree(dx); cudaFree(da); cudaFree(df); cudaFree(dg); cudaFree(dh);
-    free(x); free(xr); free(ref); free(ar); free(f); free(g); free(a); free(ga); free(gg); free(gh);
+    cudaFree(dx); cudaFree(da); cudaFree(df); cudaFree(dg);
+    free(x); free(xr); free(ref); free(ar); free(f); free(g); free(a); free(ga); free(gg);
 }
 
 // ---- the FP32 twins of the training step's activation-typed launchers (amp=0) ----
@@ -1546,15 +1600,20 @@ int main(void) {
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
-    test_bn_backward(2, 3, 45, 0, 1, 1, NULL);
-    test_bn_backward(2, 4, 300, 1, 1, 1, s);
-    test_bn_backward(1, 3, 50, 0, 1, 0, s);
-    test_bn_backward(2, 3, 40, 2, 0, 1, s);
-    test_bn_backward(2, 3, 20000, 1, 1, 1, s);   // 40000 values a channel: 3 chunks, the last one short
-    test_bn_backward(2, 2, 20000, 0, 0, 1, s);
+    test_bn_backward(2, 3, 45, 0, 1, 1, 0, NULL);
+    test_bn_backward(2, 4, 300, 1, 1, 1, 0, s);
+    test_bn_backward(1, 3, 50, 0, 1, 0, 0, s);
+    test_bn_backward(2, 3, 40, 2, 0, 1, 0, s);
+    test_bn_backward(2, 3, 20000, 1, 1, 1, 0, s);   // 40000 values a channel: 3 chunks, the last one short
+    test_bn_backward(2, 2, 20000, 0, 0, 1, 0, s);
+    test_bn_backward(2, 3, 45, 0, 1, 1, 1, s);       // FP16 dA: scalar, 8 a thread (HW % 8 == 0), bias, eval
+    test_bn_backward(2, 4, 304, 8, 1, 1, 1, s);
+    test_bn_backward(2, 3, 40, 2, 0, 1, 1, s);
+    test_bn_backward(1, 3, 56, 0, 1, 0, 1, s);
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
+    test_pool_up_backward(2, 3, 66, 64, s);   // past the plane kernel's 68 x 68: the 16x16 tiles
     test_convert_copy(1000, s);
     test_views_f16(2, 3, 7, 9, NULL);
     test_views_f16(1, 2, 20, 17, s);
