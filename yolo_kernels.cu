@@ -237,8 +237,11 @@ __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float 
 // The warp's share of all three conv kernels: a 32x32 quarter of the block's 64x64 tile as 2x2 WMMA
 // fragments. conv_warp_step: one 32-deep K step from shared memory, pa(i, kk) / pb(j, kk) the
 // addresses of fragment row i / column j at depth kk (LA, LB their layouts, lda, ldb their ldm).
-// conv_warp_store: each accumulator through the warp's 16x16 staging tile cs, then st(m, n, v) with
-// v the 8 consecutive values (m, n .. n+7) this lane owns (row lane/2, columns 8*(lane%2) ..).
+// conv_warp_store: each accumulator through the warp's 16x16 staging tile cs (80-byte rows), then
+// st(m, n, v) with v the 8 consecutive values (m, n .. n+7) this lane owns (row lane % 16, columns
+// 8 (lane / 16) ..), read as two 16-byte words: the 8 rows of a store phase and the 8 lanes of a read
+// phase fall into different bank groups (at 64-byte rows the tile's store had 4-way conflicts).
+#define CS_LD 20
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> ConvAcc;
 __device__ __forceinline__ void conv_warp_zero(ConvAcc (&acc)[2][2]) {
 #pragma unroll
@@ -264,15 +267,17 @@ __device__ __forceinline__ void conv_warp_step(ConvAcc (&acc)[2][2], PA pa, unsi
     }
 }
 template <class ST>
-__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[16], int m0, int n0, ST st) {
-    int lane = threadIdx.x % 32, er = lane / 2, ec = (lane % 2) * 8;
+__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[CS_LD], int m0, int n0, ST st) {
+    int lane = threadIdx.x % 32, er = lane % 16, ec = (lane / 16) * 8;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            nvcuda::wmma::store_matrix_sync(&cs[0][0], acc[i][j], 16, nvcuda::wmma::mem_row_major);
+            nvcuda::wmma::store_matrix_sync(&cs[0][0], acc[i][j], CS_LD, nvcuda::wmma::mem_row_major);
             __syncwarp();
-            st(m0 + i * 16 + er, n0 + j * 16 + ec, (const float *)&cs[er][ec]);
+            const float4 q0 = *(const float4 *)&cs[er][ec], q1 = *(const float4 *)&cs[er][ec + 4];
+            const float v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+            st(m0 + i * 16 + er, n0 + j * 16 + ec, v);
             __syncwarp();
         }
 }
@@ -459,16 +464,17 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     using namespace nvcuda;
     typedef H3Halo<TC, VW> Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16;
-    // A per tap: the forward's col-major (k, m), 64 output channels contiguous per input channel;
-    // DGRAD's row-major (m, k), 16 dz channels contiguous per output channel (so that its transposing
-    // stores, 16 lanes per row, do not fall into the same banks). Pitches of 144 and 48 bytes: the
-    // WMMA tiles read 8 rows without a bank conflict.
-    constexpr int A_HALVES = DGRAD ? 9 * H3_BM * (H3_KC + 8) : 9 * H3_KC * (H3_BM + 8);
+    // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
+    // row-major (m, k), the 16 input channels of an output channel contiguous (the thread loaded 8 of
+    // them); DGRAD's col-major (m, k), 64 output channels contiguous per dz channel (the thread loaded 8
+    // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows a WMMA tile
+    // reads at a time fall into different banks.
+    constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
     __shared__ __align__(128) __half Araw[A_HALVES];
     __shared__ __align__(128) __half Bs[Halo::HR * HC][H3_KC];   // the halo, 16 channels per position
     __shared__ __align__(32) float Cs[4][16][20];   // the epilogue's tile per warp (80-byte rows)
-    __half(*As)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // forward
-    __half(*Ad)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // DGRAD
+    __half(*As)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // forward: [tap][m][k]
+    __half(*Ad)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // DGRAD: [tap][k][m]
     const int tid = threadIdx.x, warp = tid / 32;
     const int M = DGRAD ? g.Cin : g.Cout, Cr = DGRAD ? g.Cout : g.Cin, H = g.H, W = g.W, HW = H * W;
     const long is = DGRAD ? g.zs : g.xs, os = DGRAD ? g.xs : g.zs;
@@ -511,22 +517,22 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     };
     auto store = [&]() {
         halo.template store<ACT>(Bs, bnf);
-        union { uint4 u; __half h[8]; } t;
+        union { uint4 u[9]; __half h[72]; } in;   // value j = 9 r + t: row r (channel or output channel), tap t
 #pragma unroll
-        for (int ii = 0; ii < 9; ii++) {
-            t.u = av[ii];
+        for (int ii = 0; ii < 9; ii++) in.u[ii] = av[ii];
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const int k = 8 * ii + e;   // 0..71: (channel k / 9, tap k % 9) of the thread's 72
-                if (!DGRAD) As[k % 9][8 * (tid >> 6) + k / 9][tid & 63] = t.h[e];
-                else Ad[S2 ? k % 9 : 8 - k % 9][8 * (tid >> 4) + k / 9][tid & 15] = t.h[e];
-            }
+        for (int t = 0; t < 9; t++) {
+            union { uint4 u; __half h[8]; } o;
+#pragma unroll
+            for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
+            if (!DGRAD) *(uint4 *)&As[t][tid & 63][8 * (tid >> 6)] = o.u;
+            else *(uint4 *)&Ad[S2 ? t : 8 - t][tid & 15][8 * (tid >> 4)] = o.u;
         }
     };
     // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles, fragments 2 warp, +1 of the
     // tile's 8 runs of 16 pixels): the halo's B tiles, which a 32-byte pitch reads with 2-way bank
     // conflicts, are loaded once per 4 mma, the conflict-free A tiles once per 2
-    typedef typename std::conditional<DGRAD, wmma::row_major, wmma::col_major>::type ALayout;
+    typedef typename std::conditional<DGRAD, wmma::col_major, wmma::row_major>::type ALayout;
     ConvAcc acc[4][2];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -556,8 +562,8 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa;
-                if (DGRAD) wmma::load_matrix_sync(fa, &Ad[t][i * 16][0], H3_KC + 8);
-                else wmma::load_matrix_sync(fa, &As[t][0][i * 16], H3_BM + 8);
+                if (DGRAD) wmma::load_matrix_sync(fa, &Ad[t][0][i * 16], H3_BM + 8);
+                else wmma::load_matrix_sync(fa, &As[t][i * 16][0], H3_KC + 8);
 #pragma unroll
                 for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa, fb[j], acc[i][j]);
             }
@@ -674,7 +680,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*Ho*Wo)
     __shared__ ConvTap tap[2][IG_BK];                           // the taps of a K step
     __shared__ float2 tbn[2][IG_BK];                            // ACT: BN scale and shift of the tap's channel
-    __shared__ __align__(32) float Cs[4][16][16];
+    __shared__ __align__(32) float Cs[4][16][CS_LD];
     const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, Kd = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HWo;
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
@@ -838,7 +844,7 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
     __shared__ __align__(128) __half As[2][VEC1 ? IG_BK : IG_BM][VEC1 ? IG_BM + 8 : IG_BK + 8];
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*H*W)
     __shared__ ConvTap tap[2][IG_BK];                           // off: dz offset; pad_: w offset (-1 past Kd)
-    __shared__ __align__(32) float Cs[4][16][16];
+    __shared__ __align__(32) float Cs[4][16][CS_LD];
     const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cin, Kd = g.Cout * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HW;
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
@@ -973,7 +979,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
     __shared__ __align__(128) __half Bt[2][IG_BN][IG_BK + 8];    // (stage, 64 taps, 32 pixels): col(x)^T
     __shared__ ConvTap tap[IG_BN];
     __shared__ float2 tbn[IG_BN];
-    __shared__ __align__(32) float Cs[4][16][16];
+    __shared__ __align__(32) float Cs[4][16][CS_LD];
     const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, N = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, Kd = g.B * HWo;
     const int kbeg = blockIdx.z * kchunk, kend = min(Kd, kbeg + kchunk);
