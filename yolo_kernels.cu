@@ -241,6 +241,8 @@ __device__ __forceinline__ void conv_store(float *of, __half *oh, long i, float 
 // st(m, n, v) with v the 8 consecutive values (m, n .. n+7) this lane owns (row lane % 16, columns
 // 8 (lane / 16) ..), read as two 16-byte words: the 8 rows of a store phase and the 8 lanes of a read
 // phase fall into different bank groups (at 64-byte rows the tile's store had 4-way conflicts).
+// (conv_wgrad_kernel keeps 64-byte rows, LD 16: its epilogue runs once after a long K loop, and with 80
+// ptxas spilled around the BN+SiLU variant's division calls.)
 #define CS_LD 20
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> ConvAcc;
 __device__ __forceinline__ void conv_warp_zero(ConvAcc (&acc)[2][2]) {
@@ -266,14 +268,14 @@ __device__ __forceinline__ void conv_warp_step(ConvAcc (&acc)[2][2], PA pa, unsi
             for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
 }
-template <class ST>
-__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[CS_LD], int m0, int n0, ST st) {
+template <int LD, class ST>
+__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[LD], int m0, int n0, ST st) {
     int lane = threadIdx.x % 32, er = lane % 16, ec = (lane / 16) * 8;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            nvcuda::wmma::store_matrix_sync(&cs[0][0], acc[i][j], CS_LD, nvcuda::wmma::mem_row_major);
+            nvcuda::wmma::store_matrix_sync(&cs[0][0], acc[i][j], LD, nvcuda::wmma::mem_row_major);
             __syncwarp();
             const float4 q0 = *(const float4 *)&cs[er][ec], q1 = *(const float4 *)&cs[er][ec + 4];
             const float v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
@@ -441,11 +443,15 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             if (frow[i] < 0) continue;
+            // the two lanes of a pair store the two pieces' values in orders 2 apart (side 1 starts at its
+            // third): the positions one store writes are then 2 or VW + 2 apart, 64 bytes apart in the
+            // banks (in the same order, VW apart: 256 or 128 bytes, the same banks, 2-way conflicts)
 #pragma unroll
             for (int e = 0; e < VW; e++) {
-                __half v = fv[i].h[e];
+                const int f = side ? (e + 2) % VW : e;
+                __half v = side ? fv[i].h[(e + 2) % VW] : fv[i].h[e];
                 if (ACT && ((fin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
-                Bs[frow[i] * HC + fcol[i] + e][pc] = v;
+                Bs[frow[i] * HC + fcol[i] + f][pc] = v;
             }
         }
         const int col = !S2 && side ? TC + 1 : 0;
@@ -979,7 +985,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
     __shared__ __align__(128) __half Bt[2][IG_BN][IG_BK + 8];    // (stage, 64 taps, 32 pixels): col(x)^T
     __shared__ ConvTap tap[IG_BN];
     __shared__ float2 tbn[IG_BN];
-    __shared__ __align__(32) float Cs[4][16][CS_LD];
+    __shared__ __align__(32) float Cs[4][16][16];
     const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, N = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, Kd = g.B * HWo;
     const int kbeg = blockIdx.z * kchunk, kend = min(Kd, kbeg + kchunk);
@@ -1093,7 +1099,9 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
             }
             *(float4 *)(out + o) = v0; *(float4 *)(out + o + 4) = v1;
         } else {
-            for (int e = 0; e < 8 && n + e < N; e++) out[o + e] = acm ? out[o + e] + c[e] : c[e];
+#pragma unroll
+            for (int e = 0; e < 8; e++)   // (unrolled: c is in registers)
+                if (n + e < N) out[o + e] = acm ? out[o + e] + c[e] : c[e];
         }
     });
 }
