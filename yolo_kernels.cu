@@ -443,15 +443,29 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             if (frow[i] < 0) continue;
-            // the two lanes of a pair store the two pieces' values in orders 2 apart (side 1 starts at its
-            // third): the positions one store writes are then 2 or VW + 2 apart, 64 bytes apart in the
-            // banks (in the same order, VW apart: 256 or 128 bytes, the same banks, 2-way conflicts)
+            // stride 1: the two lanes of a pair store the two pieces' values in orders 2 apart (side 1
+            // starts at its third: its piece rotated by one 32-bit word, its positions by 2): the
+            // positions one store writes are then 2 or VW + 2 apart, 64 bytes apart in the banks (in the
+            // same order, VW apart: 256 or 128 bytes, the same banks, 2-way conflicts). Not at stride 2,
+            // whose window holds 3.3x the values per HMMA: there the rotation cost more instructions
+            // (7.7 -> 9.2 per HMMA on sm_80) than its conflicts
+            constexpr bool ROT = !S2;
+            const int rot = ROT ? side : 0;
+            H3Piece<VW> r;
+            if constexpr (VW == 8) {
+                const uint4 u = *(const uint4 *)&fv[i].v;
+                *(uint4 *)&r.v = rot ? make_uint4(u.y, u.z, u.w, u.x) : u;
+            } else {
+                const uint2 u = *(const uint2 *)&fv[i].v;
+                *(uint2 *)&r.v = rot ? make_uint2(u.y, u.x) : u;
+            }
+            __half *base = &Bs[frow[i] * HC + fcol[i] + 2 * rot][pc];
+            const int wrap = VW * rot * H3_KC;   // the last two values wrap to the piece's start
 #pragma unroll
             for (int e = 0; e < VW; e++) {
-                const int f = side ? (e + 2) % VW : e;
-                __half v = side ? fv[i].h[(e + 2) % VW] : fv[i].h[e];
+                __half v = r.h[e];
                 if (ACT && ((fin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
-                Bs[frow[i] * HC + fcol[i] + f][pc] = v;
+                base[e * H3_KC - (e >= VW - 2 ? wrap : 0)] = v;
             }
         }
         const int col = !S2 && side ? TC + 1 : 0;
