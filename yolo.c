@@ -9736,12 +9736,14 @@ static void plot_labels(const char *dir, const Dataset *ds, const DataConfig *dc
  * One training step on the device: the graph walk of the model section (walk_step: forward, loss,
  * backward) over the device backend below (gpu_backend), then the optimizer (grad_clip_norm,
  * optim_step, ema_update on the device), and the evaluation forward of validation:
- *   - memory: ONE cudaMalloc, a device Arena with the same first-fit allocator, sized by a dry
+ *   - memory: ONE cudaMalloc, a device Arena laid out offline (arena_layout), sized by a dry
  *     run of the same walk for every shape of the run (gpu_plan_run: the arena's base NULL,
  *     nothing launched; compiled in every build, it is also what `yolo plan` reports);
  *   - numbers: FP32 master weights, gradients, optimizer state, EMA and BN statistics; an FP16
- *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP32
- *     gradient buffers dA; FP32 Detect head maps (B, 64+NC, H_i, W_i) with the bias added;
+ *     copy of the weights for the convs; FP16 pre-BN outputs z and FP16 materialised inputs; FP16
+ *     gradients of activations (each conv's dA, the views' gradients: Exec.gsz; FP32 with amp=0),
+ *     FP32 sums rounded once per store; FP32 Detect head maps (B, 64+NC, H_i, W_i) with the bias
+ *     added, and their gradients;
  *   - a conv whose input is one conv's output or a channel slice of it (V_CONV, V_SLICE: most convs)
  *     reads that conv's pre-BN z and applies its BN+SiLU in the gather (ConvAct, yolo.h); the other
  *     views (V_ADD, V_CAT, V_UP, V_POOL) are materialised for the whole batch by kernels writing
@@ -9751,7 +9753,8 @@ static void plot_labels(const char *dir, const Dataset *ds, const DataConfig *dc
  *   - the loss and its assigner run on the device (loss_cuda); the host only gathers each image's
  *     boxes (a few KB) and reads back five sums.
  * DEVIATIONS (GPU step):
- *   - activations, dz and the FP16 weight copy carry FP16 rounding (Ultralytics AMP does too);
+ *   - activations, their gradients and the FP16 weight copy carry FP16 rounding (Ultralytics AMP
+ *     does too);
  *   - a step the GradScaler skips (inf/NaN gradient) keeps the BN running statistics of its
  *     forward and still updates the EMA (both as Ultralytics); a batch whose loss is not finite has
  *     its running-stat update undone and its accumulation window dropped;
@@ -10183,13 +10186,14 @@ static void gpu_bn_stats(Exec *e, Conv *c) {
     float *rm = e->buffers + c->rs_off;
     k_bn_stats(e->ctx, c->z, (long)c->zstride, c->cout, c->Ho * c->Wo, c->mean, c->invstd, rm, rm + c->cout);
 }
-// gpu_bn_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias) into dz, a buffer of its own
-// in the step's precision
+// gpu_bn_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias) into dz, in the step's
+// precision: in place of dA, which is of that type and stride and read by no one after (each value
+// read by the thread that writes its dz), but for the Detect outputs, whose dA is FP32 in the loss maps
 static void *gpu_bn_backward(Exec *e, Conv *c) {
     Gpu *g = e->ctx;
     int HWo = c->Ho * c->Wo;
     long zs = (long)c->zstride;
-    void *dz = gact(g, g->B * zs, G_BACKWARD);                  // (B, Cout, Ho, Wo), image stride zs
+    void *dz = c->level < 0 ? (void *)c->dA : gact(g, g->B * zs, G_BACKWARD);   // (B, Cout, Ho, Wo), stride zs
     float *scratch = gf32(g, (long)bn_scratch_floats(g->B, c->cout, HWo), G_SCRATCH);
     if (!arena_dry(g->a))
         k_bn_silu_backward(g, c->bn ? c->z : NULL, c->dA, c->level < 0, zs, c->mean, c->bn ? c->invstd : NULL,

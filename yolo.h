@@ -159,11 +159,11 @@ void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const fl
                            const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                            float *scratch, int B, int C, int HW, int train, void *stream);
 // bn_silu_backward_h_cuda: the same with dA in FP16 (the AMP step's gradient buffers; the Detect
-// outputs' dA, the loss's FP32 maps, take bn_silu_backward_cuda).
+// outputs' dA, the loss's FP32 maps, take bn_silu_backward_cuda); dz may be dA itself (in place).
 void bn_silu_backward_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean, const float *invstd,
                              const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                              float *scratch, int B, int C, int HW, int train, void *stream);
-// bn_silu_backward_f32_cuda: the same with z and dz in FP32; dz is a buffer of its own (not dA).
+// bn_silu_backward_f32_cuda: the same with z and dz in FP32; dz may be dA itself (in place).
 void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean, const float *invstd,
                                const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,
                                float *scratch, int B, int C, int HW, int train, void *stream);

@@ -426,9 +426,16 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW));
     CK(cudaMemset(ddz, 0xff, 2 * nz));
     void *dAhd = h ? to_dev(dAh, 2 * nz) : NULL;
+    if (h == 2) {   // in place: dz written over dA (the device step's), what lies outside the slice untouched
+        cudaFree(ddz);
+        ddz = dAhd;
+        dAhd = NULL;
+        for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < zs; i++) dAh[b * zs + i] = 0xffff;
+        CK(cudaMemcpy(ddz, dAh, 2 * nz, cudaMemcpyHostToDevice));
+    }
     if (h)
-        bn_silu_backward_h_cuda(dz16, dAhd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C,
-                                HW, train, stream);
+        bn_silu_backward_h_cuda(dz16, h == 2 ? ddz : dAhd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz,
+                                scratch, B, C, HW, train, stream);
     else
         bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
                               train, stream);
@@ -456,7 +463,7 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
             gzf[b * zs + i] = ref[b * zs + i] = 0;
         }
     char what[200];
-    const char *fn = h ? "bn_silu_backward_h_cuda" : "bn_silu_backward_cuda";
+    const char *fn = h == 2 ? "bn_silu_backward_h_cuda in place" : h ? "bn_silu_backward_h_cuda" : "bn_silu_backward_cuda";
     snprintf(what, sizeof what, "%s B=%d C=%d HW=%d zs+%d %s %s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)",
              fn, B, C, HW, zextra, bn ? "BN" : "bias", train ? "train" : "eval");
     check_f16tol(what, gzf, ref, nz);
@@ -1610,6 +1617,8 @@ int main(void) {
     test_bn_backward(2, 4, 304, 8, 1, 1, 1, s);
     test_bn_backward(2, 3, 40, 2, 0, 1, 1, s);
     test_bn_backward(1, 3, 56, 0, 1, 0, 1, s);
+    test_bn_backward(2, 4, 304, 8, 1, 1, 2, s);     // FP16 dA, dz in place of it
+    test_bn_backward(2, 3, 45, 1, 1, 1, 2, s);
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
