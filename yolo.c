@@ -12869,8 +12869,8 @@ static int cmd_plan(int argc, char **argv) {
     g.fp32 = !amp;
     size_t gtotal = plan_train(&g, &tr, &va);
     plan_table(
-            amp ? "GPU layout (the device step's dry run: FP16 activations; FP32 master weights, gradients, optimizer "
-                  "state, EMA):"
+            amp ? "GPU layout (the device step's dry run: FP16 activations and their gradients; FP32 master weights, "
+                  "weight gradients, optimizer state, EMA):"
                 : "GPU layout (the device step's dry run, amp=0: everything FP32):",
             &tr, &va);
     printf("  %-22s %8.1f MiB   (estimate; not part of the plan)\n", "+ CUDA context", GPU_CONTEXT_BYTES / 1048576.0);
