@@ -10117,22 +10117,17 @@ static void gpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, lo
 }
 static void gpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C, int H, int W) {
     Gpu *gp = e->ctx;
-    long ns = (long)C * H * W;
     prof_begin(gp);
-    if (!gp->f32) upsample2_backward_f16_cuda((const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
-    for (int b = 0; b < gp->B && gp->f32; b++)
-        upsample2_backward_cuda(g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
+    if (gp->f32) upsample2_backward_cuda(g, gs, gx, gp->B, C, H, W, gp->stream);
+    else upsample2_backward_f16_cuda((const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
     prof_end(gp, "upsample backward", 0);
 }
 static void gpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
     Gpu *gp = e->ctx;
-    long ns = (long)C * H * W;
     if (arena_dry(gp->a)) return;
     prof_begin(gp);
-    if (!gp->f32)
-        maxpool5_backward_f16_cuda(x, (const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
-    for (int b = 0; b < gp->B && gp->f32; b++)
-        maxpool5_backward_cuda((const float *)x + b * ns, g + b * gs, gx + b * ns, 1, C, H, W, gp->stream);
+    if (gp->f32) maxpool5_backward_cuda(x, g, gs, gx, gp->B, C, H, W, gp->stream);
+    else maxpool5_backward_f16_cuda(x, (const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
     prof_end(gp, "maxpool backward", 0);
 }
 

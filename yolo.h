@@ -168,13 +168,16 @@ void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const f
                                const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,
                                float *scratch, int B, int C, int HW, int train, void *stream);
 
-// upsample2_backward_cuda: dx (B,C,H,W) = sum of the 2x2 gradients in dy (B,C,2H,2W) (overwrites).
-void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, int W, void *stream);
+// upsample2_backward_cuda: dx (B,C,H,W) = sum of the 2x2 gradients in dy (B,C,2H,2W) (overwrites); dy's
+// images gs apart (0: dense), dx dense.
+void upsample2_backward_cuda(const float *dy, long gs, float *dx, int B, int C, int H, int W, void *stream);
 // maxpool5_backward_cuda: dx (overwritten) from dy, argmax of each 5x5 window recomputed from x, ties
-// to the first maximum in row-major window order; sums in output order (bit-exact with the CPU).
-void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W, void *stream);
+// to the first maximum in row-major window order; sums in output order (bit-exact with the CPU); dy's
+// images gs apart (0: dense), x and dx dense.
+void maxpool5_backward_cuda(const float *x, const float *dy, long gs, float *dx, int B, int C, int H, int W,
+                            void *stream);
 // upsample2_backward_f16_cuda / maxpool5_backward_f16_cuda: the same in FP16 (sums in FP32, each dx rounded
-// once), the whole batch in one launch: dy's images gs apart (0: dense), x and dx dense.
+// once).
 void upsample2_backward_f16_cuda(const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H, int W, void *stream);
 void maxpool5_backward_f16_cuda(const uint16_t *x, const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H,
                                 int W, void *stream);

@@ -88,6 +88,17 @@ extern "C" void upsample2_forward_cuda(const float *x, float *y, int B, int C, i
 #define MP_T 16
 #define MP_S (MP_T + 4)
 #define MP_PLANE (68 * 68)   // the plane kernels: a (H + 4) x (W + 4) padded plane in shared memory
+// maxpool5_plane_stage: the plane p (H, W) into t at (2, 2), a border of -inf around it (a window's
+// padding is never its maximum); ends with a barrier
+template <class T>
+__device__ __forceinline__ void maxpool5_plane_stage(const T *p, float *t, int H, int W) {
+    const int PW = W + 4, PH = H + 4;
+    for (int i = threadIdx.x; i < PH * PW; i += blockDim.x) {
+        int py = i / PW, px = i - py * PW, iy = py - 2, ix = px - 2;
+        t[i] = iy >= 0 && iy < H && ix >= 0 && ix < W ? act_f(p[iy * W + ix]) : -INFINITY;
+    }
+    __syncthreads();
+}
 __global__ void maxpool5_forward_kernel(const float *x, float *y, int H, int W) {
     __shared__ float tile[MP_S][MP_S + 1];
     const float *xp = x + (long)blockIdx.z * H * W;
@@ -1778,8 +1789,7 @@ extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long 
 // ------------------------------------------------------------------------------------------
 
 // upsample2_backward: one thread per dx element, the 2x2 sum in the CPU's order (in FP32; an FP16
-// gradient is rounded once, when stored)
-// (dy's images gs apart, dx dense)
+// gradient is rounded once, when stored); dy's images gs apart (0: dense), dx dense
 template <class T>
 __global__ void upsample2_backward_kernel(const T *dy, long gs, T *dx, int C, int H, int W, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1797,8 +1807,9 @@ static void upsample2_backward_launch(const T *dy, long gs, T *dx, int B, int C,
     upsample2_backward_kernel<T><<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(dy, gs, dx, C, H, W, n);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void upsample2_backward_cuda(const float *dy, float *dx, int B, int C, int H, int W, void *stream) {
-    upsample2_backward_launch(dy, 0, dx, B, C, H, W, stream);
+extern "C" void upsample2_backward_cuda(const float *dy, long gs, float *dx, int B, int C, int H, int W,
+                                        void *stream) {
+    upsample2_backward_launch(dy, gs, dx, B, C, H, W, stream);
 }
 extern "C" void upsample2_backward_f16_cuda(const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H, int W,
                                             void *stream) {
@@ -1857,19 +1868,16 @@ __global__ void maxpool5_backward_kernel(const T *x, const T *dy, long gs, T *dx
 // maximum is strictly greater than those above: the first maximum in row-major window order, the
 // CPU's (NaN never wins, an all -inf window has none). Each output keeps its argmax as its offset in
 // the window (0..24, -1 none); each input pixel then sums the dy of the outputs whose argmax it is, in
-// output row-major order. 9 shared reads per output and 25 per input, where the 16x16 tiles took 50
-// per output and 50 per input, and a 20x20 plane took 4 tiles. grid (C, B)
+// output row-major order. About 16 shared reads per output (5 per row segment, 10 in the column
+// pass) and 25 per input, where the 16x16 tiles read 25 per output and 25-50 per input, and a 20x20
+// plane took 4 tiles. grid (C, B)
 template <class T>
 __global__ void maxpool5_backward_plane_kernel(const T *x, const T *dy, long gs, T *dx, int C, int H, int W) {
     __shared__ float t[MP_PLANE], rm[MP_PLANE];
     __shared__ signed char rc[MP_PLANE], code[MP_PLANE];
     const int c = blockIdx.x, b = blockIdx.y, PW = W + 4, PH = H + 4, n = H * W;
     const long base = ((long)b * C + c) * n, gbase = b * gs + (long)c * n;
-    for (int i = threadIdx.x; i < PH * PW; i += blockDim.x) {
-        int py = i / PW, px = i - py * PW, iy = py - 2, ix = px - 2;
-        t[i] = iy >= 0 && iy < H && ix >= 0 && ix < W ? act_f(x[base + iy * W + ix]) : -INFINITY;
-    }
-    __syncthreads();
+    maxpool5_plane_stage(x + base, t, H, W);
     for (int i = threadIdx.x; i < PH * W; i += blockDim.x) {   // rows: rm, rc (PH, W)
         int py = i / W, ox = i - py * W;
         const float *q = t + py * PW + ox;
@@ -1913,9 +1921,9 @@ static void maxpool5_backward_launch(const T *x, const T *dy, long gs, T *dx, in
         maxpool5_backward_kernel<T><<<grid, block, 0, s>>>(x, dy, gs, dx, C, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void maxpool5_backward_cuda(const float *x, const float *dy, float *dx, int B, int C, int H, int W,
-                                       void *stream) {
-    maxpool5_backward_launch(x, dy, 0, dx, B, C, H, W, stream);
+extern "C" void maxpool5_backward_cuda(const float *x, const float *dy, long gs, float *dx, int B, int C, int H,
+                                       int W, void *stream) {
+    maxpool5_backward_launch(x, dy, gs, dx, B, C, H, W, stream);
 }
 extern "C" void maxpool5_backward_f16_cuda(const uint16_t *x, const uint16_t *dy, long gs, uint16_t *dx, int B, int C,
                                            int H, int W, void *stream) {
@@ -2021,12 +2029,7 @@ template <class T>
 __global__ void maxpool5_plane_kernel(const T *x, T *y, long ys, int C, int H, int W) {
     __shared__ float t[MP_PLANE], r[MP_PLANE];
     const int c = blockIdx.x, b = blockIdx.y, PW = W + 4, PH = H + 4, n = H * W;
-    const T *p = x + ((long)b * C + c) * n;
-    for (int i = threadIdx.x; i < PH * PW; i += blockDim.x) {   // the border -inf, the plane at (2, 2)
-        int py = i / PW, px = i - py * PW, iy = py - 2, ix = px - 2;
-        t[i] = iy >= 0 && iy < H && ix >= 0 && ix < W ? act_f(p[iy * W + ix]) : -INFINITY;
-    }
-    __syncthreads();
+    maxpool5_plane_stage(x + ((long)b * C + c) * n, t, H, W);
     for (int i = threadIdx.x; i < PH * W; i += blockDim.x) {   // rows: r (PH, W)
         int py = i / W, ox = i - py * W;
         const float *q = t + py * PW + ox;

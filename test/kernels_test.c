@@ -510,13 +510,13 @@ static void test_pool_up_backward(int B, int C, int H, int W, void *stream) {
     if (n > 3) x[3] = -INFINITY;
     float *dx_ = to_dev(x, 4 * n), *ddy = to_dev(dy, 4 * n), *ddy4 = to_dev(dy4, 16 * n), *ddx;
     CK(cudaMalloc((void **)&ddx, 4 * n));
-    maxpool5_backward_cuda(dx_, ddy, ddx, B, C, H, W, stream);
+    maxpool5_backward_cuda(dx_, ddy, 0, ddx, B, C, H, W, stream);
     float *got = from_dev(ddx, 4 * n);
     maxpool5_backward(x, dy, ref, B, C, H, W);
     char what[160];
     snprintf(what, sizeof what, "maxpool5_backward_cuda B=%d C=%d %dx%d (ties) vs maxpool5_backward", B, C, H, W);
     check_bits(what, got, ref, n);
-    upsample2_backward_cuda(ddy4, ddx, B, C, H, W, stream);
+    upsample2_backward_cuda(ddy4, 0, ddx, B, C, H, W, stream);
     free(got); got = from_dev(ddx, 4 * n);
     upsample2_backward(dy4, ref, B, C, H, W);
     snprintf(what, sizeof what, "upsample2_backward_cuda B=%d C=%d %dx%d vs upsample2_backward", B, C, H, W);
