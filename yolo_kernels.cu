@@ -400,7 +400,9 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // into shared memory, ACT's BN+SiLU applied to the values inside the image (the padding stays 0).
 // S2: the input window of a stride-2 tile of BN output pixels, HR = 2 TR + 1 rows by HC = 2 TC + 1
 // columns from input (2 y0 - 1, 2 x0 - 1): 2 TC inner columns and one edge column (the left), whose
-// single halves the two lanes of a pair take on alternate rows.
+// single halves the two lanes of a pair take on alternate rows. A row is stored de-interleaved: its
+// TC + 1 even columns first, then its TC odd ones, so that the 16 output pixels of a B tile (every
+// other column) are 16 consecutive positions, as at stride 1 (col(kx): where tap kx's columns start).
 template <int TC, int VW, bool S2 = false, int BN = H3_BN>
 struct H3Halo {
     static constexpr int TR = BN / TC, HR = S2 ? 2 * TR + 1 : TR + 2, HC = S2 ? 2 * TC + 1 : TC + 2;
@@ -408,6 +410,9 @@ struct H3Halo {
     static constexpr int FPT = (NF + 127) / 128, SPT = S2 ? (HR + 7) / 8 : (NS + 127) / 128;
     static_assert(PR % 2 == 0 && TC % 16 == 0 && BN % TC == 0, "halo geometry");
     typedef typename H3Piece<VW>::V V;
+    // col(kx): the position in a stored row of the tile's first pixel's column for tap kx (S2: of halo
+    // column kx, then every other column; stride 1: kx, then every column)
+    __device__ __forceinline__ static constexpr int col(int kx) { return S2 ? (kx == 1 ? TC + 1 : kx >> 1) : kx; }
     int frow[FPT], fcol[FPT], srow[SPT], side, pc;   // halo row (-1: no piece), first halo column
     unsigned fin, sin;                               // bit i: piece i lies inside the image
     H3Piece<VW> fv[FPT];
@@ -454,14 +459,12 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             if (frow[i] < 0) continue;
-            // stride 1: the two lanes of a pair store the two pieces' values in orders 2 apart (side 1
-            // starts at its third: its piece rotated by one 32-bit word, its positions by 2): the
-            // positions one store writes are then 2 or VW + 2 apart, 64 bytes apart in the banks (in the
-            // same order, VW apart: 256 or 128 bytes, the same banks, 2-way conflicts). Not at stride 2,
-            // whose window holds 3.3x the values per HMMA: there the rotation cost more instructions
-            // (7.7 -> 9.2 per HMMA on sm_80) than its conflicts
-            constexpr bool ROT = !S2;
-            const int rot = ROT ? side : 0;
+            // the two lanes of a pair store the two pieces' values in orders 2 apart (side 1 starts at
+            // its third: its piece rotated by one 32-bit word, its positions by 2, or at stride 2 by 1 in
+            // each half of the de-interleaved row): the positions one store writes are then an odd
+            // multiple of 32 bytes apart, different banks (in the same order, VW or VW / 2 positions
+            // apart: a multiple of 128 bytes, the same banks, 2-way conflicts)
+            const int rot = side;
             H3Piece<VW> r;
             if constexpr (VW == 8) {
                 const uint4 u = *(const uint4 *)&fv[i].v;
@@ -470,13 +473,16 @@ struct H3Halo {
                 const uint2 u = *(const uint2 *)&fv[i].v;
                 *(uint2 *)&r.v = rot ? make_uint2(u.y, u.x) : u;
             }
-            __half *base = &Bs[frow[i] * HC + fcol[i] + 2 * rot][pc];
-            const int wrap = VW * rot * H3_KC;   // the last two values wrap to the piece's start
+            // value e of the piece is halo column fcol + e: stride 1, position fcol + e; S2 (fcol odd),
+            // odd columns (even e) in the row's second half, even ones (odd e) in its first
+            __half *base = S2 ? &Bs[frow[i] * HC + (fcol[i] >> 1) + rot][pc] : &Bs[frow[i] * HC + fcol[i] + 2 * rot][pc];
+            const int wrap = (S2 ? VW / 2 : VW) * rot * H3_KC;   // the last two values wrap to the piece's start
 #pragma unroll
             for (int e = 0; e < VW; e++) {
                 __half v = r.h[e];
                 if (ACT && ((fin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
-                base[e * H3_KC - (e >= VW - 2 ? wrap : 0)] = v;
+                const int pos = S2 ? ((e & 1) ? (e + 1) >> 1 : TC + 1 + (e >> 1)) : e;
+                base[pos * H3_KC - (e >= VW - 2 ? wrap : 0)] = v;
             }
         }
         const int col = !S2 && side ? TC + 1 : 0;
@@ -493,28 +499,40 @@ template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const float *bias, float *of, __half *oh, int accumulate) {
     using namespace nvcuda;
-    typedef H3Halo<TC, VW> Halo;
-    constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16;
+    // S2 with DGRAD: the input gradient of a stride-2 conv, one parity of the input pixels per block
+    // (PS2), its halo of dz at stride 1; S2 without: the stride-2 forward (FS2), its halo a stride-2
+    // window of x
+    constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD;
+    // FS2's tile is 64 pixels (its window holds 4x the values of its tile: at 128 the staging
+    // registers spilled), each warp 32 channels (2 A tiles) by 32 pixels; else 128, each warp all 64
+    // channels (4 A tiles) by 32 pixels
+    constexpr int BNK = FS2 ? 64 : H3_BN, WA = BNK == H3_BN ? 4 : 2;
+    typedef H3Halo<TC, VW, FS2, BNK> Halo;
+    constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
     // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
     // row-major (m, k), the 16 input channels of an output channel contiguous (the thread loaded 8 of
     // them); DGRAD's col-major (m, k), 64 output channels contiguous per dz channel (the thread loaded 8
     // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows a WMMA tile
     // reads at a time fall into different banks.
     constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
+    static_assert(A_HALVES * 2 >= 4 * 16 * 20 * 4, "the epilogue's tiles fit in A's space");
     __shared__ __align__(128) __half Araw[A_HALVES];
     __shared__ __align__(128) __half Bs[Halo::HR * HC][H3_KC];   // the halo, 16 channels per position
-    __shared__ __align__(32) float Cs[4][16][20];   // the epilogue's tile per warp (80-byte rows)
+    // the epilogue's tile per warp (80-byte rows), in A's space: the K loop's last barrier is behind it
+    float(*Cs)[16][20] = (float(*)[16][20])Araw;
     __half(*As)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // forward: [tap][m][k]
     __half(*Ad)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // DGRAD: [tap][k][m]
     const int tid = threadIdx.x, warp = tid / 32;
     const int M = DGRAD ? g.Cin : g.Cout, Cr = DGRAD ? g.Cout : g.Cin, H = g.H, W = g.W, HW = H * W;
     const long is = DGRAD ? g.zs : g.xs, os = DGRAD ? g.xs : g.zs;
-    // S2 (DGRAD of a stride-2 conv): block z computes the input pixels of parity (py, px), an OH x OW grid;
-    // dz (IH x IW) is its input, the halo's row r / column c dz's row y0 - 1 + r / column x0 - 1 + c
-    const int py = S2 ? blockIdx.z >> 1 : 0, px = S2 ? blockIdx.z & 1 : 0;
-    const int OH = S2 ? (H - py + 1) >> 1 : H, OW = S2 ? (W - px + 1) >> 1 : W;
-    const int IH = S2 ? g.Ho : H, IW = S2 ? g.Wo : W, HWi = IH * IW;
-    // S2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
+    // PS2: block z computes the input pixels of parity (py, px), an OH x OW grid; dz (IH x IW) is its
+    // input, the halo's row r / column c dz's row y0 - 1 + r / column x0 - 1 + c. FS2: the output is
+    // Ho x Wo, the halo's row r / column c x's row 2 y0 - 1 + r / column 2 x0 - 1 + c
+    const int py = PS2 ? blockIdx.z >> 1 : 0, px = PS2 ? blockIdx.z & 1 : 0;
+    const int OH = PS2 ? (H - py + 1) >> 1 : FS2 ? g.Ho : H, OW = PS2 ? (W - px + 1) >> 1 : FS2 ? g.Wo : W;
+    const int IH = PS2 ? g.Ho : H, IW = PS2 ? g.Wo : W, HWi = IH * IW;
+    const int OHW = FS2 ? g.Ho * g.Wo : HW;   // the output's map (PS2: all parities, H x W)
+    // PS2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
     // falls past it (or into an empty one) is idle: it runs the K loop on image 0's data (in bounds; the
     // loop the same code as every block's) and stores nothing
     const int tilesX = (OW + TC - 1) / TC, tilesY = (OH + TR - 1) / TR, per_img = max(tilesX * tilesY, 1);
@@ -529,8 +547,15 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     uint4 av[9];                            // A: 72 halves of the next step
     auto fetch = [&](int s) {
         const int c0 = s * H3_KC, cc = c0 + halo.pc;
-        halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, y0, x0, IH, IW);
-        if (ACT && cc < Cr) bnf = bn_fold(a, cc);
+        halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, SH * y0, SH * x0, IH, IW);
+        if (ACT) {   // the two lanes of a pair stage one channel: the even one loads its BN, the odd one
+                     // takes the folded pair by shuffle (half the parameter bytes)
+            float2 f = make_float2(0.0f, 0.0f);
+            if (halo.side == 0 && cc < Cr) f = bn_fold(a, cc);
+            f.x = __shfl_sync(0xffffffffu, f.x, tid & 30);
+            f.y = __shfl_sync(0xffffffffu, f.y, tid & 30);
+            if (cc < Cr) bnf = f;
+        }
         const uint4 z4 = make_uint4(0, 0, 0, 0);
         if (!DGRAD) {   // thread: output channel m0 + (tid & 63), input channels c0 + 8 (tid >> 6) ..+7
             int m = m0 + (tid & 63), c = c0 + 8 * (tid >> 6);
@@ -557,16 +582,17 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
 #pragma unroll
             for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
             if (!DGRAD) *(uint4 *)&As[t][tid & 63][8 * (tid >> 6)] = o.u;
-            else *(uint4 *)&Ad[S2 ? t : 8 - t][tid & 15][8 * (tid >> 4)] = o.u;
+            else *(uint4 *)&Ad[PS2 ? t : 8 - t][tid & 15][8 * (tid >> 4)] = o.u;
         }
     };
     // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles, fragments 2 warp, +1 of the
     // tile's 8 runs of 16 pixels): the halo's B tiles, which a 32-byte pitch reads with 2-way bank
     // conflicts, are loaded once per 4 mma, the conflict-free A tiles once per 2
     typedef typename std::conditional<DGRAD, wmma::col_major, wmma::row_major>::type ALayout;
-    ConvAcc acc[4][2];
+    const int wa = WA == 4 ? 0 : (warp >> 1) * 2, wf = (WA == 4 ? warp : warp & 1) * 2;   // first A / B tile
+    ConvAcc acc[WA][2];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < WA; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     fetch(0);
@@ -576,25 +602,25 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
         if (s + 1 < nsteps) fetch(s + 1);
 #pragma unroll
         for (int t = 0; t < 9; t++) {
-            // the halo offset of tap t; S2: the weight tap t reaches parity (py, px) only where ky (kx)
+            // the halo offset of tap t; PS2: the weight tap t reaches parity (py, px) only where ky (kx)
             // is 1 for an even row (column), 0 or 2 for an odd one, from dz row u + 1 (ky 0) or u
-            // (halo row r + 2 or r + 1)
+            // (halo row r + 2 or r + 1); FS2: output row r reads halo row 2 r + ky
             int ky = t / 3, kx = t % 3;
-            if (S2) {
+            if (PS2) {
                 if ((ky == 1) != (py == 0) || (kx == 1) != (px == 0)) continue;   // block-uniform
                 ky = 1 + (ky == 0); kx = 1 + (kx == 0);
             }
             wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const int f = warp * 2 + j, r = f / FPR, sg = f - r * FPR;
-                wmma::load_matrix_sync(fb[j], &Bs[(r + ky) * HC + sg * 16 + kx][0], H3_KC);
+                const int f = wf + j, r = f / FPR, sg = f - r * FPR;
+                wmma::load_matrix_sync(fb[j], &Bs[(SH * r + ky) * HC + Halo::col(kx) + sg * 16][0], H3_KC);
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < WA; i++) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa;
-                if (DGRAD) wmma::load_matrix_sync(fa, &Ad[t][0][i * 16], H3_BM + 8);
-                else wmma::load_matrix_sync(fa, &As[t][i * 16][0], H3_KC + 8);
+                if (DGRAD) wmma::load_matrix_sync(fa, &Ad[t][0][(wa + i) * 16], H3_BM + 8);
+                else wmma::load_matrix_sync(fa, &As[t][(wa + i) * 16][0], H3_KC + 8);
 #pragma unroll
                 for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa, fb[j], acc[i][j]);
             }
@@ -607,37 +633,37 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     }
     // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned), read
     // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
-    // phase hit 8 different bank groups), columns 8 (lane / 16). S2 writes every other pixel of an
+    // phase hit 8 different bank groups), columns 8 (lane / 16). PS2 writes every other pixel of an
     // input row, so there a store takes 16 consecutive pixels of two channels (lane % 16, lane / 16):
     // 8 sectors per warp store where one channel per lane touched 32
-    const int lane = tid % 32, er = lane % 16, ec = (lane / 16) * 8, N = g.B * HW;
+    const int lane = tid % 32, er = lane % 16, ec = (lane / 16) * 8, N = g.B * OHW;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < WA; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 20, wmma::mem_row_major);
             __syncwarp();
-            const int f = warp * 2 + j, r = f / FPR, sg = f - r * FPR;
-            const int m = m0 + i * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
-            if (S2) {   // every other pixel of input row 2y + py
+            const int f = wf + j, r = f / FPR, sg = f - r * FPR;
+            const int m = m0 + (wa + i) * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
+            if (PS2) {   // every other pixel of input row 2y + py
                 const int xs = x0 + sg * 16 + er;
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
-                    const int rs = 2 * e + lane / 16, ms = m0 + i * 16 + rs;
+                    const int rs = 2 * e + lane / 16, ms = m0 + (wa + i) * 16 + rs;
                     if (live && ms < M && y < OH && xs < OW)
                         conv_store(of, oh, b * os + (long)ms * HW + (2 * y + py) * W + px + 2 * xs, Cs[warp][rs][er],
                                    accumulate);
                 }
-            } else if (live && !S2 && m < M && y < H && x < W) {
+            } else if (live && m < M && y < OH && x < OW) {
                 float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
                 const float4 q0 = *(const float4 *)&Cs[warp][er][ec], q1 = *(const float4 *)&Cs[warp][er][ec + 4];
                 v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
                 v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
-                if (x + 8 <= W) conv_store8(of, oh, v, m, b * HW + y * W + x, N, HW, g.fHW, os, accumulate);
-                else {   // a row's last pixels (W % 8 == 4)
+                if (x + 8 <= OW) conv_store8(of, oh, v, m, b * OHW + y * OW + x, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);
+                else {   // a row's last pixels (OW % 8 == 4)
 #pragma unroll
                     for (int e = 0; e < 8; e++)
-                        if (x + e < W) conv_store(of, oh, b * os + (long)m * HW + y * W + x + e, v[e], accumulate);
+                        if (x + e < OW) conv_store(of, oh, b * os + (long)m * OHW + y * OW + x + e, v[e], accumulate);
                 }
             }
             __syncwarp();
@@ -653,20 +679,21 @@ static int conv_halo_vw(const ConvGeo &g, long is, const void *in, const void *w
     if (Win % 4 == 0 && is % 4 == 0 && (uintptr_t)in % 8 == 0) return 4;
     return 0;
 }
-// conv_halo_tc: the tile width for a W x H map (16 or 32 columns, 128 / TC rows): the one that computes
+// conv_halo_tc: the tile width for a W x H map (16 or 32 columns, bn / TC rows): the one that computes
 // the fewest pixels past the map's edges, the wider on a tie
-static int conv_halo_tc(int W, int H) {
-    long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, 8) * 8, c32 = (long)cdiv(W, 32) * 32 * cdiv(H, 4) * 4;
+static int conv_halo_tc(int W, int H, int bn = H3_BN) {
+    long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, bn / 16) * (bn / 16), c32 = (long)cdiv(W, 32) * 32 * cdiv(H, bn / 32) * (bn / 32);
     return c32 <= c16 ? 32 : 16;
 }
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
                              const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s) {
-    bool s2 = g.S == 2;   // dgrad only: the four parities of the input pixels, grid.z
-    int OW = s2 ? (g.W + 1) / 2 : g.W, OH = s2 ? (g.H + 1) / 2 : g.H, tc = conv_halo_tc(OW, OH), tr = H3_BN / tc;
-    dim3 grid(g.B * cdiv(OW, tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 ? 4 : 1);
-    switch ((s2 ? 12 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
+    bool s2 = g.S == 2;   // dgrad: the four parities of the input pixels, grid.z; forward: the Ho x Wo map
+    int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
+    int bn = s2 && !dgrad ? 64 : H3_BN, tc = conv_halo_tc(OW, OH, bn), tr = bn / tc;   // conv_halo_kernel's BNK
+    dim3 grid(g.B * cdiv(OW, tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 4 : 1);
+    switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
     case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
     case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
     case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
@@ -682,7 +709,15 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
     case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
     case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
     case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    default: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -840,7 +875,7 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
     const __half *xh = (const __half *)x, *wh = (const __half *)w;
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
-    if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 1)) {
+    if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 2)) {
         conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s);
         return;
     }
@@ -1141,7 +1176,8 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 // step. The epilogue gathers the warps' taps into the block's 64 rows of dW (16 channels x 9 taps
 // contiguous) and stores them 16 bytes at a time where dW is aligned. S2 (stride 2): tiles of 4 x 16
 // output pixels (64, so that two stages of the 9 x 33 input window fit 48 KB), whose B tiles are
-// every other halo position (a 64-byte pitch); dz's rows are Wo wide, x's W.
+// every other halo column (consecutive positions of H3Halo's de-interleaved rows); dz's rows are Wo
+// wide, x's W.
 template <bool ACT, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
@@ -1216,8 +1252,9 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                 const int t = 5 * wx + u;
                 if (t < 9) {   // warp-uniform
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-                    // S2: the tile's pixels are every other halo position (a pitch of 2 x 32 bytes)
-                    wmma::load_matrix_sync(fb, &B[(SH * r + t / 3) * HC + SH * sg * 16 + t % 3][0], SH * H3_KC);
+                    // S2: the tile's pixels are every other halo column, consecutive positions of the
+                    // de-interleaved row
+                    wmma::load_matrix_sync(fb, &B[(SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16][0], H3_KC);
 #pragma unroll
                     for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][u], fa[i], fb, acc[i][u]);
                 }
@@ -1264,10 +1301,25 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
         }
     }
 }
-// wgrad_reduce: dw[i] (+)= ws[0][i] + ws[1][i] + ... + ws[S-1][i], in that order
+// wgrad_reduce: dw[i] (+)= ws[0][i] + ws[1][i] + ... + ws[S-1][i], in that order. V4 (n a multiple of 4,
+// ws and dw 16-byte aligned): 4 consecutive i per thread, as 16-byte loads and stores (the same sums)
+template <bool V4>
 __global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, int accumulate) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * (V4 ? 4 : 1);
     if (i >= n) return;
+    if (V4) {
+        float4 s = *(const float4 *)(ws + i);
+        for (int z = 1; z < S; z++) {
+            const float4 u = *(const float4 *)(ws + (long)z * n + i);
+            s.x += u.x; s.y += u.y; s.z += u.z; s.w += u.w;
+        }
+        if (accumulate) {
+            const float4 d = *(const float4 *)(dw + i);
+            s = make_float4(d.x + s.x, d.y + s.y, d.z + s.z, d.w + s.w);
+        }
+        *(float4 *)(dw + i) = s;
+        return;
+    }
     float s = ws[i];
     for (int z = 1; z < S; z++) s += ws[(long)z * n + i];
     dw[i] = accumulate ? dw[i] + s : s;
@@ -1294,7 +1346,9 @@ static void wgrad_end(const ConvGeo &g, dim3 grid, const float *ws, float *dw, i
     CUDA_CHECK(cudaGetLastError());
     if (grid.z < 2) return;
     long n = (long)g.Cout * g.Cin * g.KK;
-    wgrad_reduce_kernel<<<cdiv(n, 256), 256, 0, s>>>(ws, n, (int)grid.z, dw, accumulate);
+    if (n % 4 == 0 && (uintptr_t)ws % 16 == 0 && (uintptr_t)dw % 16 == 0)
+        wgrad_reduce_kernel<true><<<cdiv(n / 4, 256), 256, 0, s>>>(ws, n, (int)grid.z, dw, accumulate);
+    else wgrad_reduce_kernel<false><<<cdiv(n, 256), 256, 0, s>>>(ws, n, (int)grid.z, dw, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw,
@@ -1512,6 +1566,33 @@ __device__ V block_sum(V v) {
     return t;
 }
 
+__device__ __forceinline__ void load8(const __half *p, float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+    q.u = *(const uint4 *)p;
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[2 * e] = __low2float(q.h[e]), v[2 * e + 1] = __high2float(q.h[e]);
+}
+__device__ __forceinline__ void load8(const float *p, float *v) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void store8(__half *p, const float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+#pragma unroll
+    for (int e = 0; e < 4; e++) q.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+    *(uint4 *)p = q.u;
+}
+__device__ __forceinline__ void store8(float *p, const float *v) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+// bn_vec8: may an elementwise BN kernel move 8 values per thread (H*W and the image strides multiples
+// of 8, every pointer 16-byte aligned)?
+static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
+    return HW % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0 && (uintptr_t)p1 % 16 == 0 && (uintptr_t)p2 % 16 == 0 &&
+           (uintptr_t)p3 % 16 == 0;
+}
+
 // BN reductions, chunked (yolo.h's bn_chunks): grid (K chunks, C channels), block 256; chunk k of a
 // channel holds its values j in [k*len, (k+1)*len) of B*HW (image j / HW, pixel j % HW); each block
 // writes its partial sums, then one thread per channel adds the K partials in chunk order.
@@ -1539,20 +1620,51 @@ struct BnWalk {
         if (p >= HW) { p -= HW; o += zs - HW; }
     }
 };
+// bn_chunk_for: f(o, n) over the values [j0, j1) of channel c that this thread takes, n values at offset
+// o. V8 (bn_vec8: H*W and the image stride multiples of 8, the tensors 16-byte aligned): the chunk's
+// whole groups of 8 (j a multiple of 8: one image, a 16-byte aligned offset) with n = 8, the thread's
+// every blockDim-th group, then its value of the unaligned head and of the tail (n = 1); else one
+// value per call, the thread's every blockDim-th. Each thread's sum is then in that order.
+template <bool V8, class F>
+__device__ __forceinline__ void bn_chunk_for(const BnGeo &q, int c, long j0, long j1, F f) {
+    const int t = threadIdx.x, nt = blockDim.x;
+    if constexpr (V8) {
+        const long a0 = min(j1, (j0 + 7) & ~7L), a1 = max(a0, j1 & ~7L);
+        for (BnWalk it(q, c, a0 + 8 * t, 8 * nt); it.j < a1; it.next()) f(it.o, 8);
+        if (j0 + t < a0) f(BnWalk(q, c, j0 + t, nt).o, 1);
+        if (a1 + t < j1) f(BnWalk(q, c, a1 + t, nt).o, 1);
+    } else {
+        for (BnWalk it(q, c, j0 + t, nt); it.j < j1; it.next()) f(it.o, 1);
+    }
+}
 
 // bn_stats_partial: chunk k of channel c in two passes over the chunk (the second from cache): its
 // mean and its sum of squared deviations from that mean, into part[2*(c*K + k)] and [2*(c*K + k) + 1]
-template <class T>
+template <class T, bool V8>
 __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
     long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
     float s = 0.0f, ss = 0.0f, cnt = (float)(j1 > j0 ? j1 - j0 : 1);
-    for (BnWalk it(q, c, j0 + threadIdx.x, blockDim.x); it.j < j1; it.next()) s += act_f(z[it.o]);
+    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, int n) {
+        if (V8 && n == 8) {
+            float v[8];
+            load8(z + o, v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) s += v[e];
+        } else s += act_f(z[o]);
+    });
     float mu = block_sum(s) / cnt;
-    for (BnWalk it(q, c, j0 + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
-        float d = act_f(z[it.o]) - mu;
-        ss += d * d;
-    }
+    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, int n) {
+        if (V8 && n == 8) {
+            float v[8];
+            load8(z + o, v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += (v[e] - mu) * (v[e] - mu);
+        } else {
+            float d = act_f(z[o]) - mu;
+            ss += d * d;
+        }
+    });
     ss = block_sum(ss);
     if (threadIdx.x == 0) part[2 * ((long)c * q.K + k)] = mu, part[2 * ((long)c * q.K + k) + 1] = ss;
 }
@@ -1586,7 +1698,9 @@ static void bn_stats_launch(const T *z, long zs, int B, int C, int HW, float *me
     cudaStream_t s = (cudaStream_t)stream;
     BnGeo q = bn_geo(B, C, HW, zs);
     if (train) {
-        bn_stats_partial_kernel<T><<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, q, scratch);
+        if (bn_vec8(HW, q.zs, q.zs, z, z, z))
+            bn_stats_partial_kernel<T, true><<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, q, scratch);
+        else bn_stats_partial_kernel<T, false><<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, q, scratch);
         CUDA_CHECK(cudaGetLastError());
     }
     bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(scratch, q, C, mean, invstd, rm, rv, eps, momentum, train);
@@ -1603,33 +1717,6 @@ extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW,
 
 // load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
 // (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
-__device__ __forceinline__ void load8(const __half *p, float *v) {
-    union { uint4 u; __half2 h[4]; } q;
-    q.u = *(const uint4 *)p;
-#pragma unroll
-    for (int e = 0; e < 4; e++) v[2 * e] = __low2float(q.h[e]), v[2 * e + 1] = __high2float(q.h[e]);
-}
-__device__ __forceinline__ void load8(const float *p, float *v) {
-    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-__device__ __forceinline__ void store8(__half *p, const float *v) {
-    union { uint4 u; __half2 h[4]; } q;
-#pragma unroll
-    for (int e = 0; e < 4; e++) q.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
-    *(uint4 *)p = q.u;
-}
-__device__ __forceinline__ void store8(float *p, const float *v) {
-    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
-    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
-}
-// bn_vec8: may an elementwise BN kernel move 8 values per thread (H*W and the image strides multiples
-// of 8, every pointer 16-byte aligned)?
-static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
-    return HW % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0 && (uintptr_t)p1 % 16 == 0 && (uintptr_t)p2 % 16 == 0 &&
-           (uintptr_t)p3 % 16 == 0;
-}
-
 // bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
 // math; grid (ceil(HW/(256 V)), C, B), V consecutive elements per thread (V8: 8, one or two 16-byte
 // loads and stores, else 1); BN folded to a scale and shift once per thread (bn_silu_value's bits)
@@ -1681,7 +1768,7 @@ __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, flo
 }
 // bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)
 // into part[c*K + k] and part[C*K + c*K + k]
-template <class T, class TD>
+template <class T, class TD, bool V8>
 __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, const float *mean,
                                       const float *invstd, const float *gamma, const float *beta, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
@@ -1689,13 +1776,25 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
     float sg = 0.0f, sgx = 0.0f;
     float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f,
           be = gamma ? beta[c] : 0.0f;
-    for (BnWalk it(q, c, k * q.len + threadIdx.x, blockDim.x); it.j < j1; it.next()) {
-        long o = it.o;
-        if (!gamma) { sg += act_f(dA[o]); continue; }
+    bn_chunk_for<V8>(q, c, k * q.len, j1, [&](long o, int n) {
+        if (V8 && n == 8) {
+            float d[8], x[8] = {};
+            load8(dA + o, d);
+            if (gamma) load8(z + o, x);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                if (!gamma) { sg += d[e]; continue; }
+                float xh = (x[e] - mu) * is, gy = bn_silu_gy(d[e], xh, ga, be);
+                sg += gy;
+                sgx += gy * xh;
+            }
+            return;
+        }
+        if (!gamma) { sg += act_f(dA[o]); return; }
         float xh = (act_f(z[o]) - mu) * is, gy = bn_silu_gy(act_f(dA[o]), xh, ga, be);
         sg += gy;
         sgx += gy * xh;
-    }
+    });
     sg = block_sum(sg);
     sgx = block_sum(sgx);
     if (threadIdx.x == 0) {
@@ -1749,7 +1848,9 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     BnGeo q = bn_geo(B, C, HW, zs);
     float *part = scratch + 2 * (long)C;   // after the two means
     dim3 grid((unsigned)q.K, (unsigned)C);
-    bn_bwd_partial_kernel<T, TD><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
+    if (bn_vec8(HW, zs, zs, z, dA, dA))
+        bn_bwd_partial_kernel<T, TD, true><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
+    else bn_bwd_partial_kernel<T, TD, false><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
     bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta,
                                                       scratch);
@@ -2062,18 +2163,32 @@ extern "C" void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int
     maxpool5_forward_act_launch(x, y, ys, B, C, H, W, stream);
 }
 
-// add_f16: dst[b*ds + i] += src[b*ss + i] (FP32 sum, rounded once); grid (ceil(n/256), B)
+// add_f16: dst[b*ds + i] += src[b*ss + i] (FP32 sum, rounded once); grid (ceil(n/256), B), or with
+// V8 (n, ss, ds multiples of 8, 16-byte aligned) ceil(n/2048) blocks of 8 values a thread
+template <bool V8>
 __global__ void add_f16_kernel(const __half *src, long ss, __half *dst, long ds, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1);
     if (i < n) {
         __half *d = dst + blockIdx.y * ds + i;
-        *d = __float2half(__half2float(*d) + __half2float(src[blockIdx.y * ss + i]));
+        const __half *a = src + blockIdx.y * ss + i;
+        if (V8) {   // n, the strides and both pointers allow 16-byte words: the same sums, 8 at a time
+            float u[8], v[8];
+            load8(d, u);
+            load8(a, v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) u[e] += v[e];
+            store8(d, u);
+        } else *d = __float2half(__half2float(*d) + __half2float(*a));
     }
 }
 extern "C" void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream) {
     if (B == 0 || n == 0) return;
-    add_f16_kernel<<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>((const __half *)src, ss,
-                                                                                      (__half *)dst, ds, n);
+    const __half *a = (const __half *)src;
+    __half *d = (__half *)dst;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (n % 8 == 0 && bn_vec8(8, ss, ds, src, dst, dst))
+        add_f16_kernel<true><<<dim3(cdiv(n / 8, 256), (unsigned)B), 256, 0, s>>>(a, ss, d, ds, n);
+    else add_f16_kernel<false><<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, s>>>(a, ss, d, ds, n);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -632,11 +632,21 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
         for (unsigned long i = 0; i < nb; i++) order[i] = g_order == 1 ? nb - 1 - i : i;
         if (g_order == 2)
             for (unsigned long i = nb; i > 1; i--) std::swap(order[i - 1], order[rng_next() % i]);
-        // counter mode with EMU_SAMPLE=N: only N evenly spaced blocks of a larger grid
+        // counter mode with EMU_SAMPLE=N: only N blocks of a larger grid, one from each of N equal
+        // strata of the block index at a position hashed from the stratum and the grid (the same
+        // blocks on every run). Evenly spaced blocks aliased with a grid's per-image tile pattern: at
+        // 2 per launch they were every image's first (full) tile, so the launches whose last tiles
+        // are partly past the map were counted as if every tile were full.
         unsigned long ns = nb, sample = (unsigned long)count_sample();
         if (sample > 0 && nb > sample && !count_full(c.name)) {
             ns = sample;
-            for (unsigned long i = 0; i < ns; i++) order[i] = i * nb / ns + nb / (2 * ns);
+            for (unsigned long i = 0; i < ns; i++) {
+                unsigned long lo = i * nb / ns, hi = (i + 1) * nb / ns;
+                uint64_t h = (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)nb * 0xBF58476D1CE4E5B9ull ^
+                             (uint64_t)c.grid.x * 0x94D049BB133111EBull;
+                h ^= h >> 31; h *= 0xD6E8FEB86659FD93ull; h ^= h >> 32;
+                order[i] = lo + (unsigned long)(h % (hi - lo));
+            }
         }
         count_launch_begin(c, nb, ns);
         for (unsigned long i = 0; i < ns; i++) {
@@ -1117,7 +1127,8 @@ ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 // requests of 16-byte chunks, 32 per request, in ldmatrix's order (a phase is 8 rows of one
 // 16-byte column of the tile).
 // EMU_COUNT=FILE turns the mode on and writes one line per launch to FILE at exit; EMU_SAMPLE=N
-// runs only N evenly spaced blocks of a larger grid and scales the counts by blocks/N (the other
+// runs only N blocks of a larger grid, one per N equal strata of the block index at a hashed
+// position, and scales the counts by blocks/N (the other
 // blocks' outputs stay as they were, zero from cudaMalloc in this mode: a counting run measures, it
 // checks nothing); EMU_SAMPLE_FULL=prefix,... exempts kernels from sampling.
 // ------------------------------------------------------------------------------------------

@@ -117,10 +117,10 @@ test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yol
 #                     store reaches the emulator's counters (g++ -fsanitize=kernel-address in call
 #                     mode, hooks in test/cuda_emu.cpp), the counter test and the one-step driver
 #                     test/gpu_count.c; then counts one yolov8n 640 batch-16 step into
-#                     test/bin/emu-count/step.tsv (EMU_SAMPLE blocks of each launch, default 2)
+#                     test/bin/emu-count/step.tsv (EMU_SAMPLE blocks of each launch, default 6)
 #   make gpu-model    the modeled time per kernel kind and per step for named GPUs (test/gpu_model.sh)
 EMU_COUNT_DIR = test/bin/emu-count
-EMU_SAMPLE   ?= 2
+EMU_SAMPLE   ?= 6
 EMU_COUNT_KFLAGS = -DEMU_COUNTING -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
                    --param asan-stack=0 --param asan-globals=0 -fno-tree-sra -fno-ipa-sra
 emu-count-bins:

@@ -78,10 +78,15 @@ END {
     if (!tsv) printf "MODEL  a modeled, not measured, device step from %s (%d launches) and %s\n", counts, nl, report
     if (!tsv) printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "GPU", "arch", "SMs", "GHz", "FP16 tensor", "FP32", "DRAM", "mma.sync", "HMMA cycles"
     if (!tsv) printf "MODEL  %-8s %4s %4s %6s %10s %9s %9s %8s %12s\n", "", "", "", "", "TFLOP/s", "TFLOP/s", "GB/s", "ceiling", "per SMSP"
-    for (l = 1; l <= nl; l++) for (j = 12; j <= 16; j++) { WB[j] += V[l, j]; WT += V[l, j] }
+    for (l = 1; l <= nl; l++) for (j = 12; j <= 16; j++) {
+        WB[j] += V[l, j]; WT += V[l, j]
+        if (TAG[l] ~ /^conv /) { CT += V[l, j]; if (j == 16) C16 += V[l, j] }   # the conv kinds (split-K sums included)
+    }
     if (!tsv && WT > 0)
         printf "counts: the step moves %.1f GB in global accesses; by width 1 B %.3f%%, 2 B %.3f%%, 4 B %.3f%%, 8 B %.3f%%, 16 B %.3f%%\n",
                WT / 1e9, 100 * WB[12] / WT, 100 * WB[13] / WT, 100 * WB[14] / WT, 100 * WB[15] / WT, 100 * WB[16] / WT
+    if (!tsv && CT > 0)
+        printf "counts: the convolutions (every conv kind) move %.1f GB, %.1f%% of it in 16-byte accesses\n", CT / 1e9, 100 * C16 / CT
     for (i = 1; i <= ng && !tsv; i++)
         printf "MODEL  %-8s %4s %4d %6.3f %10.1f %9.1f %9d %8.2f %12.1f\n", G[i], "sm_" ARCH[i], SM[i], CLK[i], TC[i], F32[i], BW[i], CEIL[i], C[i]
     for (i = 1; i <= ng; i++) {

@@ -649,8 +649,9 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
               up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu", bad);
         cudaFree(dy); free(got);
     }
-    // adds: src dense (B, n/B), dst with image stride n/B + 3
-    long m = n / B, ds = m + 3;
+    // adds: src dense (B, n/B), dst with image stride n/B + 3, or + 8 where n/B is a multiple of 8 (the
+    // 16-byte add_f16 path)
+    long m = n / B, ds = m + (m % 8 ? 3 : 8);
     float *ar = xmalloc(4 * (size_t)B * ds), *f = rand_host(n, -2, 2), *g = rand_host((long)B * ds, -2, 2);
     uint16_t *a = rand_f16((long)B * ds, -2, 2, ar), *da = (uint16_t *)to_dev(a, 2 * (size_t)B * ds);
     add_f16_cuda(dx, m, da, ds, B, m, stream);
@@ -1604,6 +1605,13 @@ int main(void) {
     test_conv(2, 64, 8, 8, 80, 3, 2, 0, 0, s);      // stride 2 on an 8x8 map: 4 K steps, Cout over a tile
     test_conv(1, 8, 40, 32, 16, 3, 2, 0, 0, s);     // stride-2 weight gradient by halo tiles in slices
     test_conv(1, 16, 6, 88, 24, 3, 2, 0, 0, s);     // the same with dz rows of 44 (8-byte pieces)
+    // the stride-2 forward by halo tiles takes the shapes above whose x rows are a multiple of 4 (W 32,
+    // 16, 8, 40, 88); then x rows of 20 (8-byte pieces, Wo 10: a row's last 2 pixels of 8 stored one by
+    // one), an odd H (the window's last row past the map) and Cout 70 on channel slices
+    test_conv(2, 24, 11, 20, 70, 3, 2, 8, 3, s);
+    // 3 input channels (the stem) on rows of 24 and 64: still the gather kernel (A's rows not 16-byte loads)
+    test_conv(2, 3, 16, 24, 20, 3, 2, 0, 0, s);
+    test_conv(1, 3, 6, 64, 20, 3, 2, 0, 0, s);
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
@@ -1669,6 +1677,7 @@ int main(void) {
         test_conv_act(f32, 2, 80, 16, 64, 8, 8, 72, 3, 2, s);    // 3x3 stride 2 on a slice, 4 K steps
         test_conv_act(f32, 2, 24, 8, 16, 10, 32, 20, 3, 2, s);   // stride 2, 16-byte rows of x and dz: halo wgrad
         test_conv_act(f32, 1, 16, 0, 16, 6, 88, 12, 3, 2, s);    // stride 2, dz rows of 44: 8-byte halo wgrad
+        test_conv_act(f32, 2, 32, 8, 16, 9, 36, 20, 3, 2, s);    // stride 2, x rows of 36: 8-byte halo forward, 32-column tiles
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
