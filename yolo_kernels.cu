@@ -364,9 +364,11 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
  * in[c, y+ky-1, x+kx-1]. The forward is it with in = x, A_t[co, ci] = w[co, ci, t]; the input gradient
  * (DGRAD) too, with in = dz and A_t[ci, co] = w[co, ci, 8-t]: a stride-1 3x3 conv's input gradient is
  * the same conv of dz by the weights transposed and flipped; that of a stride-2 conv (S2) is four
- * such convs of dz, one per parity (py, px) of the input pixels (grid.z), each with only the 1, 2 or 4
- * taps that reach its pixels. A block computes 64 output channels by
- * 128 output pixels, TR rows by TC columns of one image. Per K step it stages 16 input channels of
+ * such convs of dz, one per parity (py, px) of the input pixels, each with only the 1, 2 or 4 taps
+ * that reach its pixels: a block takes one row parity (grid.z) and both column parities, 3 or 6 taps
+ * per K step, and stores whole rows of input pixels. The stride-2 forward (S2 without DGRAD) reads a
+ * stride-2 window of x. A block computes 64 output channels by 128 output pixels (S2: 64), TR rows by
+ * TC columns of one image. Per K step it stages 16 input channels of
  * the tile's halo (TR+2 rows by TC+2 columns) once, position-major: the 16 channels of a pixel are a
  * 32-byte row of shared memory, so the 16 pixels a WMMA tile of any tap reads are matrix_b
  * col-major at a 32-byte aligned address, a tap's shift a whole number of rows. With the halo come the
@@ -495,18 +497,21 @@ struct H3Halo {
         }
     }
 };
+// (128, 1): with the default minimum, ptxas for sm_86 and sm_90 capped the stride-2 input gradient's
+// registers at 168 (3 blocks an SM) and spilled
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
-__global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
+__global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const float *bias, float *of, __half *oh, int accumulate) {
     using namespace nvcuda;
-    // S2 with DGRAD: the input gradient of a stride-2 conv, one parity of the input pixels per block
-    // (PS2), its halo of dz at stride 1; S2 without: the stride-2 forward (FS2), its halo a stride-2
-    // window of x
+    // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
+    // block and both column parities (PS2), its halo of dz at stride 1; S2 without: the stride-2
+    // forward (FS2), its halo a stride-2 window of x
     constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD;
-    // FS2's tile is 64 pixels (its window holds 4x the values of its tile: at 128 the staging
-    // registers spilled), each warp 32 channels (2 A tiles) by 32 pixels; else 128, each warp all 64
-    // channels (4 A tiles) by 32 pixels
-    constexpr int BNK = FS2 ? 64 : H3_BN, WA = BNK == H3_BN ? 4 : 2;
+    // S2's tiles are 64 pixels, each warp 32 channels (2 A tiles) by 32 pixels (FS2: its window holds
+    // 4x the values of its tile, and at 128 the staging registers spilled; PS2: a pixel of the tile is
+    // two input pixels, (2x, 2y + py) and (2x + 1, 2y + py), each with its own accumulator, NJ 4); else
+    // 128, each warp all 64 channels (4 A tiles) by 32 pixels
+    constexpr int BNK = S2 ? 64 : H3_BN, WA = BNK == H3_BN ? 4 : 2, NJ = PS2 ? 4 : 2;
     typedef H3Halo<TC, VW, FS2, BNK> Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
     // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
@@ -515,21 +520,23 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows a WMMA tile
     // reads at a time fall into different banks.
     constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
-    static_assert(A_HALVES * 2 >= 4 * 16 * 20 * 4, "the epilogue's tiles fit in A's space");
+    static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4, "the epilogue's tiles fit in A's space");
     __shared__ __align__(128) __half Araw[A_HALVES];
     __shared__ __align__(128) __half Bs[Halo::HR * HC][H3_KC];   // the halo, 16 channels per position
-    // the epilogue's tile per warp (80-byte rows), in A's space: the K loop's last barrier is behind it
-    float(*Cs)[16][20] = (float(*)[16][20])Araw;
+    // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in A's space: the K
+    // loop's last barrier is behind it
+    float(*Cs)[2][16][20] = (float(*)[2][16][20])Araw;
     __half(*As)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // forward: [tap][m][k]
     __half(*Ad)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // DGRAD: [tap][k][m]
     const int tid = threadIdx.x, warp = tid / 32;
     const int M = DGRAD ? g.Cin : g.Cout, Cr = DGRAD ? g.Cout : g.Cin, H = g.H, W = g.W, HW = H * W;
     const long is = DGRAD ? g.zs : g.xs, os = DGRAD ? g.xs : g.zs;
-    // PS2: block z computes the input pixels of parity (py, px), an OH x OW grid; dz (IH x IW) is its
-    // input, the halo's row r / column c dz's row y0 - 1 + r / column x0 - 1 + c. FS2: the output is
-    // Ho x Wo, the halo's row r / column c x's row 2 y0 - 1 + r / column 2 x0 - 1 + c
-    const int py = PS2 ? blockIdx.z >> 1 : 0, px = PS2 ? blockIdx.z & 1 : 0;
-    const int OH = PS2 ? (H - py + 1) >> 1 : FS2 ? g.Ho : H, OW = PS2 ? (W - px + 1) >> 1 : FS2 ? g.Wo : W;
+    // PS2: block z computes the input pixels of row parity py, an OH x OW grid of pixel pairs (x: input
+    // columns 2x and 2x + 1); dz (IH x IW) is its input, the halo's row r / column c dz's row y0 - 1 + r
+    // / column x0 - 1 + c. FS2: the output is Ho x Wo, the halo's row r / column c x's row 2 y0 - 1 + r
+    // / column 2 x0 - 1 + c
+    const int py = PS2 ? blockIdx.z : 0;
+    const int OH = PS2 ? (H - py + 1) >> 1 : FS2 ? g.Ho : H, OW = PS2 ? (W + 1) >> 1 : FS2 ? g.Wo : W;
     const int IH = PS2 ? g.Ho : H, IW = PS2 ? g.Wo : W, HWi = IH * IW;
     const int OHW = FS2 ? g.Ho * g.Wo : HW;   // the output's map (PS2: all parities, H x W)
     // PS2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
@@ -590,11 +597,11 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     // conflicts, are loaded once per 4 mma, the conflict-free A tiles once per 2
     typedef typename std::conditional<DGRAD, wmma::col_major, wmma::row_major>::type ALayout;
     const int wa = WA == 4 ? 0 : (warp >> 1) * 2, wf = (WA == 4 ? warp : warp & 1) * 2;   // first A / B tile
-    ConvAcc acc[WA][2];
+    ConvAcc acc[WA][NJ];   // [A tile][B tile] (PS2: [A tile][2 B tile + column parity])
 #pragma unroll
     for (int i = 0; i < WA; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < NJ; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     fetch(0);
     store();
     __syncthreads();
@@ -602,12 +609,14 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
         if (s + 1 < nsteps) fetch(s + 1);
 #pragma unroll
         for (int t = 0; t < 9; t++) {
-            // the halo offset of tap t; PS2: the weight tap t reaches parity (py, px) only where ky (kx)
-            // is 1 for an even row (column), 0 or 2 for an odd one, from dz row u + 1 (ky 0) or u
-            // (halo row r + 2 or r + 1); FS2: output row r reads halo row 2 r + ky
+            // the halo offset of tap t; PS2: the weight tap t reaches the input pixels of parity (py, px)
+            // only where ky (kx) is 1 for an even row (column), 0 or 2 for an odd one, from dz row u + 1
+            // (ky 0) or u (halo row r + 2 or r + 1): each tap serves one column parity, jp (a constant
+            // once unrolled), and the rows of one parity; FS2: output row r reads halo row 2 r + ky
             int ky = t / 3, kx = t % 3;
+            const int jp = PS2 && kx != 1 ? 1 : 0;
             if (PS2) {
-                if ((ky == 1) != (py == 0) || (kx == 1) != (px == 0)) continue;   // block-uniform
+                if ((ky == 1) != (py == 0)) continue;   // block-uniform
                 ky = 1 + (ky == 0); kx = 1 + (kx == 0);
             }
             wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
@@ -622,7 +631,10 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
                 if (DGRAD) wmma::load_matrix_sync(fa, &Ad[t][0][(wa + i) * 16], H3_BM + 8);
                 else wmma::load_matrix_sync(fa, &As[t][(wa + i) * 16][0], H3_KC + 8);
 #pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa, fb[j], acc[i][j]);
+                for (int j = 0; j < 2; j++) {
+                    ConvAcc &c = acc[i][PS2 ? 2 * j + jp : j];
+                    wmma::mma_sync(c, fa, fb[j], c);
+                }
             }
         }
         __syncthreads();
@@ -633,30 +645,39 @@ __global__ __launch_bounds__(128) void conv_halo_kernel(ConvGeo g, const __half 
     }
     // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned), read
     // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
-    // phase hit 8 different bank groups), columns 8 (lane / 16). PS2 writes every other pixel of an
-    // input row, so there a store takes 16 consecutive pixels of two channels (lane % 16, lane / 16):
-    // 8 sectors per warp store where one channel per lane touched 32
+    // phase hit 8 different bank groups), columns 8 (lane / 16). PS2: the two column parities' tiles
+    // interleaved, 2 x 8 consecutive input pixels of a row per lane (16-byte stores where aligned)
     const int lane = tid % 32, er = lane % 16, ec = (lane / 16) * 8, N = g.B * OHW;
 #pragma unroll
     for (int i = 0; i < WA; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(&Cs[warp][0][0], acc[i][j], 20, wmma::mem_row_major);
+            wmma::store_matrix_sync(&Cs[warp][0][0][0], acc[i][PS2 ? 2 * j : j], 20, wmma::mem_row_major);
+            if (PS2) wmma::store_matrix_sync(&Cs[warp][1][0][0], acc[i][PS2 ? 2 * j + 1 : j], 20, wmma::mem_row_major);
             __syncwarp();
             const int f = wf + j, r = f / FPR, sg = f - r * FPR;
             const int m = m0 + (wa + i) * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
-            if (PS2) {   // every other pixel of input row 2y + py
-                const int xs = x0 + sg * 16 + er;
+            if (PS2) {   // input row 2y + py: store h, lanes l and l + 16 the two halves of 16 input pixels
+                         // from column 2 (x0 + 16 sg) + 16 h: one whole 32-byte sector per channel
+                if (live && m < M && y < OH) {
+                    const int iy = 2 * y + py, sub = lane / 16;
+#pragma unroll 1
+                    for (int h = 0; h < 2; h++) {
+                        const int p0 = 8 * h + 4 * sub, c0 = 2 * (x0 + sg * 16) + 16 * h + 8 * sub;
+                        float v[8];
 #pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const int rs = 2 * e + lane / 16, ms = m0 + (wa + i) * 16 + rs;
-                    if (live && ms < M && y < OH && xs < OW)
-                        conv_store(of, oh, b * os + (long)ms * HW + (2 * y + py) * W + px + 2 * xs, Cs[warp][rs][er],
-                                   accumulate);
+                        for (int e = 0; e < 4; e++) v[2 * e] = Cs[warp][0][er][p0 + e], v[2 * e + 1] = Cs[warp][1][er][p0 + e];
+                        if (c0 + 8 <= W) conv_store8(of, oh, v, m, b * HW + iy * W + c0, N, HW, g.fHW, os, accumulate);
+                        else {   // the row's last pixels
+#pragma unroll
+                            for (int e = 0; e < 8; e++)
+                                if (c0 + e < W) conv_store(of, oh, b * os + (long)m * HW + iy * W + c0 + e, v[e], accumulate);
+                        }
+                    }
                 }
             } else if (live && m < M && y < OH && x < OW) {
                 float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
-                const float4 q0 = *(const float4 *)&Cs[warp][er][ec], q1 = *(const float4 *)&Cs[warp][er][ec + 4];
+                const float4 q0 = *(const float4 *)&Cs[warp][0][er][ec], q1 = *(const float4 *)&Cs[warp][0][er][ec + 4];
                 v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
                 v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
                 if (x + 8 <= OW) conv_store8(of, oh, v, m, b * OHW + y * OW + x, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);
@@ -689,10 +710,10 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
                              const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s) {
-    bool s2 = g.S == 2;   // dgrad: the four parities of the input pixels, grid.z; forward: the Ho x Wo map
+    bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
     int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
-    int bn = s2 && !dgrad ? 64 : H3_BN, tc = conv_halo_tc(OW, OH, bn), tr = bn / tc;   // conv_halo_kernel's BNK
-    dim3 grid(g.B * cdiv(OW, tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 4 : 1);
+    int bn = s2 ? 64 : H3_BN, tc = conv_halo_tc(OW, OH, bn), tr = bn / tc;   // conv_halo_kernel's BNK
+    dim3 grid(g.B * cdiv(OW, tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
     case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
     case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
