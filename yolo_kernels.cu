@@ -563,33 +563,49 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
             f.y = __shfl_sync(0xffffffffu, f.y, tid & 30);
             if (cc < Cr) bnf = f;
         }
+        // A: lanes l and l + 16 of a warp load one row of 288 bytes between them, 16 channels by 9 taps
+        // (forward: output channel m0 + 16 warp + l of w, input channels c0 ..+15; DGRAD: output channel
+        // c0 + l of w, input channels m0 + 16 warp ..+15), chunk 2 ii + side in load ii: each load's
+        // 32 lanes read 16 whole 32-byte sectors (one lane per row read every other 16 bytes). store()
+        // trades chunks within the pair, so that each lane holds 8 channels' 9 taps (chunks 9 side ..+8).
+        // Rows end at 8-channel groups (Cr, M multiples of 8): chunk j is live below 9 per live group
         const uint4 z4 = make_uint4(0, 0, 0, 0);
-        if (!DGRAD) {   // thread: output channel m0 + (tid & 63), input channels c0 + 8 (tid >> 6) ..+7
-            int m = m0 + (tid & 63), c = c0 + 8 * (tid >> 6);
-            const __half *wp = w + ((long)m * Cr + c) * 9;
-            bool ok = m < M && c < Cr;
-#pragma unroll
-            for (int ii = 0; ii < 9; ii++) av[ii] = ok ? *(const uint4 *)(wp + 8 * ii) : z4;
-        } else {        // thread: output channel c0 + (tid & 15) of w, input channels m0 + 8 (tid >> 4) ..+7
-            int c = c0 + (tid & 15), m = m0 + 8 * (tid >> 4);
-            const __half *wp = w + ((long)c * M + m) * 9;
-            bool ok = c < Cr && m < M;
-#pragma unroll
-            for (int ii = 0; ii < 9; ii++) av[ii] = ok ? *(const uint4 *)(wp + 8 * ii) : z4;
+        const __half *wp;
+        int lim;
+        if (!DGRAD) {
+            const int m = m0 + 16 * warp + (tid & 15);
+            wp = w + ((long)m * Cr + c0) * 9;
+            lim = m < M ? 9 * min(max((Cr - c0) / 8, 0), 2) : 0;
+        } else {
+            const int c = c0 + (tid & 15), m = m0 + 16 * warp;
+            wp = w + ((long)c * M + m) * 9;
+            lim = c < Cr ? 9 * min(max((M - m) / 8, 0), 2) : 0;
         }
+        const int side = (tid >> 4) & 1;
+#pragma unroll
+        for (int ii = 0; ii < 9; ii++) av[ii] = 2 * ii + side < lim ? *(const uint4 *)(wp + 16 * ii + 8 * side) : z4;
     };
     auto store = [&]() {
         halo.template store<ACT>(Bs, bnf);
+        // the pair's trade: side 0 holds chunks 0, 2, .., 16 and keeps 0 .. 8; side 1 holds 1, 3, .., 17
+        // and keeps 9 .. 17; each sends the 4 the other keeps
+        const int side = (tid >> 4) & 1;
         union { uint4 u[9]; __half h[72]; } in;   // value j = 9 r + t: row r (channel or output channel), tap t
 #pragma unroll
-        for (int ii = 0; ii < 9; ii++) in.u[ii] = av[ii];
+        for (int k = 0; k < 4; k++) {
+            const uint4 snd = side ? av[k] : av[5 + k];
+            in.u[2 * k + 1] = make_uint4(__shfl_xor_sync(0xffffffffu, snd.x, 16), __shfl_xor_sync(0xffffffffu, snd.y, 16),
+                                         __shfl_xor_sync(0xffffffffu, snd.z, 16), __shfl_xor_sync(0xffffffffu, snd.w, 16));
+        }
+#pragma unroll
+        for (int k = 0; k < 5; k++) in.u[2 * k] = side ? av[k + 4] : av[k];
 #pragma unroll
         for (int t = 0; t < 9; t++) {
             union { uint4 u; __half h[8]; } o;
 #pragma unroll
             for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
-            if (!DGRAD) *(uint4 *)&As[t][tid & 63][8 * (tid >> 6)] = o.u;
-            else *(uint4 *)&Ad[PS2 ? t : 8 - t][tid & 15][8 * (tid >> 4)] = o.u;
+            if (!DGRAD) *(uint4 *)&As[t][16 * warp + (tid & 15)][8 * side] = o.u;
+            else *(uint4 *)&Ad[PS2 ? t : 8 - t][tid & 15][16 * warp + 8 * side] = o.u;
         }
     };
     // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles, fragments 2 warp, +1 of the
@@ -652,6 +668,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     for (int i = 0; i < WA; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
+            if (m0 + (wa + i) * 16 >= M) break;   // warp-uniform
             wmma::store_matrix_sync(&Cs[warp][0][0][0], acc[i][PS2 ? 2 * j : j], 20, wmma::mem_row_major);
             if (PS2) wmma::store_matrix_sync(&Cs[warp][1][0][0], acc[i][PS2 ? 2 * j + 1 : j], 20, wmma::mem_row_major);
             __syncwarp();
