@@ -15,6 +15,7 @@
 #include <time.h>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <set>
 #include <utility>
 #include <deque>
@@ -143,6 +144,8 @@ static thread_local Fiber *F;
 // counter mode (defined at the end of the file; empty unless built with -DEMU_COUNTERS)
 static void count_flush();
 static void count_block_begin(int n, unsigned long block);
+static void count_probe_begin(int n);
+static void count_probe_end(unsigned g);
 static void count_launch_begin(const LaunchCfg &c, unsigned long blocks, unsigned long sampled);
 static void count_launch_end();
 int count_sample();
@@ -652,10 +655,27 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
         for (unsigned long i = 0; i < ns; i++) {
             unsigned long bi = order[i];
             count_block_begin(n, bi);
-            cur_bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y),
-                                 (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
+            const uint3 bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y),
+                                         (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
+            cur_bid = bid;
             memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
             run_block(body, n);
+            // a sampled launch's probes (counter mode): along each grid dimension of 2 to 64 blocks
+            // (channel tiles, K slices, parities), the block half the dimension away, run only to see
+            // which of the sampled block's sectors it touches too: those the whole line of blocks
+            // shares (the input that every output-channel tile reads), for the compulsory bytes
+            const unsigned gd[3] = {c.grid.x, c.grid.y, c.grid.z};
+            for (int d = 0; d < 3 && ns < nb; d++) {
+                if (gd[d] < 2 || gd[d] > 64) continue;
+                uint3 pb = bid;
+                unsigned *co = d == 0 ? &pb.x : d == 1 ? &pb.y : &pb.z;
+                *co = (*co + gd[d] / 2) % gd[d];
+                count_probe_begin(n);
+                cur_bid = pb;
+                memset(smem_ptr, 0xFF, c.smem);
+                run_block(body, n);
+                count_probe_end(gd[d]);
+            }
         }
         count_launch_end();
         check_all_canaries(c.name);
@@ -1143,7 +1163,7 @@ struct CountRec {                     // one launch; every figure scaled to the 
     double mma_flop;                  // 2*M*N*K per warp-level mma_sync (padding of partial tiles included)
     double useful_flop;               // the YOLO_PROFILE group's own FLOP figure (not scaled)
     int cin, cout;                    // a conv group's input and output channels (emu_count_dims), else 0
-    double sect_single, sect_multi;   // distinct sectors touched by one sampled block / by several
+    double comp_own, comp_shared;     // compulsory bytes: the sampled blocks' own (to scale), the grid's shared
 };
 struct Acc { uint32_t mask; uint8_t width, kind; uintptr_t addr[32]; };   // kind: 0 gld 1 gst 2 sld 3 sst
 static std::vector<CountRec> crecs;
@@ -1160,7 +1180,13 @@ struct AccHash {
 };
 static std::unordered_map<AccKey, Acc, AccHash> pending;
 static std::vector<std::unordered_map<uintptr_t, uint32_t>> occ;      // per lane: executions of each site
-static std::unordered_map<uintptr_t, std::pair<unsigned long, int>> sectors;   // sector -> (last block, blocks)
+// the sectors the sampled blocks touch: which bytes, the last block, whether several did, and for a
+// sector of one block the blocks of the grid estimated to share it (its probes' dimensions multiplied)
+struct Sect { uint32_t mask; unsigned long block; bool multi; double share; };
+static std::unordered_map<uintptr_t, Sect> sectors;
+static std::vector<uintptr_t> blk_sects;           // the sectors the current sampled block touched first
+static std::unordered_set<uintptr_t> probe_sects;  // the sectors the current probe touched
+static bool probing;
 static unsigned long cblock;
 static int quiet;                               // >0 inside a WMMA emulation (counted as a tile)
 static int count_on() { static int on = -1; if (on < 0) on = getenv("EMU_COUNT") && *getenv("EMU_COUNT"); return on; }
@@ -1180,20 +1206,31 @@ int count_full(const char *name) {
 
 static void measure(const Acc &a) {
     CountRec &r = *crec;
+    if (probing) {   // a probe block: only which global sectors it touches
+        if (a.kind < 2)
+            for (int l = 0; l < 32; l++) if (a.mask >> l & 1)
+                for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32; x++) probe_sects.insert(x);
+        return;
+    }
     if (a.kind < 2) {
         uintptr_t sv[128];
         int ns = 0;
         double bytes = 0;
         for (int l = 0; l < 32; l++) if (a.mask >> l & 1) {
-            for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32 && ns < 128; x++) sv[ns++] = x;
+            for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32 && ns < 128; x++) {
+                sv[ns++] = x;
+                auto it = sectors.find(x);
+                if (it == sectors.end()) {
+                    it = sectors.emplace(x, Sect{0, cblock, false, 1.0}).first;
+                    blk_sects.push_back(x);
+                } else if (it->second.block != cblock) it->second.multi = true, it->second.block = cblock;
+                uintptr_t lo = std::max(a.addr[l], x * 32) - x * 32, hi = std::min(a.addr[l] + a.width, x * 32 + 32) - x * 32;
+                it->second.mask |= (hi - lo == 32 ? 0xFFFFFFFFu : ((1u << (hi - lo)) - 1) << lo);
+            }
             bytes += a.width;
         }
         std::sort(sv, sv + ns);
         std::vector<uintptr_t> s(sv, std::unique(sv, sv + ns));
-        for (uintptr_t x : s) {
-            auto &e = sectors[x];
-            if (e.second == 0 || e.first != cblock) { e.second += e.second < 2; e.first = cblock; }
-        }
         int wi = a.width == 1 ? 0 : a.width == 2 ? 1 : a.width == 4 ? 2 : a.width == 8 ? 3 : 4;
         r.gbytes_w[wi] += bytes;
         if (a.kind == 0) r.gld_req++, r.gld_sect += s.size(), r.gld_bytes += bytes;
@@ -1223,7 +1260,15 @@ static void count_flush(bool keep_occ) {
     if (!keep_occ) for (auto &o : occ) o.clear();
 }
 static void count_flush() { count_flush(false); }
-static void count_block_begin(int n, unsigned long bi) { count_flush(); occ.resize(n); cblock = bi; }
+static void count_block_begin(int n, unsigned long bi) { count_flush(); occ.resize(n); cblock = bi; blk_sects.clear(); }
+static void count_probe_begin(int n) { count_flush(); occ.resize(n); probing = true; probe_sects.clear(); }
+static void count_probe_end(unsigned g) {
+    count_flush();
+    probing = false;
+    for (uintptr_t x : blk_sects)
+        if (probe_sects.count(x)) sectors[x].share *= g;
+    probe_sects.clear();
+}
 void count_shared_range(void *p, size_t n) {
     for (auto &r : sranges) if (r.first == (uintptr_t)p) return;
     sranges.push_back({(uintptr_t)p, n});
@@ -1268,7 +1313,7 @@ void count_tile(const void *p, int rows, int cols, int esz, size_t ld, int rowma
         }
     if (n) { a.width = 16; a.kind = (uint8_t)kind; measure(a); }
 }
-void count_mma(int m, int n, int k) { if (crec && F && !(F->lin & 31)) crec->mma_flop += 2.0 * m * n * k; }
+void count_mma(int m, int n, int k) { if (crec && F && !(F->lin & 31) && !probing) crec->mma_flop += 2.0 * m * n * k; }
 void count_quiet(int d) { quiet += d; }
 static void count_dump();
 static void count_launch_begin(const LaunchCfg &c, unsigned long nb, unsigned long ns) {
@@ -1281,10 +1326,19 @@ static void count_launch_begin(const LaunchCfg &c, unsigned long nb, unsigned lo
     crec->threads = (int)(c.block.x * c.block.y * c.block.z);
     sectors.clear();
 }
+// compulsory bytes (each byte the launch touches, once): every block run, 32 per sector touched;
+// sampled, a sector several sampled blocks touched counts 32 once (shared by the grid: weights), one
+// that a single block touched its bytes (a halo's edge sector is mostly the next tile's) divided by
+// the blocks estimated to share it (its probes), scaled with the grid
 static void count_launch_end() {
     count_flush();
-    for (auto &kv : sectors) (kv.second.second == 1 ? crec->sect_single : crec->sect_multi)++;
+    for (auto &kv : sectors) {
+        const Sect &e = kv.second;
+        if (crec->sampled == crec->blocks || e.multi) crec->comp_shared += 32;
+        else crec->comp_own += __builtin_popcount(e.mask) / e.share;
+    }
     sectors.clear();
+    blk_sects.clear();
     crec = nullptr;
 }
 static void count_dump() {
@@ -1297,9 +1351,7 @@ static void count_dump() {
             "flop\tcompulsory_bytes\tuseful_flop\tcin\tcout\n");
     for (auto &r : crecs) {
         double s = (double)r.blocks / r.sampled;
-        // compulsory: sectors only one sampled block touched are that block's own (scaled with the
-        // grid); sectors several touched are shared by the grid (counted once)
-        double comp = 32.0 * (r.sect_single * s + r.sect_multi);
+        double comp = r.comp_own * s + r.comp_shared;   // count_launch_end
         fprintf(f, "%s\t%s\t%lu\t%lu\t%d", r.tag.empty() ? "-" : r.tag.c_str(), r.kernel.c_str(), r.blocks, r.sampled,
                 r.threads);
         double v[] = {r.gld_req,     r.gld_sect,    r.gld_bytes,   r.gst_req,     r.gst_sect,    r.gst_bytes,
@@ -1353,6 +1405,8 @@ void count_mma(int, int, int) {}
 void count_quiet(int) {}
 static void count_flush() {}
 static void count_block_begin(int, unsigned long) {}
+static void count_probe_begin(int) {}
+static void count_probe_end(unsigned) {}
 static void count_launch_begin(const LaunchCfg &, unsigned long, unsigned long) {}
 static void count_launch_end() {}
 }

@@ -2,7 +2,8 @@
 // memory pattern is known, so that the figures the GPU model is built on are shown to be right:
 // sectors per request of coalesced, strided, broadcast and 16-byte loads; shared-memory bank
 // conflicts of stride 1, 2 and 32 and of a broadcast; WMMA tiles from shared memory with a 32-byte
-// and a padded 48-byte row pitch (ldmatrix: 2-way conflicts, none); the mma count; block sampling.
+// and a padded 48-byte row pitch (ldmatrix: 2-way conflicts, none); the mma count; block sampling and
+// its compulsory bytes (data shared by the grid, by a line of blocks, a tile's edge).
 // Built only in the counting build (test/bin/emu-count); run by test/run_emu.sh when it exists.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -40,6 +41,15 @@ __global__ void gload(const float *x, float *y, int mode) {
         v = __uint_as_float(q.x) + __uint_as_float(q.y) + __uint_as_float(q.z) + __uint_as_float(q.w);
     }
     y[blockIdx.x * 32 + l] = v;
+}
+// a (gx, gy) grid whose blocks along y share their input: block (bx, by) reads x[32 bx + lane] and,
+// lane 0, the next block's first float (4 bytes of a sector that is the next block's: a halo's edge),
+// and writes its own 32 floats of y
+__global__ void gshare(const float *x, float *y) {
+    int l = threadIdx.x, bx = blockIdx.x;
+    float v = x[32 * bx + l];
+    if (l == 0) v += x[32 * bx + 32];
+    y[(blockIdx.y * gridDim.x + bx) * 32 + l] = v;
 }
 // shared stores at s[stride * lane], then a broadcast read of s[0] (blockIdx.x is 0)
 __global__ void sbank(float *y, int stride) {
@@ -94,11 +104,12 @@ int main() {
     setenv("EMU_COUNT", path, 1);
     std::vector<float> hx(4096);
     for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)i;
-    float *x, *y;
+    float *x, *y, *y2;
     __half *a;
     CK(cudaMalloc((void **)&x, hx.size() * 4));
     CK(cudaMalloc((void **)&y, 100 * 32 * 4));
     CK(cudaMalloc((void **)&a, 256 * 2));
+    CK(cudaMalloc((void **)&y2, 200 * 32 * 4));
     CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(a, 0, 512));
     for (int m = 0; m < 4; m++) gload<<<1, 32>>>(x, y, m);
@@ -107,12 +118,13 @@ int main() {
     wtile<<<1, 32>>>(a, y, 24);
     setenv("EMU_SAMPLE", "4", 1);
     gload<<<100, 32>>>(x, y, 0);
+    gshare<<<dim3(50, 4), 32>>>(x, y2);
     unsetenv("EMU_SAMPLE");
     CK(cudaDeviceSynchronize());
     emu_count_dump_now();
     std::vector<Rec> r = read_counts(path);
     unlink(path);
-    if (r.size() != 10) { printf("FAIL  expected 10 launches in the counter dump, got %zu\n", r.size()); return 1; }
+    if (r.size() != 11) { printf("FAIL  expected 11 launches in the counter dump, got %zu\n", r.size()); return 1; }
     // exact counts: every figure below is a small integer, compared with tolerance 0
     const double want_sect[4] = {4, 32, 1, 16};
     const char *what[4] = {"x[lane] float (coalesced)", "x[32*lane] float (strided)", "x[0] in every lane (broadcast)",
@@ -145,5 +157,11 @@ int main() {
     check_close("sampling: load requests scaled to 100 blocks", r[9].v[GLD_REQ], 100, 0);
     check_close("sampling: compulsory bytes (x shared by all blocks once, y 128 bytes a block)", r[9].v[COMPULSORY],
                 128 + 100 * 128, 0);
+    // 4 of 200 blocks run, none sharing bx with another: each one's x (4 sectors and 4 bytes of the
+    // next) is found shared by its probe along y, its y (128 bytes) its own. The whole grid: x once,
+    // 50 x (128 + 4) bytes, and 200 x 128 bytes of y (counting whole sectors a block touched, not
+    // shared by a line, it was 200 x (160 + 128))
+    check_close("sampling: compulsory bytes of a grid whose y-line of blocks shares its input", r[10].v[COMPULSORY],
+                50 * 132 + 200 * 128, 0);
     return test_summary();
 }
