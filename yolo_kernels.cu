@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 #include <cuda_pipeline_primitives.h>
+#include <type_traits>
 #include <stdio.h>
 #include <stdlib.h>
 #include "yolo.h"
@@ -30,7 +31,7 @@ template <> __device__ __forceinline__ __half act_from<__half>(float v) { return
 // bn_silu_folded: the same with BN folded to sc = gamma*invstd, sh = beta - mean*sc (the same bits)
 __device__ __forceinline__ float bn_silu_folded(float v, float sc, float sh) {
     v = v * sc + sh;
-    return v / (1.0f + expf(-v));
+    return __fdividef(v, 1.0f + __expf(-v));
 }
 __device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd, float gamma, float beta) {
     float sc = gamma * invstd;
@@ -354,6 +355,18 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
             conv_store(of, oh, o + e, v[e], accumulate);
         }
     }
+}
+// conv_store_row8: outputs (m, pixels x .. x+7 of the W-wide row that starts at pixel r of image b) of
+// NCHW images of HWn pixels: conv_store8 where the 8 lie in the row, else the row's last one by one
+__device__ __forceinline__ void conv_store_row8(float *of, __half *oh, const float *v, int m, int b, int r, int x, int W,
+                                                int N, int HWn, FastDiv f, long istride, int accumulate) {
+    if (x + 8 <= W) {
+        conv_store8(of, oh, v, m, b * HWn + r + x, N, HWn, f, istride, accumulate);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        if (x + e < W) conv_store(of, oh, b * istride + (long)m * HWn + r + x + e, v[e], accumulate);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -684,12 +697,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                         float v[8];
 #pragma unroll
                         for (int e = 0; e < 4; e++) v[2 * e] = Cs[warp][0][er][p0 + e], v[2 * e + 1] = Cs[warp][1][er][p0 + e];
-                        if (c0 + 8 <= W) conv_store8(of, oh, v, m, b * HW + iy * W + c0, N, HW, g.fHW, os, accumulate);
-                        else {   // the row's last pixels
-#pragma unroll
-                            for (int e = 0; e < 8; e++)
-                                if (c0 + e < W) conv_store(of, oh, b * os + (long)m * HW + iy * W + c0 + e, v[e], accumulate);
-                        }
+                        conv_store_row8(of, oh, v, m, b, iy * W, c0, W, N, HW, g.fHW, os, accumulate);
                     }
                 }
             } else if (live && m < M && y < OH && x < OW) {
@@ -697,12 +705,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                 const float4 q0 = *(const float4 *)&Cs[warp][0][er][ec], q1 = *(const float4 *)&Cs[warp][0][er][ec + 4];
                 v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
                 v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
-                if (x + 8 <= OW) conv_store8(of, oh, v, m, b * OHW + y * OW + x, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);
-                else {   // a row's last pixels (OW % 8 == 4)
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        if (x + e < OW) conv_store(of, oh, b * os + (long)m * OHW + y * OW + x + e, v[e], accumulate);
-                }
+                conv_store_row8(of, oh, v, m, b, y * OW, x, OW, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);   // OW % 8 == 4: a row's last 4
             }
             __syncwarp();
         }
@@ -1224,7 +1227,10 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     typedef H3Halo<TC, VW, S2, BNW> Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * H3_KC * 2 + 127) / 128 * 128;
-    constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC + 4, E_BYTES = 4 * 16 * LDE * 4 + 4 * 256 * 4;
+    // the epilogue's rows of 144 floats (LDE = 144 = 16 mod 32: the scatter's two rows per store, 9 floats
+    // apart within each, take disjoint banks) and a 16 x 20 tile per warp (80-byte rows: a WMMA store
+    // without conflicts)
+    constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC, E_BYTES = 4 * 16 * LDE * 4 + 4 * 320 * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
     __shared__ __align__(128) unsigned char sm[SMEM];   // two stages (dz tile, halo); then the epilogue's rows
@@ -1268,6 +1274,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
 #pragma unroll
         for (int u = 0; u < 5; u++) wmma::fill_fragment(acc[i][u], 0.0f);
     const int nsteps = kt1 - kt0;
+    const bool wlive = m0 + wy * 32 < Cout;   // the warp's output channels are not all past Cout (warp-uniform)
     if (nsteps > 0) { fetch(kt0, 0); store(0); }
     __pipeline_commit();
     __pipeline_wait_prior(0);
@@ -1280,7 +1287,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
         __half(*A)[LDA] = As(st);
         __half(*B)[H3_KC] = Bs(st);
 #pragma unroll
-        for (int f = 0; f < BNW / 16; f++) {
+        for (int f = 0; f < BNW / 16 && wlive; f++) {
             const int r = f / FPR, sg = f - r * FPR;
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
 #pragma unroll
@@ -1305,19 +1312,19 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // epilogue: the block's 64 x 16 x 9 results as 64 rows of 144 floats (channel-major, then tap), each
     // row dW[co, c0*9 .. c0*9 + 143] (or the slice's share of ws), 16-byte stores
     float(*E)[LDE] = (float(*)[LDE])sm;
-    float *stage = (float *)(sm + 4 * 16 * LDE * 4) + warp * 256;   // past the rows: one tile at a time
+    float *stage = (float *)(sm + 4 * 16 * LDE * 4) + warp * 320;   // past the rows: one tile at a time
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int u = 0; u < 5; u++) {
             const int t = 5 * wx + u;
-            if (t >= 9) continue;
-            wmma::store_matrix_sync(stage, acc[i][u], 16, wmma::mem_row_major);
+            if (t >= 9 || m0 + wy * 32 + i * 16 >= Cout) continue;   // warp-uniform
+            wmma::store_matrix_sync(stage, acc[i][u], 20, wmma::mem_row_major);
             __syncwarp();
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 int q = lane + 32 * e, r = q / 16, c = q % 16;
-                E[wy * 32 + i * 16 + r][c * 9 + t] = stage[q];
+                E[wy * 32 + i * 16 + r][c * 9 + t] = stage[r * 20 + c];
             }
             __syncwarp();
         }
@@ -1329,7 +1336,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
         int i = tid + 128 * e, r = i / 36, c4 = (i % 36) * 4, m = m0 + r;
         if (m >= Cout || c4 >= nv) continue;
         float *o = out + (long)m * N + c0 * 9 + c4;
-        float4 v = make_float4(E[r][c4], E[r][c4 + 1], E[r][c4 + 2], E[r][c4 + 3]);
+        float4 v = *(const float4 *)&E[r][c4];   // 16-byte reads: 8 lanes a phase, no conflicts
         if (((uintptr_t)o & 15) == 0) {   // dW is a slice of the gradient buffer: 16-byte aligned or not
             if (acm) { float4 u = *(const float4 *)o; v = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w); }
             *(float4 *)o = v;
@@ -1659,21 +1666,28 @@ struct BnWalk {
     }
 };
 // bn_chunk_for: f(o, n) over the values [j0, j1) of channel c that this thread takes, n values at offset
-// o. V8 (bn_vec8: H*W and the image stride multiples of 8, the tensors 16-byte aligned): the chunk's
-// whole groups of 8 (j a multiple of 8: one image, a 16-byte aligned offset) with n = 8, the thread's
-// every blockDim-th group, then its value of the unaligned head and of the tail (n = 1); else one
-// value per call, the thread's every blockDim-th. Each thread's sum is then in that order.
+// o, n a std::integral_constant (8 or 1: the functor's loops unroll). V8 (bn_vec8: H*W and the image
+// stride multiples of 8, the tensors 16-byte aligned): the chunk's whole groups of 8 (j a multiple of
+// 8: one image, a 16-byte aligned offset) with n = 8, the thread's every blockDim-th group, then its
+// value of the unaligned head and of the tail (n = 1); else one value per call, the thread's every
+// blockDim-th. Each thread's sum is then in that order.
 template <bool V8, class F>
 __device__ __forceinline__ void bn_chunk_for(const BnGeo &q, int c, long j0, long j1, F f) {
     const int t = threadIdx.x, nt = blockDim.x;
+    const std::integral_constant<int, 1> one;
     if constexpr (V8) {
         const long a0 = min(j1, (j0 + 7) & ~7L), a1 = max(a0, j1 & ~7L);
-        for (BnWalk it(q, c, a0 + 8 * t, 8 * nt); it.j < a1; it.next()) f(it.o, 8);
-        if (j0 + t < a0) f(BnWalk(q, c, j0 + t, nt).o, 1);
-        if (a1 + t < j1) f(BnWalk(q, c, a1 + t, nt).o, 1);
+        for (BnWalk it(q, c, a0 + 8 * t, 8 * nt); it.j < a1; it.next()) f(it.o, std::integral_constant<int, 8>());
+        if (j0 + t < a0) f(BnWalk(q, c, j0 + t, nt).o, one);
+        if (a1 + t < j1) f(BnWalk(q, c, a1 + t, nt).o, one);
     } else {
-        for (BnWalk it(q, c, j0 + t, nt); it.j < j1; it.next()) f(it.o, 1);
+        for (BnWalk it(q, c, j0 + t, nt); it.j < j1; it.next()) f(it.o, one);
     }
+}
+// bn_load: the N (8 or 1) values at p as floats (8: one 16-byte load)
+template <int N, class T> __device__ __forceinline__ void bn_load(const T *p, float *v) {
+    if constexpr (N == 8) load8(p, v);
+    else v[0] = act_f(*p);
 }
 
 // bn_stats_partial: chunk k of channel c in two passes over the chunk (the second from cache): its
@@ -1683,25 +1697,20 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
     long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
     float s = 0.0f, ss = 0.0f, cnt = (float)(j1 > j0 ? j1 - j0 : 1);
-    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, int n) {
-        if (V8 && n == 8) {
-            float v[8];
-            load8(z + o, v);
+    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, auto n) {
+        constexpr int N = decltype(n)::value;
+        float v[N];
+        bn_load<N>(z + o, v);
 #pragma unroll
-            for (int e = 0; e < 8; e++) s += v[e];
-        } else s += act_f(z[o]);
+        for (int e = 0; e < N; e++) s += v[e];
     });
     float mu = block_sum(s) / cnt;
-    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, int n) {
-        if (V8 && n == 8) {
-            float v[8];
-            load8(z + o, v);
+    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, auto n) {
+        constexpr int N = decltype(n)::value;
+        float v[N];
+        bn_load<N>(z + o, v);
 #pragma unroll
-            for (int e = 0; e < 8; e++) ss += (v[e] - mu) * (v[e] - mu);
-        } else {
-            float d = act_f(z[o]) - mu;
-            ss += d * d;
-        }
+        for (int e = 0; e < N; e++) ss += (v[e] - mu) * (v[e] - mu);
     });
     ss = block_sum(ss);
     if (threadIdx.x == 0) part[2 * ((long)c * q.K + k)] = mu, part[2 * ((long)c * q.K + k) + 1] = ss;
@@ -1814,24 +1823,18 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
     float sg = 0.0f, sgx = 0.0f;
     float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f,
           be = gamma ? beta[c] : 0.0f;
-    bn_chunk_for<V8>(q, c, k * q.len, j1, [&](long o, int n) {
-        if (V8 && n == 8) {
-            float d[8], x[8] = {};
-            load8(dA + o, d);
-            if (gamma) load8(z + o, x);
+    bn_chunk_for<V8>(q, c, k * q.len, j1, [&](long o, auto n) {
+        constexpr int N = decltype(n)::value;
+        float d[N], x[N] = {};
+        bn_load<N>(dA + o, d);
+        if (gamma) bn_load<N>(z + o, x);
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                if (!gamma) { sg += d[e]; continue; }
-                float xh = (x[e] - mu) * is, gy = bn_silu_gy(d[e], xh, ga, be);
-                sg += gy;
-                sgx += gy * xh;
-            }
-            return;
+        for (int e = 0; e < N; e++) {
+            if (!gamma) { sg += d[e]; continue; }
+            float xh = (x[e] - mu) * is, gy = bn_silu_gy(d[e], xh, ga, be);
+            sg += gy;
+            sgx += gy * xh;
         }
-        if (!gamma) { sg += act_f(dA[o]); return; }
-        float xh = (act_f(z[o]) - mu) * is, gy = bn_silu_gy(act_f(dA[o]), xh, ga, be);
-        sg += gy;
-        sgx += gy * xh;
     });
     sg = block_sum(sg);
     sgx = block_sum(sgx);
