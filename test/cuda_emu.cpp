@@ -134,6 +134,7 @@ struct Warp {
     int line;
     uint64_t val[32], res[32];
     int arg[32];
+    unsigned char snap[32][64];   // warp_gather: the lanes' bytes, copied when the last lane arrives
 };
 struct Block {
     int n, alive, bar_count, bar_red, bar_op, bar_result; const char *bar_file; int bar_line;
@@ -205,8 +206,8 @@ static const char *op_name(int op) {
     static const char *n[] = {"__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
                               "__ballot/any/all_sync", "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync",
                               "__reduce_min_sync", "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync",
-                              "__reduce_xor_sync", "warp-uniform check"};
-    return op >= 0 && op <= W_UNIFORM ? n[op] : "?";
+                              "__reduce_xor_sync", "warp-uniform check", "ldmatrix/mma.sync (warp gather)"};
+    return op >= 0 && op <= W_GATHER ? n[op] : "?";
 }
 static void release_barrier() {
     count_flush();
@@ -292,6 +293,13 @@ uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const 
     if (w.arrived != mask) { F->state = F_WARP; to_sched(); return w.res[lane]; }
     unsigned bits = 0;
     for (int l = 0; l < 32; l++) if ((mask >> l & 1) && w.val[l]) bits |= 1u << l;
+    if (op == W_GATHER)   // every lane is parked here, its bytes as they are now; read until the next gather
+        for (int l = 0; l < 32; l++) {
+            if (w.arg[l] != w.arg[lane] || w.arg[l] > 64)
+                fail("%s (%s:%d): lanes deposit %d and %d bytes (at most 64, the same)", op_name(op), file, line,
+                     w.arg[l], w.arg[lane]);
+            memcpy(w.snap[l], (const void *)(uintptr_t)w.val[l], (size_t)w.arg[l]);
+        }
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1)) continue;
         int seg = l & ~(width - 1), src = l, a = w.arg[l];
@@ -304,6 +312,7 @@ uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const 
         case W_SHFL_XOR: src = l ^ a; if ((src & ~(width - 1)) > seg) src = l; break;
         case W_BALLOT: r = bits; break;
         case W_UNIFORM: r = 1; for (int m = 0; m < 32; m++) if ((mask >> m & 1) && w.val[m] != w.val[l]) r = 0; break;
+        case W_GATHER: r = (uint64_t)(uintptr_t)&w.snap[0][0]; break;
         default: {
             uint64_t acc = w.val[l];
             for (int m = 0; m < 32; m++) {

@@ -10,7 +10,8 @@
 //   nvcuda::wmma -> fragments where every lane holds the whole tile.
 // What a kernel must respect for the emulation to be faithful (yolo_kernels.cu follows it):
 //   - no inline PTX; tensor cores only through nvcuda::wmma, whose fragments are opaque (loop over
-//     num_elements) and whose stored tiles are read only after __syncwarp();
+//     num_elements) and whose stored tiles are read only after __syncwarp(), or through ldmatrix and
+//     mma.sync m16n8k16 as emu::ldmatrix_x4 / emu::mma_16816 below (the PTX register layouts);
 //   - every exchange between threads goes through a *_sync intrinsic or shared memory plus a barrier;
 //     barriers only in block-uniform control flow (guard the work, never return before a barrier);
 //   - no behaviour that depends on __CUDA_ARCH__, fast-math or the order blocks run in; no spinning on
@@ -58,7 +59,7 @@ void syncthreads(const char *file, int line);
 int syncthreads_reduce(int op, int pred, const char *file, int line); // op 0 count, 1 and, 2 or
 // warp collective: every lane of mask deposits val/arg; returns this lane's result.
 enum { W_SYNC, W_SHFL, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ADD, W_MINU, W_MAXU, W_MINI,
-       W_MAXI, W_AND, W_OR, W_XOR, W_UNIFORM };
+       W_MAXI, W_AND, W_OR, W_XOR, W_UNIFORM, W_GATHER };
 uint64_t warp_op(int op, unsigned mask, uint64_t val, int arg, int width, const char *file, int line);
 unsigned active_mask();
 void *dyn_smem();
@@ -365,3 +366,63 @@ mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M
     for (int i = 0; i < M * N; i++) d.x[i] = (TD)acc[i];
 }
 } } // namespace nvcuda::wmma
+
+// ---- ldmatrix and mma.sync on the PTX ISA's register layouts, as warp collectives ----
+// yolo_kernels.cu reaches them through its ldsm_x4 / ldsm_x4_t / mma_16816 (inline PTX under nvcc,
+// these under the emulation: CUDA_EMU_MMA). Each is one rendezvous of the whole warp (warp_gather).
+#define CUDA_EMU_MMA 1
+namespace emu {
+typedef const unsigned char (*Gathered)[64];
+// warp_gather: every lane of the warp deposits n (<= 64) bytes at p; returns all 32 lanes' bytes as
+// they were when the last lane arrived (valid until the warp's next gather)
+static inline Gathered warp_gather(const void *p, int n, const char *file, int line) {
+    return (Gathered)(uintptr_t)warp_op(W_GATHER, 0xffffffffu, (uint64_t)(uintptr_t)p, n, 32, file, line);
+}
+static inline float half_bits(uint16_t b) { __half h; memcpy((void *)&h, &b, 2); return (float)h; }
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i .. 8i+7 give the 8 row addresses (16
+// bytes each) of matrix i; lane l receives r[i] = matrix i's elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1),
+// with trans (2(l%4), l/4) and (2(l%4)+1, l/4). The lane's own 16-byte read is its memory access.
+static inline void ldmatrix_x4(uint32_t (&r)[4], const void *row, bool trans, const char *file, int line) {
+    if ((uintptr_t)row & 15) fail("ldmatrix (%s:%d): row address %p is not 16-byte aligned", file, line, row);
+    const uint4 v = *(const uint4 *)row;
+    Gathered all = warp_gather(&v, 16, file, line);
+    const int l = (int)nvcuda::wmma::lane_id(), g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; i++) {
+        uint16_t lo, hi;
+        if (!trans) { memcpy(&lo, all[8 * i + g] + 4 * t, 2); memcpy(&hi, all[8 * i + g] + 4 * t + 2, 2); }
+        else { memcpy(&lo, all[8 * i + 2 * t] + 2 * g, 2); memcpy(&hi, all[8 * i + 2 * t + 1] + 2 * g, 2); }
+        r[i] = lo | (uint32_t)hi << 16;
+    }
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, d = A B + d: A 16 x 16 (a[0], a[1]: rows g, g+8 of
+// columns 2t, 2t+1; a[2], a[3]: the same at columns 2t+8, 2t+9), B 16 x 8 (b[0]: rows 2t, 2t+1 of
+// column g; b[1]: rows 2t+8, 2t+9), d: rows g, g+8 of columns 2t, 2t+1 (g = lane/4, t = lane%4). Each
+// output is summed in k order from d, as the WMMA emulation sums.
+static inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const char *file,
+                             int line) {
+    const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    Gathered all = warp_gather(mine, 24, file, line);
+    count_mma(16, 8, 16);
+    float A[16][16], Bm[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        uint32_t w[6];
+        memcpy(w, all[l], 24);
+        for (int h = 0; h < 2; h++) {
+            A[g][2 * t + h] = half_bits((uint16_t)(w[0] >> 16 * h));
+            A[g + 8][2 * t + h] = half_bits((uint16_t)(w[1] >> 16 * h));
+            A[g][2 * t + 8 + h] = half_bits((uint16_t)(w[2] >> 16 * h));
+            A[g + 8][2 * t + 8 + h] = half_bits((uint16_t)(w[3] >> 16 * h));
+            Bm[2 * t + h][g] = half_bits((uint16_t)(w[4] >> 16 * h));
+            Bm[2 * t + 8 + h][g] = half_bits((uint16_t)(w[5] >> 16 * h));
+        }
+    }
+    const int l = (int)nvcuda::wmma::lane_id(), g = l >> 2, t = l & 3;
+    for (int e = 0; e < 4; e++) {
+        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float s = d[e];
+        for (int k = 0; k < 16; k++) s += A[row][k] * Bm[k][col];
+        d[e] = s;
+    }
+}
+} // namespace emu

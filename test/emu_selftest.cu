@@ -280,6 +280,55 @@ static void test_wmma() {
     cudaFree(da); cudaFree(db); cudaFree(dc);
 }
 
+// ---- ldmatrix and mma.sync m16n8k16 on the PTX register layouts (emu::ldmatrix_x4, emu::mma_16816) ----
+// One warp: A (16 x 16, row-major in shared memory at a 48-byte pitch) by ldmatrix.x4, B (16 x 16, stored
+// k-major: row k holds n = 0..15, as a halo position holds its channels) by ldmatrix.x4.trans, two
+// m16n8k16 products (n 0-7, n 8-15) added to C = 1, D written from the accumulator layout.
+__global__ void ldsm_mma(const __half *A, const __half *B, float *D) {
+    __shared__ __align__(16) __half As[16][24], Bs[16][24];
+    const int l = threadIdx.x;
+    for (int i = l; i < 256; i += 32) As[i / 16][i % 16] = A[i], Bs[i / 16][i % 16] = B[i];
+    __syncthreads();
+    const int mi = l >> 3, j = l & 7, g = l >> 2, t = l & 3;
+    uint32_t a[4], b[4];
+    emu::ldmatrix_x4(a, &As[j + 8 * (mi & 1)][8 * (mi >> 1)], false, __FILE__, __LINE__);
+    emu::ldmatrix_x4(b, &Bs[j + 8 * (mi & 1)][8 * (mi >> 1)], true, __FILE__, __LINE__);
+    for (int nt = 0; nt < 2; nt++) {
+        float d[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        const uint32_t bb[2] = {b[2 * nt], b[2 * nt + 1]};
+        emu::mma_16816(d, a, bb, __FILE__, __LINE__);
+        for (int e = 0; e < 4; e++) D[(g + 8 * (e >> 1)) * 16 + 8 * nt + 2 * t + (e & 1)] = d[e];
+    }
+}
+static void test_ldsm_mma() {
+    std::vector<__half> a(256), b(256);
+    std::vector<float> af(256), bf(256);
+    for (int i = 0; i < 256; i++) {
+        a[i] = __float2half(frand()); af[i] = __half2float(a[i]);
+        b[i] = __float2half(frand()); bf[i] = __half2float(b[i]);
+    }
+    __half *da = dev_from(a), *db = dev_from(b);
+    float *dd; CK(cudaMalloc((void **)&dd, 4 * 256));
+    int wrong = 0; double worst = 0;
+    for (int o = 0; o < 3; o++) {
+        emu_set_order(o);
+        ldsm_mma<<<1, 32>>>(da, db, dd);
+        auto h = host_from(dd, 256);
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 16; n++) {
+                double s = 1.0, sa = 1.0;
+                for (int k = 0; k < 16; k++) s += (double)af[m * 16 + k] * bf[k * 16 + n], sa += fabs((double)af[m * 16 + k] * bf[k * 16 + n]);
+                double d = fabs(h[m * 16 + n] - s);
+                if (!(d <= 1e-5 * sa)) wrong++;
+                worst = d > worst ? d : worst;
+            }
+    }
+    emu_set_order(0);
+    check(wrong == 0, "ldmatrix.x4 (A row-major, B k-major .trans) + two mma.sync m16n8k16 vs naive, 3 orders: "
+                      "%d wrong, worst |diff| %.3g", wrong, worst);
+    cudaFree(da); cudaFree(db); cudaFree(dd);
+}
+
 // ---- asynchronous copies (cuda_pipeline_primitives.h): 16 bytes at a time, the tail zero-filled ----
 __global__ void pipeline_copy(const __half *src, __half *dst) {
     __shared__ __align__(16) __half s[4][8];
@@ -575,6 +624,7 @@ int main() {
     test_barriers();
     test_warps();
     test_wmma();
+    test_ldsm_mma();
     test_pipeline();
     test_atomics();
     test_block_order();
