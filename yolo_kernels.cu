@@ -369,6 +369,41 @@ __device__ __forceinline__ void conv_store_row8(float *of, __half *oh, const flo
         if (x + e < W) conv_store(of, oh, b * istride + (long)m * HWn + r + x + e, v[e], accumulate);
 }
 
+// ldsm_x4 / ldsm_x4_t / mma_16816: ldmatrix.x4 (.trans) and mma.sync m16n8k16 (FP16 products, FP32
+// accumulators; two m16n8k8 on sm_75), on the PTX ISA's register layouts: lanes 8i .. 8i+7 give the
+// row addresses of matrix i; A's registers are rows g, g+8 of columns 2t.. and 2t+8.., B's rows 2t..
+// and 2t+8.. of column g, the accumulator's rows g, g+8 of columns 2t, 2t+1 (g = lane / 4, t = lane % 4).
+// Under the emulation they are cuda_emu.h's warp collectives of the same layouts.
+#ifdef CUDA_EMU_MMA
+#define ldsm_x4(r, p) emu::ldmatrix_x4(r, p, false, __FILE__, __LINE__)
+#define ldsm_x4_t(r, p) emu::ldmatrix_x4(r, p, true, __FILE__, __LINE__)
+#define mma_16816(d, a, b) emu::mma_16816(d, a, b, __FILE__, __LINE__)
+#else
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+#endif
+}
+#endif
+
 // ------------------------------------------------------------------------------------------
 // 3x3 convolutions by halo tiles (stride 1; the stride-2 input and weight gradients)
 // ------------------------------------------------------------------------------------------
@@ -418,7 +453,11 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // single halves the two lanes of a pair take on alternate rows. A row is stored de-interleaved: its
 // TC + 1 even columns first, then its TC odd ones, so that the 16 output pixels of a B tile (every
 // other column) are 16 consecutive positions, as at stride 1 (col(kx): where tap kx's columns start).
-template <int TC, int VW, bool S2 = false, int BN = H3_BN>
+// SWZ: each position's two 16-byte halves (channels 0-7, 8-15) are swapped where bit 2 of the position
+// index is set, so that the 8 rows an ldmatrix phase reads (8 consecutive positions, one half each) fall
+// into 8 different bank groups (unswizzled, positions p and p + 4 share theirs); for ldmatrix only: a
+// WMMA tile needs the plain layout.
+template <int TC, int VW, bool S2 = false, int BN = H3_BN, bool SWZ = false>
 struct H3Halo {
     static constexpr int TR = BN / TC, HR = S2 ? 2 * TR + 1 : TR + 2, HC = S2 ? 2 * TC + 1 : TC + 2;
     static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = HR * PR * H3_KC, NS = HR * (S2 ? 1 : 2) * H3_KC;
@@ -490,14 +529,14 @@ struct H3Halo {
             }
             // value e of the piece is halo column fcol + e: stride 1, position fcol + e; S2 (fcol odd),
             // odd columns (even e) in the row's second half, even ones (odd e) in its first
-            __half *base = S2 ? &Bs[frow[i] * HC + (fcol[i] >> 1) + rot][pc] : &Bs[frow[i] * HC + fcol[i] + 2 * rot][pc];
-            const int wrap = (S2 ? VW / 2 : VW) * rot * H3_KC;   // the last two values wrap to the piece's start
+            const int p0 = S2 ? frow[i] * HC + (fcol[i] >> 1) + rot : frow[i] * HC + fcol[i] + 2 * rot;
+            const int wrap = (S2 ? VW / 2 : VW) * rot;   // the last two values wrap to the piece's start
 #pragma unroll
             for (int e = 0; e < VW; e++) {
                 __half v = r.h[e];
                 if (ACT && ((fin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
-                const int pos = S2 ? ((e & 1) ? (e + 1) >> 1 : TC + 1 + (e >> 1)) : e;
-                base[pos * H3_KC - (e >= VW - 2 ? wrap : 0)] = v;
+                const int p = p0 + (S2 ? ((e & 1) ? (e + 1) >> 1 : TC + 1 + (e >> 1)) : e) - (e >= VW - 2 ? wrap : 0);
+                Bs[p][SWZ ? pc ^ ((p >> 2 & 1) << 3) : pc] = v;
             }
         }
         const int col = !S2 && side ? TC + 1 : 0;
@@ -506,7 +545,8 @@ struct H3Halo {
             if (srow[i] < 0) continue;
             __half v = sv[i];
             if (ACT && ((sin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
-            Bs[srow[i] * HC + col][pc] = v;
+            const int p = srow[i] * HC + col;
+            Bs[p][SWZ ? pc ^ ((p >> 2 & 1) << 3) : pc] = v;
         }
     }
 };
@@ -1224,13 +1264,11 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                                                               float *dw, float *ws, int accumulate, int nslices) {
     using namespace nvcuda;
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
-    typedef H3Halo<TC, VW, S2, BNW> Halo;
+    typedef H3Halo<TC, VW, S2, BNW, true> Halo;   // swizzled: read by ldmatrix
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * H3_KC * 2 + 127) / 128 * 128;
-    // the epilogue's rows of 144 floats (LDE = 144 = 16 mod 32: the scatter's two rows per store, 9 floats
-    // apart within each, take disjoint banks) and a 16 x 20 tile per warp (80-byte rows: a WMMA store
-    // without conflicts)
-    constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC, E_BYTES = 4 * 16 * LDE * 4 + 4 * 320 * 4;
+    // the epilogue's rows of 144 floats (16-byte aligned: read back as float4)
+    constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC, E_BYTES = 4 * 16 * LDE * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
     __shared__ __align__(128) unsigned char sm[SMEM];   // two stages (dz tile, halo); then the epilogue's rows
@@ -1266,15 +1304,24 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     };
     auto store = [&](int st) { halo.template store<ACT>(Bs(st), bnf); };
     // each warp: 32 output channels (2 A tiles, rows 32 wy ..) by 16 input channels of 5 taps (wx 0:
-    // taps 0..4) or 4 (wx 1: taps 5..8): a B tile, read with the halo's 2-way bank conflicts, serves 2 mma
+    // taps 0..4) or 4 (wx 1: taps 5..8), as mma.sync m16n8k16 tiles (acc[i][u][j]: A tile i, tap u,
+    // channels 8j ..): per 16 pixels 2 ldmatrix.x4 of dz and one ldmatrix.x4.trans of the swizzled halo
+    // per tap (both halves of its 16 channels), which serves 4 products
     const int wy = warp >> 1, wx = warp & 1;
-    ConvAcc acc[2][5];
+    float acc[2][5][2][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int u = 0; u < 5; u++) wmma::fill_fragment(acc[i][u], 0.0f);
+        for (int u = 0; u < 5; u++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[i][u][j][e] = 0.0f;
     const int nsteps = kt1 - kt0;
     const bool wlive = m0 + wy * 32 < Cout;   // the warp's output channels are not all past Cout (warp-uniform)
+    // this lane's ldmatrix rows: row lane % 16 of an A tile, its columns 8 (lane / 16) ..; position
+    // lane % 16 of a B tile, its channels 8 (lane / 16) .. (the halves swapped where H3Halo's SWZ did)
+    const int lr = lane & 15, lh = lane >> 4;
     if (nsteps > 0) { fetch(kt0, 0); store(0); }
     __pipeline_commit();
     __pipeline_wait_prior(0);
@@ -1289,19 +1336,25 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
 #pragma unroll
         for (int f = 0; f < BNW / 16 && wlive; f++) {
             const int r = f / FPR, sg = f - r * FPR;
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            uint32_t fa[2][4];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &A[wy * 32 + i * 16][f * 16], LDA);
+            for (int i = 0; i < 2; i++) ldsm_x4(fa[i], &A[wy * 32 + i * 16 + lr][f * 16 + 8 * lh]);
 #pragma unroll
             for (int u = 0; u < 5; u++) {
                 const int t = 5 * wx + u;
                 if (t < 9) {   // warp-uniform
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
                     // S2: the tile's pixels are every other halo column, consecutive positions of the
                     // de-interleaved row
-                    wmma::load_matrix_sync(fb, &B[(SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16][0], H3_KC);
+                    const int p = (SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16 + lr;
+                    uint32_t fb[4];
+                    ldsm_x4_t(fb, &B[p][8 * (lh ^ (p >> 2 & 1))]);
 #pragma unroll
-                    for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][u], fa[i], fb, acc[i][u]);
+                    for (int i = 0; i < 2; i++)
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const uint32_t bj[2] = {fb[2 * j], fb[2 * j + 1]};
+                            mma_16816(acc[i][u][j], fa[i], bj);
+                        }
                 }
             }
         }
@@ -1312,21 +1365,18 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // epilogue: the block's 64 x 16 x 9 results as 64 rows of 144 floats (channel-major, then tap), each
     // row dW[co, c0*9 .. c0*9 + 143] (or the slice's share of ws), 16-byte stores
     float(*E)[LDE] = (float(*)[LDE])sm;
-    float *stage = (float *)(sm + 4 * 16 * LDE * 4) + warp * 320;   // past the rows: one tile at a time
+    const int gq = lane >> 2, tq = lane & 3;   // the accumulators' rows gq, gq + 8 and columns 2 tq, 2 tq + 1
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int u = 0; u < 5; u++) {
             const int t = 5 * wx + u;
             if (t >= 9 || m0 + wy * 32 + i * 16 >= Cout) continue;   // warp-uniform
-            wmma::store_matrix_sync(stage, acc[i][u], 20, wmma::mem_row_major);
-            __syncwarp();
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                int q = lane + 32 * e, r = q / 16, c = q % 16;
-                E[wy * 32 + i * 16 + r][c * 9 + t] = stage[r * 20 + c];
-            }
-            __syncwarp();
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    E[wy * 32 + i * 16 + gq + 8 * (e >> 1)][(8 * j + 2 * tq + (e & 1)) * 9 + t] = acc[i][u][j][e];
         }
     __syncthreads();
     float *out = nslices > 1 ? ws + (long)z * Cout * N : dw;
