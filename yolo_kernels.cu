@@ -467,6 +467,8 @@ struct H3Halo {
     // col(kx): the position in a stored row of the tile's first pixel's column for tap kx (S2: of halo
     // column kx, then every other column; stride 1: kx, then every column)
     __device__ __forceinline__ static constexpr int col(int kx) { return S2 ? (kx == 1 ? TC + 1 : kx >> 1) : kx; }
+    // swz(p): whether position p's two 16-byte halves are swapped (SWZ; what store writes, ldmatrix reads)
+    __device__ __forceinline__ static constexpr int swz(int p) { return SWZ ? p >> 2 & 1 : 0; }
     int frow[FPT], fcol[FPT], srow[SPT], side, pc;   // halo row (-1: no piece), first halo column
     unsigned fin, sin;                               // bit i: piece i lies inside the image
     H3Piece<VW> fv[FPT];
@@ -536,7 +538,7 @@ struct H3Halo {
                 __half v = r.h[e];
                 if (ACT && ((fin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
                 const int p = p0 + (S2 ? ((e & 1) ? (e + 1) >> 1 : TC + 1 + (e >> 1)) : e) - (e >= VW - 2 ? wrap : 0);
-                Bs[p][SWZ ? pc ^ ((p >> 2 & 1) << 3) : pc] = v;
+                Bs[p][pc ^ swz(p) << 3] = v;
             }
         }
         const int col = !S2 && side ? TC + 1 : 0;
@@ -546,7 +548,7 @@ struct H3Halo {
             __half v = sv[i];
             if (ACT && ((sin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
             const int p = srow[i] * HC + col;
-            Bs[p][SWZ ? pc ^ ((p >> 2 & 1) << 3) : pc] = v;
+            Bs[p][pc ^ swz(p) << 3] = v;
         }
     }
 };
@@ -605,6 +607,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     halo.init(tid);
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
     uint4 av[9];                            // A: 72 halves of the next step
+    const int aside = (tid >> 4) & 1;       // which half of its pair's A row this lane loads (fetch, store)
     auto fetch = [&](int s) {
         const int c0 = s * H3_KC, cc = c0 + halo.pc;
         halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, SH * y0, SH * x0, IH, IW);
@@ -634,31 +637,29 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
             wp = w + ((long)c * M + m) * 9;
             lim = c < Cr ? 9 * min(max((M - m) / 8, 0), 2) : 0;
         }
-        const int side = (tid >> 4) & 1;
 #pragma unroll
-        for (int ii = 0; ii < 9; ii++) av[ii] = 2 * ii + side < lim ? *(const uint4 *)(wp + 16 * ii + 8 * side) : z4;
+        for (int ii = 0; ii < 9; ii++) av[ii] = 2 * ii + aside < lim ? *(const uint4 *)(wp + 16 * ii + 8 * aside) : z4;
     };
     auto store = [&]() {
         halo.template store<ACT>(Bs, bnf);
         // the pair's trade: side 0 holds chunks 0, 2, .., 16 and keeps 0 .. 8; side 1 holds 1, 3, .., 17
         // and keeps 9 .. 17; each sends the 4 the other keeps
-        const int side = (tid >> 4) & 1;
         union { uint4 u[9]; __half h[72]; } in;   // value j = 9 r + t: row r (channel or output channel), tap t
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const uint4 snd = side ? av[k] : av[5 + k];
+            const uint4 snd = aside ? av[k] : av[5 + k];
             in.u[2 * k + 1] = make_uint4(__shfl_xor_sync(0xffffffffu, snd.x, 16), __shfl_xor_sync(0xffffffffu, snd.y, 16),
                                          __shfl_xor_sync(0xffffffffu, snd.z, 16), __shfl_xor_sync(0xffffffffu, snd.w, 16));
         }
 #pragma unroll
-        for (int k = 0; k < 5; k++) in.u[2 * k] = side ? av[k + 4] : av[k];
+        for (int k = 0; k < 5; k++) in.u[2 * k] = aside ? av[k + 4] : av[k];
 #pragma unroll
         for (int t = 0; t < 9; t++) {
             union { uint4 u; __half h[8]; } o;
 #pragma unroll
             for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
-            if (!DGRAD) *(uint4 *)&As[t][16 * warp + (tid & 15)][8 * side] = o.u;
-            else *(uint4 *)&Ad[PS2 ? t : 8 - t][tid & 15][16 * warp + 8 * side] = o.u;
+            if (!DGRAD) *(uint4 *)&As[t][16 * warp + (tid & 15)][8 * aside] = o.u;
+            else *(uint4 *)&Ad[PS2 ? t : 8 - t][tid & 15][16 * warp + 8 * aside] = o.u;
         }
     };
     // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles, fragments 2 warp, +1 of the
@@ -1347,7 +1348,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                     // de-interleaved row
                     const int p = (SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16 + lr;
                     uint32_t fb[4];
-                    ldsm_x4_t(fb, &B[p][8 * (lh ^ (p >> 2 & 1))]);
+                    ldsm_x4_t(fb, &B[p][8 * (lh ^ Halo::swz(p))]);
 #pragma unroll
                     for (int i = 0; i < 2; i++)
 #pragma unroll

@@ -663,12 +663,15 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
         count_launch_begin(c, nb, ns);
         for (unsigned long i = 0; i < ns; i++) {
             unsigned long bi = order[i];
+            auto run_at = [&](uint3 b) {
+                cur_bid = b;
+                memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
+                run_block(body, n);
+            };
             count_block_begin(n, bi);
             const uint3 bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y),
                                          (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
-            cur_bid = bid;
-            memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
-            run_block(body, n);
+            run_at(bid);
             // a sampled launch's probes (counter mode): along each grid dimension of 2 to 64 blocks
             // (channel tiles, K slices, parities), the block half the dimension away, run only to see
             // which of the sampled block's sectors it touches too: those the whole line of blocks
@@ -680,9 +683,7 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
                 unsigned *co = d == 0 ? &pb.x : d == 1 ? &pb.y : &pb.z;
                 *co = (*co + gd[d] / 2) % gd[d];
                 count_probe_begin(n);
-                cur_bid = pb;
-                memset(smem_ptr, 0xFF, c.smem);
-                run_block(body, n);
+                run_at(pb);
                 count_probe_end(gd[d]);
             }
         }
