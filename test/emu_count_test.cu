@@ -3,11 +3,13 @@
 // sectors per request of coalesced, strided, broadcast and 16-byte loads; shared-memory bank
 // conflicts of stride 1, 2 and 32 and of a broadcast; WMMA tiles from shared memory with a 32-byte
 // and a padded 48-byte row pitch (ldmatrix: 2-way conflicts, none); the mma count; block sampling and
-// its compulsory bytes (data shared by the grid, by a line of blocks, a tile's edge).
+// its compulsory bytes (data shared by the grid, by a line of blocks, a tile's edge); an 8-byte cp.async
+// counted as one access of its width.
 // Built only in the counting build (test/bin/emu-count); run by test/run_emu.sh when it exists.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <cuda_pipeline_primitives.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdarg.h>
@@ -73,6 +75,16 @@ __global__ void wtile(const __half *a, float *c, int ldm) {
     wmma::mma_sync(fc, fa, fb, fc);
     wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
 }
+// each lane copies 8 bytes of x into shared memory by cp.async (__pipeline_memcpy_async), then stores one float
+__global__ void cpasync(const float *x, float *y) {
+    __shared__ __align__(16) float s[64];
+    int l = threadIdx.x;
+    __pipeline_memcpy_async(&s[2 * l], &x[2 * l], 8);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    y[l] = s[2 * l] + s[2 * l + 1];
+}
 
 struct Rec { std::string kernel; std::vector<double> v; };
 static std::vector<Rec> read_counts(const char *path) {
@@ -120,11 +132,12 @@ int main() {
     gload<<<100, 32>>>(x, y, 0);
     gshare<<<dim3(50, 4), 32>>>(x, y2);
     unsetenv("EMU_SAMPLE");
+    cpasync<<<1, 32>>>(x, y);
     CK(cudaDeviceSynchronize());
     emu_count_dump_now();
     std::vector<Rec> r = read_counts(path);
     unlink(path);
-    if (r.size() != 11) { printf("FAIL  expected 11 launches in the counter dump, got %zu\n", r.size()); return 1; }
+    if (r.size() != 12) { printf("FAIL  expected 12 launches in the counter dump, got %zu\n", r.size()); return 1; }
     // exact counts: every figure below is a small integer, compared with tolerance 0
     const double want_sect[4] = {4, 32, 1, 16};
     const char *what[4] = {"x[lane] float (coalesced)", "x[32*lane] float (strided)", "x[0] in every lane (broadcast)",
@@ -163,5 +176,12 @@ int main() {
     // shared by a line, it was 200 x (160 + 128))
     check_close("sampling: compulsory bytes of a grid whose y-line of blocks shares its input", r[10].v[COMPULSORY],
                 50 * 132 + 200 * 128, 0);
+    // a warp's 8-byte cp.async: one load request of 8 sectors (256 bytes, all in 8-byte accesses), one
+    // shared store request of 2 wavefronts (it was counted as 8 one-byte copies: 8 requests)
+    check_close("cp.async 8 bytes a lane: load requests", r[11].v[GLD_REQ], 1, 0);
+    check_close("cp.async 8 bytes a lane: sectors", r[11].v[GLD_SECT], 8, 0);
+    check_close("cp.async 8 bytes a lane: bytes in 8-byte accesses", r[11].v[GB8], 256, 0);
+    check_close("cp.async 8 bytes a lane: shared store requests", r[11].v[SST_REQ], 1, 0);
+    check_close("cp.async 8 bytes a lane: shared store wavefronts", r[11].v[SST_WAVE], 2, 0);
     return test_summary();
 }

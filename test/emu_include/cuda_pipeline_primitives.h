@@ -16,7 +16,12 @@ static inline void __pipeline_memcpy_async(void *dst_shared, const void *src_glo
                   size_and_align, zfill, dst_shared, src_global);
     // plain element copies (no memcpy), so that the emulator's access counting sees a global load and
     // a shared store of the copy's width
-    if (zfill == 0 && size_and_align == 16) { *(uint4 *)dst_shared = *(const uint4 *)src_global; return; }
+    if (zfill == 0) {   // one access of the copy's width (4, 8 or 16 bytes), as cp.async makes
+        if (size_and_align == 16) *(uint4 *)dst_shared = *(const uint4 *)src_global;
+        else if (size_and_align == 8) *(uint2 *)dst_shared = *(const uint2 *)src_global;
+        else *(uint32_t *)dst_shared = *(const uint32_t *)src_global;
+        return;
+    }
     const unsigned char *s = (const unsigned char *)src_global;
     unsigned char *d = (unsigned char *)dst_shared;
     for (size_t i = 0; i < size_and_align; i++) d[i] = i < size_and_align - zfill ? s[i] : 0;
