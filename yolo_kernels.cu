@@ -453,11 +453,11 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // single halves the two lanes of a pair take on alternate rows. A row is stored de-interleaved: its
 // TC + 1 even columns first, then its TC odd ones, so that the 16 output pixels of a B tile (every
 // other column) are 16 consecutive positions, as at stride 1 (col(kx): where tap kx's columns start).
-// SWZ: each position's two 16-byte halves (channels 0-7, 8-15) are swapped where bit 2 of the position
-// index is set, so that the 8 rows an ldmatrix phase reads (8 consecutive positions, one half each) fall
-// into 8 different bank groups (unswizzled, positions p and p + 4 share theirs); for ldmatrix only: a
-// WMMA tile needs the plain layout.
-template <int TC, int VW, bool S2 = false, int BN = H3_BN, bool SWZ = false>
+// KP: halves per position, chosen so that the 8 rows an ldmatrix phase reads (8 consecutive positions,
+// one 16-byte half each) fall into 8 different bank groups (at a plain 32-byte pitch positions p and
+// p + 4 share theirs): 24 pads each position to 48 bytes; 16 (where shared memory is short) keeps 32
+// bytes and swaps a position's two halves (channels 0-7, 8-15) where bit 2 of its index is set (swz).
+template <int TC, int VW, bool S2 = false, int BN = H3_BN, int KP = H3_KC>
 struct H3Halo {
     static constexpr int TR = BN / TC, HR = S2 ? 2 * TR + 1 : TR + 2, HC = S2 ? 2 * TC + 1 : TC + 2;
     static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = HR * PR * H3_KC, NS = HR * (S2 ? 1 : 2) * H3_KC;
@@ -467,8 +467,9 @@ struct H3Halo {
     // col(kx): the position in a stored row of the tile's first pixel's column for tap kx (S2: of halo
     // column kx, then every other column; stride 1: kx, then every column)
     __device__ __forceinline__ static constexpr int col(int kx) { return S2 ? (kx == 1 ? TC + 1 : kx >> 1) : kx; }
-    // swz(p): whether position p's two 16-byte halves are swapped (SWZ; what store writes, ldmatrix reads)
-    __device__ __forceinline__ static constexpr int swz(int p) { return SWZ ? p >> 2 & 1 : 0; }
+    static_assert(KP == H3_KC || KP == H3_KC + 8, "halo pitch");
+    // swz(p): whether position p's two 16-byte halves are swapped (KP 16; what store writes, ldmatrix reads)
+    __device__ __forceinline__ static constexpr int swz(int p) { return KP == H3_KC ? p >> 2 & 1 : 0; }
     int frow[FPT], fcol[FPT], srow[SPT], side, pc;   // halo row (-1: no piece), first halo column
     unsigned fin, sin;                               // bit i: piece i lies inside the image
     H3Piece<VW> fv[FPT];
@@ -511,7 +512,7 @@ struct H3Halo {
         }
     }
     template <bool ACT>
-    __device__ __forceinline__ void store(__half (*Bs)[H3_KC], float2 bn) const {
+    __device__ __forceinline__ void store(__half (*Bs)[KP], float2 bn) const {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             if (frow[i] < 0) continue;
@@ -557,7 +558,6 @@ struct H3Halo {
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const float *bias, float *of, __half *oh, int accumulate) {
-    using namespace nvcuda;
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
     // block and both column parities (PS2), its halo of dz at stride 1; S2 without: the stride-2
     // forward (FS2), its halo a stride-2 window of x
@@ -567,17 +567,17 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // two input pixels, (2x, 2y + py) and (2x + 1, 2y + py), each with its own accumulator, NJ 4); else
     // 128, each warp all 64 channels (4 A tiles) by 32 pixels
     constexpr int BNK = S2 ? 64 : H3_BN, WA = BNK == H3_BN ? 4 : 2, NJ = PS2 ? 4 : 2;
-    typedef H3Halo<TC, VW, FS2, BNK> Halo;
+    typedef H3Halo<TC, VW, FS2, BNK, H3_KC + 8> Halo;   // padded to 48 bytes a position: read by ldmatrix
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
     // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
     // row-major (m, k), the 16 input channels of an output channel contiguous (the thread loaded 8 of
     // them); DGRAD's col-major (m, k), 64 output channels contiguous per dz channel (the thread loaded 8
-    // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows a WMMA tile
-    // reads at a time fall into different banks.
+    // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows an ldmatrix
+    // phase reads fall into different banks.
     constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
     static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4, "the epilogue's tiles fit in A's space");
     __shared__ __align__(128) __half Araw[A_HALVES];
-    __shared__ __align__(128) __half Bs[Halo::HR * HC][H3_KC];   // the halo, 16 channels per position
+    __shared__ __align__(128) __half Bs[Halo::HR * HC][H3_KC + 8];   // the halo, 16 channels per position
     // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in A's space: the K
     // loop's last barrier is behind it
     float(*Cs)[2][16][20] = (float(*)[2][16][20])Araw;
@@ -662,16 +662,25 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
             else *(uint4 *)&Ad[PS2 ? t : 8 - t][tid & 15][16 * warp + 8 * aside] = o.u;
         }
     };
-    // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles, fragments 2 warp, +1 of the
-    // tile's 8 runs of 16 pixels): the halo's B tiles, which a 32-byte pitch reads with 2-way bank
-    // conflicts, are loaded once per 4 mma, the conflict-free A tiles once per 2
-    typedef typename std::conditional<DGRAD, wmma::col_major, wmma::row_major>::type ALayout;
+    // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles of 16, fragments 2 warp, +1
+    // of the tile's 8 runs of 16 pixels; S2: 2 A tiles), as mma.sync m16n8k16 products: per tap one
+    // ldmatrix.x4 per B tile (the padded halo: its 16 pixels' two channel halves, serving 2 x WA
+    // products) and one per A tile (forward: As row-major; DGRAD: Ad k-major, .trans)
     const int wa = WA == 4 ? 0 : (warp >> 1) * 2, wf = (WA == 4 ? warp : warp & 1) * 2;   // first A / B tile
-    ConvAcc acc[WA][NJ];   // [A tile][B tile] (PS2: [A tile][2 B tile + column parity])
+    const int ln = tid & 31;
+    float acc[WA][NJ][2][4];   // [A tile][B tile (PS2: 2 B tile + column parity)][8 pixels][accumulators]
 #pragma unroll
     for (int i = 0; i < WA; i++)
 #pragma unroll
-        for (int j = 0; j < NJ; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[i][j][h][e] = 0.0f;
+    // this lane's ldmatrix rows: B, pixel bpx of a tile, channel half bh; A forward, row arow, columns
+    // acol ..; A DGRAD (k-major), k row bpx, columns 8 bh ..
+    const int bpx = (ln & 7) + 8 * (ln >> 4), bh = (ln >> 3) & 1;
+    const int arow = (ln & 7) + 8 * ((ln >> 3) & 1), acol = 8 * (ln >> 4);
     fetch(0);
     store();
     __syncthreads();
@@ -689,22 +698,25 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                 if ((ky == 1) != (py == 0)) continue;   // block-uniform
                 ky = 1 + (ky == 0); kx = 1 + (kx == 0);
             }
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+            uint32_t fb[2][4];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int f = wf + j, r = f / FPR, sg = f - r * FPR;
-                wmma::load_matrix_sync(fb[j], &Bs[(SH * r + ky) * HC + Halo::col(kx) + sg * 16][0], H3_KC);
+                const int p = (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
+                ldsm_x4(fb[j], &Bs[p][8 * (bh ^ Halo::swz(p))]);
             }
 #pragma unroll
             for (int i = 0; i < WA; i++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa;
-                if (DGRAD) wmma::load_matrix_sync(fa, &Ad[t][0][(wa + i) * 16], H3_BM + 8);
-                else wmma::load_matrix_sync(fa, &As[t][(wa + i) * 16][0], H3_KC + 8);
+                uint32_t fa[4];
+                if (DGRAD) ldsm_x4_t(fa, &Ad[t][bpx][(wa + i) * 16 + 8 * bh]);
+                else ldsm_x4(fa, &As[t][(wa + i) * 16 + arow][acol]);
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    ConvAcc &c = acc[i][PS2 ? 2 * j + jp : j];
-                    wmma::mma_sync(c, fa, fb[j], c);
-                }
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t bj[2] = {fb[j][2 * h], fb[j][2 * h + 1]};
+                        mma_16816(acc[i][PS2 ? 2 * j + jp : j][h], fa, bj);
+                    }
             }
         }
         __syncthreads();
@@ -723,8 +735,14 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             if (m0 + (wa + i) * 16 >= M) break;   // warp-uniform
-            wmma::store_matrix_sync(&Cs[warp][0][0][0], acc[i][PS2 ? 2 * j : j], 20, wmma::mem_row_major);
-            if (PS2) wmma::store_matrix_sync(&Cs[warp][1][0][0], acc[i][PS2 ? 2 * j + 1 : j], 20, wmma::mem_row_major);
+#pragma unroll
+            for (int q = 0; q < (PS2 ? 2 : 1); q++)   // the accumulators' rows ln / 4 (+ 8), columns 2 (ln % 4) (+ 1)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2)
+                        *(float2 *)&Cs[warp][q][(ln >> 2) + 4 * e][8 * h + 2 * (ln & 3)] =
+                            make_float2(acc[i][PS2 ? 2 * j + q : j][h][e], acc[i][PS2 ? 2 * j + q : j][h][e + 1]);
             __syncwarp();
             const int f = wf + j, r = f / FPR, sg = f - r * FPR;
             const int m = m0 + (wa + i) * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
@@ -1263,9 +1281,8 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 template <bool ACT, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
-    using namespace nvcuda;
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
-    typedef H3Halo<TC, VW, S2, BNW, true> Halo;   // swizzled: read by ldmatrix
+    typedef H3Halo<TC, VW, S2, BNW> Halo;   // 32 bytes a position, swizzled: read by ldmatrix
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * H3_KC * 2 + 127) / 128 * 128;
     // the epilogue's rows of 144 floats (16-byte aligned: read back as float4)
@@ -1321,7 +1338,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int nsteps = kt1 - kt0;
     const bool wlive = m0 + wy * 32 < Cout;   // the warp's output channels are not all past Cout (warp-uniform)
     // this lane's ldmatrix rows: row lane % 16 of an A tile, its columns 8 (lane / 16) ..; position
-    // lane % 16 of a B tile, its channels 8 (lane / 16) .. (the halves swapped where H3Halo's SWZ did)
+    // lane % 16 of a B tile, its channels 8 (lane / 16) .. (the halves swapped where H3Halo::swz says)
     const int lr = lane & 15, lh = lane >> 4;
     if (nsteps > 0) { fetch(kt0, 0); store(0); }
     __pipeline_commit();
