@@ -133,7 +133,7 @@ static inline int bn_chunks(int B, int HW) {
     long k = ((long)B * HW + 16383) / 16384;
     return k < 1 ? 1 : k > 64 ? 64 : (int)k;
 }
-static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C * (2 * bn_chunks(B, HW) + 2); }
+static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C * 2 * bn_chunks(B, HW); }
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
 // conv_forward_cpu: train: mean and biased variance (FP32; two passes over each chunk, the chunks combined in order),
 // invstd = 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased variance;

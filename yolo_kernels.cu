@@ -1911,33 +1911,37 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
         part[(long)C * q.K + (long)c * q.K + k] = sgx;
     }
 }
-// bn_bwd_finish: one thread per channel: the partials in chunk order into dbeta/dgamma (+=) and the
-// two means the apply pass needs into means (C mean(gy), then C mean(gy*xhat); 0 in eval)
-__global__ void bn_bwd_finish_kernel(const float *part, int K, int C, float cnt, int bn, int train, float *dgamma,
-                                     float *dbeta, float *means) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float sg = 0.0f, sgx = 0.0f;
-    for (int k = 0; k < K; k++) sg += part[(long)c * K + k], sgx += part[(long)C * K + (long)c * K + k];
-    dbeta[c] += sg;
-    if (!bn) return;
-    dgamma[c] += sgx;
-    means[c] = train ? sg / cnt : 0.0f;
-    means[C + c] = train ? sgx / cnt : 0.0f;
-}
-// bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN).
-// grid (ceil(HW/(256 V)), C, B), V (V8: 8, 16-byte accesses, else 1) consecutive elements per thread
+// bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN), mg and mgx the
+// channel's means of gy and gy*xhat (0 in eval). grid (ceil(HW/(256 V)), C, B), V (V8: 8, 16-byte
+// accesses, else 1) consecutive elements per thread. Each block first adds its channel's K partials in
+// chunk order (thread 0: the same sums a separate one-thread-per-channel launch made, without the
+// launch), and the channel's first block (x and z 0) adds the sums into dbeta (+ dgamma with BN).
+// V8: 38-39 registers, 6 blocks an SM (48 warps, 2 16-byte loads in flight per lane: enough to keep
+// DRAM busy); capped at 32 (8 blocks) ptxas spilled.
 template <class T, class TD, bool V8>
 __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
-                                    const float *gamma, const float *beta, const float *scratch, T *dz, int C, int HW) {
-    int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y;
+                                    const float *gamma, const float *beta, const float *part, int K, float cnt,
+                                    int train, float *dgamma, float *dbeta, T *dz, int C, int HW) {
+    __shared__ float msum[2];
+    const int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y;
+    if (threadIdx.x == 0) {
+        float sg = 0.0f, sgx = 0.0f;
+#pragma unroll 1
+        for (int k = 0; k < K; k++) sg += part[(long)c * K + k], sgx += part[(long)C * K + (long)c * K + k];
+        if (blockIdx.x == 0 && blockIdx.z == 0) {
+            dbeta[c] += sg;
+            if (gamma) dgamma[c] += sgx;
+        }
+        msum[0] = train ? sg / cnt : 0.0f;
+        msum[1] = train ? sgx / cnt : 0.0f;
+    }
+    __syncthreads();
     if (i >= HW) return;
-    long o = blockIdx.z * zs + (long)c * HW + i;
+    const long o = blockIdx.z * zs + (long)c * HW + i;
     float g[8], zv[8];
     if (V8) load8(dA + o, g); else g[0] = act_f(dA[o]);
     if (gamma) {
-        float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = scratch[c],
-              mgx = scratch[C + c];
+        float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = msum[0], mgx = msum[1];
         if (V8) load8(z + o, zv); else zv[0] = act_f(z[o]);
 #pragma unroll
         for (int e = 0; e < (V8 ? 8 : 1); e++) {
@@ -1955,22 +1959,21 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     if (!zs) zs = (long)C * HW;
     cudaStream_t s = (cudaStream_t)stream;
     BnGeo q = bn_geo(B, C, HW, zs);
-    float *part = scratch + 2 * (long)C;   // after the two means
+    // no values: the partials would be 0, and so would what the apply pass adds to dbeta / dgamma
+    if ((long)B * HW == 0) return;
+    float *part = scratch;
     dim3 grid((unsigned)q.K, (unsigned)C);
     if (bn_vec8(HW, zs, zs, z, dA, dA))
         bn_bwd_partial_kernel<T, TD, true><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     else bn_bwd_partial_kernel<T, TD, false><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
-    bn_bwd_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(part, q.K, C, (float)B * HW, gamma != NULL, train, dgamma, dbeta,
-                                                      scratch);
-    CUDA_CHECK(cudaGetLastError());
-    if ((long)B * HW == 0) return;
+    const float cnt = (float)B * HW;
     if (bn_vec8(HW, zs, zs, z, dA, dz))
         bn_bwd_apply_kernel<T, TD, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
+            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW);
     else
         bn_bwd_apply_kernel<T, TD, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, dA, zs, mean, invstd, gamma, beta, scratch, dz, C, HW);
+            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean,
