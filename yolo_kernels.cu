@@ -468,6 +468,7 @@ struct H3Halo {
     // column kx, then every other column; stride 1: kx, then every column)
     __device__ __forceinline__ static constexpr int col(int kx) { return S2 ? (kx == 1 ? TC + 1 : kx >> 1) : kx; }
     static_assert(KP == H3_KC || KP == H3_KC + 8, "halo pitch");
+    static constexpr int PITCH = KP;   // halves per position
     // swz(p): whether position p's two 16-byte halves are swapped (KP 16; what store writes, ldmatrix reads)
     __device__ __forceinline__ static constexpr int swz(int p) { return KP == H3_KC ? p >> 2 & 1 : 0; }
     int frow[FPT], fcol[FPT], srow[SPT], side, pc;   // halo row (-1: no piece), first halo column
@@ -1282,16 +1283,19 @@ template <bool ACT, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
-    typedef H3Halo<TC, VW, S2, BNW> Halo;   // 32 bytes a position, swizzled: read by ldmatrix
+    // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
+    // fit 48 KB), at stride 1 32 bytes and swizzled (padded they would not)
+    typedef H3Halo<TC, VW, S2, BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
+    constexpr int KP = Halo::PITCH;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
-    constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * H3_KC * 2 + 127) / 128 * 128;
+    constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
     // the epilogue's rows of 144 floats (16-byte aligned: read back as float4)
     constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC, E_BYTES = 4 * 16 * LDE * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
     __shared__ __align__(128) unsigned char sm[SMEM];   // two stages (dz tile, halo); then the epilogue's rows
     auto As = [&](int st) { return (__half(*)[LDA])(sm + st * STAGE); };
-    auto Bs = [&](int st) { return (__half(*)[H3_KC])(sm + st * STAGE + A_BYTES); };
+    auto Bs = [&](int st) { return (__half(*)[KP])(sm + st * STAGE + A_BYTES); };
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int Cout = g.Cout, Cin = g.Cin, H = g.H, W = g.W, HW = H * W, N = Cin * 9;
     const int OH = g.Ho, OW = g.Wo, OHW = OH * OW;   // dz's map (S2: every other input pixel's)
@@ -1323,7 +1327,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     auto store = [&](int st) { halo.template store<ACT>(Bs(st), bnf); };
     // each warp: 32 output channels (2 A tiles, rows 32 wy ..) by 16 input channels of 5 taps (wx 0:
     // taps 0..4) or 4 (wx 1: taps 5..8), as mma.sync m16n8k16 tiles (acc[i][u][j]: A tile i, tap u,
-    // channels 8j ..): per 16 pixels 2 ldmatrix.x4 of dz and one ldmatrix.x4.trans of the swizzled halo
+    // channels 8j ..): per 16 pixels 2 ldmatrix.x4 of dz and one ldmatrix.x4.trans of the halo
     // per tap (both halves of its 16 channels), which serves 4 products
     const int wy = warp >> 1, wx = warp & 1;
     float acc[2][5][2][4];
@@ -1350,7 +1354,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
         if (next) fetch(kt0 + s + 1, st ^ 1);
         __pipeline_commit();
         __half(*A)[LDA] = As(st);
-        __half(*B)[H3_KC] = Bs(st);
+        __half(*B)[KP] = Bs(st);
 #pragma unroll
         for (int f = 0; f < BNW / 16 && wlive; f++) {
             const int r = f / FPR, sg = f - r * FPR;
