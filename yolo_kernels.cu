@@ -456,7 +456,7 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // KP: halves per position, chosen so that the 8 rows an ldmatrix phase reads (8 consecutive positions,
 // one 16-byte half each) fall into 8 different bank groups (at a plain 32-byte pitch positions p and
 // p + 4 share theirs): 24 pads each position to 48 bytes; 16 (where shared memory is short) keeps 32
-// bytes and swaps a position's two halves (channels 0-7, 8-15) where bit 2 of its index is set (swz).
+// bytes and swaps a position's two halves (channels 0-7, 8-15) where bit 2 of its index is set (at).
 template <int TC, int VW, bool S2 = false, int BN = H3_BN, int KP = H3_KC>
 struct H3Halo {
     static constexpr int TR = BN / TC, HR = S2 ? 2 * TR + 1 : TR + 2, HC = S2 ? 2 * TC + 1 : TC + 2;
@@ -469,8 +469,14 @@ struct H3Halo {
     __device__ __forceinline__ static constexpr int col(int kx) { return S2 ? (kx == 1 ? TC + 1 : kx >> 1) : kx; }
     static_assert(KP == H3_KC || KP == H3_KC + 8, "halo pitch");
     static constexpr int PITCH = KP;   // halves per position
-    // swz(p): whether position p's two 16-byte halves are swapped (KP 16; what store writes, ldmatrix reads)
-    __device__ __forceinline__ static constexpr int swz(int p) { return KP == H3_KC ? p >> 2 & 1 : 0; }
+    // at(Bs, p, ch): where channel ch of position p lies (what store writes, ldmatrix reads). KP 16:
+    // the byte offset p * 32 + ch * 2 has bit 7 = bit 2 of p and bit 4 = ch's half, so the swap is one
+    // XOR of the offset's bit 7 into its bit 4 (Bs is 128-byte aligned)
+    __device__ __forceinline__ static __half *at(__half (*Bs)[KP], int p, int ch) {
+        if constexpr (KP != H3_KC) return &Bs[p][ch];
+        const unsigned a = (unsigned)p * 32u + (unsigned)ch * 2u;
+        return (__half *)((char *)Bs + (a ^ (a >> 3 & 16u)));
+    }
     int frow[FPT], fcol[FPT], srow[SPT], side, pc;   // halo row (-1: no piece), first halo column
     unsigned fin, sin;                               // bit i: piece i lies inside the image
     H3Piece<VW> fv[FPT];
@@ -540,7 +546,7 @@ struct H3Halo {
                 __half v = r.h[e];
                 if (ACT && ((fin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
                 const int p = p0 + (S2 ? ((e & 1) ? (e + 1) >> 1 : TC + 1 + (e >> 1)) : e) - (e >= VW - 2 ? wrap : 0);
-                Bs[p][pc ^ swz(p) << 3] = v;
+                *at(Bs, p, pc) = v;
             }
         }
         const int col = !S2 && side ? TC + 1 : 0;
@@ -550,7 +556,7 @@ struct H3Halo {
             __half v = sv[i];
             if (ACT && ((sin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
             const int p = srow[i] * HC + col;
-            Bs[p][pc ^ swz(p) << 3] = v;
+            *at(Bs, p, pc) = v;
         }
     }
 };
@@ -704,7 +710,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
             for (int j = 0; j < 2; j++) {
                 const int f = wf + j, r = f / FPR, sg = f - r * FPR;
                 const int p = (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
-                ldsm_x4(fb[j], &Bs[p][8 * (bh ^ Halo::swz(p))]);
+                ldsm_x4(fb[j], Halo::at(Bs, p, 8 * bh));
             }
 #pragma unroll
             for (int i = 0; i < WA; i++) {
@@ -1342,7 +1348,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int nsteps = kt1 - kt0;
     const bool wlive = m0 + wy * 32 < Cout;   // the warp's output channels are not all past Cout (warp-uniform)
     // this lane's ldmatrix rows: row lane % 16 of an A tile, its columns 8 (lane / 16) ..; position
-    // lane % 16 of a B tile, its channels 8 (lane / 16) .. (the halves swapped where H3Halo::swz says)
+    // lane % 16 of a B tile, its channels 8 (lane / 16) .. (H3Halo::at: the halves swapped where they are)
     const int lr = lane & 15, lh = lane >> 4;
     if (nsteps > 0) { fetch(kt0, 0); store(0); }
     __pipeline_commit();
@@ -1369,7 +1375,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                     // de-interleaved row
                     const int p = (SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16 + lr;
                     uint32_t fb[4];
-                    ldsm_x4_t(fb, &B[p][8 * (lh ^ Halo::swz(p))]);
+                    ldsm_x4_t(fb, Halo::at(B, p, 8 * lh));
 #pragma unroll
                     for (int i = 0; i < 2; i++)
 #pragma unroll
