@@ -584,7 +584,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
     static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4, "the epilogue's tiles fit in A's space");
     __shared__ __align__(128) __half Araw[A_HALVES];
-    __shared__ __align__(128) __half Bs[Halo::HR * HC][H3_KC + 8];   // the halo, 16 channels per position
+    __shared__ __align__(128) __half Bs[Halo::HR * HC][Halo::PITCH];   // the halo, 16 channels per position
     // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in A's space: the K
     // loop's last barrier is behind it
     float(*Cs)[2][16][20] = (float(*)[2][16][20])Araw;

@@ -661,13 +661,13 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
             }
         }
         count_launch_begin(c, nb, ns);
+        auto run_at = [&](uint3 b) {
+            cur_bid = b;
+            memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
+            run_block(body, n);
+        };
         for (unsigned long i = 0; i < ns; i++) {
             unsigned long bi = order[i];
-            auto run_at = [&](uint3 b) {
-                cur_bid = b;
-                memset(smem_ptr, 0xFF, c.smem);   // uninitialised shared memory reads as NaN
-                run_block(body, n);
-            };
             count_block_begin(n, bi);
             const uint3 bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y),
                                          (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
