@@ -2066,6 +2066,7 @@ struct Backend {
     void (*maxpool_back)(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W);
     void (*conv)(Exec *e, Conv *c);            // c->z = conv(input); Detect outputs: + bias, into the head map
     void (*bn_stats)(Exec *e, Conv *c);        // c->mean, c->invstd: batch (m->train, running stats updated) or running
+    void (*conv_stats)(Exec *e, Conv *c);      // conv, then bn_stats, in one (NULL: the two hooks above)
     void *(*bn_backward)(Exec *e, Conv *c);    // dz from c->dA through BN and SiLU, dgamma/dbeta (or bias) +=
     void (*conv_grads)(Exec *e, Conv *c, void *dz);   // weight gradient += and the input value's gradient
     struct LossOut (*loss)(Exec *e, const struct LossTargets *tg, const struct LossConfig *lcfg);   // + m->dhead
@@ -2285,6 +2286,10 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
 // conv_forward: z = conv(input) for the whole batch, then the BN statistics, except when
 // recomputing (the statistics of the forward stand).
 static void conv_forward(Exec *e, Conv *c, int recomputing) {
+    if (c->bn && !recomputing && e->be->conv_stats) {
+        e->be->conv_stats(e, c);
+        return;
+    }
     e->be->conv(e, c);
     if (c->bn && !recomputing) e->be->bn_stats(e, c);
 }
@@ -9782,6 +9787,8 @@ static void gpu_unreachable(int unused, ...) {
 #define conv_dgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_wgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_stats_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define conv_forward_stats_cuda(...) (gpu_unreachable(0, __VA_ARGS__), 0)
+#define bn_stats_finish_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_backward_h_cuda(...) gpu_unreachable(0, __VA_ARGS__)
@@ -10014,7 +10021,7 @@ static void k_conv_wgrad(Gpu *g, ConvDims d, const void *dz, const void *x, cons
 // k_bn_stats: the batch statistics (train) with their chunks' scratch (a temporary), or the running ones
 static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mean, float *invstd, float *rm,
                        float *rv) {
-    float *scratch = g->m->train ? gf32(g, (long)bn_scratch_floats(g->B, C, HW), G_SCRATCH) : NULL;
+    float *scratch = g->m->train ? gf32(g, (long)bn_stats_scratch_floats(g->B, C, HW), G_SCRATCH) : NULL;
     if (!arena_dry(g->a)) {
         prof_begin(g);
         if (g->f32)
@@ -10181,6 +10188,31 @@ static void gpu_bn_stats(Exec *e, Conv *c) {
     float *rm = e->buffers + c->rs_off;
     k_bn_stats(e->ctx, c->z, (long)c->zstride, c->cout, c->Ho * c->Wo, c->mean, c->invstd, rm, rm + c->cout);
 }
+// gpu_conv_stats: a BN conv's z and its batch statistics. Training with AMP: from the conv's epilogue
+// (its tiles' partial statistics, a temporary), so z is not read again; else gpu_conv, then gpu_bn_stats.
+static void gpu_conv_stats(Exec *e, Conv *c) {
+    Gpu *g = e->ctx;
+    if (g->f32 || !e->m->train) {
+        gpu_conv(e, c);
+        gpu_bn_stats(e, c);
+        return;
+    }
+    GpuIn in = gpu_conv_input(e, c);
+    ConvDims d = gpu_conv_dims(g, c, in.xs, (long)c->zstride);
+    float *part = gf32(g, (long)conv_stats_floats(d), G_SCRATCH);
+    if (!arena_dry(g->a)) {
+        float *rm = e->buffers + c->rs_off;
+        prof_begin(g);
+        int K = conv_forward_stats_cuda(d, in.x, in.fused ? &in.act : NULL, gpu_w(g, c), (uint16_t *)c->z, part,
+                                        g->stream);
+        prof_end_conv(g, d, "fwd");
+        prof_begin(g);
+        bn_stats_finish_cuda(part, K, c->cout, c->mean, c->invstd, rm, rm + c->cout, BN_EPS, BN_MOMENTUM, g->stream);
+        prof_end(g, "bn stats", 0);
+    }
+    arena_free(g->a, part);
+    gpu_input_free(g, &in);
+}
 // gpu_bn_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias) into dz, in the step's
 // precision: in place of dA, which is of that type and stride and read by no one after (each value
 // read by the thread that writes its dz), but for the Detect outputs, whose dA is FP32 in the loss maps
@@ -10281,7 +10313,8 @@ static const Backend gpu_backend = {
     .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .add = gpu_add, .upsample = gpu_upsample,
     .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .upsample_back = gpu_upsample_back,
     .maxpool_back = gpu_maxpool_back,
-    .conv = gpu_conv, .bn_stats = gpu_bn_stats, .bn_backward = gpu_bn_backward, .conv_grads = gpu_conv_grads,
+    .conv = gpu_conv, .bn_stats = gpu_bn_stats, .conv_stats = gpu_conv_stats, .bn_backward = gpu_bn_backward,
+    .conv_grads = gpu_conv_grads,
     .loss = gpu_loss,
 };
 

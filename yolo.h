@@ -80,6 +80,31 @@ typedef struct { const float *mean, *invstd, *gamma, *beta; } ConvAct;
 // when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL.
 void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
                        float *z, uint16_t *zh, void *stream);
+// conv_forward_stats_cuda: conv_forward_cuda's FP16 z (no bias) and, from the same kernel's epilogue, what
+// bn_stats_cuda needs of that z (train): each block reduces the values it stores, rounded to FP16 as
+// stored (the statistics describe the tensor BN normalises), per output channel to a count, a mean and a
+// sum of squared deviations (two passes over registers), into part (conv_stats_floats(d) floats); returns
+// the pixel tiles K of each channel there. z is not read again: bn_stats_finish_cuda(part, K, ..) ends it.
+int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, uint16_t *zh,
+                            float *part, void *stream);
+// bn_stats_finish_cuda: the K tiles of each of the C channels in part (count, mean, squared deviations
+// and a 0: 16 bytes a tile) merged in a fixed order (Chan et al.'s update; the same bits on every run)
+// into mean, invstd and the running stats (rm, rv; NULL to skip), as bn_stats_cuda (train) does with
+// its own chunks.
+void bn_stats_finish_cuda(const float *part, int K, int C, float *mean, float *invstd, float *rm, float *rv,
+                          float eps, float momentum, void *stream);
+// conv_stats_floats: a bound on conv_forward_stats_cuda's partials, 4 floats per output channel and pixel
+// tile: tiles of 64 pixels of B*Ho*Wo (the gather kernel), or of the 3x3 kernel's 128 (stride 2: 64)
+// pixels as 16- or 32-column blocks of rows of one image, whichever count is the largest
+static inline size_t conv_stats_floats(ConvDims d) {
+    long Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S), bn = d.S == 2 ? 64 : 128;
+    long t = ((long)d.B * Ho * Wo + 63) / 64;
+    for (long tc = 16; tc <= 32; tc *= 2) {
+        long h = (long)d.B * ((Wo + tc - 1) / tc) * ((Ho + bn / tc - 1) / (bn / tc));
+        if (h > t) t = h;
+    }
+    return (size_t)4 * d.Cout * (t > 0 ? t : 1);
+}
 // conv_forward_f32_cuda: z = conv(x, w) (+ bias[co] when bias != NULL), FP32 in and out, FP32 accumulation
 // (SIMT implicit GEMM, one fmaf chain per output in a fixed order: deterministic); xs, zs as above.
 void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias, float *z,
@@ -137,9 +162,11 @@ static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C 
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
 // conv_forward_cpu: train: mean and biased variance (FP32; two passes over each chunk, the chunks combined in order),
 // invstd = 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased variance;
-// eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps). scratch: see bn_chunks (train).
+// eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps). scratch: bn_stats_scratch_floats (train).
 void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
                    float eps, float momentum, int train, float *scratch, void *stream);
+// bn_stats_scratch_floats: bn_stats_cuda's scratch, 4 floats (count, mean, squared deviations, 0) per chunk
+static inline size_t bn_stats_scratch_floats(int B, int C, int HW) { return (size_t)C * 4 * bn_chunks(B, HW); }
 // bn_stats_f32_cuda: the same from an FP32 z.
 void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,
                        float eps, float momentum, int train, float *scratch, void *stream);
@@ -378,6 +405,8 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(maxpool5_forward_cuda, maxpool5_forward_cpu, test_maxpool) \
     X(gemm_f16_cuda, gemm_cpu, test_gemm_f16) \
     X(conv_forward_cuda, conv_forward, test_conv) \
+    X(conv_forward_stats_cuda, conv_forward, test_conv) \
+    X(bn_stats_finish_cuda, bn_stats_cpu, test_conv) \
     X(conv_forward_f32_cuda, conv_forward, test_conv_f32) \
     X(conv_dgrad_cuda, conv_backward, test_conv) \
     X(conv_dgrad_f32_cuda, conv_backward, test_conv_f32) \

@@ -280,11 +280,13 @@ __device__ __forceinline__ void conv_warp_step(ConvAcc (&acc)[2][2], PA pa, unsi
             for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
 }
-template <int LD, class ST>
-__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[LD], int m0, int n0, ST st) {
+struct ConvRowNop { __device__ void operator()(int) const {} };
+template <int LD, class ST, class RD = ConvRowNop>
+__device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs)[LD], int m0, int n0, ST st,
+                                                RD row_done = RD()) {
     int lane = threadIdx.x % 32, er = lane % 16, ec = (lane / 16) * 8;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             nvcuda::wmma::store_matrix_sync(&cs[0][0], acc[i][j], LD, nvcuda::wmma::mem_row_major);
@@ -294,6 +296,8 @@ __device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs
             st(m0 + i * 16 + er, n0 + j * 16 + ec, v);
             __syncwarp();
         }
+        row_done(i);   // (row_done: after row i's 32 columns, for conv_fwd_kernel's statistics)
+    }
 }
 // conv_k_loop: the two-stage K loop of the three conv kernels. taps(s) writes step s's shared tables
 // (one step ahead, into slot s & 1), fetch(s) issues step s's global loads (cp.async into stage s & 1,
@@ -355,6 +359,49 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
             conv_store(of, oh, o + e, v[e], accumulate);
         }
     }
+}
+// BN statistics from a forward conv's epilogue (conv_forward_stats_cuda). BnTile: a count, a mean and the
+// sum of squared deviations from it (M2) of some values of one channel. bn_tile_merge: two of them as one
+// (Chan et al.'s update; a tile of count 0 adds nothing). bn_tile8: the first nv (0 .. 8) of v rounded to
+// FP16 as conv_store8 stores them (v rounded in place), in two passes over registers. bn_tile_xor16: lane
+// l's tile merged with lane l ^ 16's, the lower lane's first (the same bits in both). bn_tiles_out: the
+// block's tile of each of its output channels m0 + r (r < 64, m0 + r < M), merged from G groups of its
+// pixels in group order (group g's tile of row r at st[g * 64 + r]), into part[4 (c gridDim.x +
+// blockIdx.x) ..] (one 16-byte store: count, mean, M2, 0): after a barrier.
+struct BnTile { float n, m, q; };
+__device__ __forceinline__ BnTile bn_tile_merge(const BnTile &a, const BnTile &b) {
+    if (b.n == 0.0f) return a;
+    if (a.n == 0.0f) return b;
+    const float n = a.n + b.n, d = b.m - a.m, r = __fdividef(b.n, n);
+    return {n, a.m + d * r, a.q + b.q + d * d * a.n * r};
+}
+__device__ __forceinline__ BnTile bn_tile8(float *v, int nv) {   // (rounds v in place)
+    float s = 0.0f, q = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        v[e] = __half2float(__float2half(v[e]));
+        if (e < nv) s += v[e];
+    }
+    if (nv <= 0) return {0.0f, 0.0f, 0.0f};
+    const float m = nv == 8 ? s * 0.125f : __fdividef(s, (float)nv);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        if (e < nv) q += (v[e] - m) * (v[e] - m);
+    return {(float)nv, m, q};
+}
+__device__ __forceinline__ BnTile bn_tile_xor16(const BnTile &t) {
+    const BnTile o = {__shfl_xor_sync(0xffffffffu, t.n, 16), __shfl_xor_sync(0xffffffffu, t.m, 16),
+                      __shfl_xor_sync(0xffffffffu, t.q, 16)};
+    return threadIdx.x & 16 ? bn_tile_merge(o, t) : bn_tile_merge(t, o);
+}
+template <int G>
+__device__ __forceinline__ void bn_tiles_out(const BnTile *st, int m0, int M, float *part) {
+    const int r = threadIdx.x;
+    if (r >= 64 || m0 + r >= M) return;
+    BnTile t = st[r];
+#pragma unroll
+    for (int g = 1; g < G; g++) t = bn_tile_merge(t, st[g * 64 + r]);
+    *(float4 *)(part + 4 * ((long)(m0 + r) * gridDim.x + blockIdx.x)) = make_float4(t.n, t.m, t.q, 0.0f);
 }
 // conv_store_row8: outputs (m, pixels x .. x+7 of the W-wide row that starts at pixel r of image b) of
 // NCHW images of HWn pixels: conv_store8 where the 8 lie in the row, else the row's last one by one
@@ -564,7 +611,8 @@ struct H3Halo {
 // registers at 168 (3 blocks an SM) and spilled
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
-                                                    const float *bias, float *of, __half *oh, int accumulate) {
+                                                    const float *bias, float *of, __half *oh, int accumulate,
+                                                    float *part) {
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
     // block and both column parities (PS2), its halo of dz at stride 1; S2 without: the stride-2
     // forward (FS2), its halo a stride-2 window of x
@@ -582,12 +630,14 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows an ldmatrix
     // phase reads fall into different banks.
     constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
-    static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4, "the epilogue's tiles fit in A's space");
+    static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4 + 4 * 64 * (int)sizeof(BnTile),
+                  "the epilogue's tiles and the statistics' groups fit in A's space");
     __shared__ __align__(128) __half Araw[A_HALVES];
     __shared__ __align__(128) __half Bs[Halo::HR * HC][Halo::PITCH];   // the halo, 16 channels per position
     // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in A's space: the K
     // loop's last barrier is behind it
     float(*Cs)[2][16][20] = (float(*)[2][16][20])Araw;
+    BnTile *bst = (BnTile *)(Araw + 4 * 2 * 16 * 20 * 2);   // part: [pixel group][row] (after the 4 tiles)
     __half(*As)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // forward: [tap][m][k]
     __half(*Ad)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // DGRAD: [tap][k][m]
     const int tid = threadIdx.x, warp = tid / 32;
@@ -736,12 +786,16 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
     // phase hit 8 different bank groups), columns 8 (lane / 16). PS2: the two column parities' tiles
     // interleaved, 2 x 8 consecutive input pixels of a row per lane (16-byte stores where aligned)
+    // part (the forward): the statistics of what the lane stores, merged over its two B tiles, then with
+    // lane ^ 16 (the same row's other 8 columns), into the warp's pixel group's row of bst
     const int lane = tid % 32, er = lane % 16, ec = (lane / 16) * 8, N = g.B * OHW;
+    const bool stats = !DGRAD && part;
 #pragma unroll
-    for (int i = 0; i < WA; i++)
+    for (int i = 0; i < WA; i++) {
+        BnTile cur = {0.0f, 0.0f, 0.0f};
+        if (m0 + (wa + i) * 16 >= M) break;   // warp-uniform
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            if (m0 + (wa + i) * 16 >= M) break;   // warp-uniform
 #pragma unroll
             for (int q = 0; q < (PS2 ? 2 : 1); q++)   // the accumulators' rows ln / 4 (+ 8), columns 2 (ln % 4) (+ 1)
 #pragma unroll
@@ -772,9 +826,19 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                 v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
                 v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
                 conv_store_row8(of, oh, v, m, b, y * OW, x, OW, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);   // OW % 8 == 4: a row's last 4
+                if (stats) cur = bn_tile_merge(cur, bn_tile8(v, min(OW - x, 8)));
             }
             __syncwarp();
         }
+        if (stats) {
+            const BnTile t = bn_tile_xor16(cur);
+            if (lane < 16) bst[(WA == 4 ? warp : warp & 1) * 64 + (wa + i) * 16 + lane] = t;
+        }
+    }
+    if (stats) {
+        __syncthreads();
+        bn_tiles_out<WA == 4 ? 4 : 2>(bst, m0, M, part);
+    }
 }
 // conv_halo_vw: the halves per halo load for this conv (8: the input's rows of Win, its image stride and
 // pointer allow 16-byte loads; 4: 8-byte ones), or 0: not a 3x3 conv of stride <= smax, or its rows cannot
@@ -795,36 +859,38 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
-                             const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s) {
+                             const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
+                             float *part = nullptr, int *tiles = nullptr) {
     bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
     int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
     int bn = s2 ? 64 : H3_BN, tc = conv_halo_tc(OW, OH, bn), tr = bn / tc;   // conv_halo_kernel's BNK
     dim3 grid(g.B * cdiv(OW, tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
+    if (tiles) *tiles = (int)grid.x;
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
-    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
-    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate); break;
+    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -847,7 +913,7 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
 struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared load per gathered element
 template <bool ACT, bool BVEC, bool AVEC>
 __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w,
-                                                       const float *bias, float *z, __half *zh) {
+                                                       const float *bias, float *z, __half *zh, float *part) {
     using namespace nvcuda;
     __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];   // (stage, 64 rows of Cout, 32 of Kd)
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*Ho*Wo)
@@ -962,19 +1028,37 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
             acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
             [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
     });
+    // part: the statistics of what each lane stores, merged over its row's two 16-column tiles, then with
+    // lane ^ 16's, into the warp's column half (pixel group wx) of bst (in As: the K loop's last barrier is
+    // behind it); the block's after a barrier
+    static_assert(sizeof(As) >= 2 * 64 * sizeof(BnTile), "the statistics' groups fit in As");
+    BnTile *bst = (BnTile *)&As[0][0][0];
+    BnTile cur = {0.0f, 0.0f, 0.0f};
     conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
         if (m >= M || n >= N) return;
         float bm = bias ? bias[m] : 0.0f, v[8];
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = bias ? c[e] + bm : c[e];
         conv_store8(z, zh, v, m, n, N, HWo, g.fHWo, g.zs, 0);
+        if (part) cur = bn_tile_merge(cur, bn_tile8(v, min(N - n, 8)));
+    }, [&](int i) {
+        if (!part) return;
+        const BnTile t = bn_tile_xor16(cur);
+        if (tid % 32 < 16) bst[wx * 64 + wy * 32 + i * 16 + tid % 32] = t;
+        cur = {0.0f, 0.0f, 0.0f};
     });
+    if (part) {
+        __syncthreads();
+        bn_tiles_out<2>(bst, row0, M, part);
+    }
 }
-extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
-                                  const float *bias, float *z, uint16_t *zh, void *stream) {
+// conv_forward_launch: conv_forward_cuda, with the statistics' partials when part is not NULL; returns the
+// pixel tiles (the grid's x: the partials of each channel), 0 when nothing was launched
+static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+                               const float *bias, float *z, uint16_t *zh, float *part, void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.Ho * g.Wo;
-    if (N == 0 || g.Cout == 0 || (!z && !zh)) return;
+    if (N == 0 || g.Cout == 0 || (!z && !zh)) return 0;
     dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM));
     cudaStream_t s = (cudaStream_t)stream;
     bool avec = (g.Cin * g.KK) % 8 == 0 && (uintptr_t)w % 16 == 0;   // all but a 3-channel stem
@@ -983,20 +1067,26 @@ extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
     if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 2)) {
-        conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s);
-        return;
+        int tiles = 0;
+        conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s, part, &tiles);
+        return tiles;
     }
     switch ((act ? 4 : 0) | (bvec ? 2 : 0) | (avec ? 1 : 0)) {
-    case 0: conv_fwd_kernel<false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
-    case 1: conv_fwd_kernel<false, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
-    case 2: conv_fwd_kernel<false, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
-    case 3: conv_fwd_kernel<false, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
-    case 4: conv_fwd_kernel<true, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
-    case 5: conv_fwd_kernel<true, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
-    case 6: conv_fwd_kernel<true, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
-    default: conv_fwd_kernel<true, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo); break;
+    case 0: conv_fwd_kernel<false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 1: conv_fwd_kernel<false, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 2: conv_fwd_kernel<false, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 3: conv_fwd_kernel<false, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 4: conv_fwd_kernel<true, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 5: conv_fwd_kernel<true, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 6: conv_fwd_kernel<true, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    default: conv_fwd_kernel<true, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
     }
     CUDA_CHECK(cudaGetLastError());
+    return (int)grid.x;
+}
+extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+                                  const float *bias, float *z, uint16_t *zh, void *stream) {
+    conv_forward_launch(d, x, act, w, bias, z, zh, nullptr, stream);
 }
 
 // conv_dgrad_kernel: dx (+)= w^T dzg, a 64x64 tile of (Cin, B*H*W) per block, the index math out of the
@@ -1769,7 +1859,7 @@ template <int N, class T> __device__ __forceinline__ void bn_load(const T *p, fl
 }
 
 // bn_stats_partial: chunk k of channel c in two passes over the chunk (the second from cache): its
-// mean and its sum of squared deviations from that mean, into part[2*(c*K + k)] and [2*(c*K + k) + 1]
+// count, its mean and its sum of squared deviations from that mean, into part[4*(c*K + k) ..] (and a 0)
 template <class T, bool V8>
 __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
@@ -1791,26 +1881,35 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
         for (int e = 0; e < N; e++) ss += (v[e] - mu) * (v[e] - mu);
     });
     ss = block_sum(ss);
-    if (threadIdx.x == 0) part[2 * ((long)c * q.K + k)] = mu, part[2 * ((long)c * q.K + k) + 1] = ss;
+    if (threadIdx.x == 0)
+        *(float4 *)(part + 4 * ((long)c * q.K + k)) = make_float4(j1 > j0 ? (float)(j1 - j0) : 0.0f, mu, ss, 0.0f);
 }
-// bn_stats_finish: one thread per channel. train: the chunks' means and squared deviations combined in
-// chunk order (Chan et al.'s pairwise update) into the mean, invstd and the running stats; eval:
-// mean = rm, invstd from rv
-__global__ void bn_stats_finish_kernel(const float *part, BnGeo q, int C, float *mean, float *invstd, float *rm,
-                                       float *rv, float eps, float momentum, int train) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    if (!train) { mean[c] = rm[c]; invstd[c] = 1.0f / sqrtf(rv[c] + eps); return; }
-    float mu = 0.0f, m2 = 0.0f, na = 0.0f;
-    for (int k = 0; k < q.K; k++) {
-        long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
-        if (j1 <= j0) continue;
-        float nb = (float)(j1 - j0), nab = na + nb, d = part[2 * ((long)c * q.K + k)] - mu;
-        mu += d * (nb / nab);
-        m2 += part[2 * ((long)c * q.K + k) + 1] + d * d * (na * nb / nab);
-        na = nab;
+// bn_stats_finish: one block of BN_FIN threads per channel. train: the channel's K tiles (16 bytes each
+// in part: count, mean, M2, 0; bn_stats_partial's chunks or a conv's pixel tiles), thread t merging
+// tiles t, t + BN_FIN, .. in that order (16-byte loads, consecutive across the warp), then the threads'
+// pairwise in a fixed tree (the same bits on every run), into the mean, invstd and the running stats
+// (rm, rv: NULL to skip); eval: mean = rm, invstd from rv
+#define BN_FIN 128
+__global__ void bn_stats_finish_kernel(const float *part, int K, float *mean, float *invstd, float *rm, float *rv,
+                                       float eps, float momentum, int train) {
+    const int c = blockIdx.x, t = threadIdx.x;
+    if (!train) {
+        if (t == 0) mean[c] = rm[c], invstd[c] = 1.0f / sqrtf(rv[c] + eps);
+        return;
     }
-    float cnt = (float)q.n, var = m2 / cnt;
+    __shared__ BnTile red[BN_FIN];
+    BnTile r = {0.0f, 0.0f, 0.0f};
+    for (int k = t; k < K; k += BN_FIN) {
+        const float4 p = *(const float4 *)(part + 4 * ((long)c * K + k));
+        r = bn_tile_merge(r, BnTile{p.x, p.y, p.z});
+    }
+    red[t] = r;
+    for (int h = BN_FIN / 2; h > 0; h /= 2) {
+        __syncthreads();
+        if (t < h) red[t] = bn_tile_merge(red[t], red[t + h]);
+    }
+    if (t) return;
+    const float cnt = red[0].n, mu = red[0].m, var = cnt > 0 ? red[0].q / cnt : 0.0f;
     mean[c] = mu;
     invstd[c] = 1.0f / sqrtf(var + eps);
     if (rm) rm[c] = (1 - momentum) * rm[c] + momentum * mu;
@@ -1828,7 +1927,7 @@ static void bn_stats_launch(const T *z, long zs, int B, int C, int HW, float *me
         else bn_stats_partial_kernel<T, false><<<dim3((unsigned)q.K, (unsigned)C), 256, 0, s>>>(z, q, scratch);
         CUDA_CHECK(cudaGetLastError());
     }
-    bn_stats_finish_kernel<<<cdiv(C, 128), 128, 0, s>>>(scratch, q, C, mean, invstd, rm, rv, eps, momentum, train);
+    bn_stats_finish_kernel<<<C, BN_FIN, 0, s>>>(scratch, q.K, mean, invstd, rm, rv, eps, momentum, train);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm,
@@ -1838,6 +1937,21 @@ extern "C" void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, 
 extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm,
                                   float *rv, float eps, float momentum, int train, float *scratch, void *stream) {
     bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
+}
+extern "C" int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+                                       uint16_t *zh, float *part, void *stream) {
+    int K = conv_forward_launch(d, x, act, w, nullptr, nullptr, zh, part, stream);
+    if ((size_t)4 * d.Cout * K > conv_stats_floats(d)) {
+        fprintf(stderr, "conv_forward_stats_cuda: %d pixel tiles exceed conv_stats_floats\n", K);
+        abort();
+    }
+    return K;
+}
+extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mean, float *invstd, float *rm, float *rv,
+                                     float eps, float momentum, void *stream) {
+    if (C == 0 || K == 0) return;
+    bn_stats_finish_kernel<<<C, BN_FIN, 0, (cudaStream_t)stream>>>(part, K, mean, invstd, rm, rv, eps, momentum, 1);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32

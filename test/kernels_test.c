@@ -63,6 +63,7 @@ static float *from_dev(const void *d, size_t bytes) {
 }
 
 static float *poisoned_dev(long n);
+static void check_rel(const char *what, const float *got, const float *ref, const float *scale, long n, double rel);
 
 static void test_bn_silu(int B, int C, int HW, void *stream) {
     long n = (long)B * C * HW;
@@ -250,6 +251,65 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 overwrite", B, Cin, H, W,
              Cout, K, S);
     check_f16tol(what, dxhf, dxref, nx);
+    {   // the forward with its BN statistics from the epilogue (no bias): the same FP16 z bits as
+        // conv_forward_cuda's, and the statistics bn_stats_cpu takes of that z; twice: the same bits
+        uint16_t *dzs;
+        CK(cudaMalloc((void **)&dzs, 2 * nz));
+        CK(cudaMemset(dzs, 0xff, 2 * nz));   // NaN: outside the slices the z must stay untouched
+        conv_forward_cuda(d, dxh_, NULL, dwh, NULL, NULL, dz16, stream);
+        long np = (long)conv_stats_floats(d);
+        float *dpart = poisoned_dev(np), *dst;
+        CK(cudaMalloc((void **)&dst, 4 * 4 * Cout));
+        float *rm = rand_host(Cout, -1, 1), *rv = rand_host(Cout, 0.5f, 2), *mean = xmalloc(4 * Cout),
+              *inv = xmalloc(4 * Cout), *got[2];
+        CK(cudaMemcpy(dst + 2 * Cout, rm, 4 * Cout, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dst + 3 * Cout, rv, 4 * Cout, cudaMemcpyHostToDevice));
+        int tiles = 0;
+        for (int r = 0; r < 2; r++) {
+            if (r) {   // the second run from the first's running stats: put the originals back
+                CK(cudaMemcpy(dst + 2 * Cout, rm, 4 * Cout, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(dst + 3 * Cout, rv, 4 * Cout, cudaMemcpyHostToDevice));
+            }
+            tiles = conv_forward_stats_cuda(d, dxh_, NULL, dwh, dzs, dpart, stream);
+            bn_stats_finish_cuda(dpart, tiles, Cout, dst, dst + Cout, dst + 2 * Cout, dst + 3 * Cout, BN_EPS,
+                                 BN_MOMENTUM, stream);
+            got[r] = from_dev(dst, 4 * 4 * Cout);
+        }
+        uint16_t *z0 = (uint16_t *)from_dev(dz16, 2 * nz), *z1 = (uint16_t *)from_dev(dzs, 2 * nz);
+        long zdiff = 0;
+        for (int b = 0; b < B; b++)
+            for (long i = 0; i < zs; i++)
+                zdiff += i < (long)Cout * HWo ? z0[b * zs + i] != z1[b * zs + i] : z1[b * zs + i] != 0xffff;
+        float *zsf = f16_host_to_f32(z1, nz), *sc = xmalloc(4 * Cout), *sc2 = xmalloc(4 * Cout),
+              *sc3 = xmalloc(4 * Cout), *sc4 = xmalloc(4 * Cout), *rm0 = xmalloc(4 * Cout), *rv0 = xmalloc(4 * Cout);
+        memcpy(rm0, rm, 4 * Cout); memcpy(rv0, rv, 4 * Cout);
+        bn_stats_cpu(zsf, zs, B, Cout, HWo, mean, inv, rm, rv, 1);
+        for (int o = 0; o < Cout; o++) {
+            double sa = 0;
+            for (int b = 0; b < B; b++) for (int i = 0; i < HWo; i++) sa += fabs(zsf[b * zs + (long)o * HWo + i]);
+            sc[o] = (float)(sa / ((double)B * HWo)); sc2[o] = fabsf(inv[o]) * 4;
+            sc3[o] = fabsf(rm0[o]) + sc[o]; sc4[o] = fabsf(rv0[o]) + fabsf(rv[o]) * 4;
+        }
+        check(!zdiff, "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d: z the bits of conv_forward_cuda's, "
+              "nothing outside the slices (%ld differ)", B, Cin, H, W, Cout, K, S, zextra, zdiff);
+        snprintf(what, sizeof what, "conv_forward_stats_cuda + bn_stats_finish_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d "
+                 "(%d tiles): mean vs bn_stats_cpu of its z", B, Cin, H, W, Cout, K, S, tiles);
+        check_rel(what, got[0], mean, sc, Cout, 1e-5);
+        snprintf(what, sizeof what, "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d: invstd", B, Cin, H, W,
+                 Cout, K, S);
+        check_rel(what, got[0] + Cout, inv, sc2, Cout, 1e-5);
+        snprintf(what, sizeof what, "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d: running mean, var", B,
+                 Cin, H, W, Cout, K, S);
+        check_rel(what, got[0] + 2 * Cout, rm, sc3, Cout, 1e-5);
+        check_rel(what, got[0] + 3 * Cout, rv, sc4, Cout, 1e-5);
+        check(!memcmp(got[0], got[1], 4 * 4 * Cout), "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d: a "
+              "second run gives the same bits", B, Cin, H, W, Cout, K, S);
+        cudaFree(dzs); cudaFree(dpart); cudaFree(dst);
+        free(rm); free(rv); free(mean); free(inv); free(got[0]); free(got[1]); free(z0); free(z1); free(zsf);
+        free(sc); free(sc2); free(sc3); free(sc4); free(rm0); free(rv0);
+        twin_compared(conv_forward_stats_cuda);
+        twin_compared(bn_stats_finish_cuda);
+    }
     {   // FP16 accumulate (the AMP step's dA): onto what the overwrite left, the sum rounded once
         conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 1, stream);
         uint16_t *acc = (uint16_t *)from_dev(ddx16, 2 * nx);
@@ -333,7 +393,7 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
     float *dmean, *dinv, *drm = to_dev(rm, 4 * C), *drv = to_dev(rv, 4 * C), *dg = to_dev(gamma, 4 * C),
                          *db = to_dev(beta, 4 * C);
     CK(cudaMalloc((void **)&dmean, 4 * C)); CK(cudaMalloc((void **)&dinv, 4 * C));
-    float *dscr = poisoned_dev((long)bn_scratch_floats(B, C, HW));
+    float *dscr = poisoned_dev((long)bn_stats_scratch_floats(B, C, HW));
     char what[200];
     for (int train = 1; train >= 0; train--) {
         bn_stats_cuda(dzh, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, dscr, stream);
@@ -854,7 +914,7 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
     float *dz = to_dev(z, 4 * nz), *dmean = poisoned_dev(C), *dinv = poisoned_dev(C), *drm = to_dev(rm, 4 * C),
           *drv = to_dev(rv, 4 * C);
     float *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C),
-          *dscr = poisoned_dev((long)bn_scratch_floats(B, C, HW));
+          *dscr = poisoned_dev((long)bn_stats_scratch_floats(B, C, HW));
     char what[200];
     for (int train = 1; train >= 0; train--) {
         bn_stats_f32_cuda(dz, zextra ? zs : 0, B, C, HW, dmean, dinv, drm, drv, BN_EPS, BN_MOMENTUM, train, dscr,
@@ -1529,7 +1589,7 @@ static void test_twin_table(void) {
     };
 #undef TWIN_ROW
     int nrow = (int)(sizeof rows / sizeof rows[0]), missing = 0, unmarked = 0, declared = 0;
-    // the launchers yolo.h declares: lines "void NAME_cuda(" (yolo.h sits beside this file's folder)
+    // the launchers yolo.h declares: lines "void NAME_cuda(" or "int NAME_cuda(" (yolo.h sits beside this file's folder)
     char path[512];
     const char *slash = strrchr(__FILE__, '/');
     snprintf(path, sizeof path, "%.*s../yolo.h", slash ? (int)(slash - __FILE__ + 1) : 0, __FILE__);
@@ -1537,7 +1597,7 @@ static void test_twin_table(void) {
     if (!f) snprintf(path, sizeof path, "yolo.h"), f = fopen(path, "r");
     char line[1024], name[128];
     while (f && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "void %127[a-z0-9_](", name) != 1) continue;
+        if (sscanf(line, "void %127[a-z0-9_](", name) != 1 && sscanf(line, "int %127[a-z0-9_](", name) != 1) continue;
         size_t L = strlen(name);
         if (L < 5 || strcmp(name + L - 5, "_cuda")) continue;
         declared++;
