@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu_model.sh: a MODEL of the device training step's time on named GPUs, built without a GPU (issue 14).
-#   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] [--tsv]     (make gpu-model)
+#   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] [--tsv] [--host-us N]     (make gpu-model)
 # --tsv (with --gpu): only "kind<TAB>launches<TAB>modeled ms" lines, for test/gpu_check.sh
 # COUNTS.tsv: one launch per line from the emulator's counter mode (make emu-count: one yolov8n 640
 # batch-16 step, test/gpu_count.c), each launch named after its YOLO_PROFILE row ("conv fwd 3x3 s1").
@@ -15,6 +15,12 @@
 #   L2       bytes of the 32-byte sectors the warps request / L2 bandwidth (assumed 3x DRAM)
 #   shared   shared-memory wavefronts (bank conflicts included) / (SMs x 1 wavefront per clock)
 #   floor    2 microseconds (a launch's start and drain)
+# Then the host: each launch costs it HOST_US microseconds to issue (3 by default, --host-us; an
+# assumption, not a measurement: the CUDA runtime's launch call takes a few microseconds), and a
+# launch starts on the device when it has been issued and the one before it has ended; the host waits
+# for the device after the loss (its values are read back) and after the optimizer step (the gradient
+# norm). The step's time with the host is printed beside the device's: where the two differ, launch
+# overhead shows and a CUDA Graph would pay.
 # Columns: GFLOP, the kind's useful FLOP (YOLO_PROFILE's figure: 2 x the convolution's multiply-adds);
 # mma GFLOP, what the tensor cores execute (tile padding and skipped zero taps included); DRAM MB,
 # compulsory bytes; L2 MB, requested sectors; sect/req, 32-byte sectors per warp request (global);
@@ -29,9 +35,10 @@ cd "$(dirname "$0")/.." || exit 1
 counts=${1:-}
 [ -n "$counts" ] && [ -f "$counts" ] || { echo "usage: bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] (make gpu-model makes the counts)"; exit 2; }
 shift
-only=""; report=test/kernel_report.baseline; tsv=0
+only=""; report=test/kernel_report.baseline; tsv=0; host_us=3
 while [ $# -gt 0 ]; do
     case $1 in
+        --host-us) host_us=$2; shift 2 ;;
         --gpu) only=$2; shift 2 ;;
         --report) report=$2; shift 2 ;;
         --tsv) tsv=1; shift ;;
@@ -45,7 +52,7 @@ gpus='RTX3060 86 28 1.777 25.4 12.7 360 1.0
 RTX4090 89 128 2.52 165.2 82.6 1008 1.0
 A100 80 108 1.41 312 19.5 1555 1.0
 H100 90 132 1.83 989.4 66.9 3352 0.67'
-awk -v only="$only" -v tsv="$tsv" -v gpus="$gpus" -v counts="$counts" -v report="$report" -F'\t' '
+awk -v only="$only" -v tsv="$tsv" -v host_us="$host_us" -v gpus="$gpus" -v counts="$counts" -v report="$report" -F'\t' '
 function max(a, b) { return a > b ? a : b }
 BEGIN {
     ng = split(gpus, gl, "\n")
@@ -123,10 +130,19 @@ END {
             T[k] += t; FL[k] += flop; NL[k]++; DR[k] += comp; L2B[k] += (gld_sect + gst_sect) * 32
             SQ[k] += gld_req + gst_req; SS[k] += gld_sect + gst_sect; BY[k] += gld_bytes + gst_bytes; B16[k] += gb16
             SW[k] += sld_wave + sst_wave; SP[k] += sld_ph + sst_ph; SR[k] += sld_req + sst_req
-            tot += t
+            tot += t; TL[l] = t
         }
+        # the host issuing the launches in order (see the top); nshort: launches shorter on the device than
+        # their issue
+        hs = host_us * 1e-6; hc = 0; dc = 0; nshort = 0
+        for (l = 1; l <= nl; l++) {
+            hc += hs; dc = (hc > dc ? hc : dc) + TL[l]
+            if (TL[l] < hs) nshort++
+            if ((TAG[l] == "loss" && TAG[l + 1] != "loss") || K[l] ~ /^optim_step_kernel/) hc = dc
+        }
+        hline = sprintf("MODEL  %-8s with the host issuing each launch in %g us (assumed): %.2f ms, the device alone %.2f ms (%d of %d launches are shorter than that on the device)", G[i], host_us, dc * 1e3, tot * 1e3, nshort, nl)
         if (tsv) { for (a = 1; a <= nk; a++) printf "%s\t%d\t%.4f\n", KO[a], NL[KO[a]], T[KO[a]] * 1e3; continue }
-        if (only == "" && G[i] != "A100") { printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n", G[i], tot * 1e3, 16 / tot; continue }
+        if (only == "" && G[i] != "A100") { printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n%s\n", G[i], tot * 1e3, 16 / tot, hline; continue }
         printf "MODEL  %s, yolov8n 640 batch 16, one training step by kind of launch (YOLO_PROFILE names):\n", G[i]
         printf "MODEL  %-28s %4s %6s %6s %7s %7s %5s %4s %6s %8s %6s %6s\n", "kind", "lnch", "GFLOP", "mma", "DRAM", "L2", "sect/", "16B", "bank", "model", "share", "tensor"
         printf "MODEL  %-28s %4s %6s %6s %7s %7s %5s %4s %6s %8s %6s %6s\n", "", "", "", "GFLOP", "MB", "MB", "req", "%", "cnfl/r", "ms", "", "peak%"
@@ -139,7 +155,7 @@ END {
                    L2B[k] / 1e6, SQ[k] ? SS[k] / SQ[k] : 0, BY[k] ? 100 * B16[k] / BY[k] : 0, SR[k] ? (SW[k] - SP[k]) / SR[k] : 0,
                    T[k] * 1e3, 100 * T[k] / tot, pk
         }
-        printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n", G[i], tot * 1e3, 16 / tot
+        printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n%s\n", G[i], tot * 1e3, 16 / tot, hline
         printf "MODEL  the convolutions whose tiles are full (executed mma FLOP within 5%% of the useful: channel counts\n"
         printf "MODEL  that fill the 64-channel tiles, maps that fill the pixel tiles), their share of the tensor peak:\n"
         for (a = 1; a <= nk; a++) {
