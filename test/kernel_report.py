@@ -134,9 +134,22 @@ def ptx_entries(ptx):
     return res
 
 
-def is_instr(line):
+def instrs(line):
+    """the PTX instructions on a line: inline asm (cuda_fp16's conversions, for one) wraps them in braces,
+    '{  cvt.rn.f16.f32 %rs1, %f1;}' or a '{.reg ..;' line, then instruction lines, the last ending in '}'"""
     s = line.strip()
-    return bool(s) and s.endswith(";") and not s.startswith(".") and not s.startswith("//") and INSTR.match(s) is not None
+    if s.startswith("//"):
+        return 0
+    n = 0
+    for part in s.split(";")[:-1]:   # statements end in ';' (what follows the last is '}' or nothing)
+        p = part.strip().lstrip("{").strip()
+        if p and not p.startswith(".") and INSTR.match(p) is not None:
+            n += 1
+    return n
+
+
+def is_instr(line):
+    return instrs(line) > 0
 
 
 def loops(lines):
@@ -179,9 +192,10 @@ def trip_count(lines, lo, hi):
 
 def line_figures(l, w):
     f = dict(instr=0.0, mma=0.0, sts=0.0, bar=0.0, gbytes=0.0, g16=0.0)
-    if not is_instr(l):
+    n = instrs(l)
+    if not n:
         return f
-    f["instr"] = w
+    f["instr"] = w * n
     m = re.search(r"\b(?:wmma\.mma|mma)\.sync\S*?\.m(\d+)n(\d+)k(\d+)", l)
     if m:   # in units of HMMA.16816 (m16n8k16): a wmma m16n16k16 is two
         f["mma"] = w * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) / (16 * 8 * 16)

@@ -66,5 +66,6 @@ static inline __half __low2half(__half2 v) { return v.x; }
 static inline __half __high2half(__half2 v) { return v.y; }
 static inline float __low2float(__half2 v) { return (float)v.x; }
 static inline float __high2float(__half2 v) { return (float)v.y; }
+static inline float2 __half22float2(__half2 v) { return make_float2((float)v.x, (float)v.y); }
 static inline __half2 __hadd2(__half2 a, __half2 b) { return __halves2half2(a.x + b.x, a.y + b.y); }
 static inline __half2 __hmul2(__half2 a, __half2 b) { return __halves2half2(a.x * b.x, a.y * b.y); }
