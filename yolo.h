@@ -151,16 +151,18 @@ void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const Conv
                          int accumulate, void *stream);
 
 // BN reductions (bn_stats_cuda, bn_silu_backward_cuda) split each channel's B*HW values into
-// bn_chunks chunks (about 16384 values each, at most 64), summed by blocks of their own and then in
-// chunk order: the early layers' 16-64 channels of ~10^6 values keep every SM busy, and the result is
-// the same bits on every run. Their scratch: bn_scratch_floats(B, C, HW) floats.
+// bn_chunks chunks (about 16384 values each, at most 64), summed by blocks of their own and then in a
+// fixed order: the early layers' 16-64 channels of ~10^6 values keep every SM busy, and the result is
+// the same bits on every run. Their scratch: bn_stats_scratch_floats(B, C, HW) floats for bn_stats_cuda
+// (4 a chunk), bn_scratch_floats(B, C, HW) for bn_silu_backward_cuda (2 a chunk).
 static inline int bn_chunks(int B, int HW) {
     long k = ((long)B * HW + 16383) / 16384;
     return k < 1 ? 1 : k > 64 ? 64 : (int)k;
 }
 static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C * 2 * bn_chunks(B, HW); }
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as
-// conv_forward_cpu: train: mean and biased variance (FP32; two passes over each chunk, the chunks combined in order),
+// conv_forward_cpu: train: mean and biased variance (FP32; two passes over each chunk, the chunks combined by
+// bn_stats_finish_cuda),
 // invstd = 1/sqrt(var + eps), running mean/var (rm, rv; NULL to skip) updated with momentum and the unbiased variance;
 // eval (train == 0): mean = rm, invstd = 1/sqrt(rv + eps). scratch: bn_stats_scratch_floats (train).
 void bn_stats_cuda(const uint16_t *z, long zs, int B, int C, int HW, float *mean, float *invstd, float *rm, float *rv,

@@ -869,15 +869,23 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
     long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, bn / 16) * (bn / 16), c32 = (long)cdiv(W, 32) * 32 * cdiv(H, bn / 32) * (bn / 32);
     return c32 <= c16 ? 32 : 16;
 }
+// conv_halo_grid: conv_halo_launch's grid and tile columns (*tc)
+static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int *tc) {
+    bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
+    int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
+    int bn = s2 ? 64 : H3_BN, tr;   // conv_halo_kernel's BNK
+    *tc = conv_halo_tc(OW, OH, bn);
+    tr = bn / *tc;
+    return dim3(g.B * cdiv(OW, *tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
+}
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
                              const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
                              float *part = nullptr, int *tiles = nullptr) {
-    bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
-    int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
-    int bn = s2 ? 64 : H3_BN, tc = conv_halo_tc(OW, OH, bn), tr = bn / tc;   // conv_halo_kernel's BNK
-    dim3 grid(g.B * cdiv(OW, tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
+    int tc;
+    dim3 grid = conv_halo_grid(g, dgrad, &tc);
+    bool s2 = g.S == 2;
     if (tiles) *tiles = (int)grid.x;
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
     case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
@@ -1062,6 +1070,13 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
         bn_tiles_out<2>(bst, row0, M, part);
     }
 }
+// conv_stats_fit: before a launch with partials, that its tiles fit conv_stats_floats (a bound kept by
+// hand beside the kernels' tilings: a programming error, not an input's)
+static void conv_stats_fit(ConvDims d, unsigned tiles) {
+    if ((size_t)4 * d.Cout * tiles <= conv_stats_floats(d)) return;
+    fprintf(stderr, "conv_forward_stats_cuda: %u pixel tiles exceed conv_stats_floats\n", tiles);
+    abort();
+}
 // conv_forward_launch: conv_forward_cuda, with the statistics' partials when part is not NULL; returns the
 // pixel tiles (the grid's x: the partials of each channel), 0 when nothing was launched
 static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
@@ -1077,10 +1092,12 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
     if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 2)) {
-        int tiles = 0;
+        int tiles = 0, tc;
+        if (part) conv_stats_fit(d, conv_halo_grid(g, false, &tc).x);
         conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s, part, &tiles);
         return tiles;
     }
+    if (part) conv_stats_fit(d, grid.x);
     switch ((act ? 4 : 0) | (bvec ? 2 : 0) | (avec ? 1 : 0)) {
     case 0: conv_fwd_kernel<false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
     case 1: conv_fwd_kernel<false, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
@@ -1814,7 +1831,8 @@ static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, co
 
 // BN reductions, chunked (yolo.h's bn_chunks): grid (K chunks, C channels), block 256; chunk k of a
 // channel holds its values j in [k*len, (k+1)*len) of B*HW (image j / HW, pixel j % HW); each block
-// writes its partial sums, then one thread per channel adds the K partials in chunk order.
+// writes its partial sums, then another launch (the statistics: bn_stats_finish_kernel) or each block of
+// the next pass (the backward: bn_bwd_apply_kernel) combines a channel's K partials in a fixed order.
 struct BnGeo { long n, len, zs; int HW, K; FastDiv fHW; };
 static BnGeo bn_geo(int B, int C, int HW, long zs) {
     BnGeo q;
@@ -1946,16 +1964,11 @@ extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW,
 }
 extern "C" int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
                                        uint16_t *zh, float *part, void *stream) {
-    int K = conv_forward_launch(d, x, act, w, nullptr, nullptr, zh, part, stream);
-    if ((size_t)4 * d.Cout * K > conv_stats_floats(d)) {
-        fprintf(stderr, "conv_forward_stats_cuda: %d pixel tiles exceed conv_stats_floats\n", K);
-        abort();
-    }
-    return K;
+    return conv_forward_launch(d, x, act, w, nullptr, nullptr, zh, part, stream);
 }
 extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mean, float *invstd, float *rm, float *rv,
                                      float eps, float momentum, void *stream) {
-    if (C == 0 || K == 0) return;
+    if (C == 0) return;   // (K 0, no pixels: mean 0 and variance 0, as bn_stats_cuda gives)
     bn_stats_finish_kernel<<<C, BN_FIN, 0, (cudaStream_t)stream>>>(part, K, mean, invstd, rm, rv, eps, momentum, 1);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -1540,6 +1540,30 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
           "conv%s with ConvAct (B=%d, channels %d..%d of %d, %dx%d, Cout=%d K=%d S=%d): forward and wgrad "
           "bit-identical to bn_silu_forward + the plain conv (%ld of %ld outputs, %ld of %ld weight gradients differ)",
           f32 ? " FP32" : "", B, c0, c0 + Cin - 1, Cp, H, W, Cout, K, S, dz_, nz, dw_, nw);
+    if (!f32) {   // the forward with its statistics from the epilogue, BN+SiLU gathered: z and the statistics the
+                  // bits of the same on the materialised input
+        uint16_t *h1, *h2;
+        CK(cudaMalloc((void **)&h1, 2 * nz));
+        CK(cudaMalloc((void **)&h2, 2 * nz));
+        long np = (long)conv_stats_floats(dense);
+        float *p1 = poisoned_dev(np), *p2 = poisoned_dev(np), *st1 = poisoned_dev(2 * Cout), *st2 = poisoned_dev(2 * Cout);
+        int k1 = conv_forward_stats_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, h1, p1, stream);
+        int k2 = conv_forward_stats_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, h2, p2, stream);
+        bn_stats_finish_cuda(p1, k1, Cout, st1, st1 + Cout, NULL, NULL, BN_EPS, BN_MOMENTUM, stream);
+        bn_stats_finish_cuda(p2, k2, Cout, st2, st2 + Cout, NULL, NULL, BN_EPS, BN_MOMENTUM, stream);
+        uint16_t *a1 = (uint16_t *)from_dev(h1, 2 * nz), *a2 = (uint16_t *)from_dev(h2, 2 * nz);
+        float *s1 = from_dev(st1, 8 * Cout), *s2 = from_dev(st2, 8 * Cout);
+        long zd = 0, sd = 0, sn = 0;
+        for (long i = 0; i < nz; i++) zd += a1[i] != a2[i];
+        for (int i = 0; i < 2 * Cout; i++) sd += memcmp(&s1[i], &s2[i], 4) != 0, sn += !isfinite(s1[i]);
+        check(!zd && !sd && !sn && k1 == k2,
+              "conv_forward_stats_cuda with ConvAct (B=%d, channels %d..%d of %d, %dx%d, Cout=%d K=%d S=%d): z and "
+              "the statistics bit-identical to the plain conv's on bn_silu_forward's output (%ld of %ld z, %ld of %d "
+              "statistics differ, %ld not finite; %d / %d tiles)",
+              B, c0, c0 + Cin - 1, Cp, H, W, Cout, K, S, zd, nz, sd, 2 * Cout, sn, k1, k2);
+        cudaFree(h1); cudaFree(h2); cudaFree(p1); cudaFree(p2); cudaFree(st1); cudaFree(st2);
+        free(a1); free(a2); free(s1); free(s2);
+    }
     cudaFree(dzp); cudaFree(dwt); cudaFree(ddz); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(dy);
     cudaFree(ws); cudaFree(z1); cudaFree(z2); cudaFree(w1); cudaFree(w2);
     if (!f32) free(hz), free(hw), free(hdz);
