@@ -210,6 +210,14 @@ extern "C" void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint
  */
 #define IG_BM 64
 #define IG_BN 64
+// ig_row4: the shared row a thread stores when 4 threads share a row of 32 halves (IG_BK + 8 = 80-byte
+// pitch), 16 bytes each: threads 8j .. 8j + 7 (a store phase) take rows r and r + 4 (q = tid / 4 in
+// order 0, 4, 1, 5, 2, 6, 3, 7 of each 8), 320 = 64 mod 128 bytes apart: the two rows' 64 bytes fill
+// the 32 banks once (rows r and r + 1, 80 bytes apart, share a bank group: 2-way conflicts)
+__device__ __forceinline__ int ig_row4(int tid) {
+    const int q = tid / 4;
+    return (q & ~7) | ((q & 1) << 2) | ((q >> 1) & 3);
+}
 #define IG_BK 32
 struct ConvGeo {
     int B, Cin, H, W, Cout, K, S, Ho, Wo, KK, pad;
@@ -955,7 +963,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
         }
     };
     // A (w, Cout x Kd row-major): AVEC 2 x 16 bytes per thread by cp.async, else element by element
-    const int ar = tid / 4, ac = (tid % 4) * 8;
+    const int ar = ig_row4(tid), ac = (tid % 4) * 8;
     auto load_a = [&](int s) {
         int k0 = s * IG_BK;
         if (AVEC) {
@@ -1284,7 +1292,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
     }
     __syncthreads();
     const int pr = tid % IG_BK, pc = tid / IG_BK;        // scalar paths: pixel row pr, rows/taps pc + 4j
-    const int vr = tid / 4, vk = (tid % 4) * 8;           // vector paths: rows/taps vr + 32i, pixels vk..vk+7
+    const int vr = ig_row4(tid), vk = (tid % 4) * 8;      // vector paths: rows/taps vr + 32i, pixels vk..vk+7
     union { uint4 u[2]; __half h[16]; } bv;               // B of the next step in registers (gather, or BVEC+ACT)
     union { uint4 u[2]; __half h[16]; } av;               // A of the next step in registers (scalar A)
     auto fetch = [&](int s) {
