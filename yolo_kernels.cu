@@ -890,11 +890,10 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int *tc) {
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
                              const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
-                             float *part = nullptr, int *tiles = nullptr) {
+                             float *part = nullptr) {
     int tc;
     dim3 grid = conv_halo_grid(g, dgrad, &tc);
     bool s2 = g.S == 2;
-    if (tiles) *tiles = (int)grid.x;
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
     case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
     case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
@@ -1100,10 +1099,11 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
     if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 2)) {
-        int tiles = 0, tc;
-        if (part) conv_stats_fit(d, conv_halo_grid(g, false, &tc).x);
-        conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s, part, &tiles);
-        return tiles;
+        int tc;
+        const unsigned tiles = conv_halo_grid(g, false, &tc).x;   // (conv_halo_launch's grid)
+        if (part) conv_stats_fit(d, tiles);
+        conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s, part);
+        return (int)tiles;
     }
     if (part) conv_stats_fit(d, grid.x);
     switch ((act ? 4 : 0) | (bvec ? 2 : 0) | (avec ? 1 : 0)) {

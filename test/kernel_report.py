@@ -148,10 +148,6 @@ def instrs(line):
     return n
 
 
-def is_instr(line):
-    return instrs(line) > 0
-
-
 def loops(lines):
     """(label line, back-edge line) of every backward branch"""
     labels = {}

@@ -64,6 +64,9 @@ static float *from_dev(const void *d, size_t bytes) {
 
 static float *poisoned_dev(long n);
 static void check_rel(const char *what, const float *got, const float *ref, const float *scale, long n, double rel);
+static void check_bn_stats(const char *what, const float *z, long zs, int B, int C, int HW, const float *gm,
+                           const float *gi, const float *grm, const float *grv, const float *mean, const float *invstd,
+                           const float *rm, const float *rv, const float *rm0, const float *rv0);
 
 static void test_bn_silu(int B, int C, int HW, void *stream) {
     long n = (long)B * C * HW;
@@ -280,33 +283,20 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         for (int b = 0; b < B; b++)
             for (long i = 0; i < zs; i++)
                 zdiff += i < (long)Cout * HWo ? z0[b * zs + i] != z1[b * zs + i] : z1[b * zs + i] != 0xffff;
-        float *zsf = f16_host_to_f32(z1, nz), *sc = xmalloc(4 * Cout), *sc2 = xmalloc(4 * Cout),
-              *sc3 = xmalloc(4 * Cout), *sc4 = xmalloc(4 * Cout), *rm0 = xmalloc(4 * Cout), *rv0 = xmalloc(4 * Cout);
+        float *zsf = f16_host_to_f32(z1, nz), *rm0 = xmalloc(4 * Cout), *rv0 = xmalloc(4 * Cout);
         memcpy(rm0, rm, 4 * Cout); memcpy(rv0, rv, 4 * Cout);
         bn_stats_cpu(zsf, zs, B, Cout, HWo, mean, inv, rm, rv, 1);
-        for (int o = 0; o < Cout; o++) {
-            double sa = 0;
-            for (int b = 0; b < B; b++) for (int i = 0; i < HWo; i++) sa += fabs(zsf[b * zs + (long)o * HWo + i]);
-            sc[o] = (float)(sa / ((double)B * HWo)); sc2[o] = fabsf(inv[o]) * 4;
-            sc3[o] = fabsf(rm0[o]) + sc[o]; sc4[o] = fabsf(rv0[o]) + fabsf(rv[o]) * 4;
-        }
         check(!zdiff, "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d: z the bits of conv_forward_cuda's, "
               "nothing outside the slices (%ld differ)", B, Cin, H, W, Cout, K, S, zextra, zdiff);
         snprintf(what, sizeof what, "conv_forward_stats_cuda + bn_stats_finish_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d "
-                 "(%d tiles): mean vs bn_stats_cpu of its z", B, Cin, H, W, Cout, K, S, tiles);
-        check_rel(what, got[0], mean, sc, Cout, 1e-5);
-        snprintf(what, sizeof what, "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d: invstd", B, Cin, H, W,
-                 Cout, K, S);
-        check_rel(what, got[0] + Cout, inv, sc2, Cout, 1e-5);
-        snprintf(what, sizeof what, "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d: running mean, var", B,
-                 Cin, H, W, Cout, K, S);
-        check_rel(what, got[0] + 2 * Cout, rm, sc3, Cout, 1e-5);
-        check_rel(what, got[0] + 3 * Cout, rv, sc4, Cout, 1e-5);
+                 "(%d tiles), of its z", B, Cin, H, W, Cout, K, S, tiles);
+        check_bn_stats(what, zsf, zs, B, Cout, HWo, got[0], got[0] + Cout, got[0] + 2 * Cout, got[0] + 3 * Cout, mean,
+                       inv, rm, rv, rm0, rv0);
         check(!memcmp(got[0], got[1], 4 * 4 * Cout), "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d: a "
               "second run gives the same bits", B, Cin, H, W, Cout, K, S);
         cudaFree(dzs); cudaFree(dpart); cudaFree(dst);
         free(rm); free(rv); free(mean); free(inv); free(got[0]); free(got[1]); free(z0); free(z1); free(zsf);
-        free(sc); free(sc2); free(sc3); free(sc4); free(rm0); free(rv0);
+        free(rm0); free(rv0);
         twin_compared(conv_forward_stats_cuda);
         twin_compared(bn_stats_finish_cuda);
     }
@@ -382,6 +372,31 @@ static void check_rel(const char *what, const float *got, const float *ref, cons
           ref[wi], bad, n);
 }
 
+// check_bn_stats: a launcher's batch statistics (gm mean, gi invstd, grm / grv running mean and var) against
+// bn_stats_cpu's (mean, invstd, rm, rv) of z (B, C, HW, image stride zs), rm0 / rv0 the running stats
+// before: relative 1e-5 of mean |z| (mean), 4 |invstd| (a variance error of 1e-5 relative is 0.5e-5 in
+// invstd), |rm0| + mean |z| and |rv0| + 4 |rv|. what: the launcher and case, the checks' names after it
+static void check_bn_stats(const char *what, const float *z, long zs, int B, int C, int HW, const float *gm,
+                           const float *gi, const float *grm, const float *grv, const float *mean, const float *invstd,
+                           const float *rm, const float *rv, const float *rm0, const float *rv0) {
+    float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
+    for (int c = 0; c < C; c++) {
+        double sa = 0;
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) sa += fabs(z[b * zs + (long)c * HW + i]);
+        sc[c] = (float)(sa / ((double)B * HW)); sc2[c] = fabsf(invstd[c]) * 4;
+        sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
+    }
+    char w[300];
+    snprintf(w, sizeof w, "%s: mean vs bn_stats_cpu", what);
+    check_rel(w, gm, mean, sc, C, 1e-5);
+    snprintf(w, sizeof w, "%s: invstd", what);
+    check_rel(w, gi, invstd, sc2, C, 1e-5);
+    snprintf(w, sizeof w, "%s: running mean and var", what);
+    check_rel(w, grm, rm, sc3, C, 1e-5);
+    check_rel(w, grv, rv, sc4, C, 1e-5);
+    free(sc); free(sc2); free(sc3); free(sc4);
+}
+
 static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) {
     long zs = (long)(C + zextra) * HW, ys = (long)(C + yextra) * HW, nz = B * zs, ny = B * ys;
     float *zf = xmalloc(4 * nz), *mean = xmalloc(4 * C), *invstd = xmalloc(4 * C), *rm = rand_host(C, -1, 1),
@@ -400,25 +415,10 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
         bn_stats_cpu(zf, zs, B, C, HW, mean, invstd, rm, rv, train);
         float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C),
               *grv = from_dev(drv, 4 * C);
-        float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
-        for (int c = 0; c < C; c++) {
-            double sa = 0;
-            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) sa += fabs(zf[b * zs + (long)c * HW + i]);
-            sc[c] = (float)(sa / ((double)B * HW));
-            sc2[c] = fabsf(invstd[c]) * 4;   // variance error 1e-5 rel -> invstd 0.5e-5
-            sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
-        }
-        snprintf(what, sizeof what,
-                 "bn_stats_cuda B=%d C=%d HW=%d zs+%d %s (%d chunk%s): mean vs conv_forward's (bn_stats_cpu)", B, C, HW,
-                 zextra, train ? "train" : "eval", bn_chunks(B, HW), bn_chunks(B, HW) > 1 ? "s" : "");
-        check_rel(what, gm, mean, sc, C, 1e-5);
-        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: invstd", B, C, HW, train ? "train" : "eval");
-        check_rel(what, gi, invstd, sc2, C, 1e-5);
-        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW,
-                 train ? "train" : "eval");
-        check_rel(what, grm, rm, sc3, C, 1e-5);
-        check_rel(what, grv, rv, sc4, C, 1e-5);
-        free(gm); free(gi); free(grm); free(grv); free(sc); free(sc2); free(sc3); free(sc4);
+        snprintf(what, sizeof what, "bn_stats_cuda B=%d C=%d HW=%d zs+%d %s (%d chunk%s)", B, C, HW, zextra,
+                 train ? "train" : "eval", bn_chunks(B, HW), bn_chunks(B, HW) > 1 ? "s" : "");
+        check_bn_stats(what, zf, zs, B, C, HW, gm, gi, grm, grv, mean, invstd, rm, rv, rm0, rv0);
+        free(gm); free(gi); free(grm); free(grv);
     }
     // BN+SiLU forward in FP16, with the GPU's statistics uploaded again from the CPU's
     float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *yref = xmalloc(4 * ny),
@@ -922,24 +922,11 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
         bn_stats_cpu(z, zs, B, C, HW, mean, invstd, rm, rv, train);
         float *gm = from_dev(dmean, 4 * C), *gi = from_dev(dinv, 4 * C), *grm = from_dev(drm, 4 * C),
               *grv = from_dev(drv, 4 * C);
-        float *sc = xmalloc(4 * C), *sc2 = xmalloc(4 * C), *sc3 = xmalloc(4 * C), *sc4 = xmalloc(4 * C);
-        for (int c = 0; c < C; c++) {
-            double sa = 0;
-            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) sa += fabs(z[b * zs + (long)c * HW + i]);
-            sc[c] = (float)(sa / ((double)B * HW)); sc2[c] = fabsf(invstd[c]) * 4;
-            sc3[c] = fabsf(rm0[c]) + sc[c]; sc4[c] = fabsf(rv0[c]) + fabsf(rv[c]) * 4;
-        }
-        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d zs+%d %s: mean vs bn_stats_cpu", B, C, HW,
-                 zextra, train ? "train" : "eval");
-        check_rel(what, gm, mean, sc, C, 1e-5);
-        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d %s: invstd", B, C, HW, train ? "train" : "eval");
-        check_rel(what, gi, invstd, sc2, C, 1e-5);
-        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d %s: running mean and var", B, C, HW,
+        snprintf(what, sizeof what, "bn_stats_f32_cuda B=%d C=%d HW=%d zs+%d %s", B, C, HW, zextra,
                  train ? "train" : "eval");
-        check_rel(what, grm, rm, sc3, C, 1e-5);
-        check_rel(what, grv, rv, sc4, C, 1e-5);
+        check_bn_stats(what, z, zs, B, C, HW, gm, gi, grm, grv, mean, invstd, rm, rv, rm0, rv0);
         memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
-        free(gm); free(gi); free(grm); free(grv); free(sc); free(sc2); free(sc3); free(sc4);
+        free(gm); free(gi); free(grm); free(grv);
     }
     float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *dy = poisoned_dev(ny);
     float *zd = xmalloc(4 * (size_t)B * C * HW + 4), *yd = xmalloc(4 * (size_t)B * C * HW + 4), *yref = xmalloc(4 * ny),
