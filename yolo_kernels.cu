@@ -37,15 +37,29 @@ __device__ __forceinline__ float bn_silu_value(float v, float mean, float invstd
     float sc = gamma * invstd;
     return bn_silu_folded(v, sc, beta - mean * sc);
 }
+// h2f2: the two halves of a __half2 as floats (__half22float2); under nvcc one register split and two
+// conversions (cuda_fp16's splits the register once per half)
+#ifdef CUDA_EMU_MMA
+__device__ __forceinline__ float2 h2f2(__half2 h) { return __half22float2(h); }
+#else
+__device__ __forceinline__ float2 h2f2(__half2 h) {
+    union { __half2 h; uint32_t u; } c;
+    c.h = h;
+    float2 f;
+    asm("{.reg .f16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.f32.f16 %0, lo;\n cvt.f32.f16 %1, hi;}\n"
+        : "=f"(f.x), "=f"(f.y) : "r"(c.u));
+    return f;
+}
+#endif
 // bn_silu8: bn_silu_folded on the 8 FP16 values of a 16-byte word, each rounded to FP16 (the same bits as
-// one by one: the pairs converted with __half22float2 / __floats2half2_rn, one conversion instruction
-// per pair each way on sm_80 and later)
+// one by one: the pairs converted with h2f2 / __floats2half2_rn, one conversion instruction per pair to FP16
+// on sm_80 and later)
 __device__ __forceinline__ uint4 bn_silu8(uint4 u, float sc, float sh) {
     union { uint4 u; __half2 h[4]; } v;
     v.u = u;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        const float2 f = __half22float2(v.h[e]);
+        const float2 f = h2f2(v.h[e]);
         v.h[e] = __floats2half2_rn(bn_silu_folded(f.x, sc, sh), bn_silu_folded(f.y, sc, sh));
     }
     return v.u;
@@ -410,11 +424,12 @@ __device__ __forceinline__ BnTile bn_tile8(float *v, int nv) {   // (rounds v in
         if (e < nv) q += (v[e] - m) * (v[e] - m);
     return {(float)nv, m, q};
 }
-__device__ __forceinline__ BnTile bn_tile_xor16(const BnTile &t) {
-    const BnTile o = {__shfl_xor_sync(0xffffffffu, t.n, 16), __shfl_xor_sync(0xffffffffu, t.m, 16),
-                      __shfl_xor_sync(0xffffffffu, t.q, 16)};
-    return threadIdx.x & 16 ? bn_tile_merge(o, t) : bn_tile_merge(t, o);
+__device__ __forceinline__ BnTile bn_tile_xor(const BnTile &t, int m) {
+    const BnTile o = {__shfl_xor_sync(0xffffffffu, t.n, m), __shfl_xor_sync(0xffffffffu, t.m, m),
+                      __shfl_xor_sync(0xffffffffu, t.q, m)};
+    return threadIdx.x & m ? bn_tile_merge(o, t) : bn_tile_merge(t, o);
 }
+__device__ __forceinline__ BnTile bn_tile_xor16(const BnTile &t) { return bn_tile_xor(t, 16); }
 template <int G>
 __device__ __forceinline__ void bn_tiles_out(const BnTile *st, int m0, int M, float *part) {
     const int r = threadIdx.x;
@@ -446,7 +461,21 @@ __device__ __forceinline__ void conv_store_row8(float *of, __half *oh, const flo
 #define ldsm_x4(r, p) emu::ldmatrix_x4(r, p, false, __FILE__, __LINE__)
 #define ldsm_x4_t(r, p) emu::ldmatrix_x4(r, p, true, __FILE__, __LINE__)
 #define mma_16816(d, a, b) emu::mma_16816(d, a, b, __FILE__, __LINE__)
+__device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) {
+    if (full) __pipeline_memcpy_async(dst, src, 16);
+    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+}
+template <class T> __device__ __forceinline__ void pin_reg(T *&) {}
 #else
+// pin_reg: p computed here, in a register (an empty asm that reads and writes it), so that the compiler
+// does not compute it again inside each of the branches that use it
+template <class T> __device__ __forceinline__ void pin_reg(T *&p) { asm volatile("" : "+l"(p)); }
+// cp_async16z: a 16-byte cp.async of src to dst (shared), or 16 zero bytes (source size 0: nothing read) when
+// !full, without a branch
+__device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+}
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -1077,6 +1106,299 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
         bn_tiles_out<2>(bst, row0, M, part);
     }
 }
+// ------------------------------------------------------------------------------------------
+// the stem: 3 input channels, 3x3, stride 2
+// ------------------------------------------------------------------------------------------
+#define STEM_PX 32                 // output pixels of a warp's chunk (one row)
+#define STEM_DP (STEM_PX + 8)      // dz tile pitch (halves): 80 bytes, ldmatrix rows in 8 bank groups
+#define STEM_PP (2 * STEM_PX + 8)  // window pitch (halves): columns 2 ox0 - 8 .. 2 ox0 + 63
+// StemWin: a lane's share of staging the input window of a chunk (output row oy of image b, pixels ox0 ..
+// ox0 + 31): x's 3 channels x 3 rows (2 oy - 1 ..) x 72 columns (2 ox0 - 8 .., 16-byte aligned), as 81
+// pieces of 8 halves; lane l copies pieces q = l + 32 i < 81 (row q / 9 = 3 ci + ky, columns 8 (q % 9)),
+// their offsets fixed. Past the image a copy reads nothing and fills zeros (cp.async's source size 0).
+struct StemWin {
+    int ky[3], c[3];
+    long xo[3];
+    __device__ StemWin(const ConvGeo &g, int lane) {
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const int q = min(lane + 32 * i, 80), r = q / 9, ci = r / 3;
+            ky[i] = r - 3 * ci, c[i] = 8 * (q % 9), xo[i] = ((long)ci * g.H + ky[i]) * g.W + c[i];
+        }
+    }
+    __device__ __forceinline__ void fetch(const ConvGeo &g, const __half *x, __half (*win)[STEM_PP], int lane, int b,
+                                          int oy, int ox0) const {
+        const int iy0 = 2 * oy - 1, ix0 = 2 * ox0 - 8;
+        const __half *xb = x + ((long)b * g.xs + (long)iy0 * g.W + ix0);
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            if (i < 2 || lane < 17) {   // (pieces 64 .. 80)
+                const bool in = (unsigned)(iy0 + ky[i]) < (unsigned)g.H && (unsigned)(ix0 + c[i]) <= (unsigned)(g.W - 8);
+                cp_async16z(&win[(lane + 32 * i) / 9][c[i]], in ? xb + xo[i] : x, in);
+            }
+        }
+    }
+};
+// conv_stem_kernel: the stem's forward (3 input channels, 3x3, stride 2, pad 1), z = conv(x, w) (+ bias) in
+// FP16 (zh; an FP32 z goes to the gather kernel).
+// The gather kernel's 64 x 64 tile would be 16 output channels and 27 of 32 K columns in a 64 x 32 A:
+// here a block owns all of Cout (16 MT) and walks its share of the batch's 32-pixel chunks (of one
+// output row each; blocks take consecutive runs of chunks, a warp every fourth), the K of a pixel its 27
+// taps in 2 steps of mma.sync m16n8k16 (M output channels, N 8 pixels). A warp stages its chunk's input
+// window (StemWin) and multiplies it by the weights, which stay in registers for the whole block. The
+// taps are ordered as 16 pairs that the window holds as 32-bit words: pairs 0-8 kx = 1, 2 of window row
+// p (input columns 2 ox, 2 ox + 1: one aligned word); pairs 9-12 kx = 0 of rows 2i, 2i + 1 (the high
+// halves of two words, one byte permute); pair 13 kx = 0 of row 8 and a zero weight; 14-15 zero weights.
+// The accumulators start from the bias; the epilogue stores each lane's pixel pairs as half2 and, for the
+// statistics (part), adds the values as stored to the lane's sums per channel: their count, deviations from
+// a shift (the lane's first value of the channel: close to the mean, so that M2 = S2 - S1^2 / n keeps its
+// precision) and squared deviations. At the end each lane's sums become a BnTile, merged over the 4 lanes of
+// a channel and the 4 warps in a fixed order into one tile per (channel, block), as the other forward
+// kernels write them.
+template <int MT>
+__global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half *x, const __half *w,
+                                                        const float *bias, __half *zh, float *part) {
+    __shared__ __align__(16) __half win[2][4][9][STEM_PP];
+    __shared__ BnTile bst[4 * 64];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int HWo = g.Ho * g.Wo, nseg = (g.Wo + STEM_PX - 1) / STEM_PX;
+    const long nch = (long)g.B * g.Ho * nseg;
+    const long c0 = blockIdx.x * nch / gridDim.x, c1 = (blockIdx.x + 1) * nch / gridDim.x;
+    const int nsteps = (int)((c1 - c0 + 3) / 4);
+    // two walkers over the warp's chunks c0 + warp + 4 s: the fetch's (one step ahead) and the mma's
+    struct Walk {
+        long c;
+        int seg, b, oy;
+        __device__ void next(int nseg, int Ho) {
+            c += 4;
+            for (seg += 4; seg >= nseg; seg -= nseg)
+                if (++oy == Ho) oy = 0, b++;
+        }
+    };
+    Walk wf;
+    {
+        wf.c = c0 + warp;
+        const long row = wf.c / nseg;
+        wf.seg = (int)(wf.c - row * nseg), wf.b = (int)(row / g.Ho), wf.oy = (int)(row - (long)wf.b * g.Ho);
+    }
+    Walk wm = wf;
+    const StemWin sw(g, lane);
+    // A: the pairs' weights, rows co = 16 mt + gq (+ 8), k columns 2 tq .. of K step kk (pairs 8 kk + tq, + 4)
+    uint32_t a[MT][2][4];
+    auto wtap = [&](int co, int k) { return k >= 0 ? w[co * 27 + k] : __float2half(0.0f); };
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int co = 16 * mt + gq + 8 * (r & 1), p = 8 * kk + tq + 4 * (r >> 1);
+                const int k0 = p < 9 ? 3 * p + 1 : p < 13 ? 6 * (p - 9) : p == 13 ? 24 : -1;
+                const int k1 = p < 9 ? 3 * p + 2 : p < 13 ? 6 * (p - 9) + 3 : -1;
+                union { __half2 h; uint32_t u; } v;
+                v.h = __halves2half2(wtap(co, k0), wtap(co, k1));
+                a[mt][kk][r] = v.u;
+            }
+    // this lane's outputs: channels 16 mt + gq + 8 h (their offsets cho), pixels 8 nt + 2 tq, + 1 of a chunk
+    float bv[MT][2];
+    long cho[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int co = 16 * mt + gq + 8 * h;
+            bv[mt][h] = bias ? bias[co] : 0.0f, cho[mt][h] = (long)co * HWo + 2 * tq;
+        }
+    // B: this lane's words of the window (32-bit units, rows STEM_PP / 2 apart) for pixel gq of an 8-pixel
+    // tile: pairs tq, tq + 4 (one word each), pairs tq + 8, tq + 12 (two words and a byte permute)
+    constexpr int RW = STEM_PP / 2;
+    const int o0 = tq * RW + 4 + gq, o1 = (tq + 4) * RW + 4 + gq;
+    const int oa2 = (tq ? 2 * (tq - 1) * RW + 3 : 8 * RW + 4) + gq, ob2 = tq ? oa2 + RW : oa2;
+    const int oa3 = (tq ? 8 : 6) * RW + 3 + gq, ob3 = tq ? oa3 : oa3 + RW;
+    const unsigned sel2 = tq ? 0x7632u : 0x3210u;
+    // the statistics: per channel of the lane, the count, a shift (the lane's first value of
+    // the channel) and the sums of the values' deviations from it and of their squares
+    float sn = 0.0f, sk[MT][2], s1[MT][2], s2[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) sk[mt][h] = s1[mt][h] = s2[mt][h] = 0.0f;
+    auto fetch = [&](int s) {
+        if (wf.c < c1) sw.fetch(g, x, win[s & 1][warp], lane, wf.b, wf.oy, wf.seg * STEM_PX);
+        wf.next(nseg, g.Ho);
+    };
+    auto mma = [&](int s) {
+        if (wm.c < c1) {
+            const uint32_t *wv = (const uint32_t *)&win[s & 1][warp][0][0];
+            float acc[MT][4][4];   // from the bias
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[mt][nt][e] = bv[mt][e >> 1];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const uint32_t *pv = wv + 8 * nt;
+                const uint32_t b0[2] = {pv[o0], pv[o1]};
+                const uint32_t b1[2] = {__byte_perm(pv[oa2], pv[ob2], sel2), __byte_perm(pv[oa3], pv[ob3], 0x7632)};
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(acc[mt][nt], a[mt][0], b0);
+                    mma_16816(acc[mt][nt], a[mt][1], b1);
+                }
+            }
+            const int ox0 = wm.seg * STEM_PX, ntv = min(4, (g.Wo - ox0) / 8);   // the valid 8-pixel tiles
+            const long o = (long)wm.b * g.zs + (long)wm.oy * g.Wo + ox0;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    {
+                        __half *q = zh + o + cho[mt][h];
+                        pin_reg(q);
+                        if (sn == 0.0f) sk[mt][h] = __half2float(__float2half(acc[mt][0][2 * h]));
+                        const float k = sk[mt][h];
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++) {
+                            if (nt < ntv) {
+                                const __half2 hv = __floats2half2_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                                *(__half2 *)(q + 8 * nt) = hv;
+                                if (part) {   // the values as stored
+                                    const float2 f = h2f2(hv);
+                                    const float d0 = f.x - k, d1 = f.y - k;
+                                    s1[mt][h] += d0 + d1;
+                                    s2[mt][h] = fmaf(d0, d0, fmaf(d1, d1, s2[mt][h]));
+                                }
+                            }
+                        }
+                    }
+                }
+            sn += 2.0f * ntv;
+        }
+        wm.next(nseg, g.Ho);
+    };
+    conv_k_loop(nsteps, [](int) {}, fetch, [](int) {}, mma);
+    if (!part) return;
+    // each channel's tile: the lane's (mean k + s1 / n, M2 = s2 - s1^2 / n), merged over the 4 lanes of the
+    // channel (lane ^ 1, then ^ 2), then the warps in order
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float m1 = sn > 0.0f ? __fdividef(s1[mt][h], sn) : 0.0f;
+            BnTile t = {sn, sk[mt][h] + m1, fmaxf(s2[mt][h] - s1[mt][h] * m1, 0.0f)};
+            t = bn_tile_xor(bn_tile_xor(t, 1), 2);
+            if (tq == 0) bst[warp * 64 + 16 * mt + 8 * h + gq] = t;
+        }
+    __syncthreads();
+    bn_tiles_out<4>(bst, 0, g.Cout, part);
+}
+// conv_stem_wgrad_kernel: the weight gradient of the stem (3 input channels, 3x3, stride 2, pad 1), dW[co,
+// k] = sum over output pixels of dz[co, p] col[k, p] with K = 27 taps. The gather kernel's 64 x 64 tile
+// would be a 16 x 27 corner of mostly padding; here a block owns all of Cout (16 MT) by the 27 taps (4 n8
+// tiles of mma.sync m16n8k16: M output channels, N taps, K pixels) and walks its slice of the batch's
+// output rows (grid.x slices of B*Ho rows in order) in chunks of 32 pixels of one row, one chunk per warp
+// and step. A warp stages its own chunk: dz's Cout x 32 tile and the input window of 3 channels x 3 rows
+// x 72 columns (x from 2 ox0 - 8: 16-byte aligned), both by 16-byte cp.async, zero past the image. The
+// taps are ordered so that a lane's taps in n-tiles 0-2 are kx = 0, 1, 2 of one (channel, row) pair g:
+// then the B registers of a pixel pair (p, p+1) come from the three 32-bit words of that row that hold
+// input columns 2p-1 .. 2p+3 (the window's columns 2p+7 ..), one byte permute per register; n-tile 3
+// holds pair 8's three taps in lanes 0-2. A (dz) comes by ldmatrix.x4. Two stages, one barrier per step.
+// The warps' sums are added in warp order through shared memory and written as the block's slice of the
+// workspace (or dW, with accumulate, when there is one slice): the same bits on every run.
+template <int MT>
+__global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x,
+                                                              float *dw, float *ws, int accumulate) {
+    constexpr int CO = 16 * MT;
+    __shared__ __align__(16) __half dzs[2][4][CO][STEM_DP];
+    __shared__ __align__(16) __half win[2][4][9][STEM_PP];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int HWo = g.Ho * g.Wo, R = g.B * g.Ho, nseg = (g.Wo + STEM_PX - 1) / STEM_PX;
+    const int r0 = (int)((long)blockIdx.x * R / gridDim.x), r1 = (int)((long)(blockIdx.x + 1) * R / gridDim.x);
+    const int nsteps = ((r1 - r0) * nseg + 3) / 4;
+    // the chunk of this warp's next fetch: output row (b, oy) = row, pixels 32 seg ..
+    int row = r0 + warp / nseg, seg = warp % nseg, b = row / g.Ho, oy = row - b * g.Ho;
+    bool v0 = false, v1 = false;   // the chunk in stage 0 / 1 is inside the slice
+    // this lane's copies of dz, their offsets fixed: rows lane / 4 + 8 i (2 MT of them), 8 pixels at dc =
+    // 8 (lane % 4) of the chunk, zeros past the row; of the window, StemWin's
+    const int dc = 8 * (lane % 4);
+    const long zlane = (long)(lane / 4) * HWo + dc, zstep = 8L * HWo;
+    const StemWin sw(g, lane);
+    auto fetch = [&](int s) {
+        const bool ok = row < r1;
+        if (s & 1) v1 = ok; else v0 = ok;
+        if (ok) {
+            const int ox0 = seg * STEM_PX;
+            const bool zok = ox0 + dc < g.Wo;
+            const __half *zp = zok ? dz + ((long)b * g.zs + (long)oy * g.Wo + ox0 + zlane) : dz;
+#pragma unroll
+            for (int i = 0; i < 2 * MT; i++) cp_async16z(&dzs[s & 1][warp][lane / 4 + 8 * i][dc], zp + (zok ? i * zstep : 0), zok);
+            sw.fetch(g, x, win[s & 1][warp], lane, b, oy, ox0);
+        }
+        for (seg += 4; seg >= nseg; seg -= nseg, row++)   // 4 chunks on (rows of nseg chunks)
+            if (++oy == g.Ho) oy = 0, b++;
+    };
+    float acc[MT][4][4] = {};
+    // pair 8's tap of n-tile 3 in this lane (lanes 3-7: a copy of lane 0's, not stored)
+    const int kx8 = gq < 3 ? gq : 0, w8 = 8 * (STEM_PP / 2) + (kx8 ? 4 : 3);
+    const unsigned sel8 = kx8 == 1 ? 0x5410u : 0x7632u;
+    auto mma = [&](int s) {
+        if (!((s & 1) ? v1 : v0)) return;
+        const uint32_t *wv = (const uint32_t *)&win[s & 1][warp][0][0];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {   // the chunk's two 16-pixel K slices
+            uint32_t a[MT][4], bf[4][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) ldsm_x4(a[mt], &dzs[s & 1][warp][mt * 16 + lane % 16][16 * h + 8 * (lane / 16)]);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {   // pixels p, p + 1 (p = 16 h + 2 tq + 8 e): words p + 3 .. p + 5
+                const int p = 16 * h + 2 * tq + 8 * e;
+                const uint32_t *pw = wv + gq * (STEM_PP / 2) + p + 3;
+                const uint32_t w0 = pw[0], w1 = pw[1], w2 = pw[2];
+                bf[0][e] = __byte_perm(w0, w1, 0x7632);   // kx 0: columns 2p+7, 2p+9 (high halves)
+                bf[1][e] = __byte_perm(w1, w2, 0x5410);   // kx 1: 2p+8, 2p+10 (low halves)
+                bf[2][e] = __byte_perm(w1, w2, 0x7632);   // kx 2: 2p+9, 2p+11
+                bf[3][e] = __byte_perm(wv[w8 + p], wv[w8 + p + 1], sel8);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma_16816(acc[mt][j], a[mt], bf[j]);
+        }
+    };
+    conv_k_loop(nsteps, [](int) {}, fetch, [](int) {}, mma);
+    // the warps' sums in warp order, in dzs (free after the loop's last barrier): red[co][k], k < 27
+    float (*red)[28] = (float (*)[28]) & dzs[0][0][0][0];
+    static_assert(sizeof(dzs) >= sizeof(float) * CO * 28, "the reduction fits the dz stages");
+    for (int w = 0; w < 4; w++) {
+        if (warp == w) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int co = mt * 16 + gq + 8 * (e >> 1), n = 2 * tq + (e & 1);
+                        const int k = j < 3 ? 3 * n + j : n < 3 ? 24 + n : -1;
+                        if (k >= 0) red[co][k] = w ? red[co][k] + acc[mt][j][e] : acc[mt][j][e];
+                    }
+        }
+        __syncthreads();
+    }
+    const bool split = gridDim.x > 1;
+    float *out = split ? ws + (long)blockIdx.x * CO * 27 : dw;
+    for (int i = tid; i < CO * 27; i += 128) {
+        const float v = red[i / 27][i % 27];
+        out[i] = !split && accumulate ? out[i] + v : v;
+    }
+}
+// conv_stem_fits: the stem kernels take the conv (3 channels, 3x3 stride 2, Cout 16, 32 or 48: the n, s and
+// m stems; output rows a multiple of 16 wide, rows of x and of z / dz in 16-byte pieces)
+static bool conv_stem_fits(const ConvGeo &g, const void *x, const void *dz) {
+    return g.Cin == 3 && g.K == 3 && g.S == 2 && g.Cout % 16 == 0 && g.Cout <= 48 && g.Wo % 16 == 0 && g.W % 8 == 0 &&
+           g.xs % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)dz % 16 == 0;
+}
 // conv_stats_fit: before a launch with partials, that its tiles fit conv_stats_floats (a bound kept by
 // hand beside the kernels' tilings: a programming error, not an input's)
 static void conv_stats_fit(ConvDims d, unsigned tiles) {
@@ -1098,6 +1420,18 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
     const __half *xh = (const __half *)x, *wh = (const __half *)w;
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
+    // the stem (into zh, FP16; with the statistics when part)
+    if (!act && !z && conv_stem_fits(g, x, zh)) {
+        const unsigned blocks = cdiv((long)g.B * g.Ho * cdiv(g.Wo, STEM_PX), 16);   // 16 chunks a block
+        if (part) conv_stats_fit(d, blocks);
+        switch (g.Cout / 16) {
+        case 1: conv_stem_kernel<1><<<blocks, 128, 0, s>>>(g, xh, wh, bias, zo, part); break;
+        case 2: conv_stem_kernel<2><<<blocks, 128, 0, s>>>(g, xh, wh, bias, zo, part); break;
+        default: conv_stem_kernel<3><<<blocks, 128, 0, s>>>(g, xh, wh, bias, zo, part); break;
+        }
+        CUDA_CHECK(cudaGetLastError());
+        return (int)blocks;
+    }
     if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 2)) {
         int tc;
         const unsigned tiles = conv_halo_grid(g, false, &tc).x;   // (conv_halo_launch's grid)
@@ -1602,6 +1936,16 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
+    if (!act && conv_stem_fits(g, x, dz)) {   // the stem: its own kernel, grid.z slices of the rows
+        const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
+        switch (g.Cout / 16) {
+        case 1: conv_stem_wgrad_kernel<1><<<grid.z, 128, 0, s>>>(g, dzh, xh, dw, ws, accumulate); break;
+        case 2: conv_stem_wgrad_kernel<2><<<grid.z, 128, 0, s>>>(g, dzh, xh, dw, ws, accumulate); break;
+        default: conv_stem_wgrad_kernel<3><<<grid.z, 128, 0, s>>>(g, dzh, xh, dw, ws, accumulate); break;
+        }
+        wgrad_end(g, grid, ws, dw, accumulate, s);
+        return;
+    }
     // the halo kernels where x's rows load 8 or 4 halves at a time and dz's rows (dz's map: every
     // other pixel at stride 2) do too; at stride 2 only where the 16-column tiles pad dz's rows by at
     // most a quarter (a row of 20 padded to 32 costs the halo kernel more than the gather kernel's

@@ -492,6 +492,11 @@ static void test_math() {
           "__half atomicAdd x64 = %g (want 64)",
           worst, __half2float(hs[0]));
     cudaFree(dx); cudaFree(dy); cudaFree(dh);
+    // __byte_perm (prmt): the selectors conv_stem_wgrad_kernel uses, a byte reversal and a repeated byte
+    const unsigned bx = 0x33221100u, by = 0x77665544u;
+    check(__byte_perm(bx, by, 0x7632) == 0x77663322u && __byte_perm(bx, by, 0x5410) == 0x55441100u &&
+              __byte_perm(bx, by, 0x0123) == 0x00112233u && __byte_perm(bx, by, 0x4444) == 0x44444444u,
+          "__byte_perm: high halves, low halves, byte reversal, a repeated byte of y");
 }
 
 // ---- launch limits, as the driver rejects them ----

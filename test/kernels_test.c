@@ -288,6 +288,28 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         bn_stats_cpu(zsf, zs, B, Cout, HWo, mean, inv, rm, rv, 1);
         check(!zdiff, "conv_forward_stats_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d zs+%d: z the bits of conv_forward_cuda's, "
               "nothing outside the slices (%ld differ)", B, Cin, H, W, Cout, K, S, zextra, zdiff);
+        {   // that z (FP16 alone, no bias: the stem's own kernel takes it) against the reference
+            long n1 = (long)Cout * HWo;
+            float *zg = xmalloc(4 * B * n1), *zr = xmalloc(4 * B * n1);
+            for (int b = 0; b < B; b++)
+                for (long i = 0; i < n1; i++)
+                    zg[b * n1 + i] = zsf[b * zs + i], zr[b * n1 + i] = zref[b * zs + i] - bias[i / HWo];
+            snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z alone, no bias", B,
+                     Cin, H, W, Cout, K, S);
+            check_f16tol(what, zg, zr, B * n1);
+            uint16_t *dzb;   // and with the bias
+            CK(cudaMalloc((void **)&dzb, 2 * nz));
+            conv_forward_cuda(d, dxh_, NULL, dwh, dbias, NULL, dzb, stream);
+            uint16_t *zb = (uint16_t *)from_dev(dzb, 2 * nz);
+            float *zbf = f16_host_to_f32(zb, nz);
+            for (int b = 0; b < B; b++)
+                for (long i = 0; i < n1; i++) zg[b * n1 + i] = zbf[b * zs + i], zr[b * n1 + i] = zref[b * zs + i];
+            snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z alone + bias", B,
+                     Cin, H, W, Cout, K, S);
+            check_f16tol(what, zg, zr, B * n1);
+            cudaFree(dzb); free(zb); free(zbf);
+            free(zg); free(zr);
+        }
         snprintf(what, sizeof what, "conv_forward_stats_cuda + bn_stats_finish_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d "
                  "(%d tiles), of its z", B, Cin, H, W, Cout, K, S, tiles);
         check_bn_stats(what, zsf, zs, B, Cout, HWo, got[0], got[0] + Cout, got[0] + 2 * Cout, got[0] + 3 * Cout, mean,
@@ -1683,6 +1705,13 @@ int main(void) {
     // 3 input channels (the stem) on rows of 24 and 64: still the gather kernel (A's rows not 16-byte loads)
     test_conv(2, 3, 16, 24, 20, 3, 2, 0, 0, s);
     test_conv(1, 3, 6, 64, 20, 3, 2, 0, 0, s);
+    // the stem's weight gradient by its own kernel (Cout 16, 32, 48; output rows a multiple of 16): rows
+    // of 32 (one chunk), 48 (a chunk half past the row) with an odd H and dz's image stride padded, 16
+    // with x's padded (one slice: dW accumulated in place), 32 rows in 4 slices
+    test_conv(2, 3, 16, 64, 16, 3, 2, 0, 0, s);
+    test_conv(1, 3, 15, 96, 32, 3, 2, 0, 2, s);
+    test_conv(2, 3, 9, 32, 48, 3, 2, 3, 0, s);
+    test_conv(1, 3, 64, 64, 16, 3, 2, 0, 0, NULL);
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
