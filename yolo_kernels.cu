@@ -472,9 +472,14 @@ template <class T> __device__ __forceinline__ void pin_reg(T *&) {}
 template <class T> __device__ __forceinline__ void pin_reg(T *&p) { asm volatile("" : "+l"(p)); }
 // cp_async16z: a 16-byte cp.async of src to dst (shared), or 16 zero bytes (source size 0: nothing read) when
 // !full, without a branch
+// (sm_75 has no cp.async: a plain 16-byte copy, as __pipeline_memcpy_async makes there)
 __device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) {
+#if __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+#else
+    *(uint4 *)dst = full ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+#endif
 }
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
