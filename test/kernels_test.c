@@ -256,6 +256,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     check_f16tol(what, dxhf, dxref, nx);
     {   // the forward with its BN statistics from the epilogue (no bias): the same FP16 z bits as
         // conv_forward_cuda's, and the statistics bn_stats_cpu takes of that z; twice: the same bits
+        // (the stem kernel serves both calls: its z is checked against the reference below)
         uint16_t *dzs;
         CK(cudaMalloc((void **)&dzs, 2 * nz));
         CK(cudaMemset(dzs, 0xff, 2 * nz));   // NaN: outside the slices the z must stay untouched
@@ -297,16 +298,21 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
             snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z alone, no bias", B,
                      Cin, H, W, Cout, K, S);
             check_f16tol(what, zg, zr, B * n1);
-            uint16_t *dzb;   // and with the bias
+            uint16_t *dzb;   // and with the bias, nothing written outside the channels
             CK(cudaMalloc((void **)&dzb, 2 * nz));
+            CK(cudaMemset(dzb, 0xff, 2 * nz));
             conv_forward_cuda(d, dxh_, NULL, dwh, dbias, NULL, dzb, stream);
             uint16_t *zb = (uint16_t *)from_dev(dzb, 2 * nz);
             float *zbf = f16_host_to_f32(zb, nz);
-            for (int b = 0; b < B; b++)
+            long outside = 0;
+            for (int b = 0; b < B; b++) {
                 for (long i = 0; i < n1; i++) zg[b * n1 + i] = zbf[b * zs + i], zr[b * n1 + i] = zref[b * zs + i];
-            snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z alone + bias", B,
-                     Cin, H, W, Cout, K, S);
+                for (long i = n1; i < zs; i++) outside += zb[b * zs + i] != 0xffff;
+            }
+            snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 z alone + bias "
+                     "(%ld values written outside the channels)", B, Cin, H, W, Cout, K, S, outside);
             check_f16tol(what, zg, zr, B * n1);
+            check(!outside, "%s: nothing outside", what);
             cudaFree(dzb); free(zb); free(zbf);
             free(zg); free(zr);
         }
@@ -1712,6 +1718,9 @@ int main(void) {
     test_conv(1, 3, 15, 96, 32, 3, 2, 0, 2, s);
     test_conv(2, 3, 9, 32, 48, 3, 2, 3, 0, s);
     test_conv(1, 3, 64, 64, 16, 3, 2, 0, 0, NULL);
+    test_conv(1, 3, 2, 1024, 16, 3, 2, 0, 0, s);   // one output row in 2 slices: the first one empty
+    test_conv(3, 3, 1, 160, 32, 3, 2, 2, 1, s);    // H 1; rows of 80: 3 chunks, the last one half past
+    test_conv(2, 3, 40, 96, 48, 3, 2, 0, 0, s);    // Cout 48 over 8 slices; the forward in several blocks
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
