@@ -368,6 +368,39 @@ void *dyn_smem() { if (!B) fail("extern __shared__ used outside a kernel"); retu
 
 namespace nvcuda { namespace wmma {
 unsigned lane_id() { return emu::F ? (unsigned)(emu::F->lin & 31) : 0; }
+// the lanes' fragments as one 64-bit hash: FNV-1a over 64-bit words in 4 interleaved chains (a
+// quarter of one chain's dependent multiplies), the tails' bytes in the first
+uint64_t fragments_hash(const void *a, size_t na, const void *b, size_t nb, const void *c, size_t nc) {
+    uint64_t h[4] = {1469598103934665603ull, 1ull, 2ull, 3ull};
+    const void *p[3] = {a, b, c};
+    size_t n[3] = {na, nb, nc};
+    for (int t = 0; t < 3; t++) {
+        const unsigned char *q = (const unsigned char *)p[t];
+        size_t i = 0;
+        for (; i + 32 <= n[t]; i += 32)
+            for (int r = 0; r < 4; r++) {
+                uint64_t w;
+                memcpy(&w, q + i + 8 * r, 8);
+                h[r] = (h[r] ^ w) * 1099511628211ull;
+            }
+        for (; i < n[t]; i++) h[0] = (h[0] ^ q[i]) * 1099511628211ull;
+    }
+    return ((h[0] * 31 + h[1]) * 31 + h[2]) * 31 + h[3];
+}
+// mma_share: the warp's rendezvous of an emulated mma_sync (a full-warp collective, as warp_check): every
+// lane deposits its n (<= 8) sums and its fragments' hash; fails when the hashes differ; returns every
+// lane's deposit (its sums first), valid until the warp's next gather
+const unsigned char (*mma_share(const float *mine, int n, uint64_t hash, const char *file, int line))[64] {
+    unsigned char dep[64];
+    memcpy(dep, mine, 4 * (size_t)n);
+    memcpy(dep + 56, &hash, 8);
+    const unsigned char(*all)[64] = emu::warp_gather(dep, 64, file, line);
+    for (int m = 0; m < 32; m++)
+        if (memcmp(all[m] + 56, dep + 56, 8))
+            emu::fail("mma_sync (%s:%d): lanes %d and %u hold different fragments (a kernel must treat a WMMA "
+                      "fragment's elements alike in every lane)", file, line, m, lane_id());
+    return all;
+}
 // every WMMA call is a full-warp rendezvous with a warp-uniform pointer and ldm (kernel rule 8)
 void warp_check(const void *p, unsigned ldm_bytes, unsigned align, const char *what, const char *file, int line) {
     if (align && ((uintptr_t)p % align))

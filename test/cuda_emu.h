@@ -353,24 +353,38 @@ EMU_UNCOUNTED static inline void emu_store(S *p, const fragment<accumulator, M, 
     emu::count_quiet(-1);
 }
 #define store_matrix_sync(p, ...) emu_store(p, __VA_ARGS__, __FILE__, __LINE__)
+uint64_t fragments_hash(const void *a, size_t na, const void *b, size_t nb, const void *c, size_t nc);
+const unsigned char (*mma_share(const float *mine, int n, uint64_t hash, const char *file, int line))[64];
+// mma_sync: d = a b + c, each element summed in k order from c. Every lane holds the whole tiles, the same
+// in every lane of a converged warp, so the lanes share the work: lane L sums elements [L*E, L*E+E), E =
+// M*N/32, and one rendezvous of the warp hands every lane all of them (with a hash of each lane's a, b, c:
+// fragments that differ between the lanes are a kernel error the emulation reports, as its whole-tile
+// fragments could not otherwise hold it)
 template <int M, int N, int K, class TA, class LA, class LB, class TC, class TD>
 EMU_UNCOUNTED static inline void
 mma_sync(fragment<accumulator, M, N, K, TD, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
          const fragment<matrix_b, M, N, K, TA, LB> &b, const fragment<accumulator, M, N, K, TC, void> &c) {
-    warp_check(nullptr, 0, 0, "mma_sync", __FILE__, __LINE__);
+    static_assert(M * N == 256, "the emulated WMMA shapes have 256-element accumulators");
+    constexpr int E = M * N / 32;
     emu::count_mma(M, N, K);
-    // the FP16 inputs widened once (exact), then each element summed in k order as before
-    float fa[M * K], fbt[N * K], acc[M * N];
-    for (int i = 0; i < M * K; i++) fa[i] = (float)a.x[i];
-    for (int k = 0; k < K; k++)
-        for (int j = 0; j < N; j++) fbt[j * K + k] = (float)b.x[k * N + j];
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            float s = (float)c.x[i * N + j];
-            for (int k = 0; k < K; k++) s += fa[i * K + k] * fbt[j * K + k];
-            acc[i * N + j] = s;
+    const int l = (int)lane_id();
+    static_assert(N % E == 0, "a lane's elements lie in one row");
+    const int i = l * E / N, j0 = l * E % N;
+    float mine[E], ar[K];
+    for (int k = 0; k < K; k++) ar[k] = (float)a.x[i * K + k];   // the FP16 inputs widened exactly
+    for (int e = 0; e < E; e++) {
+        float s = (float)c.x[i * N + j0 + e];
+        for (int k = 0; k < K; k++) s += ar[k] * (float)b.x[k * N + j0 + e];
+        mine[e] = s;
+    }
+    const unsigned char(*all)[64] =
+            mma_share(mine, E, fragments_hash(a.x, sizeof a.x, b.x, sizeof b.x, c.x, sizeof c.x), __FILE__, __LINE__);
+    for (int m = 0; m < 32; m++)
+        for (int e = 0; e < E; e++) {
+            float v;
+            memcpy(&v, all[m] + 4 * e, 4);
+            d.x[m * E + e] = (TD)v;
         }
-    for (int i = 0; i < M * N; i++) d.x[i] = (TD)acc[i];
 }
 } } // namespace nvcuda::wmma
 
@@ -410,25 +424,29 @@ static inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32
     const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
     Gathered all = warp_gather(mine, 24, file, line);
     count_mma(16, 8, 16);
-    float A[16][16], Bm[16][8];
-    for (int l = 0; l < 32; l++) {
-        const int g = l >> 2, t = l & 3;
+    // only what this lane's outputs read: A's rows g, g+8 (lanes 4g .. 4g+3) and B's columns 2t, 2t+1
+    const int l = (int)nvcuda::wmma::lane_id(), g = l >> 2, t = l & 3;
+    float A[2][16], Bm[2][16];   // A[r][k]: row g + 8r; Bm[c][k]: column 2t + c
+    for (int u = 0; u < 4; u++) {
         uint32_t w[6];
-        memcpy(w, all[l], 24);
+        memcpy(w, all[4 * g + u], 16);
         for (int h = 0; h < 2; h++) {
-            A[g][2 * t + h] = half_bits((uint16_t)(w[0] >> 16 * h));
-            A[g + 8][2 * t + h] = half_bits((uint16_t)(w[1] >> 16 * h));
-            A[g][2 * t + 8 + h] = half_bits((uint16_t)(w[2] >> 16 * h));
-            A[g + 8][2 * t + 8 + h] = half_bits((uint16_t)(w[3] >> 16 * h));
-            Bm[2 * t + h][g] = half_bits((uint16_t)(w[4] >> 16 * h));
-            Bm[2 * t + 8 + h][g] = half_bits((uint16_t)(w[5] >> 16 * h));
+            A[0][2 * u + h] = half_bits((uint16_t)(w[0] >> 16 * h));
+            A[1][2 * u + h] = half_bits((uint16_t)(w[1] >> 16 * h));
+            A[0][2 * u + 8 + h] = half_bits((uint16_t)(w[2] >> 16 * h));
+            A[1][2 * u + 8 + h] = half_bits((uint16_t)(w[3] >> 16 * h));
+        }
+        for (int c = 0; c < 2; c++) {
+            memcpy(w + 4, all[4 * (2 * t + c) + u] + 16, 8);
+            for (int h = 0; h < 2; h++) {
+                Bm[c][2 * u + h] = half_bits((uint16_t)(w[4] >> 16 * h));
+                Bm[c][2 * u + 8 + h] = half_bits((uint16_t)(w[5] >> 16 * h));
+            }
         }
     }
-    const int l = (int)nvcuda::wmma::lane_id(), g = l >> 2, t = l & 3;
     for (int e = 0; e < 4; e++) {
-        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
         float s = d[e];
-        for (int k = 0; k < 16; k++) s += A[row][k] * Bm[k][col];
+        for (int k = 0; k < 16; k++) s += A[e >> 1][k] * Bm[e & 1][k];
         d[e] = s;
     }
 }

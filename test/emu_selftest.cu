@@ -624,6 +624,27 @@ static void smem_overrun() {
     smem_over<<<1, 128, 4096>>>(d);
     cudaDeviceSynchronize();
 }
+// a fragment element changed in one lane only: its elements belong to unspecified lanes on hardware, so
+// a kernel must change them alike in every lane; the emulation's shared mma_sync reports it
+__global__ void wmma_lane_divergent(const __half *A, float *C) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+    wmma::fill_fragment(c, 0.0f);
+    wmma::load_matrix_sync(a, A, 16);
+    wmma::load_matrix_sync(b, A, 16);
+    if (threadIdx.x == 7) a.x[0] = __float2half(2.0f);
+    wmma::mma_sync(c, a, b, c);
+    wmma::store_matrix_sync(C, c, 16, wmma::mem_row_major);
+}
+static void wmma_divergent() {
+    __half *a; float *c;
+    cudaMalloc((void **)&a, 2 * 256);
+    cudaMemset(a, 0, 2 * 256);
+    cudaMalloc((void **)&c, 4 * 256);
+    wmma_lane_divergent<<<1, 32>>>(a, c);
+    cudaDeviceSynchronize();
+}
 
 int main() {
     test_barriers();
@@ -641,6 +662,7 @@ int main() {
     expect_abort("out-of-bounds write into the alignment slack", oob_slack, "past the end");
     expect_abort("write before the start of an allocation", oob_under, "before the start");
     expect_abort("host pointer passed to a kernel", host_ptr_arg, "not device memory");
+    expect_abort("WMMA fragment changed in one lane only", wmma_divergent, "hold different fragments");
     expect_abort("host dereference of device memory (host trap)", host_deref, "host code dereferenced");
     expect_abort("cudaMemcpy overrunning the allocation", memcpy_overrun, "overrun");
     expect_abort("cudaMemcpy with the wrong kind", memcpy_kind, "kind");
