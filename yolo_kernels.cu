@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include "yolo.h"
 
 // CUDA_CHECK: a failed runtime call or launch names the file:line, the error and a hint, then exits.
@@ -1144,6 +1145,21 @@ struct StemWin {
         }
     }
 };
+// StemWalk: a warp's walk over the batch's chunks, 4 on per step (the block's 4 warps take every fourth):
+// chunk c = (b Ho + oy) nseg + seg, nseg chunks to an output row (the batch's chunks fit an int:
+// conv_stem_fits)
+struct StemWalk {
+    int c, seg, b, oy;
+    __device__ StemWalk(int c0, int nseg, int Ho) : c(c0) {
+        const int row = c0 / nseg;
+        seg = c0 - row * nseg, b = row / Ho, oy = row - b * Ho;
+    }
+    __device__ __forceinline__ void next(int nseg, int Ho) {
+        c += 4;
+        for (seg += 4; seg >= nseg; seg -= nseg)
+            if (++oy == Ho) oy = 0, b++;
+    }
+};
 // conv_stem_kernel: the stem's forward (3 input channels, 3x3, stride 2, pad 1), z = conv(x, w) (+ bias) in
 // FP16 (zh; an FP32 z goes to the gather kernel).
 // The gather kernel's 64 x 64 tile would be 16 output channels and 27 of 32 K columns in a 64 x 32 A:
@@ -1168,25 +1184,10 @@ __global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int HWo = g.Ho * g.Wo, nseg = (g.Wo + STEM_PX - 1) / STEM_PX;
     const long nch = (long)g.B * g.Ho * nseg;
-    const long c0 = blockIdx.x * nch / gridDim.x, c1 = (blockIdx.x + 1) * nch / gridDim.x;
+    const int c0 = (int)(blockIdx.x * nch / gridDim.x), c1 = (int)((blockIdx.x + 1) * nch / gridDim.x);
     const int nsteps = (int)((c1 - c0 + 3) / 4);
     // two walkers over the warp's chunks c0 + warp + 4 s: the fetch's (one step ahead) and the mma's
-    struct Walk {
-        long c;
-        int seg, b, oy;
-        __device__ void next(int nseg, int Ho) {
-            c += 4;
-            for (seg += 4; seg >= nseg; seg -= nseg)
-                if (++oy == Ho) oy = 0, b++;
-        }
-    };
-    Walk wf;
-    {
-        wf.c = c0 + warp;
-        const long row = wf.c / nseg;
-        wf.seg = (int)(wf.c - row * nseg), wf.b = (int)(row / g.Ho), wf.oy = (int)(row - (long)wf.b * g.Ho);
-    }
-    Walk wm = wf;
+    StemWalk wf(c0 + warp, nseg, g.Ho), wm = wf;
     const StemWin sw(g, lane);
     // A: the pairs' weights, rows co = 16 mt + gq (+ 8), k columns 2 tq .. of K step kk (pairs 8 kk + tq, + 4)
     uint32_t a[MT][2][4];
@@ -1322,8 +1323,9 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
     const int HWo = g.Ho * g.Wo, R = g.B * g.Ho, nseg = (g.Wo + STEM_PX - 1) / STEM_PX;
     const int r0 = (int)((long)blockIdx.x * R / gridDim.x), r1 = (int)((long)(blockIdx.x + 1) * R / gridDim.x);
     const int nsteps = ((r1 - r0) * nseg + 3) / 4;
-    // the chunk of this warp's next fetch: output row (b, oy) = row, pixels 32 seg ..
-    int row = r0 + warp / nseg, seg = warp % nseg, b = row / g.Ho, oy = row - b * g.Ho;
+    // the chunk of this warp's next fetch (the slice: chunks r0 nseg .. r1 nseg)
+    StemWalk wf(r0 * nseg + warp, nseg, g.Ho);
+    const int cend = r1 * nseg;
     bool v0 = false, v1 = false;   // the chunk in stage 0 / 1 is inside the slice
     // this lane's copies of dz, their offsets fixed: rows lane / 4 + 8 i (2 MT of them), 8 pixels at dc =
     // 8 (lane % 4) of the chunk, zeros past the row; of the window, StemWin's
@@ -1331,18 +1333,17 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
     const long zlane = (long)(lane / 4) * HWo + dc, zstep = 8L * HWo;
     const StemWin sw(g, lane);
     auto fetch = [&](int s) {
-        const bool ok = row < r1;
+        const bool ok = wf.c < cend;
         if (s & 1) v1 = ok; else v0 = ok;
         if (ok) {
-            const int ox0 = seg * STEM_PX;
+            const int ox0 = wf.seg * STEM_PX;
             const bool zok = ox0 + dc < g.Wo;
-            const __half *zp = zok ? dz + ((long)b * g.zs + (long)oy * g.Wo + ox0 + zlane) : dz;
+            const __half *zp = zok ? dz + ((long)wf.b * g.zs + (long)wf.oy * g.Wo + ox0 + zlane) : dz;
 #pragma unroll
             for (int i = 0; i < 2 * MT; i++) cp_async16z(&dzs[s & 1][warp][lane / 4 + 8 * i][dc], zp + (zok ? i * zstep : 0), zok);
-            sw.fetch(g, x, win[s & 1][warp], lane, b, oy, ox0);
+            sw.fetch(g, x, win[s & 1][warp], lane, wf.b, wf.oy, ox0);
         }
-        for (seg += 4; seg >= nseg; seg -= nseg, row++)   // 4 chunks on (rows of nseg chunks)
-            if (++oy == g.Ho) oy = 0, b++;
+        wf.next(nseg, g.Ho);
     };
     float acc[MT][4][4] = {};
     // pair 8's tap of n-tile 3 in this lane (lanes 3-7: a copy of lane 0's, not stored)
@@ -1402,7 +1403,8 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
 // m stems; output rows a multiple of 16 wide, rows of x and of z / dz in 16-byte pieces)
 static bool conv_stem_fits(const ConvGeo &g, const void *x, const void *dz) {
     return g.Cin == 3 && g.K == 3 && g.S == 2 && g.Cout % 16 == 0 && g.Cout <= 48 && g.Wo % 16 == 0 && g.W % 8 == 0 &&
-           g.xs % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)dz % 16 == 0;
+           g.xs % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)dz % 16 == 0 &&
+           (long)g.B * g.Ho * ((g.Wo + STEM_PX - 1) / STEM_PX) < INT_MAX - 4;   // StemWalk's chunks
 }
 // conv_stats_fit: before a launch with partials, that its tiles fit conv_stats_floats (a bound kept by
 // hand beside the kernels' tilings: a programming error, not an input's)
