@@ -9785,6 +9785,7 @@ static void gpu_unreachable(int unused, ...) {
 }
 #define conv_forward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_dgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define conv_w_tapmajor_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_wgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_stats_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_forward_stats_cuda(...) (gpu_unreachable(0, __VA_ARGS__), 0)
@@ -9881,6 +9882,9 @@ typedef struct Gpu {
     int f32;                  // amp=0: activations, dz and the convs' weights in FP32 (no w16)
     int esz;                  // bytes of an activation value: 2 (FP16, AMP) or 4 (amp=0)
     uint16_t *w16;            // (nparams) FP16 copy of params, refreshed after every optimizer step (AMP)
+    uint16_t *wt16;           // training with AMP: the weights of the stride-2 3x3 convs again, tap-major
+                              // (gpu_wt: for their input gradient), refreshed with w16; NULL if none
+    size_t wt_off[MAX_CONVS]; // conv i's weights in wt16, or SIZE_MAX: none
     float *buffers;           // (nbuffers) BN running mean/var
     float *bn_keep;           // (nbuffers) the running stats before the last training forward (gpu_bn_restore)
     float *opt_m, *opt_v;     // (nparams) momentum / Adam moments (opt_v NULL for SGD)
@@ -9992,6 +9996,31 @@ static void prof_report(void) {
 static const void *gpu_w(const Gpu *g, const Conv *c) {
     return g->f32 ? (const void *)(g->params + c->w_off) : (const void *)(g->w16 + c->w_off);
 }
+// gpu_wt_wanted: whether conv c's input gradient reads a tap-major copy of its weights: a stride-2 3x3
+// conv (conv_dgrad_cuda's halo kernel loads only the taps each parity of input pixels needs) whose input
+// is a conv's output or a slice of one (a concat's input gradient reads per-part copies of the weights;
+// the image has none) and whose input channels fill the kernel's 8-channel rows
+static int gpu_wt_wanted(const Model *m, const Conv *c) {
+    int kind = m->val[c->in].kind;
+    return c->k == 3 && c->s == 2 && c->cin % 8 == 0 && (kind == V_CONV || kind == V_SLICE);
+}
+static const uint16_t *gpu_wt(const Gpu *g, const Conv *c) {
+    size_t o = g->wt_off[c - g->m->conv];
+    return g->wt16 && o != SIZE_MAX ? g->wt16 + o : NULL;
+}
+// gpu_w16_refresh: the FP16 copies of the weights (w16, wt16) from params (AMP)
+static void gpu_w16_refresh(Gpu *g) {
+    if (g->f32) return;
+    Model *m = g->m;
+    f32_to_f16_cuda(g->params, g->w16, (long)m->nparams, g->stream);
+    if (!g->wt16) return;
+    ConvWtJob jobs[MAX_CONVS];
+    int n = 0;
+    for (int i = 0; i < m->nconv; i++)
+        if (g->wt_off[i] != SIZE_MAX)
+            jobs[n++] = (ConvWtJob){g->w16 + m->conv[i].w_off, g->wt16 + g->wt_off[i], m->conv[i].cout, m->conv[i].cin};
+    conv_w_tapmajor_cuda(jobs, n, g->stream);
+}
 static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const float *bias,
                            float *z32, void *z) {
     prof_begin(g);
@@ -10000,10 +10029,10 @@ static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act
     prof_end_conv(g, d, "fwd");
 }
 // k_conv_dgrad: dx (the step's gradient type: FP16 with AMP) = or += the input gradient
-static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, void *dx, int acc) {
+static void k_conv_dgrad(Gpu *g, ConvDims d, const void *dz, const void *w, const uint16_t *wt, void *dx, int acc) {
     prof_begin(g);
     if (g->f32) conv_dgrad_f32_cuda(d, dz, w, dx, acc, g->stream);
-    else conv_dgrad_cuda(d, dz, w, NULL, dx, acc, g->stream);
+    else conv_dgrad_cuda(d, dz, w, wt, NULL, dx, acc, g->stream);
     prof_end_conv(g, d, "dgrad");
 }
 // k_conv_wgrad: dw += the weight gradient, with the workspace of its split (a temporary, < 8 MiB)
@@ -10246,7 +10275,7 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     if (in->kind == V_CONV || in->kind == V_SLICE) {
         Conv *p = &m->conv[in->conv];
         float *d = grad_at(e, walk_dA(e, p), (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W);
-        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, d, 1);
+        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, gpu_wt(g, c), d, 1);
     } else if (in->kind == V_CAT) {
         // per source of the concat: its columns of the weights copied contiguous, then its input
         // gradient straight into the producer's dA when it is a conv output or a slice of one, else
@@ -10267,11 +10296,11 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
                 Conv *p = &m->conv[v->conv];
                 float *dst = grad_at(e, walk_dA(e, p), (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W);
                 d.xs = (long)p->zstride;
-                if (!dry) k_conv_dgrad(g, d, dz, ws, dst, 1);
+                if (!dry) k_conv_dgrad(g, d, dz, ws, NULL, dst, 1);
             } else {
                 long n = (long)v->C * c->H * c->W;
                 float *gx = walk_grad(e, g->B * n, G_SCRATCH);         // (B, C_i, H, W)
-                if (!dry) k_conv_dgrad(g, d, dz, ws, gx, 0);
+                if (!dry) k_conv_dgrad(g, d, dz, ws, NULL, gx, 0);
                 value_backprop(e, in->src[i], 0, gx, n);
                 arena_free(g->a, gx);
             }
@@ -10281,7 +10310,7 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     } else if (in->kind != V_INPUT) {
         long n = (long)c->cin * c->H * c->W;
         float *gx = walk_grad(e, g->B * n, G_SCRATCH);          // (B, Cin, H, W)
-        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, 0, zs), dz, w, gx, 0);
+        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, 0, zs), dz, w, gpu_wt(g, c), gx, 0);
         value_backprop(e, c->in, 0, gx, n);
         arena_free(g->a, gx);
     }
@@ -10363,6 +10392,13 @@ static void gpu_alloc(Gpu *g) {
         g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
         return;
     }
+    size_t nt = 0;
+    for (int i = 0; i < m->nconv; i++) {
+        const Conv *c = &m->conv[i];
+        g->wt_off[i] = !g->f32 && gpu_wt_wanted(m, c) ? nt : SIZE_MAX;
+        if (g->wt_off[i] != SIZE_MAX) nt += ((size_t)c->cout * c->cin * 9 + 7) & ~(size_t)7;   // 16-byte aligned
+    }
+    g->wt16 = nt ? gf16(g, (long)nt, G_PARAMS) : NULL;
     g->grads = gzf32(g, n, G_GRADS);
     g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
     g->bn_keep = gf32(g, m->nbuffers, G_BUFFERS);
@@ -10519,7 +10555,7 @@ static Gpu *gpu_open(Model *m, int dev, int amp, int nshape, const GpuShape *sha
     cudaStream_t s = (cudaStream_t)g->stream;
     GPU_CHECK(cudaMemcpy(g->params, m->params, n * 4, cudaMemcpyHostToDevice));
     GPU_CHECK(cudaMemcpy(g->buffers, m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
-    if (!g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
+    gpu_w16_refresh(g);
     if (!g->eval_only) {   // training: the EMA, the optimizer state and the parameter groups
         GPU_CHECK(cudaMemcpy(g->ema_p, ema_p ? ema_p : m->params, n * 4, cudaMemcpyHostToDevice));
         GPU_CHECK(cudaMemcpy(g->ema_b, ema_b ? ema_b : m->buffers, m->nbuffers * 4, cudaMemcpyHostToDevice));
@@ -10751,7 +10787,7 @@ static void gpu_use_ema(Gpu *g, int on) {
     float *t = g->params; g->params = g->ema_p; g->ema_p = t;
     t = g->buffers; g->buffers = g->ema_b; g->ema_b = t;
     g->ema_on = on;
-    if (!g->f32) f32_to_f16_cuda(g->params, g->w16, (long)g->m->nparams, g->stream);
+    gpu_w16_refresh(g);
 }
 
 // gpu_download: the training state to the host (checkpoints): weights, running stats, the
@@ -10822,7 +10858,7 @@ static int gpu_optimize(Gpu *g, double *norm_out) {
     float d = ema_decay(g->ema_updates);
     ema_update_cuda(g->ema_p, g->params, n, d, s);
     ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
-    if (taken && !g->f32) f32_to_f16_cuda(g->params, g->w16, n, s);
+    if (taken) gpu_w16_refresh(g);
     prof_end(g, "optimizer + EMA", 0);
     return taken;
 }

@@ -110,9 +110,14 @@ static inline size_t conv_stats_floats(ConvDims d) {
 void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const float *w, const float *bias, float *z,
                            void *stream);
 // conv_dgrad_cuda: input gradient dx = conv_transpose(dz, w), implicit GEMM on tensor cores. Written to
-// dx (FP32) and/or dxh (FP16), either may be NULL; accumulate != 0 adds to what is there.
-void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh, int accumulate,
-                     void *stream);
+// dx (FP32) and/or dxh (FP16), either may be NULL; accumulate != 0 adds to what is there. wt: the same
+// weights tap-major (conv_w_tapmajor_cuda), or NULL; a 3x3 stride-2 conv reads only the taps each
+// parity of input pixels needs from it (without it, the slower gather kernel).
+void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const uint16_t *wt, float *dx, uint16_t *dxh,
+                     int accumulate, void *stream);
+// conv_w_tapmajor_cuda: for each of n jobs, wt (cout, 9, cin) = w (cout, cin, 3, 3), FP16, bit for bit
+typedef struct { const uint16_t *w; uint16_t *wt; int cout, cin; } ConvWtJob;
+void conv_w_tapmajor_cuda(const ConvWtJob *jobs, int n, void *stream);
 // conv_dgrad_f32_cuda: dx (+)= conv_transpose(dz, w), all FP32; accumulate != 0 adds to what is there.
 void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx, int accumulate, void *stream);
 // conv_wgrad_split: the weight gradient reduces over B*Ho*Wo, long in the early layers where dW
@@ -430,6 +435,7 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(u8_to_f16_cuda, input_from_batch, test_convert_copy) \
     X(u8_to_f32_cuda, input_from_batch, test_views_f32) \
     X(f32_to_f16_cuda, float_to_half, test_convert_copy) \
+    X(conv_w_tapmajor_cuda, w_tapmajor_cpu, test_conv) \
     X(upsample2_forward_f16_cuda, upsample2_forward_cpu, test_views_f16) \
     X(upsample2_forward_f32_cuda, upsample2_forward_cpu, test_views_f32) \
     X(maxpool5_forward_f16_cuda, maxpool5_forward_cpu, test_views_f16) \

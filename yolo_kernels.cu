@@ -665,10 +665,13 @@ struct H3Halo {
 };
 // (128, 1): with the default minimum, ptxas for sm_86 and sm_90 capped the stride-2 input gradient's
 // registers at 168 (3 blocks an SM) and spilled
+// PS2 reads its A from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda): a block of row
+// parity py loads only the 3 (py 0) or 6 (py 1) taps that reach its pixels, 64 input channels of one
+// (output channel, tap) a 128-byte run; the others read w (Cout, Cin, 3, 3)
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
-                                                    const float *bias, float *of, __half *oh, int accumulate,
-                                                    float *part) {
+                                                    const __half *wt, const float *bias, float *of, __half *oh,
+                                                    int accumulate, float *part) {
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
     // block and both column parities (PS2), its halo of dz at stride 1; S2 without: the stride-2
     // forward (FS2), its halo a stride-2 window of x
@@ -719,8 +722,23 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     Halo halo;
     halo.init(tid);
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
-    uint4 av[9];                            // A: 72 halves of the next step
+    uint4 av[9];                            // A: 72 halves of the next step (PS2: 48, av[0 .. 5])
     const int aside = (tid >> 4) & 1;       // which half of its pair's A row this lane loads (fetch, store)
+    // PS2's A: the block's NT taps (py 0: 3, 4, 5; py 1: 0, 1, 2, 6, 7, 8), slot u of them (what Ad[u]
+    // holds) tap u + 3 for py 0 or u >= 3, else u. Load i of a thread is row q = tid / 8 + 16 i (< 16 NT)
+    // of the step's 16 NT (output channel, tap) rows, channel q / NT, slot q % NT, 8 of its 64 input
+    // channels from 8 (tid % 8): the 8 lanes of a row read its 128 bytes. aoff[i]: the load's offset in
+    // wt from output channel c0's row, or -1 (past the rows, or input channels past M); ach[i]: its
+    // channel in the step
+    constexpr int NAS = PS2 ? 6 : 1;
+    const int NT = py ? 6 : 3;
+    int aoff[NAS], ach[NAS];
+#pragma unroll
+    for (int i = 0; i < NAS; i++) {
+        const int q = (tid >> 3) + 16 * i, c = q / NT, u = q - c * NT, m = m0 + 8 * (tid & 7);
+        ach[i] = c;
+        aoff[i] = PS2 && q < 16 * NT && m < M ? (c * 9 + u + (py == 0 || u >= 3 ? 3 : 0)) * M + m : -1;
+    }
     auto fetch = [&](int s) {
         const int c0 = s * H3_KC, cc = c0 + halo.pc;
         halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, SH * y0, SH * x0, IH, IW);
@@ -737,42 +755,61 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
         // c0 + l of w, input channels m0 + 16 warp ..+15), chunk 2 ii + side in load ii: each load's
         // 32 lanes read 16 whole 32-byte sectors (one lane per row read every other 16 bytes). store()
         // trades chunks within the pair, so that each lane holds 8 channels' 9 taps (chunks 9 side ..+8).
-        // Rows end at 8-channel groups (Cr, M multiples of 8): chunk j is live below 9 per live group
+        // Rows end at 8-channel groups (Cr, M multiples of 8): chunk j is live below 9 per live group.
+        // PS2: the block's taps of wt (aoff, above), into av[0 .. NAS-1] as they are stored
         const uint4 z4 = make_uint4(0, 0, 0, 0);
-        const __half *wp;
-        int lim;
-        if (!DGRAD) {
-            const int m = m0 + 16 * warp + (tid & 15);
-            wp = w + ((long)m * Cr + c0) * 9;
-            lim = m < M ? 9 * min(max((Cr - c0) / 8, 0), 2) : 0;
-        } else {
-            const int c = c0 + (tid & 15), m = m0 + 16 * warp;
-            wp = w + ((long)c * M + m) * 9;
-            lim = c < Cr ? 9 * min(max((M - m) / 8, 0), 2) : 0;
-        }
+        if constexpr (PS2) {
+            const __half *wp = wt + (long)c0 * 9 * M;
 #pragma unroll
-        for (int ii = 0; ii < 9; ii++) av[ii] = 2 * ii + aside < lim ? *(const uint4 *)(wp + 16 * ii + 8 * aside) : z4;
+            for (int i = 0; i < NAS; i++)
+                av[i] = aoff[i] >= 0 && c0 + ach[i] < Cr ? *(const uint4 *)(wp + aoff[i]) : z4;
+        } else {
+            const __half *wp;
+            int lim;
+            if (!DGRAD) {
+                const int m = m0 + 16 * warp + (tid & 15);
+                wp = w + ((long)m * Cr + c0) * 9;
+                lim = m < M ? 9 * min(max((Cr - c0) / 8, 0), 2) : 0;
+            } else {
+                const int c = c0 + (tid & 15), m = m0 + 16 * warp;
+                wp = w + ((long)c * M + m) * 9;
+                lim = c < Cr ? 9 * min(max((M - m) / 8, 0), 2) : 0;
+            }
+#pragma unroll
+            for (int ii = 0; ii < 9; ii++)
+                av[ii] = 2 * ii + aside < lim ? *(const uint4 *)(wp + 16 * ii + 8 * aside) : z4;
+        }
     };
     auto store = [&]() {
         halo.template store<ACT>(Bs, bnf);
-        // the pair's trade: side 0 holds chunks 0, 2, .., 16 and keeps 0 .. 8; side 1 holds 1, 3, .., 17
-        // and keeps 9 .. 17; each sends the 4 the other keeps
-        union { uint4 u[9]; __half h[72]; } in;   // value j = 9 r + t: row r (channel or output channel), tap t
+        if constexpr (PS2) {   // Ad[slot][channel][input channel]: 8 lanes of a phase, one 128-byte run
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint4 snd = aside ? av[k] : av[5 + k];
-            in.u[2 * k + 1] = make_uint4(__shfl_xor_sync(0xffffffffu, snd.x, 16), __shfl_xor_sync(0xffffffffu, snd.y, 16),
-                                         __shfl_xor_sync(0xffffffffu, snd.z, 16), __shfl_xor_sync(0xffffffffu, snd.w, 16));
-        }
+            for (int i = 0; i < NAS; i++) {
+                const int q = (tid >> 3) + 16 * i;
+                if (q < 16 * NT) *(uint4 *)&Ad[q - ach[i] * NT][ach[i]][8 * (tid & 7)] = av[i];
+            }
+        } else {
+            // the pair's trade: side 0 holds chunks 0, 2, .., 16 and keeps 0 .. 8; side 1 holds 1, 3, ..,
+            // 17 and keeps 9 .. 17; each sends the 4 the other keeps
+            union { uint4 u[9]; __half h[72]; } in;   // value j = 9 r + t: row r (channel or output channel),
+                                                      // tap t
 #pragma unroll
-        for (int k = 0; k < 5; k++) in.u[2 * k] = aside ? av[k + 4] : av[k];
+            for (int k = 0; k < 4; k++) {
+                const uint4 snd = aside ? av[k] : av[5 + k];
+                in.u[2 * k + 1] = make_uint4(
+                        __shfl_xor_sync(0xffffffffu, snd.x, 16), __shfl_xor_sync(0xffffffffu, snd.y, 16),
+                        __shfl_xor_sync(0xffffffffu, snd.z, 16), __shfl_xor_sync(0xffffffffu, snd.w, 16));
+            }
 #pragma unroll
-        for (int t = 0; t < 9; t++) {
-            union { uint4 u; __half h[8]; } o;
+            for (int k = 0; k < 5; k++) in.u[2 * k] = aside ? av[k + 4] : av[k];
 #pragma unroll
-            for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
-            if (!DGRAD) *(uint4 *)&As[t][16 * warp + (tid & 15)][8 * aside] = o.u;
-            else *(uint4 *)&Ad[PS2 ? t : 8 - t][tid & 15][16 * warp + 8 * aside] = o.u;
+            for (int t = 0; t < 9; t++) {
+                union { uint4 u; __half h[8]; } o;
+#pragma unroll
+                for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
+                if (!DGRAD) *(uint4 *)&As[t][16 * warp + (tid & 15)][8 * aside] = o.u;
+                else *(uint4 *)&Ad[8 - t][tid & 15][16 * warp + 8 * aside] = o.u;
+            }
         }
     };
     // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles of 16, fragments 2 warp, +1
@@ -821,7 +858,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
 #pragma unroll
             for (int i = 0; i < WA; i++) {
                 uint32_t fa[4];
-                if (DGRAD) ldsm_x4_t(fa, &Ad[t][bpx][(wa + i) * 16 + 8 * bh]);
+                if (DGRAD) ldsm_x4_t(fa, &Ad[PS2 ? (t < 3 ? t : t - 3) : t][bpx][(wa + i) * 16 + 8 * bh]);
                 else ldsm_x4(fa, &As[t][(wa + i) * 16 + arow][acol]);
 #pragma unroll
                 for (int j = 0; j < 2; j++)
@@ -924,36 +961,36 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int *tc) {
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
-                             const __half *w, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
+                             const __half *w, const __half *wt, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
                              float *part = nullptr) {
     int tc;
     dim3 grid = conv_halo_grid(g, dgrad, &tc);
     bool s2 = g.S == 2;
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
-    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
-    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, bias, of, oh, accumulate, part); break;
+    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -1443,7 +1480,7 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
         int tc;
         const unsigned tiles = conv_halo_grid(g, false, &tc).x;   // (conv_halo_launch's grid)
         if (part) conv_stats_fit(d, tiles);
-        conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, bias, z, zo, 0, s, part);
+        conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, nullptr, bias, z, zo, 0, s, part);
         return (int)tiles;
     }
     if (part) conv_stats_fit(d, grid.x);
@@ -1576,8 +1613,8 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
         if (m < M && n < N) conv_store8(dx, dxh, c, m, n, N, HW, g.fHW, g.xs, accumulate);
     });
 }
-extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, float *dx, uint16_t *dxh,
-                                int accumulate, void *stream) {
+extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const uint16_t *wt, float *dx,
+                                uint16_t *dxh, int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.H * g.W;
     if (N == 0 || g.Cin == 0 || (!dx && !dxh)) return;
@@ -1585,8 +1622,9 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     cudaStream_t s = (cudaStream_t)stream;
     const __half *dzh = (const __half *)dz, *wh = (const __half *)w;
     __half *xo = (__half *)dxh;
-    if (int vw = conv_halo_vw(g, g.zs, dz, w, g.Cin, g.Wo, 2)) {
-        conv_halo_launch(g, vw, false, true, dzh, ConvAct(), wh, nullptr, dx, xo, accumulate, s);
+    // stride 2 takes the halo kernel with the tap-major copy only
+    if (int vw = conv_halo_vw(g, g.zs, dz, w, g.Cin, g.Wo, g.S == 2 && (!wt || (uintptr_t)wt % 16) ? 1 : 2)) {
+        conv_halo_launch(g, vw, false, true, dzh, ConvAct(), wh, (const __half *)wt, nullptr, dx, xo, accumulate, s);
         return;
     }
     bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 &&
@@ -2687,6 +2725,32 @@ extern "C" void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *strea
     if (n == 0) return;
     f32_to_f16_kernel<<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(x, (__half *)y, n);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// conv_w_tapmajor: wt (Cout, 9, Cin) = w (Cout, Cin, 9) of job blockIdx.y, one thread per element of wt
+// (the reads 9 halves apart, the writes consecutive); up to 16 jobs a launch
+struct TapMajorJobs { ConvWtJob j[16]; };
+__global__ void conv_w_tapmajor_kernel(TapMajorJobs jobs) {
+    const ConvWtJob &jb = jobs.j[blockIdx.y];
+    const long n = (long)jb.cout * jb.cin * 9, i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const long row = i / jb.cin, m = i - row * jb.cin, c = row / 9, t = row - c * 9;
+    ((__half *)jb.wt)[i] = ((const __half *)jb.w)[(c * jb.cin + m) * 9 + t];
+}
+extern "C" void conv_w_tapmajor_cuda(const ConvWtJob *jobs, int n, void *stream) {
+    for (int k = 0; k < n; k += 16) {
+        TapMajorJobs b = {};
+        long most = 0;
+        int nb = min(n - k, 16);
+        for (int j = 0; j < nb; j++) {
+            b.j[j] = jobs[k + j];
+            const long nj = (long)jobs[k + j].cout * jobs[k + j].cin * 9;
+            if (nj > most) most = nj;
+        }
+        if (most == 0) continue;
+        conv_w_tapmajor_kernel<<<dim3(cdiv(most, 256), nb), 256, 0, (cudaStream_t)stream>>>(b);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
 // ------------------------------------------------------------------------------------------

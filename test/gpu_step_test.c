@@ -423,8 +423,8 @@ int main(void) {
         Exec fe = exec_gpu(fg);
         walk_step(&fe, NULL, &lc);
         gpu_input_end(fg);
-        check(g->a->high == g->plan && g->a->n == 10 + (g->opt_v != NULL) && g->lay && g->a->replay_miss == 0 &&
-                      g->a->replayed >= g->lay->count[0] && g->plan <= fa->high,
+        check(g->a->high == g->plan && g->a->n == 10 + (g->opt_v != NULL) + (g->wt16 != NULL) && g->lay &&
+                      g->a->replay_miss == 0 && g->a->replayed >= g->lay->count[0] && g->plan <= fa->high,
               "device arena: high-water mark %zu bytes == plan %zu (first-fit's %zu); %d blocks live after the steps "
               "(the persistent ones); %ld allocations placed by the layout (%d a step), %ld steps left it",
               g->a->high, g->plan, fa->high, g->a->n, g->a->replayed, g->lay ? g->lay->count[0] : 0, g->a->replay_miss);

@@ -31,6 +31,13 @@ static void add_strided_cpu(const float *src, long ss, float *dst, long ds, int 
         for (long i = 0; i < n; i++) dst[b * ds + i] += src[b * ss + i];
 }
 
+// w_tapmajor_cpu: wt (cout, 9, cin) = w (cout, cin, 3, 3), the twin of conv_w_tapmajor_cuda
+static void w_tapmajor_cpu(const uint16_t *w, uint16_t *wt, int cout, int cin) {
+    for (int c = 0; c < cout; c++)
+        for (int t = 0; t < 9; t++)
+            for (int m = 0; m < cin; m++) wt[((long)c * 9 + t) * cin + m] = w[((long)c * cin + m) * 9 + t];
+}
+
 // the launchers each test compared with their CPU twins (YOLO_TWINS in yolo.h): twin_compared(launcher)
 // right after the checks records the launcher and the test function it ran in
 static struct { const char *launcher, *test; } twin_seen[256];
@@ -219,9 +226,24 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     CK(cudaMalloc((void **)&dz16, 2 * nz));
     CK(cudaMalloc((void **)&ddx16, 2 * nx));
     conv_forward_cuda(d, dxh_, NULL, dwh, dbias, dz32, dz16, stream);
+    // the weights tap-major (3x3): bit for bit its twin's, then the input gradient's (stride 2: the
+    // halo kernel reads them; the FP16 accumulate below passes none: the gather kernel)
+    uint16_t *dwt = NULL;
+    if (K == 3 && dg) {
+        uint16_t *wt = xmalloc(2 * (size_t)nw), *wt_ref = xmalloc(2 * (size_t)nw);
+        CK(cudaMalloc((void **)&dwt, 2 * nw));
+        ConvWtJob job = {(const uint16_t *)dwh, dwt, Cout, Cin};
+        conv_w_tapmajor_cuda(&job, 1, stream);
+        CK(cudaMemcpy(wt, dwt, 2 * nw, cudaMemcpyDeviceToHost));
+        w_tapmajor_cpu(wh, wt_ref, Cout, Cin);
+        check(!memcmp(wt, wt_ref, 2 * (size_t)nw), "conv_w_tapmajor_cuda Cout=%d Cin=%d: the bits of w_tapmajor_cpu",
+              Cout, Cin);
+        twin_compared(conv_w_tapmajor_cuda);
+        free(wt); free(wt_ref);
+    }
     if (dg) {
-        conv_dgrad_cuda(d, ddz, dwh, ddx, NULL, 1, stream);
-        conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 0, stream);
+        conv_dgrad_cuda(d, ddz, dwh, dwt, ddx, NULL, 1, stream);
+        conv_dgrad_cuda(d, ddz, dwh, dwt, NULL, ddx16, 0, stream);
     }
     // the split's workspace, NaN-filled: a slice that left part of its share unwritten would show
     long kchunk, nsplit = conv_wgrad_split(d, 0, &kchunk);
@@ -338,7 +360,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         twin_compared(bn_stats_finish_cuda);
     }
     if (dg) {   // FP16 accumulate (the AMP step's dA): onto what the overwrite left, the sum rounded once
-        conv_dgrad_cuda(d, ddz, dwh, NULL, ddx16, 1, stream);
+        conv_dgrad_cuda(d, ddz, dwh, S == 2 ? NULL : dwt, NULL, ddx16, 1, stream);
         uint16_t *acc = (uint16_t *)from_dev(ddx16, 2 * nx);
         float *accf = f16_host_to_f32(acc, nx), *ref2 = xmalloc(4 * nx);
         for (long i = 0; i < nx; i++) ref2[i] = dxhf[i] + dxref[i];
@@ -371,6 +393,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     cudaFree(ws);
     cudaFree(dxh_);
     cudaFree(dwh);
+    if (dwt) cudaFree(dwt);
     cudaFree(ddz);
     cudaFree(dbias);
     cudaFree(dz32);
