@@ -705,13 +705,14 @@ cudaError_t run_kernel(const LaunchCfg &cfg, std::function<void()> body, const v
             const uint3 bid = make_uint3((unsigned)(bi % c.grid.x), (unsigned)(bi / c.grid.x % c.grid.y),
                                          (unsigned)(bi / ((unsigned long)c.grid.x * c.grid.y)));
             run_at(bid);
-            // a sampled launch's probes (counter mode): along each grid dimension of 2 to 64 blocks
-            // (channel tiles, K slices, parities), the block half the dimension away, run only to see
-            // which of the sampled block's sectors it touches too: those the whole line of blocks
-            // shares (the input that every output-channel tile reads), for the compulsory bytes
+            // a sampled launch's probes (counter mode): along each grid dimension of 2 or more blocks
+            // (pixel tiles, channel tiles, K slices, parities), the block half the dimension away, run
+            // only to see which of the sampled block's sectors it touches too: those the whole line of
+            // blocks shares (the input that every output-channel tile reads, the weights that every
+            // pixel tile reads), for the compulsory bytes
             const unsigned gd[3] = {c.grid.x, c.grid.y, c.grid.z};
             for (int d = 0; d < 3 && ns < nb; d++) {
-                if (gd[d] < 2 || gd[d] > 64) continue;
+                if (gd[d] < 2) continue;
                 uint3 pb = bid;
                 unsigned *co = d == 0 ? &pb.x : d == 1 ? &pb.y : &pb.z;
                 *co = (*co + gd[d] / 2) % gd[d];
