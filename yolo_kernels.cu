@@ -961,8 +961,8 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int *tc) {
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
-                             const __half *w, const __half *wt, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
-                             float *part = nullptr) {
+                             const __half *w, const __half *wt, const float *bias, float *of, __half *oh, int accumulate,
+                             cudaStream_t s, float *part = nullptr) {
     int tc;
     dim3 grid = conv_halo_grid(g, dgrad, &tc);
     bool s2 = g.S == 2;
