@@ -1736,6 +1736,7 @@ int main(void) {
     test_conv(2, 64, 8, 8, 80, 3, 2, 0, 0, s);      // stride 2 on an 8x8 map: 4 K steps, Cout over a tile
     test_conv(1, 8, 40, 32, 16, 3, 2, 0, 0, s);     // stride-2 weight gradient by halo tiles in slices
     test_conv(1, 16, 6, 88, 24, 3, 2, 0, 0, s);     // the same with dz rows of 44 (8-byte pieces)
+    test_conv(2, 16, 9, 40, 72, 3, 2, 0, 0, s);     // dz rows of 20 (16-column tiles pad them to 32; 8-byte pieces)
     // the stride-2 forward by halo tiles takes the shapes above whose x rows are a multiple of 4 (W 32,
     // 16, 8, 40, 88); then x rows of 20 (8-byte pieces, Wo 10: a row's last 2 pixels of 8 stored one by
     // one), an odd H (the window's last row past the map) and Cout 70 on channel slices
@@ -1821,6 +1822,7 @@ int main(void) {
         test_conv_act(f32, 2, 80, 16, 64, 8, 8, 72, 3, 2, s);    // 3x3 stride 2 on a slice, 4 K steps
         test_conv_act(f32, 2, 24, 8, 16, 10, 32, 20, 3, 2, s);   // stride 2, 16-byte rows of x and dz: halo wgrad
         test_conv_act(f32, 1, 16, 0, 16, 6, 88, 12, 3, 2, s);    // stride 2, dz rows of 44: 8-byte halo wgrad
+        test_conv_act(f32, 2, 24, 8, 16, 7, 40, 20, 3, 2, s);    // stride 2, dz rows of 20: the halo wgrad, on a slice
         test_conv_act(f32, 2, 32, 8, 16, 9, 36, 20, 3, 2, s);    // stride 2, x rows of 36: 8-byte halo forward, 32-column tiles
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
