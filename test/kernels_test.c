@@ -1725,9 +1725,13 @@ int main(void) {
     test_conv(1, 2, 7, 7, 3, 3, 3, 0, 0, s);      // stride 3: dgrad's any-stride test
     // 3x3 stride 1 by halo tiles (conv_halo_kernel): 16-byte rows, 16-column tiles (W 40: the last one
     // half out, H 12: the second row of tiles partly out), Cin 24 (the second K step half empty),
-    // Cout 70 over a tile, on channel slices; then 8-byte rows (W 20) with 32-column tiles
+    // Cout 70 over a tile, on channel slices; then 8-byte rows (W 20: 16-column tiles on a tie, H 6),
+    // and the 32-column tiles (4 rows), taken where they pad fewer rows than 16-column ones (8 rows):
+    // 8-byte rows (W 20, H 12) and 16-byte ones (W 24, H 4)
     test_conv(2, 24, 12, 40, 70, 3, 1, 8, 3, s);
     test_conv(1, 16, 6, 20, 24, 3, 1, 0, 0, s);
+    test_conv(1, 16, 12, 20, 24, 3, 1, 0, 0, s);
+    test_conv(2, 24, 4, 24, 16, 3, 1, 0, 0, s);
     // stride-2 3x3 input gradient by halo tiles, one parity of the input pixels per block: H odd (the
     // parities' grids differ), dz rows of 16 and 8; Cin 72 over a block, Cout 20 (a 4-channel K step)
     test_conv(2, 16, 15, 32, 24, 3, 2, 8, 3, s);
@@ -1824,6 +1828,8 @@ int main(void) {
         test_conv_act(f32, 1, 16, 0, 16, 6, 88, 12, 3, 2, s);    // stride 2, dz rows of 44: 8-byte halo wgrad
         test_conv_act(f32, 2, 24, 8, 16, 7, 40, 20, 3, 2, s);    // stride 2, dz rows of 20: the halo wgrad, on a slice
         test_conv_act(f32, 2, 32, 8, 16, 9, 36, 20, 3, 2, s);    // stride 2, x rows of 36: 8-byte halo forward, 32-column tiles
+        test_conv_act(f32, 2, 32, 8, 16, 10, 40, 20, 3, 2, s);   // stride 2, x rows of 40, Ho 5: 16-byte halo forward, 32-column tiles
+        test_conv_act(f32, 1, 24, 8, 16, 12, 20, 20, 3, 1, s);   // 3x3 stride 1, rows of 20, H 12: 8-byte halo, 32-column tiles
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
