@@ -10113,7 +10113,7 @@ static void k_maxpool(Gpu *g, const void *x, void *y, long ys, int C, int H, int
 
 // gpu_conv_dims: the ConvDims of conv c for the whole batch (dense x and z unless strides are set)
 static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
-    return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs};
+    return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs, 0};
 }
 
 // ---- the device backend of the graph walk (gpu_backend): the whole batch per launch ----
@@ -10277,21 +10277,18 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
         float *d = grad_at(e, walk_dA(e, p), (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W);
         if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, gpu_wt(g, c), d, 1);
     } else if (in->kind == V_CAT) {
-        // per source of the concat: its columns of the weights copied contiguous, then its input
-        // gradient straight into the producer's dA when it is a conv output or a slice of one, else
-        // through a scratch buffer of its own channels only
+        // per source of the concat: its input gradient from its columns of the weights, read in place
+        // (the rows of the conv's Cin*K*K: wstride), straight into the producer's dA when it is a
+        // conv output or a slice of one, else through a scratch buffer of its own channels only
         long KK = (long)c->k * c->k, off = 0;
         for (int i = 0; i < in->n; i++) {
             const Value *v = &m->val[in->src[i]];
-            void *ws = gact(g, (long)c->cout * v->C * KK, G_SCRATCH);      // (Cout, C_i, K, K)
-            if (!dry) {
-                if (g->f32) copy_f32_cuda((const float *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout,
-                                          (long)v->C * KK, g->stream);
-                else copy_f16_cuda((const uint16_t *)w + off * KK, (long)c->cin * KK, ws, (long)v->C * KK, c->cout,
-                                   (long)v->C * KK, g->stream);
-            }
+            const void *ws = NULL;   // (Cout, C_i of Cin, K, K): w from column off
+            if (!dry && g->f32) ws = (const float *)w + off * KK;
+            else if (!dry) ws = (const uint16_t *)w + off * KK;
             ConvDims d = gpu_conv_dims(g, c, 0, zs);
             d.Cin = v->C;
+            d.wstride = (long)c->cin * KK;
             if (v->kind == V_CONV || v->kind == V_SLICE) {
                 Conv *p = &m->conv[v->conv];
                 float *dst = grad_at(e, walk_dA(e, p), (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W);
@@ -10304,7 +10301,6 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
                 value_backprop(e, in->src[i], 0, gx, n);
                 arena_free(g->a, gx);
             }
-            arena_free(g->a, ws);
             off += v->C;
         }
     } else if (in->kind != V_INPUT) {
@@ -10441,7 +10437,9 @@ static Plan gpu_plan_run(Model *m, int opt_kind, int amp, int eval_only, int nsh
     memcpy(p.at_peak, g->a->at_high, sizeof p.at_peak);
     memcpy(p.peak, g->a->peak, sizeof p.peak);
     p.lay = arena_layout(g->a);
-    if (p.lay && p.lay->total < p.total) {   // else first-fit was as good: keep it
+    // the layout where it is no larger than first-fit (on a tie too: the step then runs the one path
+    // every model large enough to gain from it runs); else first-fit
+    if (p.lay && p.lay->total <= p.total) {
         p.total = p.lay->total;
         memcpy(p.at_peak, g->a->at_live_max, sizeof p.at_peak);
     } else {

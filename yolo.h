@@ -40,9 +40,11 @@ void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint16_t *B, fl
 // Convolution geometry: x (B, Cin, H, W) -> z (B, Cout, Ho, Wo), weights (Cout, Cin, K, K), padding
 // K/2, stride S; Ho = (H + 2*(K/2) - K)/S + 1. xs, zs: elements between images of x (and dx) and of
 // z (and dz); 0 means dense (Cin*H*W, Cout*Ho*Wo). A stride lets a conv read or write a channel
-// slice of a larger concat buffer or a Detect head map. Index math is 32-bit inside an image batch:
-// B*H*W, B*Ho*Wo and Cin*K*K stay below 2^31.
-typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs; } ConvDims;
+// slice of a larger concat buffer or a Detect head map. wstride: elements between output channels of
+// w, 0 meaning dense (Cin*K*K); only the input gradients (conv_dgrad_cuda, conv_dgrad_f32_cuda) take
+// another, to read the columns of one concat source in place from a wider conv's weights. Index math
+// is 32-bit inside an image batch: B*H*W, B*Ho*Wo and Cout*wstride stay below 2^31.
+typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs, wstride; } ConvDims;
 // conv_out: an output side of a conv with padding K/2: (n + 2*(K/2) - K)/S + 1
 static inline int conv_out(int n, int K, int S) { return (n + 2 * (K / 2) - K) / S + 1; }
 

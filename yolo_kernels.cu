@@ -235,7 +235,7 @@ __device__ __forceinline__ int ig_row4(int tid) {
 }
 #define IG_BK 32
 struct ConvGeo {
-    int B, Cin, H, W, Cout, K, S, Ho, Wo, KK, pad;
+    int B, Cin, H, W, Cout, K, S, Ho, Wo, KK, pad, wst;   // wst: w's elements per output channel
     long xs, zs;
     FastDiv fK, fKK, fS, fW, fHW, fWo, fHWo;   // the divisors of the index math (yolo.h)
 };
@@ -245,6 +245,7 @@ static ConvGeo conv_geo(const ConvDims &d) {
     g.Ho = conv_out(d.H, d.K, d.S); g.Wo = conv_out(d.W, d.K, d.S); g.KK = d.K * d.K;
     g.xs = d.xs ? d.xs : (long)d.Cin * d.H * d.W;
     g.zs = d.zs ? d.zs : (long)d.Cout * g.Ho * g.Wo;
+    g.wst = d.wstride ? (int)d.wstride : d.Cin * g.KK;
     g.fK = fast_div(g.K); g.fKK = fast_div(g.KK); g.fS = fast_div(g.S);
     g.fW = fast_div(g.W); g.fHW = fast_div(g.H * g.W); g.fWo = fast_div(g.Wo); g.fHWo = fast_div(g.Ho * g.Wo);
     return g;
@@ -772,7 +773,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                 lim = m < M ? 9 * min(max((Cr - c0) / 8, 0), 2) : 0;
             } else {
                 const int c = c0 + (tid & 15), m = m0 + 16 * warp;
-                wp = w + ((long)c * M + m) * 9;
+                wp = w + (long)c * g.wst + m * 9;
                 lim = c < Cr ? 9 * min(max((M - m) / 8, 0), 2) : 0;
             }
 #pragma unroll
@@ -1531,7 +1532,7 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
             int k = s * IG_BK + tid, co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK),
                 kx = kk - ky * g.K;
             ConvTap t = {SS == 1 ? co * HWo - ky * g.Wo - kx : co * HWo, k < Kd ? ky : -(1 << 24), kx,
-                         k < Kd ? co * g.Cin * g.KK + kk : -1};
+                         k < Kd ? co * g.wst + kk : -1};
             tap[s & 1][tid] = t;
         }
     };
@@ -1559,7 +1560,7 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
             for (int i = 0; i < 2; i++) {
                 int r = vr + 16 * i, k = k0 + r;
                 __half *da = &As[s & 1][r][vc], *db = &Bs[s & 1][r][vc];
-                if (k < Kd && row0 + vc < M) __pipeline_memcpy_async(da, w + (long)k * g.Cin + row0 + vc, 16);
+                if (k < Kd && row0 + vc < M) __pipeline_memcpy_async(da, w + (long)k * g.wst + row0 + vc, 16);
                 else *(uint4 *)da = make_uint4(0, 0, 0, 0);
                 if (k < Kd && vbok) __pipeline_memcpy_async(db, dz + vboff + (long)k * HWo, 16);
                 else *(uint4 *)db = make_uint4(0, 0, 0, 0);
@@ -1623,12 +1624,17 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     cudaStream_t s = (cudaStream_t)stream;
     const __half *dzh = (const __half *)dz, *wh = (const __half *)w;
     __half *xo = (__half *)dxh;
+    // w's rows (one per output channel) 16-byte aligned: the 16-byte kernels; strided (a concat source's
+    // columns of a wider conv's weights): no tap-major copy, which holds the whole weights
+    const bool wrow16 = g.wst % 8 == 0;
+    if (g.wst != g.Cin * g.KK) wt = nullptr;
     // stride 2 takes the halo kernel with the tap-major copy only
-    if (int vw = conv_halo_vw(g, g.zs, dz, w, g.Cin, g.Wo, g.S == 2 && (!wt || (uintptr_t)wt % 16) ? 1 : 2)) {
+    if (int vw = wrow16 ? conv_halo_vw(g, g.zs, dz, w, g.Cin, g.Wo, g.S == 2 && (!wt || (uintptr_t)wt % 16) ? 1 : 2)
+                        : 0) {
         conv_halo_launch(g, vw, false, true, dzh, ConvAct(), wh, (const __half *)wt, nullptr, dx, xo, accumulate, s);
         return;
     }
-    bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 &&
+    bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 && wrow16 &&
             (uintptr_t)dz % 16 == 0 && (uintptr_t)w % 16 == 0;
     if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
     else if (g.S == 1) conv_dgrad_kernel<false, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate);
@@ -2135,7 +2141,7 @@ __global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, c
                                                                     float *dx, int accumulate) {
     int Kd = g.Cout * g.KK, N = g.B * g.H * g.W, HW = g.H * g.W;
     sgemm_block<false>(g.Cin, N, 0, Kd,
-        [=](int m, int k) { int co = div_fast(k, g.fKK); return w[((long)co * g.Cin + m) * g.KK + (k - co * g.KK)]; },
+        [=](int m, int k) { int co = div_fast(k, g.fKK); return w[(long)co * g.wst + m * g.KK + (k - co * g.KK)]; },
         [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
         [=](int m, int n, float v) {
             int b = div_fast(n, g.fHW);

@@ -198,7 +198,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo;
     long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs,
          nw = (long)Cout * Cin * KK;
-    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0};
+    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0, 0};
     float *xf = xmalloc(4 * nx), *wf = xmalloc(4 * nw), *dzf = xmalloc(4 * nz), *bias = rand_host(Cout, -1, 1);
     uint16_t *xh = rand_f16(nx, -1, 1, xf), *wh = rand_f16(nw, -1, 1, wf), *dzh = rand_f16(nz, -1, 1, dzf);
     for (int b = 0; b < B; b++) {   // padding channels: NaN
@@ -418,6 +418,58 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     twin_compared(conv_forward_cuda);
     twin_compared(conv_dgrad_cuda);
     twin_compared(conv_wgrad_cuda);
+}
+
+// test_conv_dgrad_wcols: the input gradient of one concat source, its Cin columns [off, off + Cin) of a
+// conv's (Cout, Ct, K, K) weights read in place (wstride Ct*K*K), against the same launcher on those
+// columns copied dense (test_conv checks that one against the reference): FP16 (FP32 accumulate and
+// FP16 overwrite) and FP32 (conv_dgrad_f32_cuda). Where the rows are 16-byte aligned (off and Ct
+// multiples of 8) both take the same kernel: the same bits; else the strided call takes a fallback,
+// within the FP16 tolerance. A tap-major copy handed in with strided weights must be ignored (it holds
+// all Ct columns): a NaN-filled one is.
+static void test_conv_dgrad_wcols(int B, int Ct, int off, int Cin, int H, int W, int Cout, int K, int S, void *stream) {
+    int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K;
+    long nx = (long)B * Cin * H * W, nz = (long)B * Cout * Ho * Wo, nwt = (long)Cout * Ct * KK, nw = (long)Cout * Cin * KK;
+    ConvDims dd = {B, Cin, H, W, Cout, K, S, 0, 0, 0}, ds = dd;
+    ds.wstride = (long)Ct * KK;
+    float *wtf = xmalloc(4 * nwt), *dzf = xmalloc(4 * nz), *x0 = rand_host(nx, -1, 1), *wcf = xmalloc(4 * nw);
+    uint16_t *wth = rand_f16(nwt, -1, 1, wtf), *dzh = rand_f16(nz, -1, 1, dzf), *wch = xmalloc(2 * nw);
+    for (int co = 0; co < Cout; co++)
+        for (long j = 0; j < (long)Cin * KK; j++) {
+            wch[(long)co * Cin * KK + j] = wth[(long)co * Ct * KK + (long)off * KK + j];
+            wcf[(long)co * Cin * KK + j] = wtf[(long)co * Ct * KK + (long)off * KK + j];
+        }
+    uint16_t *dwt = (uint16_t *)to_dev(wth, 2 * nwt), *dwc = (uint16_t *)to_dev(wch, 2 * nw),
+             *ddz = (uint16_t *)to_dev(dzh, 2 * nz), *nan16 = (uint16_t *)poisoned_dev((nwt + 1) / 2), *h16[2];
+    float *f32w[2] = {to_dev(wtf, 4 * nwt), to_dev(wcf, 4 * nw)}, *dzd = to_dev(dzf, 4 * nz), *acc[2], *f32[2];
+    for (int r = 0; r < 2; r++) {   // r 0: strided, 1: dense
+        acc[r] = to_dev(x0, 4 * nx); f32[r] = to_dev(x0, 4 * nx);
+        CK(cudaMalloc((void **)&h16[r], 2 * nx));
+        ConvDims d = r ? dd : ds;
+        const uint16_t *w = r ? dwc : dwt + (long)off * KK;
+        conv_dgrad_cuda(d, ddz, w, r ? NULL : nan16, acc[r], NULL, 1, stream);
+        conv_dgrad_cuda(d, ddz, w, r ? NULL : nan16, NULL, h16[r], 0, stream);
+        conv_dgrad_f32_cuda(d, dzd, r ? f32w[1] : f32w[0] + (long)off * KK, f32[r], 1, stream);
+    }
+    const int same = off % 8 == 0 && Ct % 8 == 0;
+    const char *name[3] = {"conv_dgrad_cuda FP32 accumulate", "conv_dgrad_cuda FP16 overwrite", "conv_dgrad_f32_cuda"};
+    for (int k = 0; k < 3; k++) {
+        float *got = k == 1 ? NULL : from_dev(k ? f32[0] : acc[0], 4 * nx), *ref = k == 1 ? NULL : from_dev(k ? f32[1] : acc[1], 4 * nx);
+        if (k == 1) {
+            uint16_t *a = (uint16_t *)from_dev(h16[0], 2 * nx), *b = (uint16_t *)from_dev(h16[1], 2 * nx);
+            got = f16_host_to_f32(a, nx); ref = f16_host_to_f32(b, nx);
+            free(a); free(b);
+        }
+        char what[200];
+        snprintf(what, sizeof what, "%s B=%d Cin=%d of %d from %d %dx%d Cout=%d K=%d S=%d: weights in place vs copied", name[k],
+                 B, Cin, Ct, off, H, W, Cout, K, S);
+        if (same || k == 2) check(!memcmp(got, ref, 4 * nx), "%s: the same bits", what);
+        else check_f16tol(what, got, ref, nx);
+        free(got); free(ref);
+    }
+    for (int r = 0; r < 2; r++) { CK(cudaFree(acc[r])); CK(cudaFree(f32[r])); CK(cudaFree(h16[r])); CK(cudaFree(f32w[r])); }
+    CK(cudaFree(dwt)); CK(cudaFree(dwc)); CK(cudaFree(ddz)); CK(cudaFree(nan16)); CK(cudaFree(dzd));
+    free(wtf); free(dzf); free(x0); free(wcf); free(wth); free(dzh); free(wch);
 }
 
 // relative/absolute fp32 check: |got - ref| <= rel * scale[i] + 1e-6 (scale: sum |terms| of the value)
@@ -848,7 +900,7 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
         Kd = Cin * KK;
     long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs,
          nw = (long)Cout * Kd;
-    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0};
+    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0, 0};
     float *x = rand_host(nx, -1, 1), *w = rand_host(nw, -1, 1), *dz = rand_host(nz, -1, 1),
           *bias = rand_host(Cout, -1, 1);
     float *dx0 = rand_host(nx, -1, 1), *dw0 = rand_host(nw, -1, 1);
@@ -1556,7 +1608,7 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
           *db = to_dev(beta, 4 * Cp);
     void *dy;
     CK(cudaMalloc(&dy, es * nx));
-    ConvDims dense = {B, Cin, H, W, Cout, K, S, 0, 0}, slice = dense;
+    ConvDims dense = {B, Cin, H, W, Cout, K, S, 0, 0, 0}, slice = dense;
     slice.xs = (long)Cp * HW;
     const char *xin = dzp + (long)es * c0 * HW;
     ConvAct act = {dm + c0, di + c0, dg + c0, db + c0};
@@ -1745,6 +1797,13 @@ int main(void) {
     // 16, 8, 40, 88); then x rows of 20 (8-byte pieces, Wo 10: a row's last 2 pixels of 8 stored one by
     // one), an odd H (the window's last row past the map) and Cout 70 on channel slices
     test_conv(2, 24, 11, 20, 70, 3, 2, 8, 3, s);
+    // the input gradient of one concat source from its columns of the weights, in place: 1x1 on 16-byte
+    // rows (Cin 16 at column 16 of 48: the 16-byte kernel), misaligned (column 3 of 27: the gather
+    // kernel); 3x3 stride 1 (halo tiles) and stride 2 (the gather kernel: no tap-major copy)
+    test_conv_dgrad_wcols(2, 48, 16, 16, 8, 8, 24, 1, 1, s);
+    test_conv_dgrad_wcols(1, 27, 3, 8, 6, 8, 20, 1, 1, s);
+    test_conv_dgrad_wcols(1, 40, 24, 16, 6, 16, 24, 3, 1, s);
+    test_conv_dgrad_wcols(2, 24, 8, 8, 9, 12, 16, 3, 2, s);
     // 3 input channels (the stem) on rows of 24 and 64: still the gather kernel (A's rows not 16-byte loads)
     test_conv(2, 3, 16, 24, 20, 3, 2, 0, 0, s);
     test_conv(1, 3, 6, 64, 20, 3, 2, 0, 0, s);
