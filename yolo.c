@@ -2056,7 +2056,8 @@ struct Backend {
     // called only when the arena is real
     void (*zero)(Exec *e, void *p, size_t bytes);                               // p = 0
     void (*input)(Exec *e, int b, void *out, long os, long n);                  // the input image, n values
-    void (*act)(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os);   // SiLU(BN(z)), channels c0..
+    // SiLU(BN(z)) of conv c's channels c0..c0+C into out, or added to it (acc: a residual sum, V_ADD)
+    void (*act)(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc);
     void (*add)(Exec *e, const void *t, long ts, void *out, long os, long n);    // out += t (residual)
     void (*upsample)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);     // nearest x2
     void (*maxpool)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);      // 5x5, stride 1
@@ -2179,10 +2180,15 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
         break;
     case V_CONV:
     case V_SLICE:
-        if (!dry) e->be->act(e, &m->conv[v->conv], v->kind == V_SLICE ? v->c0 : 0, v->C, b, out, os);
+        if (!dry) e->be->act(e, &m->conv[v->conv], v->kind == V_SLICE ? v->c0 : 0, v->C, b, out, os, 0);
         break;
     case V_ADD: {
         value_materialize(e, v->src[0], b, out, os);
+        const Value *s1 = &m->val[v->src[1]];
+        if (s1->kind == V_CONV || s1->kind == V_SLICE) {   // (a Bottleneck: the sum made as cv2's output is)
+            if (!dry) e->be->act(e, &m->conv[s1->conv], s1->kind == V_SLICE ? s1->c0 : 0, s1->C, b, out, os, 1);
+            break;
+        }
         void *t = walk_act(e, e->nb * n, G_SCRATCH);         // (nb, C, H, W)
         value_materialize(e, v->src[1], b, t, n);
         if (!dry) e->be->add(e, t, n, out, os, n);
@@ -2354,7 +2360,7 @@ static void walk_forward(Exec *e) {
             void *y = walk_act(e, (long)m->B * c->zstride, G_ACTS);
             if (!arena_dry(e->a))
                 for (int b = 0; b < m->B; b += e->nb)
-                    e->be->act(e, c, 0, c->cout, b, (char *)y + (size_t)b * c->zstride * e->esz, (long)c->zstride);
+                    e->be->act(e, c, 0, c->cout, b, (char *)y + (size_t)b * c->zstride * e->esz, (long)c->zstride, 0);
             c->y = y;
         }
         if (m->recompute && !m->infer && c->block_out) block_drop(e, c->block);
@@ -2455,15 +2461,35 @@ static void cpu_input(Exec *e, int b, void *out, long os, long n) {
     (void)os;
     par_copy(out, (const float *)e->x + (size_t)b * n, (size_t)n * sizeof(float));
 }
-// cpu_act: channels [c0, c0+C) of conv c's activated output for image b, (C, Ho, Wo)
-static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
+// cpu_act: channels [c0, c0+C) of conv c's activated output for image b, (C, Ho, Wo); acc: added
+// to out, the activation made in runs of 256 values of a channel (bn_silu_forward_cpu's groups of 8
+// fall where they would in the whole channel: the same bits as making it into a buffer, then cpu_add)
+static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc) {
     (void)os;
     int HW = c->Ho * c->Wo;
-    if (c->y) {   // kept by the forward
-        par_copy(out, c->y + (size_t)b * c->zstride + (size_t)c0 * HW, (size_t)C * HW * sizeof(float));
+    const float *y = c->y ? c->y + (size_t)b * c->zstride + (size_t)c0 * HW : NULL;   // kept by the forward
+    const float *z = c->z ? c->z + (size_t)b * c->zstride + (size_t)c0 * HW : NULL;
+    if (acc) {
+        float *o = out;
+        long runs = (HW + 255) / 256;
+#pragma omp parallel for if ((long)C * HW > OMP_MIN_WORK)
+        for (long r = 0; r < C * runs; r++) {
+            int ch = (int)(r / runs), i0 = (int)(r % runs) * 256, len = HW - i0 < 256 ? HW - i0 : 256;
+            size_t at = (size_t)ch * HW + i0;
+            float t[256];
+            if (y) memcpy(t, y + at, (size_t)len * sizeof(float));
+            else if (c->bn)
+                bn_silu_forward_cpu(z + at, c->mean + c0 + ch, c->invstd + c0 + ch, e->params + c->g_off + c0 + ch,
+                                    e->params + c->b_off + c0 + ch, t, 1, 1, len);
+            else memcpy(t, z + at, (size_t)len * sizeof(float));
+            for (int i = 0; i < len; i++) o[at + i] += t[i];
+        }
         return;
     }
-    const float *z = c->z + (size_t)b * c->zstride + (size_t)c0 * HW;
+    if (y) {
+        par_copy(out, y, (size_t)C * HW * sizeof(float));
+        return;
+    }
     if (c->bn)
         bn_silu_forward_cpu(z, c->mean + c0, c->invstd + c0, e->params + c->g_off + c0, e->params + c->b_off + c0,
                             out, 1, C, HW);
@@ -10063,12 +10089,13 @@ static void k_bn_stats(Gpu *g, const void *z, long zs, int C, int HW, float *mea
     }
     arena_free(g->a, scratch);
 }
+// k_bn_silu: y = the activation, or y += it (acc: a residual sum, the add kernel's work folded in)
 static void k_bn_silu(Gpu *g, const void *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                      const float *beta, void *y, long ys, int C, int HW) {
+                      const float *beta, void *y, long ys, int C, int HW, int acc) {
     prof_begin(g);
-    if (g->f32) bn_silu_forward_f32_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, g->stream);
-    else bn_silu_forward_f16_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, g->stream);
-    prof_end(g, "bn+silu forward", 0);
+    if (g->f32) bn_silu_forward_f32_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, acc, g->stream);
+    else bn_silu_forward_f16_cuda(z, zs, mean, invstd, gamma, beta, y, ys, g->B, C, HW, acc, g->stream);
+    prof_end(g, acc ? "bn+silu forward + add" : "bn+silu forward", 0);
 }
 // k_bn_silu_backward: dA FP32 (dA16 0: amp=0, or a Detect output's) or FP16 (AMP)
 static void k_bn_silu_backward(Gpu *g, const void *z, const void *dA, int dA16, long zs, const float *mean,
@@ -10128,13 +10155,13 @@ static void gpu_input(Exec *e, int b, void *out, long os, long n) {
     k_copy(e->ctx, e->x, n, out, os, n);
 }
 // gpu_act: channels [c0, c0+C) of conv c's activated output, (B, C, Ho, Wo) with image stride os
-static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
+static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc) {
     (void)b;
     Gpu *g = e->ctx;
     int HW = c->Ho * c->Wo;
     if (!c->bn) die("gpu: the output of %s (no BN) is read by a conv", c->name);
     k_bn_silu(g, GOFF(g, c->z, (long)c0 * HW), (long)c->zstride, c->mean + c0, c->invstd + c0,
-              e->params + c->g_off + c0, e->params + c->b_off + c0, out, os, C, HW);
+              e->params + c->g_off + c0, e->params + c->b_off + c0, out, os, C, HW, acc);
 }
 static void gpu_add(Exec *e, const void *t, long ts, void *out, long os, long n) { k_add(e->ctx, t, ts, out, os, n); }
 static void gpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {

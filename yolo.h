@@ -181,11 +181,13 @@ void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW, float *mea
                        float eps, float momentum, int train, float *scratch, void *stream);
 // bn_silu_forward_f16_cuda: y = silu(gamma*(z-mean)*invstd + beta), FP16 in and out, FP32 math.
 // zs, ys: image strides of z and y (0 = dense): y may be a channel slice of a concat buffer.
+// acc: y += that instead (a residual sum): the activation rounded to FP16, the sum rounded once,
+// bit for bit what writing it to a buffer and add_f16_cuda(buffer -> y) give.
 void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                              const float *beta, uint16_t *y, long ys, int B, int C, int HW, void *stream);
-// bn_silu_forward_f32_cuda: the same, FP32 in and out.
+                              const float *beta, uint16_t *y, long ys, int B, int C, int HW, int acc, void *stream);
+// bn_silu_forward_f32_cuda: the same, FP32 in and out (acc: as add_f32_cuda).
 void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                              const float *beta, float *y, long ys, int B, int C, int HW, void *stream);
+                              const float *beta, float *y, long ys, int B, int C, int HW, int acc, void *stream);
 // bn_silu_backward_cuda: conv_backward's first half. From dA (FP32, gradient of the activated output,
 // image stride zs like z) and z (FP16): gy = dA * silu'(y); dgamma[c] += sum gy*xhat, dbeta[c] +=
 // sum gy; dz = gamma*invstd*(gy - mean(gy) - xhat*mean(gy*xhat)) (train; eval drops the means),

@@ -2382,8 +2382,10 @@ extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mea
 // (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
 // bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
 // math; grid (ceil(HW/(256 V)), C, B), V consecutive elements per thread (V8: 8, one or two 16-byte
-// loads and stores, else 1); BN folded to a scale and shift once per thread (bn_silu_value's bits)
-template <class T, bool V8>
+// loads and stores, else 1); BN folded to a scale and shift once per thread (bn_silu_value's bits).
+// ACC (a Bottleneck's shortcut, V_ADD): y += the activation, rounded to T first, then the FP32 sum
+// rounded once: the bits of writing the activation to a buffer and add_f16/add_f32 adding it to y.
+template <class T, bool V8, bool ACC>
 __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd,
                                            const float *gamma, const float *beta, T *y, long ys, int HW) {
     int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y, b = blockIdx.z;
@@ -2391,37 +2393,55 @@ __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mea
     const float2 bn = bn_fold(mean, invstd, gamma, beta, c);
     const T *zp = z + b * zs + (long)c * HW + i;
     T *yp = y + b * ys + (long)c * HW + i;
-    if (!V8) { *yp = act_from<T>(bn_silu_folded(act_f(*zp), bn.x, bn.y)); return; }
-    float v[8];
+    if (!V8) {
+        float a = bn_silu_folded(act_f(*zp), bn.x, bn.y);
+        *yp = act_from<T>(ACC ? act_f(*yp) + act_f(act_from<T>(a)) : a);
+        return;
+    }
+    float v[8], u[8];
     load8(zp, v);
+    if (ACC) load8(yp, u);
 #pragma unroll
-    for (int e = 0; e < 8; e++) v[e] = bn_silu_folded(v[e], bn.x, bn.y);
+    for (int e = 0; e < 8; e++) {
+        v[e] = bn_silu_folded(v[e], bn.x, bn.y);
+        if (ACC) v[e] = u[e] + act_f(act_from<T>(v[e]));
+    }
     store8(yp, v);
+}
+template <class T, bool ACC>
+static void bn_silu_forward_act_grid(bool v8, const T *z, long zs, const float *mean, const float *invstd,
+                                     const float *gamma, const float *beta, T *y, long ys, int B, int C, int HW,
+                                     cudaStream_t s) {
+    if (v8)
+        bn_silu_forward_act_kernel<T, true, ACC><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW);
+    else
+        bn_silu_forward_act_kernel<T, false, ACC><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW);
 }
 template <class T>
 static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
-                                       const float *beta, T *y, long ys, int B, int C, int HW, void *stream) {
+                                       const float *beta, T *y, long ys, int B, int C, int HW, int acc,
+                                       void *stream) {
     if ((long)B * C * HW == 0) return;
     if (!zs) zs = (long)C * HW;
     if (!ys) ys = (long)C * HW;
     cudaStream_t s = (cudaStream_t)stream;
-    if (bn_vec8(HW, zs, ys, z, y, y))
-        bn_silu_forward_act_kernel<T, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, HW);
-    else
-        bn_silu_forward_act_kernel<T, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, HW);
+    bool v8 = bn_vec8(HW, zs, ys, z, y, y);
+    if (acc) bn_silu_forward_act_grid<T, true>(v8, z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, s);
+    else bn_silu_forward_act_grid<T, false>(v8, z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, s);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd,
                                          const float *gamma, const float *beta, uint16_t *y, long ys, int B, int C,
-                                         int HW, void *stream) {
-    bn_silu_forward_act_launch((const __half *)z, zs, mean, invstd, gamma, beta, (__half *)y, ys, B, C, HW, stream);
+                                         int HW, int acc, void *stream) {
+    bn_silu_forward_act_launch((const __half *)z, zs, mean, invstd, gamma, beta, (__half *)y, ys, B, C, HW, acc,
+                               stream);
 }
 extern "C" void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const float *invstd,
                                          const float *gamma, const float *beta, float *y, long ys, int B, int C, int HW,
-                                         void *stream) {
-    bn_silu_forward_act_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, stream);
+                                         int acc, void *stream) {
+    bn_silu_forward_act_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, acc, stream);
 }
 
 // gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (conv_backward_cpu's first loop)

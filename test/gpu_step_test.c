@@ -49,9 +49,16 @@ static Backend twin_backend;
 static void half_store(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] = half_to_float(float_to_half(x[i] * s)) / s;
 }
-static void twin_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os) {
-    cpu_backend.act(e, c, c0, C, b, out, os);
-    if (c->bn) half_store(out, (size_t)C * c->Ho * c->Wo, 1.f);
+// (acc, a residual sum: the device rounds the activation to FP16, then the sum, as twin_add does)
+static void twin_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc) {
+    size_t n = (size_t)C * c->Ho * c->Wo;
+    float *t = acc ? xmalloc(n * sizeof(float)) : out;
+    cpu_backend.act(e, c, c0, C, b, t, os, 0);
+    if (c->bn) half_store(t, n, 1.f);
+    if (!acc) return;
+    cpu_backend.add(e, t, (long)n, out, os, (long)n);
+    half_store(out, n, 1.f);
+    free(t);
 }
 static void twin_add(Exec *e, const void *t, long ts, void *out, long os, long n) {
     cpu_backend.add(e, t, ts, out, os, n);

@@ -537,7 +537,7 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
           *zd = xmalloc(4 * (size_t)B * C * HW);
     uint16_t *dy; CK(cudaMalloc((void **)&dy, 2 * ny));
     CK(cudaMemset(dy, 0xff, 2 * ny));
-    bn_silu_forward_f16_cuda(dzh, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, stream);
+    bn_silu_forward_f16_cuda(dzh, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, 0, stream);
     uint16_t *yh = (uint16_t *)from_dev(dy, 2 * ny);
     float *yf = f16_host_to_f32(yh, ny);
     for (int b = 0; b < B; b++) memcpy(zd + (size_t)b * C * HW, zf + b * zs, 4 * (size_t)C * HW);
@@ -579,6 +579,63 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
     free(yf);
     twin_compared(bn_stats_cuda);
     twin_compared(bn_silu_forward_f16_cuda);
+}
+
+// bn_silu_forward_*_cuda with acc (a Bottleneck's residual sum made as its second activation is
+// written): y (image stride ys, a slice when yextra) += BN+SiLU(z). Bit for bit what the step did
+// before, the activation into a dense buffer and add_f16_cuda / add_f32_cuda into y; the values past
+// the slice untouched; and near y + bn_silu_forward_cpu (FP16: check_f16tol, FP32: 1e-5 relative).
+static void test_bn_silu_add(int B, int C, int HW, int zextra, int yextra, int f32, void *stream) {
+    long zs = (long)(C + zextra) * HW, ys = (long)(C + yextra) * HW, nz = B * zs, ny = B * ys, n = (long)C * HW;
+    size_t es = f32 ? 4 : 2;
+    float *zf = xmalloc(4 * nz), *yf0 = xmalloc(4 * ny), *mean = rand_host(C, -1, 1), *invstd = rand_host(C, 0.3f, 2),
+          *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1);
+    uint16_t *zh = rand_f16(nz, -3, 5, zf), *yh0 = rand_f16(ny, -4, 4, yf0);
+    void *dz = f32 ? to_dev(zf, 4 * nz) : to_dev(zh, 2 * nz), *y0 = f32 ? (void *)yf0 : (void *)yh0;
+    void *dy1 = to_dev(y0, es * ny), *dy2 = to_dev(y0, es * ny), *dt = poisoned_dev((long)(es * B * n + 3) / 4);
+    float *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    long zarg = zextra ? zs : 0, yarg = yextra ? ys : 0;
+    if (f32) {
+        bn_silu_forward_f32_cuda(dz, zarg, dm, di, dg, db, dy1, yarg, B, C, HW, 1, stream);
+        bn_silu_forward_f32_cuda(dz, zarg, dm, di, dg, db, (float *)dt, 0, B, C, HW, 0, stream);
+        add_f32_cuda((const float *)dt, n, dy2, ys, B, n, stream);
+    } else {
+        bn_silu_forward_f16_cuda(dz, zarg, dm, di, dg, db, dy1, yarg, B, C, HW, 1, stream);
+        bn_silu_forward_f16_cuda(dz, zarg, dm, di, dg, db, (uint16_t *)dt, 0, B, C, HW, 0, stream);
+        add_f16_cuda((const uint16_t *)dt, n, dy2, ys, B, n, stream);
+    }
+    unsigned char *g1 = (unsigned char *)from_dev(dy1, es * ny), *g2 = (unsigned char *)from_dev(dy2, es * ny);
+    long differ = 0, moved = 0;
+    for (long i = 0; i < ny; i++) {
+        differ += memcmp(g1 + i * es, g2 + i * es, es) != 0;
+        if (i % ys >= n) moved += memcmp(g1 + i * es, (const unsigned char *)y0 + i * es, es) != 0;
+    }
+    const char *name = f32 ? "bn_silu_forward_f32_cuda" : "bn_silu_forward_f16_cuda";
+    check(!differ, "%s acc B=%d C=%d HW=%d zs+%d ys+%d: bit-identical to the activation into a buffer + %s "
+          "(%ld of %ld differ)", name, B, C, HW, zextra, yextra, f32 ? "add_f32_cuda" : "add_f16_cuda", differ, ny);
+    check(!moved, "%s acc: the %ld values past the slice untouched (%ld moved)", name, (long)B * yextra * HW, moved);
+    // against the CPU: y + bn_silu_forward_cpu of the same z
+    float *zd = xmalloc(4 * (size_t)B * n), *got = xmalloc(4 * (size_t)B * n), *ref = xmalloc(4 * (size_t)B * n),
+          *sc = xmalloc(4 * (size_t)B * n);
+    for (int b = 0; b < B; b++) memcpy(zd + (size_t)b * n, zf + b * zs, 4 * (size_t)n);
+    bn_silu_forward_cpu(zd, mean, invstd, gamma, beta, zd, B, C, HW);
+    for (int b = 0; b < B; b++)
+        for (long i = 0; i < n; i++) {
+            size_t k = (size_t)b * n + i, at = (size_t)(b * ys + i);
+            got[k] = f32 ? ((float *)g1)[at] : half_to_float(((uint16_t *)g1)[at]);
+            ref[k] = yf0[at] + zd[k];
+            sc[k] = fabsf(yf0[at]) + fabsf(zd[k]) + 1;
+        }
+    char what[200];
+    snprintf(what, sizeof what, "%s acc B=%d C=%d HW=%d zs+%d ys+%d vs y + bn_silu_forward_cpu", name, B, C, HW, zextra,
+             yextra);
+    if (f32) check_rel(what, got, ref, sc, (long)B * n, 1e-5);
+    else check_f16tol(what, got, ref, (long)B * n);
+    cudaFree(dz); cudaFree(dy1); cudaFree(dy2); cudaFree(dt); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db);
+    free(zf); free(yf0); free(mean); free(invstd); free(gamma); free(beta); free(zh); free(yh0); free(g1); free(g2);
+    free(zd); free(got); free(ref); free(sc);
+    if (f32) twin_compared(bn_silu_forward_f32_cuda);
+    else twin_compared(bn_silu_forward_f16_cuda);
 }
 
 // h: dA in FP16 (bn_silu_backward_h_cuda, the AMP step's), the reference given the same rounded values
@@ -1043,7 +1100,7 @@ static void test_bn_f32(int B, int C, int HW, int zextra, int yextra, void *stre
     float *dm2 = to_dev(mean, 4 * C), *di2 = to_dev(invstd, 4 * C), *dy = poisoned_dev(ny);
     float *zd = xmalloc(4 * (size_t)B * C * HW + 4), *yd = xmalloc(4 * (size_t)B * C * HW + 4), *yref = xmalloc(4 * ny),
           *ysc = xmalloc(4 * ny);
-    bn_silu_forward_f32_cuda(dz, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, stream);
+    bn_silu_forward_f32_cuda(dz, zextra ? zs : 0, dm2, di2, dg, db, dy, yextra ? ys : 0, B, C, HW, 0, stream);
     float *gy = from_dev(dy, 4 * ny);
     for (int b = 0; b < B; b++) memcpy(zd + (size_t)b * C * HW, z + b * zs, 4 * (size_t)C * HW);
     bn_silu_forward_cpu(zd, mean, invstd, gamma, beta, yd, B, C, HW);
@@ -1617,14 +1674,14 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
     float *w1 = poisoned_dev(nw), *w2 = poisoned_dev(nw);
     if (f32) {
         bn_silu_forward_f32_cuda((const float *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (float *)dy, 0, B,
-                                 Cin, HW, stream);
+                                 Cin, HW, 0, stream);
         conv_forward_f32_cuda(dense, (const float *)dy, NULL, (const float *)dwt, NULL, z1, stream);
         conv_forward_f32_cuda(slice, (const float *)xin, &act, (const float *)dwt, NULL, z2, stream);
         conv_wgrad_f32_cuda(dense, (const float *)ddz, (const float *)dy, NULL, w1, ws, 0, stream);
         conv_wgrad_f32_cuda(slice, (const float *)ddz, (const float *)xin, &act, w2, ws, 0, stream);
     } else {
         bn_silu_forward_f16_cuda((const uint16_t *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (uint16_t *)dy, 0,
-                                 B, Cin, HW, stream);
+                                 B, Cin, HW, 0, stream);
         conv_forward_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, NULL, z1, NULL, stream);
         conv_forward_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, NULL, z2, NULL, stream);
         conv_wgrad_cuda(dense, (const uint16_t *)ddz, (const uint16_t *)dy, NULL, w1, ws, 0, stream);
@@ -1823,6 +1880,10 @@ int main(void) {
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
+    test_bn_silu_add(2, 4, 64, 0, 0, 0, s);      // 16-byte words
+    test_bn_silu_add(2, 5, 300, 2, 3, 0, NULL);   // one value a thread, z and y slices
+    test_bn_silu_add(2, 3, 400, 1, 2, 1, s);      // FP32, 16-byte words, slices
+    test_bn_silu_add(1, 2, 45, 0, 1, 1, s);       // FP32, one value a thread
     test_bn_backward(2, 3, 45, 0, 1, 1, 0, NULL);
     test_bn_backward(2, 4, 300, 1, 1, 1, 0, s);
     test_bn_backward(1, 3, 50, 0, 1, 0, 0, s);
