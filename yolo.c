@@ -2060,6 +2060,9 @@ struct Backend {
     void (*act)(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc);
     void (*add)(Exec *e, const void *t, long ts, void *out, long os, long n);    // out += t (residual)
     void (*upsample)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);     // nearest x2
+    // the activation of BN conv c's channels c0..c0+C upsampled x2 into out, in one pass (NULL: act
+    // into a temporary, then upsample)
+    void (*act_upsample)(Exec *e, const Conv *c, int c0, int C, void *out, long os);
     void (*maxpool)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);      // 5x5, stride 1
     void (*grad_add)(Exec *e, const float *g, long gs, float *d, long ds, long n);       // d += g
     void (*upsample_back)(Exec *e, const float *g, long gs, float *gx, int C, int H, int W);   // gx (C, H, W) dense
@@ -2202,6 +2205,11 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
     case V_POOL: {
         const Value *s = &m->val[v->src[0]];
         long ns = (long)s->C * s->H * s->W;
+        if (v->kind == V_UP && e->be->act_upsample && (s->kind == V_CONV || s->kind == V_SLICE) &&
+            m->conv[s->conv].bn) {
+            if (!dry) e->be->act_upsample(e, &m->conv[s->conv], s->kind == V_SLICE ? s->c0 : 0, s->C, out, os);
+            break;
+        }
         void *t = walk_act(e, e->nb * ns, G_SCRATCH);         // (nb, C, Hs, Ws)
         value_materialize(e, v->src[0], b, t, ns);
         if (!dry) {
@@ -9836,6 +9844,8 @@ static void gpu_unreachable(int unused, ...) {
 #define bn_silu_backward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define copy_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define upsample2_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_silu_upsample2_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_silu_upsample2_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define maxpool5_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define cudaMemsetAsync(...) (gpu_unreachable(0, __VA_ARGS__), 0)
 #define gpu_put_input(...) gpu_unreachable(0, __VA_ARGS__)
@@ -10164,6 +10174,20 @@ static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, lon
               e->params + c->g_off + c0, e->params + c->b_off + c0, out, os, C, HW, acc);
 }
 static void gpu_add(Exec *e, const void *t, long ts, void *out, long os, long n) { k_add(e->ctx, t, ts, out, os, n); }
+// gpu_act_upsample: the activation upsampled as it is made (no temporary, no separate BN+SiLU launch)
+static void gpu_act_upsample(Exec *e, const Conv *c, int c0, int C, void *out, long os) {
+    Gpu *g = e->ctx;
+    int H = c->Ho, W = c->Wo;
+    const void *z = GOFF(g, c->z, (long)c0 * H * W);
+    const float *mean = c->mean + c0, *invstd = c->invstd + c0, *gamma = e->params + c->g_off + c0,
+                *beta = e->params + c->b_off + c0;
+    prof_begin(g);
+    if (g->f32)
+        bn_silu_upsample2_f32_cuda(z, (long)c->zstride, mean, invstd, gamma, beta, out, os, g->B, C, H, W, g->stream);
+    else
+        bn_silu_upsample2_f16_cuda(z, (long)c->zstride, mean, invstd, gamma, beta, out, os, g->B, C, H, W, g->stream);
+    prof_end(g, "bn+silu + upsample", 0);
+}
 static void gpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
     k_upsample(e->ctx, x, y, ys, C, H, W);
 }
@@ -10363,6 +10387,7 @@ static LossOut gpu_loss(Exec *e, const LossTargets *tg, const LossConfig *lcfg) 
 // gpu_backend: the device's implementation of the walk's computations (the CPU's: cpu_backend)
 static const Backend gpu_backend = {
     .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .add = gpu_add, .upsample = gpu_upsample,
+    .act_upsample = gpu_act_upsample,
     .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .upsample_back = gpu_upsample_back,
     .maxpool_back = gpu_maxpool_back,
     .conv = gpu_conv, .bn_stats = gpu_bn_stats, .conv_stats = gpu_conv_stats, .bn_backward = gpu_bn_backward,

@@ -234,6 +234,14 @@ void f32_to_f16_cuda(const float *x, uint16_t *y, long n, void *stream);
 // upsample2_forward_f16_cuda: x dense (B, C, H, W) -> y (B, C, 2H, 2W), nearest (bit-exact with _cpu).
 void upsample2_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
 void upsample2_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream);
+// bn_silu_upsample2_f16_cuda: y (B, C, 2H, 2W), image stride ys = nearest x2 of SiLU(BN(z)), z (B, C, H,
+// W) with image stride zs (0 dense), BN as bn_silu_forward_f16_cuda: the bits of that kernel into a
+// buffer, then upsample2_forward_f16_cuda (the upsampled source of the neck's concatenations).
+void bn_silu_upsample2_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                                const float *beta, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
+// bn_silu_upsample2_f32_cuda: the same in FP32.
+void bn_silu_upsample2_f32_cuda(const float *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                                const float *beta, float *y, long ys, int B, int C, int H, int W, void *stream);
 // maxpool5_forward_f16_cuda: x dense (B, C, H, W) -> y, 5x5 stride 1 pad 2 max (bit-exact with _cpu).
 void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
 void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream);
@@ -442,6 +450,8 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(conv_w_tapmajor_cuda, w_tapmajor_cpu, test_conv) \
     X(upsample2_forward_f16_cuda, upsample2_forward_cpu, test_views_f16) \
     X(upsample2_forward_f32_cuda, upsample2_forward_cpu, test_views_f32) \
+    X(bn_silu_upsample2_f16_cuda, upsample2_forward_cpu, test_bn_silu_up) \
+    X(bn_silu_upsample2_f32_cuda, upsample2_forward_cpu, test_bn_silu_up) \
     X(maxpool5_forward_f16_cuda, maxpool5_forward_cpu, test_views_f16) \
     X(maxpool5_forward_f32_cuda, maxpool5_forward_cpu, test_views_f32) \
     X(add_f16_cuda, add_strided_cpu, test_views_f16) \

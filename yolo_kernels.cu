@@ -2810,6 +2810,54 @@ extern "C" void upsample2_forward_f32_cuda(const float *x, float *y, long ys, in
     upsample2_forward_act_launch(x, y, ys, B, C, H, W, stream);
 }
 
+// bn_silu_upsample2: nearest x2 of SiLU(BN(z)) (bn_silu_value's bits, rounded to T once), one thread per
+// input element writing its 2x2 outputs; grid (ceil(HW/256), C, B); PAIR: each output row's two values
+// in one 4- (FP16) or 8-byte (FP32) store (y and ys allow it). z image stride zs, y image stride ys.
+template <class T> __device__ __forceinline__ void store_pair(T *p, T v);
+template <> __device__ __forceinline__ void store_pair<__half>(__half *p, __half v) {
+    *(__half2 *)p = __halves2half2(v, v);
+}
+template <> __device__ __forceinline__ void store_pair<float>(float *p, float v) { *(float2 *)p = make_float2(v, v); }
+template <class T, bool PAIR>
+__global__ void bn_silu_upsample2_kernel(const T *z, long zs, const float *mean, const float *invstd,
+                                         const float *gamma, const float *beta, T *y, long ys, int H, int W) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
+    if (i >= H * W) return;
+    const float2 bn = bn_fold(mean, invstd, gamma, beta, c);
+    T a = act_from<T>(bn_silu_folded(act_f(z[b * zs + (long)c * H * W + i]), bn.x, bn.y));
+    int ix = i % W, iy = i / W;
+    T *p = y + b * ys + (long)c * 4 * H * W + (long)(2 * iy) * (2 * W) + 2 * ix;
+    if (PAIR) {
+        store_pair(p, a);
+        store_pair(p + 2 * W, a);
+    } else {
+        p[0] = a, p[1] = a, p[2 * W] = a, p[2 * W + 1] = a;
+    }
+}
+template <class T>
+static void bn_silu_upsample2_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
+                                     const float *beta, T *y, long ys, int B, int C, int H, int W, void *stream) {
+    if ((long)B * C * H * W == 0) return;
+    if (!zs) zs = (long)C * H * W;
+    if (!ys) ys = 4L * C * H * W;
+    dim3 grid(cdiv(H * W, 256), (unsigned)C, (unsigned)B);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (ys % 2 == 0 && (uintptr_t)y % (2 * sizeof(T)) == 0)
+        bn_silu_upsample2_kernel<T, true><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+    else bn_silu_upsample2_kernel<T, false><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+    CUDA_CHECK(cudaGetLastError());
+}
+extern "C" void bn_silu_upsample2_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd,
+                                           const float *gamma, const float *beta, uint16_t *y, long ys, int B, int C,
+                                           int H, int W, void *stream) {
+    bn_silu_upsample2_launch((const __half *)z, zs, mean, invstd, gamma, beta, (__half *)y, ys, B, C, H, W, stream);
+}
+extern "C" void bn_silu_upsample2_f32_cuda(const float *z, long zs, const float *mean, const float *invstd,
+                                           const float *gamma, const float *beta, float *y, long ys, int B, int C,
+                                           int H, int W, void *stream) {
+    bn_silu_upsample2_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, H, W, stream);
+}
+
 // maxpool5_forward_act: 5x5, stride 1, pad 2 (-inf) of T (__half or float), one thread per output
 // reading its window (max is exact, so the FP16 result equals the FP32 pool of the same values); grid
 // (ceil(HW/256), C, B). x dense (B, C, H, W) -> y with image stride ys.

@@ -638,6 +638,66 @@ static void test_bn_silu_add(int B, int C, int HW, int zextra, int yextra, int f
     else twin_compared(bn_silu_forward_f16_cuda);
 }
 
+// bn_silu_upsample2_*_cuda (the neck's upsampled activations made in one pass): bit for bit
+// bn_silu_forward_*_cuda into a buffer, then upsample2_forward_*_cuda; y a slice (image stride ys, yoff
+// elements into its buffer: odd, the one-value stores), nothing else written; and near
+// upsample2_forward_cpu of bn_silu_forward_cpu (FP16: check_f16tol, FP32: 1e-5 relative).
+static void test_bn_silu_up(int B, int C, int H, int W, int zextra, int yextra, int yoff, int f32, void *stream) {
+    long HW = (long)H * W, zs = (C + zextra) * HW, ys = 4 * C * HW + yextra, nz = B * zs, ny = B * ys + yoff,
+         n = (long)C * HW;
+    size_t es = f32 ? 4 : 2;
+    float *zf = xmalloc(4 * nz), *mean = rand_host(C, -1, 1), *invstd = rand_host(C, 0.3f, 2),
+          *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1);
+    uint16_t *zh = rand_f16(nz, -3, 5, zf);
+    void *dz = f32 ? to_dev(zf, 4 * nz) : to_dev(zh, 2 * nz);
+    float *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C);
+    float *dy1 = poisoned_dev((long)(es * ny + 3) / 4), *dy2 = poisoned_dev((long)(es * ny + 3) / 4),
+          *dt = poisoned_dev((long)(es * B * n + 3) / 4);
+    char *y1 = (char *)dy1 + yoff * es, *y2 = (char *)dy2 + yoff * es;
+    long zarg = zextra ? zs : 0;
+    if (f32) {
+        bn_silu_upsample2_f32_cuda(dz, zarg, dm, di, dg, db, (float *)y1, ys, B, C, H, W, stream);
+        bn_silu_forward_f32_cuda(dz, zarg, dm, di, dg, db, dt, 0, B, C, (int)HW, 0, stream);
+        upsample2_forward_f32_cuda(dt, (float *)y2, ys, B, C, H, W, stream);
+    } else {
+        bn_silu_upsample2_f16_cuda(dz, zarg, dm, di, dg, db, (uint16_t *)y1, ys, B, C, H, W, stream);
+        bn_silu_forward_f16_cuda(dz, zarg, dm, di, dg, db, (uint16_t *)dt, 0, B, C, (int)HW, 0, stream);
+        upsample2_forward_f16_cuda((const uint16_t *)dt, (uint16_t *)y2, ys, B, C, H, W, stream);
+    }
+    unsigned char *g1 = (unsigned char *)from_dev(dy1, es * ny), *g2 = (unsigned char *)from_dev(dy2, es * ny);
+    long differ = 0, written = 0;
+    for (long i = 0; i < ny; i++) {
+        differ += memcmp(g1 + i * es, g2 + i * es, es) != 0;
+        long j = i - yoff;
+        int inside = j >= 0 && j % ys < 4 * n;
+        for (size_t k = 0; k < es && !inside; k++) written += g1[i * es + k] != 0xff;
+    }
+    const char *name = f32 ? "bn_silu_upsample2_f32_cuda" : "bn_silu_upsample2_f16_cuda";
+    check(!differ, "%s B=%d C=%d %dx%d zs+%d ys+%d at +%d: bit-identical to bn_silu_forward + upsample2_forward "
+          "(%ld of %ld differ)", name, B, C, H, W, zextra, yextra, yoff, differ, ny);
+    check(!written, "%s: nothing written outside the output slice (%ld bytes)", name, written);
+    float *zd = xmalloc(4 * (size_t)B * n), *ref = xmalloc(16 * (size_t)B * n), *got = xmalloc(16 * (size_t)B * n),
+          *sc = xmalloc(16 * (size_t)B * n);
+    for (int b = 0; b < B; b++) memcpy(zd + (size_t)b * n, zf + b * zs, 4 * (size_t)n);
+    bn_silu_forward_cpu(zd, mean, invstd, gamma, beta, zd, B, C, (int)HW);
+    upsample2_forward_cpu(zd, ref, B, C, H, W);
+    for (int b = 0; b < B; b++)
+        for (long i = 0; i < 4 * n; i++) {
+            size_t k = (size_t)b * 4 * n + i, at = (size_t)(yoff + b * ys + i);
+            got[k] = f32 ? ((float *)g1)[at] : half_to_float(((uint16_t *)g1)[at]);
+            sc[k] = fabsf(ref[k]) + 1;
+        }
+    char what[200];
+    snprintf(what, sizeof what, "%s B=%d C=%d %dx%d vs upsample2_forward_cpu(bn_silu_forward_cpu)", name, B, C, H, W);
+    if (f32) check_rel(what, got, ref, sc, 4 * B * n, 1e-5);
+    else check_f16tol(what, got, ref, 4 * B * n);
+    cudaFree(dz); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(dy1); cudaFree(dy2); cudaFree(dt);
+    free(zf); free(mean); free(invstd); free(gamma); free(beta); free(zh); free(g1); free(g2); free(zd); free(ref);
+    free(got); free(sc);
+    if (f32) twin_compared(bn_silu_upsample2_f32_cuda);
+    else twin_compared(bn_silu_upsample2_f16_cuda);
+}
+
 // h: dA in FP16 (bn_silu_backward_h_cuda, the AMP step's), the reference given the same rounded values
 static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train, int h, void *stream) {
     long zs = (long)(C + zextra) * HW, nz = B * zs;
@@ -1884,6 +1944,10 @@ int main(void) {
     test_bn_silu_add(2, 5, 300, 2, 3, 0, NULL);   // one value a thread, z and y slices
     test_bn_silu_add(2, 3, 400, 1, 2, 1, s);      // FP32, 16-byte words, slices
     test_bn_silu_add(1, 2, 45, 0, 1, 1, s);       // FP32, one value a thread
+    test_bn_silu_up(2, 3, 5, 7, 1, 8, 0, 0, s);      // pairs of values a store
+    test_bn_silu_up(1, 2, 20, 17, 0, 3, 1, 0, NULL);  // odd offset and stride: one value a store
+    test_bn_silu_up(2, 3, 6, 5, 2, 4, 0, 1, s);       // FP32
+    test_bn_silu_up(1, 4, 9, 3, 0, 1, 1, 1, s);       // FP32, one value a store
     test_bn_backward(2, 3, 45, 0, 1, 1, 0, NULL);
     test_bn_backward(2, 4, 300, 1, 1, 1, 0, s);
     test_bn_backward(1, 3, 50, 0, 1, 0, 0, s);
