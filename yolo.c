@@ -2065,6 +2065,9 @@ struct Backend {
     void (*act_upsample)(Exec *e, const Conv *c, int c0, int C, void *out, long os);
     void (*maxpool)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);      // 5x5, stride 1
     void (*grad_add)(Exec *e, const float *g, long gs, float *d, long ds, long n);       // d += g
+    // d.p[j] += g for j < d.k, g read once: a residual sum's gradient into the convs it adds (NULL:
+    // grad_add each); never with lazy_dA
+    void (*grad_add_n)(Exec *e, const float *g, long gs, AddDst d, long n);
     void (*upsample_back)(Exec *e, const float *g, long gs, float *gx, int C, int H, int W);   // gx (C, H, W) dense
     // called in dry runs too (their temporaries come from e->a): they compute only when it is real
     void (*maxpool_back)(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W);
@@ -2222,6 +2225,31 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
     }
 }
 
+// add_leaves: the number of values residual sum vi adds (nested sums followed; value_backprop's
+// order), k of them counted before; -1 where one is not a conv output or a slice of one, or where
+// they are more than ADD_DST_MAX
+static int add_leaves(const Model *m, int vi, int k) {
+    const Value *v = &m->val[vi];
+    if (v->kind == V_ADD) {
+        k = add_leaves(m, v->src[0], k);
+        return k < 0 ? k : add_leaves(m, v->src[1], k);
+    }
+    return (v->kind == V_CONV || v->kind == V_SLICE) && k < ADD_DST_MAX ? k + 1 : -1;
+}
+// add_dsts: the dA slices (image b on) of the values add_leaves counts, into d in that order
+static void add_dsts(Exec *e, int vi, int b, AddDst *d) {
+    const Value *v = &e->m->val[vi];
+    if (v->kind == V_ADD) {
+        add_dsts(e, v->src[0], b, d);
+        add_dsts(e, v->src[1], b, d);
+        return;
+    }
+    Conv *c = &e->m->conv[v->conv];
+    long c0 = v->kind == V_SLICE ? v->c0 : 0;
+    d->p[d->k] = grad_at(e, walk_dA(e, c), (long)b * c->zstride + c0 * v->H * v->W);
+    d->s[d->k++] = (long)c->zstride;
+}
+
 // value_backprop: adds g, the gradient w.r.t. value vi of nb images from image b ((C, H, W) each,
 // of the walk's gradient type, image stride gs), into the dA of the convs the value is made of.
 static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
@@ -2240,10 +2268,17 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         else if (!dry) par_copy(d, g, (size_t)v->C * HW * e->gsz);   // (lazy_dA: host memory)
         break;
     }
-    case V_ADD:
+    case V_ADD: {
+        AddDst d = {{0}, {0}, 0};
+        if (e->be->grad_add_n && !e->be->lazy_dA && add_leaves(m, vi, 0) > 0) {
+            add_dsts(e, vi, b, &d);
+            if (!dry) e->be->grad_add_n(e, g, gs, d, (long)v->C * HW);
+            break;
+        }
         value_backprop(e, v->src[0], b, g, gs);
         value_backprop(e, v->src[1], b, g, gs);
         break;
+    }
     case V_CAT: {
         int k = v->n;   // parts k..n-1: a chain of pools from part k - 1 (cat_pool_chain), else k = n
         while (k > 1 && cat_pool_chain(e, v, k - 1)) k--;
@@ -9830,6 +9865,8 @@ static void gpu_unreachable(int unused, ...) {
 #define copy_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define add_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define add_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define add_n_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define add_n_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define upsample2_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define upsample2_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define upsample2_backward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
@@ -10202,6 +10239,13 @@ static void gpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, lo
     else add_f16_cuda((const uint16_t *)g, gs, (uint16_t *)d, ds, gp->B, n, gp->stream);
     prof_end(gp, "gradient add", 0);
 }
+static void gpu_grad_add_n(Exec *e, const float *g, long gs, AddDst d, long n) {
+    Gpu *gp = e->ctx;
+    prof_begin(gp);
+    if (gp->f32) add_n_f32_cuda(g, gs, d, gp->B, n, gp->stream);
+    else add_n_f16_cuda((const uint16_t *)g, gs, d, gp->B, n, gp->stream);
+    prof_end(gp, "gradient add", 0);
+}
 static void gpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C, int H, int W) {
     Gpu *gp = e->ctx;
     prof_begin(gp);
@@ -10388,7 +10432,8 @@ static LossOut gpu_loss(Exec *e, const LossTargets *tg, const LossConfig *lcfg) 
 static const Backend gpu_backend = {
     .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .add = gpu_add, .upsample = gpu_upsample,
     .act_upsample = gpu_act_upsample,
-    .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .upsample_back = gpu_upsample_back,
+    .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .grad_add_n = gpu_grad_add_n,
+    .upsample_back = gpu_upsample_back,
     .maxpool_back = gpu_maxpool_back,
     .conv = gpu_conv, .bn_stats = gpu_bn_stats, .conv_stats = gpu_conv_stats, .bn_backward = gpu_bn_backward,
     .conv_grads = gpu_conv_grads,

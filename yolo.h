@@ -250,6 +250,14 @@ void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, l
 // add_f32_cuda: B blocks of n floats: dst + b*ds += src + b*ss (gradients into a conv's dA slice; add_f16_cuda
 // does that in the AMP step).
 void add_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream);
+// AddDst: up to ADD_DST_MAX destinations of one sum, each with its image stride (elements)
+#define ADD_DST_MAX 4
+typedef struct { void *p[ADD_DST_MAX]; long s[ADD_DST_MAX]; int k; } AddDst;
+// add_n_f16_cuda: dst.p[j] + b*dst.s[j] += src + b*ss for j < dst.k, src read once (a residual sum's
+// gradient into every conv output it is made of); per destination the bits of add_f16_cuda, in order.
+void add_n_f16_cuda(const uint16_t *src, long ss, AddDst dst, int B, long n, void *stream);
+// add_n_f32_cuda: the same in FP32 (add_f32_cuda's bits).
+void add_n_f32_cuda(const float *src, long ss, AddDst dst, int B, long n, void *stream);
 // ema_update_cuda: ema = d*ema + (1-d)*p over n floats.
 void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream);
 
@@ -456,6 +464,8 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(maxpool5_forward_f32_cuda, maxpool5_forward_cpu, test_views_f32) \
     X(add_f16_cuda, add_strided_cpu, test_views_f16) \
     X(add_f32_cuda, add_strided_cpu, test_views_f16) \
+    X(add_n_f16_cuda, add_strided_cpu, test_add_n) \
+    X(add_n_f32_cuda, add_strided_cpu, test_add_n) \
     X(ema_update_cuda, ema_update, test_ema) \
     X(loss_cuda, loss_forward_backward, test_loss) \
     X(optim_norm_cuda, grad_clip_norm, test_optim) \

@@ -2957,6 +2957,53 @@ extern "C" void add_f32_cuda(const float *src, long ss, float *dst, long ds, int
     CUDA_CHECK(cudaGetLastError());
 }
 
+// add_n: dst.p[j][b*dst.s[j] + i] += src[b*ss + i] for each j < dst.k in turn (each sum in FP32, rounded
+// once to T: add_f16's and add_f32's bits); grid (ceil(n/256), B), or with V8 (n, the strides and
+// pointers allow 16-byte words) ceil(n/2048) blocks of 8 values a thread
+template <class T, bool V8>
+__global__ void add_n_kernel(const T *src, long ss, AddDst dst, long n) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1);
+    if (i >= n) return;
+    const T *a = src + blockIdx.y * ss + i;
+    if (V8) {
+        float v[8], u[8];
+        load8(a, v);
+        for (int j = 0; j < dst.k; j++) {
+            T *d = (T *)dst.p[j] + blockIdx.y * dst.s[j] + i;
+            load8(d, u);
+#pragma unroll
+            for (int e = 0; e < 8; e++) u[e] += v[e];
+            store8(d, u);
+        }
+    } else {
+        float v = act_f(*a);
+        for (int j = 0; j < dst.k; j++) {
+            T *d = (T *)dst.p[j] + blockIdx.y * dst.s[j] + i;
+            *d = act_from<T>(act_f(*d) + v);
+        }
+    }
+}
+template <class T>
+static void add_n_launch(const T *src, long ss, AddDst dst, int B, long n, void *stream) {
+    if (B == 0 || n == 0 || dst.k == 0) return;
+    if (dst.k < 0 || dst.k > ADD_DST_MAX) {   // (a caller's bug: yolo.c passes at most ADD_DST_MAX)
+        fprintf(stderr, "add_n: %d destinations (at most %d)\n", dst.k, ADD_DST_MAX);
+        abort();
+    }
+    bool v8 = n % 8 == 0 && bn_vec8(8, ss, ss, src, src, src);
+    for (int j = 0; j < dst.k; j++) v8 = v8 && bn_vec8(8, dst.s[j], dst.s[j], dst.p[j], dst.p[j], dst.p[j]);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (v8) add_n_kernel<T, true><<<dim3(cdiv(n / 8, 256), (unsigned)B), 256, 0, s>>>(src, ss, dst, n);
+    else add_n_kernel<T, false><<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, s>>>(src, ss, dst, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+extern "C" void add_n_f16_cuda(const uint16_t *src, long ss, AddDst dst, int B, long n, void *stream) {
+    add_n_launch((const __half *)src, ss, dst, B, n, stream);
+}
+extern "C" void add_n_f32_cuda(const float *src, long ss, AddDst dst, int B, long n, void *stream) {
+    add_n_launch(src, ss, dst, B, n, stream);
+}
+
 // ------------------------------------------------------------------------------------------
 // loss: task-aligned assigner, BCE, CIoU and DFL, forward and backward (loss_forward_backward)
 // ------------------------------------------------------------------------------------------

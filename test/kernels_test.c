@@ -698,6 +698,66 @@ static void test_bn_silu_up(int B, int C, int H, int W, int zextra, int yextra, 
     else twin_compared(bn_silu_upsample2_f16_cuda);
 }
 
+// add_n_*_cuda (a residual sum's gradient into the k convs it adds, read once): each destination (its
+// own image stride, slack between images) bit for bit the host's FP32 sum rounded once to the type,
+// added in order (the same region twice when alias), nothing else written; odd: strides that rule out
+// 16-byte words
+static void test_add_n(int B, long n, int k, int f32, int odd, int alias, void *stream) {
+    size_t es = f32 ? 4 : 2;
+    long ss = n + (odd ? 3 : 8);
+    AddDst d = {{0}, {0}, k};
+    unsigned char *h[ADD_DST_MAX], *ref[ADD_DST_MAX];
+    float *gf = rand_host((long)B * ss, -2, 2);
+    uint16_t *gh = rand_f16((long)B * ss, -2, 2, gf);
+    void *dg = f32 ? to_dev(gf, 4 * (size_t)B * ss) : to_dev(gh, 2 * (size_t)B * ss);
+    for (int j = 0; j < k; j++) {
+        d.s[j] = n + 8 * j + (odd ? 1 : 0);
+        size_t bytes = es * (size_t)B * d.s[j];
+        float *f = rand_host((long)B * d.s[j], -3, 3);
+        uint16_t *hh = rand_f16((long)B * d.s[j], -3, 3, NULL);
+        h[j] = xmalloc(bytes);
+        memcpy(h[j], f32 ? (void *)f : (void *)hh, bytes);
+        d.p[j] = to_dev(h[j], bytes);
+        free(f); free(hh);
+    }
+    if (alias && k > 1) {
+        cudaFree(d.p[k - 1]);
+        d.p[k - 1] = d.p[0];
+        d.s[k - 1] = d.s[0];
+    }
+    for (int j = 0; j < k; j++) {   // the host's sums, destination by destination
+        int jj = alias && k > 1 && j == k - 1 ? 0 : j;
+        if (jj == j) { ref[j] = xmalloc(es * (size_t)B * d.s[j]); memcpy(ref[j], h[j], es * (size_t)B * d.s[j]); }
+        for (int b = 0; b < B; b++)
+            for (long i = 0; i < n; i++) {
+                size_t at = (size_t)(b * d.s[j] + i), from = (size_t)(b * ss + i);
+                if (f32) ((float *)ref[jj])[at] += gf[from];
+                else ((uint16_t *)ref[jj])[at] = float_to_half(half_to_float(((uint16_t *)ref[jj])[at]) + gf[from]);
+            }
+    }
+    if (f32) add_n_f32_cuda((const float *)dg, ss, d, B, n, stream);
+    else add_n_f16_cuda((const uint16_t *)dg, ss, d, B, n, stream);
+    long differ = 0, total = 0;
+    for (int j = 0; j < k; j++) {
+        if (alias && k > 1 && j == k - 1) break;
+        size_t bytes = es * (size_t)B * d.s[j];
+        unsigned char *got = (unsigned char *)from_dev(d.p[j], bytes);
+        for (size_t i = 0; i < bytes / es; i++) differ += memcmp(got + i * es, ref[j] + i * es, es) != 0;
+        total += (long)(bytes / es);
+        free(got);
+    }
+    check(!differ, "%s B=%d n=%ld into %d destination%s%s%s: bit-identical to the host's sums in order, nothing else "
+          "written (%ld of %ld differ)", f32 ? "add_n_f32_cuda" : "add_n_f16_cuda", B, n, k, k > 1 ? "s" : "",
+          odd ? ", odd strides" : "", alias && k > 1 ? ", the last the first again" : "", differ, total);
+    for (int j = 0; j < k; j++) {
+        if (!(alias && k > 1 && j == k - 1)) { cudaFree(d.p[j]); free(ref[j]); }
+        free(h[j]);
+    }
+    cudaFree(dg); free(gf); free(gh);
+    if (f32) twin_compared(add_n_f32_cuda);
+    else twin_compared(add_n_f16_cuda);
+}
+
 // h: dA in FP16 (bn_silu_backward_h_cuda, the AMP step's), the reference given the same rounded values
 static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train, int h, void *stream) {
     long zs = (long)(C + zextra) * HW, nz = B * zs;
@@ -1948,6 +2008,11 @@ int main(void) {
     test_bn_silu_up(1, 2, 20, 17, 0, 3, 1, 0, NULL);  // odd offset and stride: one value a store
     test_bn_silu_up(2, 3, 6, 5, 2, 4, 0, 1, s);       // FP32
     test_bn_silu_up(1, 4, 9, 3, 0, 1, 1, 1, s);       // FP32, one value a store
+    test_add_n(2, 64, 3, 0, 0, 0, s);     // 16-byte words
+    test_add_n(2, 45, 2, 0, 1, 0, NULL);  // one value a thread
+    test_add_n(1, 800, 4, 0, 0, 1, s);    // a destination twice
+    test_add_n(3, 40, 1, 1, 0, 0, s);     // FP32
+    test_add_n(2, 37, 4, 1, 1, 1, s);     // FP32, odd strides, a destination twice
     test_bn_backward(2, 3, 45, 0, 1, 1, 0, NULL);
     test_bn_backward(2, 4, 300, 1, 1, 1, 0, s);
     test_bn_backward(1, 3, 50, 0, 1, 0, 0, s);
