@@ -2968,7 +2968,9 @@ __global__ void add_n_kernel(const T *src, long ss, AddDst dst, long n) {
     if (V8) {
         float v[8], u[8];
         load8(a, v);
-        for (int j = 0; j < dst.k; j++) {
+#pragma unroll
+        for (int j = 0; j < ADD_DST_MAX; j++) {   // (unrolled: dst stays in parameter space, no stack copy)
+            if (j >= dst.k) break;
             T *d = (T *)dst.p[j] + blockIdx.y * dst.s[j] + i;
             load8(d, u);
 #pragma unroll
@@ -2977,7 +2979,9 @@ __global__ void add_n_kernel(const T *src, long ss, AddDst dst, long n) {
         }
     } else {
         float v = act_f(*a);
-        for (int j = 0; j < dst.k; j++) {
+#pragma unroll
+        for (int j = 0; j < ADD_DST_MAX; j++) {
+            if (j >= dst.k) break;
             T *d = (T *)dst.p[j] + blockIdx.y * dst.s[j] + i;
             *d = act_from<T>(act_f(*d) + v);
         }
