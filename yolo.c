@@ -1515,27 +1515,30 @@ static void wino_wgrad_finish(float *S, int nimg, int Cin, int Cout, float *gw) 
 // bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
 // z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
 // pre-BN values: only z is kept between forward and backward, the activation is made again when needed.
+// bn_silu_run: n values of one channel, BN folded to y = silu(z * sc + sh) (sc = gamma * invstd,
+// sh = beta - mean * sc): in groups of 8, then the partial last one
+static inline void bn_silu_run(const float *zi, float sc, float sh, float *yo, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        gemm_v8 v = *(const gemm_v8 *)(zi + i) * sc + sh;
+        silu8(&v);
+        *(gemm_v8 *)(yo + i) = v;
+    }
+    if (i < n) {
+        gemm_v8 v;
+        v8_load(&v, zi + i, n - i);
+        v = v * sc + sh;
+        silu8(&v);
+        v8_store(yo + i, &v, n - i);
+    }
+}
 static void bn_silu_forward_cpu(const float *z, const float *mean, const float *invstd, const float *gamma,
                                 const float *beta, float *y, int B, int C, int HW) {
 #pragma omp parallel for collapse(2) if ((size_t)B * C * HW > OMP_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++) {
             float sc = gamma[c] * invstd[c], sh = beta[c] - mean[c] * sc;
-            const float *zi = z + ((size_t)b * C + c) * HW;
-            float *yo = y + ((size_t)b * C + c) * HW;
-            int i = 0;
-            for (; i + 8 <= HW; i += 8) {   // (whole groups, then the row's partial last one)
-                gemm_v8 v = *(const gemm_v8 *)(zi + i) * sc + sh;
-                silu8(&v);
-                *(gemm_v8 *)(yo + i) = v;
-            }
-            if (i < HW) {
-                gemm_v8 v;
-                v8_load(&v, zi + i, HW - i);
-                v = v * sc + sh;
-                silu8(&v);
-                v8_store(yo + i, &v, HW - i);
-            }
+            bn_silu_run(z + ((size_t)b * C + c) * HW, sc, sh, y + ((size_t)b * C + c) * HW, HW);
         }
 }
 
@@ -2505,8 +2508,8 @@ static void cpu_input(Exec *e, int b, void *out, long os, long n) {
     par_copy(out, (const float *)e->x + (size_t)b * n, (size_t)n * sizeof(float));
 }
 // cpu_act: channels [c0, c0+C) of conv c's activated output for image b, (C, Ho, Wo); acc: added
-// to out, the activation made in runs of 256 values of a channel (bn_silu_forward_cpu's groups of 8
-// fall where they would in the whole channel: the same bits as making it into a buffer, then cpu_add)
+// to out, the activation made in runs of 256 values of a channel (bn_silu_run's groups of 8 fall
+// where they would in the whole channel: the same bits as making it into a buffer, then cpu_add)
 static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc) {
     (void)os;
     int HW = c->Ho * c->Wo;
@@ -2521,9 +2524,10 @@ static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, lon
             size_t at = (size_t)ch * HW + i0;
             float t[256];
             if (y) memcpy(t, y + at, (size_t)len * sizeof(float));
-            else if (c->bn)
-                bn_silu_forward_cpu(z + at, c->mean + c0 + ch, c->invstd + c0 + ch, e->params + c->g_off + c0 + ch,
-                                    e->params + c->b_off + c0 + ch, t, 1, 1, len);
+            else if (c->bn) {   // (bn_silu_forward_cpu's fold and loop, without its parallel region)
+                float sc = e->params[c->g_off + c0 + ch] * c->invstd[c0 + ch];
+                bn_silu_run(z + at, sc, e->params[c->b_off + c0 + ch] - c->mean[c0 + ch] * sc, t, len);
+            }
             else memcpy(t, z + at, (size_t)len * sizeof(float));
             for (int i = 0; i < len; i++) o[at + i] += t[i];
         }
