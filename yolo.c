@@ -1512,9 +1512,6 @@ static void wino_wgrad_finish(float *S, int nimg, int Cin, int Cout, float *gw) 
         }
 }
 
-// bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
-// z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
-// pre-BN values: only z is kept between forward and backward, the activation is made again when needed.
 // bn_silu_run: n values of one channel, BN folded to y = silu(z * sc + sh) (sc = gamma * invstd,
 // sh = beta - mean * sc): in groups of 8, then the partial last one
 static inline void bn_silu_run(const float *zi, float sc, float sh, float *yo, int n) {
@@ -1532,6 +1529,9 @@ static inline void bn_silu_run(const float *zi, float sc, float sh, float *yo, i
         v8_store(yo + i, &v, n - i);
     }
 }
+// bn_silu_forward_cpu: y = SiLU(gamma * (z - mean) * invstd + beta), per channel.
+// z, y: (B, C, HW); mean, invstd, gamma, beta: (C). Recomputes a Conv's output from its kept
+// pre-BN values: only z is kept between forward and backward, the activation is made again when needed.
 static void bn_silu_forward_cpu(const float *z, const float *mean, const float *invstd, const float *gamma,
                                 const float *beta, float *y, int B, int C, int HW) {
 #pragma omp parallel for collapse(2) if ((size_t)B * C * HW > OMP_MIN_WORK)
@@ -2523,13 +2523,13 @@ static void cpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, lon
             int ch = (int)(r / runs), i0 = (int)(r % runs) * 256, len = HW - i0 < 256 ? HW - i0 : 256;
             size_t at = (size_t)ch * HW + i0;
             float t[256];
-            if (y) memcpy(t, y + at, (size_t)len * sizeof(float));
-            else if (c->bn) {   // (bn_silu_forward_cpu's fold and loop, without its parallel region)
+            const float *a = y ? y + at : z + at;   // (without BN the output is z itself)
+            if (!y && c->bn) {   // (bn_silu_forward_cpu's fold and loop, without its parallel region)
                 float sc = e->params[c->g_off + c0 + ch] * c->invstd[c0 + ch];
                 bn_silu_run(z + at, sc, e->params[c->b_off + c0 + ch] - c->mean[c0 + ch] * sc, t, len);
+                a = t;
             }
-            else memcpy(t, z + at, (size_t)len * sizeof(float));
-            for (int i = 0; i < len; i++) o[at + i] += t[i];
+            for (int i = 0; i < len; i++) o[at + i] += a[i];
         }
         return;
     }
