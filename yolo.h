@@ -123,15 +123,17 @@ void conv_w_tapmajor_cuda(const ConvWtJob *jobs, int n, void *stream);
 // conv_dgrad_f32_cuda: dx (+)= conv_transpose(dz, w), all FP32; accumulate != 0 adds to what is there.
 void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx, int accumulate, void *stream);
 // conv_wgrad_split: the weight gradient reduces over B*Ho*Wo, long in the early layers where dW
-// (Cout, Cin*K*K) has few 64x64 tiles. When the tiles alone would give fewer than 256 blocks, the
+// (Cout, Cin*K*K) has few 64x64 tiles. When the tiles alone would give fewer than 1024 blocks, the
 // reduction is split into slices of *kchunk values (a multiple of the k-step bk: 32 FP16, 16 FP32;
 // each slice at least 8 k-steps deep); returns the number of slices (1: no split). Each slice writes
-// its partial dW to a workspace and one kernel adds the slices in order: no atomics, the same bits
-// on every run and every block schedule.
+// its partial dW to a workspace and one kernel adds the slices in a fixed order: no atomics, the same bits
+// on every run and every block schedule. (1024, not 256 as before: the 3x3 kernels' tiles are wider
+// than 64, and with 256 an H200's 132 SMs held one 4-warp block each in most weight gradients; the
+// workspaces stay inside the step's plan: yolov8n 640 batch 16 710.8 MiB either way.)
 static inline long conv_wgrad_split(ConvDims d, int f32, long *kchunk) {
     long bk = f32 ? 16 : 32, Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S);
     long N = (long)d.Cin * d.K * d.K, Kd = (long)d.B * Ho * Wo;
-    long tiles = ((N + 63) / 64) * ((d.Cout + 63) / 64), splits = (256 + tiles - 1) / tiles,
+    long tiles = ((N + 63) / 64) * ((d.Cout + 63) / 64), splits = (1024 + tiles - 1) / tiles,
          maxs = (Kd + 8 * bk - 1) / (8 * bk);
     if (splits > maxs) splits = maxs;
     if (splits > 65535) splits = 65535;
@@ -152,19 +154,21 @@ static inline size_t conv_wgrad_ws_bytes(ConvDims d, int f32) {
 // workspace of conv_wgrad_ws_bytes(d, 0) bytes (NULL when that is 0).
 void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw, float *ws,
                      int accumulate, void *stream);
-// conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32 (one fmaf chain per slice, the slices added in
-// order); ws of conv_wgrad_ws_bytes(d, 1) bytes.
+// conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32 (one fmaf chain per slice, the slices added in a
+// fixed order); ws of conv_wgrad_ws_bytes(d, 1) bytes.
 void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const ConvAct *act, float *dw, float *ws,
                          int accumulate, void *stream);
 
 // BN reductions (bn_stats_cuda, bn_silu_backward_cuda) split each channel's B*HW values into
-// bn_chunks chunks (about 16384 values each, at most 64), summed by blocks of their own and then in a
+// bn_chunks chunks (about 4096 values each, at most 256), summed by blocks of their own and then in a
 // fixed order: the early layers' 16-64 channels of ~10^6 values keep every SM busy, and the result is
 // the same bits on every run. Their scratch: bn_stats_scratch_floats(B, C, HW) floats for bn_stats_cuda
-// (4 a chunk), bn_scratch_floats(B, C, HW) for bn_silu_backward_cuda (2 a chunk).
+// (4 a chunk), bn_scratch_floats(B, C, HW) for bn_silu_backward_cuda (2 a chunk). (4096 and 256, not
+// 16384 and 64 as before: on an H200 the backward's passes over a 640 batch-16 step's maps ran at
+// 0.5-1.1 TB/s with one or two 256-thread blocks an SM.)
 static inline int bn_chunks(int B, int HW) {
-    long k = ((long)B * HW + 16383) / 16384;
-    return k < 1 ? 1 : k > 64 ? 64 : (int)k;
+    long k = ((long)B * HW + 4095) / 4096;
+    return k < 1 ? 1 : k > 256 ? 256 : (int)k;
 }
 static inline size_t bn_scratch_floats(int B, int C, int HW) { return (size_t)C * 2 * bn_chunks(B, HW); }
 // bn_stats_cuda: per-channel batch statistics of z (B, C, HW) (image stride zs, 0 = C*HW), as

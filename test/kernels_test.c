@@ -224,6 +224,10 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     uint16_t *dz16, *ddx16;
     CK(cudaMalloc((void **)&dz32, 4 * nz));
     CK(cudaMalloc((void **)&dz16, 2 * nz));
+    // NaN in both z buffers: outside the slices they must stay so (the emulator's cudaMalloc poisons new
+    // memory, a GPU's does not, so the test sets it itself)
+    CK(cudaMemset(dz32, 0xff, 4 * nz));
+    CK(cudaMemset(dz16, 0xff, 2 * nz));
     CK(cudaMalloc((void **)&ddx16, 2 * nx));
     conv_forward_cuda(d, dxh_, NULL, dwh, dbias, dz32, dz16, stream);
     // the weights tap-major (3x3): bit for bit its twin's, then the input gradient's (stride 2: the
