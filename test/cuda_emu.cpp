@@ -508,6 +508,7 @@ static void run_block(std::function<void()> &body, int n) {
 struct Alloc { char *map; size_t maplen; char *ptr; size_t size; bool freed; };
 static std::map<uintptr_t, Alloc> allocs;     // by ptr
 static std::set<const void *> pinned;         // cudaMallocHost: host memory the device may use
+static std::map<const void *, size_t> registered;   // cudaHostRegister: host memory page-locked in place
 static const unsigned char CANARY = 0xA5;
 static int dev_depth;                        // >0 while device memory may be touched
 static void protect(Alloc &a, int prot) { mprotect(a.map + PAGE, a.maplen - 2 * PAGE, prot); }
@@ -786,6 +787,20 @@ cudaError_t cudaMallocHost(void **p, size_t size) {
     return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int) { return cudaMallocHost(p, size); }
+// cudaHostRegister / cudaHostUnregister: the emulation's host memory is the device's, so locking
+// changes nothing but is recorded: registering a range twice, or unregistering one that was not, fails
+// as the runtime's does (cudaErrorHostMemoryAlreadyRegistered / cudaErrorHostMemoryNotRegistered)
+cudaError_t cudaHostRegister(void *p, size_t size, unsigned int) {
+    if (!p || !size) return ret(cudaErrorInvalidValue);
+    if (registered.count(p)) return ret(cudaErrorHostMemoryAlreadyRegistered);
+    registered[p] = size;
+    return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void *p) {
+    drain();   // copies from it still queued run first
+    if (!registered.erase(p)) return ret(cudaErrorHostMemoryNotRegistered);
+    return cudaSuccess;
+}
 cudaError_t cudaFreeHost(void *p) {
     if (!p) return cudaSuccess;
     drain();
@@ -928,6 +943,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
     default: return "unknown error (emulation)";
     }
 }

@@ -18,6 +18,8 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
+    cudaErrorHostMemoryNotRegistered = 713,
     cudaErrorNotReady = 600,
     cudaErrorUnknown = 999
 } cudaError_t;
@@ -56,6 +58,9 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocHost(void **p, size_t size);
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void *p);
+#define cudaHostRegisterDefault 0x00
+cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags);
+cudaError_t cudaHostUnregister(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemset(void *p, int v, size_t n);
