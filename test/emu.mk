@@ -97,7 +97,7 @@ cuda-check:
 	@echo "cuda-check: test/bin/gpu/yolo built against the real cuda_runtime_api.h$(if $(filter 1,$(NCCL)), and nccl.h$(comma) linked with libnccl,) and the static cudart, as make links ./yolo"
 	@test "$(NCCL)" = 1 || echo "cuda-check: SKIP the data-parallel path against the real nccl.h: no NCCL found (it is compiled against the emulator's nccl.h by make test)"
 
-test-gpu: test/bin/gpu/kernels_test test/bin/gpu/gpu_step_test
+test-gpu: test/bin/gpu/kernels_test test/bin/gpu/gpu_step_test test/bin/gpu/gpu_bench
 test/bin/gpu/yolo_kernels.o: yolo_kernels.cu yolo.h
 	$(EMU_NEED_NVCC)
 	@mkdir -p test/bin/gpu
@@ -109,6 +109,10 @@ test/bin/gpu/kernels_test: test/kernels_test.c test/bin/gpu/yolo_kernels.o yolo.
 test/bin/gpu/gpu_step_test: test/gpu_step_test.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
 	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -I. -I$(EMU_CUDA)/include -c -o test/bin/gpu/gpu_step_test.o $<
 	$(EMU_CXX) -o $@ test/bin/gpu/gpu_step_test.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
+	@echo "built $@ (run it on a machine with a GPU)"
+test/bin/gpu/gpu_bench: test/gpu_bench.c test/bin/gpu/yolo_kernels.o yolo.h test/test.h $(SRC)
+	$(CC) -std=c11 -O2 -fopenmp -Wall -Wextra -I. -I$(EMU_CUDA)/include -c -o test/bin/gpu/gpu_bench.o $<
+	$(EMU_CXX) -o $@ test/bin/gpu/gpu_bench.o test/bin/gpu/yolo_kernels.o -L$(EMU_CUDA)/lib64 -lcudart $(EMU_LDLIBS)
 	@echo "built $@ (run it on a machine with a GPU)"
 
 # --- counter mode (issue 14; not part of make test except its own test, emu_count_test) ---------
