@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# gpu_check.sh: the one prepared script for a machine with a GPU (issue 7), within 5 minutes (90 s on an
-# H200 with prebuilt binaries). It builds ./yolo and the tests with nvcc for the GPU it finds, runs every
-# kernel test and the whole-step test against the CPU on the real device (no emulation), then trains the
-# synthetic dataset at 640 with batch 16 for yolov8n and yolov8s (2 epochs each) and prints images/s and
-# the planned device memory beside what the device reports in use, then times the device step alone
-# (test/bin/gpu/gpu_bench) and, where python3 has CUDA torch, PyTorch's step on the same GPU
+# gpu_check.sh: the one prepared script for a machine with a GPU (issue 7), within 5 minutes (about 2 on
+# an H200 with prebuilt binaries). It builds ./yolo and the tests with nvcc for the GPU it finds, runs
+# every kernel test and the whole-step test against the CPU on the real device (no emulation), then
+# trains the synthetic dataset at 640 with batch 16 for yolov8n and yolov8s (2 epochs each) and prints
+# images/s and the planned device memory beside what the device reports in use, then times the device
+# step alone (test/bin/gpu/gpu_bench) and, where python3 has CUDA torch, PyTorch's step on the same GPU
 # (test/bench_step.py --device cuda), then each kernel of one step under ncu (where installed, with
-# GPU_CHECK_LOGS), then (with two GPUs) a data-parallel run on GPUs 0,1 over NCCL, then where the time of a
-# training step goes (YOLO_PROFILE=1), and that measured time per kind beside the MODEL of
-# test/gpu_model.sh (issue 14).
+# GPU_CHECK_LOGS), then (with two GPUs) a data-parallel run on GPUs 0,1 over NCCL, then where the time
+# of a training step goes (YOLO_PROFILE=1) and that measured time per kind beside the MODEL of
+# test/gpu_model.sh (issue 14), and the ncu step by kind (test/ncu_kinds.py).
 #   bash test/gpu_check.sh            (from the repository root)
 # GPU_CHECK_PREBUILT=1: ./yolo, test/bin/gpu/{kernels_test,gpu_step_test,gpu_bench} and
 # test/bin/emu-count/step.tsv were built on another machine (make test-gpu EMU_ARCHS=90 and the yolo
@@ -132,6 +132,10 @@ else
     echo "no MODEL figures: make emu-count failed"; tail -n 5 /tmp/gpu_check_count.$$
 fi
 rm -f /tmp/gpu_check_count.$$
+if [ -s "${GPU_CHECK_LOGS:-/nonexistent}/ncu_step.csv" ] && [ -f test/bin/emu-count/step.tsv ]; then
+    echo "== the ncu step by kind: each launch's measured time matched to the emulator's launch list (test/ncu_kinds.py)"
+    python3 test/ncu_kinds.py "$GPU_CHECK_LOGS/ncu_step.csv" test/bin/emu-count/step.tsv
+fi
 if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
     echo "== the whole-step test under compute-sanitizer --tool memcheck (at most 90 s)"
     timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 test/bin/gpu/gpu_step_test 2>&1 |
