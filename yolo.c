@@ -11149,6 +11149,7 @@ typedef struct {
     int will_optimize;         // the step now running ends an accumulation window (set by train_epoch)
     double best_fitness;
     int best_epoch, nan_skips;
+    double load_wait, loop_time;   // seconds the training steps waited for batches, of their loops' time
     int consecutive_nan;       // non-finite losses in a row (10 stop the run)
     int amp_skips;             // GPU: optimizer steps the GradScaler skipped (inf/NaN gradients)
     double amp_scale;          // GPU: the GradScaler's scale and good-step count, saved in checkpoints
@@ -12465,7 +12466,9 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
     int nbatch = 0;
     *ngood = 0;
     const Batch *bt;
+    double tw = now_sec();   // since the last step ended: loader_next's wait
     while ((bt = loader_next(t->train_ld))) {
+        t->load_wait += now_sec() - tw;
         long ni = (long)nbatch + (long)t->nb * epoch;
         if (ddp.rank == 0) plot_train_batch(t->dir, ni, bt, &t->data, &t->train_ds);
         int accumulate = trainer_lr(t, ni, nw, lf), bad;
@@ -12482,6 +12485,7 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
                 return 2;
             }
             nbatch++;
+            tw = now_sec();
             continue;
         }
         t->consecutive_nan = 0;
@@ -12502,7 +12506,10 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
                    bt->W, nbatch, t->nb, nbatch / el, ddp_comm_note(note, sizeof note),
                    tty_out && nbatch < t->nb ? "" : "\n");
         fflush(stdout);
+        tw = now_sec();
     }
+    t->load_wait += now_sec() - tw;
+    t->loop_time += now_sec() - t0;
     return 0;
 }
 
@@ -12616,6 +12623,12 @@ static int train_run(Config cfg) {
            "%s\n",
            t->epoch, total, total / 3600, t->best_fitness, t->best_epoch + 1, t->nan_skips, t->ops->where,
            ar->high / 1048576.0, ar->cap / 1048576.0, t->dir);
+    if (t->loop_time > 0) {   // whether the loader keeps up: its share of the epochs' step loops (validation not counted)
+        double share = t->load_wait / t->loop_time;
+        printf("loader: the training steps waited %.1f s for batches, %.0f%% of the %.1f s of their epochs (workers=%d)%s\n",
+               t->load_wait, 100 * share, t->loop_time, t->cfg.workers,
+               share > 0.2 ? ": the loader is the bottleneck; more workers=, cache=ram or smaller images shorten it" : "");
+    }
     if (ar->lay)
         printf("memory: %ld step allocations placed by the arena's layout, %ld steps left it (first-fit)\n",
                ar->replayed, ar->replay_miss);

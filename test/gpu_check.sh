@@ -59,7 +59,7 @@ for m in yolov8n yolov8s; do
           project="$data/runs" name=$m 2>&1); rc=$?
     [ -n "${GPU_CHECK_LOGS:-}" ] && printf '%s\n' "$out" >"$GPU_CHECK_LOGS/train_$m.log"
     [ $rc = 0 ] || { echo "$out" | tail -n 20; echo "$m: exit $rc (124: stopped at 200 s)"; status=1; continue; }
-    printf '%s\n' "$out" | grep -E '^device|^memory|in use|^ +[0-9]+/2 |GradScaler|epochs completed'
+    printf '%s\n' "$out" | grep -E '^device|^memory|in use|^ +[0-9]+/2 |GradScaler|epochs completed|^loader: the training'
     its=$(printf '%s\n' "$out" | grep -E '^ +2/2 ' | tail -n 1 | sed -n 's/.* \([0-9.]*\) it\/s.*/\1/p')
     [ -n "$its" ] && echo "$m: $(awk -v a="$its" 'BEGIN { print a * 16 }') images/s in epoch 2 (training steps; validation and data loading excluded from it/s)"
 done
