@@ -10468,27 +10468,32 @@ static void gpu_shape(Gpu *g, const GpuShape *s) {
 #ifdef YOLO_CUDA
 // gpu_pin_loader: the loader's two batch buffers page-locked (cudaHostRegister) while a device trains or
 // validates from them (on = 1; on = 0 undoes it), so that a step's upload is one DMA at the bus's speed.
-// From pageable memory the driver copies through staging buffers of its own, with the host waiting:
-// 2.9 ms of every yolov8n 640 batch-16 step on an H200 machine (YOLO_PROFILE=1's "input upload +
-// convert"). Where the system refuses to lock the memory (a ulimit), the uploads stay pageable: slower,
-// the same bits. The loader refills a slot only after the step that read it has synchronised (the
-// loss's read-back follows the upload on the stream), so the DMA never races a refill.
+// From pageable memory the driver copies through staging buffers of its own while the host waits: on an
+// H200 machine a yolov8n 640 batch-16 step took 14.40 ms with the batch pageable and 13.66 ms
+// page-locked (test/bin/gpu/gpu_bench). Where the system refuses to lock the memory (a ulimit), the
+// uploads stay pageable: slower, the same bits. The loader refills a slot only after the step that read
+// it has synchronised (the loss's read-back follows the upload on the stream), so the DMA never races a
+// refill. Unpinning unregisters both slots whatever fails, so that loader_close never frees memory that
+// is still registered.
 static void gpu_pin_loader(Loader *L, int on) {
     if (!L || L->pinned == on) return;
+    if (!on) {
+        for (int s = 0; s < 2; s++)
+            if (cudaHostUnregister(L->slot[s].img) != cudaSuccess) (void)cudaGetLastError();
+        L->pinned = 0;
+        return;
+    }
     for (int s = 0; s < 2; s++) {
-        cudaError_t e = on ? cudaHostRegister(L->slot[s].img, L->img_bytes, cudaHostRegisterDefault)
-                           : cudaHostUnregister(L->slot[s].img);
+        cudaError_t e = cudaHostRegister(L->slot[s].img, L->img_bytes, cudaHostRegisterDefault);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();   // not sticky: clear it
-            if (on) {
-                fprintf(stderr, "note: the batch buffers could not be page-locked (%s); uploads stay pageable\n",
-                        cudaGetErrorString(e));
-                if (s) (void)cudaHostUnregister(L->slot[0].img), (void)cudaGetLastError();
-            }
+            fprintf(stderr, "note: the batch buffers could not be page-locked (%s); uploads stay pageable\n",
+                    cudaGetErrorString(e));
+            if (s) (void)cudaHostUnregister(L->slot[0].img), (void)cudaGetLastError();
             return;
         }
     }
-    L->pinned = on;
+    L->pinned = 1;
 }
 #endif
 
@@ -12466,7 +12471,8 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
     int nbatch = 0;
     *ngood = 0;
     const Batch *bt;
-    double tw = now_sec();   // since the last step ended: loader_next's wait
+    int rc = 0;
+    double tw = now_sec(), tloop = tw;   // tw: since the last step ended (loader_next's wait)
     while ((bt = loader_next(t->train_ld))) {
         t->load_wait += now_sec() - tw;
         long ni = (long)nbatch + (long)t->nb * epoch;
@@ -12482,7 +12488,8 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
             if (t->consecutive_nan >= 10) {
                 fprintf(stderr, "stopping: 10 consecutive non-finite losses; the last checkpoint "
                                 "%s/weights/last.ckpt is intact (hint: lower lr0, check the labels)\n", t->dir);
-                return 2;
+                rc = 2;
+                break;
             }
             nbatch++;
             tw = now_sec();
@@ -12495,7 +12502,10 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
         if (t->will_optimize) {
             int stop = t->ops->optimize(t);
             t->last_opt_step = ni;
-            if (stop) return 2;
+            if (stop) {
+                rc = 2;
+                break;
+            }
         }
         nbatch++;
         double el = now_sec() - t0;
@@ -12508,9 +12518,9 @@ static int train_epoch(Trainer *t, int epoch, int nw, double tl[3], int *ngood) 
         fflush(stdout);
         tw = now_sec();
     }
-    t->load_wait += now_sec() - tw;
-    t->loop_time += now_sec() - t0;
-    return 0;
+    if (!rc) t->load_wait += now_sec() - tw;   // the last loader_next, which ended the epoch
+    t->loop_time += now_sec() - tloop;
+    return rc;
 }
 
 // train_epoch_end: validate the EMA, log, checkpoint (results row and weights first, last.ckpt last:
@@ -12626,7 +12636,7 @@ static int train_run(Config cfg) {
     if (t->loop_time > 0) {   // whether the loader keeps up: its share of the epochs' step loops (validation not counted)
         double share = t->load_wait / t->loop_time;
         printf("loader: the training steps waited %.1f s for batches, %.0f%% of the %.1f s of their epochs (workers=%d)%s\n",
-               t->load_wait, 100 * share, t->loop_time, t->cfg.workers,
+               t->load_wait, 100 * share, t->loop_time, t->train_ld->nworkers,
                share > 0.2 ? ": the loader is the bottleneck; more workers=, cache=ram or smaller images shorten it" : "");
     }
     if (ar->lay)

@@ -127,9 +127,9 @@ void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w, float *dx,
 // reduction is split into slices of *kchunk values (a multiple of the k-step bk: 32 FP16, 16 FP32;
 // each slice at least 8 k-steps deep); returns the number of slices (1: no split). Each slice writes
 // its partial dW to a workspace and one kernel adds the slices in a fixed order: no atomics, the same bits
-// on every run and every block schedule. (1024, not 256 as before: the 3x3 kernels' tiles are wider
-// than 64, and with 256 an H200's 132 SMs held one 4-warp block each in most weight gradients; the
-// workspaces stay inside the step's plan: yolov8n 640 batch 16 710.8 MiB either way.)
+// on every run and every block schedule. (1024: the 3x3 kernels' tiles are wider than 64, so fewer
+// blocks left most of an H200's 132 SMs one 4-warp block each; the workspaces stay inside the step's
+// plan, yolov8n 640 batch 16 710.8 MiB.)
 static inline long conv_wgrad_split(ConvDims d, int f32, long *kchunk) {
     long bk = f32 ? 16 : 32, Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S);
     long N = (long)d.Cin * d.K * d.K, Kd = (long)d.B * Ho * Wo;
@@ -163,9 +163,8 @@ void conv_wgrad_f32_cuda(ConvDims d, const float *dz, const float *x, const Conv
 // bn_chunks chunks (about 4096 values each, at most 256), summed by blocks of their own and then in a
 // fixed order: the early layers' 16-64 channels of ~10^6 values keep every SM busy, and the result is
 // the same bits on every run. Their scratch: bn_stats_scratch_floats(B, C, HW) floats for bn_stats_cuda
-// (4 a chunk), bn_scratch_floats(B, C, HW) for bn_silu_backward_cuda (2 a chunk). (4096 and 256, not
-// 16384 and 64 as before: on an H200 the backward's passes over a 640 batch-16 step's maps ran at
-// 0.5-1.1 TB/s with one or two 256-thread blocks an SM.)
+// (4 a chunk), bn_scratch_floats(B, C, HW) for bn_silu_backward_cuda (2 a chunk). (Chunks of 4096
+// keep several 256-thread blocks on every SM of an H200 for a 640 batch-16 step's maps.)
 static inline int bn_chunks(int B, int HW) {
     long k = ((long)B * HW + 4095) / 4096;
     return k < 1 ? 1 : k > 256 ? 256 : (int)k;

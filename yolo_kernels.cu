@@ -1941,14 +1941,14 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
 // slices y, y + WRED_LANES, y + 2 WRED_LANES, ... in turn (8 slices' loads issued before their adds), then
 // the lanes' sums are added in lane order, then (accumulate) dw[i] + that: the same bits on every run
 // and every block schedule. Blocks of (WRED_COLS columns, WRED_LANES lanes); V: float4 (n a multiple of 4,
-// ws and dw 16-byte aligned: 4 consecutive i per column, 16-byte loads and stores) or float. (One
-// thread per column adding every slice in turn, as before, waited on ~1000 dependent loads in the
-// early layers' splits: 115 us for the stem's 432 weights on an H200, longer than its wgrad.)
+// ws and dw 16-byte aligned: 4 consecutive i per column, 16-byte loads and stores) or float. The lanes
+// keep a deep split (the early layers' ~1000 slices) from being one chain of dependent loads.
 enum { WRED_COLS = 16, WRED_LANES = 16 };
 __device__ __forceinline__ void wred_add(float4 &a, const float4 &b) { a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w; }
 __device__ __forceinline__ void wred_add(float &a, const float &b) { a += b; }
 template <class V>
-__global__ void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw, int accumulate) {
+__global__ __launch_bounds__(WRED_COLS * WRED_LANES) void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw,
+                                                                             int accumulate) {
     __shared__ V part[WRED_LANES][WRED_COLS];
     const long nv = n / (long)(sizeof(V) / sizeof(float));
     const long c = (long)blockIdx.x * WRED_COLS + threadIdx.x;
@@ -2346,8 +2346,8 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
 // tiles t, t + BN_FIN, .. in that order (16-byte loads, consecutive across the warp), then the threads'
 // pairwise in a fixed tree (the same bits on every run), into the mean, invstd and the running stats
 // (rm, rv: NULL to skip); eval: mean = rm, invstd from rv
-// (512 threads, not 128 as before: a 320x320 batch-16 map's 6400 tiles were a chain of 50 merges, each
-// with a division, per thread: 26 us of an H200's time for 32 channels)
+// (512 threads: a 320x320 batch-16 map has 6400 tiles a channel, and each merge has a division, so
+// that fewer threads make long chains)
 #define BN_FIN 512
 __global__ void bn_stats_finish_kernel(const float *part, int K, float *mean, float *invstd, float *rm, float *rv,
                                        float eps, float momentum, int train) {
@@ -2516,10 +2516,9 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
 // channel's means of gy and gy*xhat (0 in eval). grid (ceil(HW/(256 V)), C, B), V (V8: 8, 16-byte
 // accesses, else 1) consecutive elements per thread. Each block first adds its channel's K partials in a
 // fixed order (lane l of the first warp adds partials l, l + 32, ... in turn, then the lanes' sums in a
-// fixed xor tree: the same bits on every run; one thread adding all K in turn, as before, kept the whole
-// block waiting on K dependent loads), and the channel's first block (x and z 0) adds the sums into
-// dbeta (+ dgamma with BN).
-// V8: 38-39 registers, 6 blocks an SM (48 warps, 2 16-byte loads in flight per lane: enough to keep
+// fixed xor tree: the same bits on every run, without the block waiting on K dependent loads), and the
+// channel's first block (x and z 0) adds the sums into dbeta (+ dgamma with BN).
+// V8: 40 registers, 6 blocks an SM (48 warps, 2 16-byte loads in flight per lane: enough to keep
 // DRAM busy); capped at 32 (8 blocks) ptxas spilled.
 template <class T, class TD, bool V8>
 __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
@@ -2693,8 +2692,8 @@ __global__ void maxpool5_backward_kernel(const T *x, const T *dy, long gs, T *dx
 // output row-major order. About 16 shared reads per output (5 per row segment, 10 in the column
 // pass) and 25 per input, where the 16x16 tiles read 25 per output and 25-50 per input, and a 20x20
 // plane took 4 tiles. grid (C, B)
-// Shared memory: mp_bwd_smem(H, W) bytes, sized to the plane (a 20x20 plane's 5.6 KB, where the 68x68
-// maximum's 46 KB, fixed before, held an SM to 4 blocks: 37 us a launch on an H200).
+// Shared memory: mp_bwd_smem(H, W) bytes, sized to the plane (5.0 KB for SPPF's 20x20 planes, so that
+// an SM holds 8 blocks; the 68x68 maximum needs 44 KB).
 template <class T>
 __global__ void maxpool5_backward_plane_kernel(const T *x, const T *dy, long gs, T *dx, int C, int H, int W) {
     extern __shared__ float mp_smem[];
@@ -3156,8 +3155,8 @@ __global__ void loss_decode_kernel(LossGeo g, const int *m, float *pbox) {
 // Each thread scores every LOSS_TOPK_THREADS-th anchor of the rectangles (in increasing anchor order) and keeps
 // its own top 10 positives and first 10 zero-align anchors; the threads' lists are merged pairwise in shared
 // memory. The order (align descending, then the lower anchor) is strict, so the merged lists are what one
-// thread scanning every anchor in order keeps, whatever the split. (One thread per gt, as before, took
-// 1.4 ms of a yolov8n 640 batch-16 step on an H200: a large box spans ~2000 anchors, each a CIoU.)
+// thread scanning every anchor in order keeps, whatever the split. (A large box spans ~2000 anchors, each
+// a CIoU: one thread per gt took 1.4 ms of a yolov8n 640 batch-16 step on an H200.)
 // gts (B, M); pbox (B, A, 4); cnt, owner, align, iou (B, A).
 enum { LOSS_TOPK_THREADS = 64 };
 struct LossCand { int a; float align, o; };

@@ -43,11 +43,13 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     cuda = args.device.startswith("cuda")
+    if args.amp and not cuda:
+        ap.error("--amp needs --device cuda")
     if cuda:
         torch.backends.cudnn.benchmark = True
         torch.set_default_device(args.device)  # the loss's own tensors too
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0) if args.amp else None
+    scaler = torch.amp.GradScaler("cuda") if args.amp else None  # 65536 at first, as Ultralytics and yolo.c
     B, S, nbox = args.batch, args.imgsz, 4
     model = ref.DetectionModel(args.scale, 80, dry_run=False).to(args.device)
     model.train()

@@ -61,7 +61,7 @@ for m in yolov8n yolov8s; do
     [ $rc = 0 ] || { echo "$out" | tail -n 20; echo "$m: exit $rc (124: stopped at 200 s)"; status=1; continue; }
     printf '%s\n' "$out" | grep -E '^device|^memory|in use|^ +[0-9]+/2 |GradScaler|epochs completed|^loader: the training'
     its=$(printf '%s\n' "$out" | grep -E '^ +2/2 ' | tail -n 1 | sed -n 's/.* \([0-9.]*\) it\/s.*/\1/p')
-    [ -n "$its" ] && echo "$m: $(awk -v a="$its" 'BEGIN { print a * 16 }') images/s in epoch 2 (training steps; validation and data loading excluded from it/s)"
+    [ -n "$its" ] && echo "$m: $(awk -v a="$its" 'BEGIN { print a * 16 }') images/s in epoch 2 (its it/s: the loader's waits included, validation not)"
 done
 echo "== the device step alone (test/bin/gpu/gpu_bench: a batch already in host memory) and PyTorch's on this GPU"
 # the same step in PyTorch (test/bench_step.py: test/reference.py's YOLOv8, AMP as Ultralytics trains, SGD),
@@ -83,15 +83,13 @@ for sc in n s; do
                    sc, a, l, b, a / b }'
     done
 done
-# each kernel's own time in one step (Nsight Compute, where it reads the counters): the last of 6 steps
+# each kernel's own time in one step (Nsight Compute, where it reads the counters): gpu_bench's last
+# step (the 12th: 6 with the batch pageable, then 6 page-locked)
 if command -v ncu >/dev/null && [ -n "${GPU_CHECK_LOGS:-}" ]; then
     echo "== each launch of one yolov8n 640 batch-16 step under ncu (gpu__time_duration; $GPU_CHECK_LOGS/ncu_step.csv)"
     GPU_BENCH_PROFILE_LAST=1 timeout 200 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
         --csv test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_step.csv" 2>"$GPU_CHECK_LOGS/ncu_step.err"
     echo "ncu: exit $?; $(grep -c gpu__time_duration "$GPU_CHECK_LOGS/ncu_step.csv") launches timed"
-    awk -F'","' '/gpu__time_duration/ { v = $NF; gsub(/[",]/, "", v); t += v; n++ }
-        END { printf "sum of the kernels'"'"' own times: %.3f ms over %d launches (ncu reports ns or us: see the csv)\n", t / 1e3, n }' \
-        "$GPU_CHECK_LOGS/ncu_step.csv"
 fi
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$ngpu" -ge 2 ]; then

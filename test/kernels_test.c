@@ -388,7 +388,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     for (long i = 0; i < nw; i++) dwref[i] -= dw0[i];
     snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d, overwrite", B, Cin, Cout, K, S);
     check_f16tol(what, dw, dwref, nw);
-    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);   // deterministic: the slices are added in order
+    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);   // deterministic: the slices are added in a fixed order
     float *dw2 = from_dev(ddw, 4 * nw);
     check(!memcmp(dw, dw2, 4 * nw),
           "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d (%ld slice%s): a second call gives the same bits", B, Cin,
@@ -1074,7 +1074,7 @@ static float *poisoned_dev(long n) {   // n floats of 0xFF bytes (NaN): a value 
 // value 1e-5 * sum|terms| + 1e-6, the sums of |terms| from the same products of absolute values (plus
 // |bias|, plus |initial value| when accumulating). x and dz are channel slices (xextra/zextra channels
 // of NaN between images, never to be read); every output outside its slice must stay as it was. The
-// wgrad overwrite runs twice: the same bits (deterministic: no atomics, split slices added in order).
+// wgrad overwrite runs twice: the same bits (deterministic: no atomics, split slices added in a fixed order).
 static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, int with_bias,
                           void *stream) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo,
@@ -2095,6 +2095,19 @@ int main(void) {
     test_views_f32(2, 3, 7, 9, NULL);
     test_views_f32(1, 2, 20, 17, s);
     test_views_f32(1, 2, 66, 66, s);
+    // deep weight-gradient splits (one weight or four: 113 slices in FP16, 254 in FP32), so that each of
+    // wgrad_reduce_kernel's 16 lanes adds several slices and its 8-load loop runs, scalar and 16-byte
+    test_conv(1, 1, 180, 180, 1, 1, 1, 0, 0, s);
+    test_conv(1, 1, 180, 180, 4, 1, 1, 0, 0, s);
+    test_conv_f32(1, 1, 180, 180, 4, 1, 1, 0, 0, 1, s);
+    {   // 320x320 (2100 anchors an image): boxes of ~2000 candidate anchors, so that each of loss_topk's 64 threads
+        // keeps full top-10 and zero lists and the merges join full lists; image 0's class-0 box, from the corner,
+        // is align 0 but at anchors 0-2 (the zero fill takes anchors 3-9 from every thread's zeros), image 1's
+        // box 3 ties ~1200 level-0 anchors, and its boxes 4 and 5 are one box of two classes (second claims)
+        LossTestBox bx[] = {{0, 0, 316, 300, 0, 0},     {40, 40, 200, 220, 0, 1},   {100, 60, 300, 250, 0, 2},
+                            {20, 20, 300, 310, 1, 1},   {100, 100, 200, 180, 1, 0}, {100, 100, 200, 180, 1, 2}};
+        test_loss(2, 3, 320, 320, 6, bx, (int)(sizeof bx / sizeof bx[0]), 0, 3, 1, s);
+    }
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
     test_twin_table();

@@ -34,8 +34,10 @@ def main():
             d = dict(zip(hdr, r))
             if d.get("ID") == "ID" or d.get("Metric Name") != "gpu__time_duration.sum":
                 continue
-            scale = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}
-            us = float(d["Metric Value"].replace(",", "")) * scale.get(d["Metric Unit"], 1e-3)
+            scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+            if d["Metric Unit"] not in scale:
+                sys.exit(f"ncu_kinds.py: unknown time unit {d['Metric Unit']!r} in {sys.argv[1]}")
+            us = float(d["Metric Value"].replace(",", "")) * scale[d["Metric Unit"]]
             ncu.append((d["Kernel Name"], us))
     emu = []
     with open(step) as f:
