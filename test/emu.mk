@@ -7,7 +7,8 @@
 #   make test-emu     runs them (test/run_emu.sh: three thread and block orders, strict, async, host traps)
 #   make emu-asan     the same under -fsanitize=address,undefined (make asan runs it too)
 #   make cuda-check   nvcc device compile for every shipped arch, warnings as errors (needs nvcc)
-#   make test-gpu     kernels_test.c against the nvcc-built kernels and the real cudart (needs nvcc)
+#   make test-gpu     kernels_test.c, gpu_step_test.c and the gpu_bench benchmark against the nvcc-built
+#                     kernels and the real cudart (needs nvcc; run them on a machine with a GPU)
 # the toolkit, only for cuda-check and test-gpu: the Makefile's CUDA_HOME (where its nvcc lives), else /usr/local/cuda
 EMU_CUDA     ?= $(if $(NVCC),$(CUDA_HOME),/usr/local/cuda)
 EMU_NVCC     ?= $(EMU_CUDA)/bin/nvcc
