@@ -38,12 +38,7 @@ int main(int argc, char **argv) {
     enum { NBOX = 4 };
     int bi[8 * NBOX * 64], ci[8 * NBOX * 64], n = B * NBOX < 8 * NBOX * 64 ? B * NBOX : 8 * NBOX * 64;
     float box[4 * 8 * NBOX * 64];
-    for (int i = 0; i < n; i++) {
-        bi[i] = i / NBOX, ci[i] = (int)(rng_uniform(&r) * 80) % 80;
-        float w = (float)rng_range(&r, 0.05, 0.5), h = (float)rng_range(&r, 0.05, 0.5);
-        box[4 * i] = (float)rng_range(&r, w / 2, 1 - w / 2), box[4 * i + 1] = (float)rng_range(&r, h / 2, 1 - h / 2);
-        box[4 * i + 2] = w, box[4 * i + 3] = h;
-    }
+    random_targets(&r, n, NBOX, 80, bi, ci, box);
     LossTargets tg = {n, bi, ci, box};
 
     m->train = 1;

@@ -37,12 +37,7 @@ int main(int argc, char **argv) {
     enum { NBOX = 4 };
     int n = B * NBOX, *bi = xmalloc(n * sizeof(int)), *ci = xmalloc(n * sizeof(int));
     float *box = xmalloc(4 * n * sizeof(float));
-    for (int i = 0; i < n; i++) {
-        bi[i] = i / NBOX, ci[i] = (int)(rng_uniform(&r) * 80) % 80;
-        float w = (float)rng_range(&r, 0.05, 0.5), h = (float)rng_range(&r, 0.05, 0.5);
-        box[4 * i] = (float)rng_range(&r, w / 2, 1 - w / 2), box[4 * i + 1] = (float)rng_range(&r, h / 2, 1 - h / 2);
-        box[4 * i + 2] = w, box[4 * i + 3] = h;
-    }
+    random_targets(&r, n, NBOX, 80, bi, ci, box);
     LossTargets tg = {n, bi, ci, box};
     LossConfig lc = loss_config_default();
     Optimizer opt = sgd_test();

@@ -38,3 +38,15 @@ static int nms_run_decoded(Nms *n, const float *pred, Det *out) {
         }
     return nms_finish(n, count, out);
 }
+
+// random_targets: n random boxes for the benchmarks' steps, per_image a image (box i in image
+// i / per_image), classes in [0, nc), normalised (cx, cy, w, h) with w, h in [0.05, 0.5] and the box inside
+// the image; drawn from r in a fixed order (class, w, h, cx, cy per box)
+static inline void random_targets(Rng *r, int n, int per_image, int nc, int *bi, int *ci, float *box) {
+    for (int i = 0; i < n; i++) {
+        bi[i] = i / per_image, ci[i] = (int)(rng_uniform(r) * nc) % nc;
+        float w = (float)rng_range(r, 0.05, 0.5), h = (float)rng_range(r, 0.05, 0.5);
+        box[4 * i] = (float)rng_range(r, w / 2, 1 - w / 2), box[4 * i + 1] = (float)rng_range(r, h / 2, 1 - h / 2);
+        box[4 * i + 2] = w, box[4 * i + 3] = h;
+    }
+}
