@@ -474,7 +474,14 @@ __device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool ful
     else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
 }
 template <class T> __device__ __forceinline__ void pin_reg(T *&) {}
+#define bar_sync_n(id, n) emu::named_barrier(id, n, 0, __FILE__, __LINE__)
+#define bar_arrive_n(id, n) emu::named_barrier(id, n, 1, __FILE__, __LINE__)
 #else
+// bar_sync_n / bar_arrive_n: named barrier id (1-15; 0 is __syncthreads') of n threads (whole warps):
+// bar.sync waits until n threads have arrived, bar.arrive counts the thread and goes on; shared-memory
+// writes made before either are seen by the threads that wait on the same barrier
+__device__ __forceinline__ void bar_sync_n(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive_n(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 // pin_reg: p computed here, in a register (an empty asm that reads and writes it), so that the compiler
 // does not compute it again inside each of the branches that use it
 template <class T> __device__ __forceinline__ void pin_reg(T *&p) { asm volatile("" : "+l"(p)); }
@@ -675,8 +682,24 @@ struct H3Halo {
 // PS2 reads its A from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda): a block of row
 // parity py loads only the 3 (py 0) or 6 (py 1) taps that reach its pixels, 64 input channels of one
 // (output channel, tap) a 128-byte run; the others read w (Cout, Cin, 3, 3)
+// H3Shape: the shared memory of one conv_halo_kernel variant: two stages, each A's taps then the halo
+template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
+    static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD;
+    static constexpr int BNK = S2 ? 64 : H3_BN;
+    typedef H3Halo<TC, VW, FS2, BNK, H3_KC + 8> Halo;   // padded to 48 bytes a position: read by ldmatrix
+    static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
+    static constexpr int STAGE = A_HALVES + Halo::HR * Halo::HC * Halo::PITCH;   // halves
+    static_assert(A_HALVES % 8 == 0 && STAGE % 8 == 0, "stages and halos start 16-byte aligned");
+    static constexpr size_t BYTES = 2 * (size_t)STAGE * sizeof(__half);
+};
+// Warp-specialised: 256 threads, warps 4-7 the producers (fetch a K step's operands from global memory,
+// apply BN+SiLU, write them into a stage), warps 0-3 the consumers (the mma products and the epilogue),
+// so that the staging of K step s + 1 runs while step s is multiplied. Two stages, handed over by named
+// barriers: FULL(st) = 1 + st (producers arrive after writing stage st, consumers wait before reading
+// it), EMPTY(st) = 3 + st (consumers arrive when done reading it, producers wait before writing it
+// again), each counting the 128 threads of either side; 5 is the consumers' own (128).
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
-__global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
+__global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const __half *wt, const float *bias, float *of, __half *oh,
                                                     int accumulate, float *part) {
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
@@ -688,25 +711,30 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // two input pixels, (2x, 2y + py) and (2x + 1, 2y + py), each with its own accumulator, NJ 4); else
     // 128, each warp all 64 channels (4 A tiles) by 32 pixels
     constexpr int BNK = S2 ? 64 : H3_BN, WA = BNK == H3_BN ? 4 : 2, NJ = PS2 ? 4 : 2;
-    typedef H3Halo<TC, VW, FS2, BNK, H3_KC + 8> Halo;   // padded to 48 bytes a position: read by ldmatrix
+    typedef H3Shape<DGRAD, S2, TC, VW> Shape;
+    typedef typename Shape::Halo Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
     // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
     // row-major (m, k), the 16 input channels of an output channel contiguous (the thread loaded 8 of
     // them); DGRAD's col-major (m, k), 64 output channels contiguous per dz channel (the thread loaded 8
     // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows an ldmatrix
     // phase reads fall into different banks.
-    constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
+    constexpr int A_HALVES = Shape::A_HALVES;
     static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4 + 4 * 64 * (int)sizeof(BnTile),
                   "the epilogue's tiles and the statistics' groups fit in A's space");
-    __shared__ __align__(128) __half Araw[A_HALVES];
-    __shared__ __align__(128) __half Bs[Halo::HR * HC][Halo::PITCH];   // the halo, 16 channels per position
-    // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in A's space: the K
-    // loop's last barrier is behind it
+    extern __shared__ uint4 h3_smem[];   // Shape::BYTES: stage st at st * STAGE halves, A's taps then the halo
+    __half *const Araw = (__half *)h3_smem;
+    // stage st's A (forward: [tap][m][k]; DGRAD: [tap][k][m]) and halo (16 channels per position)
+    auto As = [&](int st) { return (__half(*)[H3_BM][H3_KC + 8])(Araw + st * Shape::STAGE); };
+    auto Ad = [&](int st) { return (__half(*)[H3_KC][H3_BM + 8])(Araw + st * Shape::STAGE); };
+    auto Bs = [&](int st) { return (__half(*)[Halo::PITCH])(Araw + st * Shape::STAGE + A_HALVES); };
+    // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in stage 0's A, once
+    // every consumer is past the K loop
     float(*Cs)[2][16][20] = (float(*)[2][16][20])Araw;
     BnTile *bst = (BnTile *)(Araw + 4 * 2 * 16 * 20 * 2);   // part: [pixel group][row] (after the 4 tiles)
-    __half(*As)[H3_BM][H3_KC + 8] = (__half(*)[H3_BM][H3_KC + 8])Araw;   // forward: [tap][m][k]
-    __half(*Ad)[H3_KC][H3_BM + 8] = (__half(*)[H3_KC][H3_BM + 8])Araw;   // DGRAD: [tap][k][m]
-    const int tid = threadIdx.x, warp = tid / 32;
+    // each side numbers its 128 threads 0-127 and its warps 0-3
+    const bool producer = threadIdx.x >= 128;
+    const int tid = threadIdx.x & 127, warp = tid / 32;
     const int M = DGRAD ? g.Cin : g.Cout, Cr = DGRAD ? g.Cout : g.Cin, H = g.H, W = g.W, HW = H * W;
     const long is = DGRAD ? g.zs : g.xs, os = DGRAD ? g.xs : g.zs;
     // PS2: block z computes the input pixels of row parity py, an OH x OW grid of pixel pairs (x: input
@@ -787,13 +815,13 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                 av[ii] = 2 * ii + aside < lim ? *(const uint4 *)(wp + 16 * ii + 8 * aside) : z4;
         }
     };
-    auto store = [&]() {
-        halo.template store<ACT>(Bs, bnf);
+    auto store = [&](int st) {
+        halo.template store<ACT>(Bs(st), bnf);
         if constexpr (PS2) {   // Ad[slot][channel][input channel]: 8 lanes of a phase, one 128-byte run
 #pragma unroll
             for (int i = 0; i < NAS; i++) {
                 const int q = (tid >> 3) + 16 * i;
-                if (q < 16 * NT) *(uint4 *)&Ad[q - ach[i] * NT][ach[i]][8 * (tid & 7)] = av[i];
+                if (q < 16 * NT) *(uint4 *)&Ad(st)[q - ach[i] * NT][ach[i]][8 * (tid & 7)] = av[i];
             }
         } else {
             // the pair's trade: side 0 holds chunks 0, 2, .., 16 and keeps 0 .. 8; side 1 holds 1, 3, ..,
@@ -814,8 +842,8 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                 union { uint4 u; __half h[8]; } o;
 #pragma unroll
                 for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
-                if (!DGRAD) *(uint4 *)&As[t][16 * warp + (tid & 15)][8 * aside] = o.u;
-                else *(uint4 *)&Ad[8 - t][tid & 15][16 * warp + 8 * aside] = o.u;
+                if (!DGRAD) *(uint4 *)&As(st)[t][16 * warp + (tid & 15)][8 * aside] = o.u;
+                else *(uint4 *)&Ad(st)[8 - t][tid & 15][16 * warp + 8 * aside] = o.u;
             }
         }
     };
@@ -838,11 +866,19 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // acol ..; A DGRAD (k-major), k row bpx, columns 8 bh ..
     const int bpx = (ln & 7) + 8 * (ln >> 4), bh = (ln >> 3) & 1;
     const int arow = (ln & 7) + 8 * ((ln >> 3) & 1), acol = 8 * (ln >> 4);
-    fetch(0);
-    store();
-    __syncthreads();
+    if (producer) {   // step s + 1's loads are in flight while the consumers may still hold its stage
+        fetch(0);
+        for (int s = 0; s < nsteps; s++) {
+            if (s >= 2) bar_sync_n(3 + (s & 1), 256);
+            store(s & 1);
+            bar_arrive_n(1 + (s & 1), 256);
+            if (s + 1 < nsteps) fetch(s + 1);
+        }
+        return;
+    }
     for (int s = 0; s < nsteps; s++) {
-        if (s + 1 < nsteps) fetch(s + 1);
+        const int st = s & 1;
+        bar_sync_n(1 + st, 256);
 #pragma unroll
         for (int t = 0; t < 9; t++) {
             // the halo offset of tap t; PS2: the weight tap t reaches the input pixels of parity (py, px)
@@ -860,13 +896,13 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
             for (int j = 0; j < 2; j++) {
                 const int f = wf + j, r = f / FPR, sg = f - r * FPR;
                 const int p = (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
-                ldsm_x4(fb[j], Halo::at(Bs, p, 8 * bh));
+                ldsm_x4(fb[j], Halo::at(Bs(st), p, 8 * bh));
             }
 #pragma unroll
             for (int i = 0; i < WA; i++) {
                 uint32_t fa[4];
-                if (DGRAD) ldsm_x4_t(fa, &Ad[PS2 ? (t < 3 ? t : t - 3) : t][bpx][(wa + i) * 16 + 8 * bh]);
-                else ldsm_x4(fa, &As[t][(wa + i) * 16 + arow][acol]);
+                if (DGRAD) ldsm_x4_t(fa, &Ad(st)[PS2 ? (t < 3 ? t : t - 3) : t][bpx][(wa + i) * 16 + 8 * bh]);
+                else ldsm_x4(fa, &As(st)[t][(wa + i) * 16 + arow][acol]);
 #pragma unroll
                 for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -876,12 +912,9 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
                     }
             }
         }
-        __syncthreads();
-        if (s + 1 < nsteps) {
-            store();
-            __syncthreads();
-        }
+        if (s + 2 < nsteps) bar_arrive_n(3 + st, 256);   // (the producers wait for it only to write step s + 2)
     }
+    bar_sync_n(5, 128);   // every consumer is past the K loop: the epilogue's tiles overwrite stage 0's A
     // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned), read
     // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
     // phase hit 8 different bank groups), columns 8 (lane / 16). PS2: the two column parities' tiles
@@ -936,7 +969,7 @@ __global__ __launch_bounds__(128, 1) void conv_halo_kernel(ConvGeo g, const __ha
         }
     }
     if (stats) {
-        __syncthreads();
+        bar_sync_n(5, 128);
         bn_tiles_out<WA == 4 ? 4 : 2>(bst, m0, M, part);
     }
 }
@@ -966,6 +999,20 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int *tc) {
     tr = bn / *tc;
     return dim3(g.B * cdiv(OW, *tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
 }
+// h3_smem: the dynamic shared memory of a conv_halo_kernel variant (over the 48 KB a launch gets without
+// asking), its limit raised once per device
+template <bool ACT, bool DGRAD, bool S2, int TC, int VW> static size_t h3_smem() {
+    constexpr size_t bytes = H3Shape<DGRAD, S2, TC, VW>::BYTES;
+    static unsigned char raised[64];
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64 || !raised[dev]) {
+        CUDA_CHECK(cudaFuncSetAttribute(conv_halo_kernel<ACT, DGRAD, S2, TC, VW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes));
+        if (dev >= 0 && dev < 64) raised[dev] = 1;
+    }
+    return bytes;
+}
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
@@ -975,30 +1022,30 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
     dim3 grid = conv_halo_grid(g, dgrad, &tc);
     bool s2 = g.S == 2;
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
-    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 128, 0, s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 256, h3_smem<false, false, false, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 256, h3_smem<false, false, false, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 256, h3_smem<false, false, false, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 256, h3_smem<false, false, false, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 256, h3_smem<true, false, false, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 256, h3_smem<true, false, false, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 256, h3_smem<true, false, false, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 256, h3_smem<true, false, false, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 256, h3_smem<false, true, false, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 256, h3_smem<false, true, false, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 256, h3_smem<false, true, false, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 256, h3_smem<false, true, false, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 256, h3_smem<false, true, true, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 256, h3_smem<false, true, true, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 256, h3_smem<false, true, true, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 256, h3_smem<false, true, true, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 256, h3_smem<false, false, true, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 256, h3_smem<false, false, true, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 256, h3_smem<false, false, true, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 256, h3_smem<false, false, true, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 256, h3_smem<true, false, true, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 256, h3_smem<true, false, true, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 256, h3_smem<true, false, true, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 256, h3_smem<true, false, true, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }

@@ -125,8 +125,8 @@ extern "C" void emu_ctx_switch(void **save_sp, void *to_sp);
 
 namespace emu {
 
-enum { F_RUN, F_BAR, F_WARP, F_DONE };
-struct Fiber { void *sp; uint3 tid; int lin, state; const char *file; int line; char *stack; void *fake; };
+enum { F_RUN, F_BAR, F_WARP, F_DONE, F_NBAR };
+struct Fiber { void *sp; uint3 tid; int lin, state, nbar; const char *file; int line; char *stack; void *fake; };
 struct Warp {
     unsigned arrived, mask;
     int op, width;
@@ -136,8 +136,12 @@ struct Warp {
     int arg[32];
     unsigned char snap[32][64];   // warp_gather: the lanes' bytes, copied when the last lane arrives
 };
+// NBar: a named barrier (bar.sync / bar.arrive id, count; ids 1-15, 0 is __syncthreads'): the count it
+// completes at, the threads that have arrived since it last completed, where the first of them was
+struct NBar { int n, count; const char *file; int line; };
 struct Block {
     int n, alive, bar_count, bar_red, bar_op, bar_result; const char *bar_file; int bar_line;
+    NBar nb[16];
     Fiber *f; Warp *w; std::function<void()> *body; void *sched_sp;
 };
 static thread_local Block *B;
@@ -257,6 +261,32 @@ int syncthreads_reduce(int op, int pred, const char *file, int line) {
     F->state = F_BAR;
     to_sched();
     return B->bar_result;   // valid until every thread reaches the next barrier, this one included
+}
+// named_barrier: bar.arrive (arrive: counts this thread and goes on) or bar.sync (counts it and waits)
+// on barrier id until n threads have arrived since it last completed; then every thread waiting on it
+// runs again. Warp-granular as on the GPU: n a multiple of 32, at most the block's threads.
+// Memory written before the arrival is read after the wait (the fibers run one at a time).
+void named_barrier(int id, int n, int arrive, const char *file, int line) {
+    if (!B) fail("bar.sync/bar.arrive called outside a kernel");
+    if (id < 1 || id > 15) fail("named barrier id %d (%s:%d): 1-15 (0 is __syncthreads')", id, file, line);
+    if (n <= 0 || n % 32 || n > (B->n + 31) / 32 * 32)
+        fail("named barrier %d (%s:%d): count %d is not a positive multiple of 32 within the block's %d threads", id, file,
+             line, n, B->n);
+    NBar &b = B->nb[id];
+    if (b.count == 0) { b.n = n; b.file = file; b.line = line; }
+    else if (b.n != n)
+        fail("named barrier %d: %s:%d counts %d threads while %s:%d counted %d", id, file, line, n, b.file, b.line, b.n);
+    F->file = file; F->line = line;
+    if (++b.count == n) {
+        b.count = 0;
+        for (int i = 0; i < B->n; i++)
+            if (B->f[i].state == F_NBAR && B->f[i].nbar == id) B->f[i].state = F_RUN;
+        yield_run();
+        return;
+    }
+    if (arrive) { yield_run(); return; }
+    F->state = F_NBAR; F->nbar = id;
+    to_sched();
 }
 } // namespace emu
 
@@ -440,8 +470,10 @@ static void deadlock() {
         Fiber &f = B->f[i];
         if (f.state == F_DONE) { done++; continue; }
         char k[256];
-        snprintf(k, sizeof k, "%s at %s:%d", f.state == F_BAR ? "__syncthreads" : op_name(B->w[i >> 5].op), f.file,
-                 f.line);
+        char nb[32];
+        snprintf(nb, sizeof nb, "bar.sync %d", f.nbar);
+        snprintf(k, sizeof k, "%s at %s:%d", f.state == F_BAR ? "__syncthreads" : f.state == F_NBAR ? nb : op_name(B->w[i >> 5].op),
+                 f.file, f.line);
         sites[k]++;
     }
     for (auto &kv : sites) {

@@ -57,6 +57,7 @@ inline thread_local uint3 cur_bdim, cur_gdim;   // blockDim, gridDim (uint3: no 
 
 void syncthreads(const char *file, int line);
 int syncthreads_reduce(int op, int pred, const char *file, int line); // op 0 count, 1 and, 2 or
+void named_barrier(int id, int n, int arrive, const char *file, int line);   // bar.sync / bar.arrive id, n
 // warp collective: every lane of mask deposits val/arg; returns this lane's result.
 enum { W_SYNC, W_SHFL, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ADD, W_MINU, W_MAXU, W_MINI,
        W_MAXI, W_AND, W_OR, W_XOR, W_UNIFORM, W_GATHER };

@@ -16,7 +16,7 @@
 #                  m16n16k16 counts as two, as the hardware issues it
 #       16B%       share of the global bytes loaded in 16-byte accesses (ld.global.v4 / cp.async 16)
 #       sts/mma    shared-memory stores per mma
-#       bar/K      barriers (bar.sync) per K step
+#       bar/K      barrier instructions (bar.sync, bar.arrive) a warp executes per K step
 #   SASS (the machine code) is read instead when cuobjdump or nvdisasm is installed; nvcc 13 here
 #   ships neither, so the figures are the PTX's, and the report says so.
 # With --check BASELINE it fails (exit 1) on any spill, and on any kernel whose figures are worse than
@@ -197,7 +197,7 @@ def line_figures(l, w):
         f["mma"] = w * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) / (16 * 8 * 16)
     if re.search(r"\bst\.shared\.", l) or re.search(r"\bwmma\.store\.[^ ]*\.shared", l):
         f["sts"] = w
-    if re.search(r"\bbar(\.sync|\.cta\.sync)?\b|barrier\.sync", l):
+    if re.search(r"\bbar(\.sync|\.cta\.sync|\.arrive|\.cta\.arrive)?\b|barrier\.(sync|arrive)", l):
         f["bar"] = w
     m = re.search(r"\bld\.global(?:\.nc)?(?:\.L\w+::\w+)*\.(v[248]\.)?([a-z]+)(\d+)", l)
     if m:
@@ -216,7 +216,11 @@ def line_figures(l, w):
 def loop_mix(lines):
     """instruction mix of one K step of the main loop, or None when no loop holds an mma. The K step
     is the longest path (in weighted instructions) from the loop's label to its back edge: of two
-    alternatives (a specialised and a general staging path, an edge check) the costlier one counts."""
+    alternatives (a specialised and a general staging path, an edge check) the costlier one counts.
+    A warp-specialised kernel stages its operands in a loop of other warps, which hand each K step
+    over by bar.arrive: that loop (the smallest one outside the main loop holding a bar.arrive and no
+    mma) is one more trip per K step, and its figures are added to the main loop's (barriers: the
+    larger of the two, as each warp executes only its own loop's)."""
     ls = loops(lines)
     is_mma = lambda l: re.search(r"\b(wmma\.mma|mma)\.sync", l) is not None
     main = None
@@ -226,7 +230,21 @@ def loop_mix(lines):
                 main = (lo, hi)
     if not main:
         return None
-    lo, hi = main
+    f = loop_figs(lines, ls, *main)
+    prod = None
+    for lo, hi in ls:
+        if (hi < main[0] or lo > main[1]) and not any(is_mma(lines[i]) for i in range(lo, hi + 1)) and \
+                any(re.search(r"\bbar(\.cta)?\.arrive\b", lines[i]) for i in range(lo, hi + 1)):
+            if prod is None or hi - lo < prod[1] - prod[0]:
+                prod = (lo, hi)
+    if prod:
+        g = loop_figs(lines, ls, *prod)
+        f = {k: max(f[k], g[k]) if k == "bar" else f[k] + g[k] for k in f}
+    return f
+
+
+def loop_figs(lines, ls, lo, hi):
+    """loop_mix's figures of one trip of the loop [lo, hi]"""
     weight = [1.0] * len(lines)
     unknown = 0
     for a, b in ls:
