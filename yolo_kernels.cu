@@ -543,8 +543,9 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
  * rows whose width is a multiple of 4 only); ACT's BN+SiLU is applied once per staged value. A's 144
  * values of one output channel (forward) or 16 pixels' 9 taps (DGRAD) are contiguous in the
  * (Cout, Cin, 3, 3) weights: 16-byte loads, each scattered transposed into shared memory by the
- * thread that loaded it. The next K step's global loads are in flight in registers while the current
- * step is multiplied; two barriers per K step of 144. Each output is the sum of the same FP16
+ * thread that loaded it. Staging and multiplying are done by different warps of the block (see
+ * conv_halo_kernel): while the consumer warps multiply step s, the producers write step s + 1 into the
+ * other shared stage, its global loads issued before they wait for it. Each output is the sum of the same FP16
  * products in FP32 as the gather kernels', in a different order (channel-major within the tap-major
  * K step), so results match the twin within the same tolerance.
  */
@@ -698,6 +699,8 @@ template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
 // barriers: FULL(st) = 1 + st (producers arrive after writing stage st, consumers wait before reading
 // it), EMPTY(st) = 3 + st (consumers arrive when done reading it, producers wait before writing it
 // again), each counting the 128 threads of either side; 5 is the consumers' own (128).
+// One block an SM (8 warps, as the 128-thread version ran two): at two, 128 registers a thread, ptxas
+// spilled 4-152 bytes in 9 of the variants across sm_80-sm_90.
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const __half *wt, const float *bias, float *of, __half *oh,
@@ -1839,14 +1842,16 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 // as conv_wgrad_split splits the pixels for the gather kernel). Per K step: dz's 64 x 128 tile by
 // cp.async (VW halves per copy), and the 16 channels' halo, position-major as in conv_halo_kernel
 // (through registers, ACT's BN+SiLU applied once per value), so that tap t's B tile (16 pixels by 16
-// channels) is matrix_b row-major at a 32-byte aligned address. Two shared stages, one barrier per K
-// step. The epilogue gathers the warps' taps into the block's 64 rows of dW (16 channels x 9 taps
+// channels) is matrix_b row-major at a 32-byte aligned address. Two shared stages, warp-specialised as
+// conv_halo_kernel: warps 4-7 stage K step s + 1 (dz by cp.async, the halo through registers) while
+// warps 0-3 multiply step s, the stages handed over by named barriers (FULL 1 + st, EMPTY 3 + st). The
+// epilogue gathers the warps' taps into the block's 64 rows of dW (16 channels x 9 taps
 // contiguous) and stores them 16 bytes at a time where dW is aligned. S2 (stride 2): tiles of 4 x 16
 // output pixels (64, so that two stages of the 9 x 33 input window fit 48 KB), whose B tiles are
 // every other halo column (consecutive positions of H3Halo's de-interleaved rows); dz's rows are Wo
 // wide, x's W.
 template <bool ACT, bool S2, int TC, int VW>
-__global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
+__global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
     // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
@@ -1862,7 +1867,9 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     __shared__ __align__(128) unsigned char sm[SMEM];   // two stages (dz tile, halo); then the epilogue's rows
     auto As = [&](int st) { return (__half(*)[LDA])(sm + st * STAGE); };
     auto Bs = [&](int st) { return (__half(*)[KP])(sm + st * STAGE + A_BYTES); };
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // producers (warps 4-7) and consumers (0-3) each number their threads 0-127
+    const bool producer = threadIdx.x >= 128;
+    const int tid = threadIdx.x & 127, warp = tid / 32, lane = tid % 32;
     const int Cout = g.Cout, Cin = g.Cin, H = g.H, W = g.W, HW = H * W, N = Cin * 9;
     const int OH = g.Ho, OW = g.Wo, OHW = OH * OW;   // dz's map (S2: every other input pixel's)
     const int tilesX = (OW + TC - 1) / TC, per_img = tilesX * ((OH + TR - 1) / TR), ntiles = g.B * per_img;
@@ -1872,10 +1879,12 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     halo.init(tid);
     const int cc = c0 + halo.pc;
     const float2 bnf = ACT && cc < Cin ? bn_fold(a, cc) : make_float2(0.0f, 0.0f);
-    int tb = 0, ty0 = 0, tx0 = 0;   // the fetched tile
-    auto fetch = [&](int kt, int st) {   // dz tile by cp.async into stage st; the halo into registers
+    int tb = 0, ty0 = 0, tx0 = 0;   // the tile being fetched
+    auto tile = [&](int kt) {
         tb = kt / per_img;
         ty0 = Halo::tile_y(kt - tb * per_img, tilesX); tx0 = Halo::tile_x(kt - tb * per_img, tilesX);
+    };
+    auto fetch_dz = [&](int st) {   // the tile's dz by cp.async into stage st
         const __half *zb = dz + tb * g.zs;
         __half(*A)[LDA] = As(st);
         constexpr int CPR = TC / VW, NA = H3_BM * TR * CPR;   // copies per tile row, per tile
@@ -1888,6 +1897,8 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                 __pipeline_memcpy_async(dst, zb + (long)(m0 + m) * OHW + y * OW + xx, 2 * VW);
             else *(typename H3Piece<VW>::V *)dst = typename H3Piece<VW>::V();
         }
+    };
+    auto fetch_halo = [&]() {   // the tile's halo into registers
         halo.fetch(cc < Cin ? x + tb * g.xs + (long)cc * HW : nullptr, SH * ty0, SH * tx0, H, W);
     };
     auto store = [&](int st) { halo.template store<ACT>(Bs(st), bnf); };
@@ -1910,15 +1921,23 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // this lane's ldmatrix rows: row lane % 16 of an A tile, its columns 8 (lane / 16) ..; position
     // lane % 16 of a B tile, its channels 8 (lane / 16) .. (H3Halo::at: the halves swapped where they are)
     const int lr = lane & 15, lh = lane >> 4;
-    if (nsteps > 0) { fetch(kt0, 0); store(0); }
-    __pipeline_commit();
-    __pipeline_wait_prior(0);
-    __syncthreads();
+    if (producer) {   // step s + 1's halo loads are in flight while the consumers may still hold its stage
+        if (nsteps > 0) { tile(kt0); fetch_halo(); }
+        for (int s = 0; s < nsteps; s++) {
+            const int st = s & 1;
+            if (s >= 2) bar_sync_n(3 + st, 256);
+            fetch_dz(st);
+            __pipeline_commit();
+            store(st);
+            __pipeline_wait_prior(0);
+            bar_arrive_n(1 + st, 256);
+            if (s + 1 < nsteps) { tile(kt0 + s + 1); fetch_halo(); }
+        }
+        return;
+    }
     for (int s = 0; s < nsteps; s++) {
         const int st = s & 1;
-        const bool next = s + 1 < nsteps;
-        if (next) fetch(kt0 + s + 1, st ^ 1);
-        __pipeline_commit();
+        bar_sync_n(1 + st, 256);
         __half(*A)[LDA] = As(st);
         __half(*B)[KP] = Bs(st);
 #pragma unroll
@@ -1946,10 +1965,9 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                 }
             }
         }
-        if (next) store(st ^ 1);
-        __pipeline_wait_prior(0);
-        __syncthreads();
+        if (s + 2 < nsteps) bar_arrive_n(3 + st, 256);   // (the producers wait for it only to write step s + 2)
     }
+    bar_sync_n(5, 128);   // every consumer is past the K loop: the epilogue's rows overwrite the stages
     // epilogue: the block's 64 x 16 x 9 results as 64 rows of 144 floats (channel-major, then tap), each
     // row dW[co, c0*9 .. c0*9 + 143] (or the slice's share of ws), 16-byte stores
     float(*E)[LDE] = (float(*)[LDE])sm;
@@ -1966,7 +1984,7 @@ __global__ __launch_bounds__(128) void conv_halo_wgrad_kernel(ConvGeo g, const _
                 for (int e = 0; e < 4; e++)
                     E[wy * 32 + i * 16 + gq + 8 * (e >> 1)][(8 * j + 2 * tq + (e & 1)) * 9 + t] = acc[i][u][j][e];
         }
-    __syncthreads();
+    bar_sync_n(5, 128);
     float *out = nslices > 1 ? ws + (long)z * Cout * N : dw;
     const int acm = nslices > 1 ? 0 : accumulate, nv = min(H3_KC, Cin - c0) * 9;   // valid floats per row
 #pragma unroll
@@ -2087,18 +2105,18 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
         switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
-        case 0: conv_halo_wgrad_kernel<false, false, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 1: conv_halo_wgrad_kernel<false, false, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 2: conv_halo_wgrad_kernel<false, false, 32, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 3: conv_halo_wgrad_kernel<false, false, 32, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 4: conv_halo_wgrad_kernel<true, false, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 5: conv_halo_wgrad_kernel<true, false, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 6: conv_halo_wgrad_kernel<true, false, 32, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 7: conv_halo_wgrad_kernel<true, false, 32, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 8: conv_halo_wgrad_kernel<false, true, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 9: conv_halo_wgrad_kernel<false, true, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 12: conv_halo_wgrad_kernel<true, true, 16, 4><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        default: conv_halo_wgrad_kernel<true, true, 16, 8><<<hg, 128, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 0: conv_halo_wgrad_kernel<false, false, 16, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 1: conv_halo_wgrad_kernel<false, false, 16, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 2: conv_halo_wgrad_kernel<false, false, 32, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 3: conv_halo_wgrad_kernel<false, false, 32, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 4: conv_halo_wgrad_kernel<true, false, 16, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 5: conv_halo_wgrad_kernel<true, false, 16, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 6: conv_halo_wgrad_kernel<true, false, 32, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 7: conv_halo_wgrad_kernel<true, false, 32, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 8: conv_halo_wgrad_kernel<false, true, 16, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 9: conv_halo_wgrad_kernel<false, true, 16, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 12: conv_halo_wgrad_kernel<true, true, 16, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        default: conv_halo_wgrad_kernel<true, true, 16, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
         }
         wgrad_end(g, grid, ws, dw, accumulate, s);
         return;

@@ -265,7 +265,9 @@ int syncthreads_reduce(int op, int pred, const char *file, int line) {
 // named_barrier: bar.arrive (arrive: counts this thread and goes on) or bar.sync (counts it and waits)
 // on barrier id until n threads have arrived since it last completed; then every thread waiting on it
 // runs again. Warp-granular as on the GPU: n a multiple of 32, at most the block's threads.
-// Memory written before the arrival is read after the wait (the fibers run one at a time).
+// Memory written before the arrival is read after the wait (the fibers run one at a time). An arriving
+// thread goes on without giving up its turn (in random order: half the time), so that a producer may
+// run steps ahead of its consumers, as on the GPU, and a missing wait shows.
 void named_barrier(int id, int n, int arrive, const char *file, int line) {
     if (!B) fail("bar.sync/bar.arrive called outside a kernel");
     if (id < 1 || id > 15) fail("named barrier id %d (%s:%d): 1-15 (0 is __syncthreads')", id, file, line);
@@ -277,14 +279,15 @@ void named_barrier(int id, int n, int arrive, const char *file, int line) {
     else if (b.n != n)
         fail("named barrier %d: %s:%d counts %d threads while %s:%d counted %d", id, file, line, n, b.file, b.line, b.n);
     F->file = file; F->line = line;
+    const bool go_on = arrive && (g_order != 2 || (rng_next() & 1));
     if (++b.count == n) {
         b.count = 0;
         for (int i = 0; i < B->n; i++)
             if (B->f[i].state == F_NBAR && B->f[i].nbar == id) B->f[i].state = F_RUN;
-        yield_run();
+        if (!go_on) yield_run();
         return;
     }
-    if (arrive) { yield_run(); return; }
+    if (arrive) { if (!go_on) yield_run(); return; }
     F->state = F_NBAR; F->nbar = id;
     to_sched();
 }

@@ -104,6 +104,58 @@ __global__ void rotate(const float *x, float *y, int barrier) {
     if (barrier) __syncthreads();
     y[blockIdx.x * n + t] = s[(t + 1) % n];
 }
+// producer / consumer through two shared stages and named barriers, as conv_halo_kernel hands over its
+// K steps: warp 1 writes step s into stage s % 2 (after EMPTY when wait_empty), arrives at FULL; warp 0
+// waits at FULL, reads the stage rotated by one lane, arrives at EMPTY. Without the EMPTY wait the
+// producer may overwrite a stage the consumer has not read yet.
+__global__ void handoff(const float *x, float *y, int nsteps, int wait_empty) {
+    __shared__ float st[2][32];
+    const int lane = threadIdx.x % 32;
+    if (threadIdx.x >= 32) {
+        for (int s = 0; s < nsteps; s++) {
+            if (s >= 2 && wait_empty) emu::named_barrier(3 + s % 2, 64, 0, __FILE__, __LINE__);
+            st[s % 2][lane] = x[s * 32 + lane];
+            if (s >= 2 && !wait_empty) emu::named_barrier(3 + s % 2, 64, 0, __FILE__, __LINE__);
+            emu::named_barrier(1 + s % 2, 64, 1, __FILE__, __LINE__);
+        }
+        return;
+    }
+    for (int s = 0; s < nsteps; s++) {
+        emu::named_barrier(1 + s % 2, 64, 0, __FILE__, __LINE__);
+        y[s * 32 + lane] = st[s % 2][(lane + 1) % 32];
+        if (s + 2 < nsteps) emu::named_barrier(3 + s % 2, 64, 1, __FILE__, __LINE__);
+    }
+}
+__global__ void nbar_nobody(float *) { if (threadIdx.x < 32) emu::named_barrier(2, 64, 0, __FILE__, __LINE__); }
+__global__ void nbar_counts(float *) { emu::named_barrier(2, threadIdx.x < 32 ? 64 : 96, 0, __FILE__, __LINE__); }
+static void run_nbar_nobody() { nbar_nobody<<<1, 64>>>(nullptr); }
+static void run_nbar_counts() { nbar_counts<<<1, 128>>>(nullptr); }
+static void test_named_barriers() {
+    const int n = 9;
+    std::vector<float> x(32 * n);
+    for (auto &v : x) v = frand();
+    float *dx = dev_from(x), *dy;
+    CK(cudaMalloc((void **)&dy, 4 * 32 * n));
+    for (int wait = 1; wait >= 0; wait--) {
+        int wrong = 0;
+        for (int o = 0; o < 3; o++)
+            for (int rep = 0; rep < (o == 2 ? 8 : 1); rep++) {
+                emu_set_order(o);
+                handoff<<<2, 64>>>(dx, dy, n, wait);
+                auto h = host_from(dy, 32 * n);
+                int bad = 0;
+                for (int s = 0; s < n; s++)
+                    for (int l = 0; l < 32; l++) bad += h[s * 32 + l] != x[s * 32 + (l + 1) % 32];
+                wrong += bad > 0;
+            }
+        if (wait) check(wrong == 0, "two stages handed over by named barriers (FULL, EMPTY): right in all orders (%d wrong)", wrong);
+        else check(wrong > 0, "the same with the stage written before its EMPTY wait: wrong in %d of 10 runs (must be >= 1)", wrong);
+    }
+    emu_set_order(0);
+    expect_abort("a named barrier that too few threads reach", run_nbar_nobody, "deadlock");
+    expect_abort("one named barrier given two thread counts", run_nbar_counts, "counts");
+    cudaFree(dx); cudaFree(dy);
+}
 static void test_barriers() {
     std::vector<float> x(1000);
     for (auto &v : x) v = frand();
@@ -648,6 +700,7 @@ static void wmma_divergent() {
 
 int main() {
     test_barriers();
+    test_named_barriers();
     test_warps();
     test_wmma();
     test_ldsm_mma();

@@ -90,6 +90,15 @@ if command -v ncu >/dev/null && [ -n "${GPU_CHECK_LOGS:-}" ]; then
     GPU_BENCH_PROFILE_LAST=1 timeout 200 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
         --csv test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_step.csv" 2>"$GPU_CHECK_LOGS/ncu_step.err"
     echo "ncu: exit $?; $(grep -c gpu__time_duration "$GPU_CHECK_LOGS/ncu_step.csv") launches timed"
+    # why the convs take the time they take: the first 60 conv launches of the same step with
+    # achieved occupancy, tensor-pipe activity and the warps' stall reasons (ncu_kinds.py --why reads it)
+    echo "== the first 60 conv launches of that step: occupancy, tensor pipe, stall reasons ($GPU_CHECK_LOGS/ncu_convs.csv)"
+    GPU_BENCH_PROFILE_LAST=1 timeout 240 ncu --clock-control none --profile-from-start off -k regex:conv_ --launch-count 60 \
+        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --metrics 'gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' --csv \
+        test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_convs.csv" 2>"$GPU_CHECK_LOGS/ncu_convs.err"
+    echo "ncu: exit $?"
+    python3 test/ncu_kinds.py --why "$GPU_CHECK_LOGS/ncu_convs.csv" || true
 fi
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$ngpu" -ge 2 ]; then

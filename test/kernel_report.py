@@ -4,7 +4,7 @@
 # (make kernel-report, make kernel-report-baseline; .ci/run runs the check where nvcc is installed).
 # For every architecture it compiles yolo_kernels.cu once with nvcc (-O3, -Xptxas -v, --keep) and reads:
 #   - ptxas's resource usage per kernel: registers, spill stores/loads, stack frame (local memory),
-#     static shared memory; threads per block from __launch_bounds__ (.maxntid in the PTX) or, when a
+#     shared memory (static, and the dynamic a launch asks for: dynamic_smem); threads per block from __launch_bounds__ (.maxntid in the PTX) or, when a
 #     kernel has none, from its launch in the source (a literal or a named constant);
 #   - theoretical occupancy, computed here from the per-architecture limits in LIMITS below;
 #   - for each convolution kernel (conv_*), the main loop's instruction mix, read from the PTX: the
@@ -119,6 +119,22 @@ def parse_ptxas(text, arch):
 
 
 INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.]*)")
+
+
+def dynamic_smem(name):
+    """the dynamic shared memory a kernel is launched with (ptxas reports only the static), in bytes:
+    conv_halo_kernel<ACT, DGRAD, S2, TC, VW>'s two stages (yolo_kernels.cu H3Shape: A's 9 taps, 64
+    output channels (DGRAD: k rows) by 16 channels padded to 24 (72), and the halo of 48-byte positions,
+    TR + 2 by TC + 2, or 2 TR + 1 by 2 TC + 1 for the stride-2 forward's window, TR = 128 / TC (S2: 64 / TC))"""
+    m = re.match(r"conv_halo_kernel<(true|false), (true|false), (true|false), (\d+), (\d+)>$", name)
+    if not m:
+        return 0
+    dgrad, s2, tc = m.group(2) == "true", m.group(3) == "true", int(m.group(4))
+    fs2 = s2 and not dgrad
+    tr = (64 if s2 else 128) // tc
+    hr, hc = (2 * tr + 1, 2 * tc + 1) if fs2 else (tr + 2, tc + 2)
+    a = 9 * 16 * 72 if dgrad else 9 * 64 * 24
+    return 2 * (a + hr * hc * 24) * 2
 
 
 def ptx_entries(ptx):
@@ -325,6 +341,7 @@ def report_arch(arch, src, nvcc, tmp):
         src_threads = threads is None
         if threads is None:
             threads = lt.get(name.split("<")[0])
+        v = dict(v, smem=v["smem"] + dynamic_smem(name))
         occ, blocks = occupancy(arch, v["regs"], v["smem"], threads) if threads else (None, None)
         mix = loop_mix(lines) if name.startswith("conv_") else None
         rows.append(dict(v, name=name, threads=threads, launch=src_threads, occ=occ, blocks=blocks, mix=mix))

@@ -9,6 +9,11 @@ its reduction launch (the split weight gradient's). Measured, not modelled: ncu 
 launches and by default flushes the caches before each, so small kernels read as cold.
 
 Usage: python3 test/ncu_kinds.py NCU.csv [STEP.tsv]   (STEP.tsv: test/bin/emu-count/step.tsv)
+       python3 test/ncu_kinds.py --why NCU_CONVS.csv
+--why: test/gpu_check.sh's second ncu pass (conv launches with the Occupancy, WarpStateStats and
+ComputeWorkloadAnalysis sections and the per-reason stall ratios), per kernel: launches, time, achieved
+occupancy, cycles between a warp's issues, and the stall reasons that cost the most (warps stalled
+per issued instruction).
 """
 import collections
 import csv
@@ -22,7 +27,38 @@ def base(name):
     return re.sub(r"[<(].*$", "", name)
 
 
+def why(path):
+    with open(path) as f:
+        rows = csv.reader([line for line in f if line.startswith('"')])
+        hdr = next(rows)
+        per = collections.defaultdict(lambda: collections.defaultdict(list))   # kernel -> metric -> values
+        ids = collections.defaultdict(set)
+        for r in rows:
+            d = dict(zip(hdr, r))
+            if d.get("ID") == "ID" or "Metric Name" not in d:
+                continue
+            k = re.sub(r"^void ", "", re.sub(r"\(.*$", "", d["Kernel Name"]))
+            ids[k].add(d["ID"])
+            try:
+                per[k][d["Metric Name"]].append(float(d["Metric Value"].replace(",", "")))
+            except ValueError:
+                pass
+    mean = lambda v: sum(v) / len(v) if v else float("nan")
+    pre, post = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+    for k in sorted(per, key=lambda k: -sum(per[k].get("gpu__time_duration.sum", [0]))):
+        m = per[k]
+        t = sum(m.get("gpu__time_duration.sum", [0])) / 1e3
+        stalls = sorted(((mean(v), n[len(pre):-len(post)]) for n, v in m.items() if n.startswith(pre) and n.endswith(post)),
+                        reverse=True)
+        top = ", ".join(f"{n} {v:.1f}" for v, n in stalls[:5])
+        print(f"{k}: {len(ids[k])} launches, {t:.1f} us; achieved occupancy {mean(m.get('Achieved Occupancy', [])):.1f} %, "
+              f"theoretical {mean(m.get('Theoretical Occupancy', [])):.1f} %; cycles per issue "
+              f"{mean(m.get('Warp Cycles Per Issued Instruction', [])):.1f}; stalls per issue: {top}")
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--why":
+        return why(sys.argv[2])
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     step = sys.argv[2] if len(sys.argv) > 2 else "test/bin/emu-count/step.tsv"
