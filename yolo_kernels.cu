@@ -699,8 +699,8 @@ template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
 // barriers: FULL(st) = 1 + st (producers arrive after writing stage st, consumers wait before reading
 // it), EMPTY(st) = 3 + st (consumers arrive when done reading it, producers wait before writing it
 // again), each counting the 128 threads of either side; 5 is the consumers' own (128).
-// One block an SM (8 warps, as the 128-thread version ran two): at two, 128 registers a thread, ptxas
-// spilled 4-152 bytes in 9 of the variants across sm_80-sm_90.
+// One block an SM (8 warps, as the 128-thread version ran two): asked for two (128 registers a thread),
+// ptxas spilled 4-152 bytes in several variants on each of sm_80-sm_90.
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
 __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
                                                     const __half *wt, const float *bias, float *of, __half *oh,

@@ -13,7 +13,9 @@
 //     num_elements) and whose stored tiles are read only after __syncwarp(), or through ldmatrix and
 //     mma.sync m16n8k16 as emu::ldmatrix_x4 / emu::mma_16816 below (the PTX register layouts);
 //   - every exchange between threads goes through a *_sync intrinsic or shared memory plus a barrier;
-//     barriers only in block-uniform control flow (guard the work, never return before a barrier);
+//     __syncthreads only in block-uniform control flow (guard the work, never return before one);
+//     named barriers (bar.sync / bar.arrive id, n: emu::named_barrier) in warp-uniform flow, n a
+//     multiple of 32 and the same at every use of an id while it counts;
 //   - no behaviour that depends on __CUDA_ARCH__, fast-math or the order blocks run in; no spinning on
 //     another block; launches only as K<<<grid, block[, smem[, stream]]>>>(args) naming the kernel;
 //   - at most one `extern __shared__` per kernel, declared inside it; kernel arguments are device
