@@ -683,16 +683,29 @@ struct H3Halo {
 // PS2 reads its A from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda): a block of row
 // parity py loads only the 3 (py 0) or 6 (py 1) taps that reach its pixels, 64 input channels of one
 // (output channel, tap) a 128-byte run; the others read w (Cout, Cin, 3, 3)
-// H3Shape: the shared memory of one conv_halo_kernel variant: two stages, each A's taps then the halo
+// H3Shape: the shared memory of one conv_halo_kernel variant: two stages, each A's 9 taps then the halo,
+// every piece at a multiple of 128 bytes: 46-64 KB, within the 64 KB a block may have on sm_75 (the
+// forward's A, 64 x 16 values a tap, swizzled by h3_a: padded to 48-byte rows it would take 71-82 KB).
 template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
     static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD;
     static constexpr int BNK = S2 ? 64 : H3_BN;
-    typedef H3Halo<TC, VW, FS2, BNK, H3_KC + 8> Halo;   // padded to 48 bytes a position: read by ldmatrix
-    static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * (H3_KC + 8);
-    static constexpr int STAGE = A_HALVES + Halo::HR * Halo::HC * Halo::PITCH;   // halves
-    static_assert(A_HALVES % 8 == 0 && STAGE % 8 == 0, "stages and halos start 16-byte aligned");
+    // the halo padded to 48 bytes a position (8 ldmatrix rows in 8 bank groups) but for the stride-2
+    // forward's 65-wide window (TC 32), which at that pitch would not fit 64 KB: 32 bytes, swizzled
+    typedef H3Halo<TC, VW, FS2, BNK, FS2 && TC == 32 ? H3_KC : H3_KC + 8> Halo;
+    static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * H3_KC;
+    static constexpr int STAGE = A_HALVES + (Halo::HR * Halo::HC * Halo::PITCH + 63) / 64 * 64;   // halves
     static constexpr size_t BYTES = 2 * (size_t)STAGE * sizeof(__half);
+    static_assert(BYTES <= 64 * 1024, "sm_75 gives a block at most 64 KB of shared memory");
 };
+// h3_a: where A's 8 values (16 bytes) j of row r of tap t lie in a stage. The forward's A is (m, k): 64
+// rows of 16 input channels (two 16-byte halves, j 0-1) per tap, the half swapped in rows whose bit 2
+// is set; DGRAD's is (k, m): 16 rows of 64 (j 0-7) per tap, padded to 144 bytes. Either way the 8 rows
+// an ldmatrix phase reads (8 consecutive rows, one j) and the 8 lanes of a store phase fall into 8
+// different 16-byte bank groups.
+template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, int r, int j) {
+    if (DGRAD) return A + (t * H3_KC + r) * (H3_BM + 8) + 8 * j;
+    return A + (t * H3_BM + r) * H3_KC + 8 * (j ^ ((r >> 2) & 1));
+}
 // Warp-specialised: 256 threads, warps 4-7 the producers (fetch a K step's operands from global memory,
 // apply BN+SiLU, write them into a stage), warps 0-3 the consumers (the mma products and the epilogue),
 // so that the staging of K step s + 1 runs while step s is multiplied. Two stages, handed over by named
@@ -720,16 +733,15 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
     // row-major (m, k), the 16 input channels of an output channel contiguous (the thread loaded 8 of
     // them); DGRAD's col-major (m, k), 64 output channels contiguous per dz channel (the thread loaded 8
-    // of them). Pitches of 48 and 144 bytes: the 8 lanes of a store phase and the 8 rows an ldmatrix
-    // phase reads fall into different banks.
+    // of them); swizzled by h3_a, so that the 8 lanes of a store phase and the 8 rows an ldmatrix phase
+    // reads fall into different banks.
     constexpr int A_HALVES = Shape::A_HALVES;
     static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4 + 4 * 64 * (int)sizeof(BnTile),
                   "the epilogue's tiles and the statistics' groups fit in A's space");
     extern __shared__ uint4 h3_smem[];   // Shape::BYTES: stage st at st * STAGE halves, A's taps then the halo
     __half *const Araw = (__half *)h3_smem;
-    // stage st's A (forward: [tap][m][k]; DGRAD: [tap][k][m]) and halo (16 channels per position)
-    auto As = [&](int st) { return (__half(*)[H3_BM][H3_KC + 8])(Araw + st * Shape::STAGE); };
-    auto Ad = [&](int st) { return (__half(*)[H3_KC][H3_BM + 8])(Araw + st * Shape::STAGE); };
+    // stage st's A (h3_a) and halo (16 channels per position, H3Halo::at)
+    auto Ast = [&](int st) { return Araw + st * Shape::STAGE; };
     auto Bs = [&](int st) { return (__half(*)[Halo::PITCH])(Araw + st * Shape::STAGE + A_HALVES); };
     // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in stage 0's A, once
     // every consumer is past the K loop
@@ -824,7 +836,7 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
 #pragma unroll
             for (int i = 0; i < NAS; i++) {
                 const int q = (tid >> 3) + 16 * i;
-                if (q < 16 * NT) *(uint4 *)&Ad(st)[q - ach[i] * NT][ach[i]][8 * (tid & 7)] = av[i];
+                if (q < 16 * NT) *(uint4 *)h3_a<true>(Ast(st), q - ach[i] * NT, ach[i], tid & 7) = av[i];
             }
         } else {
             // the pair's trade: side 0 holds chunks 0, 2, .., 16 and keeps 0 .. 8; side 1 holds 1, 3, ..,
@@ -845,14 +857,14 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
                 union { uint4 u; __half h[8]; } o;
 #pragma unroll
                 for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
-                if (!DGRAD) *(uint4 *)&As(st)[t][16 * warp + (tid & 15)][8 * aside] = o.u;
-                else *(uint4 *)&Ad(st)[8 - t][tid & 15][16 * warp + 8 * aside] = o.u;
+                if (!DGRAD) *(uint4 *)h3_a<false>(Ast(st), t, 16 * warp + (tid & 15), aside) = o.u;
+                else *(uint4 *)h3_a<true>(Ast(st), 8 - t, tid & 15, 2 * warp + aside) = o.u;
             }
         }
     };
     // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles of 16, fragments 2 warp, +1
     // of the tile's 8 runs of 16 pixels; S2: 2 A tiles), as mma.sync m16n8k16 products: per tap one
-    // ldmatrix.x4 per B tile (the padded halo: its 16 pixels' two channel halves, serving 2 x WA
+    // ldmatrix.x4 per B tile (the halo: its 16 pixels' two channel halves, serving 2 x WA
     // products) and one per A tile (forward: As row-major; DGRAD: Ad k-major, .trans)
     const int wa = WA == 4 ? 0 : (warp >> 1) * 2, wf = (WA == 4 ? warp : warp & 1) * 2;   // first A / B tile
     const int ln = tid & 31;
@@ -904,8 +916,8 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
 #pragma unroll
             for (int i = 0; i < WA; i++) {
                 uint32_t fa[4];
-                if (DGRAD) ldsm_x4_t(fa, &Ad(st)[PS2 ? (t < 3 ? t : t - 3) : t][bpx][(wa + i) * 16 + 8 * bh]);
-                else ldsm_x4(fa, &As(st)[t][(wa + i) * 16 + arow][acol]);
+                if (DGRAD) ldsm_x4_t(fa, h3_a<true>(Ast(st), PS2 ? (t < 3 ? t : t - 3) : t, bpx, 2 * (wa + i) + bh));
+                else ldsm_x4(fa, h3_a<false>(Ast(st), t, (wa + i) * 16 + arow, acol / 8));
 #pragma unroll
                 for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -2542,9 +2554,11 @@ extern "C" void bn_silu_forward_f32_cuda(const float *z, long zs, const float *m
     bn_silu_forward_act_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, acc, stream);
 }
 
-// gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (conv_backward_cpu's first loop)
+// gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (conv_backward_cpu's first loop);
+// the sigmoid by the fast exp and division, as the forward's bn_silu_folded (each within a few ulp; with
+// expf and IEEE division each value took 11 more PTX instructions in either pass, sm_90, of 45-55)
 __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, float beta) {
-    float y = gamma * xh + beta, s = 1.0f / (1.0f + expf(-y));
+    float y = gamma * xh + beta, s = __fdividef(1.0f, 1.0f + __expf(-y));
     return dA * s * (1.0f + y * (1.0f - s));
 }
 // bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)

@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -238,8 +239,13 @@ static inline int atomicOr(int *p, int v) { return __atomic_fetch_or(p, v, __ATO
 static inline unsigned atomicAnd(unsigned *p, unsigned v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
 static inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
 
-// ---- device math: computed in float (or double) and rounded once ----
-inline float __expf(float x) { return expf(x); }
+// ---- device math: computed in float (or double) and rounded once; __expf and __fdividef in the
+// hardware's two steps (each rounded; the special-function unit's own error of 1-2 ulp is not modelled) ----
+// __expf: x times log2(e) rounded to float, then 2^that (ex2.approx.ftz: results under FLT_MIN are 0)
+inline float __expf(float x) {
+    float r = exp2f(x * 1.44269504088896341f);
+    return r < FLT_MIN ? 0.0f : r;
+}
 inline float __logf(float x) { return logf(x); }
 inline float __log2f(float x) { return log2f(x); }
 inline float __powf(float x, float y) { return powf(x, y); }
@@ -247,7 +253,11 @@ inline float __sinf(float x) { return sinf(x); }
 inline float __cosf(float x) { return cosf(x); }
 inline float __tanf(float x) { return tanf(x); }
 inline float exp10f(float x) { return (float)pow(10.0, (double)x); }
-inline float __fdividef(float a, float b) { return a / b; }
+// __fdividef: a times the reciprocal of b, each rounded; 0 where 2^126 < |b| < 2^128 (CUDA's documented range)
+inline float __fdividef(float a, float b) {
+    if (fabsf(b) > 8.507059173e37f && fabsf(b) < INFINITY) return 0.0f;
+    return a * (1.0f / b);
+}
 inline float rsqrtf(float x) { return (float)(1.0 / sqrt((double)x)); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }

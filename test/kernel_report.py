@@ -123,9 +123,10 @@ INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.]*)")
 
 def dynamic_smem(name):
     """the dynamic shared memory a kernel is launched with (ptxas reports only the static), in bytes:
-    conv_halo_kernel<ACT, DGRAD, S2, TC, VW>'s two stages (yolo_kernels.cu H3Shape: A's 9 taps, 64
-    output channels (DGRAD: k rows) by 16 channels padded to 24 (72), and the halo of 48-byte positions,
-    TR + 2 by TC + 2, or 2 TR + 1 by 2 TC + 1 for the stride-2 forward's window, TR = 128 / TC (S2: 64 / TC))"""
+    conv_halo_kernel<ACT, DGRAD, S2, TC, VW>'s two stages (yolo_kernels.cu H3Shape: A's 9 taps of 64 x 16
+    values (DGRAD: 16 rows padded to 72), and the halo of 48-byte positions (32 for the stride-2 forward's TC 32) rounded up to 128
+    bytes, TR + 2 by TC + 2, or 2 TR + 1 by 2 TC + 1 for the stride-2 forward's window, TR = 128 / TC
+    (S2: 64 / TC))"""
     m = re.match(r"conv_halo_kernel<(true|false), (true|false), (true|false), (\d+), (\d+)>$", name)
     if not m:
         return 0
@@ -133,8 +134,8 @@ def dynamic_smem(name):
     fs2 = s2 and not dgrad
     tr = (64 if s2 else 128) // tc
     hr, hc = (2 * tr + 1, 2 * tc + 1) if fs2 else (tr + 2, tc + 2)
-    a = 9 * 16 * 72 if dgrad else 9 * 64 * 24
-    return 2 * (a + hr * hc * 24) * 2
+    a = 9 * 16 * 72 if dgrad else 9 * 64 * 16
+    return 2 * (a + (hr * hc * (16 if fs2 and tc == 32 else 24) + 63) // 64 * 64) * 2
 
 
 def ptx_entries(ptx):
