@@ -4,8 +4,9 @@
 # (make kernel-report, make kernel-report-baseline; .ci/run runs the check where nvcc is installed).
 # For every architecture it compiles yolo_kernels.cu once with nvcc (-O3, -Xptxas -v, --keep) and reads:
 #   - ptxas's resource usage per kernel: registers, spill stores/loads, stack frame (local memory),
-#     shared memory (static, and the dynamic a launch asks for: dynamic_smem); threads per block from __launch_bounds__ (.maxntid in the PTX) or, when a
-#     kernel has none, from its launch in the source (a literal or a named constant);
+#     shared memory (static, and the dynamic a launch asks for: dynamic_smem); threads per block from
+#     __launch_bounds__ (.maxntid in the PTX) or, when a kernel has none, from its launch in the source
+#     (a literal or a named constant);
 #   - theoretical occupancy, computed here from the per-architecture limits in LIMITS below;
 #   - for each convolution kernel (conv_*), the main loop's instruction mix, read from the PTX: the
 #     main loop is the innermost loop (a label and a backward branch to it) whose body holds an mma;
@@ -124,9 +125,9 @@ INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.]*)")
 def dynamic_smem(name):
     """the dynamic shared memory a kernel is launched with (ptxas reports only the static), in bytes:
     conv_halo_kernel<ACT, DGRAD, S2, TC, VW>'s two stages (yolo_kernels.cu H3Shape: A's 9 taps of 64 x 16
-    values (DGRAD: 16 rows padded to 72), and the halo of 48-byte positions (32 for the stride-2 forward's TC 32) rounded up to 128
-    bytes, TR + 2 by TC + 2, or 2 TR + 1 by 2 TC + 1 for the stride-2 forward's window, TR = 128 / TC
-    (S2: 64 / TC))"""
+    values (DGRAD: 16 rows padded to 72), and the halo of 48-byte positions (32 for the stride-2
+    forward's TC 32) rounded up to 128 bytes, TR + 2 by TC + 2, or 2 TR + 1 by 2 TC + 1 for the
+    stride-2 forward's window, TR = 128 / TC (S2: 64 / TC))"""
     m = re.match(r"conv_halo_kernel<(true|false), (true|false), (true|false), (\d+), (\d+)>$", name)
     if not m:
         return 0

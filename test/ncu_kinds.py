@@ -27,27 +27,43 @@ def base(name):
     return re.sub(r"[<(].*$", "", name)
 
 
-def why(path):
+def ncu_rows(path):
+    """the metric rows of an ncu --csv file as dicts (its header's names; repeated headers skipped)"""
     with open(path) as f:
         rows = csv.reader([line for line in f if line.startswith('"')])
         hdr = next(rows)
-        per = collections.defaultdict(lambda: collections.defaultdict(list))   # kernel -> metric -> values
-        ids = collections.defaultdict(set)
         for r in rows:
             d = dict(zip(hdr, r))
-            if d.get("ID") == "ID" or "Metric Name" not in d:
-                continue
-            k = re.sub(r"^void ", "", re.sub(r"\(.*$", "", d["Kernel Name"]))
-            ids[k].add(d["ID"])
-            try:
-                per[k][d["Metric Name"]].append(float(d["Metric Value"].replace(",", "")))
-            except ValueError:
-                pass
+            if d.get("ID") != "ID" and "Metric Name" in d:
+                yield d
+
+
+def ncu_us(d, path):
+    """a gpu__time_duration row's value in microseconds"""
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+    if d["Metric Unit"] not in scale:
+        sys.exit(f"ncu_kinds.py: unknown time unit {d['Metric Unit']!r} in {path}")
+    return float(d["Metric Value"].replace(",", "")) * scale[d["Metric Unit"]]
+
+
+def why(path):
+    per = collections.defaultdict(lambda: collections.defaultdict(list))   # kernel -> metric -> values
+    ids = collections.defaultdict(set)
+    for d in ncu_rows(path):
+        k = re.sub(r"^void ", "", re.sub(r"\(.*$", "", d["Kernel Name"]))
+        ids[k].add(d["ID"])
+        if d["Metric Name"] == "gpu__time_duration.sum":
+            per[k]["us"].append(ncu_us(d, path))
+            continue
+        try:
+            per[k][d["Metric Name"]].append(float(d["Metric Value"].replace(",", "")))
+        except ValueError:
+            pass
     mean = lambda v: sum(v) / len(v) if v else float("nan")
     pre, post = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
-    for k in sorted(per, key=lambda k: -sum(per[k].get("gpu__time_duration.sum", [0]))):
+    for k in sorted(per, key=lambda k: -sum(per[k].get("us", [0]))):
         m = per[k]
-        t = sum(m.get("gpu__time_duration.sum", [0])) / 1e3
+        t = sum(m.get("us", [0]))
         stalls = sorted(((mean(v), n[len(pre):-len(post)]) for n, v in m.items() if n.startswith(pre) and n.endswith(post)),
                         reverse=True)
         top = ", ".join(f"{n} {v:.1f}" for v, n in stalls[:5])
@@ -62,19 +78,8 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     step = sys.argv[2] if len(sys.argv) > 2 else "test/bin/emu-count/step.tsv"
-    with open(sys.argv[1]) as f:
-        rows = csv.reader([line for line in f if line.startswith('"')])
-        hdr = next(rows)
-        ncu = []
-        for r in rows:
-            d = dict(zip(hdr, r))
-            if d.get("ID") == "ID" or d.get("Metric Name") != "gpu__time_duration.sum":
-                continue
-            scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-            if d["Metric Unit"] not in scale:
-                sys.exit(f"ncu_kinds.py: unknown time unit {d['Metric Unit']!r} in {sys.argv[1]}")
-            us = float(d["Metric Value"].replace(",", "")) * scale[d["Metric Unit"]]
-            ncu.append((d["Kernel Name"], us))
+    ncu = [(d["Kernel Name"], ncu_us(d, sys.argv[1])) for d in ncu_rows(sys.argv[1])
+           if d["Metric Name"] == "gpu__time_duration.sum"]
     emu = []
     with open(step) as f:
         for line in f:
