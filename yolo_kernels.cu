@@ -733,8 +733,8 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
     // row-major (m, k), the 16 input channels of an output channel contiguous (the thread loaded 8 of
     // them); DGRAD's col-major (m, k), 64 output channels contiguous per dz channel (the thread loaded 8
-    // of them); swizzled by h3_a, so that the 8 lanes of a store phase and the 8 rows an ldmatrix phase
-    // reads fall into different banks.
+    // of them); placed by h3_a (the forward's swizzled, DGRAD's padded), so that the 8 lanes of a store
+    // phase and the 8 rows an ldmatrix phase reads fall into different banks.
     constexpr int A_HALVES = Shape::A_HALVES;
     static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4 + 4 * 64 * (int)sizeof(BnTile),
                   "the epilogue's tiles and the statistics' groups fit in A's space");
