@@ -2086,6 +2086,38 @@ static void wgrad_end(const ConvGeo &g, dim3 grid, const float *ws, float *dw, i
                                                                                               accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
+// sm_count: the current device's SMs (asked once per device)
+static int sm_count() {
+    static int sms[64];
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < 64 && sms[dev]) return sms[dev];
+    int n = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (n < 1) n = 1;
+    if (dev >= 0 && dev < 64) sms[dev] = n;
+    return n;
+}
+// halo_wgrad_slices: how many slices conv_halo_wgrad_kernel splits a weight gradient's ntiles pixel
+// tiles into, given its cols blocks a slice (input-channel groups x output-channel groups), at most
+// maxs (the gather kernel's split, whose workspace the plan holds), on sms SMs. Its blocks run one an
+// SM (8 warps; the stride-2 ones two), each a 64 x 144 tile, 2.25 of the gather kernel's 64 x 64: the
+// gather kernel's split (about 1024 of its blocks, slices of at least 8 of its 32-pixel k-steps) gave
+// them 400-480 blocks of 2-7 halo K steps (128 pixels), 3-4 waves on an H200's 132 SMs with the last
+// nearly idle, each block's pipeline fill and epilogue (36 KB of FP32 partials) paid once per wave, and
+// ~15 MB of partials written and read back per conv. Instead the split with the least modeled time,
+// waves x (F + K steps a slice), F = 2 K steps' worth for the fill and the epilogue (an assumption);
+// the fewer slices on a tie (less workspace traffic). An H200, 64 -> 64 channels on 40 x 40, batch
+// 16: 30 slices, 120 blocks of 8 K steps (was 100 slices, 400 blocks of 2-3).
+static int halo_wgrad_slices(int cols, long ntiles, int maxs, int sms) {
+    int best = 1;
+    long bt = -1;
+    for (int ns = 1; ns <= maxs && ns <= ntiles; ns++) {
+        const long waves = ((long)cols * ns + sms - 1) / sms, t = waves * (2 + (ntiles + ns - 1) / ns);
+        if (bt < 0 || t < bt) bt = t, best = ns;
+    }
+    return best;
+}
 extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw,
                                 float *ws, int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
@@ -2113,7 +2145,11 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
         if (g.zs % vw == 0 && (uintptr_t)dz % (2 * vw) == 0 && g.Wo % vw == 0) break;
     if (vw) {
         ConvAct a = act ? *act : ConvAct();
-        int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), ns = (int)grid.z;
+        const int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), tr = (g.S == 2 ? 64 : H3_BN) / tc;
+        const int cols = cdiv(g.Cin, H3_KC) * cdiv(g.Cout, H3_BM);
+        const long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
+        const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count());
+        grid.z = (unsigned)ns;   // (wgrad_end: the slices to add)
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
         switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {

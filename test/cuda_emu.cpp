@@ -948,12 +948,19 @@ cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int v) 
     }
     return cudaSuccess;
 }
+// emu_sms: the SM count the emulator reports: EMU_SMS, else 108 (an A100's, the GPU make gpu-model details: launch
+// shapes a launcher derives from it, such as the halo weight gradient's slices, are those of that GPU)
+static int emu_sms() {
+    const char *e = getenv("EMU_SMS");
+    int n = e ? atoi(e) : 0;
+    return n >= 1 && n <= 1024 ? n : 108;
+}
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int) {
     switch (attr) {
     case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *v = 48 << 10; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 232448; break;
-    case cudaDevAttrMultiProcessorCount: *v = 4; break;
+    case cudaDevAttrMultiProcessorCount: *v = emu_sms(); break;
     case cudaDevAttrComputeCapabilityMajor: *v = 8; break;
     case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
     case cudaDevAttrWarpSize: *v = 32; break;
@@ -965,7 +972,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "CUDA emulation on the CPU");
     p->totalGlobalMem = (size_t)16 << 30; p->sharedMemPerBlock = 48 << 10; p->sharedMemPerBlockOptin = 232448;
-    p->warpSize = 32; p->maxThreadsPerBlock = 1024; p->major = 8; p->minor = 0; p->multiProcessorCount = 4;
+    p->warpSize = 32; p->maxThreadsPerBlock = 1024; p->major = 8; p->minor = 0; p->multiProcessorCount = emu_sms();
     p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
     p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
     return cudaSuccess;
