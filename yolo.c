@@ -10076,13 +10076,12 @@ static void prof_report(void) {
 static const void *gpu_w(const Gpu *g, const Conv *c) {
     return g->f32 ? (const void *)(g->params + c->w_off) : (const void *)(g->w16 + c->w_off);
 }
-// gpu_wt_wanted: whether conv c's input gradient reads a tap-major copy of its weights: a stride-2 3x3
-// conv (conv_dgrad_cuda's halo kernel loads only the taps each parity of input pixels needs) whose input
-// is a conv's output or a slice of one (a concat's input gradient reads per-part copies of the weights;
-// the image has none) and whose input channels fill the kernel's 8-channel rows
+// gpu_wt_wanted: whether conv c keeps a tap-major FP16 copy of its weights (conv_w_tapmajor_cuda): every
+// 3x3 conv whose input channels fill the halo kernel's 8-channel rows (its forward and input gradient
+// copy their weights from it; the stem's 3 channels take a kernel of their own)
 static int gpu_wt_wanted(const Model *m, const Conv *c) {
-    int kind = m->val[c->in].kind;
-    return c->k == 3 && c->s == 2 && c->cin % 8 == 0 && (kind == V_CONV || kind == V_SLICE);
+    (void)m;
+    return c->k == 3 && c->cin % 8 == 0;
 }
 static const uint16_t *gpu_wt(const Gpu *g, const Conv *c) {
     size_t o = g->wt_off[c - g->m->conv];
@@ -10101,11 +10100,11 @@ static void gpu_w16_refresh(Gpu *g) {
             jobs[n++] = (ConvWtJob){g->w16 + m->conv[i].w_off, g->wt16 + g->wt_off[i], m->conv[i].cout, m->conv[i].cin};
     conv_w_tapmajor_cuda(jobs, n, g->stream);
 }
-static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const float *bias,
-                           float *z32, void *z) {
+static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const uint16_t *wt,
+                           const float *bias, float *z32, void *z) {
     prof_begin(g);
     if (g->f32) conv_forward_f32_cuda(d, x, act, w, bias, z32 ? z32 : z, g->stream);
-    else conv_forward_cuda(d, x, act, w, bias, z32, z32 ? NULL : z, g->stream);
+    else conv_forward_cuda(d, x, act, w, wt, bias, z32, z32 ? NULL : z, g->stream);
     prof_end_conv(g, d, "fwd");
 }
 // k_conv_dgrad: dx (the step's gradient type: FP16 with AMP) = or += the input gradient
@@ -10310,8 +10309,8 @@ static void gpu_conv(Exec *e, Conv *c) {
         const void *w = gpu_w(g, c);                                    // (Cout, Cin, K, K)
         ConvDims d = gpu_conv_dims(g, c, in.xs, (long)c->zstride);
         const ConvAct *act = in.fused ? &in.act : NULL;
-        if (c->bn) k_conv_forward(g, d, in.x, act, w, NULL, NULL, c->z);
-        else k_conv_forward(g, d, in.x, act, w, e->params + c->b_off, c->z, NULL);
+        if (c->bn) k_conv_forward(g, d, in.x, act, w, gpu_wt(g, c), NULL, NULL, c->z);
+        else k_conv_forward(g, d, in.x, act, w, gpu_wt(g, c), e->params + c->b_off, c->z, NULL);
     }
     gpu_input_free(g, &in);
 }
@@ -10334,8 +10333,8 @@ static void gpu_conv_stats(Exec *e, Conv *c) {
     if (!arena_dry(g->a)) {
         float *rm = e->buffers + c->rs_off;
         prof_begin(g);
-        int K = conv_forward_stats_cuda(d, in.x, in.fused ? &in.act : NULL, gpu_w(g, c), (uint16_t *)c->z, part,
-                                        g->stream);
+        int K = conv_forward_stats_cuda(d, in.x, in.fused ? &in.act : NULL, gpu_w(g, c), gpu_wt(g, c),
+                                        (uint16_t *)c->z, part, g->stream);
         prof_end_conv(g, d, "fwd");
         prof_begin(g);
         bn_stats_finish_cuda(part, K, c->cout, c->mean, c->invstd, rm, rm + c->cout, BN_EPS, BN_MOMENTUM, g->stream);
@@ -10520,10 +10519,6 @@ static void gpu_alloc(Gpu *g) {
     long n = (long)m->nparams;
     g->params = gf32(g, n, G_PARAMS);
     g->w16 = g->f32 ? NULL : gf16(g, n, G_PARAMS);
-    if (g->eval_only) {
-        g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
-        return;
-    }
     size_t nt = 0;
     for (int i = 0; i < m->nconv; i++) {
         const Conv *c = &m->conv[i];
@@ -10531,6 +10526,10 @@ static void gpu_alloc(Gpu *g) {
         if (g->wt_off[i] != SIZE_MAX) nt += ((size_t)c->cout * c->cin * 9 + 7) & ~(size_t)7;   // 16-byte aligned
     }
     g->wt16 = nt ? gf16(g, (long)nt, G_PARAMS) : NULL;
+    if (g->eval_only) {
+        g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
+        return;
+    }
     g->grads = gzf32(g, n, G_GRADS);
     g->buffers = gf32(g, m->nbuffers, G_BUFFERS);
     g->bn_keep = gf32(g, m->nbuffers, G_BUFFERS);

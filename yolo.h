@@ -79,16 +79,18 @@ YOLO_HD static inline int div_fast(int n, FastDiv f) {
 typedef struct { const float *mean, *invstd, *gamma, *beta; } ConvAct;
 
 // conv_forward_cuda: implicit GEMM on tensor cores (WMMA), FP32 accumulation. z = conv(x, w) (+ bias[co]
-// when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL.
-void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const float *bias,
-                       float *z, uint16_t *zh, void *stream);
+// when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL. wt: the same weights
+// tap-major (conv_w_tapmajor_cuda), or NULL: a 3x3 conv takes the halo kernel, which copies its weights
+// from there, only with it (without, the slower gather kernel).
+void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const uint16_t *wt,
+                       const float *bias, float *z, uint16_t *zh, void *stream);
 // conv_forward_stats_cuda: conv_forward_cuda's FP16 z (no bias) and, from the same kernel's epilogue, what
 // bn_stats_cuda needs of that z (train): each block reduces the values it stores, rounded to FP16 as
 // stored (the statistics describe the tensor BN normalises), per output channel to a count, a mean and a
 // sum of squared deviations (two passes over registers), into part (conv_stats_floats(d) floats); returns
 // the pixel tiles K of each channel there. z is not read again: bn_stats_finish_cuda(part, K, ..) ends it.
-int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, uint16_t *zh,
-                            float *part, void *stream);
+int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+                            const uint16_t *wt, uint16_t *zh, float *part, void *stream);
 // bn_stats_finish_cuda: the K tiles of each of the C channels in part (count, mean, squared deviations
 // and a 0: 16 bytes a tile) merged in a fixed order (Chan et al.'s update; the same bits on every run)
 // into mean, invstd and the running stats (rm, rv; NULL to skip), as bn_stats_cuda (train) does with
@@ -113,8 +115,9 @@ void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const
                            void *stream);
 // conv_dgrad_cuda: input gradient dx = conv_transpose(dz, w), implicit GEMM on tensor cores. Written to
 // dx (FP32) and/or dxh (FP16), either may be NULL; accumulate != 0 adds to what is there. wt: the same
-// weights tap-major (conv_w_tapmajor_cuda), or NULL; a 3x3 stride-2 conv reads only the taps each
-// parity of input pixels needs from it (without it, the slower gather kernel).
+// weights tap-major (conv_w_tapmajor_cuda), or NULL: as for conv_forward_cuda, a 3x3 conv takes the halo
+// kernel only with it (at stride 2 it reads only the taps each parity of input pixels needs); ignored
+// where w is strided (wstride: the tap-major copy holds every column).
 void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const uint16_t *wt, float *dx, uint16_t *dxh,
                      int accumulate, void *stream);
 // conv_w_tapmajor_cuda: for each of n jobs, wt (cout, 9, cin) = w (cout, cin, 3, 3), FP16, bit for bit

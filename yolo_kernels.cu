@@ -540,12 +540,12 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
  * 9 taps of A for those 16 channels; then each warp multiplies 9 taps x 4 x 2 WMMA tiles of what was
  * staged (all 64 channels by its 32 pixels). So an input value is loaded from global memory once per block
  * and K step, not once per tap as in the gather kernels, VW halves at a time (8: 16-byte loads, or 4:
- * rows whose width is a multiple of 4 only); ACT's BN+SiLU is applied once per staged value. A's 144
- * values of one output channel (forward) or 16 pixels' 9 taps (DGRAD) are contiguous in the
- * (Cout, Cin, 3, 3) weights: 16-byte loads, each scattered transposed into shared memory by the
- * thread that loaded it. Staging and multiplying are done by different warps of the block (see
- * conv_halo_kernel): while the consumer warps multiply step s, the producers write step s + 1 into the
- * other shared stage, its global loads issued before they wait for it. Each output is the sum of the same FP16
+ * rows whose width is a multiple of 4 only); ACT's BN+SiLU is applied once per staged value. A is copied
+ * by cp.async from a tap-major copy of the weights (Cout, 9, Cin), in which the 16 input channels of an
+ * (output channel, tap) or 64 of a (dz channel, tap) are contiguous: no registers, no transposes.
+ * Staging and multiplying are done by different warps of the block (see conv_halo_kernel): while the
+ * consumer warps multiply step s, the producers write step s + 1 into the other shared stage, the
+ * halo's global loads issued before they wait for it. Each output is the sum of the same FP16
  * products in FP32 as the gather kernels', in a different order (channel-major within the tap-major
  * K step), so results match the twin within the same tolerance.
  */
@@ -678,11 +678,10 @@ struct H3Halo {
         }
     }
 };
-// (128, 1): with the default minimum, ptxas for sm_86 and sm_90 capped the stride-2 input gradient's
-// registers at 168 (3 blocks an SM) and spilled
-// PS2 reads its A from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda): a block of row
-// parity py loads only the 3 (py 0) or 6 (py 1) taps that reach its pixels, 64 input channels of one
-// (output channel, tap) a 128-byte run; the others read w (Cout, Cin, 3, 3)
+// A comes from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda), by cp.async: an (output
+// channel, tap) row's input channels are contiguous there, so 16 bytes of it are 8 values of one row of
+// A_t (forward) or of A_t^T (DGRAD) as the stage holds them. PS2: a block of row parity py copies only
+// the 3 (py 0) or 6 (py 1) taps that reach its pixels.
 // H3Shape: the shared memory of one conv_halo_kernel variant: two stages, each A's 9 taps then the halo,
 // every piece at a multiple of 128 bytes: 46-64 KB, within the 64 KB a block may have on sm_75 (the
 // forward's A, 64 x 16 values a tap, swizzled by h3_a: padded to 48-byte rows it would take 71-82 KB).
@@ -712,10 +711,11 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 // barriers: FULL(st) = 1 + st (producers arrive after writing stage st, consumers wait before reading
 // it), EMPTY(st) = 3 + st (consumers arrive when done reading it, producers wait before writing it
 // again), each counting the 128 threads of either side; 5 is the consumers' own (128).
-// One block an SM (8 warps, as the 128-thread version ran two): asked for two (128 registers a thread),
-// ptxas spilled 4-152 bytes in several variants on each of sm_80-sm_90.
+// Two blocks an SM where shared memory allows (16 warps; 128 registers a thread: with A copied by
+// cp.async the producers hold only the halo, 89-127 registers on sm_80 without spills, where loading and
+// transposing A through registers had needed 137-194 and one block an SM).
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
-__global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *w,
+__global__ __launch_bounds__(256, S2 && !DGRAD && TC == 32 ? 1 : 2) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a,
                                                     const __half *wt, const float *bias, float *of, __half *oh,
                                                     int accumulate, float *part) {
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
@@ -730,11 +730,10 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
     typedef H3Shape<DGRAD, S2, TC, VW> Shape;
     typedef typename Shape::Halo Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
-    // A per tap, laid out so that each thread's 8 values of a tap are one 16-byte store: the forward's
-    // row-major (m, k), the 16 input channels of an output channel contiguous (the thread loaded 8 of
-    // them); DGRAD's col-major (m, k), 64 output channels contiguous per dz channel (the thread loaded 8
-    // of them); placed by h3_a (the forward's swizzled, DGRAD's padded), so that the 8 lanes of a store
-    // phase and the 8 rows an ldmatrix phase reads fall into different banks.
+    // A per tap: the forward's row-major (m, k), the 16 input channels of an output channel contiguous;
+    // DGRAD's col-major (m, k), 64 output channels contiguous per dz channel; 16-byte pieces copied from
+    // wt placed by h3_a (the forward's swizzled, DGRAD's padded), so that the 8 rows an ldmatrix phase
+    // reads fall into different banks.
     constexpr int A_HALVES = Shape::A_HALVES;
     static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4 + 4 * 64 * (int)sizeof(BnTile),
                   "the epilogue's tiles and the statistics' groups fit in A's space");
@@ -772,24 +771,63 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
     Halo halo;
     halo.init(tid);
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
-    uint4 av[9];                            // A: 72 halves of the next step (PS2: 48, av[0 .. 5])
-    const int aside = (tid >> 4) & 1;       // which half of its pair's A row this lane loads (fetch, store)
-    // PS2's A: the block's NT taps (py 0: 3, 4, 5; py 1: 0, 1, 2, 6, 7, 8), slot u of them (what Ad[u]
-    // holds) tap u + 3 for py 0 or u >= 3, else u. Load i of a thread is row q = tid / 8 + 16 i (< 16 NT)
-    // of the step's 16 NT (output channel, tap) rows, channel q / NT, slot q % NT, 8 of its 64 input
-    // channels from 8 (tid % 8): the 8 lanes of a row read its 128 bytes. aoff[i]: the load's offset in
-    // wt from output channel c0's row, or -1 (past the rows, or input channels past M); ach[i]: its
-    // channel in the step
-    constexpr int NAS = PS2 ? 6 : 1;
+    // A comes from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda), where the input
+    // channels of an (output channel, tap) row are contiguous: cp.async copies it 16 bytes at a time
+    // straight into the stage (h3_a's places), no registers, no transposes. Copy i of a thread (i < NA)
+    // is chunk q = tid + 128 i of the step. Forward: A_t[co][ci] = row (m0 + r, t) of wt, channels c0 + 8 j
+    // ..: j = q & 1, r = q / 2 % 64, t = i (two lanes a 32-byte row). DGRAD: A_t[k][m] = w[c0 + k, m, 8 -
+    // t] = row (c0 + k, 8 - t), channels m0 + 8 j ..: j = q & 7, k = q / 8 % 16, t = i (8 lanes a 128-byte
+    // row). PS2: the block's NT taps (py 0: 3, 4, 5; py 1: 0, 1, 2, 6, 7, 8), slot u of them tap u + 3
+    // for py 0 or u >= 3, else u; q = tid / 8 + 16 i (< 16 NT) the step's (channel q / NT, slot q % NT)
+    // row, its channels m0 + 8 (tid % 8) ... A row past the tensor's, or its chunk past its channels, is
+    // zeroed instead. aoff: copy 0's offset in wt for step 0 (-1: no row), ach: PS2's channel of copy i
     const int NT = py ? 6 : 3;
-    int aoff[NAS], ach[NAS];
+    constexpr int NA = PS2 ? 6 : 9;
+    int aoff[PS2 ? NA : 1], ach[PS2 ? NA : 1];
+    if constexpr (PS2) {
+        const bool live_m = m0 + 8 * (tid & 7) < M;
 #pragma unroll
-    for (int i = 0; i < NAS; i++) {
-        const int q = (tid >> 3) + 16 * i, c = q / NT, u = q - c * NT, m = m0 + 8 * (tid & 7);
-        ach[i] = c;
-        aoff[i] = PS2 && q < 16 * NT && m < M ? (c * 9 + u + (py == 0 || u >= 3 ? 3 : 0)) * M + m : -1;
+        for (int i = 0; i < NA; i++) {
+            const int q = (tid >> 3) + 16 * i, c = q / NT, u = q - c * NT;
+            ach[i] = c;
+            aoff[i] = q < 16 * NT && live_m ? (c * 9 + u + (py == 0 || u >= 3 ? 3 : 0)) * M + m0 + 8 * (tid & 7) : -1;
+        }
+    } else if constexpr (!DGRAD) {
+        const int r = (tid >> 1) & 63, j = tid & 1;
+        ach[0] = 0;
+        aoff[0] = m0 + r < M ? (m0 + r) * 9 * Cr + 8 * j : -1;
+    } else {
+        const int k = (tid >> 3) & 15, j = tid & 7;
+        ach[0] = k;
+        aoff[0] = m0 + 8 * j < M ? (k * 9 + 8) * M + m0 + 8 * j : -1;
     }
-    auto fetch = [&](int s) {
+    // fetch_a: step s's A into stage st (cp.async; the caller commits and waits)
+    auto fetch_a = [&](int st, int s) {
+        const int c0 = s * H3_KC;
+        __half *A = Ast(st);
+#pragma unroll
+        for (int i = 0; i < NA; i++) {
+            const __half *src = nullptr;
+            __half *dst;
+            if constexpr (PS2) {
+                const int q = (tid >> 3) + 16 * i;
+                if (q >= 16 * NT) continue;
+                dst = h3_a<true>(A, q - ach[i] * NT, ach[i], tid & 7);
+                if (aoff[i] >= 0 && c0 + ach[i] < Cr) src = wt + (long)c0 * 9 * M + aoff[i];
+            } else if constexpr (!DGRAD) {
+                const int r = (tid >> 1) & 63, j = tid & 1;
+                dst = h3_a<false>(A, i, r, j);
+                if (aoff[0] >= 0 && c0 + 8 * j < Cr) src = wt + aoff[0] + i * Cr + c0;
+            } else {
+                const int k = ach[0], j = tid & 7;
+                dst = h3_a<true>(A, i, k, j);
+                if (aoff[0] >= 0 && c0 + k < Cr) src = wt + (long)c0 * 9 * M + aoff[0] - i * M;
+            }
+            // (no row: a copy of no bytes, zero-filled: one instruction either way)
+            __pipeline_memcpy_async(dst, src ? src : wt, 16, src ? 0 : 16);
+        }
+    };
+    auto fetch = [&](int s) {   // step s's halo into registers (and ACT's BN for its channel)
         const int c0 = s * H3_KC, cc = c0 + halo.pc;
         halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, SH * y0, SH * x0, IH, IW);
         if (ACT) {   // the two lanes of a pair stage one channel: the even one loads its BN, the odd one
@@ -799,67 +837,6 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
             f.x = __shfl_sync(0xffffffffu, f.x, tid & 30);
             f.y = __shfl_sync(0xffffffffu, f.y, tid & 30);
             if (cc < Cr) bnf = f;
-        }
-        // A: lanes l and l + 16 of a warp load one row of 288 bytes between them, 16 channels by 9 taps
-        // (forward: output channel m0 + 16 warp + l of w, input channels c0 ..+15; DGRAD: output channel
-        // c0 + l of w, input channels m0 + 16 warp ..+15), chunk 2 ii + side in load ii: each load's
-        // 32 lanes read 16 whole 32-byte sectors (one lane per row read every other 16 bytes). store()
-        // trades chunks within the pair, so that each lane holds 8 channels' 9 taps (chunks 9 side ..+8).
-        // Rows end at 8-channel groups (Cr, M multiples of 8): chunk j is live below 9 per live group.
-        // PS2: the block's taps of wt (aoff, above), into av[0 .. NAS-1] as they are stored
-        const uint4 z4 = make_uint4(0, 0, 0, 0);
-        if constexpr (PS2) {
-            const __half *wp = wt + (long)c0 * 9 * M;
-#pragma unroll
-            for (int i = 0; i < NAS; i++)
-                av[i] = aoff[i] >= 0 && c0 + ach[i] < Cr ? *(const uint4 *)(wp + aoff[i]) : z4;
-        } else {
-            const __half *wp;
-            int lim;
-            if (!DGRAD) {
-                const int m = m0 + 16 * warp + (tid & 15);
-                wp = w + ((long)m * Cr + c0) * 9;
-                lim = m < M ? 9 * min(max((Cr - c0) / 8, 0), 2) : 0;
-            } else {
-                const int c = c0 + (tid & 15), m = m0 + 16 * warp;
-                wp = w + (long)c * g.wst + m * 9;
-                lim = c < Cr ? 9 * min(max((M - m) / 8, 0), 2) : 0;
-            }
-#pragma unroll
-            for (int ii = 0; ii < 9; ii++)
-                av[ii] = 2 * ii + aside < lim ? *(const uint4 *)(wp + 16 * ii + 8 * aside) : z4;
-        }
-    };
-    auto store = [&](int st) {
-        halo.template store<ACT>(Bs(st), bnf);
-        if constexpr (PS2) {   // Ad[slot][channel][input channel]: 8 lanes of a phase, one 128-byte run
-#pragma unroll
-            for (int i = 0; i < NAS; i++) {
-                const int q = (tid >> 3) + 16 * i;
-                if (q < 16 * NT) *(uint4 *)h3_a<true>(Ast(st), q - ach[i] * NT, ach[i], tid & 7) = av[i];
-            }
-        } else {
-            // the pair's trade: side 0 holds chunks 0, 2, .., 16 and keeps 0 .. 8; side 1 holds 1, 3, ..,
-            // 17 and keeps 9 .. 17; each sends the 4 the other keeps
-            union { uint4 u[9]; __half h[72]; } in;   // value j = 9 r + t: row r (channel or output channel),
-                                                      // tap t
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const uint4 snd = aside ? av[k] : av[5 + k];
-                in.u[2 * k + 1] = make_uint4(
-                        __shfl_xor_sync(0xffffffffu, snd.x, 16), __shfl_xor_sync(0xffffffffu, snd.y, 16),
-                        __shfl_xor_sync(0xffffffffu, snd.z, 16), __shfl_xor_sync(0xffffffffu, snd.w, 16));
-            }
-#pragma unroll
-            for (int k = 0; k < 5; k++) in.u[2 * k] = aside ? av[k + 4] : av[k];
-#pragma unroll
-            for (int t = 0; t < 9; t++) {
-                union { uint4 u; __half h[8]; } o;
-#pragma unroll
-                for (int r = 0; r < 8; r++) o.h[r] = in.h[9 * r + t];
-                if (!DGRAD) *(uint4 *)h3_a<false>(Ast(st), t, 16 * warp + (tid & 15), aside) = o.u;
-                else *(uint4 *)h3_a<true>(Ast(st), 8 - t, tid & 15, 2 * warp + aside) = o.u;
-            }
         }
     };
     // each warp: all 64 output channels (4 A tiles) by 32 pixels (2 B tiles of 16, fragments 2 warp, +1
@@ -881,12 +858,18 @@ __global__ __launch_bounds__(256, 1) void conv_halo_kernel(ConvGeo g, const __ha
     // acol ..; A DGRAD (k-major), k row bpx, columns 8 bh ..
     const int bpx = (ln & 7) + 8 * (ln >> 4), bh = (ln >> 3) & 1;
     const int arow = (ln & 7) + 8 * ((ln >> 3) & 1), acol = 8 * (ln >> 4);
-    if (producer) {   // step s + 1's loads are in flight while the consumers may still hold its stage
+    // the producers: step s + 1's halo loads are in flight while the consumers may still hold its stage;
+    // its A is copied once they have released it, while the halo is stored
+    if (producer) {
         fetch(0);
         for (int s = 0; s < nsteps; s++) {
-            if (s >= 2) bar_sync_n(3 + (s & 1), 256);
-            store(s & 1);
-            bar_arrive_n(1 + (s & 1), 256);
+            const int st = s & 1;
+            if (s >= 2) bar_sync_n(3 + st, 256);
+            fetch_a(st, s);
+            __pipeline_commit();
+            halo.template store<ACT>(Bs(st), bnf);
+            __pipeline_wait_prior(0);
+            bar_arrive_n(1 + st, 256);
             if (s + 1 < nsteps) fetch(s + 1);
         }
         return;
@@ -1031,36 +1014,36 @@ template <bool ACT, bool DGRAD, bool S2, int TC, int VW> static size_t h3_smem()
 // conv_halo_launch: every variant launched by its literal name (the emulator's launch log and the
 // kernel report name kernels that way)
 static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, const __half *in, const ConvAct &a,
-                             const __half *w, const __half *wt, const float *bias, float *of, __half *oh, int accumulate,
-                             cudaStream_t s, float *part = nullptr) {
+                             const __half *wt, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
+                             float *part = nullptr) {
     int tc;
     dim3 grid = conv_halo_grid(g, dgrad, &tc);
     bool s2 = g.S == 2;
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
-    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 256, h3_smem<false, false, false, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 256, h3_smem<false, false, false, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 256, h3_smem<false, false, false, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 256, h3_smem<false, false, false, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 256, h3_smem<true, false, false, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 256, h3_smem<true, false, false, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 256, h3_smem<true, false, false, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 256, h3_smem<true, false, false, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 256, h3_smem<false, true, false, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 256, h3_smem<false, true, false, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 256, h3_smem<false, true, false, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 256, h3_smem<false, true, false, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 256, h3_smem<false, true, true, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 256, h3_smem<false, true, true, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 256, h3_smem<false, true, true, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 256, h3_smem<false, true, true, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 256, h3_smem<false, false, true, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 256, h3_smem<false, false, true, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 256, h3_smem<false, false, true, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 256, h3_smem<false, false, true, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 256, h3_smem<true, false, true, 16, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 256, h3_smem<true, false, true, 16, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 256, h3_smem<true, false, true, 32, 4>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
-    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 256, h3_smem<true, false, true, 32, 8>(), s>>>(g, in, a, w, wt, bias, of, oh, accumulate, part); break;
+    case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 256, h3_smem<false, false, false, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 256, h3_smem<false, false, false, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 2: conv_halo_kernel<false, false, false, 32, 4><<<grid, 256, h3_smem<false, false, false, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 3: conv_halo_kernel<false, false, false, 32, 8><<<grid, 256, h3_smem<false, false, false, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 4: conv_halo_kernel<true, false, false, 16, 4><<<grid, 256, h3_smem<true, false, false, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 5: conv_halo_kernel<true, false, false, 16, 8><<<grid, 256, h3_smem<true, false, false, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 6: conv_halo_kernel<true, false, false, 32, 4><<<grid, 256, h3_smem<true, false, false, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 7: conv_halo_kernel<true, false, false, 32, 8><<<grid, 256, h3_smem<true, false, false, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 8: conv_halo_kernel<false, true, false, 16, 4><<<grid, 256, h3_smem<false, true, false, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 9: conv_halo_kernel<false, true, false, 16, 8><<<grid, 256, h3_smem<false, true, false, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 10: conv_halo_kernel<false, true, false, 32, 4><<<grid, 256, h3_smem<false, true, false, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 11: conv_halo_kernel<false, true, false, 32, 8><<<grid, 256, h3_smem<false, true, false, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 12: conv_halo_kernel<false, true, true, 16, 4><<<grid, 256, h3_smem<false, true, true, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 13: conv_halo_kernel<false, true, true, 16, 8><<<grid, 256, h3_smem<false, true, true, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 14: conv_halo_kernel<false, true, true, 32, 4><<<grid, 256, h3_smem<false, true, true, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 256, h3_smem<false, true, true, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 256, h3_smem<false, false, true, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 256, h3_smem<false, false, true, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 256, h3_smem<false, false, true, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 256, h3_smem<false, false, true, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 256, h3_smem<true, false, true, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 256, h3_smem<true, false, true, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 256, h3_smem<true, false, true, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 256, h3_smem<true, false, true, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -1523,7 +1506,8 @@ static void conv_stats_fit(ConvDims d, unsigned tiles) {
 // conv_forward_launch: conv_forward_cuda, with the statistics' partials when part is not NULL; returns the
 // pixel tiles (the grid's x: the partials of each channel), 0 when nothing was launched
 static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
-                               const float *bias, float *z, uint16_t *zh, float *part, void *stream) {
+                               const uint16_t *wt, const float *bias, float *z, uint16_t *zh, float *part,
+                               void *stream) {
     ConvGeo g = conv_geo(d);
     long N = (long)g.B * g.Ho * g.Wo;
     if (N == 0 || g.Cout == 0 || (!z && !zh)) return 0;
@@ -1546,11 +1530,12 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
         CUDA_CHECK(cudaGetLastError());
         return (int)blocks;
     }
-    if (int vw = conv_halo_vw(g, g.xs, x, w, g.Cin, g.W, 2)) {
+    // a 3x3 conv: the halo kernel, which reads the weights tap-major (wt)
+    if (int vw = wt ? conv_halo_vw(g, g.xs, x, wt, g.Cin, g.W, 2) : 0) {
         int tc;
         const unsigned tiles = conv_halo_grid(g, false, &tc).x;   // (conv_halo_launch's grid)
         if (part) conv_stats_fit(d, tiles);
-        conv_halo_launch(g, vw, act != nullptr, false, xh, a, wh, nullptr, bias, z, zo, 0, s, part);
+        conv_halo_launch(g, vw, act != nullptr, false, xh, a, (const __half *)wt, bias, z, zo, 0, s, part);
         return (int)tiles;
     }
     if (part) conv_stats_fit(d, grid.x);
@@ -1568,8 +1553,8 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
     return (int)grid.x;
 }
 extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
-                                  const float *bias, float *z, uint16_t *zh, void *stream) {
-    conv_forward_launch(d, x, act, w, bias, z, zh, nullptr, stream);
+                                  const uint16_t *wt, const float *bias, float *z, uint16_t *zh, void *stream) {
+    conv_forward_launch(d, x, act, w, wt, bias, z, zh, nullptr, stream);
 }
 
 // conv_dgrad_kernel: dx (+)= w^T dzg, a 64x64 tile of (Cin, B*H*W) per block, the index math out of the
@@ -1696,10 +1681,9 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
     // columns of a wider conv's weights): no tap-major copy, which holds the whole weights
     const bool wrow16 = g.wst % 8 == 0;
     if (g.wst != g.Cin * g.KK) wt = nullptr;
-    // stride 2 takes the halo kernel with the tap-major copy only
-    if (int vw = wrow16 ? conv_halo_vw(g, g.zs, dz, w, g.Cin, g.Wo, g.S == 2 && (!wt || (uintptr_t)wt % 16) ? 1 : 2)
-                        : 0) {
-        conv_halo_launch(g, vw, false, true, dzh, ConvAct(), wh, (const __half *)wt, nullptr, dx, xo, accumulate, s);
+    // a 3x3 conv: the halo kernel, which reads the weights tap-major (wt)
+    if (int vw = wt ? conv_halo_vw(g, g.zs, dz, wt, g.Cin, g.Wo, 2) : 0) {
+        conv_halo_launch(g, vw, false, true, dzh, ConvAct(), (const __half *)wt, nullptr, dx, xo, accumulate, s);
         return;
     }
     bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 && wrow16 &&
@@ -2511,8 +2495,8 @@ extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW,
     bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
 extern "C" int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
-                                       uint16_t *zh, float *part, void *stream) {
-    return conv_forward_launch(d, x, act, w, nullptr, nullptr, zh, part, stream);
+                                       const uint16_t *wt, uint16_t *zh, float *part, void *stream) {
+    return conv_forward_launch(d, x, act, w, wt, nullptr, nullptr, zh, part, stream);
 }
 extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mean, float *invstd, float *rm, float *rv,
                                      float eps, float momentum, void *stream) {

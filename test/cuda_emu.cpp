@@ -125,7 +125,7 @@ extern "C" void emu_ctx_switch(void **save_sp, void *to_sp);
 
 namespace emu {
 
-enum { F_RUN, F_BAR, F_WARP, F_DONE, F_NBAR };
+enum { F_RUN, F_BAR, F_WARP, F_DONE, F_NBAR, F_PARK };
 struct Fiber { void *sp; uint3 tid; int lin, state, nbar; const char *file; int line; char *stack; void *fake; };
 struct Warp {
     unsigned arrived, mask;
@@ -218,7 +218,42 @@ static void release_barrier() {
     for (int i = 0; i < B->n; i++) if (B->f[i].state == F_BAR) B->f[i].state = F_RUN;
     B->bar_count = 0;
 }
+// cp.async (cuda_pipeline_primitives.h): per thread of the running block, the copies issued and not yet
+// waited for, in issue order, each with its group (the commits its thread had made when it was issued);
+// __pipeline_wait_prior(n) writes those of every group but the last n committed ones, so a thread that
+// reads a stage before its producer's wait (or after a barrier the producer reached before waiting)
+// reads what was there before, as it may on a GPU. A thread that ends with copies pending has them
+// written then.
+struct AsyncQ { std::deque<AsyncCopy> q; int commits = 0; };
+static thread_local std::vector<AsyncQ> asyncq;
+static AsyncQ &async_q() {
+    if (!F) fail("__pipeline_* used outside a kernel");
+    if ((int)asyncq.size() < B->n) asyncq.resize(B->n);
+    return asyncq[F->lin];
+}
+void async_push(void *dst, const void *data, int n) {
+    AsyncQ &a = async_q();
+    AsyncCopy c;
+    c.dst = dst; c.n = n; c.group = a.commits;
+    memcpy(c.data, data, n);
+    a.q.push_back(c);
+}
+void async_commit() { async_q().commits++; }
+int async_pop(int prior, AsyncCopy *out) {
+    AsyncQ &a = async_q();
+    if (a.q.empty() || a.q.front().group >= a.commits - prior) return 0;
+    *out = a.q.front();
+    a.q.pop_front();
+    return 1;
+}
+static void async_reset(int n) {
+    if ((int)asyncq.size() < n) asyncq.resize(n);
+    for (int i = 0; i < n; i++) asyncq[i].q.clear(), asyncq[i].commits = 0;
+}
 static void fiber_exit() {
+    if (F->lin < (int)asyncq.size())
+        for (AsyncCopy &c : asyncq[F->lin].q) memcpy(c.dst, c.data, c.n);
+    if (F->lin < (int)asyncq.size()) asyncq[F->lin].q.clear();
     F->state = F_DONE;
     B->alive--;
     if (B->bar_count > 0) {
@@ -266,8 +301,11 @@ int syncthreads_reduce(int op, int pred, const char *file, int line) {
 // on barrier id until n threads have arrived since it last completed; then every thread waiting on it
 // runs again. Warp-granular as on the GPU: n a multiple of 32, at most the block's threads.
 // Memory written before the arrival is read after the wait (the fibers run one at a time). An arriving
-// thread goes on without giving up its turn (in random order: half the time), so that a producer may
-// run steps ahead of its consumers, as on the GPU, and a missing wait shows.
+// thread goes on without giving up its turn (in random order: a third of the time), so that a producer
+// may run steps ahead of its consumers, as on the GPU, and a missing wait shows; in random order it may
+// also give up its turn, or be parked (a third of the time each): it runs again only once no other
+// thread can, as a warp the GPU's scheduler leaves behind, so that what it does after arriving (a
+// cp.async wait placed after the arrive) comes after what its consumers do next.
 void named_barrier(int id, int n, int arrive, const char *file, int line) {
     if (!B) fail("bar.sync/bar.arrive called outside a kernel");
     if (id < 1 || id > 15) fail("named barrier id %d (%s:%d): 1-15 (0 is __syncthreads')", id, file, line);
@@ -279,15 +317,19 @@ void named_barrier(int id, int n, int arrive, const char *file, int line) {
     else if (b.n != n)
         fail("named barrier %d: %s:%d counts %d threads while %s:%d counted %d", id, file, line, n, b.file, b.line, b.n);
     F->file = file; F->line = line;
-    const bool go_on = arrive && (g_order != 2 || (rng_next() & 1));
+    const int how = !arrive ? 1 : g_order != 2 ? 0 : (int)(rng_next() % 3);   // 0 go on, 1 yield, 2 park
+    auto leave = [&]() {
+        if (how == 1) yield_run();
+        else if (how == 2) { F->state = F_PARK; to_sched(); }
+    };
     if (++b.count == n) {
         b.count = 0;
         for (int i = 0; i < B->n; i++)
             if (B->f[i].state == F_NBAR && B->f[i].nbar == id) B->f[i].state = F_RUN;
-        if (!go_on) yield_run();
+        leave();
         return;
     }
-    if (arrive) { if (!go_on) yield_run(); return; }
+    if (arrive) { leave(); return; }
     F->state = F_NBAR; F->nbar = id;
     to_sched();
 }
@@ -501,6 +543,7 @@ static void run_block(std::function<void()> &body, int n) {
         stacks.push_back(m);
     }
     block_serial++;
+    async_reset(n);
     Block blk = {};
     blk.n = n; blk.alive = n; blk.f = fibers.data(); blk.w = warps.data(); blk.body = &body;
     B = &blk;
@@ -532,7 +575,11 @@ static void run_block(std::function<void()> &body, int n) {
             emu_ctx_switch(&blk.sched_sp, f.sp);
 #endif
         }
-        if (!progress) deadlock();
+        if (!progress) {   // no thread can run: the parked ones may (named_barrier)
+            for (int i = 0; i < n; i++)
+                if (fibers[i].state == F_PARK) fibers[i].state = F_RUN, progress = 1;
+            if (!progress) deadlock();
+        }
     }
     F = nullptr; B = nullptr;
 }

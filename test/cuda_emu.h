@@ -69,6 +69,11 @@ unsigned active_mask();
 void *dyn_smem();
 void shared_fresh(void *p, size_t n);
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// cp.async (cuda_pipeline_primitives.h): a copy's bytes, read when issued, written to dst when waited for
+struct AsyncCopy { void *dst; int n, group; alignas(16) unsigned char data[16]; };
+void async_push(void *dst, const void *data, int n);
+void async_commit();
+int async_pop(int prior, AsyncCopy *out);   // the next copy of a group waited for by wait_prior(prior), 0: none
 // counter mode (make emu-count; no-ops otherwise): a WMMA tile access and an mma, once per warp;
 // count_quiet brackets the emulation's own reads of a tile, which the hardware does not make
 void count_tile(const void *p, int rows, int cols, int esz, size_t ld, int rowmajor, int store);

@@ -126,6 +126,42 @@ __global__ void handoff(const float *x, float *y, int nsteps, int wait_empty) {
         if (s + 2 < nsteps) emu::named_barrier(3 + s % 2, 64, 1, __FILE__, __LINE__);
     }
 }
+// the same hand-over with the stage copied by cp.async (as conv_halo_kernel's A): the copies waited for
+// before the FULL arrive (wait_first), or after it (wrong: a consumer may read the stage first)
+__global__ void handoff_async(const float *x, float *y, int nsteps, int wait_first) {
+    __shared__ __align__(16) float st[2][32];
+    const int lane = threadIdx.x % 32;
+    if (threadIdx.x >= 32) {
+        for (int s = 0; s < nsteps; s++) {
+            if (s >= 2) emu::named_barrier(3 + s % 2, 64, 0, __FILE__, __LINE__);
+            __pipeline_memcpy_async(&st[s % 2][lane], &x[s * 32 + lane], 4);
+            __pipeline_commit();
+            if (wait_first) __pipeline_wait_prior(0);
+            emu::named_barrier(1 + s % 2, 64, 1, __FILE__, __LINE__);
+            if (!wait_first) __pipeline_wait_prior(0);
+        }
+        return;
+    }
+    for (int s = 0; s < nsteps; s++) {
+        emu::named_barrier(1 + s % 2, 64, 0, __FILE__, __LINE__);
+        y[s * 32 + lane] = st[s % 2][(lane + 1) % 32];
+        if (s + 2 < nsteps) emu::named_barrier(3 + s % 2, 64, 1, __FILE__, __LINE__);
+    }
+}
+// cp.async groups: two groups of one copy each; after wait_prior(1) the first has landed and the second
+// not (the destination still holds its old value); after wait_prior(0) both
+__global__ void async_groups(const float *x, float *y) {
+    __shared__ __align__(16) float s[2];
+    s[0] = -1.0f; s[1] = -1.0f;
+    __pipeline_memcpy_async(&s[0], &x[0], 4);
+    __pipeline_commit();
+    __pipeline_memcpy_async(&s[1], &x[1], 4);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    y[0] = s[0]; y[1] = s[1];
+    __pipeline_wait_prior(0);
+    y[2] = s[0]; y[3] = s[1];
+}
 __global__ void nbar_nobody(float *) { if (threadIdx.x < 32) emu::named_barrier(2, 64, 0, __FILE__, __LINE__); }
 __global__ void nbar_counts(float *) { emu::named_barrier(2, threadIdx.x < 32 ? 64 : 96, 0, __FILE__, __LINE__); }
 static void run_nbar_nobody() { nbar_nobody<<<1, 64>>>(nullptr); }
@@ -151,7 +187,27 @@ static void test_named_barriers() {
         if (wait) check(wrong == 0, "two stages handed over by named barriers (FULL, EMPTY): right in all orders (%d wrong)", wrong);
         else check(wrong > 0, "the same with the stage written before its EMPTY wait: wrong in %d of 10 runs (must be >= 1)", wrong);
     }
+    for (int wait = 1; wait >= 0; wait--) {
+        int wrong = 0;
+        for (int o = 0; o < 3; o++)
+            for (int rep = 0; rep < (o == 2 ? 8 : 1); rep++) {
+                emu_set_order(o);
+                handoff_async<<<2, 64>>>(dx, dy, n, wait);
+                auto h = host_from(dy, 32 * n);
+                int bad = 0;
+                for (int s = 0; s < n; s++)
+                    for (int l = 0; l < 32; l++) bad += h[s * 32 + l] != x[s * 32 + (l + 1) % 32];
+                wrong += bad > 0;
+            }
+        if (wait) check(wrong == 0, "stages copied by cp.async, waited for before the FULL arrive: right in all orders (%d wrong)", wrong);
+        else check(wrong > 0, "the same waited for after the arrive: wrong in %d of 10 runs (must be >= 1)", wrong);
+    }
     emu_set_order(0);
+    async_groups<<<1, 1>>>(dx, dy);
+    auto g = host_from(dy, 4);
+    check(g[0] == x[0] && g[1] == -1.0f && g[2] == x[0] && g[3] == x[1],
+          "cp.async groups: wait_prior(1) lands the first of two groups only (%g %g), wait_prior(0) both (%g %g)", g[0],
+          g[1], g[2], g[3]);
     expect_abort("a named barrier that too few threads reach", run_nbar_nobody, "deadlock");
     expect_abort("one named barrier given two thread counts", run_nbar_counts, "counts");
     cudaFree(dx); cudaFree(dy);

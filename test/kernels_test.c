@@ -229,11 +229,11 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     CK(cudaMemset(dz32, 0xff, 4 * nz));
     CK(cudaMemset(dz16, 0xff, 2 * nz));
     CK(cudaMalloc((void **)&ddx16, 2 * nx));
-    conv_forward_cuda(d, dxh_, NULL, dwh, dbias, dz32, dz16, stream);
-    // the weights tap-major (3x3): bit for bit its twin's, then the input gradient's (stride 2: the
-    // halo kernel reads them; the FP16 accumulate below passes none: the gather kernel)
+    // the weights tap-major (3x3): bit for bit its twin's; the forward's and the input gradient's halo
+    // kernel copies its weights from them (the FP16 accumulate below passes none at stride 2, and a
+    // forward below none: the gather kernels)
     uint16_t *dwt = NULL;
-    if (K == 3 && dg) {
+    if (K == 3) {
         uint16_t *wt = xmalloc(2 * (size_t)nw), *wt_ref = xmalloc(2 * (size_t)nw);
         CK(cudaMalloc((void **)&dwt, 2 * nw));
         ConvWtJob job = {(const uint16_t *)dwh, dwt, Cout, Cin};
@@ -245,6 +245,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         twin_compared(conv_w_tapmajor_cuda);
         free(wt); free(wt_ref);
     }
+    conv_forward_cuda(d, dxh_, NULL, dwh, dwt, dbias, dz32, dz16, stream);
     if (dg) {
         conv_dgrad_cuda(d, ddz, dwh, dwt, ddx, NULL, 1, stream);
         conv_dgrad_cuda(d, ddz, dwh, dwt, NULL, ddx16, 0, stream);
@@ -295,7 +296,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         uint16_t *dzs;
         CK(cudaMalloc((void **)&dzs, 2 * nz));
         CK(cudaMemset(dzs, 0xff, 2 * nz));   // NaN: outside the slices the z must stay untouched
-        conv_forward_cuda(d, dxh_, NULL, dwh, NULL, NULL, dz16, stream);
+        conv_forward_cuda(d, dxh_, NULL, dwh, dwt, NULL, NULL, dz16, stream);
         long np = (long)conv_stats_floats(d);
         float *dpart = poisoned_dev(np), *dst;
         CK(cudaMalloc((void **)&dst, 4 * 4 * Cout));
@@ -309,7 +310,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
                 CK(cudaMemcpy(dst + 2 * Cout, rm, 4 * Cout, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(dst + 3 * Cout, rv, 4 * Cout, cudaMemcpyHostToDevice));
             }
-            tiles = conv_forward_stats_cuda(d, dxh_, NULL, dwh, dzs, dpart, stream);
+            tiles = conv_forward_stats_cuda(d, dxh_, NULL, dwh, dwt, dzs, dpart, stream);
             bn_stats_finish_cuda(dpart, tiles, Cout, dst, dst + Cout, dst + 2 * Cout, dst + 3 * Cout, BN_EPS,
                                  BN_MOMENTUM, stream);
             got[r] = from_dev(dst, 4 * 4 * Cout);
@@ -336,7 +337,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
             uint16_t *dzb;   // and with the bias, nothing written outside the channels
             CK(cudaMalloc((void **)&dzb, 2 * nz));
             CK(cudaMemset(dzb, 0xff, 2 * nz));
-            conv_forward_cuda(d, dxh_, NULL, dwh, dbias, NULL, dzb, stream);
+            conv_forward_cuda(d, dxh_, NULL, dwh, dwt, dbias, NULL, dzb, stream);
             uint16_t *zb = (uint16_t *)from_dev(dzb, 2 * nz);
             float *zbf = f16_host_to_f32(zb, nz);
             long outside = 0;
@@ -348,6 +349,23 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
                      "(%ld values written outside the channels)", B, Cin, H, W, Cout, K, S, outside);
             check_f16tol(what, zg, zr, B * n1);
             check(!outside, "%s: nothing outside", what);
+            if (dwt) {   // a 3x3 conv without the tap-major copy: the gather kernel, the same results
+                CK(cudaMemset(dzb, 0xff, 2 * nz));
+                conv_forward_cuda(d, dxh_, NULL, dwh, NULL, dbias, NULL, dzb, stream);
+                free(zb); free(zbf);
+                zb = (uint16_t *)from_dev(dzb, 2 * nz);
+                zbf = f16_host_to_f32(zb, nz);
+                outside = 0;
+                for (int b = 0; b < B; b++) {
+                    for (long i = 0; i < n1; i++) zg[b * n1 + i] = zbf[b * zs + i];
+                    for (long i = n1; i < zs; i++) outside += zb[b * zs + i] != 0xffff;
+                }
+                snprintf(what, sizeof what, "conv_forward_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, no tap-major "
+                         "weights (the gather kernel), FP16 z + bias (%ld values written outside)", B, Cin, H, W, Cout,
+                         K, S, outside);
+                check_f16tol(what, zg, zr, B * n1);
+                check(!outside, "%s: nothing outside", what);
+            }
             cudaFree(dzb); free(zb); free(zbf);
             free(zg); free(zr);
         }
@@ -1796,6 +1814,7 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
     size_t wsb = conv_wgrad_ws_bytes(dense, f32);
     float *ws = wsb ? poisoned_dev((long)(wsb / 4)) : NULL, *z1 = poisoned_dev(nz), *z2 = poisoned_dev(nz);
     float *w1 = poisoned_dev(nw), *w2 = poisoned_dev(nw);
+    uint16_t *tap = NULL;   // (FP16, 3x3) the weights tap-major
     if (f32) {
         bn_silu_forward_f32_cuda((const float *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (float *)dy, 0, B,
                                  Cin, HW, 0, stream);
@@ -1806,8 +1825,13 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
     } else {
         bn_silu_forward_f16_cuda((const uint16_t *)xin, slice.xs, dm + c0, di + c0, dg + c0, db + c0, (uint16_t *)dy, 0,
                                  B, Cin, HW, 0, stream);
-        conv_forward_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, NULL, z1, NULL, stream);
-        conv_forward_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, NULL, z2, NULL, stream);
+        if (K == 3) {   // the weights tap-major, from which the halo kernel copies them
+            CK(cudaMalloc((void **)&tap, 2 * nw));
+            ConvWtJob job = {(const uint16_t *)dwt, tap, Cout, Cin};
+            conv_w_tapmajor_cuda(&job, 1, stream);
+        }
+        conv_forward_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, tap, NULL, z1, NULL, stream);
+        conv_forward_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, tap, NULL, z2, NULL, stream);
         conv_wgrad_cuda(dense, (const uint16_t *)ddz, (const uint16_t *)dy, NULL, w1, ws, 0, stream);
         conv_wgrad_cuda(slice, (const uint16_t *)ddz, (const uint16_t *)xin, &act, w2, ws, 0, stream);
     }
@@ -1827,8 +1851,9 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
         CK(cudaMalloc((void **)&h2, 2 * nz));
         long np = (long)conv_stats_floats(dense);
         float *p1 = poisoned_dev(np), *p2 = poisoned_dev(np), *st1 = poisoned_dev(2 * Cout), *st2 = poisoned_dev(2 * Cout);
-        int k1 = conv_forward_stats_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, h1, p1, stream);
-        int k2 = conv_forward_stats_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, h2, p2, stream);
+        int k1 = conv_forward_stats_cuda(dense, (const uint16_t *)dy, NULL, (const uint16_t *)dwt, tap, h1, p1, stream);
+        int k2 = conv_forward_stats_cuda(slice, (const uint16_t *)xin, &act, (const uint16_t *)dwt, tap, h2, p2,
+                                         stream);
         bn_stats_finish_cuda(p1, k1, Cout, st1, st1 + Cout, NULL, NULL, BN_EPS, BN_MOMENTUM, stream);
         bn_stats_finish_cuda(p2, k2, Cout, st2, st2 + Cout, NULL, NULL, BN_EPS, BN_MOMENTUM, stream);
         uint16_t *a1 = (uint16_t *)from_dev(h1, 2 * nz), *a2 = (uint16_t *)from_dev(h2, 2 * nz);
@@ -1844,6 +1869,7 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
         cudaFree(h1); cudaFree(h2); cudaFree(p1); cudaFree(p2); cudaFree(st1); cudaFree(st2);
         free(a1); free(a2); free(s1); free(s2);
     }
+    if (tap) cudaFree(tap);
     cudaFree(dzp); cudaFree(dwt); cudaFree(ddz); cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(dy);
     cudaFree(ws); cudaFree(z1); cudaFree(z2); cudaFree(w1); cudaFree(w2);
     if (!f32) free(hz), free(hw), free(hdz);
