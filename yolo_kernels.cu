@@ -714,8 +714,16 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 // Two blocks an SM where shared memory allows (16 warps; 128 registers a thread: with A copied by
 // cp.async the producers hold only the halo, 89-127 registers on sm_80 without spills, where loading and
 // transposing A through registers had needed 137-194 and one block an SM).
+// H3_MIN_BLOCKS: the blocks an SM conv_halo_kernel asks registers for: 1 on sm_75 (64 KB of shared memory
+// an SM hold one block; at 128 registers ptxas spilled there) and for the stride-2 forward with 32-column
+// tiles (more instructions at 128), else 2
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define H3_MIN_BLOCKS(one) 1
+#else
+#define H3_MIN_BLOCKS(one) ((one) ? 1 : 2)
+#endif
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
-__global__ __launch_bounds__(256, S2 && !DGRAD && TC == 32 ? 1 : 2) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a,
+__global__ __launch_bounds__(256, H3_MIN_BLOCKS(S2 && !DGRAD && TC == 32)) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a,
                                                     const __half *wt, const float *bias, float *of, __half *oh,
                                                     int accumulate, float *part) {
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per

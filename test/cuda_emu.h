@@ -16,8 +16,11 @@
 //     __syncthreads only in block-uniform control flow (guard the work, never return before one);
 //     named barriers (bar.sync / bar.arrive id, n: emu::named_barrier) in warp-uniform flow, n a
 //     multiple of 32 and the same at every use of an id while it counts;
-//   - no behaviour that depends on __CUDA_ARCH__, fast-math or the order blocks run in; no spinning on
-//     another block; launches only as K<<<grid, block[, smem[, stream]]>>>(args) naming the kernel;
+//   - a cp.async (__pipeline_memcpy_async) destination read only after its thread's
+//     __pipeline_wait_prior and then a barrier (the emulator writes it at the wait);
+//   - no behaviour that depends on __CUDA_ARCH__ (launch bounds may: they change no result), fast-math
+//     or the order blocks run in; no spinning on another block; launches only as
+//     K<<<grid, block[, smem[, stream]]>>>(args) naming the kernel;
 //   - at most one `extern __shared__` per kernel, declared inside it; kernel arguments are device
 //     pointers or plain structs passed by value;
 //   - only the intrinsics defined here: a new one gets its emulation and a test in emu_selftest.cu.
