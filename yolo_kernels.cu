@@ -712,8 +712,8 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 // it), EMPTY(st) = 3 + st (consumers arrive when done reading it, producers wait before writing it
 // again), each counting the 128 threads of either side; 5 is the consumers' own (128).
 // Two blocks an SM where shared memory allows (16 warps; 128 registers a thread: with A copied by
-// cp.async the producers hold only the halo, 89-127 registers on sm_80 without spills, where loading and
-// transposing A through registers had needed 137-194 and one block an SM).
+// cp.async the producers hold only the halo, 96-128 registers on sm_80 without spills, where loading and
+// transposing A through registers had needed 134-210 and one block an SM).
 // H3_MIN_BLOCKS: the blocks an SM conv_halo_kernel asks registers for: 1 on sm_75 (64 KB of shared memory
 // an SM hold one block; at 128 registers ptxas spilled there) and for the stride-2 forward with 32-column
 // tiles (more instructions at 128), else 2
@@ -723,9 +723,9 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 #define H3_MIN_BLOCKS(one) ((one) ? 1 : 2)
 #endif
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
-__global__ __launch_bounds__(256, H3_MIN_BLOCKS(S2 && !DGRAD && TC == 32)) void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a,
-                                                    const __half *wt, const float *bias, float *of, __half *oh,
-                                                    int accumulate, float *part) {
+__global__ __launch_bounds__(256, H3_MIN_BLOCKS(S2 && !DGRAD && TC == 32))
+void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, const float *bias, float *of,
+                      __half *oh, int accumulate, float *part) {
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
     // block and both column parities (PS2), its halo of dz at stride 1; S2 without: the stride-2
     // forward (FS2), its halo a stride-2 window of x
