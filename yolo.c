@@ -10079,10 +10079,7 @@ static const void *gpu_w(const Gpu *g, const Conv *c) {
 // gpu_wt_wanted: whether conv c keeps a tap-major FP16 copy of its weights (conv_w_tapmajor_cuda): every
 // 3x3 conv whose input channels fill the halo kernel's 8-channel rows (its forward and input gradient
 // copy their weights from it; the stem's 3 channels take a kernel of their own)
-static int gpu_wt_wanted(const Model *m, const Conv *c) {
-    (void)m;
-    return c->k == 3 && c->cin % 8 == 0;
-}
+static int gpu_wt_wanted(const Conv *c) { return c->k == 3 && c->cin % 8 == 0; }
 static const uint16_t *gpu_wt(const Gpu *g, const Conv *c) {
     size_t o = g->wt_off[c - g->m->conv];
     return g->wt16 && o != SIZE_MAX ? g->wt16 + o : NULL;
@@ -10522,7 +10519,7 @@ static void gpu_alloc(Gpu *g) {
     size_t nt = 0;
     for (int i = 0; i < m->nconv; i++) {
         const Conv *c = &m->conv[i];
-        g->wt_off[i] = !g->f32 && gpu_wt_wanted(m, c) ? nt : SIZE_MAX;
+        g->wt_off[i] = !g->f32 && gpu_wt_wanted(c) ? nt : SIZE_MAX;
         if (g->wt_off[i] != SIZE_MAX) nt += ((size_t)c->cout * c->cin * 9 + 7) & ~(size_t)7;   // 16-byte aligned
     }
     g->wt16 = nt ? gf16(g, (long)nt, G_PARAMS) : NULL;

@@ -469,9 +469,9 @@ __device__ __forceinline__ void conv_store_row8(float *of, __half *oh, const flo
 #define ldsm_x4(r, p) emu::ldmatrix_x4(r, p, false, __FILE__, __LINE__)
 #define ldsm_x4_t(r, p) emu::ldmatrix_x4(r, p, true, __FILE__, __LINE__)
 #define mma_16816(d, a, b) emu::mma_16816(d, a, b, __FILE__, __LINE__)
+// (emulated: a copy of 16 or 0 bytes, zero-filled; either lands when its thread waits, as on the GPU)
 __device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) {
-    if (full) __pipeline_memcpy_async(dst, src, 16);
-    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+    __pipeline_memcpy_async(dst, src, 16, full ? 0 : 16);
 }
 template <class T> __device__ __forceinline__ void pin_reg(T *&) {}
 #define bar_sync_n(id, n) emu::named_barrier(id, n, 0, __FILE__, __LINE__)
@@ -788,7 +788,8 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // row). PS2: the block's NT taps (py 0: 3, 4, 5; py 1: 0, 1, 2, 6, 7, 8), slot u of them tap u + 3
     // for py 0 or u >= 3, else u; q = tid / 8 + 16 i (< 16 NT) the step's (channel q / NT, slot q % NT)
     // row, its channels m0 + 8 (tid % 8) ... A row past the tensor's, or its chunk past its channels, is
-    // zeroed instead. aoff: copy 0's offset in wt for step 0 (-1: no row), ach: PS2's channel of copy i
+    // zeroed instead. aoff: copy 0's offset in wt for step 0 (-1: no row); ach: PS2's channel of copy i,
+    // DGRAD's k
     const int NT = py ? 6 : 3;
     constexpr int NA = PS2 ? 6 : 9;
     int aoff[PS2 ? NA : 1], ach[PS2 ? NA : 1];
@@ -802,7 +803,6 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
         }
     } else if constexpr (!DGRAD) {
         const int r = (tid >> 1) & 63, j = tid & 1;
-        ach[0] = 0;
         aoff[0] = m0 + r < M ? (m0 + r) * 9 * Cr + 8 * j : -1;
     } else {
         const int k = (tid >> 3) & 15, j = tid & 7;
@@ -831,8 +831,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                 dst = h3_a<true>(A, i, k, j);
                 if (aoff[0] >= 0 && c0 + k < Cr) src = wt + (long)c0 * 9 * M + aoff[0] - i * M;
             }
-            // (no row: a copy of no bytes, zero-filled: one instruction either way)
-            __pipeline_memcpy_async(dst, src ? src : wt, 16, src ? 0 : 16);
+            cp_async16z(dst, src ? src : wt, src != nullptr);   // (no row: zero-filled, nothing read)
         }
     };
     auto fetch = [&](int s) {   // step s's halo into registers (and ACT's BN for its channel)

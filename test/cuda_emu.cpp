@@ -251,9 +251,10 @@ static void async_reset(int n) {
     for (int i = 0; i < n; i++) asyncq[i].q.clear(), asyncq[i].commits = 0;
 }
 static void fiber_exit() {
-    if (F->lin < (int)asyncq.size())
+    if (F->lin < (int)asyncq.size()) {
         for (AsyncCopy &c : asyncq[F->lin].q) memcpy(c.dst, c.data, c.n);
-    if (F->lin < (int)asyncq.size()) asyncq[F->lin].q.clear();
+        asyncq[F->lin].q.clear();
+    }
     F->state = F_DONE;
     B->alive--;
     if (B->bar_count > 0) {
