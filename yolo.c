@@ -1681,8 +1681,10 @@ typedef struct {
     float *dA;              // (B, Cout, Ho, Wo) gradient of the output, live during backward only: FP32, or
                             // FP16 on the device with AMP (Exec.gsz; the Detect outputs' stay FP32, inside
                             // the loss's maps)
-    unsigned char *dA_held; // (B) with Backend.lazy_dA: per image, which halves of dA's channels hold a
-                            // gradient yet (bit 0: [0, Cout/2), bit 1: [Cout/2, Cout)); else NULL: all of it
+    unsigned char *dA_held; // (B / Exec.nb) with Backend.lazy_dA: per image (the device: per batch, its ops
+                            // take every image at once), which halves of dA's channels hold a gradient yet
+                            // (bit 0: [0, Cout/2), bit 1: [Cout/2, Cout)); else NULL: all of it
+    unsigned char dA_held_batch;   // the device's dA_held (its dA lies in device memory)
 } Conv;
 
 // a row of the `yolo info` table, one per yaml layer
@@ -2068,8 +2070,9 @@ struct Backend {
     void (*act_upsample)(Exec *e, const Conv *c, int c0, int C, void *out, long os);
     void (*maxpool)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);      // 5x5, stride 1
     void (*grad_add)(Exec *e, const float *g, long gs, float *d, long ds, long n);       // d += g
-    // d.p[j] += g for j < d.k, g read once: a residual sum's gradient into the convs it adds (NULL:
-    // grad_add each); never with lazy_dA
+    void (*grad_copy)(Exec *e, const float *g, long gs, float *d, long ds, long n);      // d = g (lazy_dA)
+    // d.p[j] += g (= where bit j of d.set) for j < d.k, g read once: a residual sum's gradient into
+    // the convs it adds (NULL: grad_add or grad_copy each)
     void (*grad_add_n)(Exec *e, const float *g, long gs, AddDst d, long n);
     void (*upsample_back)(Exec *e, const float *g, long gs, float *gx, int C, int H, int W);   // gx (C, H, W) dense
     // called in dry runs too (their temporaries come from e->a): they compute only when it is real
@@ -2082,7 +2085,8 @@ struct Backend {
     struct LossOut (*loss)(Exec *e, const struct LossTargets *tg, const struct LossConfig *lcfg);   // + m->dhead
     // lazy_dA: a conv's dA is not zeroed when it is made: its first gradient is written into it,
     // later ones added (dA_held), and what nothing wrote is zeroed before its backward (dA_complete).
-    // For a backend whose dA lies in host memory and whose conv_grads asks dA_held (the CPU's).
+    // For a backend whose conv_grads asks dA_held (both: on the device this saves each dA's zeroing
+    // and its first writer's read of the zeros, 4 bytes a value in FP16)
     int lazy_dA;
 };
 
@@ -2101,26 +2105,31 @@ static float *walk_grad(Exec *e, long n, int group) {
 }
 static float *grad_at(const Exec *e, const float *p, long off) { return (float *)((char *)p + off * e->gsz); }
 // walk_dA: conv c's gradient buffer dA (B, Cout, Ho, Wo) of the walk's gradient type, created on
-// first use: zeroed, or with Backend.lazy_dA followed by its B dA_held flags, all clear (then every
-// writer asks dA_held)
+// first use: zeroed, or with Backend.lazy_dA its dA_held flags all clear (then every writer asks
+// dA_held): on the CPU B of them after dA (host memory, one an image), on the device one in the Conv
 static float *walk_dA(Exec *e, Conv *c) {
     if (!c->dA) {
         size_t bytes = (size_t)e->m->B * c->zstride * e->gsz;
-        c->dA = arena_alloc(e->a, bytes + (e->be->lazy_dA ? (size_t)e->m->B : 0), G_BACKWARD);
-        c->dA_held = e->be->lazy_dA ? (unsigned char *)c->dA + bytes : NULL;
-        if (!arena_dry(e->a) && c->dA_held) memset(c->dA_held, 0, (size_t)e->m->B);
+        int lazy = e->be->lazy_dA, host = lazy && e->nb == 1;
+        c->dA = arena_alloc(e->a, bytes + (host ? (size_t)e->m->B : 0), G_BACKWARD);
+        c->dA_held = !lazy ? NULL : host ? (unsigned char *)c->dA + bytes : &c->dA_held_batch;
+        if (!arena_dry(e->a) && c->dA_held) memset(c->dA_held, 0, (size_t)e->m->B / e->nb);
         else if (!arena_dry(e->a)) e->be->zero(e, c->dA, bytes);
     }
     return c->dA;
 }
-// dA_fill: zero image b's channel halves of c's dA that are in mask and not held yet, and hold them
-static void dA_fill(Conv *c, int b, unsigned mask) {
+// dA_fill: zero the channel halves of c's dA that are in mask and not held yet for images b ..
+// b + nb - 1 (flag b / nb), and hold them
+static void dA_fill(Exec *e, Conv *c, int b, unsigned mask) {
     int h = c->cout / 2;
     size_t HW = (size_t)c->Ho * c->Wo;
+    unsigned char *held = &c->dA_held[b / e->nb];
     for (int k = 0; k < 2; k++)
-        if ((mask & ~c->dA_held[b]) >> k & 1)
-            memset(c->dA + b * c->zstride + (k ? h : 0) * HW, 0, (k ? c->cout - h : h) * HW * sizeof(float));
-    c->dA_held[b] |= mask;
+        if ((mask & ~*held) >> k & 1)
+            for (int i = b; i < b + e->nb; i++)
+                e->be->zero(e, grad_at(e, c->dA, (long)i * c->zstride + (long)(k ? h : 0) * HW),
+                            (k ? c->cout - h : h) * HW * e->gsz);
+    *held |= mask;
 }
 // dA_held: whether image b's channels [c0, c0 + C) of c's dA (made by walk_dA) already hold a
 // gradient, to be added to; 0: they do not, the caller writes its gradient there (all of that
@@ -2131,16 +2140,16 @@ static int dA_held(Exec *e, Conv *c, int b, int c0, int C) {
     if (!c->dA_held || arena_dry(e->a)) return 1;
     int h = c->cout / 2;
     unsigned want = c0 == 0 && C == c->cout ? 3u : c0 == 0 && C == h ? 1u : c0 == h && C == c->cout - h ? 2u : 0u;
-    if (want && !(c->dA_held[b] & want)) {
-        c->dA_held[b] |= want;
+    if (want && !(c->dA_held[b / e->nb] & want)) {
+        c->dA_held[b / e->nb] |= want;
         return 0;
     }
-    dA_fill(c, b, want ? want : (c0 < h ? 1u : 0u) | (c0 + C > h ? 2u : 0u));
+    dA_fill(e, c, b, want ? want : (c0 < h ? 1u : 0u) | (c0 + C > h ? 2u : 0u));
     return 1;
 }
 // dA_complete: before c's backward, zero what no reader wrote (an output nobody read)
 static void dA_complete(Exec *e, Conv *c) {
-    for (int b = 0; c->dA_held && !arena_dry(e->a) && b < e->m->B; b++) dA_fill(c, b, 3u);
+    for (int b = 0; c->dA_held && !arena_dry(e->a) && b < e->m->B; b += e->nb) dA_fill(e, c, b, 3u);
 }
 // walk_head_bytes: bytes of head map i, (B, 64+NC, H_i, W_i) FP32
 static size_t walk_head_bytes(const Model *m, int i) {
@@ -2239,7 +2248,8 @@ static int add_leaves(const Model *m, int vi, int k) {
     }
     return (v->kind == V_CONV || v->kind == V_SLICE) && k < ADD_DST_MAX ? k + 1 : -1;
 }
-// add_dsts: the dA slices (image b on) of the values add_leaves counts, into d in that order
+// add_dsts: the dA slices (image b on) of the values add_leaves counts, into d in that order; with
+// lazy_dA those no gradient reached yet are written (d->set)
 static void add_dsts(Exec *e, int vi, int b, AddDst *d) {
     const Value *v = &e->m->val[vi];
     if (v->kind == V_ADD) {
@@ -2250,6 +2260,7 @@ static void add_dsts(Exec *e, int vi, int b, AddDst *d) {
     Conv *c = &e->m->conv[v->conv];
     long c0 = v->kind == V_SLICE ? v->c0 : 0;
     d->p[d->k] = grad_at(e, walk_dA(e, c), (long)b * c->zstride + c0 * v->H * v->W);
+    if (!arena_dry(e->a) && !dA_held(e, c, b, (int)c0, v->C)) d->set |= 1u << d->k;
     d->s[d->k++] = (long)c->zstride;
 }
 
@@ -2268,12 +2279,12 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         int c0 = v->kind == V_SLICE ? v->c0 : 0;
         float *d = grad_at(e, walk_dA(e, c), (long)b * c->zstride + (long)c0 * HW);
         if (!dry && dA_held(e, c, b, c0, v->C)) e->be->grad_add(e, g, gs, d, (long)c->zstride, (long)v->C * HW);
-        else if (!dry) par_copy(d, g, (size_t)v->C * HW * e->gsz);   // (lazy_dA: host memory)
+        else if (!dry) e->be->grad_copy(e, g, gs, d, (long)c->zstride, (long)v->C * HW);   // (lazy_dA: the first)
         break;
     }
     case V_ADD: {
-        AddDst d = {{0}, {0}, 0};
-        if (e->be->grad_add_n && !e->be->lazy_dA && add_leaves(m, vi, 0) > 0) {
+        AddDst d = {{0}, {0}, 0, 0};
+        if (e->be->grad_add_n && add_leaves(m, vi, 0) > 0) {
             add_dsts(e, vi, b, &d);
             if (!dry) e->be->grad_add_n(e, g, gs, d, (long)v->C * HW);
             break;
@@ -2559,6 +2570,10 @@ static void cpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, 
     maxpool5_forward_cpu(x, y, 1, C, H, W);
 }
 static void cpu_zero(Exec *e, void *p, size_t bytes) { (void)e, par_zero(p, bytes); }
+static void cpu_grad_copy(Exec *e, const float *g, long gs, float *d, long ds, long n) {
+    (void)gs, (void)ds;
+    par_copy(d, g, (size_t)n * e->gsz);   // (one image)
+}
 static void cpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
     (void)e, (void)gs, (void)ds;
 #pragma omp parallel for if (n > OMP_MIN_WORK)
@@ -3071,7 +3086,7 @@ static struct LossOut cpu_loss(Exec *e, const struct LossTargets *tg, const stru
 // cpu_backend: the table; the FP16 twin of the device step in test/gpu_step_test.c wraps it
 static const Backend cpu_backend = {
     .zero = cpu_zero, .input = cpu_input, .act = cpu_act, .add = cpu_add, .upsample = cpu_upsample,
-    .maxpool = cpu_maxpool, .grad_add = cpu_grad_add, .upsample_back = cpu_upsample_back,
+    .maxpool = cpu_maxpool, .grad_add = cpu_grad_add, .grad_copy = cpu_grad_copy, .upsample_back = cpu_upsample_back,
     .maxpool_back = cpu_maxpool_back,
     .conv = cpu_conv, .bn_stats = cpu_bn_stats, .bn_backward = cpu_bn_backward, .conv_grads = cpu_conv_grads,
     .loss = cpu_loss, .lazy_dA = 1,
@@ -10242,6 +10257,14 @@ static void gpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, lo
     else add_f16_cuda((const uint16_t *)g, gs, (uint16_t *)d, ds, gp->B, n, gp->stream);
     prof_end(gp, "gradient add", 0);
 }
+// gpu_grad_copy: a value's gradient into channels of a conv's dA that hold none yet (lazy_dA)
+static void gpu_grad_copy(Exec *e, const float *g, long gs, float *d, long ds, long n) {
+    Gpu *gp = e->ctx;
+    prof_begin(gp);
+    if (gp->f32) copy_f32_cuda(g, gs, d, ds, gp->B, n, gp->stream);
+    else copy_f16_cuda((const uint16_t *)g, gs, (uint16_t *)d, ds, gp->B, n, gp->stream);
+    prof_end(gp, "gradient copy", 0);
+}
 static void gpu_grad_add_n(Exec *e, const float *g, long gs, AddDst d, long n) {
     Gpu *gp = e->ctx;
     prof_begin(gp);
@@ -10357,8 +10380,9 @@ static void *gpu_bn_backward(Exec *e, Conv *c) {
     return dz;
 }
 // gpu_conv_grads: the weight gradient (accumulated) and the input gradient: straight into the
-// producer's dA when the input is a conv output or a slice of one, else through a scratch buffer
-// and value_backprop.
+// producer's dA when the input is a conv output or a slice of one (written if it is the first
+// gradient to reach those channels, dA_held, else added), else through a scratch buffer and
+// value_backprop.
 static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     Gpu *g = e->ctx;
     Model *m = e->m;
@@ -10372,8 +10396,10 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     const void *w = gpu_w(g, c);
     if (in->kind == V_CONV || in->kind == V_SLICE) {
         Conv *p = &m->conv[in->conv];
-        float *d = grad_at(e, walk_dA(e, p), (long)(in->kind == V_SLICE ? in->c0 : 0) * c->H * c->W);
-        if (!dry) k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, gpu_wt(g, c), d, 1);
+        int c0 = in->kind == V_SLICE ? in->c0 : 0;
+        float *d = grad_at(e, walk_dA(e, p), (long)c0 * c->H * c->W);
+        if (!dry)   // written where no gradient reached those channels yet (lazy_dA), else added
+            k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, gpu_wt(g, c), d, dA_held(e, p, 0, c0, c->cin));
     } else if (in->kind == V_CAT) {
         // per source of the concat: its input gradient from its columns of the weights, read in place
         // (the rows of the conv's Cin*K*K: wstride), straight into the producer's dA when it is a
@@ -10389,9 +10415,10 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
             d.wstride = (long)c->cin * KK;
             if (v->kind == V_CONV || v->kind == V_SLICE) {
                 Conv *p = &m->conv[v->conv];
-                float *dst = grad_at(e, walk_dA(e, p), (long)(v->kind == V_SLICE ? v->c0 : 0) * c->H * c->W);
+                int c0 = v->kind == V_SLICE ? v->c0 : 0;
+                float *dst = grad_at(e, walk_dA(e, p), (long)c0 * c->H * c->W);
                 d.xs = (long)p->zstride;
-                if (!dry) k_conv_dgrad(g, d, dz, ws, NULL, dst, 1);
+                if (!dry) k_conv_dgrad(g, d, dz, ws, NULL, dst, dA_held(e, p, 0, c0, v->C));
             } else {
                 long n = (long)v->C * c->H * c->W;
                 float *gx = walk_grad(e, g->B * n, G_SCRATCH);         // (B, C_i, H, W)
@@ -10435,12 +10462,12 @@ static LossOut gpu_loss(Exec *e, const LossTargets *tg, const LossConfig *lcfg) 
 static const Backend gpu_backend = {
     .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .add = gpu_add, .upsample = gpu_upsample,
     .act_upsample = gpu_act_upsample,
-    .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .grad_add_n = gpu_grad_add_n,
+    .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .grad_copy = gpu_grad_copy, .grad_add_n = gpu_grad_add_n,
     .upsample_back = gpu_upsample_back,
     .maxpool_back = gpu_maxpool_back,
     .conv = gpu_conv, .bn_stats = gpu_bn_stats, .conv_stats = gpu_conv_stats, .bn_backward = gpu_bn_backward,
     .conv_grads = gpu_conv_grads,
-    .loss = gpu_loss,
+    .loss = gpu_loss, .lazy_dA = 1,
 };
 
 // exec_gpu: a walk on the device, with the weights in use now (the EMA's during validation)

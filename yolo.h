@@ -256,11 +256,13 @@ void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, l
 // add_f32_cuda: B blocks of n floats: dst + b*ds += src + b*ss (gradients into a conv's dA slice; add_f16_cuda
 // does that in the AMP step).
 void add_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream);
-// AddDst: up to ADD_DST_MAX destinations of one sum, each with its image stride (elements)
+// AddDst: up to ADD_DST_MAX destinations of one sum, each with its image stride (elements); bit j of
+// set: destination j is written (= src: it holds no gradient yet), not added to
 #define ADD_DST_MAX 4
-typedef struct { void *p[ADD_DST_MAX]; long s[ADD_DST_MAX]; int k; } AddDst;
-// add_n_f16_cuda: dst.p[j] + b*dst.s[j] += src + b*ss for j < dst.k, src read once (a residual sum's
-// gradient into every conv output it is made of); per destination the bits of add_f16_cuda, in order.
+typedef struct { void *p[ADD_DST_MAX]; long s[ADD_DST_MAX]; int k; unsigned set; } AddDst;
+// add_n_f16_cuda: dst.p[j] + b*dst.s[j] += src + b*ss (= where set) for j < dst.k, src read once (a
+// residual sum's gradient into every conv output it is made of); per destination the bits of
+// add_f16_cuda (copy_f16_cuda where set), in order.
 void add_n_f16_cuda(const uint16_t *src, long ss, AddDst dst, int B, long n, void *stream);
 // add_n_f32_cuda: the same in FP32 (add_f32_cuda's bits).
 void add_n_f32_cuda(const float *src, long ss, AddDst dst, int B, long n, void *stream);

@@ -3110,7 +3110,7 @@ extern "C" void add_f32_cuda(const float *src, long ss, float *dst, long ds, int
 }
 
 // add_n: dst.p[j][b*dst.s[j] + i] += src[b*ss + i] for each j < dst.k in turn (each sum in FP32, rounded
-// once to T: add_f16's and add_f32's bits); grid (ceil(n/256), B), or with V8 (n, the strides and
+// once to T: add_f16's and add_f32's bits), or = where bit j of dst.set is; grid (ceil(n/256), B), or with V8 (n, the strides and
 // pointers allow 16-byte words) ceil(n/2048) blocks of 8 values a thread
 template <class T, bool V8>
 __global__ void add_n_kernel(const T *src, long ss, AddDst dst, long n) {
@@ -3124,6 +3124,10 @@ __global__ void add_n_kernel(const T *src, long ss, AddDst dst, long n) {
         for (int j = 0; j < ADD_DST_MAX; j++) {   // (unrolled: dst stays in parameter space, no stack copy)
             if (j >= dst.k) break;
             T *d = (T *)dst.p[j] + blockIdx.y * dst.s[j] + i;
+            if (dst.set >> j & 1) {   // (no gradient there yet: written, the source's bits)
+                store8(d, v);
+                continue;
+            }
             load8(d, u);
 #pragma unroll
             for (int e = 0; e < 8; e++) u[e] += v[e];
@@ -3135,7 +3139,7 @@ __global__ void add_n_kernel(const T *src, long ss, AddDst dst, long n) {
         for (int j = 0; j < ADD_DST_MAX; j++) {
             if (j >= dst.k) break;
             T *d = (T *)dst.p[j] + blockIdx.y * dst.s[j] + i;
-            *d = act_from<T>(act_f(*d) + v);
+            *d = dst.set >> j & 1 ? *a : act_from<T>(act_f(*d) + v);
         }
     }
 }

@@ -153,6 +153,7 @@ static void count_probe_begin(int n);
 static void count_probe_end(unsigned g);
 static void count_launch_begin(const LaunchCfg &c, unsigned long blocks, unsigned long sampled);
 static void count_launch_end();
+static void count_fill(const char *what, size_t n, int copy);
 int count_sample();
 int count_full(const char *name);
 void count_shared_range(void *p, size_t n);
@@ -916,7 +917,11 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
     install_handler();
     { Dev d; check_copy(dst, src, n, kind, "cudaMemcpyAsync"); }
-    enqueue([=]() { if (n) memmove(dst, src, n); });
+    const bool dtod = is_device(dst) && is_device(src);
+    enqueue([=]() {
+        if (dtod) count_fill("cudaMemcpyAsync (device to device)", n, 1);
+        if (n) memmove(dst, src, n);
+    });
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int v, size_t n) {
@@ -930,7 +935,10 @@ cudaError_t cudaMemset(void *p, int v, size_t n) {
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
     install_handler();
     { Dev d; check_range(p, n, "cudaMemsetAsync"); }
-    enqueue([=]() { memset(p, v, n); });
+    enqueue([=]() {
+        count_fill("cudaMemsetAsync", n, 0);
+        memset(p, v, n);
+    });
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) { drain(); return cudaSuccess; }
@@ -1355,12 +1363,21 @@ int count_full(const char *name) {
     return 0;
 }
 
+// EMU_COUNT_KINDS: which accesses this build counts: 0 loads and stores, 1 loads only, 2 stores only.
+// g++'s address sanitizer checks a load and a later store of the same reference in one basic block
+// once (x[i] += v reaches only the load hook), so one build under-counts the stores of every
+// read-modify-write; make emu-count builds the kernels twice (asan-instrument-writes=0, then reads=0),
+// each counting only what its build checks in full, and adds the two lists (gpu_model.sh --merge)
+#ifndef EMU_COUNT_KINDS
+#define EMU_COUNT_KINDS 0
+#endif
 static void measure(const Acc &a) {
+    if (EMU_COUNT_KINDS && (a.kind & 1) == (EMU_COUNT_KINDS == 1)) return;   // (kind: 0 gld 1 gst 2 sld 3 sst)
     CountRec &r = *crec;
     if (probing) {   // a probe block: only which global sectors it touches
         if (a.kind < 2)
             for (int l = 0; l < 32; l++) if (a.mask >> l & 1)
-                for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32; x++) probe_sects.insert(x);
+                for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32; x++) probe_sects.insert(x << 1 | a.kind);
         return;
     }
     if (a.kind < 2) {
@@ -1370,10 +1387,11 @@ static void measure(const Acc &a) {
         for (int l = 0; l < 32; l++) if (a.mask >> l & 1) {
             for (uintptr_t x = a.addr[l] / 32; x <= (a.addr[l] + a.width - 1) / 32 && ns < 128; x++) {
                 sv[ns++] = x;
-                auto it = sectors.find(x);
+                const uintptr_t key = x << 1 | a.kind;   // (read and written: two transfers, each compulsory)
+                auto it = sectors.find(key);
                 if (it == sectors.end()) {
-                    it = sectors.emplace(x, Sect{0, cblock, false, 1.0}).first;
-                    blk_sects.push_back(x);
+                    it = sectors.emplace(key, Sect{0, cblock, false, 1.0}).first;
+                    blk_sects.push_back(key);
                 } else if (it->second.block != cblock) it->second.multi = true, it->second.block = cblock;
                 uintptr_t lo = std::max(a.addr[l], x * 32) - x * 32, hi = std::min(a.addr[l] + a.width, x * 32 + 32) - x * 32;
                 it->second.mask |= (hi - lo == 32 ? 0xFFFFFFFFu : ((1u << (hi - lo)) - 1) << lo);
@@ -1464,9 +1482,28 @@ void count_tile(const void *p, int rows, int cols, int esz, size_t ld, int rowma
         }
     if (n) { a.width = 16; a.kind = (uint8_t)kind; measure(a); }
 }
-void count_mma(int m, int n, int k) { if (crec && F && !(F->lin & 31) && !probing) crec->mma_flop += 2.0 * m * n * k; }
+void count_mma(int m, int n, int k) {
+    if (EMU_COUNT_KINDS != 2 && crec && F && !(F->lin & 31) && !probing) crec->mma_flop += 2.0 * m * n * k;
+}
 void count_quiet(int d) { quiet += d; }
 static void count_dump();
+// count_fill: a device memset (copy 0) or device-to-device copy of n bytes on the stream, as one record
+// of the launch list: n bytes stored (and for a copy loaded) in 16-byte pieces, 512 bytes a warp request,
+// every byte compulsory (the model times it as DRAM traffic like a kernel's)
+static void count_fill(const char *what, size_t n, int copy) {
+    if (!count_on()) return;
+    static int once;
+    if (!once++) atexit(count_dump);
+    CountRec r{};
+    r.kernel = what; r.blocks = r.sampled = 1; r.threads = 0;
+    const double b = (double)n, req = (double)((n + 511) / 512), sect = (double)((n + 31) / 32);
+    const bool ld = copy && EMU_COUNT_KINDS != 2, st = EMU_COUNT_KINDS != 1;
+    if (st) r.gst_req = req, r.gst_sect = sect, r.gst_bytes = b;
+    if (ld) r.gld_req = req, r.gld_sect = sect, r.gld_bytes = b;
+    r.gbytes_w[4] = r.comp_shared = (ld ? b : 0) + (st ? b : 0);
+    crecs.push_back(r);
+    crec = nullptr;
+}
 static void count_launch_begin(const LaunchCfg &c, unsigned long nb, unsigned long ns) {
     if (!count_on()) return;
     static int once;
@@ -1477,7 +1514,8 @@ static void count_launch_begin(const LaunchCfg &c, unsigned long nb, unsigned lo
     crec->threads = (int)(c.block.x * c.block.y * c.block.z);
     sectors.clear();
 }
-// compulsory bytes (each byte the launch touches, once): every block run, 32 per sector touched;
+// compulsory bytes (each byte the launch reads, once, and each it writes, once: a sector read and written
+// back counts twice, as DRAM moves it twice): every block run, 32 per sector touched;
 // sampled, a sector several sampled blocks touched counts 32 once (shared by the grid: weights), one
 // that a single block touched its bytes (a halo's edge sector is mostly the next tile's) divided by
 // the blocks estimated to share it (its probes), scaled with the grid
@@ -1554,6 +1592,7 @@ void count_shared_range(void *, size_t) {}
 void count_tile(const void *, int, int, int, size_t, int, int) {}
 void count_mma(int, int, int) {}
 void count_quiet(int) {}
+static void count_fill(const char *, size_t, int) {}
 static void count_flush() {}
 static void count_block_begin(int, unsigned long) {}
 static void count_probe_begin(int) {}

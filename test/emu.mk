@@ -121,19 +121,27 @@ test/bin/gpu/gpu_bench: test/gpu_bench.c test/bin/gpu/yolo_kernels.o yolo.h test
 #   make emu-count    builds test/bin/emu-count: the kernel file instrumented so that every load and
 #                     store reaches the emulator's counters (g++ -fsanitize=kernel-address in call
 #                     mode, hooks in test/cuda_emu.cpp), the counter test and the one-step driver
-#                     test/gpu_count.c; then counts one yolov8n 640 batch-16 step into
-#                     test/bin/emu-count/step.tsv (EMU_SAMPLE blocks of each launch, default 6)
+#                     test/gpu_count.c, twice: loads only (test/bin/emu-count) and stores only
+#                     (test/bin/emu-count/st; one build of both under-counts a read-modify-write's store,
+#                     see EMU_COUNT_KINDS in test/cuda_emu.cpp); then counts one yolov8n 640 batch-16
+#                     step with each (EMU_SAMPLE blocks of each launch, default 6) and adds the two into
+#                     test/bin/emu-count/step.tsv (gpu_model.sh --merge)
 #   make gpu-model    the modeled time per kernel kind and per step for named GPUs (test/gpu_model.sh)
 EMU_COUNT_DIR = test/bin/emu-count
 EMU_SAMPLE   ?= 6
 EMU_COUNT_KFLAGS = -DEMU_COUNTING -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
                    --param asan-stack=0 --param asan-globals=0 -fno-tree-sra -fno-ipa-sra
+EMU_COUNT_LD = EMU_KFLAGS="$(EMU_COUNT_KFLAGS) --param asan-instrument-writes=0 -DEMU_COUNT_KINDS=1" \
+               EMU_CDEFS="-DEMU_COUNTERS -DEMU_COUNT_KINDS=1"
+EMU_COUNT_ST = EMU_KFLAGS="$(EMU_COUNT_KFLAGS) --param asan-instrument-reads=0 -DEMU_COUNT_KINDS=2" \
+               EMU_CDEFS="-DEMU_COUNTERS -DEMU_COUNT_KINDS=2"
 emu-count-bins:
-	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) EMU_KFLAGS="$(EMU_COUNT_KFLAGS)" EMU_CDEFS=-DEMU_COUNTERS \
-	    $(EMU_COUNT_DIR)/emu_count_test $(EMU_COUNT_DIR)/gpu_count
+	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) $(EMU_COUNT_LD) $(EMU_COUNT_DIR)/emu_count_test $(EMU_COUNT_DIR)/gpu_count
+	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR)/st $(EMU_COUNT_ST) $(EMU_COUNT_DIR)/st/emu_count_test \
+	    $(EMU_COUNT_DIR)/st/gpu_count
 emu-count-test:
-	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) EMU_KFLAGS="$(EMU_COUNT_KFLAGS)" EMU_CDEFS=-DEMU_COUNTERS \
-	    $(EMU_COUNT_DIR)/emu_count_test
+	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR) $(EMU_COUNT_LD) $(EMU_COUNT_DIR)/emu_count_test
+	$(MAKE) --no-print-directory EMU_DIR=$(EMU_COUNT_DIR)/st $(EMU_COUNT_ST) $(EMU_COUNT_DIR)/st/emu_count_test
 $(EMU_DIR)/emu_count_test.cpp: test/emu_count_test.cu $(EMU_DEPS)
 	@mkdir -p $(EMU_DIR)
 	bash test/emu_rewrite.sh $< $@
@@ -147,7 +155,9 @@ $(EMU_DIR)/gpu_count.o: test/gpu_count.c yolo.h test/yolo_test.h $(SRC)
 $(EMU_DIR)/gpu_count: $(EMU_DIR)/gpu_count.o $(EMU_DIR)/yolo_kernels.o $(EMU_DIR)/cuda_emu.o
 	$(EMU_CXX) -o $@ $^ $(EMU_LDLIBS)
 $(EMU_COUNT_DIR)/step.tsv: emu-count-bins
-	EMU_COUNT=$@ EMU_SAMPLE=$(EMU_SAMPLE) $(EMU_COUNT_DIR)/gpu_count
+	EMU_COUNT=$(EMU_COUNT_DIR)/st/step.tsv EMU_SAMPLE=$(EMU_SAMPLE) $(EMU_COUNT_DIR)/st/gpu_count & \
+	EMU_COUNT=$(EMU_COUNT_DIR)/loads.tsv EMU_SAMPLE=$(EMU_SAMPLE) $(EMU_COUNT_DIR)/gpu_count; s=$$?; wait $$! && [ $$s = 0 ]
+	bash test/gpu_model.sh --merge $(EMU_COUNT_DIR)/loads.tsv $(EMU_COUNT_DIR)/st/step.tsv > $@.tmp && mv $@.tmp $@
 emu-count: $(EMU_COUNT_DIR)/step.tsv
 gpu-model: $(EMU_COUNT_DIR)/step.tsv
 	bash test/gpu_model.sh $(EMU_COUNT_DIR)/step.tsv

@@ -11,7 +11,8 @@
 #            HMMA.16816 from the kernel report, c the cycles one HMMA.16816 takes on one SM sub-partition
 #            at peak (4096 FLOP / the sub-partition's FLOP per clock); one instruction issued per clock
 #            per sub-partition, latency assumed hidden
-#   DRAM     compulsory bytes (each byte the launch touches, once) / DRAM bandwidth
+#   DRAM     compulsory bytes (each byte the launch reads, once, and each it writes, once: a read-
+#            modify-write twice) / DRAM bandwidth
 #   L2       bytes of the 32-byte sectors the warps request / L2 bandwidth (assumed 3x DRAM)
 #   shared   shared-memory wavefronts (bank conflicts included) / (SMs x 1 wavefront per clock)
 #   floor    2 microseconds (a launch's start and drain)
@@ -30,7 +31,21 @@
 # output channels (the counts' cin and cout columns, from yolo.c's emu_count_dims).
 # Kernels without mma are modeled as memory-bound (their FP32 arithmetic is not counted). The FP32
 # CUDA-core figures are stated for reference only. Nothing here is measured: every line says MODEL.
+# bash test/gpu_model.sh --merge LOADS.tsv STORES.tsv: the counts of one step from the loads-only and the
+# stores-only builds (make emu-count; EMU_COUNT_KINDS in test/cuda_emu.cpp) as one list on stdout: per
+# launch (the same in both, in order) the counted columns added, the rest the first list's
 set -u
+if [ "${1:-}" = --merge ]; then
+    [ $# = 3 ] && [ -f "$2" ] && [ -f "$3" ] || { echo "usage: bash test/gpu_model.sh --merge LOADS.tsv STORES.tsv" >&2; exit 2; }
+    exec awk -F'\t' -v OFS='\t' '
+        NR == FNR { if (/^#/) { print; next } n++; L[n] = $0; next }
+        /^#/ { next }
+        { m++; split(L[m], a, "\t")
+          if (m > n || a[1] != $1 || a[2] != $2 || a[3] != $3) { printf "gpu_model.sh --merge: launch %d differs: %s / %s in %s\n", m, a[2], $2, FILENAME > "/dev/stderr"; bad = 1; exit 2 }
+          for (i = 6; i <= 24; i++) a[i] += $i
+          line = a[1]; for (i = 2; i <= NF; i++) line = line OFS a[i]; print line }
+        END { if (!bad && m != n) { printf "gpu_model.sh --merge: %d launches against %d\n", n, m > "/dev/stderr"; exit 2 } }' "$2" "$3"
+fi
 cd "$(dirname "$0")/.." || exit 1
 counts=${1:-}
 [ -n "$counts" ] && [ -f "$counts" ] || { echo "usage: bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] (make gpu-model makes the counts)"; exit 2; }

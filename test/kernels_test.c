@@ -723,11 +723,11 @@ static void test_bn_silu_up(int B, int C, int H, int W, int zextra, int yextra, 
 // add_n_*_cuda (a residual sum's gradient into the k convs it adds, read once): each destination (its
 // own image stride, slack between images) bit for bit the host's FP32 sum rounded once to the type,
 // added in order (the same region twice when alias), nothing else written; odd: strides that rule out
-// 16-byte words
-static void test_add_n(int B, long n, int k, int f32, int odd, int alias, void *stream) {
+// 16-byte words; set: the destinations written instead (the source's bits: no gradient there yet)
+static void test_add_n(int B, long n, int k, int f32, int odd, int alias, unsigned set, void *stream) {
     size_t es = f32 ? 4 : 2;
     long ss = n + (odd ? 3 : 8);
-    AddDst d = {{0}, {0}, k};
+    AddDst d = {{0}, {0}, k, set};
     unsigned char *h[ADD_DST_MAX], *ref[ADD_DST_MAX];
     float *gf = rand_host((long)B * ss, -2, 2);
     uint16_t *gh = rand_f16((long)B * ss, -2, 2, gf);
@@ -753,7 +753,8 @@ static void test_add_n(int B, long n, int k, int f32, int odd, int alias, void *
         for (int b = 0; b < B; b++)
             for (long i = 0; i < n; i++) {
                 size_t at = (size_t)(b * d.s[j] + i), from = (size_t)(b * ss + i);
-                if (f32) ((float *)ref[jj])[at] += gf[from];
+                if (set >> j & 1) memcpy(ref[jj] + at * es, f32 ? (void *)&gf[from] : (void *)&gh[from], es);
+                else if (f32) ((float *)ref[jj])[at] += gf[from];
                 else ((uint16_t *)ref[jj])[at] = float_to_half(half_to_float(((uint16_t *)ref[jj])[at]) + gf[from]);
             }
     }
@@ -768,9 +769,10 @@ static void test_add_n(int B, long n, int k, int f32, int odd, int alias, void *
         total += (long)(bytes / es);
         free(got);
     }
-    check(!differ, "%s B=%d n=%ld into %d destination%s%s%s: bit-identical to the host's sums in order, nothing else "
-          "written (%ld of %ld differ)", f32 ? "add_n_f32_cuda" : "add_n_f16_cuda", B, n, k, k > 1 ? "s" : "",
-          odd ? ", odd strides" : "", alias && k > 1 ? ", the last the first again" : "", differ, total);
+    check(!differ, "%s B=%d n=%ld into %d destination%s%s%s (written: mask %#x): bit-identical to the host's sums in "
+          "order, nothing else written (%ld of %ld differ)", f32 ? "add_n_f32_cuda" : "add_n_f16_cuda", B, n, k,
+          k > 1 ? "s" : "", odd ? ", odd strides" : "", alias && k > 1 ? ", the last the first again" : "", set, differ,
+          total);
     for (int j = 0; j < k; j++) {
         if (!(alias && k > 1 && j == k - 1)) { cudaFree(d.p[j]); free(ref[j]); }
         free(h[j]);
@@ -2038,11 +2040,15 @@ int main(void) {
     test_bn_silu_up(1, 2, 20, 17, 0, 3, 1, 0, NULL);  // odd offset and stride: one value a store
     test_bn_silu_up(2, 3, 6, 5, 2, 4, 0, 1, s);       // FP32
     test_bn_silu_up(1, 4, 9, 3, 0, 1, 1, 1, s);       // FP32, one value a store
-    test_add_n(2, 64, 3, 0, 0, 0, s);     // 16-byte words
-    test_add_n(2, 45, 2, 0, 1, 0, NULL);  // one value a thread
-    test_add_n(1, 800, 4, 0, 0, 1, s);    // a destination twice
-    test_add_n(3, 40, 1, 1, 0, 0, s);     // FP32
-    test_add_n(2, 37, 4, 1, 1, 1, s);     // FP32, odd strides, a destination twice
+    test_add_n(2, 64, 3, 0, 0, 0, 0, s);       // 16-byte words
+    test_add_n(2, 45, 2, 0, 1, 0, 0, NULL);    // one value a thread
+    test_add_n(1, 800, 4, 0, 0, 1, 0, s);      // a destination twice
+    test_add_n(3, 40, 1, 1, 0, 0, 0, s);       // FP32
+    test_add_n(2, 37, 4, 1, 1, 1, 0, s);       // FP32, odd strides, a destination twice
+    test_add_n(2, 64, 3, 0, 0, 0, 5u, s);      // the first and third written (lazy dA), 16-byte words
+    test_add_n(2, 45, 2, 0, 1, 0, 2u, NULL);   // the second written, one value a thread
+    test_add_n(1, 800, 4, 0, 0, 1, 1u, s);     // the first written, then added to again (the last)
+    test_add_n(2, 37, 3, 1, 1, 0, 6u, s);      // FP32, odd strides
     test_bn_backward(2, 3, 45, 0, 1, 1, 0, NULL);
     test_bn_backward(2, 4, 300, 1, 1, 1, 0, s);
     test_bn_backward(1, 3, 50, 0, 1, 0, 0, s);

@@ -63,10 +63,13 @@ done
 run "kernels_test (emulated, async streams, host traps, random order)" EMU_ASYNC=1 EMU_HOSTTRAP=1 EMU_ORDER=random EMU_SEED=7 -- "$bin/kernels_test"
 run "emu_selftest (the emulator's own tests)" EMU_STRICT=0 -- "$bin/emu_selftest"
 # the counter mode's figures on kernels with known access patterns (test/emu_count_test.cu; its own
-# build, test/bin/emu-count, made by make tests; not under the sanitizers, whose build it is not)
+# builds, test/bin/emu-count (loads) and test/bin/emu-count/st (stores), made by make tests; not under
+# the sanitizers, whose build it is not)
 case "$bin" in *asan*) ;; *)
-    if [ -x test/bin/emu-count/emu_count_test ]; then run "emu_count_test (the counter mode: sectors, 16-byte share, bank conflicts)" -- test/bin/emu-count/emu_count_test
-    else echo "FAIL  test/bin/emu-count/emu_count_test missing (make emu-count-test)"; echo "0 passed, 1 failed"; failed=1; fi ;;
+    for k in "loads:test/bin/emu-count" "stores:test/bin/emu-count/st"; do
+        if [ -x "${k#*:}/emu_count_test" ]; then run "emu_count_test (the counter mode, ${k%%:*}: sectors, 16-byte share, bank conflicts)" -- "${k#*:}/emu_count_test"
+        else echo "FAIL  ${k#*:}/emu_count_test missing (make emu-count-test)"; echo "0 passed, 1 failed"; failed=1; fi
+    done ;;
 esac
 
 wait
