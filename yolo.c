@@ -2106,11 +2106,12 @@ static float *walk_grad(Exec *e, long n, int group) {
 static float *grad_at(const Exec *e, const float *p, long off) { return (float *)((char *)p + off * e->gsz); }
 // walk_dA: conv c's gradient buffer dA (B, Cout, Ho, Wo) of the walk's gradient type, created on
 // first use: zeroed, or with Backend.lazy_dA its dA_held flags all clear (then every writer asks
-// dA_held): on the CPU B of them after dA (host memory, one an image), on the device one in the Conv
+// dA_held): on the CPU B of them after dA (host memory, one an image), where ops take the whole batch
+// (the device, whose dA is device memory; a batch of 1 anywhere) one, in the Conv
 static float *walk_dA(Exec *e, Conv *c) {
     if (!c->dA) {
         size_t bytes = (size_t)e->m->B * c->zstride * e->gsz;
-        int lazy = e->be->lazy_dA, host = lazy && e->nb == 1;
+        int lazy = e->be->lazy_dA, host = lazy && e->nb < e->m->B;
         c->dA = arena_alloc(e->a, bytes + (host ? (size_t)e->m->B : 0), G_BACKWARD);
         c->dA_held = !lazy ? NULL : host ? (unsigned char *)c->dA + bytes : &c->dA_held_batch;
         if (!arena_dry(e->a) && c->dA_held) memset(c->dA_held, 0, (size_t)e->m->B / e->nb);

@@ -1490,10 +1490,13 @@ static void count_dump();
 // count_fill: a device memset (copy 0) or device-to-device copy of n bytes on the stream, as one record
 // of the launch list: n bytes stored (and for a copy loaded) in 16-byte pieces, 512 bytes a warp request,
 // every byte compulsory (the model times it as DRAM traffic like a kernel's)
-static void count_fill(const char *what, size_t n, int copy) {
-    if (!count_on()) return;
+static void count_dump_at_exit() {
     static int once;
     if (!once++) atexit(count_dump);
+}
+static void count_fill(const char *what, size_t n, int copy) {
+    if (!count_on()) return;
+    count_dump_at_exit();
     CountRec r{};
     r.kernel = what; r.blocks = r.sampled = 1; r.threads = 0;
     const double b = (double)n, req = (double)((n + 511) / 512), sect = (double)((n + 31) / 32);
@@ -1506,8 +1509,7 @@ static void count_fill(const char *what, size_t n, int copy) {
 }
 static void count_launch_begin(const LaunchCfg &c, unsigned long nb, unsigned long ns) {
     if (!count_on()) return;
-    static int once;
-    if (!once++) atexit(count_dump);
+    count_dump_at_exit();
     crecs.push_back(CountRec{});
     crec = &crecs.back();
     crec->kernel = c.name; crec->blocks = nb; crec->sampled = ns;
