@@ -10179,11 +10179,13 @@ static void k_bn_silu_backward(Gpu *g, const void *z, const void *dA, int dA16, 
                               g->m->train, g->stream);
     prof_end(g, "bn+silu backward", 0);
 }
-static void k_copy(Gpu *g, const void *src, long ss, void *dst, long ds, long n) {
+// k_copy: B blocks of n values of the step's type (activations; gradients, the same type), timed as kind
+static void k_copy(Gpu *g, const void *src, long ss, void *dst, long ds, long n, const char *kind) {
+    (void)kind;   // (prof_end: nothing without CUDA)
     prof_begin(g);
     if (g->f32) copy_f32_cuda(src, ss, dst, ds, g->B, n, g->stream);
     else copy_f16_cuda(src, ss, dst, ds, g->B, n, g->stream);
-    prof_end(g, "copy", 0);
+    prof_end(g, kind, 0);
 }
 static void k_add(Gpu *g, const void *src, long ss, void *dst, long ds, long n) {
     prof_begin(g);
@@ -10218,7 +10220,7 @@ static void gpu_zero(Exec *e, void *p, size_t bytes) {
 }
 static void gpu_input(Exec *e, int b, void *out, long os, long n) {
     (void)b;
-    k_copy(e->ctx, e->x, n, out, os, n);
+    k_copy(e->ctx, e->x, n, out, os, n, "copy");
 }
 // gpu_act: channels [c0, c0+C) of conv c's activated output, (B, C, Ho, Wo) with image stride os
 static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc) {
@@ -10260,11 +10262,7 @@ static void gpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, lo
 }
 // gpu_grad_copy: a value's gradient into channels of a conv's dA that hold none yet (lazy_dA)
 static void gpu_grad_copy(Exec *e, const float *g, long gs, float *d, long ds, long n) {
-    Gpu *gp = e->ctx;
-    prof_begin(gp);
-    if (gp->f32) copy_f32_cuda(g, gs, d, ds, gp->B, n, gp->stream);
-    else copy_f16_cuda((const uint16_t *)g, gs, (uint16_t *)d, ds, gp->B, n, gp->stream);
-    prof_end(gp, "gradient copy", 0);
+    k_copy(e->ctx, g, gs, d, ds, n, "gradient copy");
 }
 static void gpu_grad_add_n(Exec *e, const float *g, long gs, AddDst d, long n) {
     Gpu *gp = e->ctx;

@@ -3110,8 +3110,8 @@ extern "C" void add_f32_cuda(const float *src, long ss, float *dst, long ds, int
 }
 
 // add_n: dst.p[j][b*dst.s[j] + i] += src[b*ss + i] for each j < dst.k in turn (each sum in FP32, rounded
-// once to T: add_f16's and add_f32's bits), or = where bit j of dst.set is; grid (ceil(n/256), B), or with V8 (n, the strides and
-// pointers allow 16-byte words) ceil(n/2048) blocks of 8 values a thread
+// once to T: add_f16's and add_f32's bits), or = where bit j of dst.set is; grid (ceil(n/256), B), or
+// with V8 (n, the strides and pointers allow 16-byte words) ceil(n/2048) blocks of 8 values a thread
 template <class T, bool V8>
 __global__ void add_n_kernel(const T *src, long ss, AddDst dst, long n) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1);

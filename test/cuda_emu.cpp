@@ -1487,13 +1487,13 @@ void count_mma(int m, int n, int k) {
 }
 void count_quiet(int d) { quiet += d; }
 static void count_dump();
-// count_fill: a device memset (copy 0) or device-to-device copy of n bytes on the stream, as one record
-// of the launch list: n bytes stored (and for a copy loaded) in 16-byte pieces, 512 bytes a warp request,
-// every byte compulsory (the model times it as DRAM traffic like a kernel's)
 static void count_dump_at_exit() {
     static int once;
     if (!once++) atexit(count_dump);
 }
+// count_fill: a device memset (copy 0) or device-to-device copy of n bytes on the stream, as one record
+// of the launch list: n bytes stored (and for a copy loaded) in 16-byte pieces, 512 bytes a warp request,
+// every byte compulsory (the model times it as DRAM traffic like a kernel's)
 static void count_fill(const char *what, size_t n, int copy) {
     if (!count_on()) return;
     count_dump_at_exit();
