@@ -2394,30 +2394,69 @@ struct BnWalk {
         if (p >= HW) { p -= HW; o += zs - HW; }
     }
 };
-// bn_chunk_for: f(o, n) over the values [j0, j1) of channel c that this thread takes, n values at offset
-// o, n a std::integral_constant (8 or 1: the functor's loops unroll). V8 (bn_vec8: H*W and the image
-// stride multiples of 8, the tensors 16-byte aligned): the chunk's whole groups of 8 (j a multiple of
-// 8: one image, a 16-byte aligned offset) with n = 8, the thread's every blockDim-th group, then its
-// value of the unaligned head and of the tail (n = 1); else one value per call, the thread's every
-// blockDim-th. Each thread's sum is then in that order.
+// bn_chunk_for: f(o, o2, n) over the values [j0, j1) of channel c that this thread takes, n values at
+// offset o (and with n = 16, 8 at o and 8 at o2), n a std::integral_constant (16, 8 or 1: the functor's
+// loops unroll). V8 (bn_vec8: H*W and the image stride multiples of 8, the tensors 16-byte aligned): the
+// chunk's whole groups of 8 (j a multiple of 8: one image, a 16-byte aligned offset), the thread's every
+// blockDim-th group, two at a time (n = 16: the functor issues both groups' loads before it uses either,
+// so that a chunk's 2 groups a thread cost one trip to memory, not two), an odd last one alone (n = 8),
+// then its value of the unaligned head and of the tail (n = 1); else one value per call, the thread's
+// every blockDim-th. Each thread's sum is in that order, the same as one group at a time.
 template <bool V8, class F>
 __device__ __forceinline__ void bn_chunk_for(const BnGeo &q, int c, long j0, long j1, F f) {
     const int t = threadIdx.x, nt = blockDim.x;
     const std::integral_constant<int, 1> one;
     if constexpr (V8) {
         const long a0 = min(j1, (j0 + 7) & ~7L), a1 = max(a0, j1 & ~7L);
-        for (BnWalk it(q, c, a0 + 8 * t, 8 * nt); it.j < a1; it.next()) f(it.o, std::integral_constant<int, 8>());
-        if (j0 + t < a0) f(BnWalk(q, c, j0 + t, nt).o, one);
-        if (a1 + t < j1) f(BnWalk(q, c, a1 + t, nt).o, one);
+        for (BnWalk it(q, c, a0 + 8 * t, 8 * nt); it.j < a1;) {
+            const long o = it.o;
+            it.next();
+            if (it.j < a1) {
+                f(o, it.o, std::integral_constant<int, 16>());
+                it.next();
+            } else
+                f(o, 0L, std::integral_constant<int, 8>());
+        }
+        if (j0 + t < a0) f(BnWalk(q, c, j0 + t, nt).o, 0L, one);
+        if (a1 + t < j1) f(BnWalk(q, c, a1 + t, nt).o, 0L, one);
     } else {
-        for (BnWalk it(q, c, j0 + t, nt); it.j < j1; it.next()) f(it.o, one);
+        for (BnWalk it(q, c, j0 + t, nt); it.j < j1; it.next()) f(it.o, 0L, one);
     }
 }
-// bn_load: the N (8 or 1) values at p as floats (8: one 16-byte load)
-template <int N, class T> __device__ __forceinline__ void bn_load(const T *p, float *v) {
-    if constexpr (N == 8) load8(p, v);
-    else v[0] = act_f(*p);
-}
+// BnVals: the N (16, 8 or 1) values of p at o (16: 8 at o, then 8 at o2; 8 and 16 in 16-byte loads),
+// v[e] as a float. FP16 values stay as loaded until v[e] converts them, so that a thread holding two
+// groups of z and dA over the loads' latency keeps 16 registers of them, not 32 floats.
+template <int N, class T> struct BnVals {
+    float f[N];
+    BnVals() = default;
+    __device__ __forceinline__ BnVals(const T *p, long o, long o2) { load(p, o, o2); }
+    __device__ __forceinline__ void load(const T *p, long o, long o2) {
+        if constexpr (N == 1) f[0] = act_f(p[o]);
+        else {
+            load8(p + o, f);
+            if constexpr (N == 16) load8(p + o2, f + 8);
+        }
+    }
+    __device__ __forceinline__ float operator[](int e) const { return f[e]; }
+};
+template <int N> struct BnVals<N, __half> {
+    union W8 { uint4 u; __half2 h[4]; } r[N == 16 ? 2 : 1];
+    __half h1;
+    BnVals() = default;
+    __device__ __forceinline__ BnVals(const __half *p, long o, long o2) { load(p, o, o2); }
+    __device__ __forceinline__ void load(const __half *p, long o, long o2) {
+        if constexpr (N == 1) h1 = p[o];
+        else {
+            r[0].u = *(const uint4 *)(p + o);
+            if constexpr (N == 16) r[1].u = *(const uint4 *)(p + o2);
+        }
+    }
+    __device__ __forceinline__ float operator[](int e) const {
+        if constexpr (N == 1) return __half2float(h1);
+        const __half2 h = r[e >> 3].h[(e & 7) >> 1];
+        return e & 1 ? __high2float(h) : __low2float(h);
+    }
+};
 
 // bn_stats_partial: chunk k of channel c in two passes over the chunk (the second from cache): its
 // count, its mean and its sum of squared deviations from that mean, into part[4*(c*K + k) ..] (and a 0)
@@ -2426,18 +2465,16 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
     int k = blockIdx.x, c = blockIdx.y;
     long j0 = k * q.len, j1 = min(q.n, j0 + q.len);
     float s = 0.0f, ss = 0.0f, cnt = (float)(j1 > j0 ? j1 - j0 : 1);
-    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, auto n) {
+    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, long o2, auto n) {
         constexpr int N = decltype(n)::value;
-        float v[N];
-        bn_load<N>(z + o, v);
+        const BnVals<N, T> v(z, o, o2);
 #pragma unroll
         for (int e = 0; e < N; e++) s += v[e];
     });
     float mu = block_sum(s) / cnt;
-    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, auto n) {
+    bn_chunk_for<V8>(q, c, j0, j1, [&](long o, long o2, auto n) {
         constexpr int N = decltype(n)::value;
-        float v[N];
-        bn_load<N>(z + o, v);
+        const BnVals<N, T> v(z, o, o2);
 #pragma unroll
         for (int e = 0; e < N; e++) ss += (v[e] - mu) * (v[e] - mu);
     });
@@ -2515,8 +2552,9 @@ extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mea
 // load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
 // (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
 // bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
-// math; grid (ceil(HW/(256 V)), C, B), V consecutive elements per thread (V8: 8, one or two 16-byte
-// loads and stores, else 1); BN folded to a scale and shift once per thread (bn_silu_value's bits).
+// math; grid (ceil(B*HW/(256 V)), C), V consecutive elements per thread (V8: 8, one or two 16-byte
+// loads and stores, else 1), a channel's groups of V numbered across its images as bn_bwd_apply's; BN
+// folded to a scale and shift once per thread (bn_silu_value's bits).
 // ACC (a Bottleneck's shortcut, V_ADD): y += the activation, rounded to T first, then the FP32 sum
 // rounded once: the bits of writing the activation to a buffer and add_f16/add_f32 adding it to y.
 // The sum is __fadd_rn: in FP32 nvcc would otherwise fuse it with the activation's last multiply
@@ -2524,9 +2562,11 @@ extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mea
 // (seen on an H200: 336 of 4000 values 1 ulp apart; the emulator's compiler does not fuse).
 template <class T, bool V8, bool ACC>
 __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd,
-                                           const float *gamma, const float *beta, T *y, long ys, int HW) {
-    int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y, b = blockIdx.z;
-    if (i >= HW) return;
+                                           const float *gamma, const float *beta, T *y, long ys, int HW, int ng,
+                                           FastDiv fg) {
+    const int g = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    if (g >= ng) return;
+    const int b = div_fast(g, fg), i = (g - b * fg.d) * (V8 ? 8 : 1);
     const float2 bn = bn_fold(mean, invstd, gamma, beta, c);
     const T *zp = z + b * zs + (long)c * HW + i;
     T *yp = y + b * ys + (long)c * HW + i;
@@ -2550,11 +2590,11 @@ static void bn_silu_forward_act_grid(bool v8, const T *z, long zs, const float *
                                      const float *gamma, const float *beta, T *y, long ys, int B, int C, int HW,
                                      cudaStream_t s) {
     if (v8)
-        bn_silu_forward_act_kernel<T, true, ACC><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, HW);
+        bn_silu_forward_act_kernel<T, true, ACC><<<dim3(cdiv((long)B * (HW / 8), 256), (unsigned)C), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW, B * (HW / 8), fast_div(HW / 8));
     else
-        bn_silu_forward_act_kernel<T, false, ACC><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, HW);
+        bn_silu_forward_act_kernel<T, false, ACC><<<dim3(cdiv((long)B * HW, 256), (unsigned)C), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, HW, B * HW, fast_div(HW));
 }
 template <class T>
 static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
@@ -2598,14 +2638,17 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
     float sg = 0.0f, sgx = 0.0f;
     float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f,
           be = gamma ? beta[c] : 0.0f;
-    bn_chunk_for<V8>(q, c, k * q.len, j1, [&](long o, auto n) {
+    bn_chunk_for<V8>(q, c, k * q.len, j1, [&](long o, long o2, auto n) {
         constexpr int N = decltype(n)::value;
-        float d[N], x[N] = {};
-        bn_load<N>(dA + o, d);
-        if (gamma) bn_load<N>(z + o, x);
+        const BnVals<N, TD> d(dA, o, o2);
+        if (!gamma) {
+#pragma unroll
+            for (int e = 0; e < N; e++) sg += d[e];
+            return;
+        }
+        const BnVals<N, T> x(z, o, o2);
 #pragma unroll
         for (int e = 0; e < N; e++) {
-            if (!gamma) { sg += d[e]; continue; }
             float xh = (x[e] - mu) * is, gy = bn_silu_gy(d[e], xh, ga, be);
             sg += gy;
             sgx += gy * xh;
@@ -2619,19 +2662,35 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
     }
 }
 // bn_bwd_apply: dz = gamma*invstd*(gy - mg - xhat*mgx) in T (or dz = dA without BN), mg and mgx the
-// channel's means of gy and gy*xhat (0 in eval). grid (ceil(HW/(256 V)), C, B), V (V8: 8, 16-byte
-// accesses, else 1) consecutive elements per thread. Each block first adds its channel's K partials in a
-// fixed order (lane l of the first warp adds partials l, l + 32, ... in turn, then the lanes' sums in a
-// fixed xor tree: the same bits on every run, without the block waiting on K dependent loads), and the
-// channel's first block (x and z 0) adds the sums into dbeta (+ dgamma with BN).
-// V8: 40 registers, 6 blocks an SM (48 warps, 2 16-byte loads in flight per lane: enough to keep
-// DRAM busy); capped at 32 (8 blocks) ptxas spilled.
+// channel's means of gy and gy*xhat (0 in eval). grid (ceil(B*HW/(256 V)), C): a channel's B*HW/V
+// groups of V values (V8: 8, 16-byte accesses, else 1) numbered across its images (g = b*HW/V + i/V:
+// one division a thread), one group a thread, so that every block but a channel's last is full (the grid
+// was (ceil(HW/(256 V)), C, B): at 20x20 a block of 256 threads had 50 groups, and an H200 ran those
+// launches at under a third of the larger maps' bytes per second). Each block adds its channel's K
+// partials in a fixed order (lane l of the first warp adds partials l, l + 32, ... in turn, then the
+// lanes' sums in a fixed xor tree: the same bits on every run, without the block waiting on K dependent
+// loads), and the channel's first block adds the sums into dbeta (+ dgamma with BN).
+// V8: 32-40 registers with FP16 dA (sm_90: 40, 6 blocks an SM where it ran 8: the values held over the
+// partials' wait, as raw halves), 40-48 with FP32 dA (a Detect output's); capped at 32, those spill.
 template <class T, class TD, bool V8>
 __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, const float *part, int K, float cnt,
-                                    int train, float *dgamma, float *dbeta, T *dz, int C, int HW) {
+                                    int train, float *dgamma, float *dbeta, T *dz, int C, int HW, int ng,
+                                    FastDiv fg) {
+    constexpr int V = V8 ? 8 : 1;
     __shared__ float msum[2];
-    const int i = (blockIdx.x * blockDim.x + threadIdx.x) * (V8 ? 8 : 1), c = blockIdx.y;
+    const int g = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    const bool mine = g < ng;
+    const int b = div_fast(g, fg), i = (g - b * fg.d) * V;
+    const long o = b * zs + (long)c * HW + i;
+    // the thread's values are loaded before the channel's partials are added, so that the block waits
+    // for both at once (the partials were added first, then the values loaded: two trips to memory)
+    BnVals<V, TD> d;
+    BnVals<V, T> x;
+    if (mine) {
+        d.load(dA, o, 0);
+        if (gamma) x.load(z, o, 0);
+    }
     float sg = 0.0f, sgx = 0.0f;
     if (threadIdx.x < 32) {
         for (int k = threadIdx.x; k < K; k += 32) sg += part[(long)c * K + k], sgx += part[(long)C * K + (long)c * K + k];
@@ -2642,7 +2701,7 @@ __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const flo
         }
     }
     if (threadIdx.x == 0) {
-        if (blockIdx.x == 0 && blockIdx.z == 0) {
+        if (blockIdx.x == 0) {
             dbeta[c] += sg;
             if (gamma) dgamma[c] += sgx;
         }
@@ -2650,20 +2709,19 @@ __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const flo
         msum[1] = train ? sgx / cnt : 0.0f;
     }
     __syncthreads();
-    if (i >= HW) return;
-    const long o = blockIdx.z * zs + (long)c * HW + i;
-    float g[8], zv[8];
-    if (V8) load8(dA + o, g); else g[0] = act_f(dA[o]);
+    if (!mine) return;
+    float gv[V];
+#pragma unroll
+    for (int e = 0; e < V; e++) gv[e] = d[e];
     if (gamma) {
         float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = msum[0], mgx = msum[1];
-        if (V8) load8(z + o, zv); else zv[0] = act_f(z[o]);
 #pragma unroll
-        for (int e = 0; e < (V8 ? 8 : 1); e++) {
-            float xh = (zv[e] - mu) * is, gy = bn_silu_gy(g[e], xh, ga, be);
-            g[e] = gs * (gy - mg - xh * mgx);
+        for (int e = 0; e < V; e++) {
+            float xh = (x[e] - mu) * is, gy = bn_silu_gy(gv[e], xh, ga, be);
+            gv[e] = gs * (gy - mg - xh * mgx);
         }
     }
-    if (V8) store8(dz + o, g); else dz[o] = act_from<T>(g[0]);
+    if (V8) store8(dz + o, gv); else dz[o] = act_from<T>(gv[0]);
 }
 template <class T, class TD>
 static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
@@ -2683,11 +2741,13 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     CUDA_CHECK(cudaGetLastError());
     const float cnt = (float)B * HW;
     if (bn_vec8(HW, zs, zs, z, dA, dz))
-        bn_bwd_apply_kernel<T, TD, true><<<dim3(cdiv(HW / 8, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW);
+        bn_bwd_apply_kernel<T, TD, true><<<dim3(cdiv((long)B * (HW / 8), 256), (unsigned)C), 256, 0, s>>>(
+            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW, B * (HW / 8),
+            fast_div(HW / 8));
     else
-        bn_bwd_apply_kernel<T, TD, false><<<dim3(cdiv(HW, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW);
+        bn_bwd_apply_kernel<T, TD, false><<<dim3(cdiv((long)B * HW, 256), (unsigned)C), 256, 0, s>>>(
+            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW, B * HW,
+            fast_div(HW));
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean,

@@ -2032,6 +2032,9 @@ int main(void) {
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
+    // 16-byte words, 2 chunks of 3756 values a channel: most threads take two groups of 8 at once, some
+    // one, a chunk's unaligned head and tail; a channel's 939 groups across 4 blocks and 3 images
+    test_bn(3, 2, 2504, 1, 2, s);
     test_bn_silu_add(2, 4, 64, 0, 0, 0, s);      // 16-byte words
     test_bn_silu_add(2, 5, 300, 2, 3, 0, NULL);   // one value a thread, z and y slices
     test_bn_silu_add(2, 3, 400, 1, 2, 1, s);      // FP32, 16-byte words, slices
@@ -2060,6 +2063,8 @@ int main(void) {
     test_bn_backward(2, 3, 40, 2, 0, 1, 1, s);
     test_bn_backward(1, 3, 56, 0, 1, 0, 1, s);
     test_bn_backward(2, 4, 304, 8, 1, 1, 2, s);     // FP16 dA, dz in place of it
+    test_bn_backward(3, 2, 2504, 1, 1, 1, 1, s);    // two groups of 8 a thread, heads and tails (test_bn's)
+    test_bn_backward(3, 2, 2504, 1, 1, 1, 0, s);
     test_bn_backward(2, 3, 45, 1, 1, 1, 2, s);
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
@@ -2119,11 +2124,13 @@ int main(void) {
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
     test_bn_f32(2, 3, 20000, 1, 0, s);
+    test_bn_f32(3, 2, 2504, 1, 2, s);
     test_bn_backward_f32(2, 3, 45, 0, 1, 1, NULL);
     test_bn_backward_f32(2, 4, 300, 1, 1, 1, s);
     test_bn_backward_f32(1, 3, 50, 0, 1, 0, s);
     test_bn_backward_f32(2, 3, 40, 2, 0, 1, s);
     test_bn_backward_f32(2, 3, 20000, 1, 1, 1, s);
+    test_bn_backward_f32(3, 2, 2504, 1, 1, 1, s);
     test_views_f32(2, 3, 7, 9, NULL);
     test_views_f32(1, 2, 20, 17, s);
     test_views_f32(1, 2, 66, 66, s);
