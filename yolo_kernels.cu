@@ -2339,6 +2339,8 @@ __device__ V block_sum(V v) {
     return t;
 }
 
+// load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
+// (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
 __device__ __forceinline__ void load8(const __half *p, float *v) {
     union { uint4 u; __half2 h[4]; } q;
     q.u = *(const uint4 *)p;
@@ -2361,6 +2363,14 @@ __device__ __forceinline__ void store8(float *p, const float *v) {
 }
 // bn_vec8: may an elementwise BN kernel move 8 values per thread (H*W and the image strides multiples
 // of 8, every pointer 16-byte aligned)?
+// bn_flat_ok: the elementwise BN kernels number a channel's values (or groups) across its images in an
+// int, with a block's worth of headroom: B*HW must stay under 2^31 - 256 (the planner's sizes do)
+static void bn_flat_ok(const char *fn, int B, int HW) {
+    if ((long)B * HW > INT_MAX - 256) {
+        fprintf(stderr, "%s: %d images of %d values a channel exceed the kernel's int indexing\n", fn, B, HW);
+        exit(1);
+    }
+}
 static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
     return HW % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0 && (uintptr_t)p1 % 16 == 0 && (uintptr_t)p2 % 16 == 0 &&
            (uintptr_t)p3 % 16 == 0;
@@ -2549,8 +2559,6 @@ extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mea
     CUDA_CHECK(cudaGetLastError());
 }
 
-// load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
-// (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
 // bn_silu_forward_act: the training step's BN+SiLU in its activation type T (__half or float), FP32
 // math; grid (ceil(B*HW/(256 V)), C), V consecutive elements per thread (V8: 8, one or two 16-byte
 // loads and stores, else 1), a channel's groups of V numbered across its images as bn_bwd_apply's; BN
@@ -2604,6 +2612,7 @@ static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, c
     if (!zs) zs = (long)C * HW;
     if (!ys) ys = (long)C * HW;
     cudaStream_t s = (cudaStream_t)stream;
+    bn_flat_ok("bn_silu_forward_cuda", B, HW);
     bool v8 = bn_vec8(HW, zs, ys, z, y, y);
     if (acc) bn_silu_forward_act_grid<T, true>(v8, z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, s);
     else bn_silu_forward_act_grid<T, false>(v8, z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, s);
@@ -2740,6 +2749,7 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     else bn_bwd_partial_kernel<T, TD, false><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
     const float cnt = (float)B * HW;
+    bn_flat_ok("bn_silu_backward_cuda", B, HW);
     if (bn_vec8(HW, zs, zs, z, dA, dz))
         bn_bwd_apply_kernel<T, TD, true><<<dim3(cdiv((long)B * (HW / 8), 256), (unsigned)C), 256, 0, s>>>(
             z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW, B * (HW / 8),

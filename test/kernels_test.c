@@ -807,10 +807,10 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
         CK(cudaMemcpy(ddz, dAh, 2 * nz, cudaMemcpyHostToDevice));
     }
     if (h)
-        bn_silu_backward_h_cuda(dz16, h == 2 ? ddz : dAhd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz,
+        bn_silu_backward_h_cuda(bn ? dz16 : NULL, h == 2 ? ddz : dAhd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz,
                                 scratch, B, C, HW, train, stream);
     else
-        bn_silu_backward_cuda(dz16, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
+        bn_silu_backward_cuda(bn ? dz16 : NULL, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
                               train, stream);
     // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
     float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz);
@@ -1304,7 +1304,7 @@ static void test_bn_backward_f32(int B, int C, int HW, int zextra, int bn, int t
           *dg = to_dev(gamma, 4 * C);
     float *db = to_dev(beta, 4 * C), *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C),
           *scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW)), *ddz = poisoned_dev(nz);
-    bn_silu_backward_f32_cuda(zd, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
+    bn_silu_backward_f32_cuda(bn ? zd : NULL, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
                               train, stream);
     float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz), *sc = xmalloc(4 * nz),
           *gyt = xmalloc(4 * nz);
@@ -2065,6 +2065,7 @@ int main(void) {
     test_bn_backward(2, 4, 304, 8, 1, 1, 2, s);     // FP16 dA, dz in place of it
     test_bn_backward(3, 2, 2504, 1, 1, 1, 1, s);    // two groups of 8 a thread, heads and tails (test_bn's)
     test_bn_backward(3, 2, 2504, 1, 1, 1, 0, s);
+    test_bn_backward(3, 2, 2504, 1, 0, 1, 1, s);    // no BN (a Detect conv's bias): no z, as the step passes
     test_bn_backward(2, 3, 45, 1, 1, 1, 2, s);
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
@@ -2131,6 +2132,7 @@ int main(void) {
     test_bn_backward_f32(2, 3, 40, 2, 0, 1, s);
     test_bn_backward_f32(2, 3, 20000, 1, 1, 1, s);
     test_bn_backward_f32(3, 2, 2504, 1, 1, 1, s);
+    test_bn_backward_f32(3, 2, 2504, 1, 0, 1, s);
     test_views_f32(2, 3, 7, 9, NULL);
     test_views_f32(1, 2, 20, 17, s);
     test_views_f32(1, 2, 66, 66, s);
