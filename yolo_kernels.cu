@@ -2898,13 +2898,18 @@ __global__ void maxpool5_backward_plane_kernel(const T *x, const T *dy, long gs,
             if (rm[i + k * W] > m) m = rm[i + k * W], a = 5 * k + rc[i + k * W];
         code[i] = (signed char)a;
     }
+    // dy's plane into the padded plane's place (dead since the row pass): the sums below then read
+    // shared memory only. They read dy from global memory, each load behind its own argmax test, so
+    // that a warp waited on several dependent trips to memory per input pixel (an H200 took 30 us a
+    // launch at SPPF's 20x20 planes; the forward plane kernel 8)
+    for (int i = threadIdx.x; i < n; i += blockDim.x) t[i] = act_f(dy[gbase + i]);
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int iy = i / W, ix = i - iy * W;
         float s = 0.0f;
         for (int oy = max(iy - 2, 0); oy <= min(iy + 2, H - 1); oy++)
             for (int ox = max(ix - 2, 0); ox <= min(ix + 2, W - 1); ox++)
-                if (code[oy * W + ox] == 5 * (iy - oy + 2) + ix - ox + 2) s += act_f(dy[gbase + oy * W + ox]);
+                if (code[oy * W + ox] == 5 * (iy - oy + 2) + ix - ox + 2) s += t[oy * W + ox];
         dx[base + i] = act_from<T>(s);
     }
 }
