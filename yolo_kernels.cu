@@ -2363,17 +2363,23 @@ __device__ __forceinline__ void store8(float *p, const float *v) {
 }
 // bn_vec8: may an elementwise BN kernel move 8 values per thread (H*W and the image strides multiples
 // of 8, every pointer 16-byte aligned)?
-// bn_flat_ok: the elementwise BN kernels number a channel's values (or groups) across its images in an
-// int, with a block's worth of headroom: B*HW must stay under 2^31 - 256 (the planner's sizes do)
-static void bn_flat_ok(const char *fn, int B, int HW) {
+static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
+    return HW % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0 && (uintptr_t)p1 % 16 == 0 && (uintptr_t)p2 % 16 == 0 &&
+           (uintptr_t)p3 % 16 == 0;
+}
+
+// BnFlat: the elementwise BN kernels' numbering of a channel's values, one group a thread (V8: 8
+// values, else 1) across its images: ng groups, fg the divisor that splits group g into its image and
+// its group in that image. bn_flat refuses B*HW past int indexing (with a block's headroom; the
+// planner's sizes stay far under it).
+struct BnFlat { int ng; FastDiv fg; };
+static BnFlat bn_flat(const char *fn, int B, int HW, bool v8) {
     if ((long)B * HW > INT_MAX - 256) {
         fprintf(stderr, "%s: %d images of %d values a channel exceed the kernel's int indexing\n", fn, B, HW);
         exit(1);
     }
-}
-static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
-    return HW % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0 && (uintptr_t)p1 % 16 == 0 && (uintptr_t)p2 % 16 == 0 &&
-           (uintptr_t)p3 % 16 == 0;
+    const int per = v8 ? HW / 8 : HW;
+    return BnFlat{B * per, fast_div(per)};
 }
 
 // BN reductions, chunked (yolo.h's bn_chunks): grid (K chunks, C channels), block 256; chunk k of a
@@ -2570,11 +2576,10 @@ extern "C" void bn_stats_finish_cuda(const float *part, int K, int C, float *mea
 // (seen on an H200: 336 of 4000 values 1 ulp apart; the emulator's compiler does not fuse).
 template <class T, bool V8, bool ACC>
 __global__ void bn_silu_forward_act_kernel(const T *z, long zs, const float *mean, const float *invstd,
-                                           const float *gamma, const float *beta, T *y, long ys, int HW, int ng,
-                                           FastDiv fg) {
+                                           const float *gamma, const float *beta, T *y, long ys, int HW, BnFlat f) {
     const int g = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
-    if (g >= ng) return;
-    const int b = div_fast(g, fg), i = (g - b * fg.d) * (V8 ? 8 : 1);
+    if (g >= f.ng) return;
+    const int b = div_fast(g, f.fg), i = (g - b * f.fg.d) * (V8 ? 8 : 1);
     const float2 bn = bn_fold(mean, invstd, gamma, beta, c);
     const T *zp = z + b * zs + (long)c * HW + i;
     T *yp = y + b * ys + (long)c * HW + i;
@@ -2597,12 +2602,12 @@ template <class T, bool ACC>
 static void bn_silu_forward_act_grid(bool v8, const T *z, long zs, const float *mean, const float *invstd,
                                      const float *gamma, const float *beta, T *y, long ys, int B, int C, int HW,
                                      cudaStream_t s) {
+    const BnFlat f = bn_flat("bn_silu_forward_cuda", B, HW, v8);
+    const dim3 grid(cdiv(f.ng, 256), (unsigned)C);
     if (v8)
-        bn_silu_forward_act_kernel<T, true, ACC><<<dim3(cdiv((long)B * (HW / 8), 256), (unsigned)C), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, HW, B * (HW / 8), fast_div(HW / 8));
+        bn_silu_forward_act_kernel<T, true, ACC><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, HW, f);
     else
-        bn_silu_forward_act_kernel<T, false, ACC><<<dim3(cdiv((long)B * HW, 256), (unsigned)C), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, HW, B * HW, fast_div(HW));
+        bn_silu_forward_act_kernel<T, false, ACC><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, HW, f);
 }
 template <class T>
 static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, const float *invstd, const float *gamma,
@@ -2612,7 +2617,6 @@ static void bn_silu_forward_act_launch(const T *z, long zs, const float *mean, c
     if (!zs) zs = (long)C * HW;
     if (!ys) ys = (long)C * HW;
     cudaStream_t s = (cudaStream_t)stream;
-    bn_flat_ok("bn_silu_forward_cuda", B, HW);
     bool v8 = bn_vec8(HW, zs, ys, z, y, y);
     if (acc) bn_silu_forward_act_grid<T, true>(v8, z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, s);
     else bn_silu_forward_act_grid<T, false>(v8, z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, s);
@@ -2684,13 +2688,12 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
 template <class T, class TD, bool V8>
 __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, const float *part, int K, float cnt,
-                                    int train, float *dgamma, float *dbeta, T *dz, int C, int HW, int ng,
-                                    FastDiv fg) {
+                                    int train, float *dgamma, float *dbeta, T *dz, int C, int HW, BnFlat f) {
     constexpr int V = V8 ? 8 : 1;
     __shared__ float msum[2];
     const int g = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
-    const bool mine = g < ng;
-    const int b = div_fast(g, fg), i = (g - b * fg.d) * V;
+    const bool mine = g < f.ng;
+    const int b = div_fast(g, f.fg), i = (g - b * f.fg.d) * V;
     const long o = b * zs + (long)c * HW + i;
     // the thread's values are loaded before the channel's partials are added, so that the block waits
     // for both at once (the partials were added first, then the values loaded: two trips to memory)
@@ -2749,15 +2752,15 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     else bn_bwd_partial_kernel<T, TD, false><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
     const float cnt = (float)B * HW;
-    bn_flat_ok("bn_silu_backward_cuda", B, HW);
-    if (bn_vec8(HW, zs, zs, z, dA, dz))
-        bn_bwd_apply_kernel<T, TD, true><<<dim3(cdiv((long)B * (HW / 8), 256), (unsigned)C), 256, 0, s>>>(
-            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW, B * (HW / 8),
-            fast_div(HW / 8));
+    const bool v8 = bn_vec8(HW, zs, zs, z, dA, dz);
+    const BnFlat f = bn_flat("bn_silu_backward_cuda", B, HW, v8);
+    const dim3 ga(cdiv(f.ng, 256), (unsigned)C);
+    if (v8)
+        bn_bwd_apply_kernel<T, TD, true><<<ga, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt,
+                                                           train, dgamma, dbeta, dz, C, HW, f);
     else
-        bn_bwd_apply_kernel<T, TD, false><<<dim3(cdiv((long)B * HW, 256), (unsigned)C), 256, 0, s>>>(
-            z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt, train, dgamma, dbeta, dz, C, HW, B * HW,
-            fast_div(HW));
+        bn_bwd_apply_kernel<T, TD, false><<<ga, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt,
+                                                            train, dgamma, dbeta, dz, C, HW, f);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean,

@@ -807,11 +807,11 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
         CK(cudaMemcpy(ddz, dAh, 2 * nz, cudaMemcpyHostToDevice));
     }
     if (h)
-        bn_silu_backward_h_cuda(bn ? dz16 : NULL, h == 2 ? ddz : dAhd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz,
-                                scratch, B, C, HW, train, stream);
+        bn_silu_backward_h_cuda(bn ? dz16 : NULL, h == 2 ? ddz : dAhd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db,
+                                ddg, ddb, ddz, scratch, B, C, HW, train, stream);
     else
-        bn_silu_backward_cuda(bn ? dz16 : NULL, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
-                              train, stream);
+        bn_silu_backward_cuda(bn ? dz16 : NULL, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz,
+                              scratch, B, C, HW, train, stream);
     // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
     float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz);
     memcpy(ref, dA, 4 * nz);
@@ -1304,8 +1304,8 @@ static void test_bn_backward_f32(int B, int C, int HW, int zextra, int bn, int t
           *dg = to_dev(gamma, 4 * C);
     float *db = to_dev(beta, 4 * C), *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C),
           *scratch = poisoned_dev((long)bn_scratch_floats(B, C, HW)), *ddz = poisoned_dev(nz);
-    bn_silu_backward_f32_cuda(bn ? zd : NULL, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz, scratch, B, C, HW,
-                              train, stream);
+    bn_silu_backward_f32_cuda(bn ? zd : NULL, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz,
+                              scratch, B, C, HW, train, stream);
     float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz), *sc = xmalloc(4 * nz),
           *gyt = xmalloc(4 * nz);
     double cnt = (double)B * HW;
