@@ -2504,8 +2504,11 @@ __global__ void bn_stats_partial_kernel(const T *z, BnGeo q, float *part) {
 // pairwise in a fixed tree (the same bits on every run), into the mean, invstd and the running stats
 // (rm, rv: NULL to skip); eval: mean = rm, invstd from rv
 // (512 threads: a 320x320 batch-16 map has 6400 tiles a channel, and each merge has a division, so
-// that fewer threads make long chains)
+// that fewer threads make long chains). A thread requests BN_FIN_U of its tiles before merging them (in
+// the same order), so a channel of K tiles waits for memory ceil(K / 2048) times, not ceil(K / 512);
+// the tree's last 5 levels run in warp 0 by shuffles, the same pairs as through shared memory.
 #define BN_FIN 512
+#define BN_FIN_U 4
 __global__ void bn_stats_finish_kernel(const float *part, int K, float *mean, float *invstd, float *rm, float *rv,
                                        float eps, float momentum, int train) {
     const int c = blockIdx.x, t = threadIdx.x;
@@ -2515,17 +2518,34 @@ __global__ void bn_stats_finish_kernel(const float *part, int K, float *mean, fl
     }
     __shared__ BnTile red[BN_FIN];
     BnTile r = {0.0f, 0.0f, 0.0f};
-    for (int k = t; k < K; k += BN_FIN) {
-        const float4 p = *(const float4 *)(part + 4 * ((long)c * K + k));
-        r = bn_tile_merge(r, BnTile{p.x, p.y, p.z});
+    const float4 *tiles = (const float4 *)(part + 4 * (long)c * K);
+    for (int k0 = t; k0 < K; k0 += BN_FIN_U * BN_FIN) {   // BN_FIN_U loads in flight, then their merges
+        float4 p[BN_FIN_U];
+#pragma unroll
+        for (int u = 0; u < BN_FIN_U; u++)
+            if (k0 + u * BN_FIN < K) p[u] = tiles[k0 + u * BN_FIN];
+#pragma unroll
+        for (int u = 0; u < BN_FIN_U; u++)
+            if (k0 + u * BN_FIN < K) r = bn_tile_merge(r, BnTile{p[u].x, p[u].y, p[u].z});
     }
     red[t] = r;
-    for (int h = BN_FIN / 2; h > 0; h /= 2) {
+    for (int h = BN_FIN / 2; h >= 32; h /= 2) {
         __syncthreads();
         if (t < h) red[t] = bn_tile_merge(red[t], red[t + h]);
     }
+    __syncthreads();
+    if (t >= 32) return;
+    r = red[t];   // the tree's last 5 levels in warp 0: lane t merges lane t + h's tile, as red[t + h]
+#pragma unroll
+    for (int h = 16; h > 0; h /= 2) {
+        BnTile o;
+        o.n = __shfl_down_sync(0xffffffffu, r.n, h);
+        o.m = __shfl_down_sync(0xffffffffu, r.m, h);
+        o.q = __shfl_down_sync(0xffffffffu, r.q, h);
+        r = bn_tile_merge(r, o);
+    }
     if (t) return;
-    const float cnt = red[0].n, mu = red[0].m, var = cnt > 0 ? red[0].q / cnt : 0.0f;
+    const float cnt = r.n, mu = r.m, var = cnt > 0 ? r.q / cnt : 0.0f;
     mean[c] = mu;
     invstd[c] = 1.0f / sqrtf(var + eps);
     if (rm) rm[c] = (1 - momentum) * rm[c] + momentum * mu;
@@ -2788,23 +2808,56 @@ extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long 
 // upsample, max-pool backward; copies and conversions
 // ------------------------------------------------------------------------------------------
 
-// upsample2_backward: one thread per dx element, the 2x2 sum in the CPU's order (in FP32; an FP16
-// gradient is rounded once, when stored); dy's images gs apart (0: dense), dx dense
-template <class T>
+// load4 / store4: 4 consecutive activations as FP32 in one 8- (FP16) or 16-byte (FP32) access
+__device__ __forceinline__ void load4(const __half *p, float *v) {
+    union { uint2 u; __half2 h[2]; } q;
+    q.u = *(const uint2 *)p;
+    v[0] = __low2float(q.h[0]), v[1] = __high2float(q.h[0]), v[2] = __low2float(q.h[1]), v[3] = __high2float(q.h[1]);
+}
+__device__ __forceinline__ void load4(const float *p, float *v) {
+    float4 a = *(const float4 *)p;
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+}
+__device__ __forceinline__ void store4(__half *p, const float *v) {
+    union { uint2 u; __half2 h[2]; } q;
+    q.h[0] = __floats2half2_rn(v[0], v[1]);
+    q.h[1] = __floats2half2_rn(v[2], v[3]);
+    *(uint2 *)p = q.u;
+}
+__device__ __forceinline__ void store4(float *p, const float *v) { *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]); }
+
+// upsample2_backward: dx = the 2x2 sum of dy, in the CPU's order (in FP32; an FP16 gradient is rounded
+// once, when stored); dy's images gs apart (0: dense), dx dense. One thread per dx element, or with V4
+// (W a multiple of 4, gs of 8, both pointers 16-byte aligned) per 4 of a row: its two dy rows' 8 values
+// each in 16-byte loads (one for FP16, two for FP32), the 4 sums in one 8- or 16-byte store
+template <class T, bool V4>
 __global__ void upsample2_backward_kernel(const T *dy, long gs, T *dx, int C, int H, int W, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    constexpr int V = V4 ? 4 : 1;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= n) return;
     int x = (int)(i % W), y = (int)((i / W) % H);
     long bc = i / ((long)W * H), b = bc / C;
     const T *g = dy + b * gs + ((bc - b * C) * 2 * H + 2 * y) * 2 * W + 2 * x;
-    dx[i] = act_from<T>(act_f(g[0]) + act_f(g[1]) + act_f(g[2 * W]) + act_f(g[2 * W + 1]));
+    if (V4) {   // dx x .. x+3 of the row: dy columns 2x .. 2x+7 of rows 2y and 2y+1
+        float t[8], u[8], s[4];
+        load8(g, t);
+        load8(g + 2 * W, u);
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[e] = t[2 * e] + t[2 * e + 1] + u[2 * e] + u[2 * e + 1];
+        store4(dx + i, s);
+    } else {
+        dx[i] = act_from<T>(act_f(g[0]) + act_f(g[1]) + act_f(g[2 * W]) + act_f(g[2 * W + 1]));
+    }
 }
 template <class T>
 static void upsample2_backward_launch(const T *dy, long gs, T *dx, int B, int C, int H, int W, void *stream) {
     long n = (long)B * C * H * W;
     if (n == 0) return;
     if (!gs) gs = 4L * C * H * W;
-    upsample2_backward_kernel<T><<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(dy, gs, dx, C, H, W, n);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (W % 4 == 0 && gs % 8 == 0 && (uintptr_t)dy % 16 == 0 && (uintptr_t)dx % 16 == 0)
+        upsample2_backward_kernel<T, true><<<cdiv(n / 4, 256), 256, 0, s>>>(dy, gs, dx, C, H, W, n);
+    else upsample2_backward_kernel<T, false><<<cdiv(n, 256), 256, 0, s>>>(dy, gs, dx, C, H, W, n);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void upsample2_backward_cuda(const float *dy, long gs, float *dx, int B, int C, int H, int W,
@@ -2939,16 +2992,31 @@ extern "C" void maxpool5_backward_f16_cuda(const uint16_t *x, const uint16_t *dy
     maxpool5_backward_launch((const __half *)x, (const __half *)dy, gs, (__half *)dx, B, C, H, W, stream);
 }
 
-// copy_act: B blocks of n values of T (__half or float); grid (ceil(n/256), B)
-template <class T>
+// copy_act: B blocks of n values of T (__half or float). V16: each thread moves 16 bytes (8 halves or 4
+// floats; the strides and both pointers allow it), the last thread of a block the n % (16 / sizeof T)
+// values past the last whole word one by one; else one value a thread. grid (ceil(n/(256*V)), B)
+template <class T, bool V16>
 __global__ void copy_act_kernel(const T *src, long ss, T *dst, long ds, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[blockIdx.y * ds + i] = src[blockIdx.y * ss + i];
+    constexpr int V = V16 ? 16 / (int)sizeof(T) : 1;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    const T *a = src + blockIdx.y * ss;
+    T *d = dst + blockIdx.y * ds;
+    if (!V16) {
+        if (i < n) d[i] = a[i];
+    } else if (i + V <= n) {
+        *(uint4 *)(d + i) = *(const uint4 *)(a + i);
+    } else {
+        for (; i < n; i++) d[i] = a[i];
+    }
 }
 template <class T>
 static void copy_act_launch(const T *src, long ss, T *dst, long ds, int B, long n, void *stream) {
     if (B == 0 || n == 0) return;
-    copy_act_kernel<T><<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, (cudaStream_t)stream>>>(src, ss, dst, ds, n);
+    constexpr int V = 16 / (int)sizeof(T);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (ss % V == 0 && ds % V == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 16 == 0)
+        copy_act_kernel<T, true><<<dim3(cdiv(cdiv(n, V), 256), (unsigned)B), 256, 0, s>>>(src, ss, dst, ds, n);
+    else copy_act_kernel<T, false><<<dim3(cdiv(n, 256), (unsigned)B), 256, 0, s>>>(src, ss, dst, ds, n);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream) {
@@ -2957,16 +3025,37 @@ extern "C" void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long 
 extern "C" void copy_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream) {
     copy_act_launch(src, ss, dst, ds, B, n, stream);
 }
-// u8_to_act: the input image, x * (1/255) in float (input_from_batch), stored as T
-template <class T>
+// u8_to_act: the input image, x * (1/255) in float (input_from_batch), stored as T. V16: each thread
+// writes one 16-byte word (8 halves or 4 floats) from one 8- or 4-byte load, so that a warp's loads and
+// its stores are each one contiguous span (x and y aligned for those); the last thread takes the tail
+// past the last whole word one by one. Else one byte a thread. grid ceil(n/(256 V))
+template <class T, bool V16>
 __global__ void u8_to_act_kernel(const uint8_t *x, T *y, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = act_from<T>(x[i] * (1.f / 255.f));
+    constexpr int V = V16 ? 16 / (int)sizeof(T) : 1;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if constexpr (V16) {
+        if (i + V <= n) {
+            union { uint2 u2; unsigned u1; uint8_t b[8]; } q;
+            float v[V];
+            if constexpr (V == 8) q.u2 = *(const uint2 *)(x + i);
+            else q.u1 = *(const unsigned *)(x + i);
+#pragma unroll
+            for (int e = 0; e < V; e++) v[e] = q.b[e] * (1.f / 255.f);
+            if constexpr (V == 8) store8(y + i, v);
+            else store4(y + i, v);
+            return;
+        }
+    }
+    for (long e = i; e < n && e < i + V; e++) y[e] = act_from<T>(x[e] * (1.f / 255.f));
 }
 template <class T>
 static void u8_to_act_launch(const uint8_t *x, T *y, long n, void *stream) {
     if (n == 0) return;
-    u8_to_act_kernel<T><<<cdiv(n, 256), 256, 0, (cudaStream_t)stream>>>(x, y, n);
+    constexpr int V = 16 / (int)sizeof(T);
+    cudaStream_t s = (cudaStream_t)stream;
+    if ((uintptr_t)x % V == 0 && (uintptr_t)y % 16 == 0)
+        u8_to_act_kernel<T, true><<<cdiv(cdiv(n, V), 256), 256, 0, s>>>(x, y, n);
+    else u8_to_act_kernel<T, false><<<cdiv(n, 256), 256, 0, s>>>(x, y, n);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void u8_to_f16_cuda(const uint8_t *x, uint16_t *y, long n, void *stream) {
@@ -3038,23 +3127,38 @@ extern "C" void upsample2_forward_f32_cuda(const float *x, float *y, long ys, in
     upsample2_forward_act_launch(x, y, ys, B, C, H, W, stream);
 }
 
-// bn_silu_upsample2: nearest x2 of SiLU(BN(z)) (bn_silu_value's bits, rounded to T once), one thread per
-// input element writing its 2x2 outputs; grid (ceil(HW/256), C, B); PAIR: each output row's two values
-// in one 4- (FP16) or 8-byte (FP32) store (y and ys allow it). z image stride zs, y image stride ys.
+// bn_silu_upsample2: nearest x2 of SiLU(BN(z)) (bn_silu_value's bits, rounded to T once) in three shapes.
+// V4: each thread takes 4 inputs of a row (W a multiple of 4) in one 8- (FP16) or 16-byte (FP32) load and
+// writes each output row's 8 values in 16-byte stores (zs a multiple of 4, ys of 8, z and y aligned for
+// those); else one input a thread writing its 2x2 outputs, with PAIR each output row's two in one 4- or
+// 8-byte store (y and ys allow it). grid (ceil(HW/(256 V)), C, B), V = 4 or 1; z image stride zs, y
+// image stride ys.
 template <class T> __device__ __forceinline__ void store_pair(T *p, T v);
 template <> __device__ __forceinline__ void store_pair<__half>(__half *p, __half v) {
     *(__half2 *)p = __halves2half2(v, v);
 }
 template <> __device__ __forceinline__ void store_pair<float>(float *p, float v) { *(float2 *)p = make_float2(v, v); }
-template <class T, bool PAIR>
+template <class T, bool PAIR, bool V4>
 __global__ void bn_silu_upsample2_kernel(const T *z, long zs, const float *mean, const float *invstd,
                                          const float *gamma, const float *beta, T *y, long ys, int H, int W) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
+    constexpr int V = V4 ? 4 : 1;
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * V, c = blockIdx.y, b = blockIdx.z;
     if (i >= H * W) return;
     const float2 bn = bn_fold(mean, invstd, gamma, beta, c);
-    T a = act_from<T>(bn_silu_folded(act_f(z[b * zs + (long)c * H * W + i]), bn.x, bn.y));
+    const T *zp = z + b * zs + (long)c * H * W + i;
     int ix = i % W, iy = i / W;
     T *p = y + b * ys + (long)c * 4 * H * W + (long)(2 * iy) * (2 * W) + 2 * ix;
+    if (V4) {   // inputs ix .. ix+3 of row iy: outputs 2ix .. 2ix+7 of rows 2iy and 2iy+1
+        float v[4], o[8];
+        load4(zp, v);
+#pragma unroll
+        for (int e = 0; e < 4; e++)   // rounded to T and back: each output holds the scalar path's bits
+            o[2 * e] = o[2 * e + 1] = act_f(act_from<T>(bn_silu_folded(v[e], bn.x, bn.y)));
+        store8(p, o);
+        store8(p + 2 * W, o);
+        return;
+    }
+    T a = act_from<T>(bn_silu_folded(act_f(*zp), bn.x, bn.y));
     if (PAIR) {
         store_pair(p, a);
         store_pair(p + 2 * W, a);
@@ -3068,11 +3172,16 @@ static void bn_silu_upsample2_launch(const T *z, long zs, const float *mean, con
     if ((long)B * C * H * W == 0) return;
     if (!zs) zs = (long)C * H * W;
     if (!ys) ys = 4L * C * H * W;
-    dim3 grid(cdiv(H * W, 256), (unsigned)C, (unsigned)B);
     cudaStream_t s = (cudaStream_t)stream;
-    if (ys % 2 == 0 && (uintptr_t)y % (2 * sizeof(T)) == 0)
-        bn_silu_upsample2_kernel<T, true><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, H, W);
-    else bn_silu_upsample2_kernel<T, false><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+    if (W % 4 == 0 && zs % 4 == 0 && ys % 8 == 0 && (uintptr_t)z % (4 * sizeof(T)) == 0 && (uintptr_t)y % 16 == 0)
+        bn_silu_upsample2_kernel<T, true, true><<<dim3(cdiv(H * W / 4, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+    else if (ys % 2 == 0 && (uintptr_t)y % (2 * sizeof(T)) == 0)
+        bn_silu_upsample2_kernel<T, true, false><<<dim3(cdiv(H * W, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+    else
+        bn_silu_upsample2_kernel<T, false, false><<<dim3(cdiv(H * W, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
+            z, zs, mean, invstd, gamma, beta, y, ys, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_upsample2_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd,

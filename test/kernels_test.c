@@ -660,6 +660,46 @@ static void test_bn_silu_add(int B, int C, int HW, int zextra, int yextra, int f
     else twin_compared(bn_silu_forward_f16_cuda);
 }
 
+// bn_stats_finish_cuda alone, on more tiles than the tests' convs make: K tiles a channel that partition
+// its values with 0-64 values each (empty ones too), built on the host (count, mean, squared deviations),
+// so that a thread's batches of requested tiles run full, partial and (K > 2048) more than once; against
+// bn_stats_cpu of those values (check_bn_stats), and a second run the same bits.
+static void test_bn_finish(int C, int K, void *stream) {
+    int *cnt = xmalloc(sizeof(int) * K), HW = 0;
+    for (int k = 0; k < K; k++) HW += cnt[k] = k % 10 == 3 ? 0 : (int)rng_range(&rng, 1, 65);
+    float *z = rand_host((long)C * HW, -3, 5), *part = xcalloc((size_t)4 * C * K, 4);
+    for (int c = 0; c < C; c++)
+        for (int k = 0, at = 0; k < K; at += cnt[k++]) {
+            const float *v = z + (long)c * HW + at;
+            double m = 0, q = 0;
+            for (int e = 0; e < cnt[k]; e++) m += v[e];
+            m = cnt[k] ? m / cnt[k] : 0;
+            for (int e = 0; e < cnt[k]; e++) q += (v[e] - m) * (v[e] - m);
+            float *t = part + 4 * ((long)c * K + k);
+            t[0] = (float)cnt[k], t[1] = (float)m, t[2] = (float)q;
+        }
+    float *rm = rand_host(C, -1, 1), *rv = rand_host(C, 0.5f, 2), *rm0 = xmalloc(4 * C), *rv0 = xmalloc(4 * C),
+          *mean = xmalloc(4 * C), *inv = xmalloc(4 * C), *dpart = to_dev(part, (size_t)16 * C * K), *dst, *got[2];
+    memcpy(rm0, rm, 4 * C); memcpy(rv0, rv, 4 * C);
+    CK(cudaMalloc((void **)&dst, 16 * (size_t)C));
+    for (int r = 0; r < 2; r++) {
+        CK(cudaMemcpy(dst + 2 * C, rm0, 4 * C, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dst + 3 * C, rv0, 4 * C, cudaMemcpyHostToDevice));
+        bn_stats_finish_cuda(dpart, K, C, dst, dst + C, dst + 2 * C, dst + 3 * C, BN_EPS, BN_MOMENTUM, stream);
+        got[r] = from_dev(dst, 16 * (size_t)C);
+    }
+    bn_stats_cpu(z, (long)C * HW, 1, C, HW, mean, inv, rm, rv, 1);
+    char what[160];
+    snprintf(what, sizeof what, "bn_stats_finish_cuda C=%d K=%d tiles of 0-64 values (%d a channel)", C, K, HW);
+    check_bn_stats(what, z, (long)C * HW, 1, C, HW, got[0], got[0] + C, got[0] + 2 * C, got[0] + 3 * C, mean, inv, rm,
+                   rv, rm0, rv0);
+    check(!memcmp(got[0], got[1], 16 * (size_t)C), "%s: a second run gives the same bits", what);
+    cudaFree(dpart); cudaFree(dst);
+    free(cnt); free(z); free(part); free(rm); free(rv); free(rm0); free(rv0); free(mean); free(inv);
+    free(got[0]); free(got[1]);
+    twin_compared(bn_stats_finish_cuda);
+}
+
 // bn_silu_upsample2_*_cuda (the neck's upsampled activations made in one pass): bit for bit
 // bn_silu_forward_*_cuda into a buffer, then upsample2_forward_*_cuda; y a slice (image stride ys, yoff
 // elements into its buffer: odd, the one-value stores), nothing else written; and near
@@ -957,24 +997,38 @@ static void test_convert_copy(long n, void *stream) {
     for (long i = 0; i < n; i++) bad2 += g2[i] != float_to_half(f[i]);
     check(!bad1, "u8_to_f16_cuda n=%ld: bit-exact with the software fp16 of x*(1/255) (input_from_batch), %ld differ",
           n, bad1);
+    // from one byte past an aligned address: no 8-byte loads, one byte a thread
+    u8_to_f16_cuda((uint8_t *)du + 1, dh, n - 1, stream);
+    free(g1);
+    g1 = (uint16_t *)from_dev(dh, 2 * n);
+    bad1 = 0;
+    for (long i = 0; i + 1 < n; i++) bad1 += g1[i] != float_to_half(u[i + 1] * (1.f / 255.f));
+    check(!bad1, "u8_to_f16_cuda n=%ld from an odd address: bit-exact as above, %ld differ", n - 1, bad1);
     check(!bad2,
           "f32_to_f16_cuda n=%ld: bit-exact with the software round-to-nearest-even (overflow, subnormals, -0, inf), "
           "%ld differ",
           n, bad2);
-    // concat by offset: 3 images of n/3 values into the middle of a larger per-image block
-    int B = 3; long m = n / 3, ds = m + 5;
-    uint16_t *dst; CK(cudaMalloc((void **)&dst, 2 * (size_t)B * ds + 2));
-    CK(cudaMemset(dst, 0, 2 * (size_t)B * ds + 2));
-    copy_f16_cuda(dh2, m, dst + 2, ds, B, m, stream);
-    uint16_t *g3 = (uint16_t *)from_dev(dst, 2 * (size_t)B * ds + 2);
-    float *src3 = xmalloc(4 * (size_t)B * m), *ref3 = xcalloc((size_t)B * ds + 1, 4);   // fp16 -> float is exact
-    for (long i = 0; i < B * m; i++) src3[i] = half_to_float(g2[i]);
-    copy_strided_cpu(src3, m, ref3 + 2, ds, B, m);
-    long bad3 = 0;
-    for (long o = 0; o < B * ds + 1; o++) bad3 += g3[o] != float_to_half(ref3[o]);   // dst holds B*ds + 1 values
-    free(src3); free(ref3);
-    check(!bad3, "copy_f16_cuda B=3 n=%ld: strided block copy bit-exact with copy_strided_cpu, "
-          "nothing else written (%ld differ)", m, bad3);
+    // concat by offset: 3 images of about n/3 values into the middle of a larger per-image block, at
+    // strides and an offset that allow no 16-byte words (one value a thread), then at ones that do (8 a
+    // thread, and a tail of 5 one by one)
+    int B = 3;
+    for (int wide = 0; wide < 2; wide++) {
+        long ss = wide ? n / 3 / 8 * 8 : n / 3, m = wide ? ss - 3 : ss, off = wide ? 8 : 2;
+        long ds = wide ? ss + 8 : m + 5, tot = B * ds + off;
+        uint16_t *dst; CK(cudaMalloc((void **)&dst, 2 * (size_t)tot));
+        CK(cudaMemset(dst, 0, 2 * (size_t)tot));
+        copy_f16_cuda(dh2, ss, dst + off, ds, B, m, stream);
+        uint16_t *g3 = (uint16_t *)from_dev(dst, 2 * (size_t)tot);
+        float *src3 = xmalloc(4 * (size_t)B * ss), *ref3 = xcalloc((size_t)tot, 4);   // fp16 -> float is exact
+        for (long i = 0; i < B * ss; i++) src3[i] = half_to_float(g2[i]);
+        copy_strided_cpu(src3, ss, ref3 + off, ds, B, m);
+        long bad3 = 0;
+        for (long o = 0; o < tot; o++) bad3 += g3[o] != float_to_half(ref3[o]);
+        free(src3); free(ref3); free(g3);
+        check(!bad3, "copy_f16_cuda B=3, %ld values an image, strides %ld -> %ld at offset %ld: strided block "
+              "copy bit-exact with copy_strided_cpu, nothing else written (%ld differ)", m, ss, ds, off, bad3);
+        cudaFree(dst);
+    }
     twin_compared(u8_to_f16_cuda);
     twin_compared(f32_to_f16_cuda);
     twin_compared(copy_f16_cuda);
@@ -982,12 +1036,10 @@ static void test_convert_copy(long n, void *stream) {
     cudaFree(df);
     cudaFree(dh);
     cudaFree(dh2);
-    cudaFree(dst);
     free(u);
     free(f);
     free(g1);
     free(g2);
-    free(g3);
 }
 
 // the view kernels of the device step (the GPU section of yolo.c): FP16 upsample and max-pool into a channel slice
@@ -1399,15 +1451,22 @@ static void test_views_f32(int B, int C, int H, int W, void *stream) {
         check_bits(what, got, yref, (long)B * ys);
         cudaFree(dy); free(yref); free(got);
     }
-    // copy: B images of m values into the middle of larger per-image blocks
-    long m = n / B, ds = m + 5;
-    float *dst = poisoned_dev((long)B * ds + 2), *cref = xmalloc(4 * ((size_t)B * ds + 2));
-    copy_f32_cuda(dx, m, dst + 2, ds, B, m, stream);
-    float *gc = from_dev(dst, 4 * ((size_t)B * ds + 2));
-    memset(cref, 0xff, 4 * ((size_t)B * ds + 2));
-    copy_strided_cpu(x, m, cref + 2, ds, B, m);
-    snprintf(what, sizeof what, "copy_f32_cuda B=%d n=%ld strided block copy (incl. the untouched rest)", B, m);
-    check_bits(what, gc, cref, (long)B * ds + 2);
+    // copy: B images of m values into the middle of larger per-image blocks, at strides and an offset that
+    // allow no 16-byte words, then at ones that do (4 floats a thread, a tail of 3 one by one)
+    float *dst = NULL, *cref = NULL, *gc = NULL;
+    for (int wide = 0; wide < 2; wide++) {
+        long ss = wide ? n / B / 4 * 4 : n / B, m = wide ? ss - 1 : ss, off = wide ? 4 : 2;
+        long ds = wide ? ss + 4 : m + 5, tot = B * ds + off;
+        cudaFree(dst); free(cref); free(gc);
+        dst = poisoned_dev(tot), cref = xmalloc(4 * (size_t)tot);
+        copy_f32_cuda(dx, ss, dst + off, ds, B, m, stream);
+        gc = from_dev(dst, 4 * (size_t)tot);
+        memset(cref, 0xff, 4 * (size_t)tot);
+        copy_strided_cpu(x, ss, cref + off, ds, B, m);
+        snprintf(what, sizeof what, "copy_f32_cuda B=%d, %ld values an image, strides %ld -> %ld at offset %ld: "
+                 "strided block copy (incl. the untouched rest)", B, m, ss, ds, off);
+        check_bits(what, gc, cref, tot);
+    }
     // u8 -> f32: an image batch of 2 x 3 x 5 x 29 bytes, every byte value
     Batch bt; memset(&bt, 0, sizeof bt);
     bt.B = 2; bt.H = 5; bt.W = 29;
@@ -2043,6 +2102,11 @@ int main(void) {
     test_bn_silu_up(1, 2, 20, 17, 0, 3, 1, 0, NULL);  // odd offset and stride: one value a store
     test_bn_silu_up(2, 3, 6, 5, 2, 4, 0, 1, s);       // FP32
     test_bn_silu_up(1, 4, 9, 3, 0, 1, 1, 1, s);       // FP32, one value a store
+    test_bn_finish(3, 1, s);
+    test_bn_finish(2, 700, s);    // a thread's batch of 4 tiles partly past K
+    test_bn_finish(3, 5000, s);   // three batches, the last partial
+    test_bn_silu_up(2, 3, 5, 8, 1, 8, 0, 0, s);      // 4 inputs a thread, 16-byte rows
+    test_bn_silu_up(2, 3, 6, 12, 2, 8, 0, 1, s);     // FP32, 4 inputs a thread
     test_add_n(2, 64, 3, 0, 0, 0, 0, s);       // 16-byte words
     test_add_n(2, 45, 2, 0, 1, 0, 0, NULL);    // one value a thread
     test_add_n(1, 800, 4, 0, 0, 1, 0, s);      // a destination twice
@@ -2071,7 +2135,9 @@ int main(void) {
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
     test_pool_up_backward(2, 3, 66, 64, s);   // past the plane kernel's 68 x 68: the 16x16 tiles
+    test_pool_up_backward(2, 3, 5, 4, s);     // upsample backward: 4 values a thread, a row each
     test_convert_copy(1000, s);
+    test_convert_copy(1003, s);   // u8 to FP16: 8 a thread and a tail of 3
     test_views_f16(2, 3, 7, 9, NULL);
     test_views_f16(1, 2, 20, 17, s);
     test_views_f16(1, 2, 66, 66, s);   // past maxpool5_plane's 68 x 68 floats: the per-output kernel
