@@ -2533,9 +2533,10 @@ __global__ void bn_stats_finish_kernel(const float *part, int K, float *mean, fl
         __syncthreads();
         if (t < h) red[t] = bn_tile_merge(red[t], red[t + h]);
     }
-    __syncthreads();
     if (t >= 32) return;
-    r = red[t];   // the tree's last 5 levels in warp 0: lane t merges lane t + h's tile, as red[t + h]
+    // the tree's last 5 levels in warp 0 (red[t] is lane t's own store at h = 32: no barrier): lane t
+    // merges lane t + h's tile as it merged red[t + h]
+    r = red[t];
 #pragma unroll
     for (int h = 16; h > 0; h /= 2) {
         BnTile o;

@@ -2105,6 +2105,7 @@ int main(void) {
     test_bn_finish(3, 1, s);
     test_bn_finish(2, 700, s);    // a thread's batch of 4 tiles partly past K
     test_bn_finish(3, 5000, s);   // three batches, the last partial
+    test_bn_finish(2, 4096, s);   // two whole batches
     test_bn_silu_up(2, 3, 5, 8, 1, 8, 0, 0, s);      // 4 inputs a thread, 16-byte rows
     test_bn_silu_up(2, 3, 6, 12, 2, 8, 0, 1, s);     // FP32, 4 inputs a thread
     test_add_n(2, 64, 3, 0, 0, 0, 0, s);       // 16-byte words
