@@ -2361,6 +2361,23 @@ __device__ __forceinline__ void store8(float *p, const float *v) {
     *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
     *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
+// load4 / store4: 4 consecutive activations as FP32 in one 8- (FP16) or 16-byte (FP32) access
+__device__ __forceinline__ void load4(const __half *p, float *v) {
+    union { uint2 u; __half2 h[2]; } q;
+    q.u = *(const uint2 *)p;
+    v[0] = __low2float(q.h[0]), v[1] = __high2float(q.h[0]), v[2] = __low2float(q.h[1]), v[3] = __high2float(q.h[1]);
+}
+__device__ __forceinline__ void load4(const float *p, float *v) {
+    float4 a = *(const float4 *)p;
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+}
+__device__ __forceinline__ void store4(__half *p, const float *v) {
+    union { uint2 u; __half2 h[2]; } q;
+    q.h[0] = __floats2half2_rn(v[0], v[1]);
+    q.h[1] = __floats2half2_rn(v[2], v[3]);
+    *(uint2 *)p = q.u;
+}
+__device__ __forceinline__ void store4(float *p, const float *v) { *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]); }
 // bn_vec8: may an elementwise BN kernel move 8 values per thread (H*W and the image strides multiples
 // of 8, every pointer 16-byte aligned)?
 static bool bn_vec8(int HW, long s1, long s2, const void *p1, const void *p2, const void *p3) {
@@ -2529,14 +2546,12 @@ __global__ void bn_stats_finish_kernel(const float *part, int K, float *mean, fl
             if (k0 + u * BN_FIN < K) r = bn_tile_merge(r, BnTile{p[u].x, p[u].y, p[u].z});
     }
     red[t] = r;
-    for (int h = BN_FIN / 2; h >= 32; h /= 2) {
+    for (int h = BN_FIN / 2; h >= 32; h /= 2) {   // (red[t] is r: thread t alone writes it)
         __syncthreads();
-        if (t < h) red[t] = bn_tile_merge(red[t], red[t + h]);
+        if (t < h) red[t] = r = bn_tile_merge(r, red[t + h]);
     }
     if (t >= 32) return;
-    // the tree's last 5 levels in warp 0 (red[t] is lane t's own store at h = 32: no barrier): lane t
-    // merges lane t + h's tile as it merged red[t + h]
-    r = red[t];
+    // the tree's last 5 levels in warp 0: lane t merges lane t + h's tile as it merged red[t + h]
 #pragma unroll
     for (int h = 16; h > 0; h /= 2) {
         BnTile o;
@@ -2809,24 +2824,6 @@ extern "C" void bn_silu_backward_f32_cuda(const float *z, const float *dA, long 
 // upsample, max-pool backward; copies and conversions
 // ------------------------------------------------------------------------------------------
 
-// load4 / store4: 4 consecutive activations as FP32 in one 8- (FP16) or 16-byte (FP32) access
-__device__ __forceinline__ void load4(const __half *p, float *v) {
-    union { uint2 u; __half2 h[2]; } q;
-    q.u = *(const uint2 *)p;
-    v[0] = __low2float(q.h[0]), v[1] = __high2float(q.h[0]), v[2] = __low2float(q.h[1]), v[3] = __high2float(q.h[1]);
-}
-__device__ __forceinline__ void load4(const float *p, float *v) {
-    float4 a = *(const float4 *)p;
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-}
-__device__ __forceinline__ void store4(__half *p, const float *v) {
-    union { uint2 u; __half2 h[2]; } q;
-    q.h[0] = __floats2half2_rn(v[0], v[1]);
-    q.h[1] = __floats2half2_rn(v[2], v[3]);
-    *(uint2 *)p = q.u;
-}
-__device__ __forceinline__ void store4(float *p, const float *v) { *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]); }
-
 // upsample2_backward: dx = the 2x2 sum of dy, in the CPU's order (in FP32; an FP16 gradient is rounded
 // once, when stored); dy's images gs apart (0: dense), dx dense. One thread per dx element, or with V4
 // (W a multiple of 4, gs of 8, both pointers 16-byte aligned) per 4 of a row: its two dy rows' 8 values
@@ -3002,13 +2999,13 @@ __global__ void copy_act_kernel(const T *src, long ss, T *dst, long ds, long n) 
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
     const T *a = src + blockIdx.y * ss;
     T *d = dst + blockIdx.y * ds;
-    if (!V16) {
-        if (i < n) d[i] = a[i];
-    } else if (i + V <= n) {
-        *(uint4 *)(d + i) = *(const uint4 *)(a + i);
-    } else {
-        for (; i < n; i++) d[i] = a[i];
+    if constexpr (V16) {
+        if (i + V <= n) {
+            *(uint4 *)(d + i) = *(const uint4 *)(a + i);
+            return;
+        }
     }
+    for (long e = i; e < n && e < i + V; e++) d[e] = a[e];
 }
 template <class T>
 static void copy_act_launch(const T *src, long ss, T *dst, long ds, int B, long n, void *stream) {
@@ -3174,15 +3171,13 @@ static void bn_silu_upsample2_launch(const T *z, long zs, const float *mean, con
     if (!zs) zs = (long)C * H * W;
     if (!ys) ys = 4L * C * H * W;
     cudaStream_t s = (cudaStream_t)stream;
-    if (W % 4 == 0 && zs % 4 == 0 && ys % 8 == 0 && (uintptr_t)z % (4 * sizeof(T)) == 0 && (uintptr_t)y % 16 == 0)
-        bn_silu_upsample2_kernel<T, true, true><<<dim3(cdiv(H * W / 4, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+    const bool v4 =
+        W % 4 == 0 && zs % 4 == 0 && ys % 8 == 0 && (uintptr_t)z % (4 * sizeof(T)) == 0 && (uintptr_t)y % 16 == 0;
+    const dim3 grid(cdiv(H * W / (v4 ? 4 : 1), 256), (unsigned)C, (unsigned)B);
+    if (v4) bn_silu_upsample2_kernel<T, true, true><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, H, W);
     else if (ys % 2 == 0 && (uintptr_t)y % (2 * sizeof(T)) == 0)
-        bn_silu_upsample2_kernel<T, true, false><<<dim3(cdiv(H * W, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, H, W);
-    else
-        bn_silu_upsample2_kernel<T, false, false><<<dim3(cdiv(H * W, 256), (unsigned)C, (unsigned)B), 256, 0, s>>>(
-            z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+        bn_silu_upsample2_kernel<T, true, false><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, H, W);
+    else bn_silu_upsample2_kernel<T, false, false><<<grid, 256, 0, s>>>(z, zs, mean, invstd, gamma, beta, y, ys, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
 extern "C" void bn_silu_upsample2_f16_cuda(const uint16_t *z, long zs, const float *mean, const float *invstd,

@@ -1453,19 +1453,18 @@ static void test_views_f32(int B, int C, int H, int W, void *stream) {
     }
     // copy: B images of m values into the middle of larger per-image blocks, at strides and an offset that
     // allow no 16-byte words, then at ones that do (4 floats a thread, a tail of 3 one by one)
-    float *dst = NULL, *cref = NULL, *gc = NULL;
     for (int wide = 0; wide < 2; wide++) {
         long ss = wide ? n / B / 4 * 4 : n / B, m = wide ? ss - 1 : ss, off = wide ? 4 : 2;
         long ds = wide ? ss + 4 : m + 5, tot = B * ds + off;
-        cudaFree(dst); free(cref); free(gc);
-        dst = poisoned_dev(tot), cref = xmalloc(4 * (size_t)tot);
+        float *dst = poisoned_dev(tot), *cref = xmalloc(4 * (size_t)tot);
         copy_f32_cuda(dx, ss, dst + off, ds, B, m, stream);
-        gc = from_dev(dst, 4 * (size_t)tot);
+        float *gc = from_dev(dst, 4 * (size_t)tot);
         memset(cref, 0xff, 4 * (size_t)tot);
         copy_strided_cpu(x, ss, cref + off, ds, B, m);
         snprintf(what, sizeof what, "copy_f32_cuda B=%d, %ld values an image, strides %ld -> %ld at offset %ld: "
                  "strided block copy (incl. the untouched rest)", B, m, ss, ds, off);
         check_bits(what, gc, cref, tot);
+        cudaFree(dst); free(cref); free(gc);
     }
     // u8 -> f32: an image batch of 2 x 3 x 5 x 29 bytes, every byte value
     Batch bt; memset(&bt, 0, sizeof bt);
@@ -1484,8 +1483,8 @@ static void test_views_f32(int B, int C, int H, int W, void *stream) {
     twin_compared(maxpool5_forward_f32_cuda);
     twin_compared(copy_f32_cuda);
     twin_compared(u8_to_f32_cuda);
-    cudaFree(dx); cudaFree(dst); cudaFree(du); cudaFree(df);
-    free(x); free(ref); free(cref); free(gc); free(bt.img); free(uref); free(gu);
+    cudaFree(dx); cudaFree(du); cudaFree(df);
+    free(x); free(ref); free(bt.img); free(uref); free(gu);
 }
 
 // ---- loss ----
