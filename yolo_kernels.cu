@@ -865,6 +865,18 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // acol ..; A DGRAD (k-major), k row bpx, columns 8 bh ..
     const int bpx = (ln & 7) + 8 * (ln >> 4), bh = (ln >> 3) & 1;
     const int arow = (ln & 7) + 8 * ((ln >> 3) & 1), acol = 8 * (ln >> 4);
+    // a warp whose products cannot reach the output skips its K steps' products: its 32 pixels (PS2:
+    // pixel pairs) all past the map's bottom (a 20-row map in 8-row tiles: 4 rows of the last), its
+    // block outside the grid, or its first A tile's 16 channels past M (S2, whose warps split the 64
+    // channels in two: a layer of 32 output channels). Warp-uniform and fixed for the block: one branch
+    // per K step (not in the stride-2 forward with 32-column tiles, one block an SM, where it cost that
+    // loop 1.5 instructions per mma and one variant its second block on sm_80). At stride 1 (each warp
+    // all 4 A tiles) A tile i is skipped where its 16 channels start at or past M (a layer of 16, 32 or
+    // 80 output channels in 64-channel blocks): one branch per A tile and tap, about 1 PTX instruction
+    // per mma (at stride 2, whose loop is the longer, not tried). The products kept are the same ones in
+    // the same order, so every output is the same bits
+    const bool any = (FS2 && TC == 32) || (live && y0 + wf / FPR < OH && m0 + wa * 16 < M);
+    const int na = S2 ? WA : min(WA, (M - m0 + 15) / 16);   // stride 1: the A tiles with channels
     // the producers: step s + 1's halo loads are in flight while the consumers may still hold its stage;
     // its A is copied once they have released it, while the halo is stored
     if (producer) {
@@ -881,44 +893,60 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
         }
         return;
     }
-    for (int s = 0; s < nsteps; s++) {
-        const int st = s & 1;
-        bar_sync_n(1 + st, 256);
-#pragma unroll
-        for (int t = 0; t < 9; t++) {
-            // the halo offset of tap t; PS2: the weight tap t reaches the input pixels of parity (py, px)
-            // only where ky (kx) is 1 for an even row (column), 0 or 2 for an odd one, from dz row u + 1
-            // (ky 0) or u (halo row r + 2 or r + 1): each tap serves one column parity, jp (a constant
-            // once unrolled), and the rows of one parity; FS2: output row r reads halo row 2 r + ky
-            int ky = t / 3, kx = t % 3;
-            const int jp = PS2 && kx != 1 ? 1 : 0;
-            if (PS2) {
-                if ((ky == 1) != (py == 0)) continue;   // block-uniform
-                ky = 1 + (ky == 0); kx = 1 + (kx == 0);
+    // the consumers' K loop, FULL: every A tile of the warp has channels (na == WA; at stride 2 always);
+    // else a branch per A tile and tap skips those without. Two copies of the loop, so that the blocks
+    // with whole channel tiles (all but a layer's last, where its channels are not a multiple of 64) run
+    // no branch (the kernel report reads the FULL loop; the other costs about 1.3 more PTX instructions
+    // per mma, sm_80-sm_90)
+    auto kloop = [&](auto full) {
+        constexpr bool FULL = decltype(full)::value;
+        for (int s = 0; s < nsteps; s++) {
+            const int st = s & 1;
+            bar_sync_n(1 + st, 256);
+            if (!any) {   // (the barriers still count the warp)
+                if (s + 2 < nsteps) bar_arrive_n(3 + st, 256);
+                continue;
             }
-            uint32_t fb[2][4];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int f = wf + j, r = f / FPR, sg = f - r * FPR;
-                const int p = (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
-                ldsm_x4(fb[j], Halo::at(Bs(st), p, 8 * bh));
+    #pragma unroll
+            for (int t = 0; t < 9; t++) {
+                // the halo offset of tap t; PS2: the weight tap t reaches the input pixels of parity (py, px)
+                // only where ky (kx) is 1 for an even row (column), 0 or 2 for an odd one, from dz row u + 1
+                // (ky 0) or u (halo row r + 2 or r + 1): each tap serves one column parity, jp (a constant
+                // once unrolled), and the rows of one parity; FS2: output row r reads halo row 2 r + ky
+                int ky = t / 3, kx = t % 3;
+                const int jp = PS2 && kx != 1 ? 1 : 0;
+                if (PS2) {
+                    if ((ky == 1) != (py == 0)) continue;   // block-uniform
+                    ky = 1 + (ky == 0); kx = 1 + (kx == 0);
+                }
+                uint32_t fb[2][4];
+    #pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int f = wf + j, r = f / FPR, sg = f - r * FPR;
+                    const int p = (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
+                    ldsm_x4(fb[j], Halo::at(Bs(st), p, 8 * bh));
+                }
+    #pragma unroll
+                for (int i = 0; i < WA; i++) {
+                    if (!FULL && i >= na) break;
+                    uint32_t fa[4];
+                    if (DGRAD) ldsm_x4_t(fa, h3_a<true>(Ast(st), PS2 ? (t < 3 ? t : t - 3) : t, bpx, 2 * (wa + i) + bh));
+                    else ldsm_x4(fa, h3_a<false>(Ast(st), t, (wa + i) * 16 + arow, acol / 8));
+    #pragma unroll
+                    for (int j = 0; j < 2; j++)
+    #pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const uint32_t bj[2] = {fb[j][2 * h], fb[j][2 * h + 1]};
+                            mma_16816(acc[i][PS2 ? 2 * j + jp : j][h], fa, bj);
+                        }
+                }
             }
-#pragma unroll
-            for (int i = 0; i < WA; i++) {
-                uint32_t fa[4];
-                if (DGRAD) ldsm_x4_t(fa, h3_a<true>(Ast(st), PS2 ? (t < 3 ? t : t - 3) : t, bpx, 2 * (wa + i) + bh));
-                else ldsm_x4(fa, h3_a<false>(Ast(st), t, (wa + i) * 16 + arow, acol / 8));
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t bj[2] = {fb[j][2 * h], fb[j][2 * h + 1]};
-                        mma_16816(acc[i][PS2 ? 2 * j + jp : j][h], fa, bj);
-                    }
-            }
+            if (s + 2 < nsteps) bar_arrive_n(3 + st, 256);   // (the producers wait for it only to write step s + 2)
         }
-        if (s + 2 < nsteps) bar_arrive_n(3 + st, 256);   // (the producers wait for it only to write step s + 2)
-    }
+    };
+    if constexpr (S2) kloop(std::true_type());
+    else if (na == WA) kloop(std::true_type());
+    else kloop(std::false_type());
     bar_sync_n(5, 128);   // every consumer is past the K loop: the epilogue's tiles overwrite stage 0's A
     // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned), read
     // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
