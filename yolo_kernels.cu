@@ -867,14 +867,15 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     const int arow = (ln & 7) + 8 * ((ln >> 3) & 1), acol = 8 * (ln >> 4);
     // a warp whose products cannot reach the output skips its K steps' products: its 32 pixels (PS2:
     // pixel pairs) all past the map's bottom (a 20-row map in 8-row tiles: 4 rows of the last), its
-    // block outside the grid, or its first A tile's 16 channels past M (S2, whose warps split the 64
-    // channels in two: a layer of 32 output channels). Warp-uniform and fixed for the block: one branch
-    // per K step (not in the stride-2 forward with 32-column tiles, one block an SM, where it cost that
-    // loop 1.5 instructions per mma and one variant its second block on sm_80). At stride 1 (each warp
-    // all 4 A tiles) A tile i is skipped where its 16 channels start at or past M (a layer of 16, 32 or
-    // 80 output channels in 64-channel blocks): one branch per A tile and tap, about 1 PTX instruction
-    // per mma (at stride 2, whose loop is the longer, not tried). The products kept are the same ones in
-    // the same order, so every output is the same bits
+    // block outside the grid, or its first A tile's 16 channels at or past M (S2, whose warps split the
+    // 64 channels in two: 32 or fewer left in the block; M is the output channels, or PS2's input
+    // channels). Warp-uniform and fixed for the block: one branch per K step (not in the stride-2
+    // forward with 32-column tiles, one block an SM, where it cost that loop 1.5 instructions per mma
+    // and one variant its second block on sm_80). At stride 1 (each warp all 4 A tiles) A tile i is
+    // skipped where its 16 channels start at or past M (a layer of 16, 32 or 80 channels in 64-channel
+    // blocks): one branch per A tile and tap, 1-1.3 PTX instructions per mma (at stride 2, whose loop
+    // is the longer, not tried: a warp's second A tile is multiplied even where it has no channels).
+    // The products kept are the same ones in the same order, so every output is the same bits
     const bool any = (FS2 && TC == 32) || (live && y0 + wf / FPR < OH && m0 + wa * 16 < M);
     const int na = S2 ? WA : min(WA, (M - m0 + 15) / 16);   // stride 1: the A tiles with channels
     // the producers: step s + 1's halo loads are in flight while the consumers may still hold its stage;
@@ -893,11 +894,11 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
         }
         return;
     }
-    // the consumers' K loop, FULL: every A tile of the warp has channels (na == WA; at stride 2 always);
-    // else a branch per A tile and tap skips those without. Two copies of the loop, so that the blocks
-    // with whole channel tiles (all but a layer's last, where its channels are not a multiple of 64) run
-    // no branch (the kernel report reads the FULL loop; the other costs about 1.3 more PTX instructions
-    // per mma, sm_80-sm_90)
+    // the consumers' K loop. FULL: no per-tile test (stride 1: every A tile of the warp has channels,
+    // na == WA; stride 2: always); else a branch per A tile and tap skips those without. Two copies of
+    // the loop, so that the blocks whose channels fill the tile (every block but the last of a layer
+    // whose channels leave 48 or fewer in it) run no test (the kernel report reads the FULL loop; the
+    // other costs 1-1.3 more PTX instructions per mma, sm_80-sm_90)
     auto kloop = [&](auto full) {
         constexpr bool FULL = decltype(full)::value;
         for (int s = 0; s < nsteps; s++) {
