@@ -1479,6 +1479,12 @@ static void test_views_f32(int B, int C, int H, int W, void *stream) {
     input_from_batch(uref, &bt);
     snprintf(what, sizeof what, "u8_to_f32_cuda n=%ld vs input_from_batch", nu);
     check_bits(what, gu, uref, nu);
+    // from one byte past an aligned address: no 4-byte loads, one value a thread
+    u8_to_f32_cuda((uint8_t *)du + 1, df, nu - 1, stream);
+    free(gu);
+    gu = from_dev(df, 4 * nu);
+    snprintf(what, sizeof what, "u8_to_f32_cuda n=%ld from an odd address vs input_from_batch", nu - 1);
+    check_bits(what, gu, uref + 1, nu - 1);
     twin_compared(upsample2_forward_f32_cuda);
     twin_compared(maxpool5_forward_f32_cuda);
     twin_compared(copy_f32_cuda);
