@@ -908,7 +908,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                 if (s + 2 < nsteps) bar_arrive_n(3 + st, 256);
                 continue;
             }
-    #pragma unroll
+#pragma unroll
             for (int t = 0; t < 9; t++) {
                 // the halo offset of tap t; PS2: the weight tap t reaches the input pixels of parity (py, px)
                 // only where ky (kx) is 1 for an even row (column), 0 or 2 for an odd one, from dz row u + 1
@@ -921,21 +921,21 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                     ky = 1 + (ky == 0); kx = 1 + (kx == 0);
                 }
                 uint32_t fb[2][4];
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const int f = wf + j, r = f / FPR, sg = f - r * FPR;
                     const int p = (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
                     ldsm_x4(fb[j], Halo::at(Bs(st), p, 8 * bh));
                 }
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < WA; i++) {
                     if (!FULL && i >= na) break;
                     uint32_t fa[4];
                     if (DGRAD) ldsm_x4_t(fa, h3_a<true>(Ast(st), PS2 ? (t < 3 ? t : t - 3) : t, bpx, 2 * (wa + i) + bh));
                     else ldsm_x4(fa, h3_a<false>(Ast(st), t, (wa + i) * 16 + arow, acol / 8));
-    #pragma unroll
+#pragma unroll
                     for (int j = 0; j < 2; j++)
-    #pragma unroll
+#pragma unroll
                         for (int h = 0; h < 2; h++) {
                             const uint32_t bj[2] = {fb[j][2 * h], fb[j][2 * h + 1]};
                             mma_16816(acc[i][PS2 ? 2 * j + jp : j][h], fa, bj);
