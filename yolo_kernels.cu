@@ -55,16 +55,19 @@ __device__ __forceinline__ float2 h2f2(__half2 h) {
 // bn_silu8: bn_silu_folded on the 8 FP16 values of a 16-byte word, each rounded to FP16 (the same bits as
 // one by one: the pairs converted with h2f2 / __floats2half2_rn, one conversion instruction per pair to FP16
 // on sm_80 and later)
-__device__ __forceinline__ uint4 bn_silu8(uint4 u, float sc, float sh) {
-    union { uint4 u; __half2 h[4]; } v;
+// bn_silu_words: the same on the FP16 pairs of a word vector V (uint4: 8 values, uint2: 4)
+template <class V> __device__ __forceinline__ V bn_silu_words(V u, float sc, float sh) {
+    constexpr int NW = sizeof(V) / 4;
+    union { V u; __half2 h[NW]; } v;
     v.u = u;
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
+    for (int e = 0; e < NW; e++) {
         const float2 f = h2f2(v.h[e]);
         v.h[e] = __floats2half2_rn(bn_silu_folded(f.x, sc, sh), bn_silu_folded(f.y, sc, sh));
     }
     return v.u;
 }
+__device__ __forceinline__ uint4 bn_silu8(uint4 u, float sc, float sh) { return bn_silu_words(u, sc, sh); }
 // bn_fold: channel c's BN as bn_silu_folded's (sc, sh), from the four per-channel arrays or a ConvAct
 __device__ __forceinline__ float2 bn_fold(const float *mean, const float *invstd, const float *gamma,
                                           const float *beta, int c) {
@@ -648,12 +651,17 @@ struct H3Halo {
             // apart: a multiple of 128 bytes, the same banks, 2-way conflicts)
             const int rot = side;
             H3Piece<VW> r;
-            if constexpr (VW == 8) {
-                const uint4 u = *(const uint4 *)&fv[i].v;
-                *(uint4 *)&r.v = rot ? make_uint4(u.y, u.z, u.w, u.x) : u;
-            } else {
-                const uint2 u = *(const uint2 *)&fv[i].v;
-                *(uint2 *)&r.v = rot ? make_uint2(u.y, u.x) : u;
+            // ACT: BN+SiLU on the whole piece where it lies inside the image, pairs of values at a time
+            // (one branch a piece, one conversion a pair to FP16; the same bits as value by value)
+            V in = fv[i].v;
+            if (ACT && ((fin >> i) & 1)) in = bn_silu_words(in, bn.x, bn.y);
+            {   // word by word (a select each: the whole vector's select became branches and moves)
+                constexpr int NW = VW / 2;
+                union { V v; uint32_t w[NW]; } u, q;
+                u.v = in;
+#pragma unroll
+                for (int k = 0; k < NW; k++) q.w[k] = rot ? u.w[(k + 1) % NW] : u.w[k];
+                r.v = q.v;
             }
             // value e of the piece is halo column fcol + e: stride 1, position fcol + e; S2 (fcol odd),
             // odd columns (even e) in the row's second half, even ones (odd e) in its first
@@ -661,8 +669,7 @@ struct H3Halo {
             const int wrap = (S2 ? VW / 2 : VW) * rot;   // the last two values wrap to the piece's start
 #pragma unroll
             for (int e = 0; e < VW; e++) {
-                __half v = r.h[e];
-                if (ACT && ((fin >> i) & 1)) v = __float2half(bn_silu_folded(__half2float(v), bn.x, bn.y));
+                const __half v = r.h[e];
                 const int p = p0 + (S2 ? ((e & 1) ? (e + 1) >> 1 : TC + 1 + (e >> 1)) : e) - (e >= VW - 2 ? wrap : 0);
                 *at(Bs, p, pc) = v;
             }
@@ -715,15 +722,16 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 // cp.async the producers hold only the halo, 96-128 registers on sm_80 without spills, where loading and
 // transposing A through registers had needed 134-210 and one block an SM).
 // H3_MIN_BLOCKS: the blocks an SM conv_halo_kernel asks registers for: 1 on sm_75 (64 KB of shared memory
-// an SM hold one block; at 128 registers ptxas spilled there) and for the stride-2 forward with 32-column
-// tiles (more instructions at 128), else 2
+// an SM hold one block; at 128 registers ptxas spilled there), else 2. (The stride-2 forward with
+// 32-column tiles asked for 1 until its A copies took their source and test once a K step: left free,
+// ptxas then gave two of its variants 148-162 registers, one block an SM; at 128 none spills.)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define H3_MIN_BLOCKS(one) 1
+#define H3_MIN_BLOCKS 1
 #else
-#define H3_MIN_BLOCKS(one) ((one) ? 1 : 2)
+#define H3_MIN_BLOCKS 2
 #endif
 template <bool ACT, bool DGRAD, bool S2, int TC, int VW>
-__global__ __launch_bounds__(256, H3_MIN_BLOCKS(S2 && !DGRAD && TC == 32))
+__global__ __launch_bounds__(256, H3_MIN_BLOCKS)
 void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, const float *bias, float *of,
                       __half *oh, int accumulate, float *part) {
     // S2 with DGRAD: the input gradient of a stride-2 conv, one row parity py of the input pixels per
@@ -789,7 +797,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // for py 0 or u >= 3, else u; q = tid / 8 + 16 i (< 16 NT) the step's (channel q / NT, slot q % NT)
     // row, its channels m0 + 8 (tid % 8) ... A row past the tensor's, or its chunk past its channels, is
     // zeroed instead. aoff: copy 0's offset in wt for step 0 (-1: no row); ach: PS2's channel of copy i,
-    // DGRAD's k
+    // DGRAD's k, the forward's first channel 8 j (of the step's 16)
     const int NT = py ? 6 : 3;
     constexpr int NA = PS2 ? 6 : 9;
     int aoff[PS2 ? NA : 1], ach[PS2 ? NA : 1];
@@ -803,6 +811,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
         }
     } else if constexpr (!DGRAD) {
         const int r = (tid >> 1) & 63, j = tid & 1;
+        ach[0] = 8 * j;
         aoff[0] = m0 + r < M ? (m0 + r) * 9 * Cr + 8 * j : -1;
     } else {
         const int k = (tid >> 3) & 15, j = tid & 7;
@@ -813,25 +822,25 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     auto fetch_a = [&](int st, int s) {
         const int c0 = s * H3_KC;
         __half *A = Ast(st);
+        if constexpr (PS2) {
 #pragma unroll
-        for (int i = 0; i < NA; i++) {
-            const __half *src = nullptr;
-            __half *dst;
-            if constexpr (PS2) {
+            for (int i = 0; i < NA; i++) {
                 const int q = (tid >> 3) + 16 * i;
                 if (q >= 16 * NT) continue;
-                dst = h3_a<true>(A, q - ach[i] * NT, ach[i], tid & 7);
-                if (aoff[i] >= 0 && c0 + ach[i] < Cr) src = wt + (long)c0 * 9 * M + aoff[i];
-            } else if constexpr (!DGRAD) {
-                const int r = (tid >> 1) & 63, j = tid & 1;
-                dst = h3_a<false>(A, i, r, j);
-                if (aoff[0] >= 0 && c0 + 8 * j < Cr) src = wt + aoff[0] + i * Cr + c0;
-            } else {
-                const int k = ach[0], j = tid & 7;
-                dst = h3_a<true>(A, i, k, j);
-                if (aoff[0] >= 0 && c0 + k < Cr) src = wt + (long)c0 * 9 * M + aoff[0] - i * M;
+                const bool ok = aoff[i] >= 0 && c0 + ach[i] < Cr;
+                cp_async16z(h3_a<true>(A, q - ach[i] * NT, ach[i], tid & 7), ok ? wt + (long)c0 * 9 * M + aoff[i] : wt,
+                            ok);   // (no row: zero-filled, nothing read)
             }
-            cp_async16z(dst, src ? src : wt, src != nullptr);   // (no row: zero-filled, nothing read)
+        } else {
+            // one row of wt for all 9 taps, a tap apart: the test and the first tap's source once a
+            // step, then a constant stride (forward Cr; DGRAD -M, its taps flipped)
+            const bool ok = aoff[0] >= 0 && c0 + ach[0] < Cr;
+            const __half *src = !ok ? wt : DGRAD ? wt + (long)c0 * 9 * M + aoff[0] : wt + aoff[0] + c0;
+            const long step = !ok ? 0 : DGRAD ? -(long)M : (long)Cr;
+#pragma unroll
+            for (int i = 0; i < NA; i++, src += step)
+                cp_async16z(DGRAD ? h3_a<true>(A, i, ach[0], tid & 7) : h3_a<false>(A, i, (tid >> 1) & 63, tid & 1),
+                            src, ok);
         }
     };
     auto fetch = [&](int s) {   // step s's halo into registers (and ACT's BN for its channel)
@@ -870,8 +879,8 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // block outside the grid, or its first A tile's 16 channels at or past M (S2, whose warps split the
     // 64 channels in two: 32 or fewer left in the block; M is the output channels, or PS2's input
     // channels). Warp-uniform and fixed for the block: one branch per K step (not in the stride-2
-    // forward with 32-column tiles, one block an SM, where it cost that loop 1.5 instructions per mma
-    // and one variant its second block on sm_80). At stride 1 (each warp all 4 A tiles) A tile i is
+    // forward with 32-column tiles, where it cost that loop 1.5 instructions per mma and pushed one
+    // variant past 128 registers on sm_80). At stride 1 (each warp all 4 A tiles) A tile i is
     // skipped where its 16 channels start at or past M (a layer of 16, 32 or 80 channels in 64-channel
     // blocks): one branch per A tile and tap, 1-1.3 PTX instructions per mma (at stride 2, whose loop
     // is the longer, not tried: a warp's second A tile is multiplied even where it has no channels).
