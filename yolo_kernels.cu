@@ -472,10 +472,11 @@ __device__ __forceinline__ void conv_store_row8(float *of, __half *oh, const flo
 #define ldsm_x4(r, p) emu::ldmatrix_x4(r, p, false, __FILE__, __LINE__)
 #define ldsm_x4_t(r, p) emu::ldmatrix_x4(r, p, true, __FILE__, __LINE__)
 #define mma_16816(d, a, b) emu::mma_16816(d, a, b, __FILE__, __LINE__)
-// (emulated: a copy of 16 or 0 bytes, zero-filled; either lands when its thread waits, as on the GPU)
-__device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) {
-    __pipeline_memcpy_async(dst, src, 16, full ? 0 : 16);
+// (emulated: a copy of N or 0 bytes, zero-filled; either lands when its thread waits, as on the GPU)
+template <int N> __device__ __forceinline__ void cp_asyncz(void *dst, const void *src, bool full) {
+    __pipeline_memcpy_async(dst, src, N, full ? 0 : N);
 }
+__device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) { cp_asyncz<16>(dst, src, full); }
 template <class T> __device__ __forceinline__ void pin_reg(T *&) {}
 #define bar_sync_n(id, n) emu::named_barrier(id, n, 0, __FILE__, __LINE__)
 #define bar_arrive_n(id, n) emu::named_barrier(id, n, 1, __FILE__, __LINE__)
@@ -491,14 +492,20 @@ template <class T> __device__ __forceinline__ void pin_reg(T *&p) { asm volatile
 // cp_async16z: a 16-byte cp.async of src to dst (shared), or 16 zero bytes (source size 0: nothing read) when
 // !full, without a branch
 // (sm_75 has no cp.async: a plain 16-byte copy, as __pipeline_memcpy_async makes there)
-__device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) {
+// cp_asyncz<N>: the same for N = 8 (cp.async.ca: .cg takes 16 bytes only)
+template <int N> __device__ __forceinline__ void cp_asyncz(void *dst, const void *src, bool full) {
+    static_assert(N == 8 || N == 16, "cp_asyncz copies 8 or 16 bytes");
 #if __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+    if constexpr (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(full ? 8 : 0));
 #else
-    *(uint4 *)dst = full ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+    typedef typename std::conditional<N == 16, uint4, uint2>::type V;
+    *(V *)dst = full ? *(const V *)src : V();
 #endif
 }
+__device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool full) { cp_asyncz<16>(dst, src, full); }
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -619,8 +626,41 @@ struct H3Halo {
             srow[i] = (S2 ? r < HR : tid + 128 * i < NS) ? r : -1;
         }
     }
-    // src: channel pc's (H, W) image, or nullptr when that channel is past the tensor's; (y0, x0): the
-    // input pixel of halo position (1, 1)
+    // place: where the thread's pieces and single halves lie in a channel's (H, W) image for the tile
+    // whose halo position (1, 1) is input pixel (y0, x0): their offsets and, in fgeo / sgeo, which lie
+    // inside it (fixed for a block of conv_halo_kernel, whose K steps change only the channel)
+    int foff[FPT], soff[SPT];
+    unsigned fgeo, sgeo;
+    __device__ __forceinline__ void place(int y0, int x0, int H, int W) {
+        fgeo = sgeo = 0;
+#pragma unroll
+        for (int i = 0; i < FPT; i++) {
+            const int y = y0 - 1 + frow[i], x = x0 + fcol[i] - 1;
+            const bool ok = frow[i] >= 0 && y >= 0 && y < H && x < W;
+            foff[i] = ok ? y * W + x : 0;
+            fgeo |= (unsigned)ok << i;
+        }
+        const int x = !S2 && side ? x0 + TC : x0 - 1;
+#pragma unroll
+        for (int i = 0; i < SPT; i++) {
+            const int y = y0 - 1 + srow[i];
+            const bool ok = srow[i] >= 0 && y >= 0 && y < H && x >= 0 && x < W;
+            soff[i] = ok ? y * W + x : 0;
+            sgeo |= (unsigned)ok << i;
+        }
+    }
+    // fetch_placed: the pieces and halves of channel image src (nullptr: a channel past the tensor's,
+    // all zeros) at the places place computed
+    __device__ __forceinline__ void fetch_placed(const __half *src) {
+        fin = src ? fgeo : 0u;
+        sin = src ? sgeo : 0u;
+#pragma unroll
+        for (int i = 0; i < FPT; i++) fv[i].v = (fin >> i) & 1 ? *(const V *)(src + foff[i]) : V();
+#pragma unroll
+        for (int i = 0; i < SPT; i++) sv[i] = (sin >> i) & 1 ? src[soff[i]] : __float2half(0.0f);
+    }
+    // fetch: place and fetch_placed in one pass, for conv_halo_wgrad_kernel, whose K steps move the tile
+    // (the offsets are not kept)
     __device__ __forceinline__ void fetch(const __half *src, int y0, int x0, int H, int W) {
         fin = sin = 0;
 #pragma unroll
@@ -786,6 +826,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     const __half *inb = in + (live ? b : 0) * is;
     Halo halo;
     halo.init(tid);
+    halo.place(SH * y0, SH * x0, IH, IW);   // (the same places in every K step's channel)
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
     // A comes from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda), where the input
     // channels of an (output channel, tap) row are contiguous: cp.async copies it 16 bytes at a time
@@ -845,7 +886,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     };
     auto fetch = [&](int s) {   // step s's halo into registers (and ACT's BN for its channel)
         const int c0 = s * H3_KC, cc = c0 + halo.pc;
-        halo.fetch(cc < Cr ? inb + (long)cc * HWi : nullptr, SH * y0, SH * x0, IH, IW);
+        halo.fetch_placed(cc < Cr ? inb + (long)cc * HWi : nullptr);
         if (ACT) {   // the two lanes of a pair stage one channel: the even one loads its BN, the odd one
                      // takes the folded pair by shuffle (half the parameter bytes)
             float2 f = make_float2(0.0f, 0.0f);
@@ -1928,15 +1969,19 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     auto fetch_dz = [&](int st) {   // the tile's dz by cp.async into stage st
         const __half *zb = dz + tb * g.zs;
         __half(*A)[LDA] = As(st);
-        constexpr int CPR = TC / VW, NA = H3_BM * TR * CPR;   // copies per tile row, per tile
+        // copy q = tid + 128 i: column q % CPR of tile row q / CPR % TR of channel row q / RPC; 128 being
+        // a multiple of RPC, a thread's copies share their column and tile row, their channel rows MS
+        // apart: the test of the map and the first source once a step, then constant strides. Past the
+        // map or the channels a copy reads nothing and zero-fills (source size 0; dz as its address).
+        constexpr int CPR = TC / VW, RPC = CPR * TR, MS = 128 / RPC, NA = H3_BM * RPC;
+        static_assert(128 % RPC == 0 && NA % 128 == 0, "dz tile copies");
+        const int col = tid % CPR, rr = tid / CPR % TR, mt = tid / RPC, y = ty0 + rr, xx = tx0 + col * VW;
+        const bool in_map = y < OH && xx < OW;
+        const long off = (long)(m0 + mt) * OHW + y * OW + xx;
 #pragma unroll
         for (int i = 0; i < NA / 128; i++) {
-            int q = tid + 128 * i, col = q % CPR, rr = q / CPR % TR, m = q / (CPR * TR);
-            int y = ty0 + rr, xx = tx0 + col * VW;
-            __half *dst = &A[m][rr * TC + col * VW];
-            if (m0 + m < Cout && y < OH && xx < OW)
-                __pipeline_memcpy_async(dst, zb + (long)(m0 + m) * OHW + y * OW + xx, 2 * VW);
-            else *(typename H3Piece<VW>::V *)dst = typename H3Piece<VW>::V();
+            const bool ok = in_map && m0 + mt + MS * i < Cout;
+            cp_asyncz<2 * VW>(&A[mt + MS * i][rr * TC + col * VW], ok ? zb + off + (long)MS * i * OHW : dz, ok);
         }
     };
     auto fetch_halo = [&]() {   // the tile's halo into registers
