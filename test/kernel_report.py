@@ -15,7 +15,8 @@
 #     counts once and is marked '?'). Figures per trip of the main loop (one K step):
 #       instr/mma  PTX instructions per mma, counted in HMMA.16816 (m16n8k16) units: a wmma
 #                  m16n16k16 counts as two, as the hardware issues it
-#       16B%       share of the global bytes loaded in 16-byte accesses (ld.global.v4 / cp.async 16)
+#       16B%       share of the global bytes loaded in 16-byte accesses (ld.global.v4 / cp.async 16),
+#                  on the path through the step that loads the most bytes
 #       sts/mma    shared-memory stores per mma
 #       bar/K      barrier instructions (bar.sync, bar.arrive) a warp executes per K step
 #   SASS (the machine code) is read instead when cuobjdump or nvdisasm is installed; nvcc 13 here
@@ -234,7 +235,8 @@ def line_figures(l, w):
 def loop_mix(lines):
     """instruction mix of one K step of the main loop, or None when no loop holds an mma. The K step
     is the longest path (in weighted instructions) from the loop's label to its back edge: of two
-    alternatives (a specialised and a general staging path, an edge check) the costlier one counts.
+    alternatives (a specialised and a general staging path, an edge check) the costlier one counts
+    (for the global bytes and their 16-byte share, the one that loads more).
     A warp-specialised kernel stages its operands in a loop of other warps, which hand each K step
     over by bar.arrive: that loop (the smallest one outside the main loop holding a bar.arrive and no
     mma) is one more trip per K step, and its figures are added to the main loop's (barriers: the
@@ -295,30 +297,37 @@ def loop_figs(lines, ls, lo, hi):
             for k, v in line_figures(lines[i], weight[i]).items():
                 acc[k] += v
         fig.append(acc)
-    # longest path over forward edges (backward ones are the inner loops' own, already weighted)
+    # longest path over forward edges (backward ones are the inner loops' own, already weighted), by
+    # instructions; the global bytes (and their 16-byte part) are those of the path that loads the most,
+    # so that a load in a branch whose other side holds more instructions (a zero fill where the value
+    # lies past the image) still counts
     n = len(starts)
-    best = [None] * n
-    best[0] = dict(fig[0])
-    for k in range(n):
-        if best[k] is None:
-            continue
-        e = ends[k]
-        last = lines[e]
-        succ = []
-        m = re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", last)
-        if m and m.group(1) in labels and labels[m.group(1)] > e:
-            succ.append(block_of.get(labels[m.group(1)]))
-        uncond = m and not re.match(r"^\s*@", last)
-        if not uncond and k + 1 < n:
-            succ.append(k + 1)
-        for t in succ:
-            if t is None:
+
+    def longest(by):
+        best = [None] * n
+        best[0] = dict(fig[0])
+        for k in range(n):
+            if best[k] is None:
                 continue
-            cand = {x: best[k][x] + fig[t][x] for x in keys}
-            if best[t] is None or cand["instr"] > best[t]["instr"]:
-                best[t] = cand
-    f = best[n - 1] or dict.fromkeys(keys, 0.0)
-    f = dict(f, unknown=unknown)
+            e = ends[k]
+            last = lines[e]
+            succ = []
+            m = re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", last)
+            if m and m.group(1) in labels and labels[m.group(1)] > e:
+                succ.append(block_of.get(labels[m.group(1)]))
+            uncond = m and not re.match(r"^\s*@", last)
+            if not uncond and k + 1 < n:
+                succ.append(k + 1)
+            for t in succ:
+                if t is None:
+                    continue
+                cand = {x: best[k][x] + fig[t][x] for x in keys}
+                if best[t] is None or cand[by] > best[t][by]:
+                    best[t] = cand
+        return best[n - 1] or dict.fromkeys(keys, 0.0)
+    f = longest("instr")
+    g = longest("gbytes")
+    f = dict(f, gbytes=g["gbytes"], g16=g["g16"], unknown=unknown)
     return f
 
 
