@@ -489,10 +489,9 @@ __device__ __forceinline__ void bar_arrive_n(int id, int n) { asm volatile("bar.
 // pin_reg: p computed here, in a register (an empty asm that reads and writes it), so that the compiler
 // does not compute it again inside each of the branches that use it
 template <class T> __device__ __forceinline__ void pin_reg(T *&p) { asm volatile("" : "+l"(p)); }
-// cp_async16z: a 16-byte cp.async of src to dst (shared), or 16 zero bytes (source size 0: nothing read) when
-// !full, without a branch
-// (sm_75 has no cp.async: a plain 16-byte copy, as __pipeline_memcpy_async makes there)
-// cp_asyncz<N>: the same for N = 8 (cp.async.ca: .cg takes 16 bytes only)
+// cp_asyncz<N>: an N-byte cp.async (N 8 or 16; .cg takes 16 only, .ca 8) of src to dst (shared), or N
+// zero bytes (source size 0: nothing read) when !full, without a branch; cp_async16z: N = 16
+// (sm_75 has no cp.async: a plain N-byte copy, as __pipeline_memcpy_async makes there)
 template <int N> __device__ __forceinline__ void cp_asyncz(void *dst, const void *src, bool full) {
     static_assert(N == 8 || N == 16, "cp_asyncz copies 8 or 16 bytes");
 #if __CUDA_ARCH__ >= 800
@@ -764,7 +763,7 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 // H3_MIN_BLOCKS: the blocks an SM conv_halo_kernel asks registers for: 1 on sm_75 (64 KB of shared memory
 // an SM hold one block; at 128 registers ptxas spilled there), else 2. (The stride-2 forward with
 // 32-column tiles asked for 1 until its A copies took their source and test once a K step: left free,
-// ptxas then gave two of its variants 148-162 registers, one block an SM; at 128 none spills.)
+// ptxas then gave two of its variants 142-158 registers, one block an SM; at 128 none spills.)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define H3_MIN_BLOCKS 1
 #else
@@ -879,9 +878,9 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
             const __half *src = !ok ? wt : DGRAD ? wt + (long)c0 * 9 * M + aoff[0] : wt + aoff[0] + c0;
             const long step = !ok ? 0 : DGRAD ? -(long)M : (long)Cr;
 #pragma unroll
-            for (int i = 0; i < NA; i++, src += step)
+            for (int i = 0; i < NA; i++)
                 cp_async16z(DGRAD ? h3_a<true>(A, i, ach[0], tid & 7) : h3_a<false>(A, i, (tid >> 1) & 63, tid & 1),
-                            src, ok);
+                            src + i * step, ok);
         }
     };
     auto fetch = [&](int s) {   // step s's halo into registers (and ACT's BN for its channel)
@@ -921,7 +920,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // 64 channels in two: 32 or fewer left in the block; M is the output channels, or PS2's input
     // channels). Warp-uniform and fixed for the block: one branch per K step (not in the stride-2
     // forward with 32-column tiles, where it cost that loop 1.5 instructions per mma and pushed one
-    // variant past 128 registers on sm_80). At stride 1 (each warp all 4 A tiles) A tile i is
+    // variant past 128 registers on sm_80, measured when that kernel asked for one block an SM). At stride 1 (each warp all 4 A tiles) A tile i is
     // skipped where its 16 channels start at or past M (a layer of 16, 32 or 80 channels in 64-channel
     // blocks): one branch per A tile and tap, 1-1.3 PTX instructions per mma (at stride 2, whose loop
     // is the longer, not tried: a warp's second A tile is multiplied even where it has no channels).

@@ -15,8 +15,8 @@
 #     counts once and is marked '?'). Figures per trip of the main loop (one K step):
 #       instr/mma  PTX instructions per mma, counted in HMMA.16816 (m16n8k16) units: a wmma
 #                  m16n16k16 counts as two, as the hardware issues it
-#       16B%       share of the global bytes loaded in 16-byte accesses (ld.global.v4 / cp.async 16),
-#                  on the path through the step that loads the most bytes
+#       gld_bytes  global bytes loaded, on the path through the step that loads the most
+#       16B%       their share in 16-byte accesses (ld.global.v4 / cp.async 16)
 #       sts/mma    shared-memory stores per mma
 #       bar/K      barrier instructions (bar.sync, bar.arrive) a warp executes per K step
 #   SASS (the machine code) is read instead when cuobjdump or nvdisasm is installed; nvcc 13 here
@@ -322,7 +322,9 @@ def loop_figs(lines, ls, lo, hi):
                 if t is None:
                     continue
                 cand = {x: best[k][x] + fig[t][x] for x in keys}
-                if best[t] is None or cand[by] > best[t][by]:
+                # (of two paths loading as many bytes, the one with fewer in 16-byte accesses)
+                if best[t] is None or cand[by] > best[t][by] or \
+                        (by == "gbytes" and cand[by] == best[t][by] and cand["g16"] < best[t]["g16"]):
                     best[t] = cand
         return best[n - 1] or dict.fromkeys(keys, 0.0)
     f = longest("instr")
