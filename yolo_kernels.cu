@@ -625,26 +625,36 @@ struct H3Halo {
             srow[i] = (S2 ? r < HR : tid + 128 * i < NS) ? r : -1;
         }
     }
-    // place: where the thread's pieces and single halves lie in a channel's (H, W) image for the tile
-    // whose halo position (1, 1) is input pixel (y0, x0): their offsets and, in fgeo / sgeo, which lie
-    // inside it (fixed for a block of conv_halo_kernel, whose K steps change only the channel)
+    // piece_at / single_at: whether the thread's piece (single half) i lies inside a channel's (H, W)
+    // image for the tile whose halo position (1, 1) is input pixel (y0, x0), and its offset there
+    __device__ __forceinline__ bool piece_at(int i, int y0, int x0, int H, int W, int &off) const {
+        const int y = y0 - 1 + frow[i], x = x0 + fcol[i] - 1;
+        off = y * W + x;
+        return frow[i] >= 0 && y >= 0 && y < H && x < W;
+    }
+    __device__ __forceinline__ bool single_at(int i, int y0, int x0, int H, int W, int &off) const {
+        const int y = y0 - 1 + srow[i], x = !S2 && side ? x0 + TC : x0 - 1;
+        off = y * W + x;
+        return srow[i] >= 0 && y >= 0 && y < H && x >= 0 && x < W;
+    }
+    // place: the offsets of the thread's pieces and single halves, and in fgeo / sgeo which lie inside
+    // the image (fixed for a block of conv_halo_kernel, whose K steps change only the channel)
     int foff[FPT], soff[SPT];
     unsigned fgeo, sgeo;
     __device__ __forceinline__ void place(int y0, int x0, int H, int W) {
         fgeo = sgeo = 0;
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
-            const int y = y0 - 1 + frow[i], x = x0 + fcol[i] - 1;
-            const bool ok = frow[i] >= 0 && y >= 0 && y < H && x < W;
-            foff[i] = ok ? y * W + x : 0;
+            int o;
+            const bool ok = piece_at(i, y0, x0, H, W, o);
+            foff[i] = ok ? o : 0;
             fgeo |= (unsigned)ok << i;
         }
-        const int x = !S2 && side ? x0 + TC : x0 - 1;
 #pragma unroll
         for (int i = 0; i < SPT; i++) {
-            const int y = y0 - 1 + srow[i];
-            const bool ok = srow[i] >= 0 && y >= 0 && y < H && x >= 0 && x < W;
-            soff[i] = ok ? y * W + x : 0;
+            int o;
+            const bool ok = single_at(i, y0, x0, H, W, o);
+            soff[i] = ok ? o : 0;
             sgeo |= (unsigned)ok << i;
         }
     }
@@ -658,23 +668,22 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < SPT; i++) sv[i] = (sin >> i) & 1 ? src[soff[i]] : __float2half(0.0f);
     }
-    // fetch: place and fetch_placed in one pass, for conv_halo_wgrad_kernel, whose K steps move the tile
-    // (the offsets are not kept)
+    // fetch: the same in one pass, for conv_halo_wgrad_kernel, whose K steps move the tile (place and
+    // fetch_placed there cost its loop 0.1-0.5 more PTX instructions per mma)
     __device__ __forceinline__ void fetch(const __half *src, int y0, int x0, int H, int W) {
         fin = sin = 0;
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
-            int y = y0 - 1 + frow[i], x = x0 + fcol[i] - 1;
-            bool ok = src && frow[i] >= 0 && y >= 0 && y < H && x < W;
-            fv[i].v = ok ? *(const V *)(src + y * W + x) : V();
+            int o;
+            const bool ok = src && piece_at(i, y0, x0, H, W, o);
+            fv[i].v = ok ? *(const V *)(src + o) : V();
             fin |= (unsigned)ok << i;
         }
-        const int x = !S2 && side ? x0 + TC : x0 - 1;
 #pragma unroll
         for (int i = 0; i < SPT; i++) {
-            int y = y0 - 1 + srow[i];
-            bool ok = src && srow[i] >= 0 && y >= 0 && y < H && x >= 0 && x < W;
-            sv[i] = ok ? src[y * W + x] : __float2half(0.0f);
+            int o;
+            const bool ok = src && single_at(i, y0, x0, H, W, o);
+            sv[i] = ok ? src[o] : __float2half(0.0f);
             sin |= (unsigned)ok << i;
         }
     }
@@ -920,10 +929,11 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // 64 channels in two: 32 or fewer left in the block; M is the output channels, or PS2's input
     // channels). Warp-uniform and fixed for the block: one branch per K step (not in the stride-2
     // forward with 32-column tiles, where it cost that loop 1.5 instructions per mma and pushed one
-    // variant past 128 registers on sm_80, measured when that kernel asked for one block an SM). At stride 1 (each warp all 4 A tiles) A tile i is
-    // skipped where its 16 channels start at or past M (a layer of 16, 32 or 80 channels in 64-channel
-    // blocks): one branch per A tile and tap, 1-1.3 PTX instructions per mma (at stride 2, whose loop
-    // is the longer, not tried: a warp's second A tile is multiplied even where it has no channels).
+    // variant past 128 registers on sm_80, measured when that kernel asked for one block an SM). At
+    // stride 1 (each warp all 4 A tiles) A tile i is skipped where its 16 channels start at or past M
+    // (a layer of 16, 32 or 80 channels in 64-channel blocks): one branch per A tile and tap, 1-1.3 PTX
+    // instructions per mma (at stride 2, whose loop is the longer, not tried: a warp's second A tile is
+    // multiplied even where it has no channels).
     // The products kept are the same ones in the same order, so every output is the same bits
     const bool any = (FS2 && TC == 32) || (live && y0 + wf / FPR < OH && m0 + wa * 16 < M);
     const int na = S2 ? WA : min(WA, (M - m0 + 15) / 16);   // stride 1: the A tiles with channels
