@@ -345,12 +345,19 @@ __device__ __forceinline__ void conv_warp_store(ConvAcc (&acc)[2][2], float (*cs
         row_done(i);   // (row_done: after row i's 32 columns, for conv_fwd_kernel's statistics)
     }
 }
-// conv_k_loop: the two-stage K loop of the three conv kernels. taps(s) writes step s's shared tables
+// kstep_mark: an inline asm holding only the comment "// K step", which the PTX keeps where the step is:
+// make kernel-report counts a loop trip's K steps by these marks (nothing under the emulation)
+#ifdef CUDA_EMU_MMA
+__device__ __forceinline__ void kstep_mark() {}
+#else
+__device__ __forceinline__ void kstep_mark() { asm volatile("// K step"); }
+#endif
+// conv_k_loop: the two-stage K loop of the three conv kernels (and the stem's two). taps(s) writes step s's shared tables
 // (one step ahead, into slot s & 1), fetch(s) issues step s's global loads (cp.async into stage s & 1,
 // or into registers), store(s) moves those registers into stage s & 1, mma(s) multiplies stage s & 1.
 // Step s+1 is fetched before step s is multiplied and stored after it, so one barrier ends each step:
 // stage (s+1) & 1 and table slot s & 1 were last read before the previous barrier.
-template <class TA, class FE, class SO, class MM>
+template <int U = 1, class TA, class FE, class SO, class MM>
 __device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO store, MM mma) {
     taps(0);
     if (nsteps > 1) taps(1);
@@ -359,7 +366,8 @@ __device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO st
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
-    for (int s = 0; s < nsteps; s++) {
+    auto step = [&](int s) {
+        kstep_mark();
         bool next = s + 1 < nsteps;
         if (next) fetch(s + 1);
         __pipeline_commit();
@@ -368,6 +376,15 @@ __device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO st
         if (next) store(s + 1);
         __pipeline_wait_prior(0);
         __syncthreads();
+    };
+    // U 2: two steps a trip, the first even: the stage of either (s & 1) is then known where it is compiled,
+    // its shared addresses constants (at one step a trip they are selected each step: the 1x1 forward's
+    // loop took 5.8 PTX instructions per mma, 4.6 at two), for more registers
+    static_assert(U == 1 || U == 2, "one or two K steps a trip");
+#pragma unroll 1
+    for (int s = 0; s < nsteps; s += U) {
+        step(s);
+        if (U == 2 && s + 1 < nsteps) step(s + 1);
     }
 }
 
@@ -1147,21 +1164,39 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
 // inside the K loop:
 //   - each thread's output pixel (b, oy, ox) is decoded once per block; the 32 taps k = (ci, ky, kx)
 //     of a K step are decoded by 32 threads into a shared table (offset ci*H*W + ky*W + kx, ky, kx,
-//     and for ACT the producer's BN folded to a scale and shift per channel), one K step ahead;
+//     and for ACT the producer's BN folded to a scale and shift per channel; BVEC: only the latter,
+//     tap k being channel k), one K step ahead;
 //   - w rows are contiguous along Kd: AVEC (Kd % 8 == 0, w 16-byte aligned) moves them with 16-byte
-//     cp.async (__pipeline_memcpy_async), zero-filled past the edges;
+//     cp.async (cp_async16z: zeros past the edges, nothing read);
 //   - BVEC (1x1, stride 1, H*W, the image stride and x all multiples of 8 halves): the col rows are
 //     rows of x, 8 pixels of one image per 16-byte load (cp.async; through registers when ACT
-//     applies BN+SiLU on the way); otherwise every element is gathered through the tap table;
+//     applies BN+SiLU on the way), w and x from running pointers; otherwise every element is gathered
+//     through the tap table;
 //   - two shared stages: step s+1 is in flight (cp.async, or gathered into registers) while step s
-//     is multiplied, so each K step ends in a single barrier;
+//     is multiplied, so each K step ends in a single barrier (BVEC without ACT: two steps a loop trip,
+//     conv_k_loop's U);
 //   - the epilogue writes 8 consecutive outputs of a row per lane, as 16-byte stores where aligned.
 // Every output is the sum of the same FP16 products in the same K order as the generic tile loop this
 // replaced, the ACT element the same bn_silu_value rounding, so results match the twin as before.
 struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared load per gathered element
+// IG_ACT_BLOCKS: the blocks an SM the 1x1 BN+SiLU variants (ACT, BVEC) of conv_fwd_kernel and
+// conv_wgrad_kernel ask registers for: 7 on sm_90 (72 registers; left free ptxas gave the forward 80, 6
+// blocks), 6 on sm_80-89 (80: the weight gradient's two K steps a trip took 95 left free), none
+// spilling. (On sm_86 and sm_89 shared memory holds 3 blocks an SM either way, but unasked the weight
+// gradient's loop also came out longer: 14.9 PTX instructions per HMMA against 14.4.) 0, none asked, on
+// sm_75 and for the other variants (an explicit 1 lets ptxas take 96-114 registers where it takes
+// 71-107 unasked)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define IG_ACT_BLOCKS 7
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define IG_ACT_BLOCKS 6
+#else
+#define IG_ACT_BLOCKS 0
+#endif
 template <bool ACT, bool BVEC, bool AVEC>
-__global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w,
-                                                       const float *bias, float *z, __half *zh, float *part) {
+__global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_BLOCKS : 0)
+void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias, float *z, __half *zh,
+                     float *part) {
     using namespace nvcuda;
     __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];   // (stage, 64 rows of Cout, 32 of Kd)
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*Ho*Wo)
@@ -1175,7 +1210,12 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     // the tap table of step s into slot s & 1 (threads 0..31); a tap past Kd gets ky out of every image
     auto taps = [&](int s) {
         if (tid < IG_BK) {
-            int k = s * IG_BK + tid, ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK);
+            const int k = s * IG_BK + tid;
+            if (BVEC) {   // (1x1: tap k is channel k; only ACT's BN is read)
+                if (ACT) tbn[s & 1][tid] = k < Kd ? bn_fold(a, k) : make_float2(0.0f, 0.0f);
+                return;
+            }
+            int ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK);
             ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), k < Kd ? ky : 1 << 24, kk - ky * g.K, 0};
             tap[s & 1][tid] = t;
             if (ACT) tbn[s & 1][tid] = k < Kd ? bn_fold(a, ci) : make_float2(0.0f, 0.0f);
@@ -1183,16 +1223,23 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     };
     // A (w, Cout x Kd row-major): AVEC 2 x 16 bytes per thread by cp.async, else element by element
     const int ar = ig_row4(tid), ac = (tid % 4) * 8;
+    // AVEC: the thread's two rows (row0 + ar, + 32) tested once; with BVEC their source a running pointer,
+    // moved 32 columns a step (load_a takes the steps in order, each once; the gathered variants compute
+    // it each step: held, it cost them registers on sm_90)
+    const bool am[2] = {row0 + ar < M, row0 + ar + 32 < M};
+    const __half *asrc = w + ((long)(am[0] ? row0 + ar : 0) * Kd + ac);
     auto load_a = [&](int s) {
         int k0 = s * IG_BK;
         if (AVEC) {
+            const bool kok = k0 + ac < Kd;
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                int m = row0 + ar + 32 * i, k = k0 + ac;
-                __half *dst = &As[s & 1][ar + 32 * i][ac];
-                if (m < M && k < Kd) __pipeline_memcpy_async(dst, w + (long)m * Kd + k, 16);
-                else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                const bool ok = am[i] && kok;   // (else 16 zero bytes, nothing read)
+                const __half *src =
+                    BVEC ? asrc + (i ? 32L * Kd : 0L) : w + ((long)(row0 + ar + 32 * i) * Kd + k0 + ac);
+                cp_async16z(&As[s & 1][ar + 32 * i][ac], ok ? src : w, ok);
             }
+            if (BVEC) asrc += IG_BK;
         } else {
             for (int t = tid; t < IG_BM * IG_BK; t += 128) {
                 int r = t / IG_BK, c = t % IG_BK, m = row0 + r, k = k0 + c;
@@ -1202,7 +1249,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     };
     // B, BVEC: thread t moves 8 pixels (columns bc..bc+7) of rows br and br + 16
     const int br = tid / 8, bc = (tid % 8) * 8;
-    long bvoff = 0;
+    const __half *bsrc = x;   // BVEC: row br of the thread's 8 pixels (rows past Kd are never read)
     bool bvok = false;
     // B, gathered: thread t owns column gc and rows gr + 2j, j < 16
     const int gc = tid % IG_BN, gr = tid / IG_BN;
@@ -1210,7 +1257,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     int giy = 0, gix = 0;
     {
         int n = col0 + (BVEC ? bc : gc), b = div_fast(n, g.fHWo), p = n - b * HWo;
-        if (BVEC) { bvok = n < N; bvoff = bvok ? b * g.xs + p : 0; }
+        if (BVEC && n < N) bvok = true, bsrc = x + (b * g.xs + p + (long)br * HW);
         else {
             int oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
             giy = n < N ? oy * g.S - g.pad : -(1 << 26); gix = ox * g.S - g.pad;
@@ -1221,21 +1268,24 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
     auto fetch_b = [&](int s) {   // global -> registers (gathered, or ACT vectors), or cp.async (BVEC, no ACT)
         int k0 = s * IG_BK;
         if (BVEC) {
+            // rows k0 + br and k0 + br + 16 of x, from a running source moved 32 rows a step (fetch_b takes
+            // the steps in order, each once)
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 int r = br + 16 * i, k = k0 + r;
                 bool ok = bvok && k < Kd;
-                const __half *src = x + bvoff + (long)k * HW;
+                const __half *src = i ? bsrc + 16L * HW : bsrc;
                 if (!ACT) {
-                    __half *dst = &Bs[s & 1][r][bc];
-                    if (ok) __pipeline_memcpy_async(dst, src, 16);
-                    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                    cp_async16z(&Bs[s & 1][r][bc], ok ? src : x, ok);
                 } else {
+                    // what is not loaded is 0, its BN+SiLU stored as it comes: a row past Kd has the scale
+                    // and shift (0, 0), so 0 again; pixels past N (not bvok) are columns the epilogue drops
                     const float2 bn = tbn[s & 1][r];
-                    const uint4 in = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0), y = bn_silu8(in, bn.x, bn.y);
-                    gv.u[i] = ok ? y : make_uint4(0, 0, 0, 0);
+                    const uint4 in = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+                    gv.u[i] = bn_silu8(in, bn.x, bn.y);
                 }
             }
+            bsrc += (long)IG_BK * HW;
         } else {
 #pragma unroll
             for (int j = 0; j < 16; j++) {
@@ -1268,7 +1318,7 @@ __global__ __launch_bounds__(128) void conv_fwd_kernel(ConvGeo g, const __half *
 
     ConvAcc acc[2][2];
     conv_warp_zero(acc);
-    conv_k_loop(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, [&](int s) {
+    conv_k_loop<BVEC && !ACT ? 2 : 1>(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, [&](int s) {
         conv_warp_step<wmma::row_major, wmma::row_major>(
             acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
             [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
@@ -1750,7 +1800,7 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
 
     ConvAcc acc[2][2];
     conv_warp_zero(acc);
-    conv_k_loop(nsteps, taps, fetch, store, [&](int s) {
+    conv_k_loop<VEC1 ? 2 : 1>(nsteps, taps, fetch, store, [&](int s) {
         conv_warp_step<ALayout, wmma::row_major>(
                 acc,
                 [&](int i, int kk) {
@@ -1803,8 +1853,9 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 // (ACT through registers). Two stages, one barrier per K step; the epilogue stores 8 consecutive dW values per lane
 // (16-byte where aligned).
 template <bool ACT, bool AVEC, bool BVEC>
-__global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
-                                                         float *dw, float *ws, int accumulate, int kchunk) {
+__global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_BLOCKS : 0)
+void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, float *dw, float *ws, int accumulate,
+                       int kchunk) {
     using namespace nvcuda;
     __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];    // (stage, 64 of Cout, 32 pixels)
     __shared__ __align__(128) __half Bt[2][IG_BN][IG_BK + 8];    // (stage, 64 taps, 32 pixels): col(x)^T
@@ -1828,6 +1879,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
     const int vr = ig_row4(tid), vk = (tid % 4) * 8;      // vector paths: rows/taps vr + 32i, pixels vk..vk+7
     union { uint4 u[2]; __half h[16]; } bv;               // B of the next step in registers (gather, or BVEC+ACT)
     union { uint4 u[2]; __half h[16]; } av;               // A of the next step in registers (scalar A)
+    const __half *xcol = x + (long)(col0 + vr) * HW;     // BVEC: channel col0 + vr of image 0
     auto fetch = [&](int s) {
         int k0 = kbeg + s * IG_BK;
         // the thread's scalar pixel, decoded once per K step
@@ -1862,24 +1914,24 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 int r = vr + 32 * i;
-                if (AVEC) {
+                if (AVEC) {   // (16 zero bytes past the edges, nothing read)
                     int m = row0 + r;
-                    __half *dst = &As[s & 1][r][vk];
-                    if (ok8 && m < M) __pipeline_memcpy_async(dst, dz + b8 * g.zs + (long)m * HWo + p8, 16);
-                    else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                    const bool ok = ok8 && m < M;
+                    cp_async16z(&As[s & 1][r][vk], ok ? dz + (b8 * g.zs + (long)m * HWo + p8) : dz, ok);
                 }
                 if (BVEC) {   // 1x1 stride 1: tap n is channel n
                     int n = col0 + r;
                     bool ok = ok8 && n < N;
-                    const __half *src = x + b8 * g.xs + (long)n * HW + p8;
+                    const __half *src = xcol + (b8 * g.xs + p8 + (i ? 32L * HW : 0L));
                     if (!ACT) {
-                        __half *dst = &Bt[s & 1][r][vk];
-                        if (ok) __pipeline_memcpy_async(dst, src, 16);
-                        else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                        cp_async16z(&Bt[s & 1][r][vk], ok ? src : x, ok);
                     } else {
-                        const float2 bn = tbn[r];
-                        const uint4 in = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0), y = bn_silu8(in, bn.x, bn.y);
-                        bv.u[i] = ok ? y : make_uint4(0, 0, 0, 0);
+                        // what is not loaded is 0, its BN+SiLU stored as it comes, with the scale and shift
+                        // (0, 0) (past N, or past the slice: ok8) so 0 again (silu(shift) itself could round
+                        // to an FP16 inf, which times dz's zeros would be NaN)
+                        const float2 t = tbn[r], bn = ok8 ? t : make_float2(0.0f, 0.0f);
+                        const uint4 in = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+                        bv.u[i] = bn_silu8(in, bn.x, bn.y);
                     }
                 }
             }
@@ -1901,7 +1953,7 @@ __global__ __launch_bounds__(128) void conv_wgrad_kernel(ConvGeo g, const __half
 
     ConvAcc acc[2][2];
     conv_warp_zero(acc);
-    conv_k_loop(nsteps, [](int) {}, fetch, store, [&](int s) {
+    conv_k_loop<AVEC && BVEC ? 2 : 1>(nsteps, [](int) {}, fetch, store, [&](int s) {
         conv_warp_step<wmma::row_major, wmma::col_major>(
             acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
             [&](int j, int kk) { return &Bt[s & 1][wx * 32 + j * 16][kk]; }, IG_BK + 8);

@@ -12,7 +12,9 @@
 #     main loop is the innermost loop (a label and a backward branch to it) whose body holds an mma;
 #     loops nested inside it (operand staging) are weighted by their trip count, read from the
 #     loop's own `add r, r, STRIDE` / `setp.lt r, BOUND` pair (a loop whose count is not a constant
-#     counts once and is marked '?'). Figures per trip of the main loop (one K step):
+#     counts once and is marked '?'). Figures per K step: a trip of the main loop is one K step, or as
+#     many as the `// K step` marks on its path (conv_k_loop's loop takes two steps a trip, each
+#     marked by an empty inline asm); the figures of a trip are divided by that number:
 #       instr/mma  PTX instructions per mma, counted in HMMA.16816 (m16n8k16) units: a wmma
 #                  m16n16k16 counts as two, as the hardware issues it
 #       gld_bytes  global bytes loaded, on the path through the step that loads the most
@@ -206,7 +208,10 @@ def trip_count(lines, lo, hi):
 
 
 def line_figures(l, w):
-    f = dict(instr=0.0, mma=0.0, sts=0.0, bar=0.0, gbytes=0.0, g16=0.0)
+    f = dict(instr=0.0, mma=0.0, sts=0.0, bar=0.0, gbytes=0.0, g16=0.0, ks=0.0)
+    if re.match(r"^\s*// K step\s*$", l):   # (a K step's mark: an inline asm holding only this comment)
+        f["ks"] = w
+        return f
     n = instrs(l)
     if not n:
         return f
@@ -289,7 +294,7 @@ def loop_figs(lines, ls, lo, hi):
     starts = sorted(set(starts))
     ends = [s - 1 for s in starts[1:]] + [hi]
     block_of = {s: k for k, s in enumerate(starts)}
-    keys = ("instr", "mma", "sts", "bar", "gbytes", "g16")
+    keys = ("instr", "mma", "sts", "bar", "gbytes", "g16", "ks")
     fig = []
     for s, e in zip(starts, ends):
         acc = dict.fromkeys(keys, 0.0)
@@ -329,8 +334,10 @@ def loop_figs(lines, ls, lo, hi):
         return best[n - 1] or dict.fromkeys(keys, 0.0)
     f = longest("instr")
     g = longest("gbytes")
-    f = dict(f, gbytes=g["gbytes"], g16=g["g16"], unknown=unknown)
-    return f
+    ks = max(1.0, f["ks"])   # K steps a trip (the marks on each path; none: one)
+    f = {k: f[k] / ks for k in ("instr", "mma", "sts", "bar")}
+    kg = max(1.0, g["ks"])
+    return dict(f, gbytes=g["gbytes"] / kg, g16=g["g16"] / kg, unknown=unknown)
 
 
 def report_arch(arch, src, nvcc, tmp):
@@ -367,8 +374,9 @@ def fmt(arch_rows, tool_note):
            "# and architecture: registers, spill bytes (stores/loads), stack frame bytes (local memory), static",
            "# shared memory bytes, threads per block (L: from the launch in the source; else __launch_bounds__),",
            "# resident blocks per SM and theoretical occupancy. 'loop' lines: one K step of a conv kernel's main",
-           "# loop: PTX instructions per mma (HMMA.16816 units), global bytes loaded and their 16-byte share, shared stores per mma,",
-           "# barriers per K step ('?': an inner loop of unknown trip count, counted once).",
+           "# loop (a trip's figures divided by the '// K step' marks on it, if any): PTX instructions per mma",
+           "# (HMMA.16816 units), global bytes loaded and their 16-byte share, shared stores per mma, barriers",
+           "# per K step ('?': an inner loop of unknown trip count, counted once).",
            f"# {tool_note}"]
     for arch, rows in arch_rows:
         out.append(f"== sm_{arch}")

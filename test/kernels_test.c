@@ -2046,6 +2046,7 @@ int main(void) {
     test_conv(1, 3, 40, 36, 5, 3, 2, 0, 0, NULL); // wgrad split in 2, ragged last slice
     test_conv(2, 16, 4, 6, 24, 1, 1, 0, 0, s);    // forward: 16-byte w rows and x rows (1x1, H*W % 8 == 0)
     test_conv(2, 8, 4, 4, 70, 1, 1, 8, 3, s);     // the same on channel slices, Cout over a tile
+    test_conv(2, 72, 8, 10, 70, 1, 1, 0, 0, s);   // the same, 3 K steps (the last partial), 3 pixel tiles
     test_conv(1, 8, 6, 5, 9, 3, 2, 0, 0, s);      // forward: 16-byte w rows, gathered 3x3 stride-2 taps
     test_conv(1, 2, 7, 7, 3, 3, 3, 0, 0, s);      // stride 3: dgrad's any-stride test
     // 3x3 stride 1 by halo tiles (conv_halo_kernel): 16-byte rows, 16-column tiles (W 40: the last one
@@ -2183,6 +2184,7 @@ int main(void) {
                       s);   // a channel slice (C2f's split), stride 2, Cout over a tile
         test_conv_act(f32, 1, 6, 3, 3, 20, 20, 4, 1, 1, NULL);   // 1x1, wgrad split
         test_conv_act(f32, 2, 24, 8, 16, 4, 6, 20, 1, 1, s);     // 1x1 on 16-byte rows of a slice
+        test_conv_act(f32, 2, 88, 8, 72, 8, 10, 20, 1, 1, s);    // the same, 3 K steps, 3 pixel tiles
         test_conv_act(f32, 2, 16, 0, 8, 5, 6, 12, 3, 2, s);      // 3x3 stride 2, Cin*9 % 8 == 0
         test_conv_act(f32, 1, 8, 0, 8, 4, 4, 6, 3, 1, s);        // 3x3, Ho*Wo % 8 == 0 (16-byte dz rows in wgrad)
         test_conv_act(f32, 2, 40, 8, 24, 7, 16, 20, 3, 1, s);    // 3x3 stride 1 by halo tiles, on a slice
