@@ -352,11 +352,13 @@ __device__ __forceinline__ void kstep_mark() {}
 #else
 __device__ __forceinline__ void kstep_mark() { asm volatile("// K step"); }
 #endif
-// conv_k_loop: the two-stage K loop of the three conv kernels (and the stem's two). taps(s) writes step s's shared tables
-// (one step ahead, into slot s & 1), fetch(s) issues step s's global loads (cp.async into stage s & 1,
-// or into registers), store(s) moves those registers into stage s & 1, mma(s) multiplies stage s & 1.
-// Step s+1 is fetched before step s is multiplied and stored after it, so one barrier ends each step:
-// stage (s+1) & 1 and table slot s & 1 were last read before the previous barrier.
+// conv_k_loop: the two-stage K loop of the three conv kernels (and the stem's two). taps(s) writes step
+// s's shared tables (one step ahead, into slot s & 1), fetch(s) issues step s's global loads (cp.async
+// into stage s & 1, or into registers), store(s) moves those registers into stage s & 1, mma(s)
+// multiplies stage s & 1. Step s+1 is fetched before step s is multiplied and stored after it, so one
+// barrier ends each step: stage (s+1) & 1 and table slot s & 1 were last read before the previous
+// barrier. fetch and store take the steps in order, each once; U: the steps a loop trip (below), each
+// with its kstep_mark.
 template <int U = 1, class TA, class FE, class SO, class MM>
 __device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO store, MM mma) {
     taps(0);

@@ -13,8 +13,8 @@
 #     loops nested inside it (operand staging) are weighted by their trip count, read from the
 #     loop's own `add r, r, STRIDE` / `setp.lt r, BOUND` pair (a loop whose count is not a constant
 #     counts once and is marked '?'). Figures per K step: a trip of the main loop is one K step, or as
-#     many as the `// K step` marks on its path (conv_k_loop's loop takes two steps a trip, each
-#     marked by an empty inline asm); the figures of a trip are divided by that number:
+#     many as the `// K step` marks on its path (conv_k_loop marks each step by an empty inline asm,
+#     and takes two a trip in some variants); the figures of a trip are divided by that number:
 #       instr/mma  PTX instructions per mma, counted in HMMA.16816 (m16n8k16) units: a wmma
 #                  m16n16k16 counts as two, as the hardware issues it
 #       gld_bytes  global bytes loaded, on the path through the step that loads the most
