@@ -2917,6 +2917,82 @@ __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const flo
     }
     if (V8) store8(dz + o, gv); else dz[o] = act_from<T>(gv[0]);
 }
+// bn_bwd_fused: both passes of bn_bwd_partial and bn_bwd_apply in one block per channel (grid C), for
+// a channel of at most 1024 G groups of 8 values (V8 only): each thread loads its G groups of dA (and
+// z), groups threadIdx.x + k blockDim.x, k < G (a warp's 32 consecutive groups a load), sums gy and
+// gy*xhat over them, the block adds the threads' sums (block_sum: the same order in every block and
+// run), thread 0 adds them into dbeta (+ dgamma), and every thread applies the means to the values it
+// still holds. So z and dA are read once, not twice, and one launch does what two did. The sums are
+// added in another order than the two passes' chunks (a few ulp apart, as any order; deterministic).
+// In place (dz == dA) is safe: each value is written by the thread that read it, after the barrier that
+// every read precedes. G 4 with FP16 z and dA (1024 threads: 64 registers a thread, 32 of them the
+// values as loaded); FP32 dA or z take G 2 (bn_fused_groups).
+template <class T, class TD, int G>
+__global__ __launch_bounds__(1024) void bn_bwd_fused_kernel(const T *z, const TD *dA, long zs, const float *mean,
+                                                          const float *invstd, const float *gamma, const float *beta,
+                                                          float cnt, int train, float *dgamma, float *dbeta, T *dz,
+                                                          int HW, BnFlat f) {
+    const int c = blockIdx.x;
+    BnVals<8, TD> d[G];
+    BnVals<8, T> x[G];
+    long o[G];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        const int g = threadIdx.x + k * blockDim.x, b = div_fast(g, f.fg);
+        o[k] = g < f.ng ? b * zs + (long)c * HW + (g - b * f.fg.d) * 8 : -1;
+        if (o[k] >= 0) {
+            d[k].load(dA, o[k], 0);
+            if (gamma) x[k].load(z, o[k], 0);
+        }
+    }
+    const float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f,
+                be = gamma ? beta[c] : 0.0f;
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        if (o[k] < 0) continue;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            if (!gamma) {
+                sg += d[k][e];
+                continue;
+            }
+            const float xh = (x[k][e] - mu) * is, gy = bn_silu_gy(d[k][e], xh, ga, be);
+            sg += gy;
+            sgx += gy * xh;
+        }
+    }
+    sg = block_sum(sg);
+    sgx = block_sum(sgx);
+    if (threadIdx.x == 0) {
+        dbeta[c] += sg;
+        if (gamma) dgamma[c] += sgx;
+    }
+    const float mg = train ? sg / cnt : 0.0f, mgx = train ? sgx / cnt : 0.0f, gs = ga * is;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        if (o[k] < 0) continue;
+        float gv[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            gv[e] = d[k][e];
+            if (gamma) {
+                const float xh = (x[k][e] - mu) * is, gy = bn_silu_gy(gv[e], xh, ga, be);
+                gv[e] = gs * (gy - mg - xh * mgx);
+            }
+        }
+        store8(dz + o[k], gv);
+    }
+}
+// bn_fused_groups: the G of bn_bwd_fused_kernel for a channel of ng groups of 8 (the fewest that keep a
+// block at 1024 threads), or 0: too many for one block (more than 4096 groups, 32768 values; 2048 where
+// z or dA is FP32, whose held values would take the registers of G 4); then the two passes run
+template <class T, class TD> static int bn_fused_groups(long ng) {
+    const int gmax = sizeof(T) + sizeof(TD) == 4 ? 4 : 2;
+    for (int G = 1; G <= gmax; G *= 2)
+        if (ng <= 1024L * G) return G;
+    return 0;
+}
 template <class T, class TD>
 static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, float *dgamma, float *dbeta, T *dz,
@@ -2927,15 +3003,30 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     BnGeo q = bn_geo(B, C, HW, zs);
     // no values: the partials would be 0, and so would what the apply pass adds to dbeta / dgamma
     if ((long)B * HW == 0) return;
+    const float cnt = (float)B * HW;
+    const bool v8 = bn_vec8(HW, zs, zs, z, dA, dz);
+    const BnFlat f = bn_flat("bn_silu_backward_cuda", B, HW, v8);
+    // a channel one block can hold: one pass (bn_bwd_fused_kernel); no scratch
+    if (const int G = v8 ? bn_fused_groups<T, TD>(f.ng) : 0) {
+        const unsigned nt = (unsigned)(cdiv(cdiv(f.ng, G), 32) * 32);
+        if (G == 1)
+            bn_bwd_fused_kernel<T, TD, 1><<<C, nt, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, cnt, train, dgamma,
+                                                          dbeta, dz, HW, f);
+        else if (G == 2)
+            bn_bwd_fused_kernel<T, TD, 2><<<C, nt, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, cnt, train, dgamma,
+                                                          dbeta, dz, HW, f);
+        else if constexpr (sizeof(T) + sizeof(TD) == 4)   // (G 4 is FP16's alone: not compiled for the others)
+            bn_bwd_fused_kernel<T, TD, 4><<<C, nt, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, cnt, train, dgamma,
+                                                          dbeta, dz, HW, f);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     float *part = scratch;
     dim3 grid((unsigned)q.K, (unsigned)C);
     if (bn_vec8(HW, zs, zs, z, dA, dA))
         bn_bwd_partial_kernel<T, TD, true><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     else bn_bwd_partial_kernel<T, TD, false><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
     CUDA_CHECK(cudaGetLastError());
-    const float cnt = (float)B * HW;
-    const bool v8 = bn_vec8(HW, zs, zs, z, dA, dz);
-    const BnFlat f = bn_flat("bn_silu_backward_cuda", B, HW, v8);
     const dim3 ga(cdiv(f.ng, 256), (unsigned)C);
     if (v8)
         bn_bwd_apply_kernel<T, TD, true><<<ga, 256, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta, part, q.K, cnt,

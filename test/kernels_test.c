@@ -2138,6 +2138,14 @@ int main(void) {
     test_bn_backward(3, 2, 2504, 1, 1, 1, 0, s);
     test_bn_backward(3, 2, 2504, 1, 0, 1, 1, s);    // no BN (a Detect conv's bias): no z, as the step passes
     test_bn_backward(2, 3, 45, 1, 1, 1, 2, s);
+    // one pass (bn_bwd_fused_kernel) where a channel's groups of 8 fit a block: G 2 (2000 groups), G 4
+    // with a short last warp (2625), G 4 full (4096, in place); past it (4097 groups) the two passes
+    test_bn_backward(2, 3, 8000, 1, 1, 1, 1, s);
+    test_bn_backward(3, 2, 7000, 0, 1, 1, 1, s);
+    test_bn_backward(4, 2, 8192, 1, 1, 1, 2, s);
+    test_bn_backward(1, 2, 32776, 0, 1, 1, 1, s);
+    test_bn_backward(2, 2, 8000, 1, 0, 1, 0, s);    // FP32 dA: G 2 (2000 groups)
+    test_bn_backward(3, 2, 7000, 0, 1, 0, 0, s);    // FP32 dA, 2625 groups: the two passes
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
@@ -2207,6 +2215,8 @@ int main(void) {
     test_bn_backward_f32(2, 3, 20000, 1, 1, 1, s);
     test_bn_backward_f32(3, 2, 2504, 1, 1, 1, s);
     test_bn_backward_f32(3, 2, 2504, 1, 0, 1, s);
+    test_bn_backward_f32(2, 2, 8000, 1, 1, 1, s);   // one pass, G 2; then past it (2625 groups): two
+    test_bn_backward_f32(3, 2, 7000, 0, 1, 1, s);
     test_views_f32(2, 3, 7, 9, NULL);
     test_views_f32(1, 2, 20, 17, s);
     test_views_f32(1, 2, 66, 66, s);
