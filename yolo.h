@@ -199,8 +199,8 @@ void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const 
 // sum gy; dz = gamma*invstd*(gy - mean(gy) - xhat*mean(gy*xhat)) (train; eval drops the means),
 // written FP16 with image stride zs. gamma == NULL: a plain conv with bias (Detect output):
 // dbeta[c] += sum dA, dz = dA. scratch: bn_scratch_floats(B, C, HW) floats. A channel of at most
-// 32768 values (16384 where z or dA is FP32; H*W a multiple of 8, the tensors 16-byte aligned) is done
-// in one pass by one block, which reads z and dA once and leaves scratch alone.
+// 32768 values (16384 where z or dA is FP32; H*W and zs multiples of 8, the tensors 16-byte aligned)
+// is done in one pass by one block, which reads z and dA once and leaves scratch alone.
 void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean, const float *invstd,
                            const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                            float *scratch, int B, int C, int HW, int train, void *stream);

@@ -2144,8 +2144,13 @@ int main(void) {
     test_bn_backward(3, 2, 7000, 0, 1, 1, 1, s);
     test_bn_backward(4, 2, 8192, 1, 1, 1, 2, s);
     test_bn_backward(1, 2, 32776, 0, 1, 1, 1, s);
-    test_bn_backward(2, 2, 8000, 1, 0, 1, 0, s);    // FP32 dA: G 2 (2000 groups)
+    test_bn_backward(3, 2, 7000, 0, 1, 0, 1, s);    // eval, G 4
+    test_bn_backward(2, 2, 8000, 1, 0, 1, 0, s);    // FP32 dA: G 2 (2000 groups), bias; BN, train and eval
+    test_bn_backward(2, 3, 8000, 1, 1, 1, 0, s);
+    test_bn_backward(2, 3, 8000, 0, 1, 0, 0, s);
     test_bn_backward(3, 2, 7000, 0, 1, 0, 0, s);    // FP32 dA, 2625 groups: the two passes
+    test_bn_backward(1, 2, 32776, 0, 1, 1, 2, s);   // the two passes, 8 a thread: in place, and without BN
+    test_bn_backward(1, 2, 32776, 0, 0, 1, 1, s);
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
