@@ -2824,16 +2824,11 @@ __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, flo
     return dA * s * (1.0f + y * (1.0f - s));
 }
 // bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)
-// into part[c*K + k] and part[C*K + c*K + k]. The channels run from the last to the first (block row
-// y takes channel C - 1 - y), and bn_bwd_apply's from the first: a GPU issues blocks about in their
-// order, so each pass starts on the channels the pass before it read or wrote last (the input
-// gradients' blocks write the last channel tiles last), which a layer larger than the L2 cache may
-// still hold there, where in the same order each would start on those it evicted first. Which block
-// runs when changes no value.
+// into part[c*K + k] and part[C*K + c*K + k]
 template <class T, class TD, bool V8>
 __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, const float *mean,
                                       const float *invstd, const float *gamma, const float *beta, float *part) {
-    int k = blockIdx.x, c = C - 1 - (int)blockIdx.y;
+    int k = blockIdx.x, c = blockIdx.y;
     long j1 = min(q.n, (k + 1) * q.len);
     float sg = 0.0f, sgx = 0.0f;
     float mu = gamma ? mean[c] : 0.0f, is = gamma ? invstd[c] : 0.0f, ga = gamma ? gamma[c] : 0.0f,
