@@ -2816,12 +2816,19 @@ extern "C" void bn_silu_forward_f32_cuda(const float *z, long zs, const float *m
     bn_silu_forward_act_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, acc, stream);
 }
 
-// gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (conv_backward_cpu's first loop);
+// gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (bn_silu_backward_cpu's first loop);
 // the sigmoid by the fast exp and division, as the forward's bn_silu_folded (each within a few ulp; with
 // expf and IEEE division each value took 11 more PTX instructions in either pass, sm_90, of 45-55)
 __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, float beta) {
     float y = gamma * xh + beta, s = __fdividef(1.0f, 1.0f + __expf(-y));
     return dA * s * (1.0f + y * (1.0f - s));
+}
+// bn_bwd_dz: the dz of one value from its dA and z, as bn_silu_backward_cpu's second loop (gs = gamma *
+// invstd; mg, mgx: the channel's means of gy and gy*xhat, 0 in eval): bn_bwd_apply's and bn_bwd_fused's
+__device__ __forceinline__ float bn_bwd_dz(float dA, float z, float mu, float is, float ga, float be, float gs, float mg,
+                                           float mgx) {
+    const float xh = (z - mu) * is, gy = bn_silu_gy(dA, xh, ga, be);
+    return gs * (gy - mg - xh * mgx);
 }
 // bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)
 // into part[c*K + k] and part[C*K + c*K + k]
@@ -2910,10 +2917,7 @@ __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const flo
     if (gamma) {
         float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c], gs = ga * is, mg = msum[0], mgx = msum[1];
 #pragma unroll
-        for (int e = 0; e < V; e++) {
-            float xh = (x[e] - mu) * is, gy = bn_silu_gy(gv[e], xh, ga, be);
-            gv[e] = gs * (gy - mg - xh * mgx);
-        }
+        for (int e = 0; e < V; e++) gv[e] = bn_bwd_dz(gv[e], x[e], mu, is, ga, be, gs, mg, mgx);
     }
     if (V8) store8(dz + o, gv); else dz[o] = act_from<T>(gv[0]);
 }
@@ -2976,10 +2980,7 @@ __global__ __launch_bounds__(1024) void bn_bwd_fused_kernel(const T *z, const TD
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             gv[e] = d[k][e];
-            if (gamma) {
-                const float xh = (x[k][e] - mu) * is, gy = bn_silu_gy(gv[e], xh, ga, be);
-                gv[e] = gs * (gy - mg - xh * mgx);
-            }
+            if (gamma) gv[e] = bn_bwd_dz(gv[e], x[k][e], mu, is, ga, be, gs, mg, mgx);
         }
         store8(dz + o[k], gv);
     }
@@ -3000,7 +3001,6 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     if (C == 0) return;
     if (!zs) zs = (long)C * HW;
     cudaStream_t s = (cudaStream_t)stream;
-    BnGeo q = bn_geo(B, C, HW, zs);
     // no values: the partials would be 0, and so would what the apply pass adds to dbeta / dgamma
     if ((long)B * HW == 0) return;
     const float cnt = (float)B * HW;
@@ -3021,6 +3021,7 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
         CUDA_CHECK(cudaGetLastError());
         return;
     }
+    const BnGeo q = bn_geo(B, C, HW, zs);
     float *part = scratch;
     dim3 grid((unsigned)q.K, (unsigned)C);
     if (bn_vec8(HW, zs, zs, z, dA, dA))
