@@ -9988,7 +9988,8 @@ typedef struct Gpu {
     uint8_t *group;           // (nparams) PG_* of each parameter, OPT_NO_GROUP for the frozen DFL weight
     float *partials;          // (2*OPT_NORM_BLOCKS) optim_norm_cuda partial sums
     float *norm;              // (1) the unscaled gradient norm of the last step (inf: skipped)
-    void *x;                  // (B, 3, H, W) input in [0, 1], FP16 (FP32 with amp=0)
+    void *x;                  // (B, 3, H, W) input: the uint8 batch as uploaded (x8), or in [0, 1] in FP32 (amp=0)
+    int x8;                   // x is the uint8 batch (AMP: the stem's kernels read it, ConvDims.x8)
     // the step's state (z, statistics, dA, head maps) is the walk's, in m's Convs and head
     // host side
     float *head_h[3];         // host copies of the head maps (validation's NMS; tests with copy_heads)
@@ -10208,7 +10209,11 @@ static void k_maxpool(Gpu *g, const void *x, void *y, long ys, int C, int H, int
 
 // gpu_conv_dims: the ConvDims of conv c for the whole batch (dense x and z unless strides are set)
 static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
-    return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs, 0};
+    return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs, 0, 0};
+}
+// gpu_takes_u8: whether conv c reads the uint8 batch itself (ConvDims.x8): the stem's kernels, FP16 z
+static int gpu_takes_u8(const Gpu *g, const Conv *c) {
+    return g->x8 && c->bn && conv_stem_takes_u8(gpu_conv_dims(g, c, 0, (long)c->zstride));
 }
 
 // ---- the device backend of the graph walk (gpu_backend): the whole batch per launch ----
@@ -10220,7 +10225,18 @@ static void gpu_zero(Exec *e, void *p, size_t bytes) {
 }
 static void gpu_input(Exec *e, int b, void *out, long os, long n) {
     (void)b;
-    k_copy(e->ctx, e->x, n, out, os, n, "copy");
+    Gpu *g = e->ctx;
+    if (!g->x8) {
+        k_copy(g, e->x, n, out, os, n, "copy");
+        return;
+    }
+    // the uint8 batch as FP16 (u8_to_f16_cuda: the bits the stem's kernels read), image by image where
+    // out is strided
+    prof_begin(g);
+    for (int i = 0; i < (os == n ? 1 : g->B); i++)
+        u8_to_f16_cuda((const uint8_t *)e->x + (size_t)i * n, (uint16_t *)out + (size_t)i * os, os == n ? g->B * n : n,
+                       g->stream);
+    prof_end(g, "input convert", 0);
 }
 // gpu_act: channels [c0, c0+C) of conv c's activated output, (B, C, Ho, Wo) with image stride os
 static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc) {
@@ -10289,7 +10305,7 @@ static void gpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, fl
 
 // GpuIn: the input of a conv as its kernels read it: x with image stride xs (0: dense), and act set
 // when the kernels apply the producer's BN+SiLU in their gather (ConvAct, yolo.h)
-typedef struct { void *x; long xs; ConvAct act; int fused, owned; } GpuIn;
+typedef struct { void *x; long xs; ConvAct act; int fused, owned, x8; } GpuIn;
 
 // gpu_conv_input: the input of conv c, (B, Cin, H, W): the input image itself; the pre-BN output
 // (or channel slice) of the one conv it comes from, activated in the conv's gather (nothing
@@ -10299,8 +10315,13 @@ static GpuIn gpu_conv_input(Exec *e, const Conv *c) {
     Gpu *g = e->ctx;
     const Model *m = e->m;
     const Value *v = &m->val[c->in];
-    GpuIn in = {(void *)e->x, 0, {0}, 0, 0};
-    if (v->kind == V_INPUT) return in;
+    GpuIn in = {(void *)e->x, 0, {0}, 0, 0, 0};
+    // the batch itself: as uploaded (uint8) where the conv takes that, else FP16 (AMP) or FP32 as made
+    // by gpu_input below
+    if (v->kind == V_INPUT && (!g->x8 || gpu_takes_u8(g, c))) {
+        in.x8 = g->x8;
+        return in;
+    }
     if ((v->kind == V_CONV || v->kind == V_SLICE) && m->conv[v->conv].bn) {
         const Conv *p = &m->conv[v->conv];
         int c0 = v->kind == V_SLICE ? v->c0 : 0;
@@ -10327,6 +10348,7 @@ static void gpu_conv(Exec *e, Conv *c) {
     if (!arena_dry(g->a)) {
         const void *w = gpu_w(g, c);                                    // (Cout, Cin, K, K)
         ConvDims d = gpu_conv_dims(g, c, in.xs, (long)c->zstride);
+        d.x8 = in.x8;
         const ConvAct *act = in.fused ? &in.act : NULL;
         if (c->bn) k_conv_forward(g, d, in.x, act, w, gpu_wt(g, c), NULL, NULL, c->z);
         else k_conv_forward(g, d, in.x, act, w, gpu_wt(g, c), e->params + c->b_off, c->z, NULL);
@@ -10348,6 +10370,7 @@ static void gpu_conv_stats(Exec *e, Conv *c) {
     }
     GpuIn in = gpu_conv_input(e, c);
     ConvDims d = gpu_conv_dims(g, c, in.xs, (long)c->zstride);
+    d.x8 = in.x8;
     float *part = gf32(g, (long)conv_stats_floats(d), G_SCRATCH);
     if (!arena_dry(g->a)) {
         float *rm = e->buffers + c->rs_off;
@@ -10388,7 +10411,9 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     int dry = arena_dry(g->a);
     long zs = (long)c->zstride;
     GpuIn xin = gpu_conv_input(e, c);
-    k_conv_wgrad(g, gpu_conv_dims(g, c, xin.xs, zs), dz, xin.x, xin.fused ? &xin.act : NULL, e->grads + c->w_off);
+    ConvDims dw = gpu_conv_dims(g, c, xin.xs, zs);
+    dw.x8 = xin.x8;
+    k_conv_wgrad(g, dw, dz, xin.x, xin.fused ? &xin.act : NULL, e->grads + c->w_off);
     gpu_input_free(g, &xin);
     if (g->grads_done && !dry) g->grads_done(g, c);   // its all-reduce may start while dgrad runs
     const Value *in = &m->val[c->in];
@@ -10519,12 +10544,20 @@ static void gpu_pin_loader(Loader *L, int on) {
 }
 #endif
 
-// gpu_input_begin / gpu_input_end: the input of one step, (B, 3, H, W) at the current shape: the
-// uint8 batch img uploaded into a temporary, converted into g->x (FP16 in [0, 1]), which lives
-// until gpu_input_end after the step. The dry run (img NULL) makes the same allocations.
+// gpu_input_begin / gpu_input_end: the input of one step, (B, 3, H, W) at the current shape, which
+// lives until gpu_input_end after the step. With AMP it is the uint8 batch img as uploaded (g->x8: the
+// stem's kernels read it, and whatever else reads the batch gets an FP16 copy from gpu_input), 1 byte a
+// value where an FP16 copy took 2 for the whole step; with amp=0 the batch is uploaded into a temporary
+// and converted into g->x (FP32 in [0, 1]). The dry run (img NULL) makes the same allocations.
 static void gpu_input_begin(Gpu *g, const uint8_t *img) {
     long n = (long)g->B * 3 * g->H * g->W;
     arena_step_begin(g->a, g->seg);
+    g->x8 = !g->f32;
+    if (g->x8) {
+        g->x = arena_alloc(g->a, n, G_INPUT);
+        if (!arena_dry(g->a)) gpu_put_input(g, g->x, img, n);
+        return;
+    }
     uint8_t *x8 = (uint8_t *)arena_alloc(g->a, n, G_INPUT);
     g->x = gact(g, n, G_INPUT);
     if (!arena_dry(g->a)) gpu_put_input(g, x8, img, n);
@@ -10819,14 +10852,14 @@ static LossOut gpu_loss_run(Gpu *g, const LossTargets *tg, const LossConfig *lcf
     return lo;
 }
 
-// gpu_put_input: n uint8 values img (host) -> x8 (device) -> g->x, FP16 in [0, 1] (gpu_input_begin)
+// gpu_put_input: n uint8 values img (host) -> x8 (device); with amp=0 -> g->x, FP32 in [0, 1]
+// (gpu_input_begin)
 static void gpu_put_input(Gpu *g, uint8_t *x8, const uint8_t *img, long n) {
     cudaStream_t s = (cudaStream_t)g->stream;
     prof_begin(g);
     GPU_CHECK(cudaMemcpyAsync(x8, img, n, cudaMemcpyHostToDevice, s));
-    if (g->f32) u8_to_f32_cuda(x8, g->x, n, s);
-    else u8_to_f16_cuda(x8, g->x, n, s);
-    prof_end(g, "input upload + convert", 0);
+    if (!g->x8) u8_to_f32_cuda(x8, g->x, n, s);
+    prof_end(g, g->x8 ? "input upload" : "input upload + convert", 0);
 }
 
 // prof_begin / prof_end: a launch (or a few) between two events, its time added to the row name

@@ -43,10 +43,23 @@ void gemm_f16_cuda(int M, int N, int K, const uint16_t *A, const uint16_t *B, fl
 // slice of a larger concat buffer or a Detect head map. wstride: elements between output channels of
 // w, 0 meaning dense (Cin*K*K); only the input gradients (conv_dgrad_cuda, conv_dgrad_f32_cuda) take
 // another, to read the columns of one concat source in place from a wider conv's weights. Index math
-// is 32-bit inside an image batch: B*H*W, B*Ho*Wo and Cout*wstride stay below 2^31.
-typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs, wstride; } ConvDims;
+// is 32-bit inside an image batch: B*H*W, B*Ho*Wo and Cout*wstride stay below 2^31. x8 (the FP16
+// forward and weight gradient, conv_stem_takes_u8 shapes only): x is the uint8 image batch itself, each
+// value read as v * (1/255) rounded to FP16, the bits u8_to_f16_cuda would store (xs in bytes), so the
+// step keeps the batch as uploaded (1 byte a value) and never writes an FP16 copy.
+typedef struct { int B, Cin, H, W, Cout, K, S; long xs, zs, wstride; int x8; } ConvDims;
 // conv_out: an output side of a conv with padding K/2: (n + 2*(K/2) - K)/S + 1
 static inline int conv_out(int n, int K, int S) { return (n + 2 * (K / 2) - K) / S + 1; }
+// conv_stem_takes_u8: whether the stem's kernels (3 input channels, 3x3, stride 2, Cout 16, 32 or 48:
+// the n, s and m stems) take d with x8, by its dims: output rows a multiple of 16 wide, rows of x a
+// multiple of 8 bytes, z's image stride a multiple of 8 halves. (The pointers must be 8-byte (x) and
+// 16-byte (z, dz) aligned, as the arena's blocks are.)
+static inline int conv_stem_takes_u8(ConvDims d) {
+    long xs = d.xs ? d.xs : 3L * d.H * d.W, zs = d.zs ? d.zs : (long)d.Cout * conv_out(d.H, 3, 2) * conv_out(d.W, 3, 2);
+    int Ho = conv_out(d.H, 3, 2), Wo = conv_out(d.W, 3, 2);
+    return d.Cin == 3 && d.K == 3 && d.S == 2 && d.Cout % 16 == 0 && d.Cout > 0 && d.Cout <= 48 && Wo % 16 == 0 &&
+           d.W % 8 == 0 && xs % 8 == 0 && zs % 8 == 0 && (long)d.B * Ho * ((Wo + 31) / 32) < 2147483643L;
+}
 
 // FastDiv: n / d for 0 <= n < 2^31 by a multiply and a shift, the divisor's magic number made once on
 // the host (as CUTLASS's FastDivmod: m = ceil(2^p / d), p = 31 + ceil(log2 d)). The convolutions'
@@ -82,14 +95,14 @@ typedef struct { const float *mean, *invstd, *gamma, *beta; } ConvAct;
 // when bias is not NULL), written to z (FP32) and/or zh (FP16); either may be NULL. wt: the same weights
 // tap-major (conv_w_tapmajor_cuda), or NULL: a 3x3 conv takes the halo kernel, which copies its weights
 // from there, only with it (without, the slower gather kernel).
-void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w, const uint16_t *wt,
+void conv_forward_cuda(ConvDims d, const void *x, const ConvAct *act, const uint16_t *w, const uint16_t *wt,
                        const float *bias, float *z, uint16_t *zh, void *stream);
 // conv_forward_stats_cuda: conv_forward_cuda's FP16 z (no bias) and, from the same kernel's epilogue, what
 // bn_stats_cuda needs of that z (train): each block reduces the values it stores, rounded to FP16 as
 // stored (the statistics describe the tensor BN normalises), per output channel to a count, a mean and a
 // sum of squared deviations (two passes over registers), into part (conv_stats_floats(d) floats); returns
 // the pixel tiles K of each channel there. z is not read again: bn_stats_finish_cuda(part, K, ..) ends it.
-int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+int conv_forward_stats_cuda(ConvDims d, const void *x, const ConvAct *act, const uint16_t *w,
                             const uint16_t *wt, uint16_t *zh, float *part, void *stream);
 // bn_stats_finish_cuda: the K tiles of each of the C channels in part (count, mean, squared deviations
 // and a 0: 16 bytes a tile) merged in a fixed order (Chan et al.'s update; the same bits on every run)
@@ -155,7 +168,7 @@ static inline size_t conv_wgrad_ws_bytes(ConvDims d, int f32) {
 // conv_wgrad_cuda: weight gradient dW (Cout, Cin*K*K) (+)= sum over images and pixels of dz x col(x),
 // FP32 accumulation; accumulate != 0 adds to dW (gradient accumulation), else overwrites. ws: the
 // workspace of conv_wgrad_ws_bytes(d, 0) bytes (NULL when that is 0).
-void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw, float *ws,
+void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, const ConvAct *act, float *dw, float *ws,
                      int accumulate, void *stream);
 // conv_wgrad_f32_cuda: dW (+)= dz x col(x), all FP32 (one fmaf chain per slice, the slices added in a
 // fixed order); ws of conv_wgrad_ws_bytes(d, 1) bytes.

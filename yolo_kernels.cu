@@ -1356,12 +1356,17 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
 #define STEM_DP (STEM_PX + 8)      // dz tile pitch (halves): 80 bytes, ldmatrix rows in 8 bank groups
 #define STEM_PP (2 * STEM_PX + 8)  // window pitch (halves): columns 2 ox0 - 8 .. 2 ox0 + 63
 // StemWin: a lane's share of staging the input window of a chunk (output row oy of image b, pixels ox0 ..
-// ox0 + 31): x's 3 channels x 3 rows (2 oy - 1 ..) x 72 columns (2 ox0 - 8 .., 16-byte aligned), as 81
-// pieces of 8 halves; lane l copies pieces q = l + 32 i < 81 (row q / 9 = 3 ci + ky, columns 8 (q % 9)),
-// their offsets fixed. Past the image a copy reads nothing and fills zeros (cp.async's source size 0).
+// ox0 + 31): x's 3 channels x 3 rows (2 oy - 1 ..) x 72 columns (2 ox0 - 8 ..), as 81 pieces of 8 values;
+// lane l takes pieces q = l + 32 i < 81 (row q / 9 = 3 ci + ky, columns 8 (q % 9)), their offsets fixed.
+// x is the uint8 batch (ConvDims.x8): fetch loads a piece's 8 bytes into registers (zeros past the
+// image: a piece lies wholly inside or outside, W and the columns being multiples of 8), store writes
+// them into the window as 8 halves v * (1/255), the bits u8_to_f16_cuda stores (so the products are
+// those of the FP16 input the step once converted the batch into, at half the bytes read and without
+// that copy). The window's rows are 16-byte aligned: one shared store a piece.
 struct StemWin {
     int ky[3], c[3];
     long xo[3];
+    uint2 raw[3];
     __device__ StemWin(const ConvGeo &g, int lane) {
 #pragma unroll
         for (int i = 0; i < 3; i++) {
@@ -1369,22 +1374,33 @@ struct StemWin {
             ky[i] = r - 3 * ci, c[i] = 8 * (q % 9), xo[i] = ((long)ci * g.H + ky[i]) * g.W + c[i];
         }
     }
-    __device__ __forceinline__ void fetch(const ConvGeo &g, const __half *x, __half (*win)[STEM_PP], int lane, int b,
-                                          int oy, int ox0) const {
+    __device__ __forceinline__ void fetch(const ConvGeo &g, const uint8_t *x, int lane, int b, int oy, int ox0) {
         const int iy0 = 2 * oy - 1, ix0 = 2 * ox0 - 8;
-        const __half *xb = x + ((long)b * g.xs + (long)iy0 * g.W + ix0);
+        const uint8_t *xb = x + ((long)b * g.xs + (long)iy0 * g.W + ix0);
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const bool in = (i < 2 || lane < 17) && (unsigned)(iy0 + ky[i]) < (unsigned)g.H &&
+                            (unsigned)(ix0 + c[i]) <= (unsigned)(g.W - 8);
+            raw[i] = in ? *(const uint2 *)(xb + xo[i]) : make_uint2(0u, 0u);
+        }
+    }
+    __device__ __forceinline__ void store(__half (*win)[STEM_PP], int lane) const {
 #pragma unroll
         for (int i = 0; i < 3; i++) {
             if (i < 2 || lane < 17) {   // (pieces 64 .. 80)
-                const bool in = (unsigned)(iy0 + ky[i]) < (unsigned)g.H && (unsigned)(ix0 + c[i]) <= (unsigned)(g.W - 8);
-                cp_async16z(&win[(lane + 32 * i) / 9][c[i]], in ? xb + xo[i] : x, in);
+                union { uint2 u; uint8_t b[8]; } q;
+                union { uint4 u; __half2 h[4]; } o;
+                q.u = raw[i];
+#pragma unroll
+                for (int e = 0; e < 4; e++) o.h[e] = __floats2half2_rn(q.b[2 * e] * (1.f / 255.f), q.b[2 * e + 1] * (1.f / 255.f));
+                *(uint4 *)&win[(lane + 32 * i) / 9][c[i]] = o.u;
             }
         }
     }
 };
 // StemWalk: a warp's walk over the batch's chunks, 4 on per step (the block's 4 warps take every fourth):
 // chunk c = (b Ho + oy) nseg + seg, nseg chunks to an output row (the batch's chunks fit an int:
-// conv_stem_fits)
+// conv_stem_takes_u8)
 struct StemWalk {
     int c, seg, b, oy;
     __device__ StemWalk(int c0, int nseg, int Ho) : c(c0) {
@@ -1398,7 +1414,7 @@ struct StemWalk {
     }
 };
 // conv_stem_kernel: the stem's forward (3 input channels, 3x3, stride 2, pad 1), z = conv(x, w) (+ bias) in
-// FP16 (zh; an FP32 z goes to the gather kernel).
+// FP16 (zh; an FP32 z goes to the gather kernel), x the uint8 batch (StemWin).
 // The gather kernel's 64 x 64 tile would be 16 output channels and 27 of 32 K columns in a 64 x 32 A:
 // here a block owns all of Cout (16 MT) and walks its share of the batch's 32-pixel chunks (of one
 // output row each; blocks take consecutive runs of chunks, a warp every fourth), the K of a pixel its 27
@@ -1414,7 +1430,7 @@ struct StemWalk {
 // a channel and the 4 warps in a fixed order into one tile per (channel, block), as the other forward
 // kernels write them.
 template <int MT>
-__global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half *x, const __half *w,
+__global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const uint8_t *x, const __half *w,
                                                         const float *bias, __half *zh, float *part) {
     __shared__ __align__(16) __half win[2][4][9][STEM_PP];
     __shared__ BnTile bst[4 * 64];
@@ -1425,7 +1441,8 @@ __global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half 
     const int nsteps = (int)((c1 - c0 + 3) / 4);
     // two walkers over the warp's chunks c0 + warp + 4 s: the fetch's (one step ahead) and the mma's
     StemWalk wf(c0 + warp, nseg, g.Ho), wm = wf;
-    const StemWin sw(g, lane);
+    StemWin sw(g, lane);
+    bool fetched = false;   // the last fetch's chunk lies in the block's share (its store writes the window)
     // A: the pairs' weights, rows co = 16 mt + gq (+ 8), k columns 2 tq .. of K step kk (pairs 8 kk + tq, + 4)
     uint32_t a[MT][2][4];
     auto wtap = [&](int co, int k) { return k >= 0 ? w[co * 27 + k] : __float2half(0.0f); };
@@ -1466,9 +1483,13 @@ __global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half 
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) sk[mt][h] = s1[mt][h] = s2[mt][h] = 0.0f;
-    auto fetch = [&](int s) {
-        if (wf.c < c1) sw.fetch(g, x, win[s & 1][warp], lane, wf.b, wf.oy, wf.seg * STEM_PX);
+    auto fetch = [&](int) {
+        fetched = wf.c < c1;
+        if (fetched) sw.fetch(g, x, lane, wf.b, wf.oy, wf.seg * STEM_PX);
         wf.next(nseg, g.Ho);
+    };
+    auto store = [&](int s) {
+        if (fetched) sw.store(win[s & 1][warp], lane);
     };
     auto mma = [&](int s) {
         if (wm.c < c1) {
@@ -1521,7 +1542,7 @@ __global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half 
         }
         wm.next(nseg, g.Ho);
     };
-    conv_k_loop(nsteps, [](int) {}, fetch, [](int) {}, mma);
+    conv_k_loop(nsteps, [](int) {}, fetch, store, mma);
     if (!part) return;
     // each channel's tile: the lane's (mean k + s1 / n, M2 = s2 - s1^2 / n), merged over the 4 lanes of the
     // channel (lane ^ 1, then ^ 2), then the warps in order
@@ -1542,8 +1563,8 @@ __global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half 
 // would be a 16 x 27 corner of mostly padding; here a block owns all of Cout (16 MT) by the 27 taps (4 n8
 // tiles of mma.sync m16n8k16: M output channels, N taps, K pixels) and walks its slice of the batch's
 // output rows (grid.x slices of B*Ho rows in order) in chunks of 32 pixels of one row, one chunk per warp
-// and step. A warp stages its own chunk: dz's Cout x 32 tile and the input window of 3 channels x 3 rows
-// x 72 columns (x from 2 ox0 - 8: 16-byte aligned), both by 16-byte cp.async, zero past the image. The
+// and step. A warp stages its own chunk: dz's Cout x 32 tile by 16-byte cp.async, zero past the image,
+// and the uint8 input window of 3 channels x 3 rows x 72 columns (x from 2 ox0 - 8) by StemWin. The
 // taps are ordered so that a lane's taps in n-tiles 0-2 are kx = 0, 1, 2 of one (channel, row) pair g:
 // then the B registers of a pixel pair (p, p+1) come from the three 32-bit words of that row that hold
 // input columns 2p-1 .. 2p+3 (the window's columns 2p+7 ..), one byte permute per register; n-tile 3
@@ -1551,7 +1572,7 @@ __global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const __half 
 // The warps' sums are added in warp order through shared memory and written as the block's slice of the
 // workspace (or dW, with accumulate, when there is one slice): the same bits on every run.
 template <int MT>
-__global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x,
+__global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const __half *dz, const uint8_t *x,
                                                               float *dw, float *ws, int accumulate) {
     constexpr int CO = 16 * MT;
     __shared__ __align__(16) __half dzs[2][4][CO][STEM_DP];
@@ -1568,7 +1589,7 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
     // 8 (lane % 4) of the chunk, zeros past the row; of the window, StemWin's
     const int dc = 8 * (lane % 4);
     const long zlane = (long)(lane / 4) * HWo + dc, zstep = 8L * HWo;
-    const StemWin sw(g, lane);
+    StemWin sw(g, lane);
     auto fetch = [&](int s) {
         const bool ok = wf.c < cend;
         if (s & 1) v1 = ok; else v0 = ok;
@@ -1578,9 +1599,12 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
             const __half *zp = zok ? dz + ((long)wf.b * g.zs + (long)wf.oy * g.Wo + ox0 + zlane) : dz;
 #pragma unroll
             for (int i = 0; i < 2 * MT; i++) cp_async16z(&dzs[s & 1][warp][lane / 4 + 8 * i][dc], zp + (zok ? i * zstep : 0), zok);
-            sw.fetch(g, x, win[s & 1][warp], lane, wf.b, wf.oy, ox0);
+            sw.fetch(g, x, lane, wf.b, wf.oy, ox0);
         }
         wf.next(nseg, g.Ho);
+    };
+    auto store = [&](int s) {
+        if ((s & 1) ? v1 : v0) sw.store(win[s & 1][warp], lane);
     };
     float acc[MT][4][4] = {};
     // pair 8's tap of n-tile 3 in this lane (lanes 3-7: a copy of lane 0's, not stored)
@@ -1610,7 +1634,7 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
                 for (int j = 0; j < 4; j++) mma_16816(acc[mt][j], a[mt], bf[j]);
         }
     };
-    conv_k_loop(nsteps, [](int) {}, fetch, [](int) {}, mma);
+    conv_k_loop(nsteps, [](int) {}, fetch, store, mma);
     // the warps' sums in warp order, in dzs (free after the loop's last barrier): red[co][k], k < 27
     float (*red)[28] = (float (*)[28]) & dzs[0][0][0][0];
     static_assert(sizeof(dzs) >= sizeof(float) * CO * 28, "the reduction fits the dz stages");
@@ -1636,12 +1660,16 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
         out[i] = !split && accumulate ? out[i] + v : v;
     }
 }
-// conv_stem_fits: the stem kernels take the conv (3 channels, 3x3 stride 2, Cout 16, 32 or 48: the n, s and
-// m stems; output rows a multiple of 16 wide, rows of x and of z / dz in 16-byte pieces)
-static bool conv_stem_fits(const ConvGeo &g, const void *x, const void *dz) {
-    return g.Cin == 3 && g.K == 3 && g.S == 2 && g.Cout % 16 == 0 && g.Cout <= 48 && g.Wo % 16 == 0 && g.W % 8 == 0 &&
-           g.xs % 8 == 0 && g.zs % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)dz % 16 == 0 &&
-           (long)g.B * g.Ho * ((g.Wo + STEM_PX - 1) / STEM_PX) < INT_MAX - 4;   // StemWalk's chunks
+// conv_stem_x8: whether d's x is the uint8 batch (ConvDims.x8), which the stem's kernels alone read (an
+// FP16 x takes the gather kernel whatever its shape). with: what else the call asks (BN+SiLU in the
+// gather, an FP32 z), which they do not do. A call with x8 that they cannot take (that, the shape:
+// conv_stem_takes_u8, or x not 8-byte, z / dz not 16-byte aligned) is the caller's error.
+static bool conv_stem_x8(const char *who, ConvDims d, const void *x, const void *zdz, bool with) {
+    if (!d.x8) return false;
+    if (!with && conv_stem_takes_u8(d) && (uintptr_t)x % 8 == 0 && (uintptr_t)zdz % 16 == 0) return true;
+    fprintf(stderr, "%s: a uint8 x (x8) only the stem's kernels read, and they do not take this call (Cin %d, K %d, "
+            "S %d, Cout %d, %dx%d, BN+SiLU or FP32 z %d)\n", who, d.Cin, d.K, d.S, d.Cout, d.H, d.W, (int)with);
+    abort();
 }
 // conv_stats_fit: before a launch with partials, that its tiles fit conv_stats_floats (a bound kept by
 // hand beside the kernels' tilings: a programming error, not an input's)
@@ -1652,7 +1680,7 @@ static void conv_stats_fit(ConvDims d, unsigned tiles) {
 }
 // conv_forward_launch: conv_forward_cuda, with the statistics' partials when part is not NULL; returns the
 // pixel tiles (the grid's x: the partials of each channel), 0 when nothing was launched
-static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+static int conv_forward_launch(ConvDims d, const void *x, const ConvAct *act, const uint16_t *w,
                                const uint16_t *wt, const float *bias, float *z, uint16_t *zh, float *part,
                                void *stream) {
     ConvGeo g = conv_geo(d);
@@ -1665,14 +1693,15 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
     const __half *xh = (const __half *)x, *wh = (const __half *)w;
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
-    // the stem (into zh, FP16; with the statistics when part)
-    if (!act && !z && conv_stem_fits(g, x, zh)) {
+    // the stem, from the uint8 batch (into zh, FP16; with the statistics when part)
+    if (conv_stem_x8("conv_forward_cuda", d, x, zh, act || z)) {
+        const uint8_t *x8 = (const uint8_t *)x;
         const unsigned blocks = cdiv((long)g.B * g.Ho * cdiv(g.Wo, STEM_PX), 16);   // 16 chunks a block
         if (part) conv_stats_fit(d, blocks);
         switch (g.Cout / 16) {
-        case 1: conv_stem_kernel<1><<<blocks, 128, 0, s>>>(g, xh, wh, bias, zo, part); break;
-        case 2: conv_stem_kernel<2><<<blocks, 128, 0, s>>>(g, xh, wh, bias, zo, part); break;
-        default: conv_stem_kernel<3><<<blocks, 128, 0, s>>>(g, xh, wh, bias, zo, part); break;
+        case 1: conv_stem_kernel<1><<<blocks, 128, 0, s>>>(g, x8, wh, bias, zo, part); break;
+        case 2: conv_stem_kernel<2><<<blocks, 128, 0, s>>>(g, x8, wh, bias, zo, part); break;
+        default: conv_stem_kernel<3><<<blocks, 128, 0, s>>>(g, x8, wh, bias, zo, part); break;
         }
         CUDA_CHECK(cudaGetLastError());
         return (int)blocks;
@@ -1699,7 +1728,7 @@ static int conv_forward_launch(ConvDims d, const uint16_t *x, const ConvAct *act
     CUDA_CHECK(cudaGetLastError());
     return (int)grid.x;
 }
-extern "C" void conv_forward_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+extern "C" void conv_forward_cuda(ConvDims d, const void *x, const ConvAct *act, const uint16_t *w,
                                   const uint16_t *wt, const float *bias, float *z, uint16_t *zh, void *stream) {
     conv_forward_launch(d, x, act, w, wt, bias, z, zh, nullptr, stream);
 }
@@ -2255,19 +2284,20 @@ static int halo_wgrad_slices(int cols, long ntiles, int maxs, int sms) {
     }
     return best;
 }
-extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *x, const ConvAct *act, float *dw,
+extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, const ConvAct *act, float *dw,
                                 float *ws, int accumulate, void *stream) {
     ConvGeo g = conv_geo(d);
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid;
     long kchunk;
     if (!wgrad_begin(g, d, 0, dw, ws, accumulate, s, &grid, &kchunk)) return;
-    if (!act && conv_stem_fits(g, x, dz)) {   // the stem: its own kernel, grid.z slices of the rows
-        const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
+    if (conv_stem_x8("conv_wgrad_cuda", d, x, dz, act)) {   // the stem: its own kernel, grid.z slices of the rows
+        const __half *dzh = (const __half *)dz;
+        const uint8_t *x8 = (const uint8_t *)x;
         switch (g.Cout / 16) {
-        case 1: conv_stem_wgrad_kernel<1><<<grid.z, 128, 0, s>>>(g, dzh, xh, dw, ws, accumulate); break;
-        case 2: conv_stem_wgrad_kernel<2><<<grid.z, 128, 0, s>>>(g, dzh, xh, dw, ws, accumulate); break;
-        default: conv_stem_wgrad_kernel<3><<<grid.z, 128, 0, s>>>(g, dzh, xh, dw, ws, accumulate); break;
+        case 1: conv_stem_wgrad_kernel<1><<<grid.z, 128, 0, s>>>(g, dzh, x8, dw, ws, accumulate); break;
+        case 2: conv_stem_wgrad_kernel<2><<<grid.z, 128, 0, s>>>(g, dzh, x8, dw, ws, accumulate); break;
+        default: conv_stem_wgrad_kernel<3><<<grid.z, 128, 0, s>>>(g, dzh, x8, dw, ws, accumulate); break;
         }
         wgrad_end(g, grid, ws, dw, accumulate, s);
         return;
@@ -2736,7 +2766,7 @@ extern "C" void bn_stats_f32_cuda(const float *z, long zs, int B, int C, int HW,
                                   float *rv, float eps, float momentum, int train, float *scratch, void *stream) {
     bn_stats_launch(z, zs, B, C, HW, mean, invstd, rm, rv, eps, momentum, train, scratch, stream);
 }
-extern "C" int conv_forward_stats_cuda(ConvDims d, const uint16_t *x, const ConvAct *act, const uint16_t *w,
+extern "C" int conv_forward_stats_cuda(ConvDims d, const void *x, const ConvAct *act, const uint16_t *w,
                                        const uint16_t *wt, uint16_t *zh, float *part, void *stream) {
     return conv_forward_launch(d, x, act, w, wt, nullptr, nullptr, zh, part, stream);
 }

@@ -191,17 +191,28 @@ static float *f16_host_to_f32(const uint16_t *h, long n) {
 // NaN so that a read outside the slice shows.
 // test_conv_no_dgrad: test_conv leaves the input gradient out (the stem's shapes: a step never asks for
 // the image's gradient, and the 3-channel input gradient's gather kernel, slow under the emulation, is
-// checked on the two stem-like shapes that come before them)
-static int test_conv_no_dgrad;
+// checked on the two stem-like shapes that come before them). test_conv_x8: x is a uint8 image batch
+// (v / 255 as FP16, what u8_to_f16_cuda stores), and the calls the stem's kernels serve (the forward
+// into FP16 z, with and without its statistics, and the weight gradient) read it as uploaded
+// (ConvDims.x8); the FP32 z and the gather kernel's forward read its FP16 copy.
+static int test_conv_no_dgrad, test_conv_x8;
 static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, void *stream) {
     const int dg = !test_conv_no_dgrad;
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K, HW = H * W, HWo = Ho * Wo;
     long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs,
          nw = (long)Cout * Cin * KK;
-    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0, 0};
+    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0, 0, 0};
     float *xf = xmalloc(4 * nx), *wf = xmalloc(4 * nw), *dzf = xmalloc(4 * nz), *bias = rand_host(Cout, -1, 1);
     uint16_t *xh = rand_f16(nx, -1, 1, xf), *wh = rand_f16(nw, -1, 1, wf), *dzh = rand_f16(nz, -1, 1, dzf);
-    for (int b = 0; b < B; b++) {   // padding channels: NaN
+    uint8_t *xu = xmalloc((size_t)nx);
+    for (int b = 0; b < B; b++) {   // padding channels: NaN (uint8: 255, which a read outside would add)
+        for (long i = 0; i < xs; i++) {
+            xu[b * xs + i] = test_conv_x8 && i < (long)Cin * HW ? (uint8_t)rng_range(&rng, 0, 256) : 255;
+            if (test_conv_x8 && i < (long)Cin * HW) {
+                xh[b * xs + i] = float_to_half(xu[b * xs + i] * (1.f / 255.f));
+                xf[b * xs + i] = half_to_float(xh[b * xs + i]);
+            }
+        }
         for (long i = (long)Cin * HW; i < xs; i++) xh[b * xs + i] = 0x7e00;
         for (long i = (long)Cout * HWo; i < zs; i++) dzh[b * zs + i] = 0x7e00;
     }
@@ -220,6 +231,11 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         for (long i = 0; i < (long)Cin * HW; i++) dxref[b * xs + i] += dxi[i];
     }
     void *dxh_ = to_dev(xh, 2 * nx), *dwh = to_dev(wh, 2 * nw), *ddz = to_dev(dzh, 2 * nz);
+    // the stem's calls: the uint8 batch (test_conv_x8), else the FP16 x as the others
+    void *dxu = test_conv_x8 ? to_dev(xu, nx) : NULL;
+    ConvDims dS = d;
+    dS.x8 = test_conv_x8;
+    const void *xS = test_conv_x8 ? dxu : dxh_;
     float *dbias = to_dev(bias, 4 * Cout), *dz32, *ddx = to_dev(dx0, 4 * nx), *ddw = to_dev(dw0, 4 * nw);
     uint16_t *dz16, *ddx16;
     CK(cudaMalloc((void **)&dz32, 4 * nz));
@@ -255,7 +271,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     size_t wsb = conv_wgrad_ws_bytes(d, 0);
     float *ws = NULL;
     if (wsb) { CK(cudaMalloc((void **)&ws, wsb)); CK(cudaMemset(ws, 0xff, wsb)); }
-    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 1, stream);
+    conv_wgrad_cuda(dS, ddz, xS, NULL, ddw, ws, 1, stream);
     float *z = from_dev(dz32, 4 * nz), *dx = from_dev(ddx, 4 * nx), *dw = from_dev(ddw, 4 * nw);
     uint16_t *zh = (uint16_t *)from_dev(dz16, 2 * nz), *dxh = (uint16_t *)from_dev(ddx16, 2 * nx);
     float *zhf = f16_host_to_f32(zh, nz), *dxhf = f16_host_to_f32(dxh, nx);
@@ -296,7 +312,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         uint16_t *dzs;
         CK(cudaMalloc((void **)&dzs, 2 * nz));
         CK(cudaMemset(dzs, 0xff, 2 * nz));   // NaN: outside the slices the z must stay untouched
-        conv_forward_cuda(d, dxh_, NULL, dwh, dwt, NULL, NULL, dz16, stream);
+        conv_forward_cuda(dS, xS, NULL, dwh, dwt, NULL, NULL, dz16, stream);
         long np = (long)conv_stats_floats(d);
         float *dpart = poisoned_dev(np), *dst;
         CK(cudaMalloc((void **)&dst, 4 * 4 * Cout));
@@ -310,7 +326,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
                 CK(cudaMemcpy(dst + 2 * Cout, rm, 4 * Cout, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(dst + 3 * Cout, rv, 4 * Cout, cudaMemcpyHostToDevice));
             }
-            tiles = conv_forward_stats_cuda(d, dxh_, NULL, dwh, dwt, dzs, dpart, stream);
+            tiles = conv_forward_stats_cuda(dS, xS, NULL, dwh, dwt, dzs, dpart, stream);
             bn_stats_finish_cuda(dpart, tiles, Cout, dst, dst + Cout, dst + 2 * Cout, dst + 3 * Cout, BN_EPS,
                                  BN_MOMENTUM, stream);
             got[r] = from_dev(dst, 4 * 4 * Cout);
@@ -337,7 +353,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
             uint16_t *dzb;   // and with the bias, nothing written outside the channels
             CK(cudaMalloc((void **)&dzb, 2 * nz));
             CK(cudaMemset(dzb, 0xff, 2 * nz));
-            conv_forward_cuda(d, dxh_, NULL, dwh, dwt, dbias, NULL, dzb, stream);
+            conv_forward_cuda(dS, xS, NULL, dwh, dwt, dbias, NULL, dzb, stream);
             uint16_t *zb = (uint16_t *)from_dev(dzb, 2 * nz);
             float *zbf = f16_host_to_f32(zb, nz);
             long outside = 0;
@@ -401,12 +417,12 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
           "conv B=%d Cin=%d Cout=%d K=%d S=%d: nothing written outside the channel slices (%ld values touched)", B, Cin,
           Cout, K, S, bad_out);
     // wgrad overwrite
-    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);
+    conv_wgrad_cuda(dS, ddz, xS, NULL, ddw, ws, 0, stream);
     free(dw); dw = from_dev(ddw, 4 * nw);
     for (long i = 0; i < nw; i++) dwref[i] -= dw0[i];
     snprintf(what, sizeof what, "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d, overwrite", B, Cin, Cout, K, S);
     check_f16tol(what, dw, dwref, nw);
-    conv_wgrad_cuda(d, ddz, dxh_, NULL, ddw, ws, 0, stream);   // deterministic: the slices are added in a fixed order
+    conv_wgrad_cuda(dS, ddz, xS, NULL, ddw, ws, 0, stream);   // deterministic: the slices are added in a fixed order
     float *dw2 = from_dev(ddw, 4 * nw);
     check(!memcmp(dw, dw2, 4 * nw),
           "conv_wgrad_cuda B=%d Cin=%d Cout=%d K=%d S=%d (%ld slice%s): a second call gives the same bits", B, Cin,
@@ -414,6 +430,8 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
     free(dw2);
     cudaFree(ws);
     cudaFree(dxh_);
+    if (dxu) cudaFree(dxu);
+    free(xu);
     cudaFree(dwh);
     if (dwt) cudaFree(dwt);
     cudaFree(ddz);
@@ -452,7 +470,7 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
 static void test_conv_dgrad_wcols(int B, int Ct, int off, int Cin, int H, int W, int Cout, int K, int S, void *stream) {
     int p = K / 2, Ho = (H + 2 * p - K) / S + 1, Wo = (W + 2 * p - K) / S + 1, KK = K * K;
     long nx = (long)B * Cin * H * W, nz = (long)B * Cout * Ho * Wo, nwt = (long)Cout * Ct * KK, nw = (long)Cout * Cin * KK;
-    ConvDims dd = {B, Cin, H, W, Cout, K, S, 0, 0, 0}, ds = dd;
+    ConvDims dd = {B, Cin, H, W, Cout, K, S, 0, 0, 0, 0}, ds = dd;
     ds.wstride = (long)Ct * KK;
     float *wtf = xmalloc(4 * nwt), *dzf = xmalloc(4 * nz), *x0 = rand_host(nx, -1, 1), *wcf = xmalloc(4 * nw);
     uint16_t *wth = rand_f16(nwt, -1, 1, wtf), *dzh = rand_f16(nz, -1, 1, dzf), *wch = xmalloc(2 * nw);
@@ -1153,7 +1171,7 @@ static void test_conv_f32(int B, int Cin, int H, int W, int Cout, int K, int S, 
         Kd = Cin * KK;
     long xs = (long)(Cin + xextra) * HW, zs = (long)(Cout + zextra) * HWo, nx = B * xs, nz = B * zs,
          nw = (long)Cout * Kd;
-    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0, 0};
+    ConvDims d = {B, Cin, H, W, Cout, K, S, xextra ? xs : 0, zextra ? zs : 0, 0, 0};
     float *x = rand_host(nx, -1, 1), *w = rand_host(nw, -1, 1), *dz = rand_host(nz, -1, 1),
           *bias = rand_host(Cout, -1, 1);
     float *dx0 = rand_host(nx, -1, 1), *dw0 = rand_host(nw, -1, 1);
@@ -1873,7 +1891,7 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
           *db = to_dev(beta, 4 * Cp);
     void *dy;
     CK(cudaMalloc(&dy, es * nx));
-    ConvDims dense = {B, Cin, H, W, Cout, K, S, 0, 0, 0}, slice = dense;
+    ConvDims dense = {B, Cin, H, W, Cout, K, S, 0, 0, 0, 0}, slice = dense;
     slice.xs = (long)Cp * HW;
     const char *xin = dzp + (long)es * c0 * HW;
     ConvAct act = {dm + c0, di + c0, dg + c0, db + c0};
@@ -2085,7 +2103,7 @@ int main(void) {
     // no input gradient, see test_conv_no_dgrad): rows of 32 (one chunk), 48 (a chunk half past the row)
     // with an odd H and dz's image stride padded, 16 with x's padded (one slice: dW accumulated in place),
     // 32 rows in 4 slices
-    test_conv_no_dgrad = 1;
+    test_conv_no_dgrad = test_conv_x8 = 1;
     test_conv(2, 3, 16, 64, 16, 3, 2, 0, 0, s);
     test_conv(1, 3, 15, 96, 32, 3, 2, 0, 2, s);
     test_conv(2, 3, 9, 32, 48, 3, 2, 3, 0, s);
@@ -2093,7 +2111,7 @@ int main(void) {
     test_conv(1, 3, 2, 1024, 16, 3, 2, 0, 0, s);   // one output row in 2 slices: the first one empty
     test_conv(3, 3, 1, 160, 32, 3, 2, 2, 1, s);    // H 1; rows of 80: 3 chunks, the last one half past
     test_conv(2, 3, 40, 96, 48, 3, 2, 0, 0, s);    // Cout 48 over 8 slices; the forward in several blocks
-    test_conv_no_dgrad = 0;
+    test_conv_no_dgrad = test_conv_x8 = 0;
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
