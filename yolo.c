@@ -10211,9 +10211,12 @@ static void k_maxpool(Gpu *g, const void *x, void *y, long ys, int C, int H, int
 static ConvDims gpu_conv_dims(const Gpu *g, const Conv *c, long xs, long zs) {
     return (ConvDims){g->B, c->cin, c->H, c->W, c->cout, c->k, c->s, xs, zs, 0, 0};
 }
-// gpu_takes_u8: whether conv c reads the uint8 batch itself (ConvDims.x8): the stem's kernels, FP16 z
+// gpu_takes_u8: whether conv c reads the uint8 batch itself (ConvDims.x8): the stem's kernels, FP16 z.
+// gpu_stem_u8_off (tests): as if they took no conv, so that the batch reaches the stem as it reaches the
+// l and x stems (Cout 64, 80): through gpu_input's FP16 copy, into the gather kernel.
+static int gpu_stem_u8_off;
 static int gpu_takes_u8(const Gpu *g, const Conv *c) {
-    return g->x8 && c->bn && conv_stem_takes_u8(gpu_conv_dims(g, c, 0, (long)c->zstride));
+    return g->x8 && !gpu_stem_u8_off && c->bn && conv_stem_takes_u8(gpu_conv_dims(g, c, 0, (long)c->zstride));
 }
 
 // ---- the device backend of the graph walk (gpu_backend): the whole batch per launch ----

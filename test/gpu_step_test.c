@@ -205,11 +205,16 @@ int main(void) {
     // GPU_STEP_QUICK (run_emu.sh under the sanitizers, where a device step takes minutes): one step,
     // without the recompute=1 twin and the extra optimizer steps
     int quick = getenv("GPU_STEP_QUICK") != NULL;
-    Gpu *gr = NULL;
+    Gpu *gr = NULL, *gf = NULL;
     if (!quick) {
         m->recompute = 1;   // a second device, recompute=1, from the same weights and running stats
         gr = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
         m->recompute = 0;
+        // a third: the batch to the stem as an FP16 copy (gpu_input) into the gather kernel, the path of
+        // the stems the stem's kernels do not take (yolov8l, x), planned and run so
+        gpu_stem_u8_off = 1;
+        gf = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
+        gpu_stem_u8_off = 0;
         printf("device arenas: recompute=0 %.2f MiB, recompute=1 %.2f MiB\n", g->plan / 1048576.0,
                gr->plan / 1048576.0);
     }
@@ -252,6 +257,19 @@ int main(void) {
         free(rg); free(rb); free(b0);
         gpu_close(gr);
     }
+    float *fg = NULL;   // gf's gradients (checked in B against the reference's sensitivity)
+    LossOut lo_f = {0};
+    int f_plan = 0;
+    if (gf) {
+        gf->scaler.scale = g->scaler.scale;
+        gpu_stem_u8_off = 1;
+        lo_f = gpu_forward_backward(gf, img, &tg, &lc);
+        gpu_stem_u8_off = 0;
+        fg = dev_floats(gf->grads, m->nparams);
+        for (size_t i = 0; i < m->nparams; i++) fg[i] /= gf->scaler.scale;
+        f_plan = gf->a->high == gf->plan;
+        gpu_close(gf);
+    }
 
     // A. against the FP32 CPU step: FP16 rounding itself, amplified by BN over 8 values. Measured here,
     // checked after C against fixed bounds or 2x what the FP16 twin measures, whichever is larger (on a
@@ -285,6 +303,16 @@ int main(void) {
     check(gpu_worst <= 2 * sens,
           "gradients: the GPU's worst tensor difference %.3g is within 2x the reference's own sensitivity %.3g",
           gpu_worst, sens);
+    if (fg) {   // the stem from the batch's FP16 copy: other kernels (not the same bits), as close to FP32
+        double fw, fwh;
+        char fname[80] = "";
+        grad_compare(m, fg, g32, 1, &fw, &fwh, fname, sizeof fname, &ntens);
+        check(fw <= 2 * sens && memcmp(fg, gg, m->nparams * 4) && f_plan,
+              "the stem from an FP16 copy of the batch (gpu_input, the gather kernel: the l and x stems' path): "
+              "gradients' worst tensor difference %.3g (%s) within 2x the sensitivity %.3g, not the bits of the "
+              "uint8 read's (other kernels), high-water mark == plan %d", fw, fname, sens, f_plan);
+        free(fg);
+    }
 
     // C. the CPU step's FP16 twin (twin_backend: the CPU rounds every tensor the device stores in FP16, at
     // the same loss scale) against the FP32 step: what FP16 storage itself costs here. The device may
@@ -337,6 +365,11 @@ int main(void) {
         check(rel <= fmax(2e-3, 2 * trel),
               "FP32 ref: loss %s: gpu %.7g cpu %.7g, relative diff %.3g, tol max(2e-3, 2x the FP16 twin's %.3g)", ln[k],
               lc_g[k], lc_c[k], rel, trel);
+        if (gf) {   // (closed above; its loss kept)
+            double lf = k == 0 ? lo_f.box : k == 1 ? lo_f.cls : lo_f.dfl, frel = fabs(lf - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12);
+            check(frel <= fmax(2e-3, 2 * trel), "FP32 ref: loss %s, the stem from the batch's FP16 copy: gpu %.7g, "
+                  "relative diff %.3g, the same tol", ln[k], lf, frel);
+        }
     }
     // bounds for the optimizer checks below, from the same measured FP16 cost
     double ptol = fmax(8e-2, 2 * twin + 1.5e-2), ltol = 1e-2;
