@@ -1363,6 +1363,14 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
 // them into the window as 8 halves v * (1/255), the bits u8_to_f16_cuda stores (so the products are
 // those of the FP16 input the step once converted the batch into, at half the bytes read and without
 // that copy). The window's rows are 16-byte aligned: one shared store a piece.
+// u8_unit: byte e of w times 1/255, RN(v * c) with c = 1/255 in float, the bits of (float)v * c: the byte
+// put into the low bits of 2^23 (one byte permute: the float 2^23 + v, exactly), then fma(2^23 + v, c,
+// -2^23 c), whose exact value is v c (2^23 c is exact, a power of two apart from c) rounded once. Two
+// PTX instructions a value, where the byte's extraction, its conversion and the product took four.
+__device__ __forceinline__ float u8_unit(uint32_t w, int e) {
+    const float c = 1.f / 255.f;
+    return fmaf(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u + e)), c, -8388608.f * c);
+}
 struct StemWin {
     int ky[3], c[3];
     long xo[3];
@@ -1388,11 +1396,12 @@ struct StemWin {
 #pragma unroll
         for (int i = 0; i < 3; i++) {
             if (i < 2 || lane < 17) {   // (pieces 64 .. 80)
-                union { uint2 u; uint8_t b[8]; } q;
                 union { uint4 u; __half2 h[4]; } o;
-                q.u = raw[i];
 #pragma unroll
-                for (int e = 0; e < 4; e++) o.h[e] = __floats2half2_rn(q.b[2 * e] * (1.f / 255.f), q.b[2 * e + 1] * (1.f / 255.f));
+                for (int e = 0; e < 4; e++) {
+                    const uint32_t w = e < 2 ? raw[i].x : raw[i].y;
+                    o.h[e] = __floats2half2_rn(u8_unit(w, 2 * (e & 1)), u8_unit(w, 2 * (e & 1) + 1));
+                }
                 *(uint4 *)&win[(lane + 32 * i) / 9][c[i]] = o.u;
             }
         }
