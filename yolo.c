@@ -9909,6 +9909,7 @@ static void gpu_unreachable(int unused, ...) {
 #define maxpool5_forward_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define cudaMemsetAsync(...) (gpu_unreachable(0, __VA_ARGS__), 0)
 #define gpu_put_input(...) gpu_unreachable(0, __VA_ARGS__)
+#define u8_to_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define gpu_loss_run(...) (gpu_unreachable(0, __VA_ARGS__), (LossOut){0})
 #define GPU_CHECK(x) (void)(x)
 #endif
@@ -10095,7 +10096,7 @@ static const void *gpu_w(const Gpu *g, const Conv *c) {
 }
 // gpu_wt_wanted: whether conv c keeps a tap-major FP16 copy of its weights (conv_w_tapmajor_cuda): every
 // 3x3 conv whose input channels fill the halo kernel's 8-channel rows (its forward and input gradient
-// copy their weights from it; the stem's 3 channels take a kernel of their own)
+// copy their weights from it; a 3-channel stem takes the stem's kernels or the gather kernel)
 static int gpu_wt_wanted(const Conv *c) { return c->k == 3 && c->cin % 8 == 0; }
 static const uint16_t *gpu_wt(const Gpu *g, const Conv *c) {
     size_t o = g->wt_off[c - g->m->conv];

@@ -1423,7 +1423,7 @@ struct StemWalk {
     }
 };
 // conv_stem_kernel: the stem's forward (3 input channels, 3x3, stride 2, pad 1), z = conv(x, w) (+ bias) in
-// FP16 (zh; an FP32 z goes to the gather kernel), x the uint8 batch (StemWin).
+// FP16 (zh), x the uint8 batch (StemWin; an FP16 x, or an FP32 z, goes to the gather kernel).
 // The gather kernel's 64 x 64 tile would be 16 output channels and 27 of 32 K columns in a 64 x 32 A:
 // here a block owns all of Cout (16 MT) and walks its share of the batch's 32-pixel chunks (of one
 // output row each; blocks take consecutive runs of chunks, a warp every fourth), the K of a pixel its 27

@@ -189,6 +189,40 @@ static float *f16_host_to_f32(const uint16_t *h, long n) {
 // conv forward, dgrad and wgrad against im2col/col2im + gemm_cpu on the same fp16-rounded values.
 // xextra/zextra: channels of padding between images (x, z as slices of larger buffers), filled with
 // NaN so that a read outside the slice shows.
+// test_stem_u8_bits: the stem's kernel reads the uint8 batch as the bits u8_to_f16_cuda stores (the
+// software fp16 of v * (1/255), which test_convert_copy checks it against): with the weights a one-hot
+// centre tap (output channel co takes input channel co % 3, weight 1), z is the input at every other
+// pixel, exactly (one product by 1, the others by 0, summed in FP32, stored in FP16). The input holds
+// every byte value at those pixels (channel 0 the even ones, 1 the odd ones).
+static void test_stem_u8_bits(void *stream) {
+    const int B = 1, H = 64, W = 64, Co = 16, Ho = 32, Wo = 32;
+    long nx = 3L * H * W, nz = (long)Co * Ho * Wo, nw = Co * 27L;
+    uint8_t *xu = xmalloc((size_t)nx);
+    for (int c = 0; c < 3; c++)
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++) xu[((long)c * H + y) * W + x] = (uint8_t)((y * 131 + x * 7 + c * 59) % 256);
+    uint16_t *wh = xmalloc(2 * (size_t)nw);
+    for (long i = 0; i < nw; i++) wh[i] = float_to_half(0.f);
+    for (int co = 0; co < Co; co++) wh[co * 27 + (co % 3) * 9 + 4] = float_to_half(1.f);
+    void *dxu = to_dev(xu, nx), *dwh = to_dev(wh, 2 * nw);
+    uint16_t *dz;
+    CK(cudaMalloc((void **)&dz, 2 * nz));
+    ConvDims d = {B, 3, H, W, Co, 3, 2, 0, 0, 0, 1};
+    conv_forward_cuda(d, dxu, NULL, dwh, NULL, NULL, NULL, dz, stream);
+    uint16_t *z = (uint16_t *)from_dev(dz, 2 * nz);
+    long bad = 0, seen[256] = {0}, nseen = 0;
+    for (int co = 0; co < Co; co++)
+        for (int oy = 0; oy < Ho; oy++)
+            for (int ox = 0; ox < Wo; ox++) {
+                const uint8_t v = xu[((long)(co % 3) * H + 2 * oy) * W + 2 * ox];
+                nseen += !seen[v]++;
+                bad += z[((long)co * Ho + oy) * Wo + ox] != float_to_half(v * (1.f / 255.f));
+            }
+    check(!bad && nseen == 256, "conv_forward_cuda, the stem from a uint8 batch, one-hot centre taps: z the bits of "
+          "fp16(v * (1/255)) at every other pixel, all 256 byte values (%ld seen), %ld differ", nseen, bad);
+    cudaFree(dxu); cudaFree(dwh); cudaFree(dz);
+    free(xu); free(wh); free(z);
+}
 // test_conv_no_dgrad: test_conv leaves the input gradient out (the stem's shapes: a step never asks for
 // the image's gradient, and the 3-channel input gradient's gather kernel, slow under the emulation, is
 // checked on the two stem-like shapes that come before them). test_conv_x8: x is a uint8 image batch
@@ -2112,6 +2146,7 @@ int main(void) {
     test_conv(3, 3, 1, 160, 32, 3, 2, 2, 1, s);    // H 1; rows of 80: 3 chunks, the last one half past
     test_conv(2, 3, 40, 96, 48, 3, 2, 0, 0, s);    // Cout 48 over 8 slices; the forward in several blocks
     test_conv_no_dgrad = test_conv_x8 = 0;
+    test_stem_u8_bits(s);
     test_bn(2, 3, 45, 0, 0, NULL);
     test_bn(2, 5, 300, 2, 3, s);
     test_bn(2, 3, 20000, 1, 0, s);   // 3 chunks a channel
