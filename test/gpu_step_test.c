@@ -471,6 +471,36 @@ int main(void) {
         free(fa), free(fg);
         gpu_shape(g, &fs);
     }
+    // 7b. gpu_input, the batch as FP16 for a reader the stem's kernels do not serve (AMP keeps it as uint8):
+    //     into a dense buffer (one conversion) and a strided one (as into a channel slice of a wider buffer:
+    //     one an image), the bits of fp16(v / 255) (u8_to_f16_cuda's), nothing written between the images
+    {
+        const long n = 3L * TS * TS, os = n + 40;
+        uint8_t *du;
+        uint16_t *dh;
+        GPU_CHECK(cudaMalloc((void **)&du, (size_t)TB * n));
+        GPU_CHECK(cudaMalloc((void **)&dh, (size_t)TB * os * 2));
+        GPU_CHECK(cudaMemcpy(du, img, (size_t)TB * n, cudaMemcpyHostToDevice));
+        Exec ge = exec_gpu(g);
+        ge.x = du;
+        long bad[2] = {0, 0};
+        uint16_t *h = xmalloc((size_t)TB * os * 2);
+        for (int strided = 0; strided < 2; strided++) {
+            const long st = strided ? os : n;
+            GPU_CHECK(cudaMemset(dh, 0xff, (size_t)TB * os * 2));
+            gpu_input(&ge, 0, dh, st, n);
+            GPU_CHECK(cudaMemcpy(h, dh, (size_t)TB * os * 2, cudaMemcpyDeviceToHost));
+            for (int b = 0; b < TB; b++)
+                for (long i = 0; i < st; i++)
+                    bad[strided] += h[b * st + i] != (i < n ? float_to_half(img[b * n + i] * (1.f / 255.f)) : 0xffff);
+        }
+        check(g->x8 && !bad[0] && !bad[1], "gpu_input from the uint8 batch: the bits of fp16(v / 255), dense (%ld "
+              "differ) and image by image into a strided buffer (%ld differ or written between the images)", bad[0],
+              bad[1]);
+        free(h);
+        GPU_CHECK(cudaFree(du));
+        GPU_CHECK(cudaFree(dh));
+    }
     // 8. more SGD steps on the same batch (lr 0.01, momentum 0.937, clip 10): the loss goes down; the
     //    device's weights then give the CPU the same loss. The first steps from random weights move the
     //    loss up or down by chance (the assigner re-assigns, BN over 8 values; the FP32 CPU step does the
