@@ -392,7 +392,8 @@ __device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO st
 
 // conv_store8: outputs (m, n .. n+7) of a product whose columns n are pixels of NCHW images (HWn pixels,
 // images istride apart), v already final (bias added): FP32 to of and/or FP16 to oh, added to what is
-// there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, else one by one.
+// there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, 8-byte ones when
+// they lie in one image 8-byte aligned, else one by one.
 __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *v, int m, int n, int N, int HWn,
                                             FastDiv f, long istride, int accumulate) {
     int b = div_fast(n, f), p = n - b * HWn;
@@ -418,6 +419,32 @@ __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *
                         : __floats2half2_rn(v[2 * e], v[2 * e + 1]);
             *(uint4 *)(oh + o) = q.u;
         }
+    } else if (n + 8 <= N && p + 8 <= HWn && (!of || ((uintptr_t)(of + o) & 7) == 0) &&
+               (!oh || ((uintptr_t)(oh + o) & 7) == 0)) {
+        // 8-byte aligned (a run that starts 4 values into a 16-byte word, as the stride-2 row tiles'
+        // odd tiles of a 20-wide map): 8-byte pieces, the same values as one by one
+        if (of)
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                float2 r = make_float2(v[e], v[e + 1]);
+                if (accumulate) {
+                    const float2 u = *(const float2 *)(of + o + e);
+                    r = make_float2(u.x + r.x, u.y + r.y);
+                }
+                *(float2 *)(of + o + e) = r;
+            }
+        if (oh)
+#pragma unroll
+            for (int e = 0; e < 8; e += 4) {
+                union { uint2 u; __half2 h[2]; } q, in;
+                if (accumulate) in.u = *(const uint2 *)(oh + o + e);
+#pragma unroll
+                for (int k = 0; k < 2; k++)
+                    q.h[k] = accumulate ? __floats2half2_rn(__low2float(in.h[k]) + v[e + 2 * k],
+                                                            __high2float(in.h[k]) + v[e + 2 * k + 1])
+                                        : __floats2half2_rn(v[e + 2 * k], v[e + 2 * k + 1]);
+                *(uint2 *)(oh + o + e) = q.u;
+            }
     } else {
         for (int e = 0; e < 8 && n + e < N; e++) {   // the tile's edge or an image boundary
             if (p + e == HWn) { b++; p -= HWn; o = b * istride + (long)m * HWn + p; }
@@ -580,6 +607,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #define H3_BM 64    // output channels per block
 #define H3_BN 128   // output pixels per block
 #define H3_KC 16    // input channels per K step
+#define H3_ROW_TC 20   // the stride-2 forward's row tiles: staged 20 output columns wide (see conv_halo_kernel)
 template <int VW> struct H3Piece {   // VW consecutive halves of one row of one channel
     typedef typename std::conditional<VW == 8, uint4, uint2>::type V;
     union {
@@ -606,9 +634,13 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 template <int TC, int VW, bool S2 = false, int BN = H3_BN, int KP = H3_KC>
 struct H3Halo {
     static constexpr int TR = BN / TC, HR = S2 ? 2 * TR + 1 : TR + 2, HC = S2 ? 2 * TC + 1 : TC + 2;
-    static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = HR * PR * H3_KC, NS = HR * (S2 ? 1 : 2) * H3_KC;
+    // PR pieces a row, HR * PR a channel, numbered in pairs: an even PR pairs the pieces of a row; an
+    // odd one (the row tiles') numbers a channel's pieces row by row, so that a pair may span two rows
+    // (and the last piece's partner, past the window, is neither loaded nor stored)
+    static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = (HR * PR + 1) / 2 * 2 * H3_KC;
+    static constexpr int NS = HR * (S2 ? 1 : 2) * H3_KC;
     static constexpr int FPT = (NF + 127) / 128, SPT = S2 ? (HR + 7) / 8 : (NS + 127) / 128;
-    static_assert(PR % 2 == 0 && TC % 16 == 0 && BN % TC == 0, "halo geometry");
+    static_assert(TC % 4 == 0 && BN % TC == 0, "halo geometry");
     typedef typename H3Piece<VW>::V V;
     // col(kx): the position in a stored row of the tile's first pixel's column for tap kx (S2: of halo
     // column kx, then every other column; stride 1: kx, then every column)
@@ -635,8 +667,14 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             int q = tid + 128 * i, rest = q >> 5;
-            frow[i] = q < NF ? rest % HR : -1;
-            fcol[i] = VW * (2 * (rest / HR) + (q & 1)) + 1;
+            if constexpr (PR % 2 == 0) {   // piece 2 (rest / HR) + (q & 1) of row rest % HR
+                frow[i] = q < NF ? rest % HR : -1;
+                fcol[i] = VW * (2 * (rest / HR) + (q & 1)) + 1;
+            } else {   // the channel's piece u, row u / PR
+                const int u = 2 * rest + (q & 1);
+                frow[i] = q < NF && u < HR * PR ? u / PR : -1;
+                fcol[i] = VW * (u % PR) + 1;
+            }
         }
 #pragma unroll
         for (int i = 0; i < SPT; i++) {
@@ -760,11 +798,15 @@ struct H3Halo {
 // every piece at a multiple of 128 bytes: 46-64 KB, within the 64 KB a block may have on sm_75 (the
 // forward's A, 64 x 16 values a tap, swizzled by h3_a: padded to 48-byte rows it would take 71-82 KB).
 template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
-    static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD;
+    static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD, ROWS = S2 && TC == H3_ROW_TC;
     static constexpr int BNK = S2 ? 64 : H3_BN;
     // the halo padded to 48 bytes a position (8 ldmatrix rows in 8 bank groups) but for the stride-2
-    // forward's 65-wide window (TC 32), which at that pitch would not fit 64 KB: 32 bytes, swizzled
-    typedef H3Halo<TC, VW, FS2, BNK, FS2 && TC == 32 ? H3_KC : H3_KC + 8> Halo;
+    // forward's 65-wide window (TC 32), which at that pitch would not fit 64 KB: 32 bytes, swizzled.
+    // Row tiles stage 3 output rows, the forward's a 7 x 41 window (60 pixels'; the tile computes 64,
+    // the last 4 discarded), PS2's a 5 x 22 halo of dz. (The forward's at 24 columns, 7 x 49, fitted
+    // only swizzled, and the swizzle's address math took the loop from 11.3 to 16.8 PTX instructions
+    // per mma, sm_80.)
+    typedef H3Halo<TC, VW, FS2, ROWS ? 3 * H3_ROW_TC : BNK, FS2 && TC == 32 ? H3_KC : H3_KC + 8> Halo;
     static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * H3_KC;
     static constexpr int STAGE = A_HALVES + (Halo::HR * Halo::HC * Halo::PITCH + 63) / 64 * 64;   // halves
     static constexpr size_t BYTES = 2 * (size_t)STAGE * sizeof(__half);
@@ -813,6 +855,12 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     typedef H3Shape<DGRAD, S2, TC, VW> Shape;
     typedef typename Shape::Halo Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
+    // ROWS (stride 2, TC H3_ROW_TC): a tile is RT whole output rows (PS2: rows of pixel pairs) of a map
+    // at most 20 wide, as many as 64 pixels hold but at most 3 (a 20-wide map: 3 rows, 60 of 64 pixels
+    // computed, where 16-column tiles of 4 rows computed 640 a 400-pixel image); its window (2 RT + 1
+    // rows of x, or RT + 2 of dz, the input's whole width) is staged as a 20-column tile's (the columns
+    // past the image zero)
+    constexpr bool ROWS = Shape::ROWS;
     // A per tap: the forward's row-major (m, k), the 16 input channels of an output channel contiguous;
     // DGRAD's col-major (m, k), 64 output channels contiguous per dz channel; 16-byte pieces copied from
     // wt placed by h3_a (the forward's swizzled, DGRAD's padded), so that the 8 rows an ldmatrix phase
@@ -845,10 +893,12 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // PS2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
     // falls past it (or into an empty one) is idle: it runs the K loop on image 0's data (in bounds; the
     // loop the same code as every block's) and stores nothing
-    const int tilesX = (OW + TC - 1) / TC, tilesY = (OH + TR - 1) / TR, per_img = max(tilesX * tilesY, 1);
+    const int RT = ROWS ? min(TR, BNK / max(OW, 1)) : TR;   // rows a tile
+    const int tilesX = ROWS ? 1 : (OW + TC - 1) / TC, tilesY = (OH + RT - 1) / RT, per_img = max(tilesX * tilesY, 1);
     const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
     const bool live = b < g.B && tilesX * tilesY > 0;
-    const int tx = max(tilesX, 1), y0 = Halo::tile_y(tile, tx), x0 = Halo::tile_x(tile, tx), m0 = blockIdx.y * H3_BM;
+    const int tx = max(tilesX, 1), m0 = blockIdx.y * H3_BM;
+    const int y0 = ROWS ? tile * RT : Halo::tile_y(tile, tx), x0 = ROWS ? 0 : Halo::tile_x(tile, tx);
     const int nsteps = (Cr + H3_KC - 1) / H3_KC;
     const __half *inb = in + (live ? b : 0) * is;
     Halo halo;
@@ -947,15 +997,27 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // block outside the grid, or its first A tile's 16 channels at or past M (S2, whose warps split the
     // 64 channels in two: 32 or fewer left in the block; M is the output channels, or PS2's input
     // channels). Warp-uniform and fixed for the block: one branch per K step (not in the stride-2
-    // forward with 32-column tiles, where it cost that loop 1.5 instructions per mma and pushed one
+    // forward with 32-column or row tiles, where it cost that loop 1.5 instructions per mma and pushed one
     // variant past 128 registers on sm_80, measured when that kernel asked for one block an SM). At
     // stride 1 (each warp all 4 A tiles) A tile i is skipped where its 16 channels start at or past M
     // (a layer of 16, 32 or 80 channels in 64-channel blocks): one branch per A tile and tap, 1-1.3 PTX
     // instructions per mma (at stride 2, whose loop is the longer, not tried: a warp's second A tile is
     // multiplied even where it has no channels).
     // The products kept are the same ones in the same order, so every output is the same bits
-    const bool any = (FS2 && TC == 32) || (live && y0 + wf / FPR < OH && m0 + wa * 16 < M);
+    // (ROWS: the warp's first pixel inside the tile's rows)
+    const bool any = (FS2 && TC != 16) ||
+                     (live && (ROWS ? 16 * wf < min(RT, OH - y0) * OW : y0 + wf / FPR < OH) && m0 + wa * 16 < M);
     const int na = S2 ? WA : min(WA, (M - m0 + 15) / 16);   // stride 1: the A tiles with channels
+    // ROWS: where this lane's ldmatrix pixel of B tile j, 16 (wf + j) + bpx of the tile's RT x OW, lies
+    // in the window, for tap (0, 0) (a pixel past the tile's reads its last one: its products are not
+    // stored)
+    int pb[2] = {0, 0};
+    if constexpr (ROWS)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int q = min(16 * (wf + j) + bpx, RT * OW - 1), r = q / OW;
+            pb[j] = SH * r * HC + q - r * OW;
+        }
     // the producers: step s + 1's halo loads are in flight while the consumers may still hold its stage;
     // its A is copied once they have released it, while the halo is stored
     if (producer) {
@@ -1002,7 +1064,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const int f = wf + j, r = f / FPR, sg = f - r * FPR;
-                    const int p = (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
+                    const int p = ROWS ? pb[j] + ky * HC + Halo::col(kx) : (SH * r + ky) * HC + Halo::col(kx) + sg * 16 + bpx;
                     ldsm_x4(fb[j], Halo::at(Bs(st), p, 8 * bh));
                 }
 #pragma unroll
@@ -1053,25 +1115,35 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
             const int f = wf + j, r = f / FPR, sg = f - r * FPR;
             const int m = m0 + (wa + i) * 16 + er, y = y0 + r, x = x0 + sg * 16 + ec;
             if (PS2) {   // input row 2y + py: store h, lanes l and l + 16 the two halves of 16 input pixels
-                         // from column 2 (x0 + 16 sg) + 16 h: one whole 32-byte sector per channel
-                if (live && m < M && y < OH) {
-                    const int iy = 2 * y + py, sub = lane / 16;
+                         // from column 2 (x0 + 16 sg) + 16 h: one whole 32-byte sector per channel. ROWS:
+                         // the lane's 4 pairs 16 f + p0 .. are one row's (OW a multiple of 4)
+                if (live && m < M && (ROWS || y < OH)) {
+                    const int sub = lane / 16;
 #pragma unroll 1
                     for (int h = 0; h < 2; h++) {
-                        const int p0 = 8 * h + 4 * sub, c0 = 2 * (x0 + sg * 16) + 16 * h + 8 * sub;
+                        const int p0 = 8 * h + 4 * sub, q = 16 * f + p0, rq = ROWS ? q / OW : 0;
+                        const int iy = 2 * (ROWS ? y0 + rq : y) + py;
+                        const int c0 = ROWS ? 2 * (q - rq * OW) : 2 * (x0 + sg * 16) + 16 * h + 8 * sub;
+                        if (ROWS && q >= min(RT, OH - y0) * OW) break;
                         float v[8];
 #pragma unroll
                         for (int e = 0; e < 4; e++) v[2 * e] = Cs[warp][0][er][p0 + e], v[2 * e + 1] = Cs[warp][1][er][p0 + e];
                         conv_store_row8(of, oh, v, m, b, iy * W, c0, W, N, HW, g.fHW, os, accumulate);
                     }
                 }
-            } else if (live && m < M && y < OH && x < OW) {
-                float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
-                const float4 q0 = *(const float4 *)&Cs[warp][0][er][ec], q1 = *(const float4 *)&Cs[warp][0][er][ec + 4];
-                v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
-                v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
-                conv_store_row8(of, oh, v, m, b, y * OW, x, OW, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);   // OW % 8 == 4: a row's last 4
-                if (stats) cur = bn_tile_merge(cur, bn_tile8(v, min(OW - x, 8)));
+            } else {
+                // the lane's 8 pixels: columns xs .. of the wl-wide row that starts at pixel rb; ROWS: the
+                // tile's pixels 16 f + ec .. are the image's y0 OW + 16 f + ec .. (its rows are whole)
+                const int rb = ROWS ? y0 * OW : y * OW, xs = ROWS ? 16 * f + ec : x,
+                          wl = ROWS ? min(RT, OH - y0) * OW : OW;
+                if (live && m < M && (ROWS || y < OH) && xs < wl) {
+                    float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
+                    const float4 q0 = *(const float4 *)&Cs[warp][0][er][ec], q1 = *(const float4 *)&Cs[warp][0][er][ec + 4];
+                    v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
+                    v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
+                    conv_store_row8(of, oh, v, m, b, rb, xs, wl, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);   // OW % 8 == 4: a row's last 4
+                    if (stats) cur = bn_tile_merge(cur, bn_tile8(v, min(wl - xs, 8)));
+                }
             }
             __syncwarp();
         }
@@ -1102,13 +1174,23 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
     long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, bn / 16) * (bn / 16), c32 = (long)cdiv(W, 32) * 32 * cdiv(H, bn / 32) * (bn / 32);
     return c32 < c16 ? 32 : 16;
 }
-// conv_halo_grid: conv_halo_launch's grid and tile columns (*tc)
-static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int *tc) {
+// conv_halo_rows: the rows of the stride-2 row tiles for an OW-wide map (as many whole rows as 64 pixels
+// hold, at most 3), or 0: the map is wider than the 20 columns they stage
+static int conv_halo_rows(int OW) { return OW >= 1 && OW <= H3_ROW_TC ? min(3, 64 / OW) : 0; }
+// conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or H3_ROW_TC for row tiles,
+// which stride 2 takes where they compute the fewest pixels: the forward with 16-byte pieces of x (vw
+// 8), the input gradient with 8-byte ones of dz (vw 4: its 20-wide rows) on rows of pairs a multiple of 4)
+static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
     int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
     int bn = s2 ? 64 : H3_BN, tr;   // conv_halo_kernel's BNK
     *tc = conv_halo_tc(OW, OH, bn);
     tr = bn / *tc;
+    const int rt = s2 && (dgrad ? vw == 4 && OW % 4 == 0 : vw == 8) ? conv_halo_rows(OW) : 0;
+    if (rt && (long)cdiv(OH, rt) * 64 < (long)cdiv(OW, *tc) * *tc * cdiv(OH, tr) * tr) {
+        *tc = H3_ROW_TC;
+        return dim3(g.B * cdiv(OH, rt), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), dgrad ? 2 : 1);
+    }
     return dim3(g.B * cdiv(OW, *tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
 }
 // h3_smem: the dynamic shared memory of a conv_halo_kernel variant (over the 48 KB a launch gets without
@@ -1131,8 +1213,16 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
                              const __half *wt, const float *bias, float *of, __half *oh, int accumulate, cudaStream_t s,
                              float *part = nullptr) {
     int tc;
-    dim3 grid = conv_halo_grid(g, dgrad, &tc);
+    dim3 grid = conv_halo_grid(g, dgrad, vw, &tc);
     bool s2 = g.S == 2;
+    static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
+    if (tc == H3_ROW_TC) {   // stride 2's row tiles (the forward's 16-byte pieces, the input gradient's 8-byte)
+        if (dgrad) conv_halo_kernel<false, true, true, 20, 4><<<grid, 256, h3_smem<false, true, true, 20, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        else if (act) conv_halo_kernel<true, false, true, 20, 8><<<grid, 256, h3_smem<true, false, true, 20, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        else conv_halo_kernel<false, false, true, 20, 8><<<grid, 256, h3_smem<false, false, true, 20, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     switch ((s2 ? dgrad ? 12 : act ? 20 : 16 : dgrad ? 8 : act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
     case 0: conv_halo_kernel<false, false, false, 16, 4><<<grid, 256, h3_smem<false, false, false, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
     case 1: conv_halo_kernel<false, false, false, 16, 8><<<grid, 256, h3_smem<false, false, false, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
@@ -1718,7 +1808,7 @@ static int conv_forward_launch(ConvDims d, const void *x, const ConvAct *act, co
     // a 3x3 conv: the halo kernel, which reads the weights tap-major (wt)
     if (int vw = wt ? conv_halo_vw(g, g.xs, x, wt, g.Cin, g.W, 2) : 0) {
         int tc;
-        const unsigned tiles = conv_halo_grid(g, false, &tc).x;   // (conv_halo_launch's grid)
+        const unsigned tiles = conv_halo_grid(g, false, vw, &tc).x;   // (conv_halo_launch's grid)
         if (part) conv_stats_fit(d, tiles);
         conv_halo_launch(g, vw, act != nullptr, false, xh, a, (const __half *)wt, bias, z, zo, 0, s, part);
         return (int)tiles;
@@ -2037,9 +2127,14 @@ template <bool ACT, bool S2, int TC, int VW>
 __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
+    // ROWS (stride 2, TC H3_ROW_TC, dz rows a multiple of 4 copied 8 bytes at a time): tiles of RT whole
+    // rows of dz's map (as conv_halo_kernel's: at most 3, 64 pixels; a 20-wide map's 60 consecutive
+    // pixels of dz, the 4 past them zero-filled), their 7 x 41 window staged as a 20-column tile's
+    constexpr bool ROWS = S2 && TC == H3_ROW_TC;
+    static_assert(!ROWS || VW == 4, "row tiles copy dz 8 bytes at a time");
     // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
     // fit 48 KB), at stride 1 32 bytes and swizzled (padded they would not)
-    typedef H3Halo<TC, VW, S2, BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
+    typedef H3Halo<TC, VW, S2, ROWS ? 3 * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
     constexpr int KP = Halo::PITCH;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
@@ -2055,7 +2150,8 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int tid = threadIdx.x & 127, warp = tid / 32, lane = tid % 32;
     const int Cout = g.Cout, Cin = g.Cin, H = g.H, W = g.W, HW = H * W, N = Cin * 9;
     const int OH = g.Ho, OW = g.Wo, OHW = OH * OW;   // dz's map (S2: every other input pixel's)
-    const int tilesX = (OW + TC - 1) / TC, per_img = tilesX * ((OH + TR - 1) / TR), ntiles = g.B * per_img;
+    const int RT = ROWS ? min(TR, BNW / max(OW, 1)) : TR;   // rows a tile
+    const int tilesX = ROWS ? 1 : (OW + TC - 1) / TC, per_img = tilesX * ((OH + RT - 1) / RT), ntiles = g.B * per_img;
     const int c0 = blockIdx.x * H3_KC, m0 = blockIdx.y * H3_BM, z = blockIdx.z;
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
     Halo halo;   // the block's 16 input channels: the thread's is cc
@@ -2065,24 +2161,36 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     int tb = 0, ty0 = 0, tx0 = 0;   // the tile being fetched
     auto tile = [&](int kt) {
         tb = kt / per_img;
-        ty0 = Halo::tile_y(kt - tb * per_img, tilesX); tx0 = Halo::tile_x(kt - tb * per_img, tilesX);
+        ty0 = ROWS ? (kt - tb * per_img) * RT : Halo::tile_y(kt - tb * per_img, tilesX);
+        tx0 = ROWS ? 0 : Halo::tile_x(kt - tb * per_img, tilesX);
     };
     auto fetch_dz = [&](int st) {   // the tile's dz by cp.async into stage st
         const __half *zb = dz + tb * g.zs;
         __half(*A)[LDA] = As(st);
-        // copy q = tid + 128 i: column q % CPR of tile row q / CPR % TR of channel row q / RPC; 128 being
-        // a multiple of RPC, a thread's copies share their column and tile row, their channel rows MS
-        // apart: the test of the map and the first source once a step, then constant strides. Past the
-        // map or the channels a copy reads nothing and zero-fills (source size 0; dz as its address).
-        constexpr int CPR = TC / VW, RPC = CPR * TR, MS = 128 / RPC, NA = H3_BM * RPC;
-        static_assert(128 % RPC == 0 && NA % 128 == 0, "dz tile copies");
-        const int col = tid % CPR, rr = tid / CPR % TR, mt = tid / RPC, y = ty0 + rr, xx = tx0 + col * VW;
-        const bool in_map = y < OH && xx < OW;
-        const long off = (long)(m0 + mt) * OHW + y * OW + xx;
+        if constexpr (ROWS) {   // copy i of a thread: pixels 4 (tid % 16) .. of channel row tid / 16 + 8 i
+            const int px = 4 * (tid & 15), mt = tid >> 4;
+            const bool in_map = px < min(RT, OH - ty0) * OW;
+            const long off = (long)(m0 + mt) * OHW + ty0 * OW + px;
 #pragma unroll
-        for (int i = 0; i < NA / 128; i++) {
-            const bool ok = in_map && m0 + mt + MS * i < Cout;
-            cp_asyncz<2 * VW>(&A[mt + MS * i][rr * TC + col * VW], ok ? zb + off + (long)MS * i * OHW : dz, ok);
+            for (int i = 0; i < 8; i++) {
+                const bool ok = in_map && m0 + mt + 8 * i < Cout;
+                cp_asyncz<8>(&A[mt + 8 * i][px], ok ? zb + off + (long)8 * i * OHW : dz, ok);
+            }
+        } else {
+            // copy q = tid + 128 i: column q % CPR of tile row q / CPR % TR of channel row q / RPC; 128 being
+            // a multiple of RPC, a thread's copies share their column and tile row, their channel rows MS
+            // apart: the test of the map and the first source once a step, then constant strides. Past the
+            // map or the channels a copy reads nothing and zero-fills (source size 0; dz as its address).
+            constexpr int CPR = TC / VW, RPC = CPR * TR, MS = 128 / RPC, NA = H3_BM * RPC;
+            static_assert(128 % RPC == 0 && NA % 128 == 0, "dz tile copies");
+            const int col = tid % CPR, rr = tid / CPR % TR, mt = tid / RPC, y = ty0 + rr, xx = tx0 + col * VW;
+            const bool in_map = y < OH && xx < OW;
+            const long off = (long)(m0 + mt) * OHW + y * OW + xx;
+#pragma unroll
+            for (int i = 0; i < NA / 128; i++) {
+                const bool ok = in_map && m0 + mt + MS * i < Cout;
+                cp_asyncz<2 * VW>(&A[mt + MS * i][rr * TC + col * VW], ok ? zb + off + (long)MS * i * OHW : dz, ok);
+            }
         }
     };
     auto fetch_halo = [&]() {   // the tile's halo into registers
@@ -2108,6 +2216,15 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // this lane's ldmatrix rows: row lane % 16 of an A tile, its columns 8 (lane / 16) ..; position
     // lane % 16 of a B tile, its channels 8 (lane / 16) .. (H3Halo::at: the halves swapped where they are)
     const int lr = lane & 15, lh = lane >> 4;
+    // ROWS: where this lane's ldmatrix pixel of B tile f, 16 f + lr of the tile's RT x OW, lies in the
+    // window, for tap (0, 0) (a pixel past the tile's reads its last one, by a zero of dz)
+    int pb[BNW / 16] = {};
+    if constexpr (ROWS)
+#pragma unroll
+        for (int f = 0; f < BNW / 16; f++) {
+            const int q = min(16 * f + lr, RT * OW - 1), r = q / OW;
+            pb[f] = SH * r * HC + q - r * OW;
+        }
     if (producer) {   // step s + 1's halo loads are in flight while the consumers may still hold its stage
         if (nsteps > 0) { tile(kt0); fetch_halo(); }
         for (int s = 0; s < nsteps; s++) {
@@ -2139,7 +2256,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
                 if (t < 9) {   // warp-uniform
                     // S2: the tile's pixels are every other halo column, consecutive positions of the
                     // de-interleaved row
-                    const int p = (SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16 + lr;
+                    const int p = ROWS ? pb[f] + t / 3 * HC + Halo::col(t % 3) : (SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16 + lr;
                     uint32_t fb[4];
                     ldsm_x4_t(fb, Halo::at(B, p, 8 * lh));
 #pragma unroll
@@ -2321,14 +2438,21 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         if (g.zs % vw == 0 && (uintptr_t)dz % (2 * vw) == 0 && g.Wo % vw == 0) break;
     if (vw) {
         ConvAct a = act ? *act : ConvAct();
-        const int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), tr = (g.S == 2 ? 64 : H3_BN) / tc;
+        int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), tr = (g.S == 2 ? 64 : H3_BN) / tc;
+        long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
+        // stride 2: row tiles (dz's rows a multiple of 4, 8-byte copies) where they are fewer
+        if (const int rt = g.S == 2 && vw == 4 && g.Wo % 4 == 0 ? conv_halo_rows(g.Wo) : 0)
+            if ((long)g.B * cdiv(g.Ho, rt) < ntiles) tc = H3_ROW_TC, ntiles = (long)g.B * cdiv(g.Ho, rt);
         const int cols = cdiv(g.Cin, H3_KC) * cdiv(g.Cout, H3_BM);
-        const long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
         const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count());
         grid.z = (unsigned)ns;   // (wgrad_end: the slices to add)
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
-        switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
+        static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
+        if (tc == H3_ROW_TC) {
+            if (act) conv_halo_wgrad_kernel<true, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+            else conv_halo_wgrad_kernel<false, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+        } else switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
         case 0: conv_halo_wgrad_kernel<false, false, 16, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
         case 1: conv_halo_wgrad_kernel<false, false, 16, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
         case 2: conv_halo_wgrad_kernel<false, false, 32, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;

@@ -2119,10 +2119,19 @@ int main(void) {
     test_conv(1, 8, 40, 32, 16, 3, 2, 0, 0, s);     // stride-2 weight gradient by halo tiles in slices
     test_conv(1, 16, 6, 88, 24, 3, 2, 0, 0, s);     // the same with dz rows of 44 (8-byte pieces)
     test_conv(2, 16, 9, 40, 72, 3, 2, 0, 0, s);     // dz rows of 20 (16-column tiles pad them to 32; 8-byte pieces)
+    // the input gradient's row tiles (3 rows of 20 pixel pairs a tile; dz rows of 20 in 8-byte pieces):
+    // W 40 and 39 (the last pair's second pixel past the row), H 39 (the odd rows' grid one row of pairs
+    // shorter), Cin 72 over a block, Cout 24 on slices
+    test_conv(2, 72, 39, 40, 24, 3, 2, 8, 3, s);
+    test_conv(1, 16, 40, 39, 16, 3, 2, 0, 0, s);
     // the stride-2 forward by halo tiles takes the shapes above whose x rows are a multiple of 4 (W 32,
     // 16, 8, 40, 88); then x rows of 20 (8-byte pieces, Wo 10: a row's last 2 pixels of 8 stored one by
     // one), an odd H (the window's last row past the map) and Cout 70 on channel slices
     test_conv(2, 24, 11, 20, 70, 3, 2, 8, 3, s);
+    // the stride-2 forward's row tiles (3 whole rows of a 20-wide map a tile; x rows of 40 in 16-byte
+    // pieces): Ho 20 (7 tiles, the last 2 rows), Cin 24, Cout 70 on channel slices; Ho 5 above (W 40,
+    // H 9) takes them too
+    test_conv(2, 24, 40, 40, 70, 3, 2, 8, 3, s);
     // the input gradient of one concat source from its columns of the weights, in place: 1x1 on 16-byte
     // rows (Cin 16 at column 16 of 48: the 16-byte kernel), misaligned (column 3 of 27: the gather
     // kernel); 3x3 stride 1 (halo tiles) and stride 2 (the gather kernel: no tap-major copy)
@@ -2259,7 +2268,9 @@ int main(void) {
         test_conv_act(f32, 1, 16, 0, 16, 6, 88, 12, 3, 2, s);    // stride 2, dz rows of 44: 8-byte halo wgrad
         test_conv_act(f32, 2, 24, 8, 16, 7, 40, 20, 3, 2, s);    // stride 2, dz rows of 20: the halo wgrad, on a slice
         test_conv_act(f32, 2, 32, 8, 16, 9, 36, 20, 3, 2, s);    // stride 2, x rows of 36: 8-byte halo forward, 32-column tiles
-        test_conv_act(f32, 2, 32, 8, 16, 10, 40, 20, 3, 2, s);   // stride 2, x rows of 40, Ho 5: 16-byte halo forward, 32-column tiles
+        test_conv_act(f32, 2, 32, 8, 16, 10, 40, 20, 3, 2, s);   // stride 2, x rows of 40, Ho 5: 16-byte halo forward, row tiles
+        test_conv_act(f32, 1, 24, 8, 16, 39, 40, 72, 3, 2, s);   // the same, Ho 20 (7 row tiles), Cout over a tile
+        test_conv_act(f32, 2, 32, 8, 16, 10, 48, 20, 3, 2, s);   // stride 2, x rows of 48, Ho 5: 16-byte halo forward, 32-column tiles
         test_conv_act(f32, 1, 24, 8, 16, 12, 20, 20, 3, 1, s);   // 3x3 stride 1, rows of 20, H 12: 8-byte halo, 32-column tiles
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
