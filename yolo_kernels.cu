@@ -3424,28 +3424,29 @@ extern "C" void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long 
 extern "C" void copy_f32_cuda(const float *src, long ss, float *dst, long ds, int B, long n, void *stream) {
     copy_act_launch(src, ss, dst, ds, B, n, stream);
 }
-// u8_to_act: the input image, x * (1/255) in float (input_from_batch), stored as T. V16: each thread
-// writes one 16-byte word (8 halves or 4 floats) from one 8- or 4-byte load, so that a warp's loads and
-// its stores are each one contiguous span (x and y aligned for those); the last thread takes the tail
-// past the last whole word one by one. Else one byte a thread. grid ceil(n/(256 V))
+// u8_to_act: the input image, x * (1/255) in float (input_from_batch; u8_unit, as the stem's kernels convert
+// it where they read the uint8 batch), stored as T. V16: each thread writes one 16-byte word (8 halves or 4
+// floats) from one 8- or 4-byte load, so that a warp's loads and its stores are each one contiguous span (x
+// and y aligned for those); the last thread takes the tail past the last whole word one by one. Else one
+// byte a thread. grid ceil(n/(256 V))
 template <class T, bool V16>
 __global__ void u8_to_act_kernel(const uint8_t *x, T *y, long n) {
     constexpr int V = V16 ? 16 / (int)sizeof(T) : 1;
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if constexpr (V16) {
         if (i + V <= n) {
-            union { uint2 u2; unsigned u1; uint8_t b[8]; } q;
+            union { uint2 u2; unsigned u1; uint32_t w[2]; } q;
             float v[V];
             if constexpr (V == 8) q.u2 = *(const uint2 *)(x + i);
             else q.u1 = *(const unsigned *)(x + i);
 #pragma unroll
-            for (int e = 0; e < V; e++) v[e] = q.b[e] * (1.f / 255.f);
+            for (int e = 0; e < V; e++) v[e] = u8_unit(q.w[e >> 2], e & 3);
             if constexpr (V == 8) store8(y + i, v);
             else store4(y + i, v);
             return;
         }
     }
-    for (long e = i; e < n && e < i + V; e++) y[e] = act_from<T>(x[e] * (1.f / 255.f));
+    for (long e = i; e < n && e < i + V; e++) y[e] = act_from<T>(u8_unit(x[e], 0));
 }
 template <class T>
 static void u8_to_act_launch(const uint8_t *x, T *y, long n, void *stream) {
