@@ -607,7 +607,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #define H3_BM 64    // output channels per block
 #define H3_BN 128   // output pixels per block
 #define H3_KC 16    // input channels per K step
-#define H3_ROW_TC 20   // the stride-2 forward's row tiles: staged 20 output columns wide (see conv_halo_kernel)
+#define H3_ROW_TC 20   // stride 2's row tiles: staged 20 output columns wide (see conv_halo_kernel)
 template <int VW> struct H3Piece {   // VW consecutive halves of one row of one channel
     typedef typename std::conditional<VW == 8, uint4, uint2>::type V;
     union {
@@ -618,8 +618,9 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // H3Halo: one thread's share of staging a halo tile (HR = TR + 2 rows by HC = TC + 2 columns of 16
 // channels; column 0 is x0 - 1): each row's TC inner columns as pieces of VW halves, its two edge
 // columns as single halves, so that every value loaded is used. Piece q = tid + 128 i is channel
-// (q >> 1) & 15 (lanes pair neighbouring pieces of a row, 16 channels per warp half), so all of a
-// thread's pieces are one channel, pc; its single halves are all on one side, tid & 1.
+// (q >> 1) & 15 (lanes pair neighbouring pieces of a row, 16 channels per warp half; with an odd
+// number of pieces a row, PR, neighbouring pieces of the channel's window, so that a pair may span two
+// rows), so all of a thread's pieces are one channel, pc; its single halves are all on one side, tid & 1.
 // fetch loads them (global -> registers), zero past the image or past Cr channels; store writes them
 // into shared memory, ACT's BN+SiLU applied to the values inside the image (the padding stays 0).
 // S2: the input window of a stride-2 tile of BN output pixels, HR = 2 TR + 1 rows by HC = 2 TC + 1
@@ -753,7 +754,8 @@ struct H3Halo {
             // its third: its piece rotated by one 32-bit word, its positions by 2, or at stride 2 by 1 in
             // each half of the de-interleaved row): the positions one store writes are then an odd
             // multiple of 32 bytes apart, different banks (in the same order, VW or VW / 2 positions
-            // apart: a multiple of 128 bytes, the same banks, 2-way conflicts)
+            // apart: a multiple of 128 bytes, the same banks, 2-way conflicts; a pair that spans two
+            // rows, odd PR, is stored right either way, its banks as they fall)
             const int rot = side;
             H3Piece<VW> r;
             // ACT: BN+SiLU on the whole piece where it lies inside the image, pairs of values at a time
@@ -856,10 +858,10 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     typedef typename Shape::Halo Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
     // ROWS (stride 2, TC H3_ROW_TC): a tile is RT whole output rows (PS2: rows of pixel pairs) of a map
-    // at most 20 wide, as many as 64 pixels hold but at most 3 (a 20-wide map: 3 rows, 60 of 64 pixels
-    // computed, where 16-column tiles of 4 rows computed 640 a 400-pixel image); its window (2 RT + 1
-    // rows of x, or RT + 2 of dz, the input's whole width) is staged as a 20-column tile's (the columns
-    // past the image zero)
+    // at most 20 wide; RT = min(3, 64 / OW) is 3 for every such map (a 20-wide map: 60 of the tile's 64
+    // pixels computed, where 16-column tiles of 4 rows computed 640 a 400-pixel image); its window (2 RT
+    // + 1 rows of x, or RT + 2 of dz, the input's whole width) is staged as a 20-column tile's (the
+    // columns past the image zero)
     constexpr bool ROWS = Shape::ROWS;
     // A per tap: the forward's row-major (m, k), the 16 input channels of an output channel contiguous;
     // DGRAD's col-major (m, k), 64 output channels contiguous per dz channel; 16-byte pieces copied from
@@ -1175,7 +1177,7 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
     return c32 < c16 ? 32 : 16;
 }
 // conv_halo_rows: the rows of the stride-2 row tiles for an OW-wide map (as many whole rows as 64 pixels
-// hold, at most 3), or 0: the map is wider than the 20 columns they stage
+// hold, at most 3: 3 for every map they take), or 0: the map is wider than the 20 columns they stage
 static int conv_halo_rows(int OW) { return OW >= 1 && OW <= H3_ROW_TC ? min(3, 64 / OW) : 0; }
 // conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or H3_ROW_TC for row tiles,
 // which stride 2 takes where they compute the fewest pixels: the forward with 16-byte pieces of x (vw

@@ -2118,12 +2118,17 @@ int main(void) {
     test_conv(2, 64, 8, 8, 80, 3, 2, 0, 0, s);      // stride 2 on an 8x8 map: 4 K steps, Cout over a tile
     test_conv(1, 8, 40, 32, 16, 3, 2, 0, 0, s);     // stride-2 weight gradient by halo tiles in slices
     test_conv(1, 16, 6, 88, 24, 3, 2, 0, 0, s);     // the same with dz rows of 44 (8-byte pieces)
-    test_conv(2, 16, 9, 40, 72, 3, 2, 0, 0, s);     // dz rows of 20 (16-column tiles pad them to 32; 8-byte pieces)
+    test_conv(2, 16, 9, 40, 72, 3, 2, 0, 0, s);     // dz rows of 20 (8-byte pieces; the row tiles below)
+    // the 32-column tiles of the stride-2 forward (x rows of 48 and 56, Ho 5) and input gradient (rows
+    // of 24 and 28 pixel pairs), which the shape above took before the row tiles
+    test_conv(2, 16, 9, 48, 24, 3, 2, 0, 0, s);
+    test_conv(1, 16, 9, 56, 16, 3, 2, 0, 0, s);
     // the input gradient's row tiles (3 rows of 20 pixel pairs a tile; dz rows of 20 in 8-byte pieces):
     // W 40 and 39 (the last pair's second pixel past the row), H 39 (the odd rows' grid one row of pairs
     // shorter), Cin 72 over a block, Cout 24 on slices
     test_conv(2, 72, 39, 40, 24, 3, 2, 8, 3, s);
     test_conv(1, 16, 40, 39, 16, 3, 2, 0, 0, s);
+    test_conv(2, 16, 13, 40, 16, 3, 2, 0, 0, s);   // H 13: 3 row tiles for the even rows, 2 for the odd (idle blocks)
     // the stride-2 forward by halo tiles takes the shapes above whose x rows are a multiple of 4 (W 32,
     // 16, 8, 40, 88); then x rows of 20 (8-byte pieces, Wo 10: a row's last 2 pixels of 8 stored one by
     // one), an odd H (the window's last row past the map) and Cout 70 on channel slices
