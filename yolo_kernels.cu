@@ -1176,9 +1176,15 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
     long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, bn / 16) * (bn / 16), c32 = (long)cdiv(W, 32) * 32 * cdiv(H, bn / 32) * (bn / 32);
     return c32 < c16 ? 32 : 16;
 }
-// conv_halo_rows: the rows of the stride-2 row tiles for an OW-wide map (as many whole rows as 64 pixels
-// hold, at most 3: 3 for every map they take), or 0: the map is wider than the 20 columns they stage
-static int conv_halo_rows(int OW) { return OW >= 1 && OW <= H3_ROW_TC ? min(3, 64 / OW) : 0; }
+// conv_halo_rows: the rows of a stride-2 row tile on an OW x OH map (as many whole rows as 64 pixels hold,
+// at most 3: 3 for every map they take) where they make fewer tiles a map than the column tiles' ctiles,
+// else 0; only on maps at most the 20 columns they stage wide, their rows a multiple of 4 (whole pixel
+// pairs and 8-byte pieces of dz a row; the forward's 16-byte pieces of x give that too). The one choice of
+// conv_halo_grid and conv_wgrad_cuda
+static int conv_halo_rows(int OW, int OH, long ctiles) {
+    const int rt = OW >= 1 && OW <= H3_ROW_TC && OW % 4 == 0 ? min(3, 64 / OW) : 0;
+    return rt && cdiv(OH, rt) < ctiles ? rt : 0;
+}
 // conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or H3_ROW_TC for row tiles,
 // which stride 2 takes where they compute the fewest pixels: the forward with 16-byte pieces of x (vw
 // 8), the input gradient with 8-byte ones of dz (vw 4: its 20-wide rows) on rows of pairs a multiple of 4)
@@ -1188,8 +1194,7 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     int bn = s2 ? 64 : H3_BN, tr;   // conv_halo_kernel's BNK
     *tc = conv_halo_tc(OW, OH, bn);
     tr = bn / *tc;
-    const int rt = s2 && (dgrad ? vw == 4 && OW % 4 == 0 : vw == 8) ? conv_halo_rows(OW) : 0;
-    if (rt && (long)cdiv(OH, rt) * 64 < (long)cdiv(OW, *tc) * *tc * cdiv(OH, tr) * tr) {
+    if (const int rt = s2 && vw == (dgrad ? 4 : 8) ? conv_halo_rows(OW, OH, (long)cdiv(OW, *tc) * cdiv(OH, tr)) : 0) {
         *tc = H3_ROW_TC;
         return dim3(g.B * cdiv(OH, rt), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), dgrad ? 2 : 1);
     }
@@ -2443,8 +2448,8 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), tr = (g.S == 2 ? 64 : H3_BN) / tc;
         long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
         // stride 2: row tiles (dz's rows a multiple of 4, 8-byte copies) where they are fewer
-        if (const int rt = g.S == 2 && vw == 4 && g.Wo % 4 == 0 ? conv_halo_rows(g.Wo) : 0)
-            if ((long)g.B * cdiv(g.Ho, rt) < ntiles) tc = H3_ROW_TC, ntiles = (long)g.B * cdiv(g.Ho, rt);
+        if (const int rt = g.S == 2 && vw == 4 ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr)) : 0)
+            tc = H3_ROW_TC, ntiles = (long)g.B * cdiv(g.Ho, rt);
         const int cols = cdiv(g.Cin, H3_KC) * cdiv(g.Cout, H3_BM);
         const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count());
         grid.z = (unsigned)ns;   // (wgrad_end: the slices to add)
