@@ -390,61 +390,51 @@ __device__ __forceinline__ void conv_k_loop(int nsteps, TA taps, FE fetch, SO st
     }
 }
 
+// conv_store_run: 8 final values v to of + o (FP32) and/or oh + o (FP16) in pieces of PB bytes (16 or
+// 8; both addresses PB-aligned), added to what is there when accumulate: the same values as one by one
+template <int PB> __device__ __forceinline__ void conv_store_run(float *of, __half *oh, long o, const float *v,
+                                                                int accumulate) {
+    typedef typename std::conditional<PB == 16, uint4, uint2>::type P;
+    constexpr int NF = PB / 4, NH = PB / 2;   // FP32 and FP16 values a piece
+    if (of)
+#pragma unroll
+        for (int e = 0; e < 8; e += NF) {
+            union { P p; float f[NF]; } r, u;
+            if (accumulate) u.p = *(const P *)(of + o + e);
+#pragma unroll
+            for (int k = 0; k < NF; k++) r.f[k] = accumulate ? u.f[k] + v[e + k] : v[e + k];
+            *(P *)(of + o + e) = r.p;
+        }
+    if (oh)
+#pragma unroll
+        for (int e = 0; e < 8; e += NH) {
+            union { P p; __half2 h[NH / 2]; } q, in;
+            if (accumulate) in.p = *(const P *)(oh + o + e);
+#pragma unroll
+            for (int k = 0; k < NH / 2; k++)
+                q.h[k] = accumulate ? __floats2half2_rn(__low2float(in.h[k]) + v[e + 2 * k],
+                                                        __high2float(in.h[k]) + v[e + 2 * k + 1])
+                                    : __floats2half2_rn(v[e + 2 * k], v[e + 2 * k + 1]);
+            *(P *)(oh + o + e) = q.p;
+        }
+}
 // conv_store8: outputs (m, n .. n+7) of a product whose columns n are pixels of NCHW images (HWn pixels,
 // images istride apart), v already final (bias added): FP32 to of and/or FP16 to oh, added to what is
-// there when accumulate. 16-byte stores when the 8 lie in one image and are aligned, 8-byte ones when
-// they lie in one image 8-byte aligned, else one by one.
+// there when accumulate. Where the 8 lie in one image, 16-byte pieces if they are aligned so, else
+// 8-byte ones if they are (a run that starts 4 values into a 16-byte word, as the stride-2 row tiles'
+// odd tiles of a 20-wide map); else one by one.
 __device__ __forceinline__ void conv_store8(float *of, __half *oh, const float *v, int m, int n, int N, int HWn,
                                             FastDiv f, long istride, int accumulate) {
     int b = div_fast(n, f), p = n - b * HWn;
     long o = b * istride + (long)m * HWn + p;
-    if (n + 8 <= N && p + 8 <= HWn && (!of || ((uintptr_t)(of + o) & 15) == 0) &&
-        (!oh || ((uintptr_t)(oh + o) & 15) == 0)) {
-        if (of) {
-            float4 r0 = make_float4(v[0], v[1], v[2], v[3]), r1 = make_float4(v[4], v[5], v[6], v[7]);
-            if (accumulate) {
-                float4 u0 = *(const float4 *)(of + o), u1 = *(const float4 *)(of + o + 4);
-                r0 = make_float4(u0.x + r0.x, u0.y + r0.y, u0.z + r0.z, u0.w + r0.w);
-                r1 = make_float4(u1.x + r1.x, u1.y + r1.y, u1.z + r1.z, u1.w + r1.w);
-            }
-            *(float4 *)(of + o) = r0; *(float4 *)(of + o + 4) = r1;
-        }
-        if (oh) {
-            union { uint4 u; __half2 h[4]; } q, in;
-            if (accumulate) in.u = *(const uint4 *)(oh + o);
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                q.h[e] = accumulate
-                        ? __floats2half2_rn(__low2float(in.h[e]) + v[2 * e], __high2float(in.h[e]) + v[2 * e + 1])
-                        : __floats2half2_rn(v[2 * e], v[2 * e + 1]);
-            *(uint4 *)(oh + o) = q.u;
-        }
-    } else if (n + 8 <= N && p + 8 <= HWn && (!of || ((uintptr_t)(of + o) & 7) == 0) &&
-               (!oh || ((uintptr_t)(oh + o) & 7) == 0)) {
-        // 8-byte aligned (a run that starts 4 values into a 16-byte word, as the stride-2 row tiles'
-        // odd tiles of a 20-wide map): 8-byte pieces, the same values as one by one
-        if (of)
-#pragma unroll
-            for (int e = 0; e < 8; e += 2) {
-                float2 r = make_float2(v[e], v[e + 1]);
-                if (accumulate) {
-                    const float2 u = *(const float2 *)(of + o + e);
-                    r = make_float2(u.x + r.x, u.y + r.y);
-                }
-                *(float2 *)(of + o + e) = r;
-            }
-        if (oh)
-#pragma unroll
-            for (int e = 0; e < 8; e += 4) {
-                union { uint2 u; __half2 h[2]; } q, in;
-                if (accumulate) in.u = *(const uint2 *)(oh + o + e);
-#pragma unroll
-                for (int k = 0; k < 2; k++)
-                    q.h[k] = accumulate ? __floats2half2_rn(__low2float(in.h[k]) + v[e + 2 * k],
-                                                            __high2float(in.h[k]) + v[e + 2 * k + 1])
-                                        : __floats2half2_rn(v[e + 2 * k], v[e + 2 * k + 1]);
-                *(uint2 *)(oh + o + e) = q.u;
-            }
+    const bool run = n + 8 <= N && p + 8 <= HWn;   // the 8 in one image
+    auto aligned = [&](unsigned a) {
+        return (!of || ((uintptr_t)(of + o) & (a - 1)) == 0) && (!oh || ((uintptr_t)(oh + o) & (a - 1)) == 0);
+    };
+    if (run && aligned(16)) {
+        conv_store_run<16>(of, oh, o, v, accumulate);
+    } else if (run && aligned(8)) {
+        conv_store_run<8>(of, oh, o, v, accumulate);
     } else {
         for (int e = 0; e < 8 && n + e < N; e++) {   // the tile's edge or an image boundary
             if (p + e == HWn) { b++; p -= HWn; o = b * istride + (long)m * HWn + p; }
@@ -608,6 +598,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #define H3_BN 128   // output pixels per block
 #define H3_KC 16    // input channels per K step
 #define H3_ROW_TC 20   // stride 2's row tiles: staged 20 output columns wide (see conv_halo_kernel)
+#define H3_ROW_RT 3    // and 3 rows (60 pixels of 64: the most whole rows of 20 a 64-pixel tile holds)
 template <int VW> struct H3Piece {   // VW consecutive halves of one row of one channel
     typedef typename std::conditional<VW == 8, uint4, uint2>::type V;
     union {
@@ -621,6 +612,10 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // (q >> 1) & 15 (lanes pair neighbouring pieces of a row, 16 channels per warp half; with an odd
 // number of pieces a row, PR, neighbouring pieces of the channel's window, so that a pair may span two
 // rows), so all of a thread's pieces are one channel, pc; its single halves are all on one side, tid & 1.
+// QUAD (the stride-1 halo of 8-byte pieces with an odd PR: the row tiles' dz): 4 lanes take 4
+// neighbouring pieces of a channel's window (32 bytes, where a pair's 16 used half of each sector), 8
+// channels a warp: pc is bits 2-4 and 6 of tid, bit 5 the quad's place among the channel's two a row
+// of 128 threads, bits 1 and 5 a single half's row (chan, init).
 // fetch loads them (global -> registers), zero past the image or past Cr channels; store writes them
 // into shared memory, ACT's BN+SiLU applied to the values inside the image (the padding stays 0).
 // S2: the input window of a stride-2 tile of BN output pixels, HR = 2 TR + 1 rows by HC = 2 TC + 1
@@ -636,11 +631,18 @@ template <int TC, int VW, bool S2 = false, int BN = H3_BN, int KP = H3_KC>
 struct H3Halo {
     static constexpr int TR = BN / TC, HR = S2 ? 2 * TR + 1 : TR + 2, HC = S2 ? 2 * TC + 1 : TC + 2;
     // PR pieces a row, HR * PR a channel, numbered in pairs: an even PR pairs the pieces of a row; an
-    // odd one (the row tiles') numbers a channel's pieces row by row, so that a pair may span two rows
-    // (and the last piece's partner, past the window, is neither loaded nor stored)
-    static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = (HR * PR + 1) / 2 * 2 * H3_KC;
+    // odd one (the row tiles') numbers a channel's pieces row by row, so that a pair may span two rows,
+    // from -sh (init): a piece numbered past the window (-1, or HR * PR) is neither loaded nor stored
+    static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = (PR % 2 ? (HR * PR + 2) / 2 : HR * PR / 2) * 2 * H3_KC;
+    static constexpr bool QUAD = !S2 && VW == 4 && PR % 2;   // (8 pieces a channel per 128 threads, from -3)
     static constexpr int NS = HR * (S2 ? 1 : 2) * H3_KC;
-    static constexpr int FPT = (NF + 127) / 128, SPT = S2 ? (HR + 7) / 8 : (NS + 127) / 128;
+    static constexpr int FPT = QUAD ? (HR * PR + 3 + 7) / 8 : (NF + 127) / 128;
+    static constexpr int SPT = QUAD ? (HR + 3) / 4 : S2 ? (HR + 7) / 8 : (NS + 127) / 128;
+    static_assert(!(S2 && VW == 4 && PR % 2), "an odd stride-2 row of 8-byte pieces has no numbering");
+    // chan: the channel (of 16) thread tid stages
+    __device__ __forceinline__ static int chan(int tid) {
+        return QUAD ? ((tid >> 2) & 7) | ((tid >> 3) & 8) : (tid >> 1) & 15;
+    }
     static_assert(TC % 4 == 0 && BN % TC == 0, "halo geometry");
     typedef typename H3Piece<VW>::V V;
     // col(kx): the position in a stored row of the tile's first pixel's column for tap kx (S2: of halo
@@ -660,28 +662,61 @@ struct H3Halo {
     unsigned fin, sin;                               // bit i: piece i lies inside the image
     H3Piece<VW> fv[FPT];
     __half sv[SPT];
+    // row_pos: where pixel q of a row tile (whole rows of an OW-wide map; q past the tile's TR x OW its
+    // last) lies in the window, for tap (0, 0): its row's first position plus its column
+    __device__ __forceinline__ static int row_pos(int q, int OW) {
+        q = min(q, TR * OW - 1);
+        const int r = q / OW;
+        return (S2 ? 2 : 1) * r * HC + q - r * OW;
+    }
     // tile_y, tile_x: the top row and left column of tile t of an image (tilesX tiles per row of tiles)
     __device__ __forceinline__ static int tile_y(int t, int tilesX) { return t / tilesX * TR; }
     __device__ __forceinline__ static int tile_x(int t, int tilesX) { return (t - t / tilesX * tilesX) * TC; }
-    __device__ __forceinline__ void init(int tid) {
-        pc = (tid >> 1) & 15; side = tid & 1;
+    // sh (odd PR): numbers the channel's pieces from -sh, so that each pair (QUAD: quad) starts sh pieces
+    // earlier. A row tile's window is whole rows, a channel's pieces one run of memory, and pair_shift's
+    // sh puts its pairs (quads) at multiples of their size, 32 bytes (the forward's 16-byte pieces) or
+    // 16 (a pair of 8-byte ones) or 32 (a quad of them): none across two 32-byte sectors (the forward's
+    // 32-byte pairs, on 80-byte rows starting 16 bytes into a sector, took two sectors each)
+    __device__ __forceinline__ void init(int tid, int sh = 0) {
+        pc = chan(tid); side = tid & 1;
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             int q = tid + 128 * i, rest = q >> 5;
-            if constexpr (PR % 2 == 0) {   // piece 2 (rest / HR) + (q & 1) of row rest % HR
+            if constexpr (QUAD) {   // the channel's piece u: 8 a channel per i, this quad's 4 at 4 (tid >> 5 & 1),
+                                    // lanes 0-3 of it pieces 0, 2, 1, 3 (see store)
+                const int u = 8 * i + 4 * ((tid >> 5) & 1) + ((tid & 1) << 1 | (tid >> 1 & 1)) - sh;
+                frow[i] = u >= 0 && u < HR * PR ? u / PR : -1;
+                fcol[i] = VW * (u < 0 ? 0 : u % PR) + 1;
+            } else if constexpr (PR % 2 == 0) {   // piece 2 (rest / HR) + (q & 1) of row rest % HR
                 frow[i] = q < NF ? rest % HR : -1;
                 fcol[i] = VW * (2 * (rest / HR) + (q & 1)) + 1;
             } else {   // the channel's piece u, row u / PR
-                const int u = 2 * rest + (q & 1);
-                frow[i] = q < NF && u < HR * PR ? u / PR : -1;
-                fcol[i] = VW * (u % PR) + 1;
+                const int u = 2 * rest + (q & 1) - sh;
+                frow[i] = q < NF && u >= 0 && u < HR * PR ? u / PR : -1;
+                fcol[i] = VW * (u < 0 ? 0 : u % PR) + 1;
             }
         }
 #pragma unroll
         for (int i = 0; i < SPT; i++) {
+            if constexpr (QUAD) {
+                const int r = 4 * i + ((tid >> 1) & 1) + ((tid >> 4) & 2);
+                srow[i] = r < HR ? r : -1;
+                continue;
+            }
             int r = S2 ? 2 * ((tid + 128 * i) >> 5) + side : (tid + 128 * i) >> 5;
             srow[i] = (S2 ? r < HR : tid + 128 * i < NS) ? r : -1;
         }
+    }
+    // staged(i): whether piece i of every thread lies in the window whatever tid and sh (a test the
+    // store need not make; the compiler did not find it once sh was an argument)
+    __device__ __forceinline__ static constexpr bool staged(int i) {
+        return PR % 2 == 0 ? 128 * (i + 1) <= NF : 8 * i >= 1 && 8 * i + 7 < HR * PR;
+    }
+    // pair_shift: init's sh for a channel whose window's first piece (row 0, column 1) is at byte
+    // address a (a thread's channel at K step 0; its later ones lie 16 channels on, 32 x the map's
+    // pixels bytes, the same sh)
+    __device__ __forceinline__ static int pair_shift(uintptr_t a) {
+        return QUAD ? (int)(a / 8) & 3 : PR % 2 ? (int)(a / (2 * VW)) & 1 : 0;
     }
     // piece_at / single_at: whether the thread's piece (single half) i lies inside a channel's (H, W)
     // image for the tile whose halo position (1, 1) is input pixel (y0, x0), and its offset there
@@ -749,13 +784,15 @@ struct H3Halo {
     __device__ __forceinline__ void store(__half (*Bs)[KP], float2 bn) const {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
-            if (frow[i] < 0) continue;
+            if (!staged(i) && frow[i] < 0) continue;
             // the two lanes of a pair store the two pieces' values in orders 2 apart (side 1 starts at
             // its third: its piece rotated by one 32-bit word, its positions by 2, or at stride 2 by 1 in
             // each half of the de-interleaved row): the positions one store writes are then an odd
             // multiple of 32 bytes apart, different banks (in the same order, VW or VW / 2 positions
             // apart: a multiple of 128 bytes, the same banks, 2-way conflicts; a pair that spans two
-            // rows, odd PR, is stored right either way, its banks as they fall)
+            // rows, odd PR, is stored right either way, its banks as they fall). QUAD: lanes 0-3 of a
+            // quad take pieces 0, 2, 1, 3, so that the odd lanes' rotation puts the 4 pieces' positions
+            // at 0, 10, 4, 14: 0, 480, 192, 672 bytes at the 48-byte pitch, 4 different bank groups
             const int rot = side;
             H3Piece<VW> r;
             // ACT: BN+SiLU on the whole piece where it lies inside the image, pairs of values at a time
@@ -808,7 +845,7 @@ template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
     // the last 4 discarded), PS2's a 5 x 22 halo of dz. (The forward's at 24 columns, 7 x 49, fitted
     // only swizzled, and the swizzle's address math took the loop from 11.3 to 16.8 PTX instructions
     // per mma, sm_80.)
-    typedef H3Halo<TC, VW, FS2, ROWS ? 3 * H3_ROW_TC : BNK, FS2 && TC == 32 ? H3_KC : H3_KC + 8> Halo;
+    typedef H3Halo<TC, VW, FS2, ROWS ? H3_ROW_RT * H3_ROW_TC : BNK, FS2 && TC == 32 ? H3_KC : H3_KC + 8> Halo;
     static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * H3_KC;
     static constexpr int STAGE = A_HALVES + (Halo::HR * Halo::HC * Halo::PITCH + 63) / 64 * 64;   // halves
     static constexpr size_t BYTES = 2 * (size_t)STAGE * sizeof(__half);
@@ -857,11 +894,10 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     typedef H3Shape<DGRAD, S2, TC, VW> Shape;
     typedef typename Shape::Halo Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
-    // ROWS (stride 2, TC H3_ROW_TC): a tile is RT whole output rows (PS2: rows of pixel pairs) of a map
-    // at most 20 wide; RT = min(3, 64 / OW) is 3 for every such map (a 20-wide map: 60 of the tile's 64
-    // pixels computed, where 16-column tiles of 4 rows computed 640 a 400-pixel image); its window (2 RT
-    // + 1 rows of x, or RT + 2 of dz, the input's whole width) is staged as a 20-column tile's (the
-    // columns past the image zero)
+    // ROWS (stride 2, TC H3_ROW_TC): a tile is RT = H3_ROW_RT whole output rows (PS2: rows of pixel
+    // pairs) of a map at most 20 wide (a 20-wide map: 60 of the tile's 64 pixels computed, where
+    // 16-column tiles of 4 rows computed 640 a 400-pixel image); its window (2 RT + 1 rows of x, or RT +
+    // 2 of dz, the input's whole width) is staged as a 20-column tile's (the columns past the image zero)
     constexpr bool ROWS = Shape::ROWS;
     // A per tap: the forward's row-major (m, k), the 16 input channels of an output channel contiguous;
     // DGRAD's col-major (m, k), 64 output channels contiguous per dz channel; 16-byte pieces copied from
@@ -895,7 +931,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // PS2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
     // falls past it (or into an empty one) is idle: it runs the K loop on image 0's data (in bounds; the
     // loop the same code as every block's) and stores nothing
-    const int RT = ROWS ? min(TR, BNK / max(OW, 1)) : TR;   // rows a tile
+    constexpr int RT = TR;   // rows a tile (ROWS: H3_ROW_RT)
     const int tilesX = ROWS ? 1 : (OW + TC - 1) / TC, tilesY = (OH + RT - 1) / RT, per_img = max(tilesX * tilesY, 1);
     const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
     const bool live = b < g.B && tilesX * tilesY > 0;
@@ -904,7 +940,8 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     const int nsteps = (Cr + H3_KC - 1) / H3_KC;
     const __half *inb = in + (live ? b : 0) * is;
     Halo halo;
-    halo.init(tid);
+    const long first = (long)Halo::chan(tid) * HWi + (long)(SH * y0 - 1) * IW + SH * x0;   // piece 0 (halves)
+    halo.init(tid, Halo::pair_shift((uintptr_t)inb + 2 * first));
     halo.place(SH * y0, SH * x0, IH, IW);   // (the same places in every K step's channel)
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
     // A comes from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda), where the input
@@ -1016,10 +1053,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     int pb[2] = {0, 0};
     if constexpr (ROWS)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int q = min(16 * (wf + j) + bpx, RT * OW - 1), r = q / OW;
-            pb[j] = SH * r * HC + q - r * OW;
-        }
+        for (int j = 0; j < 2; j++) pb[j] = Halo::row_pos(16 * (wf + j) + bpx, OW);
     // the producers: step s + 1's halo loads are in flight while the consumers may still hold its stage;
     // its A is copied once they have released it, while the halo is stored
     if (producer) {
@@ -1176,14 +1210,13 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
     long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, bn / 16) * (bn / 16), c32 = (long)cdiv(W, 32) * 32 * cdiv(H, bn / 32) * (bn / 32);
     return c32 < c16 ? 32 : 16;
 }
-// conv_halo_rows: the rows of a stride-2 row tile on an OW x OH map (as many whole rows as 64 pixels hold,
-// at most 3: 3 for every map they take) where they make fewer tiles a map than the column tiles' ctiles,
-// else 0; only on maps at most the 20 columns they stage wide, their rows a multiple of 4 (whole pixel
-// pairs and 8-byte pieces of dz a row; the forward's 16-byte pieces of x give that too). The one choice of
-// conv_halo_grid and conv_wgrad_cuda
+// conv_halo_rows: the rows of a stride-2 row tile on an OW x OH map (H3_ROW_RT) where they make fewer
+// tiles a map than the column tiles' ctiles, else 0; only on maps at most the 20 columns they stage wide,
+// their rows a multiple of 4 (whole pixel pairs and 8-byte pieces of dz a row; the forward's 16-byte
+// pieces of x give that too). The one choice of conv_halo_grid and conv_wgrad_cuda
 static int conv_halo_rows(int OW, int OH, long ctiles) {
-    const int rt = OW >= 1 && OW <= H3_ROW_TC && OW % 4 == 0 ? min(3, 64 / OW) : 0;
-    return rt && cdiv(OH, rt) < ctiles ? rt : 0;
+    const bool fits = OW >= 1 && OW <= H3_ROW_TC && OW % 4 == 0;
+    return fits && cdiv(OH, H3_ROW_RT) < ctiles ? H3_ROW_RT : 0;
 }
 // conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or H3_ROW_TC for row tiles,
 // which stride 2 takes where they compute the fewest pixels: the forward with 16-byte pieces of x (vw
@@ -2135,13 +2168,13 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
                                                               float *dw, float *ws, int accumulate, int nslices) {
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
     // ROWS (stride 2, TC H3_ROW_TC, dz rows a multiple of 4 copied 8 bytes at a time): tiles of RT whole
-    // rows of dz's map (as conv_halo_kernel's: at most 3, 64 pixels; a 20-wide map's 60 consecutive
-    // pixels of dz, the 4 past them zero-filled), their 7 x 41 window staged as a 20-column tile's
+    // rows of dz's map (as conv_halo_kernel's: H3_ROW_RT, 64 pixels; a 20-wide map's 60 consecutive
+    // pixels of dz, the 4 past them zero-filled), their 7 x 41 window staged as a 20-column tile's, x's
+    // rows in pieces of VW halves (x's own: 8 where its rows allow, whatever dz's)
     constexpr bool ROWS = S2 && TC == H3_ROW_TC;
-    static_assert(!ROWS || VW == 4, "row tiles copy dz 8 bytes at a time");
     // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
     // fit 48 KB), at stride 1 32 bytes and swizzled (padded they would not)
-    typedef H3Halo<TC, VW, S2, ROWS ? 3 * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
+    typedef H3Halo<TC, VW, S2, ROWS ? H3_ROW_RT * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
     constexpr int KP = Halo::PITCH;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
@@ -2157,13 +2190,17 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int tid = threadIdx.x & 127, warp = tid / 32, lane = tid % 32;
     const int Cout = g.Cout, Cin = g.Cin, H = g.H, W = g.W, HW = H * W, N = Cin * 9;
     const int OH = g.Ho, OW = g.Wo, OHW = OH * OW;   // dz's map (S2: every other input pixel's)
-    const int RT = ROWS ? min(TR, BNW / max(OW, 1)) : TR;   // rows a tile
+    constexpr int RT = TR;   // rows a tile (ROWS: H3_ROW_RT)
     const int tilesX = ROWS ? 1 : (OW + TC - 1) / TC, per_img = tilesX * ((OH + RT - 1) / RT), ntiles = g.B * per_img;
     const int c0 = blockIdx.x * H3_KC, m0 = blockIdx.y * H3_BM, z = blockIdx.z;
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
-    Halo halo;   // the block's 16 input channels: the thread's is cc
-    halo.init(tid);
-    const int cc = c0 + halo.pc;
+    // the block's 16 input channels: the thread's is cc (row tiles: its pairs of pieces aligned for the
+    // slice's first tile, whose later ones' windows lie a multiple of 32 bytes on where x's rows, planes
+    // and images are; others' or not, the same values)
+    const int cc = c0 + Halo::chan(tid), kb0 = kt0 / per_img;
+    Halo halo;
+    halo.init(tid, Halo::pair_shift((uintptr_t)x + 2 * ((long)kb0 * g.xs + (long)cc * HW +
+                                                        (long)(SH * (kt0 - kb0 * per_img) * RT - 1) * W)));
     const float2 bnf = ACT && cc < Cin ? bn_fold(a, cc) : make_float2(0.0f, 0.0f);
     int tb = 0, ty0 = 0, tx0 = 0;   // the tile being fetched
     auto tile = [&](int kt) {
@@ -2228,10 +2265,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     int pb[BNW / 16] = {};
     if constexpr (ROWS)
 #pragma unroll
-        for (int f = 0; f < BNW / 16; f++) {
-            const int q = min(16 * f + lr, RT * OW - 1), r = q / OW;
-            pb[f] = SH * r * HC + q - r * OW;
-        }
+        for (int f = 0; f < BNW / 16; f++) pb[f] = Halo::row_pos(16 * f + lr, OW);
     if (producer) {   // step s + 1's halo loads are in flight while the consumers may still hold its stage
         if (nsteps > 0) { tile(kt0); fetch_halo(); }
         for (int s = 0; s < nsteps; s++) {
@@ -2440,7 +2474,8 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
     // most 60 %: a row of 20 padded to 32 (1.6x the products) still beats the gather kernel's flat
     // pixel tiles (make gpu-model, A100: 128 -> 256 channels on 40x40, 60.5 -> 40.9 us), 8 padded to
     // 16 (2x) is left to it
-    int vw = g.S == 2 && (long)cdiv(g.Wo, 16) * 10 > g.Wo ? 0 : conv_halo_vw(g, g.xs, x, nullptr, g.Cin, g.W, 2);
+    const int vwx = g.S == 2 && (long)cdiv(g.Wo, 16) * 10 > g.Wo ? 0 : conv_halo_vw(g, g.xs, x, nullptr, g.Cin, g.W, 2);
+    int vw = vwx;   // (x's alone: the row tiles' pieces of x)
     for (; vw; vw = vw == 8 ? 4 : 0)
         if (g.zs % vw == 0 && (uintptr_t)dz % (2 * vw) == 0 && g.Wo % vw == 0) break;
     if (vw) {
@@ -2456,9 +2491,11 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
         static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
-        if (tc == H3_ROW_TC) {
-            if (act) conv_halo_wgrad_kernel<true, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
-            else conv_halo_wgrad_kernel<false, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+        if (tc == H3_ROW_TC) switch ((act ? 2 : 0) | (vwx == 8 ? 1 : 0)) {
+        case 0: conv_halo_wgrad_kernel<false, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 1: conv_halo_wgrad_kernel<false, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        case 2: conv_halo_wgrad_kernel<true, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        default: conv_halo_wgrad_kernel<true, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
         } else switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
         case 0: conv_halo_wgrad_kernel<false, false, 16, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
         case 1: conv_halo_wgrad_kernel<false, false, 16, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
