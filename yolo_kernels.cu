@@ -791,9 +791,12 @@ struct H3Halo {
             // multiple of 32 bytes apart, different banks (in the same order, VW or VW / 2 positions
             // apart: a multiple of 128 bytes, the same banks, 2-way conflicts; a pair that spans two
             // rows, odd PR, is stored right either way, its banks as they fall). QUAD: lanes 0-3 of a
-            // quad take pieces 0, 2, 1, 3, so that the odd lanes' rotation puts the 4 pieces' positions
-            // at 0, 10, 4, 14: 0, 480, 192, 672 bytes at the 48-byte pitch, 4 different bank groups
-            const int rot = side;
+            // quad take pieces 0, 2, 1, 3, so that the odd lanes' rotation puts 4 pieces of a row at
+            // positions 0, 10, 4, 14 on: 0, 480, 192, 672 bytes at the 48-byte pitch, 4 different bank
+            // groups; a quad that spans two rows (the next row 2 positions further on) would put two in
+            // one group, so a piece on an odd row rotates the other way (of a quad's 112 stores, over
+            // every sh, 16 take an extra pass where 48 did: the best of the rules by lane and row parity)
+            const int rot = QUAD ? side ^ (frow[i] & 1) : side;
             H3Piece<VW> r;
             // ACT: BN+SiLU on the whole piece where it lies inside the image, pairs of values at a time
             // (one branch a piece, one conversion a pair to FP16; the same bits as value by value)
@@ -2170,8 +2173,9 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // ROWS (stride 2, TC H3_ROW_TC, dz rows a multiple of 4 copied 8 bytes at a time): tiles of RT whole
     // rows of dz's map (as conv_halo_kernel's: H3_ROW_RT, 64 pixels; a 20-wide map's 60 consecutive
     // pixels of dz, the 4 past them zero-filled), their 7 x 41 window staged as a 20-column tile's, x's
-    // rows in pieces of VW halves (x's own: 8 where its rows allow, whatever dz's)
+    // rows in 16-byte pieces (VW 8: x's own width, whatever dz's)
     constexpr bool ROWS = S2 && TC == H3_ROW_TC;
+    static_assert(!ROWS || VW == 8, "row tiles load x 16 bytes at a time");
     // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
     // fit 48 KB), at stride 1 32 bytes and swizzled (padded they would not)
     typedef H3Halo<TC, VW, S2, ROWS ? H3_ROW_RT * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
@@ -2482,8 +2486,9 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         ConvAct a = act ? *act : ConvAct();
         int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), tr = (g.S == 2 ? 64 : H3_BN) / tc;
         long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
-        // stride 2: row tiles (dz's rows a multiple of 4, 8-byte copies) where they are fewer
-        if (const int rt = g.S == 2 && vw == 4 ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr)) : 0)
+        // stride 2: row tiles (dz's rows a multiple of 4, 8-byte copies; x's rows 16-byte pieces) where
+        // they are fewer
+        if (const int rt = g.S == 2 && vw == 4 && vwx == 8 ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr)) : 0)
             tc = H3_ROW_TC, ntiles = (long)g.B * cdiv(g.Ho, rt);
         const int cols = cdiv(g.Cin, H3_KC) * cdiv(g.Cout, H3_BM);
         const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count());
@@ -2491,11 +2496,9 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
         static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
-        if (tc == H3_ROW_TC) switch ((act ? 2 : 0) | (vwx == 8 ? 1 : 0)) {
-        case 0: conv_halo_wgrad_kernel<false, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 1: conv_halo_wgrad_kernel<false, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        case 2: conv_halo_wgrad_kernel<true, true, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
-        default: conv_halo_wgrad_kernel<true, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
+        if (tc == H3_ROW_TC) {
+            if (act) conv_halo_wgrad_kernel<true, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+            else conv_halo_wgrad_kernel<false, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
         } else switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {
         case 0: conv_halo_wgrad_kernel<false, false, 16, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
         case 1: conv_halo_wgrad_kernel<false, false, 16, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns); break;
