@@ -682,17 +682,14 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             int q = tid + 128 * i, rest = q >> 5;
-            if constexpr (QUAD) {   // the channel's piece u: 8 a channel per i, this quad's 4 at 4 (tid >> 5 & 1),
-                                    // lanes 0-3 of it pieces 0, 2, 1, 3 (see store)
-                const int u = 8 * i + 4 * ((tid >> 5) & 1) + ((tid & 1) << 1 | (tid >> 1 & 1)) - sh;
-                frow[i] = u >= 0 && u < HR * PR ? u / PR : -1;
-                fcol[i] = VW * (u < 0 ? 0 : u % PR) + 1;
-            } else if constexpr (PR % 2 == 0) {   // piece 2 (rest / HR) + (q & 1) of row rest % HR
+            if constexpr (PR % 2 == 0) {   // piece 2 (rest / HR) + (q & 1) of row rest % HR
                 frow[i] = q < NF ? rest % HR : -1;
                 fcol[i] = VW * (2 * (rest / HR) + (q & 1)) + 1;
-            } else {   // the channel's piece u, row u / PR
-                const int u = 2 * rest + (q & 1) - sh;
-                frow[i] = q < NF && u >= 0 && u < HR * PR ? u / PR : -1;
+            } else {   // the channel's piece u, row u / PR (QUAD: 8 a channel per i, this quad's 4 at 4 (tid
+                       // >> 5 & 1), lanes 0-3 of it pieces 0, 2, 1, 3: see store)
+                const int u = (QUAD ? 8 * i + 4 * ((tid >> 5) & 1) + ((tid & 1) << 1 | (tid >> 1 & 1))
+                                    : 2 * rest + (q & 1)) - sh;
+                frow[i] = (QUAD || q < NF) && u >= 0 && u < HR * PR ? u / PR : -1;
                 fcol[i] = VW * (u < 0 ? 0 : u % PR) + 1;
             }
         }
@@ -712,10 +709,12 @@ struct H3Halo {
     __device__ __forceinline__ static constexpr bool staged(int i) {
         return PR % 2 == 0 ? 128 * (i + 1) <= NF : 8 * i >= 1 && 8 * i + 7 < HR * PR;
     }
-    // pair_shift: init's sh for a channel whose window's first piece (row 0, column 1) is at byte
-    // address a (a thread's channel at K step 0; its later ones lie 16 channels on, 32 x the map's
-    // pixels bytes, the same sh)
-    __device__ __forceinline__ static int pair_shift(uintptr_t a) {
+    // pair_shift: init's sh for the thread's channel image src (W wide) at K step 0 and the tile whose
+    // halo position (1, 1) is pixel (y0, x0): from the address of the window's first piece (row 0,
+    // column 1, as piece_at places it; integer arithmetic, it may lie before the image). Its later
+    // channels lie 16 images on, 32 x the map's pixels bytes: the same sh
+    __device__ __forceinline__ static int pair_shift(const __half *src, int y0, int x0, int W) {
+        const uintptr_t a = (uintptr_t)src + 2 * ((long)(y0 - 1) * W + x0);
         return QUAD ? (int)(a / 8) & 3 : PR % 2 ? (int)(a / (2 * VW)) & 1 : 0;
     }
     // piece_at / single_at: whether the thread's piece (single half) i lies inside a channel's (H, W)
@@ -943,8 +942,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     const int nsteps = (Cr + H3_KC - 1) / H3_KC;
     const __half *inb = in + (live ? b : 0) * is;
     Halo halo;
-    const long first = (long)Halo::chan(tid) * HWi + (long)(SH * y0 - 1) * IW + SH * x0;   // piece 0 (halves)
-    halo.init(tid, Halo::pair_shift((uintptr_t)inb + 2 * first));
+    halo.init(tid, Halo::pair_shift(inb + (long)Halo::chan(tid) * HWi, SH * y0, SH * x0, IW));
     halo.place(SH * y0, SH * x0, IH, IW);   // (the same places in every K step's channel)
     float2 bnf = make_float2(0.0f, 0.0f);   // ACT: the piece channel's BN folded to scale and shift
     // A comes from wt, the weights tap-major (Cout, 9, Cin) (conv_w_tapmajor_cuda), where the input
@@ -2203,8 +2201,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // and images are; others' or not, the same values)
     const int cc = c0 + Halo::chan(tid), kb0 = kt0 / per_img;
     Halo halo;
-    halo.init(tid, Halo::pair_shift((uintptr_t)x + 2 * ((long)kb0 * g.xs + (long)cc * HW +
-                                                        (long)(SH * (kt0 - kb0 * per_img) * RT - 1) * W)));
+    halo.init(tid, Halo::pair_shift(x + kb0 * g.xs + (long)cc * HW, SH * (kt0 - kb0 * per_img) * RT, 0, W));
     const float2 bnf = ACT && cc < Cin ? bn_fold(a, cc) : make_float2(0.0f, 0.0f);
     int tb = 0, ty0 = 0, tx0 = 0;   // the tile being fetched
     auto tile = [&](int kt) {
