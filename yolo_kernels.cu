@@ -635,6 +635,7 @@ struct H3Halo {
     // from -sh (init): a piece numbered past the window (-1, or HR * PR) is neither loaded nor stored
     static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = (PR % 2 ? (HR * PR + 2) / 2 : HR * PR / 2) * 2 * H3_KC;
     static constexpr bool QUAD = !S2 && VW == 4 && PR % 2;   // (8 pieces a channel per 128 threads, from -3)
+    static constexpr bool ROT = !S2 || KP == H3_KC;            // side 1 rotates its piece (store)
     static constexpr int NS = HR * (S2 ? 1 : 2) * H3_KC;
     static constexpr int FPT = QUAD ? (HR * PR + 3 + 7) / 8 : (NF + 127) / 128;
     static constexpr int SPT = QUAD ? (HR + 3) / 4 : S2 ? (HR + 7) / 8 : (NS + 127) / 128;
@@ -784,18 +785,23 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             if (!staged(i) && frow[i] < 0) continue;
-            // the two lanes of a pair store the two pieces' values in orders 2 apart (side 1 starts at
-            // its third: its piece rotated by one 32-bit word, its positions by 2, or at stride 2 by 1 in
-            // each half of the de-interleaved row): the positions one store writes are then an odd
-            // multiple of 32 bytes apart, different banks (in the same order, VW or VW / 2 positions
-            // apart: a multiple of 128 bytes, the same banks, 2-way conflicts; a pair that spans two
-            // rows, odd PR, is stored right either way, its banks as they fall). QUAD: lanes 0-3 of a
-            // quad take pieces 0, 2, 1, 3, so that the odd lanes' rotation puts 4 pieces of a row at
-            // positions 0, 10, 4, 14 on: 0, 480, 192, 672 bytes at the 48-byte pitch, 4 different bank
-            // groups; a quad that spans two rows (the next row 2 positions further on) would put two in
-            // one group, so a piece on an odd row rotates the other way (of a quad's 112 stores, over
-            // every sh, 16 take an extra pass where 48 did: the best of the rules by lane and row parity)
-            const int rot = QUAD ? side ^ (frow[i] & 1) : side;
+            // the two lanes of a pair store the two pieces' values in orders 2 apart where ROT (side 1
+            // starts at its third: its piece rotated by one 32-bit word, its positions by 2, or at stride
+            // 2 by 1 in each half of the de-interleaved row): the positions one store writes are then
+            // an odd multiple of 32 bytes apart at the 32-byte pitch, or 480 bytes (stride 1, VW 8) at
+            // the 48-byte one, different banks (in the same order, VW or VW / 2 positions apart: a
+            // multiple of 128 bytes, the same banks, 2-way conflicts; a pair that spans two rows, odd
+            // PR, is stored right either way, its banks as they fall). Not ROT (stride 2 at the 48-byte
+            // pitch): the pair's pieces lie 4 positions apart in each half of the row, 192 bytes, 16
+            // banks, where the rotation's 5 (240 bytes) put half of two pieces' bytes in the same banks
+            // (a store took 1.75 passes, not 1, over every lane's pieces: a simulation of this code).
+            // QUAD: lanes 0-3 of a quad take pieces 0, 2, 1, 3, so that the odd lanes' rotation puts 4
+            // pieces of a row at positions 0, 10, 4, 14 on: 0, 480, 192, 672 bytes at the 48-byte
+            // pitch, 4 different bank groups; a quad that spans two rows (the next row 2 positions
+            // further on) would put two in one group, so a piece on an odd row rotates the other way (of
+            // a quad's 112 stores, over every sh, 16 take an extra pass where 48 did: the best of the
+            // rules by lane and row parity)
+            const int rot = !ROT ? 0 : QUAD ? side ^ (frow[i] & 1) : side;
             H3Piece<VW> r;
             // ACT: BN+SiLU on the whole piece where it lies inside the image, pairs of values at a time
             // (one branch a piece, one conversion a pair to FP16; the same bits as value by value)
@@ -906,17 +912,22 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // wt placed by h3_a (the forward's swizzled, DGRAD's padded), so that the 8 rows an ldmatrix phase
     // reads fall into different banks.
     constexpr int A_HALVES = Shape::A_HALVES;
-    static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 20 * 4 + 4 * 64 * (int)sizeof(BnTile),
+    static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 16 * 4 + 4 * 64 * (int)sizeof(BnTile),
                   "the epilogue's tiles and the statistics' groups fit in A's space");
     extern __shared__ uint4 h3_smem[];   // Shape::BYTES: stage st at st * STAGE halves, A's taps then the halo
     __half *const Araw = (__half *)h3_smem;
     // stage st's A (h3_a) and halo (16 channels per position, H3Halo::at)
     auto Ast = [&](int st) { return Araw + st * Shape::STAGE; };
     auto Bs = [&](int st) { return (__half(*)[Halo::PITCH])(Araw + st * Shape::STAGE + A_HALVES); };
-    // the epilogue's tiles per warp (80-byte rows; PS2: one per column parity), in stage 0's A, once
-    // every consumer is past the K loop
-    float(*Cs)[2][16][20] = (float(*)[2][16][20])Araw;
-    BnTile *bst = (BnTile *)(Araw + 4 * 2 * 16 * 20 * 2);   // part: [pixel group][row] (after the 4 tiles)
+    // the epilogue's tiles per warp (16 x 16 floats; PS2: one per column parity), in stage 0's A, once
+    // every consumer is past the K loop. cs(r, c): where column c of row r lies in its 64-byte row, its
+    // 16-byte words swapped by bits 1 and 2 of r (XOR 2 r & 2 | r >> 2 & 1), so that the 4 rows an
+    // 8-byte store's half warp writes (32 bytes of each) and the 8 a 16-byte read's phase reads take 8
+    // different bank groups (unswizzled, at any pitch, one of the two had conflicts: at 80 bytes the
+    // stores took two passes each; the only XOR rule by 2 bits of the row found at a 64- or 80-byte pitch)
+    float(*Cs)[2][16][16] = (float(*)[2][16][16])Araw;
+    auto cs = [](int r, int c) { return c ^ (((r & 2) | (r >> 2 & 1)) << 2); };
+    BnTile *bst = (BnTile *)(Araw + 4 * 2 * 16 * 16 * 2);   // part: [pixel group][row] (after the 4 tiles)
     // each side numbers its 128 threads 0-127 and its warps 0-3
     const bool producer = threadIdx.x >= 128;
     const int tid = threadIdx.x & 127, warp = tid / 32;
@@ -1127,8 +1138,8 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     else kloop(std::false_type());
     bar_sync_n(5, 128);   // every consumer is past the K loop: the epilogue's tiles overwrite stage 0's A
     // epilogue: each lane 8 consecutive pixels of one output row (16-byte stores where aligned), read
-    // from the warp's tile as two 16-byte words: rows lane % 16 (80 bytes apart: the 8 lanes of a
-    // phase hit 8 different bank groups), columns 8 (lane / 16). PS2: the two column parities' tiles
+    // from the warp's tile as two 16-byte words: rows lane % 16 (cs: the 8 lanes of a phase hit 8
+    // different bank groups), columns 8 (lane / 16). PS2: the two column parities' tiles
     // interleaved, 2 x 8 consecutive input pixels of a row per lane (16-byte stores where aligned)
     // part (the forward): the statistics of what the lane stores, merged over its two B tiles, then with
     // lane ^ 16 (the same row's other 8 columns), into the warp's pixel group's row of bst
@@ -1146,7 +1157,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int e = 0; e < 4; e += 2)
-                        *(float2 *)&Cs[warp][q][(ln >> 2) + 4 * e][8 * h + 2 * (ln & 3)] =
+                        *(float2 *)&Cs[warp][q][(ln >> 2) + 4 * e][cs((ln >> 2) + 4 * e, 8 * h + 2 * (ln & 3))] =
                             make_float2(acc[i][PS2 ? 2 * j + q : j][h][e], acc[i][PS2 ? 2 * j + q : j][h][e + 1]);
             __syncwarp();
             const int f = wf + j, r = f / FPR, sg = f - r * FPR;
@@ -1162,9 +1173,12 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                         const int iy = 2 * (ROWS ? y0 + rq : y) + py;
                         const int c0 = ROWS ? 2 * (q - rq * OW) : 2 * (x0 + sg * 16) + 16 * h + 8 * sub;
                         if (ROWS && q >= min(RT, OH - y0) * OW) break;
-                        float v[8];
-#pragma unroll
-                        for (int e = 0; e < 4; e++) v[2 * e] = Cs[warp][0][er][p0 + e], v[2 * e + 1] = Cs[warp][1][er][p0 + e];
+                        // the two parities' 4 pixels as one 16-byte word each (p0 a multiple of 4; cs:
+                        // the 8 lanes of a phase in 8 bank groups), interleaved (4-byte reads here had put
+                        // lanes er, er + 8 and the other sub's in one bank: 4 passes each)
+                        const float4 u0 = *(const float4 *)&Cs[warp][0][er][cs(er, p0)],
+                                     u1 = *(const float4 *)&Cs[warp][1][er][cs(er, p0)];
+                        float v[8] = {u0.x, u1.x, u0.y, u1.y, u0.z, u1.z, u0.w, u1.w};
                         conv_store_row8(of, oh, v, m, b, iy * W, c0, W, N, HW, g.fHW, os, accumulate);
                     }
                 }
@@ -1175,7 +1189,8 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                           wl = ROWS ? min(RT, OH - y0) * OW : OW;
                 if (live && m < M && (ROWS || y < OH) && xs < wl) {
                     float v[8], bm = !DGRAD && bias ? bias[m] : 0.0f;
-                    const float4 q0 = *(const float4 *)&Cs[warp][0][er][ec], q1 = *(const float4 *)&Cs[warp][0][er][ec + 4];
+                    const float4 q0 = *(const float4 *)&Cs[warp][0][er][cs(er, ec)],
+                                 q1 = *(const float4 *)&Cs[warp][0][er][cs(er, ec + 4)];
                     v[0] = q0.x + bm; v[1] = q0.y + bm; v[2] = q0.z + bm; v[3] = q0.w + bm;
                     v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
                     conv_store_row8(of, oh, v, m, b, rb, xs, wl, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);   // OW % 8 == 4: a row's last 4
@@ -2180,8 +2195,11 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     constexpr int KP = Halo::PITCH;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
-    // the epilogue's rows of 144 floats (16-byte aligned: read back as float4)
-    constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC, E_BYTES = 4 * 16 * LDE * 4;
+    // the epilogue's rows of 144 floats at a pitch of 148 (16-byte aligned: read back as float4). A
+    // store's 32 lanes write rows gq (0-7) at columns 18 tq (0-3) + a constant: at the pitch of 144
+    // (16 banks a row) 4 lanes a bank, at 148 (20) 2, the fewest: with rows 16-byte aligned every
+    // address a lane writes is an even number of words from the first: 16 banks of 32
+    constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC + 4, E_BYTES = 4 * 16 * LDE * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
     __shared__ __align__(128) unsigned char sm[SMEM];   // two stages (dz tile, halo); then the epilogue's rows
@@ -2338,7 +2356,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
         int i = tid + 128 * e, r = i / 36, c4 = (i % 36) * 4, m = m0 + r;
         if (m >= Cout || c4 >= nv) continue;
         float *o = out + (long)m * N + c0 * 9 + c4;
-        float4 v = *(const float4 *)&E[r][c4];   // 16-byte reads: 8 lanes a phase, no conflicts
+        float4 v = *(const float4 *)&E[r][c4];   // 16-byte reads, 8 lanes a phase (one a row ends in: 2 passes)
         if (((uintptr_t)o & 15) == 0) {   // dW is a slice of the gradient buffer: 16-byte aligned or not
             if (acm) { float4 u = *(const float4 *)o; v = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w); }
             *(float4 *)o = v;
@@ -2357,6 +2375,23 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
 enum { WRED_COLS = 16, WRED_LANES = 16 };
 __device__ __forceinline__ void wred_add(float4 &a, const float4 &b) { a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w; }
 __device__ __forceinline__ void wred_add(float &a, const float &b) { a += b; }
+// wred_ld: *p, one access of sizeof(V) bytes. nvcc loads a float4 with one ld.global.v4.f32; g++, which
+// builds the emulation's counting kernels (make emu-count), split the copy of a float4 whose parts are
+// then added into four 4-byte loads, and the counts took each for a 4-byte request of 32 lanes 16 bytes
+// apart (4 times the sectors). Under the emulation the 16 bytes are copied as one GCC vector
+#ifdef CUDA_EMU_MMA
+template <class V> __device__ __forceinline__ V wred_ld(const V *p) {
+    if constexpr (sizeof(V) == 16) {
+        typedef int W __attribute__((vector_size(16)));
+        const W w = *(const W *)p;
+        V v;
+        __builtin_memcpy(&v, &w, sizeof v);
+        return v;
+    } else return *p;
+}
+#else
+template <class V> __device__ __forceinline__ V wred_ld(const V *p) { return *p; }
+#endif
 template <class V>
 __global__ __launch_bounds__(WRED_COLS * WRED_LANES) void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw,
                                                                              int accumulate) {
@@ -2371,11 +2406,11 @@ __global__ __launch_bounds__(WRED_COLS * WRED_LANES) void wgrad_reduce_kernel(co
         for (; z + 7 * WRED_LANES < S; z += 8 * WRED_LANES) {
             V u[8];
 #pragma unroll
-            for (int q = 0; q < 8; q++) u[q] = p[(long)(z + q * WRED_LANES) * nv];
+            for (int q = 0; q < 8; q++) u[q] = wred_ld(p + (long)(z + q * WRED_LANES) * nv);
 #pragma unroll
             for (int q = 0; q < 8; q++) wred_add(sum, u[q]);
         }
-        for (; z < S; z += WRED_LANES) wred_add(sum, p[(long)z * nv]);
+        for (; z < S; z += WRED_LANES) wred_add(sum, wred_ld(p + (long)z * nv));
     }
     part[y][threadIdx.x] = sum;
     __syncthreads();
@@ -2384,7 +2419,7 @@ __global__ __launch_bounds__(WRED_COLS * WRED_LANES) void wgrad_reduce_kernel(co
     for (int l = 1; l < WRED_LANES; l++) wred_add(t, part[l][threadIdx.x]);
     V *d = (V *)dw + c;
     if (accumulate) {
-        V o = *d;
+        V o = wred_ld(d);
         wred_add(o, t);
         t = o;
     }
