@@ -635,7 +635,9 @@ struct H3Halo {
     // from -sh (init): a piece numbered past the window (-1, or HR * PR) is neither loaded nor stored
     static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = (PR % 2 ? (HR * PR + 2) / 2 : HR * PR / 2) * 2 * H3_KC;
     static constexpr bool QUAD = !S2 && VW == 4 && PR % 2;   // (8 pieces a channel per 128 threads, from -3)
-    static constexpr bool ROT = !S2 || KP == H3_KC;            // side 1 rotates its piece (store)
+    // ROT: side 1 rotates its pieces (store): where a pair's two pieces lie a multiple of 128 bytes
+    // apart, and in QUAD
+    static constexpr bool ROT = QUAD || (S2 ? VW / 2 : VW) * 2 * KP % 128 == 0;
     static constexpr int NS = HR * (S2 ? 1 : 2) * H3_KC;
     static constexpr int FPT = QUAD ? (HR * PR + 3 + 7) / 8 : (NF + 127) / 128;
     static constexpr int SPT = QUAD ? (HR + 3) / 4 : S2 ? (HR + 7) / 8 : (NS + 127) / 128;
@@ -785,16 +787,18 @@ struct H3Halo {
 #pragma unroll
         for (int i = 0; i < FPT; i++) {
             if (!staged(i) && frow[i] < 0) continue;
-            // the two lanes of a pair store the two pieces' values in orders 2 apart where ROT (side 1
-            // starts at its third: its piece rotated by one 32-bit word, its positions by 2, or at stride
-            // 2 by 1 in each half of the de-interleaved row): the positions one store writes are then
-            // an odd multiple of 32 bytes apart at the 32-byte pitch, or 480 bytes (stride 1, VW 8) at
-            // the 48-byte one, different banks (in the same order, VW or VW / 2 positions apart: a
-            // multiple of 128 bytes, the same banks, 2-way conflicts; a pair that spans two rows, odd
-            // PR, is stored right either way, its banks as they fall). Not ROT (stride 2 at the 48-byte
-            // pitch): the pair's pieces lie 4 positions apart in each half of the row, 192 bytes, 16
-            // banks, where the rotation's 5 (240 bytes) put half of two pieces' bytes in the same banks
-            // (a store took 1.75 passes, not 1, over every lane's pieces: a simulation of this code).
+            // ROT: the two lanes of a pair store the two pieces' values in orders 2 apart (side 1 starts at
+            // its third: its piece rotated by one 32-bit word, its positions by 2, or at stride 2 by 1 in
+            // each half of the de-interleaved row). Where the pair's pieces lie a multiple of 128 bytes
+            // apart (D positions, D = VW, or VW / 2 at stride 2: 16-byte pieces at stride 1, or any at the
+            // 32-byte pitch but the stride-2 window's 8-byte ones), the 16 lanes of each side would write
+            // the same banks, 2 passes a store; rotated they do not (480 bytes apart at the 48-byte pitch;
+            // 320, 192 or 160 at the 32-byte one, whose swizzle only swaps halves within a position).
+            // Elsewhere (D x the pitch 64, 96 or 192 bytes) the unrotated sides already write different
+            // banks, and rotating moved a stride-2 pair of 16-byte pieces to 240 bytes, half its bytes in
+            // the same banks (a store 1.75 passes where unrotated 1; figures from a simulation of this code
+            // over every lane, piece and sh). A pair that spans two rows, odd PR, is stored right either
+            // way, its banks as they fall.
             // QUAD: lanes 0-3 of a quad take pieces 0, 2, 1, 3, so that the odd lanes' rotation puts 4
             // pieces of a row at positions 0, 10, 4, 14 on: 0, 480, 192, 672 bytes at the 48-byte
             // pitch, 4 different bank groups; a quad that spans two rows (the next row 2 positions
@@ -921,10 +925,11 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     auto Bs = [&](int st) { return (__half(*)[Halo::PITCH])(Araw + st * Shape::STAGE + A_HALVES); };
     // the epilogue's tiles per warp (16 x 16 floats; PS2: one per column parity), in stage 0's A, once
     // every consumer is past the K loop. cs(r, c): where column c of row r lies in its 64-byte row, its
-    // 16-byte words swapped by bits 1 and 2 of r (XOR 2 r & 2 | r >> 2 & 1), so that the 4 rows an
-    // 8-byte store's half warp writes (32 bytes of each) and the 8 a 16-byte read's phase reads take 8
-    // different bank groups (unswizzled, at any pitch, one of the two had conflicts: at 80 bytes the
-    // stores took two passes each; the only XOR rule by 2 bits of the row found at a 64- or 80-byte pitch)
+    // 16-byte word index XORed with (r & 2) | (r >> 2 & 1), so that the 4 rows an 8-byte store's half
+    // warp writes (32 bytes of each) and the 8 a 16-byte read's phase reads take 8 different bank
+    // groups (unswizzled, at pitches of 64 to 112 bytes, one of the two had conflicts: at 80 bytes the
+    // stores took two passes each; of the XOR rules by 2 bits of the row, none works at 80 bytes, this
+    // one and 3 others at 64)
     float(*Cs)[2][16][16] = (float(*)[2][16][16])Araw;
     auto cs = [](int r, int c) { return c ^ (((r & 2) | (r >> 2 & 1)) << 2); };
     BnTile *bst = (BnTile *)(Araw + 4 * 2 * 16 * 16 * 2);   // part: [pixel group][row] (after the 4 tiles)
@@ -2382,7 +2387,7 @@ __device__ __forceinline__ void wred_add(float &a, const float &b) { a += b; }
 #ifdef CUDA_EMU_MMA
 template <class V> __device__ __forceinline__ V wred_ld(const V *p) {
     if constexpr (sizeof(V) == 16) {
-        typedef int W __attribute__((vector_size(16)));
+        typedef float W __attribute__((vector_size(16)));
         const W w = *(const W *)p;
         V v;
         __builtin_memcpy(&v, &w, sizeof v);
