@@ -10102,6 +10102,7 @@ static const uint16_t *gpu_wt(const Gpu *g, const Conv *c) {
     size_t o = g->wt_off[c - g->m->conv];
     return g->wt16 && o != SIZE_MAX ? g->wt16 + o : NULL;
 }
+#ifdef YOLO_CUDA   // (its callers, the device setup, EMA swap and optimizer step below, are device-only)
 // gpu_w16_refresh: the FP16 copies of the weights (w16, wt16) from params (AMP)
 static void gpu_w16_refresh(Gpu *g) {
     if (g->f32) return;
@@ -10115,6 +10116,7 @@ static void gpu_w16_refresh(Gpu *g) {
             jobs[n++] = (ConvWtJob){g->w16 + m->conv[i].w_off, g->wt16 + g->wt_off[i], m->conv[i].cout, m->conv[i].cin};
     conv_w_tapmajor_cuda(jobs, n, g->stream);
 }
+#endif
 static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const uint16_t *wt,
                            const float *bias, float *z32, void *z) {
     prof_begin(g);
