@@ -2202,8 +2202,10 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
     // the epilogue's rows of 144 floats at a pitch of 148 (16-byte aligned: read back as float4). A
     // store's 32 lanes write rows gq (0-7) at columns 18 tq (0-3) + a constant: at the pitch of 144
-    // (16 banks a row) 4 lanes a bank, at 148 (20) 2, the fewest: with rows 16-byte aligned every
-    // address a lane writes is an even number of words from the first: 16 banks of 32
+    // (16 banks a row) 4 lanes a bank. With rows 16-byte aligned every such address is an even number
+    // of words from the first (16 banks of 32), so the odd rows store their pair's other column (9
+    // words on) first: at the pitch of 148 the 32 lanes then write 32 banks (at 144 no such rule
+    // does; a search over the swaps decided by bits of gq and tq)
     constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC + 4, E_BYTES = 4 * 16 * LDE * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
@@ -2350,8 +2352,11 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
 #pragma unroll
             for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    E[wy * 32 + i * 16 + gq + 8 * (e >> 1)][(8 * j + 2 * tq + (e & 1)) * 9 + t] = acc[i][u][j][e];
+                for (int e = 0; e < 4; e++) {   // (odd rows gq store their pair's other column first: E)
+                    const int f = e ^ (gq & 1);
+                    E[wy * 32 + i * 16 + gq + 8 * (e >> 1)][(8 * j + 2 * tq + (f & 1)) * 9 + t] =
+                            gq & 1 ? acc[i][u][j][e ^ 1] : acc[i][u][j][e];
+                }
         }
     bar_sync_n(5, 128);
     float *out = nslices > 1 ? ws + (long)z * Cout * N : dw;
