@@ -635,8 +635,8 @@ struct H3Halo {
     // from -sh (init): a piece numbered past the window (-1, or HR * PR) is neither loaded nor stored
     static constexpr int PR = (S2 ? 2 * TC : TC) / VW, NF = (PR % 2 ? (HR * PR + 2) / 2 : HR * PR / 2) * 2 * H3_KC;
     static constexpr bool QUAD = !S2 && VW == 4 && PR % 2;   // (8 pieces a channel per 128 threads, from -3)
-    // ROT: side 1 rotates its pieces (store): where a pair's two pieces lie a multiple of 128 bytes
-    // apart, and in QUAD
+    // ROT: the pairs' pieces are rotated (store; QUAD by lane and row): where a pair's two pieces lie a
+    // multiple of 128 bytes apart, and in QUAD
     static constexpr bool ROT = QUAD || (S2 ? VW / 2 : VW) * 2 * KP % 128 == 0;
     static constexpr int NS = HR * (S2 ? 1 : 2) * H3_KC;
     static constexpr int FPT = QUAD ? (HR * PR + 3 + 7) / 8 : (NF + 127) / 128;
@@ -793,12 +793,13 @@ struct H3Halo {
             // apart (D positions, D = VW, or VW / 2 at stride 2: 16-byte pieces at stride 1, or any at the
             // 32-byte pitch but the stride-2 window's 8-byte ones), the 16 lanes of each side would write
             // the same banks, 2 passes a store; rotated they do not (480 bytes apart at the 48-byte pitch;
-            // 320, 192 or 160 at the 32-byte one, whose swizzle only swaps halves within a position).
-            // Elsewhere (D x the pitch 64, 96 or 192 bytes) the unrotated sides already write different
-            // banks, and rotating moved a stride-2 pair of 16-byte pieces to 240 bytes, half its bytes in
-            // the same banks (a store 1.75 passes where unrotated 1; figures from a simulation of this code
-            // over every lane, piece and sh). A pair that spans two rows, odd PR, is stored right either
-            // way, its banks as they fall.
+            // 320, 192 or 160 at the 32-byte one, whose swizzle only swaps halves within a position; the
+            // last two values, wrapped, lie 1 or 2 positions apart, in other banks too). Elsewhere (D x the
+            // pitch 64, 96 or 192 bytes) the unrotated sides already write different banks, and rotating
+            // moved a stride-2 pair of 16-byte pieces to 240 bytes, half its bytes in the same banks (a
+            // store 1.75 passes where unrotated 1; figures from a simulation of this code over every lane,
+            // piece and sh). A pair that spans two rows, odd PR, is stored right either way, its banks as
+            // they fall.
             // QUAD: lanes 0-3 of a quad take pieces 0, 2, 1, 3, so that the odd lanes' rotation puts 4
             // pieces of a row at positions 0, 10, 4, 14 on: 0, 480, 192, 672 bytes at the 48-byte
             // pitch, 4 different bank groups; a quad that spans two rows (the next row 2 positions
@@ -925,11 +926,11 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     auto Bs = [&](int st) { return (__half(*)[Halo::PITCH])(Araw + st * Shape::STAGE + A_HALVES); };
     // the epilogue's tiles per warp (16 x 16 floats; PS2: one per column parity), in stage 0's A, once
     // every consumer is past the K loop. cs(r, c): where column c of row r lies in its 64-byte row, its
-    // 16-byte word index XORed with (r & 2) | (r >> 2 & 1), so that the 4 rows an 8-byte store's half
-    // warp writes (32 bytes of each) and the 8 a 16-byte read's phase reads take 8 different bank
-    // groups (unswizzled, at pitches of 64 to 112 bytes, one of the two had conflicts: at 80 bytes the
-    // stores took two passes each; of the XOR rules by 2 bits of the row, none works at 80 bytes, this
-    // one and 3 others at 64)
+    // 16-byte word index XORed with (r & 2) | (r >> 2 & 1), so that the 4 rows an 8-byte store's half warp
+    // writes (32 bytes of each) and the 8 a 16-byte read's phase reads take 8 different bank groups
+    // (unswizzled, at pitches of 64 to 112 bytes, at least one of the two had conflicts: at 80 bytes the
+    // stores took two passes each; of the XOR rules by 2 bits of the row, none works at 80 bytes, this one
+    // and 3 others at 64)
     float(*Cs)[2][16][16] = (float(*)[2][16][16])Araw;
     auto cs = [](int r, int c) { return c ^ (((r & 2) | (r >> 2 & 1)) << 2); };
     BnTile *bst = (BnTile *)(Araw + 4 * 2 * 16 * 16 * 2);   // part: [pixel group][row] (after the 4 tiles)
@@ -2203,9 +2204,10 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // the epilogue's rows of 144 floats at a pitch of 148 (16-byte aligned: read back as float4). A
     // store's 32 lanes write rows gq (0-7) at columns 18 tq (0-3) + a constant: at the pitch of 144
     // (16 banks a row) 4 lanes a bank. With rows 16-byte aligned every such address is an even number
-    // of words from the first (16 banks of 32), so the odd rows store their pair's other column (9
-    // words on) first: at the pitch of 148 the 32 lanes then write 32 banks (at 144 no such rule
-    // does; a search over the swaps decided by bits of gq and tq)
+    // of words from the first (16 banks of 32), so the odd rows swap their accumulator pair's two
+    // columns (9 words apart) between the two stores: at the pitch of 148 the 32 lanes then write 32
+    // banks (at 144 no such rule does better than 2 lanes a bank; a search over the swaps decided by
+    // bits of gq and tq)
     constexpr int STAGE = A_BYTES + B_BYTES, LDE = 9 * H3_KC + 4, E_BYTES = 4 * 16 * LDE * 4;
     constexpr int SMEM = 2 * STAGE > E_BYTES ? 2 * STAGE : E_BYTES;
     static_assert(A_BYTES % 128 == 0 && B_BYTES % 128 == 0 && SMEM <= 48 * 1024, "shared memory plan");
@@ -2352,7 +2354,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
 #pragma unroll
             for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {   // (odd rows gq store their pair's other column first: E)
+                for (int e = 0; e < 4; e++) {   // (odd rows gq swap a pair's columns: see E)
                     const int f = e ^ (gq & 1);
                     E[wy * 32 + i * 16 + gq + 8 * (e >> 1)][(8 * j + 2 * tq + (f & 1)) * 9 + t] =
                             gq & 1 ? acc[i][u][j][e ^ 1] : acc[i][u][j][e];
