@@ -917,8 +917,6 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // wt placed by h3_a (the forward's swizzled, DGRAD's padded), so that the 8 rows an ldmatrix phase
     // reads fall into different banks.
     constexpr int A_HALVES = Shape::A_HALVES;
-    static_assert(A_HALVES * 2 >= 4 * 2 * 16 * 16 * 4 + 4 * 64 * (int)sizeof(BnTile),
-                  "the epilogue's tiles and the statistics' groups fit in A's space");
     extern __shared__ uint4 h3_smem[];   // Shape::BYTES: stage st at st * STAGE halves, A's taps then the halo
     __half *const Araw = (__half *)h3_smem;
     // stage st's A (h3_a) and halo (16 channels per position, H3Halo::at)
@@ -931,9 +929,12 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // (unswizzled, at pitches of 64 to 112 bytes, at least one of the two had conflicts: at 80 bytes the
     // stores took two passes each; of the XOR rules by 2 bits of the row, none works at 80 bytes, this one
     // and 3 others at 64)
-    float(*Cs)[2][16][16] = (float(*)[2][16][16])Araw;
+    typedef float CsTiles[2][16][16];   // one consumer warp's
+    static_assert(A_HALVES * sizeof(__half) >= 4 * sizeof(CsTiles) + 4 * 64 * sizeof(BnTile),
+                  "the epilogue's tiles and the statistics' groups fit in A's space");
+    CsTiles *const Cs = (CsTiles *)Araw;
     auto cs = [](int r, int c) { return c ^ (((r & 2) | (r >> 2 & 1)) << 2); };
-    BnTile *bst = (BnTile *)(Araw + 4 * 2 * 16 * 16 * 2);   // part: [pixel group][row] (after the 4 tiles)
+    BnTile *const bst = (BnTile *)(Cs + 4);   // part: [pixel group][row] (after the 4 warps' tiles)
     // each side numbers its 128 threads 0-127 and its warps 0-3
     const bool producer = threadIdx.x >= 128;
     const int tid = threadIdx.x & 127, warp = tid / 32;

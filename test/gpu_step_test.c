@@ -1,7 +1,7 @@
 // gpu_step_test.c: the device training step (the GPU section of yolo.c) against the CPU step of yolo.c on the same
-// weights, input and targets: YOLOv8n, nc 3, batch 2, 64x64. Built by test/emu.mk against the CPU
-// emulation of yolo_kernels.cu (run by test/run_emu.sh) and, with make test-gpu, against the real
-// cudart. Not named test_*.c: the main Makefile would build it without kernels.
+// weights, input and targets: YOLOv8n, nc 3, batch 2, 64x64 (and one step at 64x160: test_rect_step). Built
+// by test/emu.mk against the CPU emulation of yolo_kernels.cu (run by test/run_emu.sh) and, with make
+// test-gpu, against the real cudart. Not named test_*.c: the main Makefile would build it without kernels.
 // Both sides use the same FP16-rounded conv weights and input. Tolerances, from measurements:
 // loss components 2e-3 relative (the issue's); head maps 6e-2 of max(1, |ref|); whole gradient 6e-2
 // relative L2; each gradient tensor max |diff| <= 5e-2 * (its L2 norm + 1e-6 * the whole gradient's
@@ -100,19 +100,24 @@ static void twin_init(void) {
     twin_backend.maxpool_back = twin_maxpool_back;
 }
 
-// the CPU step as trainer_step + the optimizer, on model m (its own arena a); heads copied out
-static LossOut cpu_step(Model *m, Arena *a, const float *x, const LossTargets *tg, const LossConfig *lc, void *scratch,
-                        size_t lb, float *head_copy[3], size_t head_n[3]) {
+// the CPU step as trainer_step + the optimizer, on model m (its own arena a) at batch B of H x W; heads
+// copied out (head_copy NULL: not)
+static LossOut cpu_step_at(Model *m, Arena *a, const float *x, int B, int H, int W, const LossTargets *tg,
+                           const LossConfig *lc, void *scratch, size_t lb, float *head_copy[3], size_t head_n[3]) {
     m->train = 1;
     m->infer = 0;
     model_zero_grad(m);
-    model_forward(m, a, x, TB, TS, TS);
-    for (int i = 0; i < 3; i++) memcpy(head_copy[i], m->head[i], head_n[i] * sizeof(float));
+    model_forward(m, a, x, B, H, W);
+    for (int i = 0; i < 3 && head_copy; i++) memcpy(head_copy[i], m->head[i], head_n[i] * sizeof(float));
     model_head_grad(m, a);
-    LossOut lo = loss_forward_backward(lc, TB, m->nc, TS, TS, (const float *const *)m->head, m->dhead, tg, 1.f, scratch,
+    LossOut lo = loss_forward_backward(lc, B, m->nc, H, W, (const float *const *)m->head, m->dhead, tg, 1.f, scratch,
                                        lb, 0);
     model_backward(m, a);
     return lo;
+}
+static LossOut cpu_step(Model *m, Arena *a, const float *x, const LossTargets *tg, const LossConfig *lc, void *scratch,
+                        size_t lb, float *head_copy[3], size_t head_n[3]) {
+    return cpu_step_at(m, a, x, TB, TS, TS, tg, lc, scratch, lb, head_copy, head_n);
 }
 
 static float *dev_floats(const float *d, size_t n) {
@@ -166,6 +171,122 @@ static int grad_compare(const Model *m, const float *got, const float *ref, doub
     return nbad;
 }
 
+// conv_weights_half: the conv weights in p (m's layout) rounded to FP16, as the device's convs read them
+static void conv_weights_half(const Model *m, float *p) {
+    for (int ci = 0; ci < m->nconv; ci++) {
+        const Conv *c = &m->conv[ci];
+        for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++)
+            p[c->w_off + j] = half_to_float(float_to_half(p[c->w_off + j]));
+    }
+}
+// blob_input: a batch of B smooth random blobs, H x W (uint8 img), and x, what the CPU sees (x / 255 in
+// FP16, the device's input)
+static void blob_input(uint8_t *img, float *x, int B, int H, int W, Rng *r) {
+    for (size_t i = 0; i < (size_t)B * 3 * H * W; i++) {
+        int px = (int)(i % W), py = (int)(i / W % H), ch = (int)(i / ((size_t)H * W) % 3);
+        double v = 128 + 90 * sin(px * 0.21 + ch) * cos(py * 0.17 - ch) + rng_range(r, -30, 30);
+        img[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        x[i] = half_to_float(float_to_half(img[i] * (1.f / 255.f)));
+    }
+}
+// launched: whether the emulator's launch log (EMU_LAUNCH_LOG, one kernel name a line, each name once)
+// names a kernel that begins with pre and ends with suf; -1: no log (a real GPU, or run outside run_emu.sh)
+static int launched(const char *pre, const char *suf) {
+    const char *log = getenv("EMU_LAUNCH_LOG");
+    FILE *f = log ? fopen(log, "r") : NULL;
+    if (!f) return -1;
+    char line[256];
+    int found = 0;
+    size_t np = strlen(pre), ns = strlen(suf);
+    while (!found && fgets(line, sizeof line, f)) {
+        size_t n = strcspn(line, "\n");
+        line[n] = 0;
+        found = n >= np + ns && !strncmp(line, pre, np) && !strcmp(line + n - ns, suf);
+    }
+    fclose(f);
+    return found;
+}
+
+// 10. a rectangular batch, 2 x 64 x 160, where a stride-2 conv takes the row tiles (conv_halo_kernel,
+// conv_halo_wgrad_kernel with TC H3_ROW_TC: 3 whole output rows of a map at most 20 wide a tile), which
+// the 64 x 64 step's maps never do: model.3 (32 -> 64 channels, stride 8) outputs 8 x 20 (7 of its 3-row
+// tiles' pixels against 8 of 4 x 16's in 16-column tiles), and its input gradient is 8 rows of 20 pixel
+// pairs a parity. The device step against the FP32 CPU step, bounded as C bounds the 64 x 64 step's: by
+// 2x the CPU's FP16 twin's own distance from FP32, or the same floors, whichever is larger
+static void test_rect_step(void) {
+    enum { RB = 2, RH = 64, RW = 160 };
+    Model *m = xcalloc(1, sizeof(Model));
+    Arena *a = model_open(m, 'n', TNC, RB, RH, RW, 13);
+    size_t nimg = (size_t)RB * 3 * RH * RW;
+    uint8_t *img = xmalloc(nimg);
+    float *x = xmalloc(nimg * sizeof(float));
+    Rng r;
+    rng_seed(&r, 7);
+    blob_input(img, x, RB, RH, RW, &r);
+    conv_weights_half(m, m->params);
+    int bidx[4] = {0, 0, 1, 1}, cls[4] = {1, 2, 0, 2};
+    float box[4][4] = {{0.2f, 0.4f, 0.15f, 0.5f}, {0.65f, 0.5f, 0.3f, 0.7f}, {0.4f, 0.6f, 0.5f, 0.6f},
+                       {0.85f, 0.3f, 0.12f, 0.4f}};
+    LossTargets tg = {4, bidx, cls, &box[0][0]};
+    LossConfig lc = loss_config_default();
+    size_t lb = loss_scratch_bytes(RB, loss_num_anchors(RH, RW), lc.max_boxes);
+    void *scratch = xmalloc(lb);
+    Optimizer opt = sgd_test();
+    opt.m = xcalloc(m->nparams, sizeof(float));
+    GpuShape shp = {RB, RH, RW, 1};
+    Gpu *g = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
+    g->scaler.scale = 1024.f;
+    float *buf0 = xmalloc(m->nbuffers * sizeof(float)), *g32 = xmalloc(m->nparams * sizeof(float));
+    memcpy(buf0, m->buffers, m->nbuffers * sizeof(float));
+    LossOut lo_c = cpu_step_at(m, a, x, RB, RH, RW, &tg, &lc, scratch, lb, NULL, NULL);   // FP32
+    memcpy(g32, m->grads, m->nparams * sizeof(float));
+    double t0 = now_sec();
+    LossOut lo_g = gpu_forward_backward(g, img, &tg, &lc);
+    GPU_CHECK(cudaDeviceSynchronize());
+    printf("rectangular %dx%d batch %d: emulated device step %.2f s\n", RH, RW, RB, now_sec() - t0);
+    float *gg = dev_floats(g->grads, m->nparams);
+    for (size_t i = 0; i < m->nparams; i++) gg[i] /= g->scaler.scale;
+    memcpy(m->buffers, buf0, m->nbuffers * sizeof(float));   // the twin from the same running stats
+    twin_init();
+    twin_scale = g->scaler.scale;
+    model_cpu_backend = &twin_backend;
+    LossOut lo_h = cpu_step_at(m, a, x, RB, RH, RW, &tg, &lc, scratch, lb, NULL, NULL);
+    model_cpu_backend = &cpu_backend;
+    int ntens;
+    double twin, twin_whole, worst, whole;
+    char tname[80] = "", wname[80] = "";
+    grad_compare(m, m->grads, g32, 1, &twin, &twin_whole, tname, sizeof tname, &ntens);
+    double gtol = fmax(5e-2, 2 * twin);
+    int nbad = grad_compare(m, gg, g32, gtol, &worst, &whole, wname, sizeof wname, &ntens);
+    check(!nbad && whole <= fmax(6e-2, 2 * twin_whole),
+          "%dx%d batch %d (row tiles), FP32 ref: gradients of %d tensors: worst %.3g (%s), tol %.3g (max(5e-2, 2x "
+          "the FP16 twin's %.3g)), %d over; whole %.3g, tol max(6e-2, 2x the twin's %.3g)",
+          RH, RW, RB, ntens, worst, wname, gtol, twin, nbad, whole, twin_whole);
+    double lc_c[3] = {lo_c.box, lo_c.cls, lo_c.dfl}, lc_g[3] = {lo_g.box, lo_g.cls, lo_g.dfl},
+           lh[3] = {lo_h.box, lo_h.cls, lo_h.dfl}, wl = 0, wt = 0;
+    for (int k = 0; k < 3; k++) {
+        wl = fmax(wl, fabs(lc_g[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12));
+        wt = fmax(wt, fabs(lh[k] - lc_c[k]) / fmax(fabs(lc_c[k]), 1e-12));
+    }
+    check(wl <= fmax(2e-3, 2 * wt) && lo_g.n_fg == lo_c.n_fg && lo_c.n_fg > 0,
+          "%dx%d batch %d (row tiles), FP32 ref: loss box %.6g / %.6g, cls %.6g / %.6g, dfl %.6g / %.6g (gpu / cpu): "
+          "worst relative diff %.3g, tol max(2e-3, 2x the FP16 twin's %.3g); foreground %d / %d",
+          RH, RW, RB, lc_g[0], lc_c[0], lc_g[1], lc_c[1], lc_g[2], lc_c[2], wl, wt, lo_g.n_fg, lo_c.n_fg);
+    // the step took the row tiles (the 64 x 64 sections launch none of them)
+    int fw = launched("conv_halo_kernel<", ", false, true, 20, 8>"),
+        dg = launched("conv_halo_kernel<false, true, true, 20, ", ">"),
+        wg = launched("conv_halo_wgrad_kernel<", ", true, 20, 8>");
+    if (fw < 0) printf("(no EMU_LAUNCH_LOG: which conv kernels the rectangular step launched is not checked)\n");
+    else
+        check(fw && dg && wg, "%dx%d batch %d: the stride-2 row tiles launched (emulator's launch log): forward %d, input "
+              "gradient %d, weight gradient %d", RH, RW, RB, fw, dg, wg);
+    gpu_close(g);
+    free(gg); free(g32); free(buf0); free(img); free(x); free(scratch); free(opt.m);
+    free(a->base);
+    free(a);
+    free(m);
+}
+
 int main(void) {
     double t0 = now_sec();
     Model *m = xcalloc(1, sizeof(Model));
@@ -176,18 +297,9 @@ int main(void) {
     float *x = xmalloc(nimg * sizeof(float));
     Rng r;
     rng_seed(&r, 5);
-    for (size_t i = 0; i < nimg; i++) {
-        int px = (int)(i % TS), py = (int)(i / TS % TS), ch = (int)(i / (TS * TS) % 3);
-        double v = 128 + 90 * sin(px * 0.21 + ch) * cos(py * 0.17 - ch) + rng_range(&r, -30, 30);
-        img[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-        x[i] = half_to_float(float_to_half(img[i] * (1.f / 255.f)));   // the device's FP16 input
-    }
+    blob_input(img, x, TB, TS, TS, &r);
     // the conv weights rounded to FP16 on both sides: the device convs read exactly these values
-    for (int ci = 0; ci < m->nconv; ci++) {
-        const Conv *c = &m->conv[ci];
-        for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++)
-            m->params[c->w_off + j] = half_to_float(float_to_half(m->params[c->w_off + j]));
-    }
+    conv_weights_half(m, m->params);
     int bidx[5] = {0, 0, 1, 1, 1}, cls[5] = {0, 2, 1, 0, 2};
     float box[5][4] = {{0.3f, 0.3f, 0.3f, 0.25f}, {0.7f, 0.6f, 0.4f, 0.5f}, {0.5f, 0.5f, 0.6f, 0.6f},
                        {0.2f, 0.75f, 0.2f, 0.3f}, {0.8f, 0.2f, 0.25f, 0.2f}};
@@ -517,11 +629,7 @@ int main(void) {
         }
         // the CPU forward of the device's weights after those steps (conv weights FP16-rounded as the device uses them)
         float *p1 = dev_floats(g->params, m->nparams);
-        for (int ci = 0; ci < m->nconv; ci++) {
-            const Conv *c = &m->conv[ci];
-            for (size_t j = 0; j < (size_t)c->cout * c->cin * c->k * c->k; j++)
-                p1[c->w_off + j] = half_to_float(float_to_half(p1[c->w_off + j]));
-        }
+        conv_weights_half(m, p1);
         memcpy(m->params, p1, m->nparams * sizeof(float));
         free(p1);
         LossOut lo_c1 = cpu_step(m, a, x, &tg, &lc, scratch, lb, hc, hn);
@@ -577,6 +685,7 @@ int main(void) {
         free(x32);
         gpu_close(gf);
     }
+    if (!quick) test_rect_step();
     printf("total %.1f s\n", now_sec() - t0);
     free(gg); free(p0); free(img); free(x); free(scratch); free(opt.m);
     for (int i = 0; i < 3; i++) free(hc[i]);

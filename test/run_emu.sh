@@ -74,7 +74,7 @@ esac
 
 wait
 for order in "${gpu_orders[@]}"; do
-    report "gpu_step_test (emulated, $order order, strict; YOLOv8n 64x64 batch 2)" "$(cat "$log.$order.rc" 2>/dev/null || echo 1)" "$(cat "$log.$order.out")"
+    report "gpu_step_test (emulated, $order order, strict; YOLOv8n 64x64 batch 2, and 64x160 for the row tiles)" "$(cat "$log.$order.rc" 2>/dev/null || echo 1)" "$(cat "$log.$order.out")"
     cat "$log.$order" >>"$log" 2>/dev/null
 done
 
