@@ -2584,8 +2584,11 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
  * WMMA takes no FP32 inputs, so the FP32 step runs the products above as a SIMT tiled GEMM:
  * sgemm_block computes one 64x64 tile with 256 threads, staging 16-deep slices of both operands in
  * shared memory (gathered by the caller's functors, zero past every edge); each thread keeps a 4x4
- * register block, rows ty + 16i and columns tx + 16j, so a warp reads 16 consecutive B values and two
- * broadcast A values per step (no bank conflicts in the inner loop). Every output is one chain of fmaf
+ * register block, rows ty + 16i and columns tx + 16j. In shared memory a slice's row (one k) holds its
+ * 64 values permuted, value v at 4 (v % 16) + v / 16 (sg_perm), so that a thread's 4 rows or columns
+ * are one 16-byte word: per k one 16-byte read of each operand (a warp's A word is one of two, B's one
+ * of 16 consecutive) where it took 8 4-byte reads, and the outputs a warp stores stay 16 consecutive
+ * columns. Every output is one chain of fmaf
  * over Kd in ascending order: no atomics and no split of Kd, so a result is the same bits on every run
  * and every block schedule. wgrad's Kd (B*Ho*Wo) is split as the FP16 one's (conv_wgrad_split), each
  * slice one chain, the slices added in a fixed order by wgrad_reduce_kernel.
@@ -2596,10 +2599,19 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
 #define SG_THREADS 256
 static_assert(IG_BM == 64 && IG_BN == 64 && IG_BK == 32 && SG_BM == 64 && SG_BN == 64 && SG_BK == 16,
               "conv_wgrad_split (yolo.h) and wgrad_begin assume these tiles");
+__device__ __forceinline__ int sg_perm(int v) { return 4 * (v & 15) + (v >> 4); }
+// sg_col: the one column of B a thread of sgemm_block<false> stages (it stages k rows tid / 64 + 4 e of
+// column tid % 64), for callers that decompose it once (conv_dgrad_f32_kernel); sg_kcol(e): sgemm_block
+// <true>'s column of its staged element e (row tid % 16 of columns tid / 16 + 16 e, the same 4 in every
+// slice: conv_wgrad_f32_kernel). lb(k, n, e) is called with e, 0-3, the element's index among the thread's
+__device__ __forceinline__ int sg_col() { return blockIdx.x * SG_BN + (int)threadIdx.x % SG_BN; }
+__device__ __forceinline__ int sg_kcol(int e) { return blockIdx.x * SG_BN + (int)threadIdx.x / SG_BK + 16 * e; }
 template <bool B_KFAST, class LA, class LB, class ST>
 __device__ void sgemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st) {
-    __shared__ float As[SG_BK][SG_BM + 4];   // (16 of Kd, 64 rows): A transposed, k-major
-    __shared__ float Bs[SG_BK][SG_BN + 4];   // (16 of Kd, 64 columns)
+    static_assert(SG_THREADS % SG_BN == 0 && SG_THREADS / SG_BK == 16 && SG_BK * SG_BN / SG_THREADS == 4,
+                  "sg_col, sg_kcol: a thread's staged columns");
+    __shared__ __align__(16) float As[SG_BK][SG_BM + 4];   // (16 of Kd, 64 rows, sg_perm): A transposed, k-major
+    __shared__ __align__(16) float Bs[SG_BK][SG_BN + 4];   // (16 of Kd, 64 columns, sg_perm)
     int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     int row0 = blockIdx.y * SG_BM, col0 = blockIdx.x * SG_BN;
     float acc[4][4];
@@ -2611,23 +2623,20 @@ __device__ void sgemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st)
 #pragma unroll
         for (int e = 0; e < SG_BM * SG_BK / SG_THREADS; e++) {   // consecutive threads along Kd
             int t = tid + e * SG_THREADS, r = t / SG_BK, c = t % SG_BK, gk = k0 + c;
-            As[c][r] = (row0 + r < M && gk < Kd) ? la(row0 + r, gk) : 0.0f;
+            As[c][sg_perm(r)] = (row0 + r < M && gk < Kd) ? la(row0 + r, gk) : 0.0f;
         }
 #pragma unroll
         for (int e = 0; e < SG_BK * SG_BN / SG_THREADS; e++) {   // along Kd (B_KFAST) or along N
             int t = tid + e * SG_THREADS;
             int r = B_KFAST ? t % SG_BK : t / SG_BN, c = B_KFAST ? t / SG_BK : t % SG_BN;
             int gk = k0 + r, gn = col0 + c;
-            Bs[r][c] = (gk < Kd && gn < N) ? lb(gk, gn) : 0.0f;
+            Bs[r][sg_perm(c)] = (gk < Kd && gn < N) ? lb(gk, gn, e) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < SG_BK; kk++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx + 16 * j];
+            const float4 a4 = *(const float4 *)&As[kk][4 * ty], b4 = *(const float4 *)&Bs[kk][4 * tx];
+            const float a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -2644,14 +2653,16 @@ __device__ void sgemm_block(int M, int N, int kbeg, int Kd, LA la, LB lb, ST st)
         }
 }
 
-// conv_fwd_f32: z = w col(x) (+ bias); M = Cout, N = B*Ho*Wo, Kd = Cin*KK. grid (ceil(N/64), ceil(Cout/64))
+// conv_fwd_f32: z = w col(x) (+ bias); M = Cout, N = B*Ho*Wo, Kd = Cin*KK. grid (ceil(N/64), ceil(Cout/64)).
+// (A thread stages one output pixel, sg_col, in every slice; its decomposition kept across the slices
+// took sm_90 from 63 to 75 registers, 3 blocks an SM where 4 ran, or spills at 64: left per element)
 template <bool ACT>
 __global__ __launch_bounds__(SG_THREADS) void conv_fwd_f32_kernel(ConvGeo g, const float *x, ConvAct a, const float *w,
                                                                   const float *bias, float *z) {
     int Kd = g.Cin * g.KK, N = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo;
     sgemm_block<false>(g.Cout, N, 0, Kd,
         [=](int m, int k) { return w[(long)m * Kd + k]; },
-        [=](int k, int n) { return conv_col<ACT>(g, x, k, n, a); },
+        [=](int k, int n, int) { return conv_col<ACT>(g, x, k, n, a); },
         [=](int m, int n, float v) {
             int b = div_fast(n, g.fHWo);
             z[b * g.zs + (long)m * HWo + (n - b * HWo)] = bias ? v + bias[m] : v;
@@ -2669,13 +2680,25 @@ extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct 
     CUDA_CHECK(cudaGetLastError());
 }
 
-// conv_dgrad_f32: dx (+)= w^T dzg; M = Cin, N = B*H*W, Kd = Cout*KK. grid (ceil(N/64), ceil(Cin/64))
-__global__ __launch_bounds__(SG_THREADS) void conv_dgrad_f32_kernel(ConvGeo g, const float *dz, const float *w,
+// conv_dgrad_f32: dx (+)= w^T dzg; M = Cin, N = B*H*W, Kd = Cout*KK. grid (ceil(N/64), ceil(Cin/64)).
+// A thread's staged input pixel n (sg_col) is decomposed once; each element is conv_dz_gather's (64
+// registers, 4 blocks an SM, as before; unbounded it took more on sm_90)
+__global__ __launch_bounds__(SG_THREADS, 4) void conv_dgrad_f32_kernel(ConvGeo g, const float *dz, const float *w,
                                                                     float *dx, int accumulate) {
     int Kd = g.Cout * g.KK, N = g.B * g.H * g.W, HW = g.H * g.W;
+    const int n = min(sg_col(), max(N - 1, 0)), b = div_fast(n, g.fHW), q = n - b * HW, qy = div_fast(q, g.fW);
+    const int ty0 = qy + g.pad, tx0 = q - qy * g.W + g.pad;
+    const long zb = b * g.zs;
     sgemm_block<false>(g.Cin, N, 0, Kd,
         [=](int m, int k) { int co = div_fast(k, g.fKK); return w[(long)co * g.wst + m * g.KK + (k - co * g.KK)]; },
-        [=](int k, int n) { return conv_dz_gather(g, dz, k, n); },
+        [=](int k, int, int) {
+            const int co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
+            const int ty = ty0 - ky, tx = tx0 - kx;
+            if (ty < 0 || tx < 0) return 0.0f;
+            const int oy = div_fast(ty, g.fS), ox = div_fast(tx, g.fS);
+            if (oy * g.S != ty || ox * g.S != tx || oy >= g.Ho || ox >= g.Wo) return 0.0f;
+            return dz[zb + ((long)co * g.Ho + oy) * g.Wo + ox];
+        },
         [=](int m, int n, float v) {
             int b = div_fast(n, g.fHW);
             long i = b * g.xs + (long)m * HW + (n - b * HW);
@@ -2693,16 +2716,37 @@ extern "C" void conv_dgrad_f32_cuda(ConvDims d, const float *dz, const float *w,
 }
 
 // conv_wgrad_f32: dW (+)= dz col(x)^T; M = Cout, N = Cin*KK, Kd = B*Ho*Wo (images, then pixels, in
-// order), split over grid.z as the FP16 wgrad. grid (ceil(Cin*KK/64), ceil(Cout/64), slices)
+// order), split over grid.z as the FP16 wgrad. grid (ceil(Cin*KK/64), ceil(Cout/64), slices).
+// Without ACT a thread's 4 staged columns (sg_kcol: input channel and tap) are decomposed once, and an
+// element is conv_col's value, its pixel k split once for all 4. With ACT (BN+SiLU of x) each element is
+// conv_col's (the columns kept, with their BN folded, took 79 registers on sm_86-sm_90 and spilled at 64;
+// cy, cx and co are then unused, and compiled away). Both at most 64 registers, 4 blocks an SM, no spill
 template <bool ACT>
-__global__ __launch_bounds__(SG_THREADS) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x,
+__global__ __launch_bounds__(SG_THREADS, 4) void conv_wgrad_f32_kernel(ConvGeo g, const float *dz, const float *x,
                                                                     ConvAct a, float *dw, float *ws, int accumulate,
                                                                     int kchunk) {
     int N = g.Cin * g.KK, Kd = g.B * g.Ho * g.Wo, HWo = g.Ho * g.Wo, kbeg = blockIdx.z * kchunk;
     float *part = gridDim.z > 1 ? ws + (long)blockIdx.z * g.Cout * N : nullptr;
+    int cy[4], cx[4], co[4];   // co: the channel's and the tap's offset in an image (Cin H W < 2^31, as ConvTap's)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int n = min(sg_kcol(e), max(N - 1, 0)), ci = div_fast(n, g.fKK), kk = n - ci * g.KK;
+        cy[e] = div_fast(kk, g.fK);
+        cx[e] = kk - cy[e] * g.K;
+        co[e] = ci * g.H * g.W + cy[e] * g.W + cx[e];
+    }
     sgemm_block<true>(g.Cout, N, kbeg, min(Kd, kbeg + kchunk),
         [=](int m, int k) { int b = div_fast(k, g.fHWo); return dz[b * g.zs + (long)m * HWo + (k - b * HWo)]; },
-        [=](int k, int n) { return conv_col<ACT>(g, x, n, k, a); },
+        [=](int k, int n, int e) {
+            if constexpr (ACT) {
+                return conv_col<true>(g, x, n, k, a);
+            } else {
+                const int b = div_fast(k, g.fHWo), p = k - b * HWo, oy = div_fast(p, g.fWo);
+                const int y0 = oy * g.S - g.pad, x0 = (p - oy * g.Wo) * g.S - g.pad;   // the window's tap (0, 0)
+                if ((unsigned)(y0 + cy[e]) >= (unsigned)g.H || (unsigned)(x0 + cx[e]) >= (unsigned)g.W) return 0.0f;
+                return x[b * g.xs + (long)y0 * g.W + x0 + co[e]];
+            }
+        },
         [=](int m, int n, float v) {
             long i = (long)m * N + n;
             if (part) part[i] = v;

@@ -21,6 +21,8 @@
 #       16B%       their share in 16-byte accesses (ld.global.v4 / cp.async 16)
 #       sts/mma    shared-memory stores per mma
 #       bar/K      barrier instructions (bar.sync, bar.arrive) a warp executes per K step
+#     The FP32 convs (conv_*_f32_kernel, amp=0) have no mma: their unit is one FFMA (fma.rn.f32; the
+#     products' and the few in the staging, BN+SiLU's), the columns instr/fma, fma, sts/fma.
 #   SASS (the machine code) is read instead when cuobjdump or nvdisasm is installed; nvcc 13 here
 #   ships neither, so the figures are the PTX's, and the report says so.
 # With --check BASELINE it fails (exit 1) on any spill, and on any kernel whose figures are worse than
@@ -207,7 +209,7 @@ def trip_count(lines, lo, hi):
     return None
 
 
-def line_figures(l, w):
+def line_figures(l, w, fma=False):
     f = dict(instr=0.0, mma=0.0, sts=0.0, bar=0.0, gbytes=0.0, g16=0.0, ks=0.0)
     if re.match(r"^\s*// K step\s*$", l):   # (a K step's mark: an inline asm holding only this comment)
         f["ks"] = w
@@ -219,6 +221,8 @@ def line_figures(l, w):
     m = re.search(r"\b(?:wmma\.mma|mma)\.sync\S*?\.m(\d+)n(\d+)k(\d+)", l)
     if m:   # in units of HMMA.16816 (m16n8k16): a wmma m16n16k16 is two
         f["mma"] = w * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) / (16 * 8 * 16)
+    if fma and re.search(r"\bfma\.rn\.f32\b", l):   # (the FP32 kernels' unit: one FFMA)
+        f["mma"] = w
     if re.search(r"\bst\.shared\.", l) or re.search(r"\bwmma\.store\.[^ ]*\.shared", l):
         f["sts"] = w
     if re.search(r"\bbar(\.sync|\.cta\.sync|\.arrive|\.cta\.arrive)?\b|barrier\.(sync|arrive)", l):
@@ -237,8 +241,9 @@ def line_figures(l, w):
     return f
 
 
-def loop_mix(lines):
-    """instruction mix of one K step of the main loop, or None when no loop holds an mma. The K step
+def loop_mix(lines, fma=False):
+    """instruction mix of one K step of the main loop, or None when no loop holds an mma (fma: an FP32
+    kernel's, whose unit is fma.rn.f32, its products' FFMA and the few of its staging alike). The K step
     is the longest path (in weighted instructions) from the loop's label to its back edge: of two
     alternatives (a specialised and a general staging path, an edge check) the costlier one counts
     (for the global bytes and their 16-byte share, the one that loads more).
@@ -247,7 +252,7 @@ def loop_mix(lines):
     mma) is one more trip per K step, and its figures are added to the main loop's (barriers: the
     larger of the two, as each warp executes only its own loop's)."""
     ls = loops(lines)
-    is_mma = lambda l: re.search(r"\b(wmma\.mma|mma)\.sync", l) is not None
+    is_mma = lambda l: re.search(r"\b(wmma\.mma|mma)\.sync" + (r"|\bfma\.rn\.f32\b" if fma else ""), l) is not None
     main = None
     for lo, hi in ls:
         if any(is_mma(lines[i]) for i in range(lo, hi + 1)):
@@ -255,7 +260,7 @@ def loop_mix(lines):
                 main = (lo, hi)
     if not main:
         return None
-    f = loop_figs(lines, ls, *main)
+    f = loop_figs(lines, ls, *main, fma)
     prod = None
     for lo, hi in ls:
         if (hi < main[0] or lo > main[1]) and not any(is_mma(lines[i]) for i in range(lo, hi + 1)) and \
@@ -263,12 +268,12 @@ def loop_mix(lines):
             if prod is None or hi - lo < prod[1] - prod[0]:
                 prod = (lo, hi)
     if prod:
-        g = loop_figs(lines, ls, *prod)
+        g = loop_figs(lines, ls, *prod, fma)
         f = {k: max(f[k], g[k]) if k == "bar" else f[k] + g[k] for k in f}
     return f
 
 
-def loop_figs(lines, ls, lo, hi):
+def loop_figs(lines, ls, lo, hi, fma=False):
     """loop_mix's figures of one trip of the loop [lo, hi]"""
     weight = [1.0] * len(lines)
     unknown = 0
@@ -299,7 +304,7 @@ def loop_figs(lines, ls, lo, hi):
     for s, e in zip(starts, ends):
         acc = dict.fromkeys(keys, 0.0)
         for i in range(s, e + 1):
-            for k, v in line_figures(lines[i], weight[i]).items():
+            for k, v in line_figures(lines[i], weight[i], fma).items():
                 acc[k] += v
         fig.append(acc)
     # longest path over forward edges (backward ones are the inner loops' own, already weighted), by
@@ -363,8 +368,10 @@ def report_arch(arch, src, nvcc, tmp):
             threads = lt.get(name.split("<")[0])
         v = dict(v, smem=v["smem"] + dynamic_smem(name))
         occ, blocks = occupancy(arch, v["regs"], v["smem"], threads) if threads else (None, None)
-        mix = loop_mix(lines) if name.startswith("conv_") else None
-        rows.append(dict(v, name=name, threads=threads, launch=src_threads, occ=occ, blocks=blocks, mix=mix))
+        f32 = "_f32_kernel" in name   # the FP32 (amp=0) convs: SIMT, per FFMA
+        mix = loop_mix(lines, f32) if name.startswith("conv_") else None
+        rows.append(dict(v, name=name, threads=threads, launch=src_threads, occ=occ, blocks=blocks, mix=mix,
+                         unit="fma" if f32 else "mma"))
     rows.sort(key=lambda x: x["name"])
     return rows
 
@@ -376,7 +383,8 @@ def fmt(arch_rows, tool_note):
            "# resident blocks per SM and theoretical occupancy. 'loop' lines: one K step of a conv kernel's main",
            "# loop (a trip's figures divided by the '// K step' marks on it, if any): PTX instructions per mma",
            "# (HMMA.16816 units), global bytes loaded and their 16-byte share, shared stores per mma, barriers",
-           "# per K step ('?': an inner loop of unknown trip count, counted once).",
+           "# per K step ('?': an inner loop of unknown trip count, counted once). The FP32 convs (amp=0, SIMT)",
+           "# per FFMA instead (instr/fma, sts/fma: fma.rn.f32, their products' and the few of their staging).",
            f"# {tool_note}"]
     for arch, rows in arch_rows:
         out.append(f"== sm_{arch}")
@@ -391,8 +399,9 @@ def fmt(arch_rows, tool_note):
             if not f or not f["mma"]:
                 continue
             share = 100 * f["g16"] / f["gbytes"] if f["gbytes"] else 0.0
-            out.append(f"loop {x['name']:<39} instr/mma {f['instr'] / f['mma']:7.1f}  mma {f['mma']:4.0f}  gld_bytes {f['gbytes']:6.0f}"
-                       f"  16B% {share:5.1f}  sts/mma {f['sts'] / f['mma']:6.2f}  bar/K {f['bar']:3.0f}{'  ?' if f['unknown'] else ''}")
+            u = x["unit"]
+            out.append(f"loop {x['name']:<39} instr/{u} {f['instr'] / f['mma']:7.1f}  {u} {f['mma']:4.0f}  gld_bytes {f['gbytes']:6.0f}"
+                       f"  16B% {share:5.1f}  sts/{u} {f['sts'] / f['mma']:6.2f}  bar/K {f['bar']:3.0f}{'  ?' if f['unknown'] else ''}")
     return "\n".join(out) + "\n"
 
 
@@ -408,7 +417,7 @@ def parse_report(text):
         # a kernel's name may hold spaces (template arguments: "conv_halo_kernel<false, true, 16, 8>"):
         # it is what precedes the fixed columns
         if line.startswith("loop "):
-            m = re.match(r"loop (.+?)\s+instr/mma\s+([\d.]+)\s+mma\s+\d+\s+gld_bytes\s+\d+\s+16B%\s+([\d.]+)\s+sts/mma\s+([\d.]+)\s+bar/K\s+(\d+)", line)
+            m = re.match(r"loop (.+?)\s+instr/[mf]ma\s+([\d.]+)\s+[mf]ma\s+\d+\s+gld_bytes\s+\d+\s+16B%\s+([\d.]+)\s+sts/[mf]ma\s+([\d.]+)\s+bar/K\s+(\d+)", line)
             if m:
                 res.setdefault((arch, m.group(1)), {}).update(ipm=float(m.group(2)), g16=float(m.group(3)),
                                                               spm=float(m.group(4)), bar=int(m.group(5)))
@@ -437,11 +446,11 @@ def check(cur_text, base_text):
             bad.append(f"sm_{arch} {name}: stack frame {v['stack']} bytes > baseline {b['stack']} (local memory)")
         if "ipm" in v and "ipm" in b:
             if v["ipm"] > b["ipm"] * (1 + MARGIN):
-                bad.append(f"sm_{arch} {name}: {v['ipm']:.1f} instructions per mma > baseline {b['ipm']:.1f} + {MARGIN:.0%}")
+                bad.append(f"sm_{arch} {name}: {v['ipm']:.1f} instructions per {'fma' if '_f32_kernel' in name else 'mma'} > baseline {b['ipm']:.1f} + {MARGIN:.0%}")
             if v["g16"] < b["g16"] - 2:
                 bad.append(f"sm_{arch} {name}: 16-byte share of loop loads {v['g16']:.1f}% < baseline {b['g16']:.1f}% - 2 points")
             if v["spm"] > b["spm"] * (1 + MARGIN) + 1e-9:
-                bad.append(f"sm_{arch} {name}: {v['spm']:.2f} shared stores per mma > baseline {b['spm']:.2f} + {MARGIN:.0%}")
+                bad.append(f"sm_{arch} {name}: {v['spm']:.2f} shared stores per {'fma' if '_f32_kernel' in name else 'mma'} > baseline {b['spm']:.2f} + {MARGIN:.0%}")
             if v["bar"] > b["bar"]:
                 bad.append(f"sm_{arch} {name}: {v['bar']} barriers per K step > baseline {b['bar']}")
     gone = sorted(set(base) - set(cur))
