@@ -852,13 +852,14 @@ struct H3Halo {
 template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
     static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD, ROWS = S2 && TC == H3_ROW_TC;
     static constexpr int BNK = S2 ? 64 : H3_BN;
-    // the halo padded to 48 bytes a position (8 ldmatrix rows in 8 bank groups) but for the stride-2
-    // forward's 65-wide window (TC 32), which at that pitch would not fit 64 KB: 32 bytes, swizzled.
+    // the halo padded to 48 bytes a position (8 ldmatrix rows in 8 bank groups; the stride-2 forward
+    // has no 32-column tiles, whose 65-wide window would fit 64 KB only at 32 bytes, swizzled).
     // Row tiles stage 3 output rows, the forward's a 7 x 41 window (60 pixels'; the tile computes 64,
     // the last 4 discarded), PS2's a 5 x 22 halo of dz. (The forward's at 24 columns, 7 x 49, fitted
     // only swizzled, and the swizzle's address math took the loop from 11.3 to 16.8 PTX instructions
     // per mma, sm_80.)
-    typedef H3Halo<TC, VW, FS2, ROWS ? H3_ROW_RT * H3_ROW_TC : BNK, FS2 && TC == 32 ? H3_KC : H3_KC + 8> Halo;
+    static_assert(!(FS2 && TC == 32), "the stride-2 forward takes 16-column or row tiles (conv_halo_grid)");
+    typedef H3Halo<TC, VW, FS2, ROWS ? H3_ROW_RT * H3_ROW_TC : BNK, H3_KC + 8> Halo;
     static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * H3_KC;
     static constexpr int STAGE = A_HALVES + (Halo::HR * Halo::HC * Halo::PITCH + 63) / 64 * 64;   // halves
     static constexpr size_t BYTES = 2 * (size_t)STAGE * sizeof(__half);
@@ -883,9 +884,8 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 // cp.async the producers hold only the halo, 96-128 registers on sm_80 without spills, where loading and
 // transposing A through registers had needed 134-210 and one block an SM).
 // H3_MIN_BLOCKS: the blocks an SM conv_halo_kernel asks registers for: 1 on sm_75 (64 KB of shared memory
-// an SM hold one block; at 128 registers ptxas spilled there), else 2. (The stride-2 forward with
-// 32-column tiles asked for 1 until its A copies took their source and test once a K step: left free,
-// ptxas then gave two of its variants 142-158 registers, one block an SM; at 128 none spills.)
+// an SM hold one block; at 128 registers ptxas spilled there), else 2. (The stride-2 forward's 32-column
+// tiles, since dropped, asked for 1 until their A copies took their source and test once a K step.)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define H3_MIN_BLOCKS 1
 #else
@@ -1055,15 +1055,15 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // block outside the grid, or its first A tile's 16 channels at or past M (S2, whose warps split the
     // 64 channels in two: 32 or fewer left in the block; M is the output channels, or PS2's input
     // channels). Warp-uniform and fixed for the block: one branch per K step (not in the stride-2
-    // forward with 32-column or row tiles, where it cost that loop 1.5 instructions per mma and pushed one
-    // variant past 128 registers on sm_80, measured when that kernel asked for one block an SM). At
+    // forward's row tiles, nor in its 32-column tiles, since dropped, where it cost that loop 1.5
+    // instructions per mma and pushed one variant past 128 registers on sm_80). At
     // stride 1 (each warp all 4 A tiles) A tile i is skipped where its 16 channels start at or past M
     // (a layer of 16, 32 or 80 channels in 64-channel blocks): one branch per A tile and tap, 1-1.3 PTX
     // instructions per mma (at stride 2, whose loop is the longer, not tried: a warp's second A tile is
     // multiplied even where it has no channels).
     // The products kept are the same ones in the same order, so every output is the same bits
     // (ROWS: the warp's first pixel inside the tile's rows)
-    const bool any = (FS2 && TC != 16) ||
+    const bool any = (FS2 && ROWS) ||
                      (live && (ROWS ? 16 * wf < min(RT, OH - y0) * OW : y0 + wf / FPR < OH) && m0 + wa * 16 < M);
     const int na = S2 ? WA : min(WA, (M - m0 + 15) / 16);   // stride 1: the A tiles with channels
     // ROWS: where this lane's ldmatrix pixel of B tile j, 16 (wf + j) + bpx of the tile's RT x OW, lies
@@ -1248,7 +1248,11 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
     int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
     int bn = s2 ? 64 : H3_BN, tr;   // conv_halo_kernel's BNK
-    *tc = conv_halo_tc(OW, OH, bn);
+    // (the stride-2 forward takes 16 columns, or row tiles, as the stride-2 weight gradient does: its
+    // 32-column tiles, 2 rows of a 65-wide window, fit 64 KB only at a 32-byte pitch, swizzled, and ran
+    // 15.4 PTX instructions per HMMA where the 16-column tiles run 10.8 (sm_80): the 16-column tiles'
+    // extra rows, where a map's height made those fewer, cost less than that)
+    *tc = s2 && !dgrad ? 16 : conv_halo_tc(OW, OH, bn);
     tr = bn / *tc;
     if (const int rt = s2 && vw == (dgrad ? 4 : 8) ? conv_halo_rows(OW, OH, (long)cdiv(OW, *tc) * cdiv(OH, tr)) : 0) {
         *tc = H3_ROW_TC;
@@ -1305,13 +1309,9 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
     case 15: conv_halo_kernel<false, true, true, 32, 8><<<grid, 256, h3_smem<false, true, true, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
     case 16: conv_halo_kernel<false, false, true, 16, 4><<<grid, 256, h3_smem<false, false, true, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
     case 17: conv_halo_kernel<false, false, true, 16, 8><<<grid, 256, h3_smem<false, false, true, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
-    case 18: conv_halo_kernel<false, false, true, 32, 4><<<grid, 256, h3_smem<false, false, true, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
-    case 19: conv_halo_kernel<false, false, true, 32, 8><<<grid, 256, h3_smem<false, false, true, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
     case 20: conv_halo_kernel<true, false, true, 16, 4><<<grid, 256, h3_smem<true, false, true, 16, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
-    case 21: conv_halo_kernel<true, false, true, 16, 8><<<grid, 256, h3_smem<true, false, true, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
-    case 22: conv_halo_kernel<true, false, true, 32, 4><<<grid, 256, h3_smem<true, false, true, 32, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
-    default: conv_halo_kernel<true, false, true, 32, 8><<<grid, 256, h3_smem<true, false, true, 32, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
-    }
+    default: conv_halo_kernel<true, false, true, 16, 8><<<grid, 256, h3_smem<true, false, true, 16, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part); break;
+    }   // (the stride-2 forward has no 32-column tiles: conv_halo_grid)
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -2119,8 +2119,9 @@ int main(void) {
     test_conv(1, 8, 40, 32, 16, 3, 2, 0, 0, s);     // stride-2 weight gradient by halo tiles in slices
     test_conv(1, 16, 6, 88, 24, 3, 2, 0, 0, s);     // the same with dz rows of 44 (8-byte pieces)
     test_conv(2, 16, 9, 40, 72, 3, 2, 0, 0, s);     // dz rows of 20 (8-byte pieces; the row tiles below)
-    // the 32-column tiles of the stride-2 forward (x rows of 48 and 56, Ho 5) and input gradient (rows
-    // of 24 and 28 pixel pairs), which the shape above took before the row tiles
+    // the 32-column tiles of the input gradient (rows of 24 and 28 pixel pairs; the forward, x rows of
+    // 48 and 56 and Ho 5, takes 16-column tiles: it has no others), which the shape above took before
+    // the row tiles
     test_conv(2, 16, 9, 48, 24, 3, 2, 0, 0, s);
     test_conv(1, 16, 9, 56, 16, 3, 2, 0, 0, s);
     // the input gradient's row tiles (3 rows of 20 pixel pairs a tile; dz rows of 20 in 8-byte pieces):
@@ -2272,10 +2273,10 @@ int main(void) {
         test_conv_act(f32, 2, 24, 8, 16, 10, 32, 20, 3, 2, s);   // stride 2, 16-byte rows of x and dz: halo wgrad
         test_conv_act(f32, 1, 16, 0, 16, 6, 88, 12, 3, 2, s);    // stride 2, dz rows of 44: 8-byte halo wgrad
         test_conv_act(f32, 2, 24, 8, 16, 7, 40, 20, 3, 2, s);    // stride 2, dz rows of 20: the halo wgrad, on a slice
-        test_conv_act(f32, 2, 32, 8, 16, 9, 36, 20, 3, 2, s);    // stride 2, x rows of 36: 8-byte halo forward, 32-column tiles
+        test_conv_act(f32, 2, 32, 8, 16, 9, 36, 20, 3, 2, s);    // stride 2, x rows of 36: 8-byte halo forward (16-column tiles)
         test_conv_act(f32, 2, 32, 8, 16, 10, 40, 20, 3, 2, s);   // stride 2, x rows of 40, Ho 5: 16-byte halo forward, row tiles
         test_conv_act(f32, 1, 24, 8, 16, 39, 40, 72, 3, 2, s);   // the same, Ho 20 (7 row tiles), Cout over a tile
-        test_conv_act(f32, 2, 32, 8, 16, 10, 48, 20, 3, 2, s);   // stride 2, x rows of 48, Ho 5: 16-byte halo forward, 32-column tiles
+        test_conv_act(f32, 2, 32, 8, 16, 10, 48, 20, 3, 2, s);   // stride 2, x rows of 48, Ho 5: 16-byte halo forward (16-column tiles)
         test_conv_act(f32, 1, 24, 8, 16, 12, 20, 20, 3, 1, s);   // 3x3 stride 1, rows of 20, H 12: 8-byte halo, 32-column tiles
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
