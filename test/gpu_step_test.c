@@ -189,6 +189,17 @@ static void blob_input(uint8_t *img, float *x, int B, int H, int W, Rng *r) {
         x[i] = half_to_float(float_to_half(img[i] * (1.f / 255.f)));
     }
 }
+// step_open: yolov8n (nc TNC, weights from seed, the conv weights rounded to FP16) and its CPU arena for
+// a step of B x H x W, and a batch of blobs from r: *img (uint8) and *x (what the CPU sees)
+static Arena *step_open(Model *m, int B, int H, int W, uint64_t seed, Rng *r, uint8_t **img, float **x) {
+    Arena *a = model_open(m, 'n', TNC, B, H, W, seed);
+    size_t n = (size_t)B * 3 * H * W;
+    *img = xmalloc(n);
+    *x = xmalloc(n * sizeof(float));
+    blob_input(*img, *x, B, H, W, r);
+    conv_weights_half(m, m->params);
+    return a;
+}
 // launched: whether the emulator's launch log (EMU_LAUNCH_LOG, one kernel name a line, each name once)
 // names a kernel that begins with pre and ends with suf; -1: no log (a real GPU, or run outside run_emu.sh)
 static int launched(const char *pre, const char *suf) {
@@ -221,14 +232,11 @@ static void test_rect_step(void) {
     int before = 0;
     for (int i = 0; i < 3; i++) before += launched(rpre[i], rsuf[i]) > 0;
     Model *m = xcalloc(1, sizeof(Model));
-    Arena *a = model_open(m, 'n', TNC, RB, RH, RW, 13);
-    size_t nimg = (size_t)RB * 3 * RH * RW;
-    uint8_t *img = xmalloc(nimg);
-    float *x = xmalloc(nimg * sizeof(float));
+    uint8_t *img;
+    float *x;
     Rng r;
     rng_seed(&r, 7);
-    blob_input(img, x, RB, RH, RW, &r);
-    conv_weights_half(m, m->params);
+    Arena *a = step_open(m, RB, RH, RW, 13, &r, &img, &x);
     int bidx[4] = {0, 0, 1, 1}, cls[4] = {1, 2, 0, 2};
     float box[4][4] = {{0.2f, 0.4f, 0.15f, 0.5f}, {0.65f, 0.5f, 0.3f, 0.7f}, {0.4f, 0.6f, 0.5f, 0.6f},
                        {0.85f, 0.3f, 0.12f, 0.4f}};
@@ -301,16 +309,14 @@ static void test_rect_step(void) {
 int main(void) {
     double t0 = now_sec();
     Model *m = xcalloc(1, sizeof(Model));
-    Arena *a = model_open(m, 'n', TNC, TB, TS, TS, 11);
-    // input: smooth random blobs (uint8), the CPU sees x/255 as input_from_batch makes it
+    // input: smooth random blobs (uint8), the CPU sees x/255 as input_from_batch makes it; the conv
+    // weights rounded to FP16 on both sides: the device convs read exactly these values
     size_t nimg = (size_t)TB * 3 * TS * TS;
-    uint8_t *img = xmalloc(nimg);
-    float *x = xmalloc(nimg * sizeof(float));
+    uint8_t *img;
+    float *x;
     Rng r;
     rng_seed(&r, 5);
-    blob_input(img, x, TB, TS, TS, &r);
-    // the conv weights rounded to FP16 on both sides: the device convs read exactly these values
-    conv_weights_half(m, m->params);
+    Arena *a = step_open(m, TB, TS, TS, 11, &r, &img, &x);
     int bidx[5] = {0, 0, 1, 1, 1}, cls[5] = {0, 2, 1, 0, 2};
     float box[5][4] = {{0.3f, 0.3f, 0.3f, 0.25f}, {0.7f, 0.6f, 0.4f, 0.5f}, {0.5f, 0.5f, 0.6f, 0.6f},
                        {0.2f, 0.75f, 0.2f, 0.3f}, {0.8f, 0.2f, 0.25f, 0.2f}};
