@@ -2588,9 +2588,9 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
  * 64 values permuted, value v at 4 (v % 16) + v / 16 (sg_perm), so that a thread's 4 rows or columns
  * are one 16-byte word: per k one 16-byte read of each operand (a warp's A word is one of two, B's one
  * of 16 consecutive) where it took 8 4-byte reads, and the outputs a warp stores stay 16 consecutive
- * columns. Every output is one chain of fmaf
- * over Kd in ascending order: no atomics and no split of Kd, so a result is the same bits on every run
- * and every block schedule. wgrad's Kd (B*Ho*Wo) is split as the FP16 one's (conv_wgrad_split), each
+ * columns (the staging's stores conflict more: 2- to 4-way). Every output is one chain of fmaf over Kd
+ * in ascending order: no atomics and no split of Kd, so a result is the same bits on every run and
+ * every block schedule. wgrad's Kd (B*Ho*Wo) is split as the FP16 one's (conv_wgrad_split), each
  * slice one chain, the slices added in a fixed order by wgrad_reduce_kernel.
  */
 #define SG_BM 64
@@ -2603,7 +2603,8 @@ __device__ __forceinline__ int sg_perm(int v) { return 4 * (v & 15) + (v >> 4); 
 // sg_col: the one column of B a thread of sgemm_block<false> stages (it stages k rows tid / 64 + 4 e of
 // column tid % 64), for callers that decompose it once (conv_dgrad_f32_kernel); sg_kcol(e): sgemm_block
 // <true>'s column of its staged element e (row tid % 16 of columns tid / 16 + 16 e, the same 4 in every
-// slice: conv_wgrad_f32_kernel). lb(k, n, e) is called with e, 0-3, the element's index among the thread's
+// slice: conv_wgrad_f32_kernel). lb(k, n, e) is called with e, 0-3: which of the thread's 4 staged
+// elements of B it gives
 __device__ __forceinline__ int sg_col() { return blockIdx.x * SG_BN + (int)threadIdx.x % SG_BN; }
 __device__ __forceinline__ int sg_kcol(int e) { return blockIdx.x * SG_BN + (int)threadIdx.x / SG_BK + 16 * e; }
 template <bool B_KFAST, class LA, class LB, class ST>
