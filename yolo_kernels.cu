@@ -274,16 +274,16 @@ __device__ __forceinline__ T conv_col(const ConvGeo &g, const T *x, int k, int n
     return act_from<T>(bn_silu_value(act_f(v), a.mean[ci], a.invstd[ci], a.gamma[ci], a.beta[ci]));
 }
 // dgrad's gathered operand: dzg[k = (co, kk)][n = (b, iy, ix)] = dz at the output pixel that read input
-// pixel n through tap kk, 0 where no output did (stride gaps, borders).
+// pixel n through tap kk, 0 where no output did (stride gaps, borders). n comes split, as the caller
+// keeps it across k: zb = b zs (dz's image), ty0 = iy + pad, tx0 = ix + pad.
 template <class T>
-__device__ __forceinline__ T conv_dz_gather(const ConvGeo &g, const T *dz, int k, int n) {
+__device__ __forceinline__ T conv_dz_gather(const ConvGeo &g, const T *dz, int k, long zb, int ty0, int tx0) {
     int co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
-    int b = div_fast(n, g.fHW), q = n - b * (g.H * g.W), qy = div_fast(q, g.fW), qx = q - qy * g.W;
-    int ty = qy + g.pad - ky, tx = qx + g.pad - kx;
+    int ty = ty0 - ky, tx = tx0 - kx;
     if (ty < 0 || tx < 0) return act_from<T>(0.0f);
     int oy = div_fast(ty, g.fS), ox = div_fast(tx, g.fS);
     if (oy * g.S != ty || ox * g.S != tx || oy >= g.Ho || ox >= g.Wo) return act_from<T>(0.0f);
-    return dz[b * g.zs + ((long)co * g.Ho + oy) * g.Wo + ox];
+    return dz[zb + ((long)co * g.Ho + oy) * g.Wo + ox];
 }
 
 // out: FP32 and/or FP16 destination of a conv product element, optionally added to what is there
@@ -1250,8 +1250,9 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     int bn = s2 ? 64 : H3_BN, tr;   // conv_halo_kernel's BNK
     // (the stride-2 forward takes 16 columns, or row tiles, as the stride-2 weight gradient does: its
     // 32-column tiles, 2 rows of a 65-wide window, fit 64 KB only at a 32-byte pitch, swizzled, and ran
-    // 15.4 PTX instructions per HMMA where the 16-column tiles run 10.8 (sm_80): the 16-column tiles'
-    // extra rows, where a map's height made those fewer, cost less than that)
+    // 15.4 PTX instructions per HMMA with BN+SiLU where the 16-column tiles run 10.8, 10.4 without where
+    // they run 5.7-6.0 (sm_80): the 16-column tiles' extra rows, where a map's height made those fewer,
+    // cost less than that)
     *tc = s2 && !dgrad ? 16 : conv_halo_tc(OW, OH, bn);
     tr = bn / *tc;
     if (const int rt = s2 && vw == (dgrad ? 4 : 8) ? conv_halo_rows(OW, OH, (long)cdiv(OW, *tc) * cdiv(OH, tr)) : 0) {
@@ -2682,7 +2683,7 @@ extern "C" void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct 
 }
 
 // conv_dgrad_f32: dx (+)= w^T dzg; M = Cin, N = B*H*W, Kd = Cout*KK. grid (ceil(N/64), ceil(Cin/64)).
-// A thread's staged input pixel n (sg_col) is decomposed once; each element is conv_dz_gather's (64
+// A thread's staged input pixel n (sg_col) is decomposed once, for conv_dz_gather's every element (64
 // registers, 4 blocks an SM, as before; unbounded it took more on sm_90)
 __global__ __launch_bounds__(SG_THREADS, 4) void conv_dgrad_f32_kernel(ConvGeo g, const float *dz, const float *w,
                                                                     float *dx, int accumulate) {
@@ -2692,14 +2693,7 @@ __global__ __launch_bounds__(SG_THREADS, 4) void conv_dgrad_f32_kernel(ConvGeo g
     const long zb = b * g.zs;
     sgemm_block<false>(g.Cin, N, 0, Kd,
         [=](int m, int k) { int co = div_fast(k, g.fKK); return w[(long)co * g.wst + m * g.KK + (k - co * g.KK)]; },
-        [=](int k, int, int) {
-            const int co = div_fast(k, g.fKK), kk = k - co * g.KK, ky = div_fast(kk, g.fK), kx = kk - ky * g.K;
-            const int ty = ty0 - ky, tx = tx0 - kx;
-            if (ty < 0 || tx < 0) return 0.0f;
-            const int oy = div_fast(ty, g.fS), ox = div_fast(tx, g.fS);
-            if (oy * g.S != ty || ox * g.S != tx || oy >= g.Ho || ox >= g.Wo) return 0.0f;
-            return dz[zb + ((long)co * g.Ho + oy) * g.Wo + ox];
-        },
+        [=](int k, int, int) { return conv_dz_gather(g, dz, k, zb, ty0, tx0); },
         [=](int m, int n, float v) {
             int b = div_fast(n, g.fHW);
             long i = b * g.xs + (long)m * HW + (n - b * HW);
