@@ -113,7 +113,8 @@ END {
         printf "MODEL  %-8s %4s %4d %6.3f %10.1f %9.1f %9d %8.2f %12.1f\n", G[i], "sm_" ARCH[i], SM[i], CLK[i], TC[i], F32[i], BW[i], CEIL[i], C[i]
     for (i = 1; i <= ng; i++) {
         if (only != "" && G[i] != only) continue
-        delete FT; delete FU; delete FN; delete NC; delete XT; delete XU; delete XN; gt = 0; gf = 0; gk = ""
+        delete FT; delete FU; delete FN; delete NC; delete XT; delete XU; delete XN; delete XB; delete DT; delete DU; delete DN
+        gt = 0; gf = 0; gb = 0; gk = ""
         delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
@@ -135,12 +136,17 @@ END {
             }
             t = max(max(max(t_tc, t_mem), max(t_l2, t_sh)), 2e-6)
             # a conv: its launches (kernel, then a split-K reduction) up to the one carrying the useful FLOP
-            if (k != gk) { gt = 0; gf = 0; gk = k }
-            gt += t; gf += flop
+            # gb: the bound of the group, each launch at its compulsory bytes (2 us at least), the useful FLOP at
+            # the tensor peak (mma.sync ceiling) where that is longer
+            if (k != gk) { gt = 0; gf = 0; gb = 0; gk = k }
+            gt += t; gf += flop; gb += max(t_mem, 2e-6)
             if (V[l, 25] > 0) {
                 if (gf > 0 && gf <= 1.05 * V[l, 25]) { FT[k] += gt; FU[k] += V[l, 25]; FN[k]++ }
-                if (V[l, 26] >= 64 && V[l, 27] >= 64) { XT[k] += gt; XU[k] += V[l, 25]; XN[k]++ }
-                gt = 0; gf = 0; NC[k]++
+                if (V[l, 26] >= 64 && V[l, 27] >= 64) {
+                    XT[k] += gt; XU[k] += V[l, 25]; XN[k]++; XB[k] += max(gb, V[l, 25] / (TC[i] * 1e12 * CEIL[i]))
+                    if (k ~ /^conv .* 3x3 s[12]$/) { d = substr(k, 1, length(k) - 3); DT[d] += gt; DU[d] += V[l, 25]; DN[d]++ }
+                }
+                gt = 0; gf = 0; gb = 0; NC[k]++
             }
             T[k] += t; FL[k] += flop; NL[k]++; DR[k] += comp; L2B[k] += (gld_sect + gst_sect) * 32
             SQ[k] += gld_req + gst_req; SS[k] += gld_sect + gst_sect; BY[k] += gld_bytes + gst_bytes; B16[k] += gb16
@@ -178,12 +184,19 @@ END {
             if (FN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%\n", substr(k, 1, 28), FN[k], NC[k], FU[k] / 1e9,
                                   FT[k] * 1e3, 100 * FU[k] / (FT[k] * TC[i] * 1e12)
         }
-        printf "MODEL  the convolutions with at least 64 input and 64 output channels, their share of the tensor peak:\n"
+        printf "MODEL  the convolutions with at least 64 input and 64 output channels, their share of the tensor peak;\n"
+        printf "MODEL  bound: the least time this model gives them (each launch at its compulsory DRAM bytes, 2 us at\n"
+        printf "MODEL  least, or at its useful FLOP at the tensor peak, whichever is longer) and the share that allows:\n"
         for (a = 1; a <= nk; a++) {
             k = KO[a]
-            if (XN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%\n", substr(k, 1, 28), XN[k], NC[k], XU[k] / 1e9,
-                                  XT[k] * 1e3, 100 * XU[k] / (XT[k] * TC[i] * 1e12)
+            if (XN[k] > 0) printf "MODEL    %-28s %3d of %3d convs  %6.1f GFLOP  %8.3f ms  %5.1f%%   bound %8.3f ms  %5.1f%%\n", substr(k, 1, 28), XN[k], NC[k],
+                                  XU[k] / 1e9, XT[k] * 1e3, 100 * XU[k] / (XT[k] * TC[i] * 1e12), XB[k] * 1e3, 100 * XU[k] / (XB[k] * TC[i] * 1e12)
         }
+        printf "MODEL  the 3x3 ones of them, both strides, by direction:\n"
+        split("conv fwd 3x3|conv dgrad 3x3|conv wgrad 3x3", DO, "|")
+        for (a = 1; a <= 3; a++)
+            if (DN[DO[a]] > 0) printf "MODEL    %-28s %3d convs         %6.1f GFLOP  %8.3f ms  %5.1f%%\n", DO[a], DN[DO[a]], DU[DO[a]] / 1e9, DT[DO[a]] * 1e3,
+                                         100 * DU[DO[a]] / (DT[DO[a]] * TC[i] * 1e12)
         if (miss != "") printf "MODEL  (no kernel-report loop figures for:%s; their mma issue taken as ideal)\n", miss
     }
 }' "$report" "$counts"
