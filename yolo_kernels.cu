@@ -1335,22 +1335,26 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
 // Every output is the sum of the same FP16 products in the same K order as the generic tile loop this
 // replaced, the ACT element the same bn_silu_value rounding, so results match the twin as before.
 struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared load per gathered element
-// IG_ACT_BLOCKS: the blocks an SM the 1x1 BN+SiLU variants (ACT, BVEC) of conv_fwd_kernel and
-// conv_wgrad_kernel ask registers for: 7 on sm_90 (72 registers; left free ptxas gave the forward 80, 6
-// blocks), 6 on sm_80-89 (80: the weight gradient's two K steps a trip took 95 left free), none
-// spilling. (On sm_86 and sm_89 shared memory holds 3 blocks an SM either way, but unasked the weight
-// gradient's loop also came out longer: 14.9 PTX instructions per HMMA against 14.4.) 0, none asked, on
-// sm_75 and for the other variants (an explicit 1 lets ptxas take 96-114 registers where it takes
-// 71-107 unasked)
+// IG_ACT_FWD_BLOCKS, IG_ACT_WGRAD_BLOCKS: the blocks an SM the 1x1 BN+SiLU variants (ACT, BVEC) of
+// conv_fwd_kernel and conv_wgrad_kernel ask registers for, none spilling: 6 (80 registers), but the
+// forward on sm_90, which asks none (it takes 80; asked 6 it spilled). At 72 registers, 7 blocks on
+// sm_90, both spill since they run two K steps a loop trip without per-step tests (they had, at 15.8 and
+// 14.4 PTX instructions per HMMA against 11.9 and 11.9). (On sm_86 and sm_89 shared memory holds 3 blocks
+// an SM either way.) 0, none asked, on sm_75 and for the other variants (an explicit 1 lets ptxas take
+// 96-114 registers where it takes 71-107 unasked)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define IG_ACT_BLOCKS 7
+#define IG_ACT_FWD_BLOCKS 0
+#define IG_ACT_WGRAD_BLOCKS 6
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define IG_ACT_BLOCKS 6
+#define IG_ACT_FWD_BLOCKS 6
+#define IG_ACT_WGRAD_BLOCKS 6
 #else
-#define IG_ACT_BLOCKS 0
+#define IG_ACT_FWD_BLOCKS 0
+#define IG_ACT_WGRAD_BLOCKS 0
 #endif
+#define IG_FOLD_MAX 2048   // conv_fwd_kernel's BN table: 16 KB at most, beside its 26 KB of static shared memory
 template <bool ACT, bool BVEC, bool AVEC>
-__global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_BLOCKS : 0)
+__global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_FWD_BLOCKS : 0)
 void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias, float *z, __half *zh,
                      float *part) {
     using namespace nvcuda;
@@ -1359,18 +1363,21 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     __shared__ ConvTap tap[2][IG_BK];                           // the taps of a K step
     __shared__ float2 tbn[2][IG_BK];                            // ACT: BN scale and shift of the tap's channel
     __shared__ __align__(32) float Cs[4][16][CS_LD];
+    extern __shared__ float2 ig_fold[];   // BVEC and ACT: each channel's BN scale and shift (nsteps * 32)
     const int tid = threadIdx.x, warp = tid / 32, wy = warp / 2, wx = warp % 2;
     const int M = g.Cout, Kd = g.Cin * g.KK, HW = g.H * g.W, HWo = g.Ho * g.Wo, N = g.B * HWo;
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN, nsteps = (Kd + IG_BK - 1) / IG_BK;
     const __half hzero = __float2half(0.0f);
+    // BVEC and ACT (1x1: tap k is channel k, and only its BN is read): the table of every channel's BN
+    // before the K loop (whose first barrier is behind it), (0, 0) past Kd, so that no K step decodes
+    // taps or tests its rows (see fetch_b)
+    if (BVEC && ACT)
+        for (int k = tid; k < nsteps * IG_BK; k += 128) ig_fold[k] = k < Kd ? bn_fold(a, k) : make_float2(0.0f, 0.0f);
     // the tap table of step s into slot s & 1 (threads 0..31); a tap past Kd gets ky out of every image
     auto taps = [&](int s) {
         if (tid < IG_BK) {
             const int k = s * IG_BK + tid;
-            if (BVEC) {   // (1x1: tap k is channel k; only ACT's BN is read)
-                if (ACT) tbn[s & 1][tid] = k < Kd ? bn_fold(a, k) : make_float2(0.0f, 0.0f);
-                return;
-            }
+            if (BVEC) return;
             int ci = div_fast(k, g.fKK), kk = k - ci * g.KK, ky = div_fast(kk, g.fK);
             ConvTap t = {ci * HW + ky * g.W + (kk - ky * g.K), k < Kd ? ky : 1 << 24, kk - ky * g.K, 0};
             tap[s & 1][tid] = t;
@@ -1406,6 +1413,7 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     // B, BVEC: thread t moves 8 pixels (columns bc..bc+7) of rows br and br + 16
     const int br = tid / 8, bc = (tid % 8) * 8;
     const __half *bsrc = x;   // BVEC: row br of the thread's 8 pixels (rows past Kd are never read)
+    const __half *bact = x;   // BVEC and ACT: row Kd - 1 of them, what a row past Kd reads
     bool bvok = false;
     // B, gathered: thread t owns column gc and rows gr + 2j, j < 16
     const int gc = tid % IG_BN, gr = tid / IG_BN;
@@ -1414,7 +1422,8 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     {
         int n = col0 + (BVEC ? bc : gc), b = div_fast(n, g.fHWo), p = n - b * HWo;
         if (BVEC && n < N) bvok = true, bsrc = x + (b * g.xs + p + (long)br * HW);
-        else {
+        if (BVEC && ACT) bact = (bvok ? bsrc - (long)br * HW : x) + (long)(Kd - 1) * HW;
+        if (!BVEC) {
             int oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
             giy = n < N ? oy * g.S - g.pad : -(1 << 26); gix = ox * g.S - g.pad;
             xb = n < N ? x + b * g.xs + giy * g.W + gix : x;
@@ -1434,11 +1443,11 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
                 if (!ACT) {
                     cp_async16z(&Bs[s & 1][r][bc], ok ? src : x, ok);
                 } else {
-                    // what is not loaded is 0, its BN+SiLU stored as it comes: a row past Kd has the scale
-                    // and shift (0, 0), so 0 again; pixels past N (not bvok) are columns the epilogue drops
-                    const float2 bn = tbn[s & 1][r];
-                    const uint4 in = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
-                    gv.u[i] = bn_silu8(in, bn.x, bn.y);
+                    // no test: a row past Kd reads row Kd - 1 of the same pixels (bact) with the scale and
+                    // shift (0, 0), so 0 (x 0 + 0; an x that is not finite is one these columns' products read
+                    // anyway); pixels past N (not bvok) read image 0's first, columns the epilogue drops
+                    const float2 bn = ig_fold[k];
+                    gv.u[i] = bn_silu8(*(const uint4 *)(k < Kd ? src : bact), bn.x, bn.y);
                 }
             }
             bsrc += (long)IG_BK * HW;
@@ -1474,7 +1483,7 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
 
     ConvAcc acc[2][2];
     conv_warp_zero(acc);
-    conv_k_loop<BVEC && !ACT ? 2 : 1>(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, [&](int s) {
+    conv_k_loop<BVEC ? 2 : 1>(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, [&](int s) {
         conv_warp_step<wmma::row_major, wmma::row_major>(
             acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
             [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
@@ -1853,6 +1862,10 @@ static int conv_forward_launch(ConvDims d, const void *x, const ConvAct *act, co
     cudaStream_t s = (cudaStream_t)stream;
     bool avec = (g.Cin * g.KK) % 8 == 0 && (uintptr_t)w % 16 == 0;   // all but a 3-channel stem
     bool bvec = g.K == 1 && g.S == 1 && (g.H * g.W) % 8 == 0 && g.xs % 8 == 0 && (uintptr_t)x % 16 == 0;
+    // BVEC with ACT: its table of the input channels' BN (dynamic shared memory, 8 bytes a channel, to a
+    // multiple of 32); past IG_FOLD_MAX channels the gathered variant, which folds 32 a K step, takes it
+    if (act && bvec && g.Cin > IG_FOLD_MAX) bvec = false;
+    const size_t fold = act && bvec ? (size_t)cdiv(g.Cin, IG_BK) * IG_BK * sizeof(float2) : 0;
     const __half *xh = (const __half *)x, *wh = (const __half *)w;
     ConvAct a = act ? *act : ConvAct();
     __half *zo = (__half *)zh;
@@ -1885,8 +1898,8 @@ static int conv_forward_launch(ConvDims d, const void *x, const ConvAct *act, co
     case 3: conv_fwd_kernel<false, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
     case 4: conv_fwd_kernel<true, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
     case 5: conv_fwd_kernel<true, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    case 6: conv_fwd_kernel<true, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    default: conv_fwd_kernel<true, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 6: conv_fwd_kernel<true, true, false><<<grid, 128, fold, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    default: conv_fwd_kernel<true, true, true><<<grid, 128, fold, s>>>(g, xh, a, wh, bias, z, zo, part); break;
     }
     CUDA_CHECK(cudaGetLastError());
     return (int)grid.x;
@@ -2047,7 +2060,7 @@ extern "C" void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *
 // (ACT through registers). Two stages, one barrier per K step; the epilogue stores 8 consecutive dW values per lane
 // (16-byte where aligned).
 template <bool ACT, bool AVEC, bool BVEC>
-__global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_BLOCKS : 0)
+__global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_WGRAD_BLOCKS : 0)
 void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, float *dw, float *ws, int accumulate,
                        int kchunk) {
     using namespace nvcuda;
@@ -2073,7 +2086,34 @@ void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, 
     const int vr = ig_row4(tid), vk = (tid % 4) * 8;      // vector paths: rows/taps vr + 32i, pixels vk..vk+7
     union { uint4 u[2]; __half h[16]; } bv;               // B of the next step in registers (gather, or BVEC+ACT)
     union { uint4 u[2]; __half h[16]; } av;               // A of the next step in registers (scalar A)
-    const __half *xcol = x + (long)(col0 + vr) * HW;     // BVEC: channel col0 + vr of image 0
+    // AVEC or BVEC: the thread's chunk of 8 pixels, kbeg + vk + 32 s in step s (wholly one image's: HWo,
+    // kbeg and vk are multiples of 8), walked by running pointers, one K step at a time: zc, dz's row
+    // row0 + vr at it (am: rows vr + 32 i inside M, a32 apart); xc0 / xc1, BVEC's x channels col0 + vr
+    // (+ 32), past N the last, N - 1, whose first pixels (image 0) are pb0 / pb1; zq / xq a step's move in
+    // dz and x (32 pixels: q32 images and r32 pixels on), zw / xw the move where p8, the chunk's pixel in
+    // its image, passes HWo (one image more, HWo pixels fewer); rem: the slice's pixels from the chunk on
+    // (none: past its end); bt: ACT's BN of the two channels
+    int p8 = 0, r32 = 0, rem = 0;
+    long zq = 0, xq = 0, zw = 0, xw = 0;
+    const long a32 = 32L * HWo;
+    const __half *zc = dz, *pb0 = x, *pb1 = x, *xc0 = x, *xc1 = x;
+    bool am[2] = {false, false};
+    if (AVEC || BVEC) {
+        const int k8 = kbeg + vk, b8 = div_fast(k8, g.fHWo), q32 = div_fast(IG_BK, g.fHWo);
+        p8 = k8 - b8 * HWo;
+        r32 = IG_BK - q32 * HWo;
+        rem = kend - k8;
+        zq = q32 * g.zs + r32; xq = q32 * g.xs + r32;
+        zw = zq + g.zs - HWo; xw = xq + g.xs - HWo;
+        zc = dz + (b8 * g.zs + (long)(row0 + vr) * HWo + p8);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = vr + 32 * i;
+            am[i] = row0 + r < M;
+            (i ? pb1 : pb0) = x + (long)min(col0 + r, N - 1) * HW;
+        }
+        xc0 = pb0 + (b8 * g.xs + p8); xc1 = pb1 + (b8 * g.xs + p8);
+    }
     auto fetch = [&](int s) {
         int k0 = kbeg + s * IG_BK;
         // the thread's scalar pixel, decoded once per K step
@@ -2103,32 +2143,41 @@ void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, 
                 bv.h[j] = v;
             }
         }
-        if (AVEC || BVEC) {   // 8 pixels of one image from k0 + vk
-            int k8 = k0 + vk, ok8 = k8 < kend, b8 = div_fast(k8, g.fHWo), p8 = k8 - b8 * HWo;
+        if (AVEC || BVEC) {   // 8 pixels of one image: the thread's chunk (zc, xc0, xc1), then 32 pixels on
+            const bool ok8 = rem > 0;
+            rem -= IG_BK;
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 int r = vr + 32 * i;
                 if (AVEC) {   // (16 zero bytes past the edges, nothing read)
-                    int m = row0 + r;
-                    const bool ok = ok8 && m < M;
-                    cp_async16z(&As[s & 1][r][vk], ok ? dz + (b8 * g.zs + (long)m * HWo + p8) : dz, ok);
+                    const bool ok = ok8 && am[i];
+                    cp_async16z(&As[s & 1][r][vk], ok ? zc + (i ? a32 : 0L) : dz, ok);
                 }
                 if (BVEC) {   // 1x1 stride 1: tap n is channel n
-                    int n = col0 + r;
-                    bool ok = ok8 && n < N;
-                    const __half *src = xcol + (b8 * g.xs + p8 + (i ? 32L * HW : 0L));
                     if (!ACT) {
-                        cp_async16z(&Bt[s & 1][r][vk], ok ? src : x, ok);
+                        const bool ok = ok8 && col0 + r < N;
+                        cp_async16z(&Bt[s & 1][r][vk], ok ? (i ? xc0 + 32L * HW : xc0) : x, ok);
                     } else {
-                        // what is not loaded is 0, its BN+SiLU stored as it comes, with the scale and shift
-                        // (0, 0) (past N, or past the slice: ok8) so 0 again (silu(shift) itself could round
-                        // to an FP16 inf, which times dz's zeros would be NaN)
+                        // no test but the slice's end: a tap past N reads channel N - 1 (pb) and has the scale
+                        // and shift (0, 0), so 0 (x 0 + 0); past the slice (ok8) the chunk is its channel's first
+                        // 8 pixels, with (0, 0) too (silu(shift) itself could round to an FP16 inf, which times
+                        // dz's zeros would be NaN). Either value is one this tile's products read anyway, so an
+                        // x that is not finite makes the same columns of dW so as before
                         const float2 t = tbn[r], bn = ok8 ? t : make_float2(0.0f, 0.0f);
-                        const uint4 in = ok ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
-                        bv.u[i] = bn_silu8(in, bn.x, bn.y);
+                        const __half *src = i ? (ok8 ? xc1 : pb1) : (ok8 ? xc0 : pb0);
+                        bv.u[i] = bn_silu8(*(const uint4 *)src, bn.x, bn.y);
                     }
                 }
             }
+            // the next step's chunk: 32 pixels on, q32 images and r32 pixels, one image more where p8 passes
+            // the map's end (HWo and the chunks multiples of 8: a chunk is one image's)
+            p8 += r32;
+            const bool wrap = p8 >= HWo;
+            p8 -= wrap ? HWo : 0;
+            const long dz8 = wrap ? zw : zq, dx8 = wrap ? xw : xq;
+            zc += dz8;
+            xc0 += dx8;
+            if (ACT) xc1 += dx8;   // (without ACT a channel past N is not read: xc0's 32 channels on)
         }
     };
     auto store = [&](int s) {   // registers -> shared stage s & 1

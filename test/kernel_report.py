@@ -129,10 +129,14 @@ INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.]*)")
 
 def dynamic_smem(name):
     """the dynamic shared memory a kernel is launched with (ptxas reports only the static), in bytes:
+    conv_fwd_kernel's BN table with BN+SiLU on 16-byte rows (yolo_kernels.cu ig_fold: taken at 256 input
+    channels, 2 KB; it grows 8 bytes a channel);
     conv_halo_kernel<ACT, DGRAD, S2, TC, VW>'s two stages (yolo_kernels.cu H3Shape: A's 9 taps of 64 x 16
     values (DGRAD: 16 rows padded to 72), and the halo of 48-byte positions (32 for the stride-2
     forward's TC 32) rounded up to 128 bytes, TR + 2 by TC + 2, or 2 TR + 1 by 2 TC + 1 for the
     stride-2 forward's window, TR = 128 / TC (S2: 64 / TC))"""
+    if re.match(r"conv_fwd_kernel<true, true, (true|false)>$", name):
+        return 256 * 8   # the 1x1 BN+SiLU forward's table (ig_fold), 8 bytes a channel: 256, yolov8n's widest
     m = re.match(r"conv_halo_kernel<(true|false), (true|false), (true|false), (\d+), (\d+)>$", name)
     if not m:
         return 0
