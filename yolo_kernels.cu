@@ -1320,8 +1320,9 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
 // inside the K loop:
 //   - each thread's output pixel (b, oy, ox) is decoded once per block; the 32 taps k = (ci, ky, kx)
 //     of a K step are decoded by 32 threads into a shared table (offset ci*H*W + ky*W + kx, ky, kx,
-//     and for ACT the producer's BN folded to a scale and shift per channel; BVEC: only the latter,
-//     tap k being channel k), one K step ahead;
+//     and for ACT the producer's BN folded to a scale and shift per channel), one K step ahead; BVEC
+//     (tap k is channel k) decodes none, and with ACT folds every channel's BN into ig_fold before the
+//     K loop;
 //   - w rows are contiguous along Kd: AVEC (Kd % 8 == 0, w 16-byte aligned) moves them with 16-byte
 //     cp.async (cp_async16z: zeros past the edges, nothing read);
 //   - BVEC (1x1, stride 1, H*W, the image stride and x all multiples of 8 halves): the col rows are
@@ -1329,8 +1330,8 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
 //     applies BN+SiLU on the way), w and x from running pointers; otherwise every element is gathered
 //     through the tap table;
 //   - two shared stages: step s+1 is in flight (cp.async, or gathered into registers) while step s
-//     is multiplied, so each K step ends in a single barrier (BVEC without ACT: two steps a loop trip,
-//     conv_k_loop's U);
+//     is multiplied, so each K step ends in a single barrier (BVEC: two steps a loop trip, conv_k_loop's
+//     U);
 //   - the epilogue writes 8 consecutive outputs of a row per lane, as 16-byte stores where aligned.
 // Every output is the sum of the same FP16 products in the same K order as the generic tile loop this
 // replaced, the ACT element the same bn_silu_value rounding, so results match the twin as before.
@@ -1352,7 +1353,7 @@ struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared
 #define IG_ACT_FWD_BLOCKS 0
 #define IG_ACT_WGRAD_BLOCKS 0
 #endif
-#define IG_FOLD_MAX 2048   // conv_fwd_kernel's BN table: 16 KB at most, beside its 26 KB of static shared memory
+#define IG_FOLD_MAX 2048   // conv_fwd_kernel's BN table: 16 KB at most, beside its 24 KB of static shared memory
 template <bool ACT, bool BVEC, bool AVEC>
 __global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_FWD_BLOCKS : 0)
 void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias, float *z, __half *zh,
@@ -1444,8 +1445,9 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
                     cp_async16z(&Bs[s & 1][r][bc], ok ? src : x, ok);
                 } else {
                     // no test: a row past Kd reads row Kd - 1 of the same pixels (bact) with the scale and
-                    // shift (0, 0), so 0 (x 0 + 0; an x that is not finite is one these columns' products read
-                    // anyway); pixels past N (not bvok) read image 0's first, columns the epilogue drops
+                    // shift (0, 0), so 0 (x 0 + 0; an x that is not finite gives NaN, in columns whose products
+                    // read it anyway: the same outputs are not finite as before, NaN where one may have been
+                    // inf); pixels past N (not bvok) read image 0's first, columns the epilogue drops
                     const float2 bn = ig_fold[k];
                     gv.u[i] = bn_silu8(*(const uint4 *)(k < Kd ? src : bact), bn.x, bn.y);
                 }
@@ -2092,7 +2094,7 @@ void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, 
     // (+ 32), past N the last, N - 1, whose first pixels (image 0) are pb0 / pb1; zq / xq a step's move in
     // dz and x (32 pixels: q32 images and r32 pixels on), zw / xw the move where p8, the chunk's pixel in
     // its image, passes HWo (one image more, HWo pixels fewer); rem: the slice's pixels from the chunk on
-    // (none: past its end); bt: ACT's BN of the two channels
+    // (none: past its end)
     int p8 = 0, r32 = 0, rem = 0;
     long zq = 0, xq = 0, zw = 0, xw = 0;
     const long a32 = 32L * HWo;
@@ -2161,8 +2163,9 @@ void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, 
                         // no test but the slice's end: a tap past N reads channel N - 1 (pb) and has the scale
                         // and shift (0, 0), so 0 (x 0 + 0); past the slice (ok8) the chunk is its channel's first
                         // 8 pixels, with (0, 0) too (silu(shift) itself could round to an FP16 inf, which times
-                        // dz's zeros would be NaN). Either value is one this tile's products read anyway, so an
-                        // x that is not finite makes the same columns of dW so as before
+                        // dz's zeros would be NaN). An x there that is not finite gives NaN in this slice's
+                        // partial sums; slice 0 reads the same pixels of the channel, so its column of dW is
+                        // not finite after the reduction either way (NaN where it may have been inf)
                         const float2 t = tbn[r], bn = ok8 ? t : make_float2(0.0f, 0.0f);
                         const __half *src = i ? (ok8 ? xc1 : pb1) : (ok8 ? xc0 : pb0);
                         bv.u[i] = bn_silu8(*(const uint4 *)src, bn.x, bn.y);
