@@ -114,7 +114,7 @@ END {
     for (i = 1; i <= ng; i++) {
         if (only != "" && G[i] != only) continue
         delete FT; delete FU; delete FN; delete NC; delete XT; delete XU; delete XN; delete XB; delete DT; delete DU; delete DN
-        gt = 0; gf = 0; gb = 0; gk = ""
+        gt = 0; gf = 0; gb = 0; gk = ""; LN = 0; LF = 0; LN12 = 0; LF12 = 0
         delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
@@ -130,6 +130,9 @@ END {
             t_tc = 0
             if (flop > 0) {
                 ipm = IPM[ARCH[i], K[l]]
+                # the conv launches whose loop the report gives at most 12 instructions per HMMA (the
+                # goal of issue 14), by count and by mma FLOP
+                if (TAG[l] ~ /^conv /) { LN++; LF += flop; if (ipm != "" && ipm + 0 <= 12) { LN12++; LF12 += flop } }
                 if (ipm == "") { ipm = C[i]; if (index(miss, K[l]) == 0) miss = miss " " K[l] }
                 eff = C[i] / ipm; if (eff > CEIL[i]) eff = CEIL[i]
                 t_tc = flop / (TC[i] * 1e12 * eff)
@@ -197,6 +200,7 @@ END {
         for (a = 1; a <= 3; a++)
             if (DN[DO[a]] > 0) printf "MODEL    %-28s %3d convs         %6.1f GFLOP  %8.3f ms  %5.1f%%\n", DO[a], DN[DO[a]], DU[DO[a]] / 1e9, DT[DO[a]] * 1e3,
                                          100 * DU[DO[a]] / (DT[DO[a]] * TC[i] * 1e12)
+        if (LN > 0) printf "counts: %d of the %d conv launches of the step with mma, %.1f%% of their mma FLOP, run loops of at most 12 PTX\ncounts: instructions per HMMA (%s, the kernel report)\n", LN12, LN, 100 * LF12 / LF, "sm_" ARCH[i]
         if (miss != "") printf "MODEL  (no kernel-report loop figures for:%s; their mma issue taken as ideal)\n", miss
     }
 }' "$report" "$counts"
