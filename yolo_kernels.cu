@@ -1536,6 +1536,20 @@ __device__ __forceinline__ float u8_unit(uint32_t w, int e) {
     const float c = 1.f / 255.f;
     return fmaf(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u + e)), c, -8388608.f * c);
 }
+// u8_pair_unit: bytes 2p and 2p + 1 of w as a half2 of v * (1/255), the bits of u8_unit's values rounded to
+// FP16, in four PTX instructions a pair where the two u8_unit and the conversion took seven: a byte permute
+// puts each byte in the low bits of 1024 (the half 1024 + v, exactly), 1024 is taken off, and one fused
+// multiply-add forms v c16 + v 2^-24, rounded once: c16 is 1/255 in FP16 (2^-8 + 2^-16; v c16 alone rounds
+// 10 of the 256 bytes otherwise) and v 2^-24 the FP16 subnormal whose bits are v (the second permute). v
+// (2^-8 + 2^-16 + 2^-24) lies just over v 2^-32 below v / 255 and rounds as it does for every byte
+// (test/emu_selftest.cu checks all 256)
+__device__ __forceinline__ __half2 u8_pair_unit(uint32_t w, int p) {
+    union { uint32_t u; __half2 h; } big, sub, k1024, c16;
+    big.u = __byte_perm(w, 0x64646464u, p ? 0x4342u : 0x4140u);
+    sub.u = __byte_perm(w, 0u, p ? 0x4342u : 0x4140u);
+    k1024.u = 0x64006400u, c16.u = 0x1C041C04u;
+    return __hfma2(__hsub2(big.h, k1024.h), c16.h, sub.h);
+}
 struct StemWin {
     int ky[3], c[3];
     long xo[3];
@@ -1557,7 +1571,8 @@ struct StemWin {
             raw[i] = in ? *(const uint2 *)(xb + xo[i]) : make_uint2(0u, 0u);
         }
     }
-    __device__ __forceinline__ void store(__half (*win)[STEM_PP], int lane) const {
+    // PAIRS: by u8_pair_unit, else by u8_unit and a conversion (the same bits; STEM_WGRAD_PAIRS)
+    template <bool PAIRS = true> __device__ __forceinline__ void store(__half (*win)[STEM_PP], int lane) const {
 #pragma unroll
         for (int i = 0; i < 3; i++) {
             if (i < 2 || lane < 17) {   // (pieces 64 .. 80)
@@ -1565,7 +1580,8 @@ struct StemWin {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const uint32_t w = e < 2 ? raw[i].x : raw[i].y;
-                    o.h[e] = __floats2half2_rn(u8_unit(w, 2 * (e & 1)), u8_unit(w, 2 * (e & 1) + 1));
+                    o.h[e] = PAIRS ? u8_pair_unit(w, e & 1)
+                                   : __floats2half2_rn(u8_unit(w, 2 * (e & 1)), u8_unit(w, 2 * (e & 1) + 1));
                 }
                 *(uint4 *)&win[(lane + 32 * i) / 9][c[i]] = o.u;
             }
@@ -1745,9 +1761,21 @@ __global__ __launch_bounds__(128) void conv_stem_kernel(ConvGeo g, const uint8_t
 // holds pair 8's three taps in lanes 0-2. A (dz) comes by ldmatrix.x4. Two stages, one barrier per step.
 // The warps' sums are added in warp order through shared memory and written as the block's slice of the
 // workspace (or dW, with accumulate, when there is one slice): the same bits on every run.
+// STEM_WGRAD_BLOCKS(MT), STEM_WGRAD_PAIRS(MT): the blocks an SM conv_stem_wgrad_kernel asks registers for
+// and whether it converts its window by u8_pair_unit (the same bits either way). On sm_90 the pairs took
+// the kernel from 80 to 102 registers at MT 1 (6 -> 4 blocks an SM; asked 6 or 5 it spilled), so that one
+// converts as before; at MT 2 from 96 to 99, 96 when asked 5 blocks (as unasked before); elsewhere the
+// registers are those of before, unasked
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STEM_WGRAD_BLOCKS(MT) ((MT) == 2 ? 5 : 0)
+#define STEM_WGRAD_PAIRS(MT) ((MT) != 1)
+#else
+#define STEM_WGRAD_BLOCKS(MT) 0
+#define STEM_WGRAD_PAIRS(MT) true
+#endif
 template <int MT>
-__global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const __half *dz, const uint8_t *x,
-                                                              float *dw, float *ws, int accumulate) {
+__global__ __launch_bounds__(128, STEM_WGRAD_BLOCKS(MT))
+void conv_stem_wgrad_kernel(ConvGeo g, const __half *dz, const uint8_t *x, float *dw, float *ws, int accumulate) {
     constexpr int CO = 16 * MT;
     __shared__ __align__(16) __half dzs[2][4][CO][STEM_DP];
     __shared__ __align__(16) __half win[2][4][9][STEM_PP];
@@ -1778,7 +1806,7 @@ __global__ __launch_bounds__(128) void conv_stem_wgrad_kernel(ConvGeo g, const _
         wf.next(nseg, g.Ho);
     };
     auto store = [&](int s) {
-        if ((s & 1) ? v1 : v0) sw.store(win[s & 1][warp], lane);
+        if ((s & 1) ? v1 : v0) sw.store<STEM_WGRAD_PAIRS(MT)>(win[s & 1][warp], lane);
     };
     float acc[MT][4][4] = {};
     // pair 8's tap of n-tile 3 in this lane (lanes 3-7: a copy of lane 0's, not stored)

@@ -599,6 +599,23 @@ static void test_math() {
     check(__byte_perm(bx, by, 0x7632) == 0x77663322u && __byte_perm(bx, by, 0x5410) == 0x55441100u &&
               __byte_perm(bx, by, 0x0123) == 0x00112233u && __byte_perm(bx, by, 0x4444) == 0x44444444u,
           "__byte_perm: high halves, low halves, byte reversal, a repeated byte of y");
+    // __hsub2, __hfma2 (fma.rn.f16x2, rounded once): (1 + 2^-10)^2 + 2^-11 is 2.5 + 2^-10 ulps of 1 over 1,
+    // which rounds up once (1 + 3 2^-10) and to even twice (1 + 2^-9); and conv_stem's byte conversion
+    // (u8_pair_unit: (1024 + v) - 1024, then v c16 + v 2^-24) for every byte, against fp16(v * (1/255))
+    union U { unsigned u; __half2 h; };
+    const __half a1 = __float2half(1.0f + 1.0f / 1024), c11 = __float2half(1.0f / 2048);
+    const __half2 r1 = __hfma2(__halves2half2(a1, a1), __halves2half2(a1, a1), __halves2half2(c11, c11));
+    int nbad = 0;
+    for (unsigned v = 0; v < 256; v++) {
+        U big, sub, k, c;
+        big.u = 0x64006400u | v << 16 | v, sub.u = v << 16 | v, k.u = 0x64006400u, c.u = 0x1C041C04u;
+        const __half2 r = __hfma2(__hsub2(big.h, k.h), c.h, sub.h);
+        const __half want = __float2half((float)v * (1.f / 255.f));
+        nbad += r.x.bits != want.bits || r.y.bits != want.bits;
+    }
+    check(__half2float(r1.x) == 1.0f + 3.0f / 1024 && __half2float(r1.y) == 1.0f + 3.0f / 1024 && nbad == 0,
+          "__hfma2 rounds once: %.9g (want %.9g); the stem's byte conversion by __hsub2 and __hfma2: %d of 256 "
+          "bytes differ from fp16(v / 255)", __half2float(r1.x), 1.0 + 3.0 / 1024, nbad);
 }
 
 // ---- launch limits, as the driver rejects them ----

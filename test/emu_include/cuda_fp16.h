@@ -5,6 +5,8 @@
 #pragma once
 #include <string.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 // emu_f2h_bits: binary32 -> binary16 bits, round to nearest even
 static inline unsigned short emu_f2h_bits(float f) {
@@ -69,3 +71,21 @@ static inline float __high2float(__half2 v) { return (float)v.y; }
 static inline float2 __half22float2(__half2 v) { return make_float2((float)v.x, (float)v.y); }
 static inline __half2 __hadd2(__half2 a, __half2 b) { return __halves2half2(a.x + b.x, a.y + b.y); }
 static inline __half2 __hmul2(__half2 a, __half2 b) { return __halves2half2(a.x * b.x, a.y * b.y); }
+static inline __half2 __hsub2(__half2 a, __half2 b) { return __halves2half2(a.x - b.x, a.y - b.y); }
+// emu_hfma: a * b + c rounded once to a half, as fma.rn.f16 does. The product of two halves is exact in
+// float; the sum is taken in double and must come out exact there and in float (the products the
+// kernels form: conv_stem's u8_pair_unit), else the emulator stops rather than round it twice
+static inline __half emu_hfma(__half a, __half b, __half c) {
+    const double p = (double)((float)a * (float)b), q = (float)c, s = p + q, bb = s - p;
+    const double err = (p - (s - bb)) + (q - bb);   // (TwoSum: the sum's rounding error)
+    const float f = (float)s;
+    if (err != 0.0 || (double)f != s) {
+        fprintf(stderr, "emulated __hfma2: %a * %a + %a is not exact in float (not emulated)\n", (double)(float)a,
+                (double)(float)b, q);
+        abort();
+    }
+    return __half(f);
+}
+static inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
+    return __halves2half2(emu_hfma(a.x, b.x, c.x), emu_hfma(a.y, b.y, c.y));
+}
