@@ -1309,7 +1309,8 @@ ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 // runs only N blocks of a larger grid, one per N equal strata of the block index at a hashed
 // position, and scales the counts by blocks/N (the other
 // blocks' outputs stay as they were, zero from cudaMalloc in this mode: a counting run measures, it
-// checks nothing); EMU_SAMPLE_FULL=prefix,... exempts kernels from sampling.
+// checks nothing); EMU_SAMPLE_FULL=prefix,... exempts kernels from sampling; EMU_COUNT_STEP=TEXT adds a
+// line "# step: TEXT" after the header (test/gpu_count.c: what was counted, read by test/gpu_model.sh).
 // ------------------------------------------------------------------------------------------
 #ifdef EMU_COUNTERS
 namespace emu {
@@ -1540,6 +1541,7 @@ static void count_dump() {
             "# tag\tkernel\tblocks\tsampled\tthreads\tgld_req\tgld_sect\tgld_bytes\tgst_req\tgst_sect\tgst_bytes\t"
             "gb1\tgb2\tgb4\tgb8\tgb16\tsld_req\tsld_wave\tsld_phase\tsst_req\tsst_wave\tsst_phase\tmma_"
             "flop\tcompulsory_bytes\tuseful_flop\tcin\tcout\n");
+    if (const char *step = getenv("EMU_COUNT_STEP")) fprintf(f, "# step: %s\n", step);
     for (auto &r : crecs) {
         double s = (double)r.blocks / r.sampled;
         double comp = r.comp_own * s + r.comp_shared;   // count_launch_end

@@ -27,6 +27,9 @@ int main(void) {
         return 2;
     }
     setenv("YOLO_PROFILE", "1", 1);
+    char step[64];   // the counts' "# step:" line (test/gpu_model.sh labels the step and its images/s by it)
+    snprintf(step, sizeof step, "yolov8%c imgsz %d batch %d", scale, S, B);
+    setenv("EMU_COUNT_STEP", step, 1);
     // the loss kernels run whole: a loss computed from sampled blocks could be non-finite, and the
     // step skips its backward after a non-finite loss
     setenv("EMU_SAMPLE_FULL", "loss_", 0);

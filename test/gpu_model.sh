@@ -3,7 +3,8 @@
 #   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] [--tsv] [--host-us N]     (make gpu-model)
 # --tsv (with --gpu): only "kind<TAB>launches<TAB>modeled ms" lines, for test/gpu_check.sh
 # COUNTS.tsv: one launch per line from the emulator's counter mode (make emu-count: one yolov8n 640
-# batch-16 step, test/gpu_count.c), each launch named after its YOLO_PROFILE row ("conv fwd 3x3 s1").
+# batch-16 step, test/gpu_count.c; GPU_COUNT="B S scale" counts another, which its "# step:" line names
+# for the labels and the images/s here), each launch named after its YOLO_PROFILE row ("conv fwd 3x3 s1").
 # FILE: a kernel report (test/kernel_report.py; default test/kernel_report.baseline) for the conv
 # kernels' PTX instructions per HMMA on each GPU's architecture.
 # Per launch, the modeled time is the largest of (a roofline with an issue limit):
@@ -70,6 +71,7 @@ H100 90 132 1.83 989.4 66.9 3352 0.67'
 awk -v only="$only" -v tsv="$tsv" -v host_us="$host_us" -v gpus="$gpus" -v counts="$counts" -v report="$report" -F'\t' '
 function max(a, b) { return a > b ? a : b }
 BEGIN {
+    SNAME = "yolov8n"; SIMG = 640; SB = 16   # the step counted, unless the counts say otherwise ("# step:")
     ng = split(gpus, gl, "\n")
     for (i = 1; i <= ng; i++) {
         split(gl[i], f, " ")
@@ -86,6 +88,7 @@ FILENAME != counts {
     }
     next
 }
+/^# step: / { split($0, sp, " "); SNAME = sp[3]; SIMG = sp[5]; SB = sp[7] + 0; next }   # (test/gpu_count.c)
 /^#/ { next }
 {
     nl++
@@ -166,8 +169,8 @@ END {
         }
         hline = sprintf("MODEL  %-8s with the host issuing each launch in %g us (assumed): %.2f ms, the device alone %.2f ms (%d of %d launches are shorter than that on the device)", G[i], host_us, dc * 1e3, tot * 1e3, nshort, nl)
         if (tsv) { for (a = 1; a <= nk; a++) printf "%s\t%d\t%.4f\n", KO[a], NL[KO[a]], T[KO[a]] * 1e3; continue }
-        if (only == "" && G[i] != "A100") { printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n%s\n", G[i], tot * 1e3, 16 / tot, hline; continue }
-        printf "MODEL  %s, yolov8n 640 batch 16, one training step by kind of launch (YOLO_PROFILE names):\n", G[i]
+        if (only == "" && G[i] != "A100") { printf "MODEL  %-8s %s %s batch-%d step: %8.1f ms (%.0f images/s)\n%s\n", G[i], SNAME, SIMG, SB, tot * 1e3, SB / tot, hline; continue }
+        printf "MODEL  %s, %s %s batch %d, one training step by kind of launch (YOLO_PROFILE names):\n", G[i], SNAME, SIMG, SB
         printf "MODEL  %-28s %4s %6s %6s %7s %7s %5s %4s %6s %8s %6s %6s\n", "kind", "lnch", "GFLOP", "mma", "DRAM", "L2", "sect/", "16B", "bank", "model", "share", "tensor"
         printf "MODEL  %-28s %4s %6s %6s %7s %7s %5s %4s %6s %8s %6s %6s\n", "", "", "", "GFLOP", "MB", "MB", "req", "%", "cnfl/r", "ms", "", "peak%"
         # kinds by modeled time
@@ -179,7 +182,7 @@ END {
                    L2B[k] / 1e6, SQ[k] ? SS[k] / SQ[k] : 0, BY[k] ? 100 * B16[k] / BY[k] : 0, SR[k] ? (SW[k] - SP[k]) / SR[k] : 0,
                    T[k] * 1e3, 100 * T[k] / tot, pk
         }
-        printf "MODEL  %-8s yolov8n 640 batch-16 step: %8.1f ms (%.0f images/s)\n%s\n", G[i], tot * 1e3, 16 / tot, hline
+        printf "MODEL  %-8s %s %s batch-%d step: %8.1f ms (%.0f images/s)\n%s\n", G[i], SNAME, SIMG, SB, tot * 1e3, SB / tot, hline
         printf "MODEL  the convolutions whose tiles are full (executed mma FLOP within 5%% of the useful: channel counts\n"
         printf "MODEL  that fill the 64-channel tiles, maps that fill the pixel tiles), their share of the tensor peak:\n"
         for (a = 1; a <= nk; a++) {
