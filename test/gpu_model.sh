@@ -88,7 +88,7 @@ FILENAME != counts {
     }
     next
 }
-/^# step: / { split($0, sp, " "); SNAME = sp[3]; SIMG = sp[5]; SB = sp[7] + 0; next }   # (test/gpu_count.c)
+/^# step: / { if (split($0, sp, " ") >= 7 && sp[7] + 0 > 0) { SNAME = sp[3]; SIMG = sp[5]; SB = sp[7] + 0 } next }   # (test/gpu_count.c)
 /^#/ { next }
 {
     nl++

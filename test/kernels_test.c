@@ -191,9 +191,11 @@ static float *f16_host_to_f32(const uint16_t *h, long n) {
 // NaN so that a read outside the slice shows.
 // test_stem_u8_bits: the stem's kernel reads the uint8 batch as the bits u8_to_f16_cuda stores (the
 // software fp16 of v * (1/255), which test_convert_copy checks it against): with the weights a one-hot
-// centre tap (output channel co takes input channel co % 3, weight 1), z is the input at every other
-// pixel, exactly (one product by 1, the others by 0, summed in FP32, stored in FP16). The input holds
-// every byte value at those pixels (channel 0 the even ones, 1 the odd ones).
+// tap (output channel co takes input channel co % 3, weight 1, at the centre tap for co < 8, whose
+// input columns 2 ox are even, else at kx 2, columns 2 ox + 1, odd: the kernel converts the bytes of a
+// pair into the two halves of a half2, and each half is checked), z is the input at those pixels,
+// exactly (one product by 1, the others by 0, summed in FP32, stored in FP16). The input holds every
+// byte value in the even columns read and in the odd ones.
 static void test_stem_u8_bits(void *stream) {
     const int B = 1, H = 64, W = 64, Co = 16, Ho = 32, Wo = 32;
     long nx = 3L * H * W, nz = (long)Co * Ho * Wo, nw = Co * 27L;
@@ -203,23 +205,26 @@ static void test_stem_u8_bits(void *stream) {
             for (int x = 0; x < W; x++) xu[((long)c * H + y) * W + x] = (uint8_t)((y * 131 + x * 7 + c * 59) % 256);
     uint16_t *wh = xmalloc(2 * (size_t)nw);
     for (long i = 0; i < nw; i++) wh[i] = float_to_half(0.f);
-    for (int co = 0; co < Co; co++) wh[co * 27 + (co % 3) * 9 + 4] = float_to_half(1.f);
+    for (int co = 0; co < Co; co++) wh[co * 27 + (co % 3) * 9 + (co < Co / 2 ? 4 : 5)] = float_to_half(1.f);
     void *dxu = to_dev(xu, nx), *dwh = to_dev(wh, 2 * nw);
     uint16_t *dz;
     CK(cudaMalloc((void **)&dz, 2 * nz));
     ConvDims d = {B, 3, H, W, Co, 3, 2, 0, 0, 0, 1};
     conv_forward_cuda(d, dxu, NULL, dwh, NULL, NULL, NULL, dz, stream);
     uint16_t *z = (uint16_t *)from_dev(dz, 2 * nz);
-    long bad = 0, seen[256] = {0}, nseen = 0;
+    long bad = 0, seen[2][256] = {{0}}, nseen[2] = {0, 0};
     for (int co = 0; co < Co; co++)
         for (int oy = 0; oy < Ho; oy++)
             for (int ox = 0; ox < Wo; ox++) {
-                const uint8_t v = xu[((long)(co % 3) * H + 2 * oy) * W + 2 * ox];
-                nseen += !seen[v]++;
+                const int odd = co >= Co / 2;   // (the input column 2 ox + odd)
+                const uint8_t v = xu[((long)(co % 3) * H + 2 * oy) * W + 2 * ox + odd];
+                nseen[odd] += !seen[odd][v]++;
                 bad += z[((long)co * Ho + oy) * Wo + ox] != float_to_half(v * (1.f / 255.f));
             }
-    check(!bad && nseen == 256, "conv_forward_cuda, the stem from a uint8 batch, one-hot centre taps: z the bits of "
-          "fp16(v * (1/255)) at every other pixel, all 256 byte values (%ld seen), %ld differ", nseen, bad);
+    check(!bad && nseen[0] == 256 && nseen[1] == 256,
+          "conv_forward_cuda, the stem from a uint8 batch, one-hot taps: z the bits of fp16(v * (1/255)) at the "
+          "even and odd input columns, all 256 byte values in each (%ld, %ld seen), %ld differ", nseen[0], nseen[1],
+          bad);
     cudaFree(dxu); cudaFree(dwh); cudaFree(dz);
     free(xu); free(wh); free(z);
 }
