@@ -119,6 +119,7 @@ END {
         delete FT; delete FU; delete FN; delete NC; delete XT; delete XU; delete XN; delete XB; delete DT; delete DU; delete DN
         gt = 0; gf = 0; gb = 0; gk = ""; LN = 0; LF = 0; LN12 = 0; LF12 = 0
         delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
+        delete BN; delete BT
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
             k = TAG[l]
@@ -141,6 +142,11 @@ END {
                 t_tc = flop / (TC[i] * 1e12 * eff)
             }
             t = max(max(max(t_tc, t_mem), max(t_l2, t_sh)), 2e-6)
+            # the term that sets a conv launch its time (the first of equal ones in this order)
+            if (TAG[l] ~ /^conv /) {
+                b = t == t_tc ? "tensor" : t == t_mem ? "DRAM" : t == t_l2 ? "L2" : t == t_sh ? "shared" : "floor"
+                BN[b]++; BT[b] += t
+            }
             # a conv: its launches (kernel, then a split-K reduction) up to the one carrying the useful FLOP
             # gb: the bound of the group, each launch at its compulsory bytes (2 us at least), the useful FLOP at
             # the tensor peak (mma.sync ceiling) where that is longer
@@ -168,6 +174,11 @@ END {
             if ((TAG[l] == "loss" && TAG[l + 1] != "loss") || K[l] ~ /^optim_step_kernel/) hc = dc
         }
         hline = sprintf("MODEL  %-8s with the host issuing each launch in %g us (assumed): %.2f ms, the device alone %.2f ms (%d of %d launches are shorter than that on the device)", G[i], host_us, dc * 1e3, tot * 1e3, nshort, nl)
+        # the conv launches (split-K sums included) by the term that sets their modeled time
+        bline = sprintf("MODEL  %-8s conv launches by the term that sets their time:", G[i])
+        split("tensor DRAM L2 shared floor", BO, " ")
+        for (a = 1; a <= 5; a++) bline = bline sprintf(" %s %d (%.2f ms)%s", BO[a], BN[BO[a]], BT[BO[a]] * 1e3, a < 5 ? "," : "")
+        hline = hline "\n" bline
         if (tsv) { for (a = 1; a <= nk; a++) printf "%s\t%d\t%.4f\n", KO[a], NL[KO[a]], T[KO[a]] * 1e3; continue }
         if (only == "" && G[i] != "A100") { printf "MODEL  %-8s %s %s batch-%d step: %8.1f ms (%.0f images/s)\n%s\n", G[i], SNAME, SIMG, SB, tot * 1e3, SB / tot, hline; continue }
         printf "MODEL  %s, %s %s batch %d, one training step by kind of launch (YOLO_PROFILE names):\n", G[i], SNAME, SIMG, SB
