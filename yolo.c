@@ -2063,6 +2063,9 @@ struct Backend {
     void (*input)(Exec *e, int b, void *out, long os, long n);                  // the input image, n values
     // SiLU(BN(z)) of conv c's channels c0..c0+C into out, or added to it (acc: a residual sum, V_ADD)
     void (*act)(Exec *e, const Conv *c, int c0, int C, int b, void *out, long os, int acc);
+    // the sum of two such activations (of c1's channels from c10, of c2's from c20) into out, in one
+    // pass: a residual sum of two BN convs, the bits of act (c1) then act (c2, acc) (NULL: those two)
+    void (*act_sum)(Exec *e, const Conv *c1, int c10, const Conv *c2, int c20, int C, int b, void *out, long os);
     void (*add)(Exec *e, const void *t, long ts, void *out, long os, long n);    // out += t (residual)
     void (*upsample)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);     // nearest x2
     // the activation of BN conv c's channels c0..c0+C upsampled x2 into out, in one pass (NULL: act
@@ -2171,18 +2174,30 @@ static int cat_pool_chain(const Exec *e, const Value *v, int i) {
 
 static void value_materialize(Exec *e, int vi, int b, void *out, long os);
 // cat_materialize: parts [i0, i1) of concatenation v (nb images from image b) into out, part i0 first
-// (image stride os); a part that is the pool of the one just written here is pooled from it
+// (image stride os); a part that is the pool of the one just written here is pooled from it, and
+// slices of one conv whose channels follow on (a C2f's two halves of cv1) are activated in one call
 static void cat_materialize(Exec *e, const Value *v, int b, int i0, int i1, void *out, long os) {
     const Model *m = e->m;
     long off = 0, prev = 0;
     for (int i = i0; i < i1; i++) {
         const Value *s = &m->val[v->src[i]];
         void *o = (char *)out + off * e->esz;
+        int j = i + 1, C = s->C;
+        for (; s->kind == V_SLICE && j < i1; j++) {
+            const Value *t = &m->val[v->src[j]];
+            if (t->kind != V_SLICE || t->conv != s->conv || t->c0 != s->c0 + C) break;
+            C += t->C;
+        }
         if (i > i0 && cat_pool_chain(e, v, i)) {   // (SPPF)
             if (!arena_dry(e->a)) e->be->maxpool(e, (char *)out + prev * e->esz, o, os, s->C, s->H, s->W);
+        } else if (j > i + 1) {
+            if (!arena_dry(e->a)) e->be->act(e, &m->conv[s->conv], s->c0, C, b, o, os, 0);
+            i = j - 1;   // (prev: the run's last part, which a pool after it would read)
+            off += (long)(C - m->val[v->src[i]].C) * v->H * v->W;
+            C = m->val[v->src[i]].C;
         } else value_materialize(e, v->src[i], b, o, os);
         prev = off;
-        off += (long)s->C * v->H * v->W;
+        off += (long)C * v->H * v->W;
     }
 }
 
@@ -2202,8 +2217,15 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
         if (!dry) e->be->act(e, &m->conv[v->conv], v->kind == V_SLICE ? v->c0 : 0, v->C, b, out, os, 0);
         break;
     case V_ADD: {
+        const Value *s0 = &m->val[v->src[0]], *s1 = &m->val[v->src[1]];
+        if (e->be->act_sum && (s0->kind == V_CONV || s0->kind == V_SLICE) &&
+            (s1->kind == V_CONV || s1->kind == V_SLICE)) {   // (both activations in one pass)
+            if (!dry)
+                e->be->act_sum(e, &m->conv[s0->conv], s0->kind == V_SLICE ? s0->c0 : 0, &m->conv[s1->conv],
+                               s1->kind == V_SLICE ? s1->c0 : 0, v->C, b, out, os);
+            break;
+        }
         value_materialize(e, v->src[0], b, out, os);
-        const Value *s1 = &m->val[v->src[1]];
         if (s1->kind == V_CONV || s1->kind == V_SLICE) {   // (a Bottleneck: the sum made as cv2's output is)
             if (!dry) e->be->act(e, &m->conv[s1->conv], s1->kind == V_SLICE ? s1->c0 : 0, s1->C, b, out, os, 1);
             break;
@@ -9883,6 +9905,8 @@ static void gpu_unreachable(int unused, ...) {
 #define conv_forward_stats_cuda(...) (gpu_unreachable(0, __VA_ARGS__), 0)
 #define bn_stats_finish_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_silu_sum_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define bn_silu_sum_f32_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_backward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_backward_h_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define copy_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
@@ -10253,6 +10277,30 @@ static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, lon
     k_bn_silu(g, GOFF(g, c->z, (long)c0 * HW), (long)c->zstride, c->mean + c0, c->invstd + c0,
               e->params + c->g_off + c0, e->params + c->b_off + c0, out, os, C, HW, acc);
 }
+// gpu_act_sum: a residual sum of two BN convs' activations, made in one launch
+static void gpu_act_sum(Exec *e, const Conv *c1, int c10, const Conv *c2, int c20, int C, int b, void *out,
+                        long os) {
+    (void)b;
+    Gpu *g = e->ctx;
+    const Conv *c[2] = {c1, c2};
+    int c0[2] = {c10, c20};
+    ConvAct a[2];
+    const void *z[2];
+    for (int i = 0; i < 2; i++) {
+        if (!c[i]->bn) die("gpu: the output of %s (no BN) is read by a conv", c[i]->name);
+        int k = c0[i];
+        z[i] = GOFF(g, c[i]->z, (long)k * c[i]->Ho * c[i]->Wo);
+        a[i] = (ConvAct){c[i]->mean + k, c[i]->invstd + k, e->params + c[i]->g_off + k, e->params + c[i]->b_off + k};
+    }
+    prof_begin(g);
+    if (g->f32)
+        bn_silu_sum_f32_cuda(z[0], (long)c1->zstride, &a[0], z[1], (long)c2->zstride, &a[1], out, os, g->B, C,
+                             c1->Ho * c1->Wo, g->stream);
+    else
+        bn_silu_sum_f16_cuda(z[0], (long)c1->zstride, &a[0], z[1], (long)c2->zstride, &a[1], out, os, g->B, C,
+                             c1->Ho * c1->Wo, g->stream);
+    prof_end(g, "bn+silu forward + add", 0);
+}
 static void gpu_add(Exec *e, const void *t, long ts, void *out, long os, long n) { k_add(e->ctx, t, ts, out, os, n); }
 // gpu_act_upsample: the activation upsampled as it is made (no temporary, no separate BN+SiLU launch)
 static void gpu_act_upsample(Exec *e, const Conv *c, int c0, int C, void *out, long os) {
@@ -10407,6 +10455,78 @@ static void *gpu_bn_backward(Exec *e, Conv *c) {
     arena_free(g->a, scratch);
     return dz;
 }
+// cat_act_run: the parts [i, j) of concatenation v that are one run of a BN conv's output channels (a
+// conv output, or slices of one whose channels follow on), the longest from part i: j, and in *p and
+// *c0 the conv and its first channel; i itself when part i is not such a value (j = i)
+static int cat_act_run(const Model *m, const Value *v, int i, const Conv **p, int *c0) {
+    const Value *s = &m->val[v->src[i]];
+    if ((s->kind != V_CONV && s->kind != V_SLICE) || !m->conv[s->conv].bn) return i;
+    *p = &m->conv[s->conv];
+    *c0 = s->kind == V_SLICE ? s->c0 : 0;
+    int j = i + 1, next = *c0 + s->C;
+    for (; j < v->n; j++) {
+        const Value *t = &m->val[v->src[j]];
+        if (t->kind != V_SLICE || t->conv != s->conv || t->c0 != next) break;
+        next += t->C;
+    }
+    return j;
+}
+// gpu_wgrad_cat: the weight gradient of a 1x1 FP16 conv whose input is a concatenation, part by part
+// (0: not such a conv, nothing done). The 1x1 conv's weight columns of a part are the product of dz
+// and that part alone, so each run of one BN conv's channels (cat_act_run: a C2f's two halves of cv1,
+// a Bottleneck's output) is read as the conv's pre-BN z with its BN+SiLU applied in the gather
+// (ConvAct), and each run of other parts (residual sums, max-pools, upsamples) is materialised into a
+// scratch buffer of its own channels; every product writes its columns of dW (wstride). The whole
+// concatenation was materialised for the wgrad alone (it is not kept from the forward): its BN parts
+// were read, written and read again where now they are read once, 4 bytes a value fewer in FP16, but
+// each product reads all of dz, 2 bytes a value of dz for each product past the first. So it is done
+// where the first is more: twice the BN runs' channels more than the products past the first times
+// the conv's output channels (a C2f's cv2 and the neck's cv1s; SPPF's cv2, one BN run of 128
+// channels and three max-pools, 256 output channels at yolov8n, would read as many bytes as it saves).
+static int gpu_wgrad_cat(Exec *e, Conv *c, void *dz) {
+    Gpu *g = e->ctx;
+    const Model *m = e->m;
+    const Value *in = &m->val[c->in];
+    if (g->f32 || c->k != 1 || c->s != 1 || in->kind != V_CAT) return 0;
+    const Conv *p;
+    int c0, act_ch = 0, runs = 0;
+    for (int i = 0; i < in->n; runs++) {   // the BN runs' channels, and the runs of either kind
+        int j = cat_act_run(m, in, i, &p, &c0);
+        if (j > i)
+            for (; i < j; i++) act_ch += m->val[in->src[i]].C;
+        else
+            while (i < in->n && cat_act_run(m, in, i, &p, &c0) == i) i++;
+    }
+    if (2L * act_ch <= (long)(runs - 1) * c->cout) return 0;
+    long HW = (long)c->H * c->W, zs = (long)c->zstride;
+    for (int i = 0, off = 0; i < in->n;) {
+        int j = cat_act_run(m, in, i, &p, &c0), C = 0;
+        ConvDims d;
+        if (j > i) {
+            for (int k = i; k < j; k++) C += m->val[in->src[k]].C;
+            ConvAct act = {p->mean ? p->mean + c0 : NULL, p->invstd ? p->invstd + c0 : NULL,
+                           e->params + p->g_off + c0, e->params + p->b_off + c0};
+            d = gpu_conv_dims(g, c, (long)p->zstride, zs);
+            d.Cin = C;
+            d.wstride = c->cin;
+            k_conv_wgrad(g, d, dz, p->z ? GOFF(g, p->z, (long)c0 * HW) : NULL, &act, e->grads + c->w_off + off);
+        } else {
+            const Conv *q;
+            int q0;
+            for (j = i; j < in->n && cat_act_run(m, in, j, &q, &q0) == j; j++) C += m->val[in->src[j]].C;
+            void *t = gact(g, g->B * C * HW, G_SCRATCH);   // (B, C, H, W): these parts
+            cat_materialize(e, in, 0, i, j, t, C * HW);
+            d = gpu_conv_dims(g, c, 0, zs);
+            d.Cin = C;
+            d.wstride = c->cin;
+            k_conv_wgrad(g, d, dz, t, NULL, e->grads + c->w_off + off);
+            arena_free(g->a, t);
+        }
+        off += C;
+        i = j;
+    }
+    return 1;
+}
 // gpu_conv_grads: the weight gradient (accumulated) and the input gradient: straight into the
 // producer's dA when the input is a conv output or a slice of one (written if it is the first
 // gradient to reach those channels, dA_held, else added), else through a scratch buffer and
@@ -10416,11 +10536,13 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     Model *m = e->m;
     int dry = arena_dry(g->a);
     long zs = (long)c->zstride;
-    GpuIn xin = gpu_conv_input(e, c);
-    ConvDims dw = gpu_conv_dims(g, c, xin.xs, zs);
-    dw.x8 = xin.x8;
-    k_conv_wgrad(g, dw, dz, xin.x, xin.fused ? &xin.act : NULL, e->grads + c->w_off);
-    gpu_input_free(g, &xin);
+    if (!gpu_wgrad_cat(e, c, dz)) {
+        GpuIn xin = gpu_conv_input(e, c);
+        ConvDims dw = gpu_conv_dims(g, c, xin.xs, zs);
+        dw.x8 = xin.x8;
+        k_conv_wgrad(g, dw, dz, xin.x, xin.fused ? &xin.act : NULL, e->grads + c->w_off);
+        gpu_input_free(g, &xin);
+    }
     if (g->grads_done && !dry) g->grads_done(g, c);   // its all-reduce may start while dgrad runs
     const Value *in = &m->val[c->in];
     const void *w = gpu_w(g, c);
@@ -10490,7 +10612,8 @@ static LossOut gpu_loss(Exec *e, const LossTargets *tg, const LossConfig *lcfg) 
 
 // gpu_backend: the device's implementation of the walk's computations (the CPU's: cpu_backend)
 static const Backend gpu_backend = {
-    .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .add = gpu_add, .upsample = gpu_upsample,
+    .zero = gpu_zero, .input = gpu_input, .act = gpu_act, .act_sum = gpu_act_sum, .add = gpu_add,
+    .upsample = gpu_upsample,
     .act_upsample = gpu_act_upsample,
     .maxpool = gpu_maxpool, .grad_add = gpu_grad_add, .grad_copy = gpu_grad_copy, .grad_add_n = gpu_grad_add_n,
     .upsample_back = gpu_upsample_back,

@@ -208,6 +208,14 @@ void bn_silu_forward_f16_cuda(const uint16_t *z, long zs, const float *mean, con
 // bn_silu_forward_f32_cuda: the same, FP32 in and out (acc: as add_f32_cuda).
 void bn_silu_forward_f32_cuda(const float *z, long zs, const float *mean, const float *invstd, const float *gamma,
                               const float *beta, float *y, long ys, int B, int C, int HW, int acc, void *stream);
+// bn_silu_sum_f16_cuda: y = silu(BN_1(z1)) + silu(BN_2(z2)) (a1, a2: each source's statistics and BN
+// parameters, as ConvAct holds them; z1s, z2s, ys image strides, 0 dense) in one pass, bit for bit
+// bn_silu_forward_f16_cuda(z1 -> y) followed by bn_silu_forward_f16_cuda(z2 -> y, acc).
+void bn_silu_sum_f16_cuda(const uint16_t *z1, long z1s, const ConvAct *a1, const uint16_t *z2, long z2s,
+                          const ConvAct *a2, uint16_t *y, long ys, int B, int C, int HW, void *stream);
+// bn_silu_sum_f32_cuda: the same, FP32 in and out.
+void bn_silu_sum_f32_cuda(const float *z1, long z1s, const ConvAct *a1, const float *z2, long z2s, const ConvAct *a2,
+                          float *y, long ys, int B, int C, int HW, void *stream);
 // bn_silu_backward_cuda: conv_backward's first half. From dA (FP32, gradient of the activated output,
 // image stride zs like z) and z (FP16): gy = dA * silu'(y); dgamma[c] += sum gy*xhat, dbeta[c] +=
 // sum gy; dz = gamma*invstd*(gy - mean(gy) - xhat*mean(gy*xhat)) (train; eval drops the means),
@@ -467,6 +475,8 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(bn_stats_f32_cuda, bn_stats_cpu, test_bn_f32) \
     X(bn_silu_forward_f16_cuda, bn_silu_forward_cpu, test_bn) \
     X(bn_silu_forward_f32_cuda, bn_silu_forward_cpu, test_bn_f32) \
+    X(bn_silu_sum_f16_cuda, bn_silu_forward_cpu, test_bn_silu_sum) \
+    X(bn_silu_sum_f32_cuda, bn_silu_forward_cpu, test_bn_silu_sum) \
     X(bn_silu_backward_cuda, bn_silu_backward_cpu, test_bn_backward) \
     X(bn_silu_backward_h_cuda, bn_silu_backward_cpu, test_bn_backward) \
     X(bn_silu_backward_f32_cuda, bn_silu_backward_cpu, test_bn_backward_f32) \

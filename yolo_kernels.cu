@@ -2233,10 +2233,10 @@ void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, 
             [&](int j, int kk) { return &Bt[s & 1][wx * 32 + j * 16][kk]; }, IG_BK + 8);
     });
     float *out = part ? part : dw;
-    const int acm = part ? 0 : accumulate;
+    const int acm = part ? 0 : accumulate, ldo = part ? N : g.wst;   // (dW's rows: g.wst apart, a slice's N)
     conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
         if (m >= M || n >= N) return;
-        long o = (long)m * N + n;
+        long o = (long)m * ldo + n;
         if (n + 8 <= N && ((uintptr_t)(out + o) & 15) == 0) {
             float4 v0 = make_float4(c[0], c[1], c[2], c[3]), v1 = make_float4(c[4], c[5], c[6], c[7]);
             if (acm) {
@@ -2488,7 +2488,7 @@ template <class V> __device__ __forceinline__ V wred_ld(const V *p) { return *p;
 #endif
 template <class V>
 __global__ __launch_bounds__(WRED_COLS * WRED_LANES) void wgrad_reduce_kernel(const float *ws, long n, int S, float *dw,
-                                                                             int accumulate) {
+                                                                             int accumulate, int N, int ldw) {
     __shared__ V part[WRED_LANES][WRED_COLS];
     const long nv = n / (long)(sizeof(V) / sizeof(float));
     const long c = (long)blockIdx.x * WRED_COLS + threadIdx.x;
@@ -2511,7 +2511,8 @@ __global__ __launch_bounds__(WRED_COLS * WRED_LANES) void wgrad_reduce_kernel(co
     if (y || c >= nv) return;
     V t = part[0][threadIdx.x];
     for (int l = 1; l < WRED_LANES; l++) wred_add(t, part[l][threadIdx.x]);
-    V *d = (V *)dw + c;
+    constexpr int E = sizeof(V) / sizeof(float);   // (dW's rows of N values ldw apart: row c / (N / E))
+    V *d = (V *)dw + (ldw == N ? c : c / (N / E) * (ldw / E) + c % (N / E));
     if (accumulate) {
         V o = wred_ld(d);
         wred_add(o, t);
@@ -2525,9 +2526,17 @@ __global__ __launch_bounds__(WRED_COLS * WRED_LANES) void wgrad_reduce_kernel(co
 static bool wgrad_begin(const ConvGeo &g, const ConvDims &d, int f32, float *dw, const float *ws, int accumulate,
                         cudaStream_t s, dim3 *grid, long *kchunk) {
     long N = (long)g.Cin * g.KK, Kd = (long)g.B * g.Ho * g.Wo;
+    // a strided dW (d.wstride: these Cin columns of a wider conv's rows, a concat's part) only where the
+    // kernel is conv_wgrad_kernel, the 1x1 FP16 one (the others write their rows dense)
+    if (g.wst != N && (f32 || g.K != 1)) {
+        fprintf(stderr, "conv_wgrad%s_cuda: a strided dW (wstride %d for %ld columns) is the 1x1 FP16 kernel's only\n",
+                f32 ? "_f32" : "", g.wst, N);
+        exit(1);
+    }
     if (N == 0 || g.Cout == 0) return false;
     if (Kd == 0) {
-        if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * g.Cout * N, s));
+        for (int r = 0; !accumulate && r < (g.wst == N ? 1 : g.Cout); r++)   // (a strided dW row by row)
+            CUDA_CHECK(cudaMemsetAsync(dw + (long)r * g.wst, 0, sizeof(float) * N * (g.wst == N ? g.Cout : 1), s));
         return false;
     }
     *grid = dim3(cdiv(N, 64), cdiv(g.Cout, 64), (unsigned)conv_wgrad_split(d, f32, kchunk));
@@ -2540,13 +2549,13 @@ static bool wgrad_begin(const ConvGeo &g, const ConvDims &d, int f32, float *dw,
 static void wgrad_end(const ConvGeo &g, dim3 grid, const float *ws, float *dw, int accumulate, cudaStream_t s) {
     CUDA_CHECK(cudaGetLastError());
     if (grid.z < 2) return;
-    long n = (long)g.Cout * g.Cin * g.KK;
-    if (n % 4 == 0 && (uintptr_t)ws % 16 == 0 && (uintptr_t)dw % 16 == 0)
-        wgrad_reduce_kernel<float4><<<cdiv(n / 4, WRED_COLS), dim3(WRED_COLS, WRED_LANES), 0, s>>>(ws, n, (int)grid.z,
-                                                                                                  dw, accumulate);
+    const int N = g.Cin * g.KK;
+    long n = (long)g.Cout * N;
+    const dim3 blk(WRED_COLS, WRED_LANES);
+    if ((g.wst == N ? n % 4 == 0 : N % 4 == 0 && g.wst % 4 == 0) && (uintptr_t)ws % 16 == 0 && (uintptr_t)dw % 16 == 0)
+        wgrad_reduce_kernel<float4><<<cdiv(n / 4, WRED_COLS), blk, 0, s>>>(ws, n, (int)grid.z, dw, accumulate, N, g.wst);
     else
-        wgrad_reduce_kernel<float><<<cdiv(n, WRED_COLS), dim3(WRED_COLS, WRED_LANES), 0, s>>>(ws, n, (int)grid.z, dw,
-                                                                                              accumulate);
+        wgrad_reduce_kernel<float><<<cdiv(n, WRED_COLS), blk, 0, s>>>(ws, n, (int)grid.z, dw, accumulate, N, g.wst);
     CUDA_CHECK(cudaGetLastError());
 }
 // sm_count: the current device's SMs (asked once per device)
@@ -3188,6 +3197,59 @@ extern "C" void bn_silu_forward_f32_cuda(const float *z, long zs, const float *m
                                          const float *gamma, const float *beta, float *y, long ys, int B, int C, int HW,
                                          int acc, void *stream) {
     bn_silu_forward_act_launch(z, zs, mean, invstd, gamma, beta, y, ys, B, C, HW, acc, stream);
+}
+// bn_silu_sum: y = SiLU(BN_1(z1)) + SiLU(BN_2(z2)), a residual sum of two BN convs' activations (a
+// Bottleneck's input slice plus its cv2) made in one pass: each activation rounded to T, the sum then
+// rounded once, so the bits of bn_silu_forward_act writing the first into y and then adding the second
+// (ACC), with one read of each z and one write of y where that took two writes and a read of y. Grid,
+// V8 and the fold as bn_silu_forward_act's (each source folded with its own channel's BN).
+template <class T, bool V8>
+__global__ void bn_silu_sum_kernel(const T *z1, long z1s, ConvAct a1, const T *z2, long z2s, ConvAct a2, T *y,
+                                   long ys, int HW, BnFlat f) {
+    const int g = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    if (g >= f.ng) return;
+    const int b = div_fast(g, f.fg), i = (g - b * f.fg.d) * (V8 ? 8 : 1);
+    const float2 n1 = bn_fold(a1, c), n2 = bn_fold(a2, c);
+    const long o = (long)c * HW + i;
+    const T *p1 = z1 + b * z1s + o, *p2 = z2 + b * z2s + o;
+    T *yp = y + b * ys + o;
+    if (!V8) {
+        const float u = act_f(act_from<T>(bn_silu_folded(act_f(*p1), n1.x, n1.y)));
+        *yp = act_from<T>(__fadd_rn(u, act_f(act_from<T>(bn_silu_folded(act_f(*p2), n2.x, n2.y)))));
+        return;
+    }
+    float v[8], u[8];
+    load8(p1, u);
+    load8(p2, v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        u[e] = act_f(act_from<T>(bn_silu_folded(u[e], n1.x, n1.y)));
+        v[e] = __fadd_rn(u[e], act_f(act_from<T>(bn_silu_folded(v[e], n2.x, n2.y))));
+    }
+    store8(yp, v);
+}
+template <class T>
+static void bn_silu_sum_launch(const T *z1, long z1s, const ConvAct *a1, const T *z2, long z2s, const ConvAct *a2,
+                               T *y, long ys, int B, int C, int HW, void *stream) {
+    if ((long)B * C * HW == 0) return;
+    if (!z1s) z1s = (long)C * HW;
+    if (!z2s) z2s = (long)C * HW;
+    if (!ys) ys = (long)C * HW;
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool v8 = bn_vec8(HW, z1s, ys, z1, y, y) && bn_vec8(HW, z2s, ys, z2, y, y);
+    const BnFlat f = bn_flat("bn_silu_sum_cuda", B, HW, v8);
+    const dim3 grid(cdiv(f.ng, 256), (unsigned)C);
+    if (v8) bn_silu_sum_kernel<T, true><<<grid, 256, 0, s>>>(z1, z1s, *a1, z2, z2s, *a2, y, ys, HW, f);
+    else bn_silu_sum_kernel<T, false><<<grid, 256, 0, s>>>(z1, z1s, *a1, z2, z2s, *a2, y, ys, HW, f);
+    CUDA_CHECK(cudaGetLastError());
+}
+extern "C" void bn_silu_sum_f16_cuda(const uint16_t *z1, long z1s, const ConvAct *a1, const uint16_t *z2, long z2s,
+                                     const ConvAct *a2, uint16_t *y, long ys, int B, int C, int HW, void *stream) {
+    bn_silu_sum_launch((const __half *)z1, z1s, a1, (const __half *)z2, z2s, a2, (__half *)y, ys, B, C, HW, stream);
+}
+extern "C" void bn_silu_sum_f32_cuda(const float *z1, long z1s, const ConvAct *a1, const float *z2, long z2s,
+                                     const ConvAct *a2, float *y, long ys, int B, int C, int HW, void *stream) {
+    bn_silu_sum_launch(z1, z1s, a1, z2, z2s, a2, y, ys, B, C, HW, stream);
 }
 
 // gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (bn_silu_backward_cpu's first loop);

@@ -551,6 +551,52 @@ static void test_conv_dgrad_wcols(int B, int Ct, int off, int Cin, int H, int W,
     free(wtf); free(dzf); free(x0); free(wcf); free(wth); free(dzh); free(wch);
 }
 
+// test_conv_wgrad_wcols: the weight gradient of one concat part of a 1x1 conv, its Cin columns [off, off +
+// Cin) of the conv's (Cout, Ct) dW written in place (wstride Ct), against the same launcher into a dense
+// (Cout, Cin) dW: the same kernel and split, so the same bits, added to what was there (accumulate 1)
+// or over it (0), with the slices' sum (wgrad_reduce: 4 values at a time where off and Ct are multiples
+// of 4, else 1) or without a split; the columns outside the part untouched. act: x is a pre-BN z read
+// through its BN+SiLU (ConvAct), as a concat's BN parts are.
+static void test_conv_wgrad_wcols(int B, int Ct, int off, int Cin, int H, int W, int Cout, int act, void *stream) {
+    long HW = (long)H * W, nx = (long)B * Cin * HW, nz = (long)B * Cout * HW, nwt = (long)Cout * Ct, nw = (long)Cout * Cin;
+    ConvDims dd = {B, Cin, H, W, Cout, 1, 1, 0, 0, 0, 0}, ds = dd;
+    ds.wstride = Ct;
+    float *xf = xmalloc(4 * nx), *dzf = xmalloc(4 * nz), *w0 = rand_host(nwt, -1, 1), *bn[4];
+    uint16_t *xh = rand_f16(nx, -2, 2, xf), *dzh = rand_f16(nz, -1, 1, dzf);
+    void *dx = to_dev(xh, 2 * nx), *ddz = to_dev(dzh, 2 * nz), *dbn[4];
+    bn[0] = rand_host(Cin, -1, 1); bn[1] = rand_host(Cin, 0.3f, 2); bn[2] = rand_host(Cin, 0.5f, 2);
+    bn[3] = rand_host(Cin, -1, 1);
+    for (int k = 0; k < 4; k++) dbn[k] = to_dev(bn[k], 4 * Cin);
+    ConvAct a = {dbn[0], dbn[1], dbn[2], dbn[3]};
+    size_t wsb = conv_wgrad_ws_bytes(dd, 0);
+    float *ws = wsb ? poisoned_dev((long)(wsb / 4)) : NULL, *dense = xmalloc(4 * nw);
+    long kc, nsl = conv_wgrad_split(dd, 0, &kc);
+    for (int accumulate = 1; accumulate >= 0; accumulate--) {
+        for (int co = 0; co < Cout; co++) memcpy(dense + co * Cin, w0 + co * Ct + off, 4 * Cin);
+        float *dwt = to_dev(w0, 4 * nwt), *dwd = to_dev(dense, 4 * nw);
+        conv_wgrad_cuda(ds, ddz, dx, act ? &a : NULL, dwt + off, ws, accumulate, stream);
+        conv_wgrad_cuda(dd, ddz, dx, act ? &a : NULL, dwd, ws, accumulate, stream);
+        float *got = from_dev(dwt, 4 * nwt), *ref = from_dev(dwd, 4 * nw);
+        long differ = 0, moved = 0;
+        for (int co = 0; co < Cout; co++)
+            for (int j = 0; j < Ct; j++) {
+                float v = got[co * Ct + j];
+                if (j >= off && j < off + Cin) differ += memcmp(&v, &ref[co * Cin + j - off], 4) != 0;
+                else moved += memcmp(&v, &w0[co * Ct + j], 4) != 0;
+            }
+        check(!differ && !moved, "conv_wgrad_cuda B=%d Cin=%d at column %d of %d %dx%d Cout=%d%s, %ld slice%s, %s: "
+              "dW's columns in place the bits of a dense dW (%ld of %ld differ), the rest untouched (%ld moved)", B, Cin,
+              off, Ct, H, W, Cout, act ? " ACT" : "", nsl, nsl > 1 ? "s" : "", accumulate ? "accumulate" : "overwrite",
+              differ, nw, moved);
+        free(got); free(ref);
+        CK(cudaFree(dwt)); CK(cudaFree(dwd));
+    }
+    for (int k = 0; k < 4; k++) { CK(cudaFree(dbn[k])); free(bn[k]); }
+    CK(cudaFree(dx)); CK(cudaFree(ddz));
+    if (ws) CK(cudaFree(ws));
+    free(xf); free(dzf); free(w0); free(xh); free(dzh); free(dense);
+}
+
 // relative/absolute fp32 check: |got - ref| <= rel * scale[i] + 1e-6 (scale: sum |terms| of the value)
 static void check_rel(const char *what, const float *got, const float *ref, const float *scale, long n, double rel) {
     double worst = 0; long bad = 0, wi = 0;
@@ -715,6 +761,81 @@ static void test_bn_silu_add(int B, int C, int HW, int zextra, int yextra, int f
     free(zd); free(got); free(ref); free(sc);
     if (f32) twin_compared(bn_silu_forward_f32_cuda);
     else twin_compared(bn_silu_forward_f16_cuda);
+}
+
+// bn_silu_sum_*_cuda: y (image stride ys, a slice when yextra) = BN+SiLU(z1) + BN+SiLU(z2), each z its
+// own BN and image stride (slices when z1extra / z2extra). Bit for bit what the step did before, the
+// first activation into y and the second added (bn_silu_forward_*_cuda, acc); the values past the
+// slice untouched; and near the sum of bn_silu_forward_cpu of each (FP16: check_f16tol, FP32: 1e-5).
+static void test_bn_silu_sum(int B, int C, int HW, int z1extra, int z2extra, int yextra, int f32, void *stream) {
+    long z1s = (long)(C + z1extra) * HW, z2s = (long)(C + z2extra) * HW, ys = (long)(C + yextra) * HW, ny = B * ys,
+         n = (long)C * HW;
+    size_t es = f32 ? 4 : 2;
+    float *zf[2], *bnp[2][4], *zd[2];
+    void *dz[2], *dbn[2][4];
+    uint16_t *zh[2];
+    ConvAct a[2];
+    long zs[2] = {z1s, z2s};
+    for (int k = 0; k < 2; k++) {
+        zf[k] = xmalloc(4 * B * zs[k]);
+        zh[k] = rand_f16(B * zs[k], -3, 5, zf[k]);
+        dz[k] = f32 ? to_dev(zf[k], 4 * B * zs[k]) : to_dev(zh[k], 2 * B * zs[k]);
+        bnp[k][0] = rand_host(C, -1, 1); bnp[k][1] = rand_host(C, 0.3f, 2);
+        bnp[k][2] = rand_host(C, 0.5f, 2); bnp[k][3] = rand_host(C, -1, 1);
+        for (int j = 0; j < 4; j++) dbn[k][j] = to_dev(bnp[k][j], 4 * C);
+        a[k] = (ConvAct){dbn[k][0], dbn[k][1], dbn[k][2], dbn[k][3]};
+        zd[k] = xmalloc(4 * (size_t)B * n);
+        for (int b = 0; b < B; b++) memcpy(zd[k] + (size_t)b * n, zf[k] + b * zs[k], 4 * (size_t)n);
+        bn_silu_forward_cpu(zd[k], bnp[k][0], bnp[k][1], bnp[k][2], bnp[k][3], zd[k], B, C, HW);
+    }
+    float *yf0 = xmalloc(4 * ny);
+    uint16_t *yh0 = rand_f16(ny, -4, 4, yf0);
+    const void *y0 = f32 ? (void *)yf0 : (void *)yh0;
+    void *dy1 = to_dev(y0, es * ny), *dy2 = to_dev(y0, es * ny);
+    long a1 = z1extra ? z1s : 0, a2 = z2extra ? z2s : 0, yarg = yextra ? ys : 0;
+    if (f32) {
+        bn_silu_sum_f32_cuda(dz[0], a1, &a[0], dz[1], a2, &a[1], dy1, yarg, B, C, HW, stream);
+        for (int k = 0; k < 2; k++)
+            bn_silu_forward_f32_cuda(dz[k], k ? a2 : a1, a[k].mean, a[k].invstd, a[k].gamma, a[k].beta, dy2, yarg, B,
+                                     C, HW, k, stream);
+    } else {
+        bn_silu_sum_f16_cuda(dz[0], a1, &a[0], dz[1], a2, &a[1], dy1, yarg, B, C, HW, stream);
+        for (int k = 0; k < 2; k++)
+            bn_silu_forward_f16_cuda(dz[k], k ? a2 : a1, a[k].mean, a[k].invstd, a[k].gamma, a[k].beta, dy2, yarg, B,
+                                     C, HW, k, stream);
+    }
+    unsigned char *g1 = (unsigned char *)from_dev(dy1, es * ny), *g2 = (unsigned char *)from_dev(dy2, es * ny);
+    long differ = 0, moved = 0;
+    for (long i = 0; i < ny; i++) {
+        differ += memcmp(g1 + i * es, g2 + i * es, es) != 0;
+        if (i % ys >= n) moved += memcmp(g1 + i * es, (const unsigned char *)y0 + i * es, es) != 0;
+    }
+    const char *name = f32 ? "bn_silu_sum_f32_cuda" : "bn_silu_sum_f16_cuda";
+    check(!differ, "%s B=%d C=%d HW=%d zs+%d,%d ys+%d: bit-identical to the first activation into y and the second "
+          "added (%ld of %ld differ)", name, B, C, HW, z1extra, z2extra, yextra, differ, ny);
+    check(!moved, "%s: the %ld values past the slice untouched (%ld moved)", name, (long)B * yextra * HW, moved);
+    float *got = xmalloc(4 * (size_t)B * n), *ref = xmalloc(4 * (size_t)B * n), *sc = xmalloc(4 * (size_t)B * n);
+    for (int b = 0; b < B; b++)
+        for (long i = 0; i < n; i++) {
+            size_t k = (size_t)b * n + i, at = (size_t)(b * ys + i);
+            got[k] = f32 ? ((float *)g1)[at] : half_to_float(((uint16_t *)g1)[at]);
+            ref[k] = zd[0][k] + zd[1][k];
+            sc[k] = fabsf(zd[0][k]) + fabsf(zd[1][k]) + 1;
+        }
+    char what[200];
+    snprintf(what, sizeof what, "%s B=%d C=%d HW=%d zs+%d,%d ys+%d vs the sum of bn_silu_forward_cpu", name, B, C, HW,
+             z1extra, z2extra, yextra);
+    if (f32) check_rel(what, got, ref, sc, (long)B * n, 1e-5);
+    else check_f16tol(what, got, ref, (long)B * n);
+    for (int k = 0; k < 2; k++) {
+        cudaFree(dz[k]);
+        for (int j = 0; j < 4; j++) { cudaFree(dbn[k][j]); free(bnp[k][j]); }
+        free(zf[k]); free(zh[k]); free(zd[k]);
+    }
+    cudaFree(dy1); cudaFree(dy2);
+    free(yf0); free(yh0); free(g1); free(g2); free(got); free(ref); free(sc);
+    if (f32) twin_compared(bn_silu_sum_f32_cuda);
+    else twin_compared(bn_silu_sum_f16_cuda);
 }
 
 // bn_stats_finish_cuda alone, on more tiles than the tests' convs make: K tiles a channel that partition
@@ -2150,6 +2271,14 @@ int main(void) {
     test_conv_dgrad_wcols(1, 27, 3, 8, 6, 8, 20, 1, 1, s);
     test_conv_dgrad_wcols(1, 40, 24, 16, 6, 16, 24, 3, 1, s);
     test_conv_dgrad_wcols(2, 24, 8, 8, 9, 12, 16, 3, 2, s);
+    // the weight gradient of one concat part into its columns of a 1x1 conv's dW: 16-byte rows, split in
+    // 4 slices (the 4-value sums), with and without the part's BN+SiLU; an odd column (the 1-value sums);
+    // an odd map (the gather kernel); one slice (no sum: the kernel writes dW)
+    test_conv_wgrad_wcols(2, 72, 24, 32, 20, 20, 40, 1, s);
+    test_conv_wgrad_wcols(2, 72, 24, 32, 20, 20, 40, 0, s);
+    test_conv_wgrad_wcols(2, 45, 5, 24, 20, 20, 24, 1, s);
+    test_conv_wgrad_wcols(1, 40, 8, 16, 9, 9, 20, 1, s);
+    test_conv_wgrad_wcols(1, 48, 16, 16, 12, 12, 64, 1, s);
     // 3 input channels (the stem) on rows of 24 and 64: still the gather kernel (A's rows not 16-byte loads)
     test_conv(2, 3, 16, 24, 20, 3, 2, 0, 0, s);
     test_conv(1, 3, 6, 64, 20, 3, 2, 0, 0, s);
@@ -2177,6 +2306,11 @@ int main(void) {
     test_bn_silu_add(2, 5, 300, 2, 3, 0, NULL);   // one value a thread, z and y slices
     test_bn_silu_add(2, 3, 400, 1, 2, 1, s);      // FP32, 16-byte words, slices
     test_bn_silu_add(1, 2, 45, 0, 1, 1, s);       // FP32, one value a thread
+    test_bn_silu_sum(2, 4, 64, 0, 0, 0, 0, s);      // 16-byte words
+    test_bn_silu_sum(2, 5, 304, 2, 0, 3, 0, NULL);  // 16-byte words, z1 and y slices
+    test_bn_silu_sum(2, 5, 300, 0, 1, 0, 0, s);     // one value a thread, a z2 slice
+    test_bn_silu_sum(2, 3, 400, 1, 2, 2, 1, s);     // FP32, 16-byte words, slices
+    test_bn_silu_sum(1, 2, 45, 0, 0, 1, 1, s);      // FP32, one value a thread
     test_bn_silu_up(2, 3, 5, 7, 1, 8, 0, 0, s);      // pairs of values a store
     test_bn_silu_up(1, 2, 20, 17, 0, 3, 1, 0, NULL);  // odd offset and stride: one value a store
     test_bn_silu_up(2, 3, 6, 5, 2, 4, 0, 1, s);       // FP32
