@@ -706,6 +706,17 @@ static void test_bn(int B, int C, int HW, int zextra, int yextra, void *stream) 
     twin_compared(bn_silu_forward_f16_cuda);
 }
 
+// slice_diff: of ny values of es bytes (images ys apart, each's first n a slice of y), how many differ
+// between got and ref (*differ), and how many past the slices differ from y0, what was there (*moved)
+static void slice_diff(const unsigned char *got, const unsigned char *ref, const void *y0, long ny, long ys, long n,
+                       size_t es, long *differ, long *moved) {
+    *differ = *moved = 0;
+    for (long i = 0; i < ny; i++) {
+        *differ += memcmp(got + i * es, ref + i * es, es) != 0;
+        if (i % ys >= n) *moved += memcmp(got + i * es, (const unsigned char *)y0 + i * es, es) != 0;
+    }
+}
+
 // bn_silu_forward_*_cuda with acc (a Bottleneck's residual sum made as its second activation is
 // written): y (image stride ys, a slice when yextra) += BN+SiLU(z). Bit for bit what the step did
 // before, the activation into a dense buffer and add_f16_cuda / add_f32_cuda into y; the values past
@@ -730,11 +741,8 @@ static void test_bn_silu_add(int B, int C, int HW, int zextra, int yextra, int f
         add_f16_cuda((const uint16_t *)dt, n, dy2, ys, B, n, stream);
     }
     unsigned char *g1 = (unsigned char *)from_dev(dy1, es * ny), *g2 = (unsigned char *)from_dev(dy2, es * ny);
-    long differ = 0, moved = 0;
-    for (long i = 0; i < ny; i++) {
-        differ += memcmp(g1 + i * es, g2 + i * es, es) != 0;
-        if (i % ys >= n) moved += memcmp(g1 + i * es, (const unsigned char *)y0 + i * es, es) != 0;
-    }
+    long differ, moved;
+    slice_diff(g1, g2, y0, ny, ys, n, es, &differ, &moved);
     const char *name = f32 ? "bn_silu_forward_f32_cuda" : "bn_silu_forward_f16_cuda";
     check(!differ, "%s acc B=%d C=%d HW=%d zs+%d ys+%d: bit-identical to the activation into a buffer + %s "
           "(%ld of %ld differ)", name, B, C, HW, zextra, yextra, f32 ? "add_f32_cuda" : "add_f16_cuda", differ, ny);
@@ -805,11 +813,8 @@ static void test_bn_silu_sum(int B, int C, int HW, int z1extra, int z2extra, int
                                      C, HW, k, stream);
     }
     unsigned char *g1 = (unsigned char *)from_dev(dy1, es * ny), *g2 = (unsigned char *)from_dev(dy2, es * ny);
-    long differ = 0, moved = 0;
-    for (long i = 0; i < ny; i++) {
-        differ += memcmp(g1 + i * es, g2 + i * es, es) != 0;
-        if (i % ys >= n) moved += memcmp(g1 + i * es, (const unsigned char *)y0 + i * es, es) != 0;
-    }
+    long differ, moved;
+    slice_diff(g1, g2, y0, ny, ys, n, es, &differ, &moved);
     const char *name = f32 ? "bn_silu_sum_f32_cuda" : "bn_silu_sum_f16_cuda";
     check(!differ, "%s B=%d C=%d HW=%d zs+%d,%d ys+%d: bit-identical to the first activation into y and the second "
           "added (%ld of %ld differ)", name, B, C, HW, z1extra, z2extra, yextra, differ, ny);
