@@ -2173,6 +2173,19 @@ static int cat_pool_chain(const Exec *e, const Value *v, int i) {
 }
 
 static void value_materialize(Exec *e, int vi, int b, void *out, long os);
+// slice_run_end: the end j of the run of parts [i, j) < i1 of concatenation v that continue part i's
+// conv with slices of its channels that follow on (a C2f's two halves of cv1); *C their channels
+static int slice_run_end(const Model *m, const Value *v, int i, int i1, int *C) {
+    const Value *s = &m->val[v->src[i]];
+    int j = i + 1, c0 = s->kind == V_SLICE ? s->c0 : 0;
+    *C = s->C;
+    for (; j < i1; j++) {
+        const Value *t = &m->val[v->src[j]];
+        if (t->kind != V_SLICE || t->conv != s->conv || t->c0 != c0 + *C) break;
+        *C += t->C;
+    }
+    return j;
+}
 // cat_materialize: parts [i0, i1) of concatenation v (nb images from image b) into out, part i0 first
 // (image stride os); a part that is the pool of the one just written here is pooled from it, and
 // slices of one conv whose channels follow on (a C2f's two halves of cv1) are activated in one call
@@ -2182,12 +2195,7 @@ static void cat_materialize(Exec *e, const Value *v, int b, int i0, int i1, void
     for (int i = i0; i < i1; i++) {
         const Value *s = &m->val[v->src[i]];
         void *o = (char *)out + off * e->esz;
-        int j = i + 1, C = s->C;
-        for (; s->kind == V_SLICE && j < i1; j++) {
-            const Value *t = &m->val[v->src[j]];
-            if (t->kind != V_SLICE || t->conv != s->conv || t->c0 != s->c0 + C) break;
-            C += t->C;
-        }
+        int C = s->C, j = s->kind == V_SLICE ? slice_run_end(m, v, i, i1, &C) : i + 1;
         if (i > i0 && cat_pool_chain(e, v, i)) {   // (SPPF)
             if (!arena_dry(e->a)) e->be->maxpool(e, (char *)out + prev * e->esz, o, os, s->C, s->H, s->W);
         } else if (j > i + 1) {
@@ -10277,6 +10285,12 @@ static void gpu_act(Exec *e, const Conv *c, int c0, int C, int b, void *out, lon
     k_bn_silu(g, GOFF(g, c->z, (long)c0 * HW), (long)c->zstride, c->mean + c0, c->invstd + c0,
               e->params + c->g_off + c0, e->params + c->b_off + c0, out, os, C, HW, acc);
 }
+// conv_act: the ConvAct of BN conv p's channels from c0 (its statistics, NULL where not made yet, and
+// its BN parameters), for a kernel that applies p's BN+SiLU as it reads p's z
+static ConvAct conv_act(const Exec *e, const Conv *p, int c0) {
+    return (ConvAct){p->mean ? p->mean + c0 : NULL, p->invstd ? p->invstd + c0 : NULL, e->params + p->g_off + c0,
+                     e->params + p->b_off + c0};
+}
 // gpu_act_sum: a residual sum of two BN convs' activations, made in one launch
 static void gpu_act_sum(Exec *e, const Conv *c1, int c10, const Conv *c2, int c20, int C, int b, void *out,
                         long os) {
@@ -10290,7 +10304,7 @@ static void gpu_act_sum(Exec *e, const Conv *c1, int c10, const Conv *c2, int c2
         if (!c[i]->bn) die("gpu: the output of %s (no BN) is read by a conv", c[i]->name);
         int k = c0[i];
         z[i] = GOFF(g, c[i]->z, (long)k * c[i]->Ho * c[i]->Wo);
-        a[i] = (ConvAct){c[i]->mean + k, c[i]->invstd + k, e->params + c[i]->g_off + k, e->params + c[i]->b_off + k};
+        a[i] = conv_act(e, c[i], k);
     }
     prof_begin(g);
     if (g->f32)
@@ -10381,8 +10395,7 @@ static GpuIn gpu_conv_input(Exec *e, const Conv *c) {
         int c0 = v->kind == V_SLICE ? v->c0 : 0;
         in.x = p->z ? GOFF(g, p->z, (long)c0 * v->H * v->W) : NULL;
         in.xs = (long)p->zstride;
-        in.act = (ConvAct){p->mean ? p->mean + c0 : NULL, p->invstd ? p->invstd + c0 : NULL, e->params + p->g_off + c0,
-                           e->params + p->b_off + c0};
+        in.act = conv_act(e, p, c0);
         in.fused = 1;
         return in;
     }
@@ -10456,20 +10469,14 @@ static void *gpu_bn_backward(Exec *e, Conv *c) {
     return dz;
 }
 // cat_act_run: the parts [i, j) of concatenation v that are one run of a BN conv's output channels (a
-// conv output, or slices of one whose channels follow on), the longest from part i: j, and in *p and
-// *c0 the conv and its first channel; i itself when part i is not such a value (j = i)
-static int cat_act_run(const Model *m, const Value *v, int i, const Conv **p, int *c0) {
+// conv output, or slices of one whose channels follow on), the longest from part i: j, and in *p, *c0
+// and *C the conv, its first channel and the run's channels; i itself when part i is not such a value
+static int cat_act_run(const Model *m, const Value *v, int i, const Conv **p, int *c0, int *C) {
     const Value *s = &m->val[v->src[i]];
     if ((s->kind != V_CONV && s->kind != V_SLICE) || !m->conv[s->conv].bn) return i;
     *p = &m->conv[s->conv];
     *c0 = s->kind == V_SLICE ? s->c0 : 0;
-    int j = i + 1, next = *c0 + s->C;
-    for (; j < v->n; j++) {
-        const Value *t = &m->val[v->src[j]];
-        if (t->kind != V_SLICE || t->conv != s->conv || t->c0 != next) break;
-        next += t->C;
-    }
-    return j;
+    return slice_run_end(m, v, i, v->n, C);
 }
 // gpu_wgrad_cat: the weight gradient of a 1x1 FP16 conv whose input is a concatenation, part by part
 // (0: not such a conv, nothing done). The 1x1 conv's weight columns of a part are the product of dz
@@ -10489,31 +10496,31 @@ static int gpu_wgrad_cat(Exec *e, Conv *c, void *dz) {
     const Value *in = &m->val[c->in];
     if (g->f32 || c->k != 1 || c->s != 1 || in->kind != V_CAT) return 0;
     const Conv *p;
-    int c0, act_ch = 0, runs = 0;
+    int c0, C, act_ch = 0, runs = 0;
     for (int i = 0; i < in->n; runs++) {   // the BN runs' channels, and the runs of either kind
-        int j = cat_act_run(m, in, i, &p, &c0);
-        if (j > i)
-            for (; i < j; i++) act_ch += m->val[in->src[i]].C;
-        else
-            while (i < in->n && cat_act_run(m, in, i, &p, &c0) == i) i++;
+        int j = cat_act_run(m, in, i, &p, &c0, &C);
+        if (j > i) {
+            act_ch += C;
+            i = j;
+        } else
+            while (i < in->n && cat_act_run(m, in, i, &p, &c0, &C) == i) i++;
     }
     if (2L * act_ch <= (long)(runs - 1) * c->cout) return 0;
     long HW = (long)c->H * c->W, zs = (long)c->zstride;
     for (int i = 0, off = 0; i < in->n;) {
-        int j = cat_act_run(m, in, i, &p, &c0), C = 0;
+        int j = cat_act_run(m, in, i, &p, &c0, &C);
         ConvDims d;
         if (j > i) {
-            for (int k = i; k < j; k++) C += m->val[in->src[k]].C;
-            ConvAct act = {p->mean ? p->mean + c0 : NULL, p->invstd ? p->invstd + c0 : NULL,
-                           e->params + p->g_off + c0, e->params + p->b_off + c0};
+            ConvAct act = conv_act(e, p, c0);
             d = gpu_conv_dims(g, c, (long)p->zstride, zs);
             d.Cin = C;
             d.wstride = c->cin;
             k_conv_wgrad(g, d, dz, p->z ? GOFF(g, p->z, (long)c0 * HW) : NULL, &act, e->grads + c->w_off + off);
         } else {
             const Conv *q;
-            int q0;
-            for (j = i; j < in->n && cat_act_run(m, in, j, &q, &q0) == j; j++) C += m->val[in->src[j]].C;
+            int q0, qC;
+            for (C = 0, j = i; j < in->n && cat_act_run(m, in, j, &q, &q0, &qC) == j; j++)
+                C += m->val[in->src[j]].C;
             void *t = gact(g, g->B * C * HW, G_SCRATCH);   // (B, C, H, W): these parts
             cat_materialize(e, in, 0, i, j, t, C * HW);
             d = gpu_conv_dims(g, c, 0, zs);
