@@ -112,8 +112,8 @@ void bn_stats_finish_cuda(const float *part, int K, int C, float *mean, float *i
                           float eps, float momentum, void *stream);
 // conv_stats_floats: a bound on conv_forward_stats_cuda's partials, 4 floats per output channel and pixel
 // tile: tiles of 64 pixels of B*Ho*Wo (the gather kernel), or of the 3x3 kernel's 128 (stride 2: 64)
-// pixels as 16- or 32-column blocks of rows of one image, whichever count is the largest (the stride-2
-// forward's tiles of whole rows are taken only where they are fewer than these)
+// pixels as 16- or 32-column blocks of rows of one image, whichever count is the largest (the 3x3
+// kernel's tiles of whole rows, at either stride, are taken only where they are fewer than these)
 static inline size_t conv_stats_floats(ConvDims d) {
     long Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S), bn = d.S == 2 ? 64 : 128;
     long t = ((long)d.B * Ho * Wo + 63) / 64;

@@ -597,8 +597,9 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #define H3_BM 64    // output channels per block
 #define H3_BN 128   // output pixels per block
 #define H3_KC 16    // input channels per K step
-#define H3_ROW_TC 20   // stride 2's row tiles: staged 20 output columns wide (see conv_halo_kernel)
-#define H3_ROW_RT 3    // and 3 rows (60 pixels of 64: the most whole rows of 20 a 64-pixel tile holds)
+#define H3_ROW_TC 20   // row tiles: staged 20 output columns wide (see conv_halo_kernel)
+#define H3_ROW_RT 3    // stride 2: 3 rows (60 pixels of 64: the most whole rows of 20 a 64-pixel tile holds)
+#define H3_ROW_RT1 6   // stride 1: 6 rows (120 pixels of 128)
 template <int VW> struct H3Piece {   // VW consecutive halves of one row of one channel
     typedef typename std::conditional<VW == 8, uint4, uint2>::type V;
     union {
@@ -850,16 +851,19 @@ struct H3Halo {
 // every piece at a multiple of 128 bytes: 46-64 KB, within the 64 KB a block may have on sm_75 (the
 // forward's A, 64 x 16 values a tap, swizzled by h3_a: padded to 48-byte rows it would take 71-82 KB).
 template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
-    static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD, ROWS = S2 && TC == H3_ROW_TC;
-    static constexpr int BNK = S2 ? 64 : H3_BN;
+    static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD, ROWS = TC == H3_ROW_TC;
+    static constexpr int BNK = S2 ? 64 : H3_BN, RT = S2 ? H3_ROW_RT : H3_ROW_RT1;
     // the halo padded to 48 bytes a position (8 ldmatrix rows in 8 bank groups; the stride-2 forward
     // has no 32-column tiles, whose 65-wide window would fit 64 KB only at 32 bytes, swizzled).
     // Row tiles stage 3 output rows, the forward's a 7 x 41 window (60 pixels'; the tile computes 64,
     // the last 4 discarded), PS2's a 5 x 22 halo of dz. (The forward's at 24 columns, 7 x 49, fitted
     // only swizzled, and the swizzle's address math took the loop from 11.3 to 16.8 PTX instructions
     // per mma, sm_80.)
+    // Stride 1's row tiles stage 6 rows, an 8 x 22 halo of 8-byte pieces (QUAD: a 20-wide row is 5 of
+    // them; of 16 bytes it would be 2.5).
     static_assert(!(FS2 && TC == 32), "the stride-2 forward takes 16-column or row tiles (conv_halo_grid)");
-    typedef H3Halo<TC, VW, FS2, ROWS ? H3_ROW_RT * H3_ROW_TC : BNK, H3_KC + 8> Halo;
+    static_assert(!ROWS || S2 || VW == 4, "stride 1's row tiles load 8-byte pieces");
+    typedef H3Halo<TC, VW, FS2, ROWS ? RT * H3_ROW_TC : BNK, H3_KC + 8> Halo;
     static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * H3_KC;
     static constexpr int STAGE = A_HALVES + (Halo::HR * Halo::HC * Halo::PITCH + 63) / 64 * 64;   // halves
     static constexpr size_t BYTES = 2 * (size_t)STAGE * sizeof(__half);
@@ -907,10 +911,12 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     typedef H3Shape<DGRAD, S2, TC, VW> Shape;
     typedef typename Shape::Halo Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
-    // ROWS (stride 2, TC H3_ROW_TC): a tile is RT = H3_ROW_RT whole output rows (PS2: rows of pixel
-    // pairs) of a map at most 20 wide (a 20-wide map: 60 of the tile's 64 pixels computed, where
-    // 16-column tiles of 4 rows computed 640 a 400-pixel image); its window (2 RT + 1 rows of x, or RT +
-    // 2 of dz, the input's whole width) is staged as a 20-column tile's (the columns past the image zero)
+    // ROWS (TC H3_ROW_TC): a tile is RT whole output rows (PS2: rows of pixel pairs) of a map at most 20
+    // wide, H3_ROW_RT at stride 2 (a 20-wide map: 60 of the tile's 64 pixels computed, where 16-column
+    // tiles of 4 rows computed 640 a 400-pixel image), H3_ROW_RT1 at stride 1 (120 of 128, where
+    // 32-column tiles of 4 rows computed 640 a 20 x 20 image, row tiles 448: a warp whose 32 pixels lie
+    // past the last tile's 2 rows skips its products); its window (2 RT + 1 rows of x, or RT + 2 of x or
+    // dz, the input's whole width) is staged as a 20-column tile's (the columns past the image zero)
     constexpr bool ROWS = Shape::ROWS;
     // A per tap: the forward's row-major (m, k), the 16 input channels of an output channel contiguous;
     // DGRAD's col-major (m, k), 64 output channels contiguous per dz channel; 16-byte pieces copied from
@@ -951,7 +957,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     // PS2's grid is sized for parity 0, whose grid is the larger: a block of a smaller parity's grid that
     // falls past it (or into an empty one) is idle: it runs the K loop on image 0's data (in bounds; the
     // loop the same code as every block's) and stores nothing
-    constexpr int RT = TR;   // rows a tile (ROWS: H3_ROW_RT)
+    constexpr int RT = TR;   // rows a tile (ROWS: Shape::RT)
     const int tilesX = ROWS ? 1 : (OW + TC - 1) / TC, tilesY = (OH + RT - 1) / RT, per_img = max(tilesX * tilesY, 1);
     const int b = blockIdx.x / per_img, tile = blockIdx.x - b * per_img;
     const bool live = b < g.B && tilesX * tilesY > 0;
@@ -1233,17 +1239,21 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
     long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, bn / 16) * (bn / 16), c32 = (long)cdiv(W, 32) * 32 * cdiv(H, bn / 32) * (bn / 32);
     return c32 < c16 ? 32 : 16;
 }
-// conv_halo_rows: the rows of a stride-2 row tile on an OW x OH map (H3_ROW_RT) where they make fewer
-// tiles a map than the column tiles' ctiles, else 0; only on maps at most the 20 columns they stage wide,
-// their rows a multiple of 4 (whole pixel pairs and 8-byte pieces of dz a row; the forward's 16-byte
-// pieces of x give that too). The one choice of conv_halo_grid and conv_wgrad_cuda
-static int conv_halo_rows(int OW, int OH, long ctiles) {
+// conv_halo_rows: the rows of a row tile on an OW x OH map (stride 2: H3_ROW_RT; 1: H3_ROW_RT1) where
+// they make fewer tiles a map than the column tiles' ctiles, else 0; only on maps at most the 20 columns
+// they stage wide, their rows a multiple of 4 (whole pixel pairs and 8-byte pieces of dz or x a row; the
+// stride-2 forward's 16-byte pieces of x give that too). The one choice of conv_halo_grid and
+// conv_wgrad_cuda
+static int conv_halo_rows(int OW, int OH, long ctiles, int stride) {
     const bool fits = OW >= 1 && OW <= H3_ROW_TC && OW % 4 == 0;
-    return fits && cdiv(OH, H3_ROW_RT) < ctiles ? H3_ROW_RT : 0;
+    const int rt = stride == 2 ? H3_ROW_RT : H3_ROW_RT1;
+    return fits && cdiv(OH, rt) < ctiles ? rt : 0;
 }
 // conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or H3_ROW_TC for row tiles,
-// which stride 2 takes where they compute the fewest pixels: the forward with 16-byte pieces of x (vw
-// 8), the input gradient with 8-byte ones of dz (vw 4: its 20-wide rows) on rows of pairs a multiple of 4)
+// taken where they compute the fewest pixels: at stride 2 the forward with 16-byte pieces of x (vw 8),
+// the input gradient with 8-byte ones of dz (vw 4: its 20-wide rows) on rows of pairs a multiple of 4;
+// at stride 1 with 8-byte pieces (vw 4), which takes them on 20-wide maps (on 12- or 4-wide ones
+// 16-column tiles of 8 rows are as few))
 static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
     int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
@@ -1255,9 +1265,9 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     // cost less than that)
     *tc = s2 && !dgrad ? 16 : conv_halo_tc(OW, OH, bn);
     tr = bn / *tc;
-    if (const int rt = s2 && vw == (dgrad ? 4 : 8) ? conv_halo_rows(OW, OH, (long)cdiv(OW, *tc) * cdiv(OH, tr)) : 0) {
+    if (const int rt = vw == (s2 && !dgrad ? 8 : 4) ? conv_halo_rows(OW, OH, (long)cdiv(OW, *tc) * cdiv(OH, tr), g.S) : 0) {
         *tc = H3_ROW_TC;
-        return dim3(g.B * cdiv(OH, rt), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), dgrad ? 2 : 1);
+        return dim3(g.B * cdiv(OH, rt), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
     }
     return dim3(g.B * cdiv(OW, *tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
 }
@@ -1284,6 +1294,13 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
     dim3 grid = conv_halo_grid(g, dgrad, vw, &tc);
     bool s2 = g.S == 2;
     static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
+    if (tc == H3_ROW_TC && !s2) {   // stride 1's row tiles (8-byte pieces)
+        if (dgrad) conv_halo_kernel<false, true, false, 20, 4><<<grid, 256, h3_smem<false, true, false, 20, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        else if (act) conv_halo_kernel<true, false, false, 20, 4><<<grid, 256, h3_smem<true, false, false, 20, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        else conv_halo_kernel<false, false, false, 20, 4><<<grid, 256, h3_smem<false, false, false, 20, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     if (tc == H3_ROW_TC) {   // stride 2's row tiles (the forward's 16-byte pieces, the input gradient's 8-byte)
         if (dgrad) conv_halo_kernel<false, true, true, 20, 4><<<grid, 256, h3_smem<false, true, true, 20, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
         else if (act) conv_halo_kernel<true, false, true, 20, 8><<<grid, 256, h3_smem<true, false, true, 20, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
@@ -2271,15 +2288,16 @@ template <bool ACT, bool S2, int TC, int VW>
 __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
                                                               float *dw, float *ws, int accumulate, int nslices) {
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
-    // ROWS (stride 2, TC H3_ROW_TC, dz rows a multiple of 4 copied 8 bytes at a time): tiles of RT whole
-    // rows of dz's map (as conv_halo_kernel's: H3_ROW_RT, 64 pixels; a 20-wide map's 60 consecutive
-    // pixels of dz, the 4 past them zero-filled), their 7 x 41 window staged as a 20-column tile's, x's
-    // rows in 16-byte pieces (VW 8: x's own width, whatever dz's)
-    constexpr bool ROWS = S2 && TC == H3_ROW_TC;
-    static_assert(!ROWS || VW == 8, "row tiles load x 16 bytes at a time");
+    // ROWS (TC H3_ROW_TC, dz rows a multiple of 4 copied 8 bytes at a time): tiles of RT whole rows of
+    // dz's map (as conv_halo_kernel's: stride 2, H3_ROW_RT rows, 64 pixels; a 20-wide map's 60
+    // consecutive pixels of dz, the 4 past them zero-filled, their 7 x 41 window staged as a 20-column
+    // tile's, x's rows in 16-byte pieces, VW 8: x's own width, whatever dz's; stride 1, H3_ROW_RT1 rows,
+    // 128 pixels, 120 of them a 20-wide map's, the window 8 x 22 in 8-byte pieces, VW 4)
+    constexpr bool ROWS = TC == H3_ROW_TC;
+    static_assert(!ROWS || VW == (S2 ? 8 : 4), "row tiles load x 16 bytes at a time at stride 2, 8 at stride 1");
     // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
     // fit 48 KB), at stride 1 32 bytes and swizzled (padded they would not)
-    typedef H3Halo<TC, VW, S2, ROWS ? H3_ROW_RT * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
+    typedef H3Halo<TC, VW, S2, ROWS ? (S2 ? H3_ROW_RT : H3_ROW_RT1) * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
     constexpr int KP = Halo::PITCH;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
@@ -2301,7 +2319,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int tid = threadIdx.x & 127, warp = tid / 32, lane = tid % 32;
     const int Cout = g.Cout, Cin = g.Cin, H = g.H, W = g.W, HW = H * W, N = Cin * 9;
     const int OH = g.Ho, OW = g.Wo, OHW = OH * OW;   // dz's map (S2: every other input pixel's)
-    constexpr int RT = TR;   // rows a tile (ROWS: H3_ROW_RT)
+    constexpr int RT = TR;   // rows a tile (ROWS: H3_ROW_RT or H3_ROW_RT1)
     const int tilesX = ROWS ? 1 : (OW + TC - 1) / TC, per_img = tilesX * ((OH + RT - 1) / RT), ntiles = g.B * per_img;
     const int c0 = blockIdx.x * H3_KC, m0 = blockIdx.y * H3_BM, z = blockIdx.z;
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
@@ -2321,14 +2339,15 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     auto fetch_dz = [&](int st) {   // the tile's dz by cp.async into stage st
         const __half *zb = dz + tb * g.zs;
         __half(*A)[LDA] = As(st);
-        if constexpr (ROWS) {   // copy i of a thread: pixels 4 (tid % 16) .. of channel row tid / 16 + 8 i
-            const int px = 4 * (tid & 15), mt = tid >> 4;
+        if constexpr (ROWS) {   // copy i of a thread: pixels 4 (tid % TPR) .. of channel row tid / TPR + RPI i
+            constexpr int TPR = BNW / 4, RPI = 128 / TPR;   // threads a channel row, rows a copy
+            const int px = 4 * (tid % TPR), mt = tid / TPR;
             const bool in_map = px < min(RT, OH - ty0) * OW;
             const long off = (long)(m0 + mt) * OHW + ty0 * OW + px;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const bool ok = in_map && m0 + mt + 8 * i < Cout;
-                cp_asyncz<8>(&A[mt + 8 * i][px], ok ? zb + off + (long)8 * i * OHW : dz, ok);
+            for (int i = 0; i < H3_BM / RPI; i++) {
+                const bool ok = in_map && m0 + mt + RPI * i < Cout;
+                cp_asyncz<8>(&A[mt + RPI * i][px], ok ? zb + off + (long)RPI * i * OHW : dz, ok);
             }
         } else {
             // copy q = tid + 128 i: column q % CPR of tile row q / CPR % TR of channel row q / RPC; 128 being
@@ -2390,13 +2409,23 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
         }
         return;
     }
+    // stride 1's row tiles: a K step multiplies only the B tiles with pixels of the tile (nf; the last
+    // tile of a 20-row map is 2 rows, 40 of its 128 pixels: 3 B tiles of 8), the rest being dz's zeros
+    // (block-uniform; the products kept are the same, in the same order)
+    int rt_img = ROWS && !S2 ? (kt0 - kt0 / per_img * per_img) * RT : 0;   // the step's tile's first row
     for (int s = 0; s < nsteps; s++) {
         const int st = s & 1;
         bar_sync_n(1 + st, 256);
         __half(*A)[LDA] = As(st);
         __half(*B)[KP] = Bs(st);
+        int nf = BNW / 16;
+        if constexpr (ROWS && !S2) {
+            nf = (min(RT, OH - rt_img) * OW + 15) / 16;
+            rt_img = rt_img + RT < OH ? rt_img + RT : 0;
+        }
 #pragma unroll
         for (int f = 0; f < BNW / 16 && wlive; f++) {
+            if (!S2 && ROWS && f >= nf) break;
             const int r = f / FPR, sg = f - r * FPR;
             uint32_t fa[2][4];
 #pragma unroll
@@ -2621,9 +2650,9 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         ConvAct a = act ? *act : ConvAct();
         int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), tr = (g.S == 2 ? 64 : H3_BN) / tc;
         long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
-        // stride 2: row tiles (dz's rows a multiple of 4, 8-byte copies; x's rows 16-byte pieces) where
-        // they are fewer
-        if (const int rt = g.S == 2 && vw == 4 && vwx == 8 ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr)) : 0)
+        // row tiles (dz's rows a multiple of 4, 8-byte copies; x's rows 16-byte pieces at stride 2, 8-byte
+        // ones at stride 1) where they are fewer
+        if (const int rt = vw == 4 && vwx == (g.S == 2 ? 8 : 4) ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr), g.S) : 0)
             tc = H3_ROW_TC, ntiles = (long)g.B * cdiv(g.Ho, rt);
         const int cols = cdiv(g.Cin, H3_KC) * cdiv(g.Cout, H3_BM);
         const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count());
@@ -2631,7 +2660,10 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
         static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
-        if (tc == H3_ROW_TC) {
+        if (tc == H3_ROW_TC && g.S == 1) {
+            if (act) conv_halo_wgrad_kernel<true, false, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+            else conv_halo_wgrad_kernel<false, false, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+        } else if (tc == H3_ROW_TC) {
             if (act) conv_halo_wgrad_kernel<true, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
             else conv_halo_wgrad_kernel<false, true, 20, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
         } else switch ((g.S == 2 ? 8 : 0) | (act ? 4 : 0) | (tc == 32 ? 2 : 0) | (vw == 8 ? 1 : 0)) {

@@ -1,5 +1,5 @@
 // gpu_step_test.c: the device training step (the GPU section of yolo.c) against the CPU step of yolo.c on the same
-// weights, input and targets: YOLOv8n, nc 3, batch 2, 64x64 (and one step at 64x160: test_rect_step). Built
+// weights, input and targets: YOLOv8n, nc 3, batch 2, 64x64 (and one step at 96x160: test_rect_step). Built
 // by test/emu.mk against the CPU emulation of yolo_kernels.cu (run by test/run_emu.sh) and, with make
 // test-gpu, against the real cudart. Not named test_*.c: the main Makefile would build it without kernels.
 // Both sides use the same FP16-rounded conv weights and input. Tolerances, from measurements:
@@ -218,19 +218,23 @@ static int launched(const char *pre, const char *suf) {
     return found;
 }
 
-// 10. a rectangular batch, 2 x 64 x 160, where a stride-2 conv takes the row tiles (conv_halo_kernel,
-// conv_halo_wgrad_kernel with TC H3_ROW_TC: 3 whole output rows of a map at most 20 wide a tile), which
-// the 64 x 64 step's maps never do: model.3 (32 -> 64 channels, stride 8) outputs 8 x 20 (7 of its 3-row
-// tiles' pixels against 8 of 4 x 16's in 16-column tiles), and its input gradient is 8 rows of 20 pixel
-// pairs a parity. The device step against the FP32 CPU step, bounded as C bounds the 64 x 64 step's: by
-// 2x the CPU's FP16 twin's own distance from FP32, or the same floors, whichever is larger
+// 10. a rectangular batch, 2 x 96 x 160, where the 3x3 convs take the row tiles (conv_halo_kernel,
+// conv_halo_wgrad_kernel with TC H3_ROW_TC: whole output rows of a map at most 20 wide a tile, 3 at
+// stride 2, 6 at stride 1), which the 64 x 64 step's maps never do: model.3 (32 -> 64 channels, stride
+// 8) outputs 12 x 20 (4 of its 3-row tiles against 6 of 4 x 16's in 16-column tiles), and its input
+// gradient is 12 rows of 20 pixel pairs a parity; the stride-1 3x3 convs of the 12 x 20 map (the neck's
+// model.15 and Detect's first level) take 2 tiles of 6 rows against 3 of 4 x 32. The device step against
+// the FP32 CPU step, bounded as C bounds the 64 x 64 step's: by 2x the CPU's FP16 twin's own distance from
+// FP32, or the same floors, whichever is larger
 static void test_rect_step(void) {
-    enum { RB = 2, RH = 64, RW = 160 };
+    enum { RB = 2, RH = 96, RW = 160, NR = 6 };
     // the launch log names each kernel once, when first launched: the row tiles must not be in it yet
-    const char *rpre[3] = {"conv_halo_kernel<", "conv_halo_kernel<false, true, true, 20, ", "conv_halo_wgrad_kernel<"},
-               *rsuf[3] = {", false, true, 20, 8>", ">", ", true, 20, 8>"};
+    // (stride 2: forward, input gradient, weight gradient; then stride 1's)
+    const char *rpre[NR] = {"conv_halo_kernel<", "conv_halo_kernel<false, true, true, 20, ", "conv_halo_wgrad_kernel<",
+                            "conv_halo_kernel<", "conv_halo_kernel<false, true, false, 20, ", "conv_halo_wgrad_kernel<"},
+               *rsuf[NR] = {", false, true, 20, 8>", ">", ", true, 20, 8>", ", false, false, 20, 4>", "4>", ", false, 20, 4>"};
     int before = 0;
-    for (int i = 0; i < 3; i++) before += launched(rpre[i], rsuf[i]) > 0;
+    for (int i = 0; i < NR; i++) before += launched(rpre[i], rsuf[i]) > 0;
     Model *m = xcalloc(1, sizeof(Model));
     uint8_t *img;
     float *x;
@@ -291,14 +295,14 @@ static void test_rect_step(void) {
           RH, RW, RB, lc_g[0], lc_c[0], lc_g[1], lc_c[1], lc_g[2], lc_c[2], rel[0], rel[1], rel[2], trel[0], trel[1],
           trel[2], lo_g.n_fg, lo_c.n_fg);
     // the step took the row tiles: named in the launch log now, and not before it
-    int got[3];
-    for (int i = 0; i < 3; i++) got[i] = launched(rpre[i], rsuf[i]);
+    int got[NR];
+    for (int i = 0; i < NR; i++) got[i] = launched(rpre[i], rsuf[i]);
     if (got[0] < 0) printf("(no EMU_LAUNCH_LOG: which conv kernels the rectangular step launched is not checked)\n");
     else
-        check(!before && got[0] > 0 && got[1] > 0 && got[2] > 0,
-              "%dx%d batch %d: the stride-2 row tiles launched by this step (the emulator's launch log; %d of them "
-              "before it): forward %d, input gradient %d, weight gradient %d", RH, RW, RB, before, got[0], got[1],
-              got[2]);
+        check(!before && got[0] > 0 && got[1] > 0 && got[2] > 0 && got[3] > 0 && got[4] > 0 && got[5] > 0,
+              "%dx%d batch %d: the row tiles launched by this step (the emulator's launch log; %d of them before "
+              "it): stride 2 forward %d, input gradient %d, weight gradient %d; stride 1 %d, %d, %d", RH, RW, RB,
+              before, got[0], got[1], got[2], got[3], got[4], got[5]);
     gpu_close(g);
     free(gg); free(g32); free(buf0); free(img); free(x); free(scratch); free(opt.m);
     free(a->base);
