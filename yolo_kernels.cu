@@ -613,10 +613,10 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // (q >> 1) & 15 (lanes pair neighbouring pieces of a row, 16 channels per warp half; with an odd
 // number of pieces a row, PR, neighbouring pieces of the channel's window, so that a pair may span two
 // rows), so all of a thread's pieces are one channel, pc; its single halves are all on one side, tid & 1.
-// QUAD (the stride-1 halo of 8-byte pieces with an odd PR: the row tiles' dz): 4 lanes take 4
-// neighbouring pieces of a channel's window (32 bytes, where a pair's 16 used half of each sector), 8
-// channels a warp: pc is bits 2-4 and 6 of tid, bit 5 the quad's place among the channel's two a row
-// of 128 threads, bits 1 and 5 a single half's row (chan, init).
+// QUAD (the stride-1 halo of 8-byte pieces with an odd PR: the row tiles' dz at stride 2, their x or dz
+// at stride 1): 4 lanes take 4 neighbouring pieces of a channel's window (32 bytes, where a pair's 16
+// used half of each sector), 8 channels a warp: pc is bits 2-4 and 6 of tid, bit 5 the quad's place
+// among the channel's two a row of 128 threads, bits 1 and 5 a single half's row (chan, init).
 // fetch loads them (global -> registers), zero past the image or past Cr channels; store writes them
 // into shared memory, ACT's BN+SiLU applied to the values inside the image (the padding stays 0).
 // S2: the input window of a stride-2 tile of BN output pixels, HR = 2 TR + 1 rows by HC = 2 TC + 1
@@ -1252,8 +1252,8 @@ static int conv_halo_rows(int OW, int OH, long ctiles, int stride) {
 // conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or H3_ROW_TC for row tiles,
 // taken where they compute the fewest pixels: at stride 2 the forward with 16-byte pieces of x (vw 8),
 // the input gradient with 8-byte ones of dz (vw 4: its 20-wide rows) on rows of pairs a multiple of 4;
-// at stride 1 with 8-byte pieces (vw 4), which takes them on 20-wide maps (on 12- or 4-wide ones
-// 16-column tiles of 8 rows are as few))
+// at stride 1 with 8-byte pieces (vw 4), which takes them on 20-wide maps (on narrower ones 16-column
+// tiles of 8 rows are as few or fewer))
 static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
     int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
@@ -2325,7 +2325,9 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
     // the block's 16 input channels: the thread's is cc (row tiles: its pairs of pieces aligned for the
     // slice's first tile, whose later ones' windows lie a multiple of 32 bytes on where x's rows, planes
-    // and images are; others' or not, the same values)
+    // and images are; others' or not, the same values. At stride 1 a tile's window lies 6 rows on, 240
+    // bytes at 20 columns: every other tile's quads span two sectors, a cost left as it is: renumbering
+    // the pieces each K step would take the producers' loop more instructions)
     const int cc = c0 + Halo::chan(tid), kb0 = kt0 / per_img;
     Halo halo;
     halo.init(tid, Halo::pair_shift(x + kb0 * g.xs + (long)cc * HW, SH * (kt0 - kb0 * per_img) * RT, 0, W));

@@ -222,10 +222,10 @@ static int launched(const char *pre, const char *suf) {
 // conv_halo_wgrad_kernel with TC H3_ROW_TC: whole output rows of a map at most 20 wide a tile, 3 at
 // stride 2, 6 at stride 1), which the 64 x 64 step's maps never do: model.3 (32 -> 64 channels, stride
 // 8) outputs 12 x 20 (4 of its 3-row tiles against 6 of 4 x 16's in 16-column tiles), and its input
-// gradient is 12 rows of 20 pixel pairs a parity; the stride-1 3x3 convs of the 12 x 20 map (the neck's
-// model.15 and Detect's first level) take 2 tiles of 6 rows against 3 of 4 x 32. The device step against
-// the FP32 CPU step, bounded as C bounds the 64 x 64 step's: by 2x the CPU's FP16 twin's own distance from
-// FP32, or the same floors, whichever is larger
+// gradient is 12 rows of 20 pixel pairs a parity; the stride-1 3x3 convs of the 12 x 20 map (model.4's
+// and the neck's model.15's Bottlenecks, Detect's first level) take 2 tiles of 6 rows against 3 of
+// 4 x 32. The device step against the FP32 CPU step, bounded as C bounds the 64 x 64 step's: by 2x the
+// CPU's FP16 twin's own distance from FP32, or the same floors, whichever is larger
 static void test_rect_step(void) {
     enum { RB = 2, RH = 96, RW = 160, NR = 6 };
     // the launch log names each kernel once, when first launched: the row tiles must not be in it yet

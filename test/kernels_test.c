@@ -2243,12 +2243,12 @@ int main(void) {
     test_conv(2, 24, 4, 24, 16, 3, 1, 0, 0, s);
     // stride 1's row tiles (6 whole rows of a 20-wide map a tile, 8-byte pieces): H 6 (one tile, where
     // 16- and 32-column tiles take 2), H 12 (2 tiles), H 20 (4, the last one 2 rows: two warps idle),
-    // Cin 24, Cout 70 on channel slices; H 7 (the last tile one row: 20 pixels, the last 4 of 8 stored
-    // one by one), Cin 72 over a block
+    // Cin 24, Cout 70 on channel slices; H 13 (3 tiles where the column tiles take 4; the last one row:
+    // 20 pixels, the last 4 of 8 stored one by one), Cin 72 over a block
     test_conv(1, 16, 6, 20, 24, 3, 1, 0, 0, s);
     test_conv(1, 16, 12, 20, 24, 3, 1, 0, 0, s);
     test_conv(2, 24, 20, 20, 70, 3, 1, 8, 3, s);
-    test_conv(1, 72, 7, 20, 16, 3, 1, 0, 0, s);
+    test_conv(1, 72, 13, 20, 16, 3, 1, 0, 0, s);
     // stride-2 3x3 input gradient by halo tiles, one parity of the input pixels per block: H odd (the
     // parities' grids differ), dz rows of 16 and 8; Cin 72 over a block, Cout 20 (a 4-channel K step)
     test_conv(2, 16, 15, 32, 24, 3, 2, 8, 3, s);
