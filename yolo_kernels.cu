@@ -600,6 +600,10 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #define H3_ROW_TC 20   // row tiles: staged 20 output columns wide (see conv_halo_kernel)
 #define H3_ROW_RT 3    // stride 2: 3 rows (60 pixels of 64: the most whole rows of 20 a 64-pixel tile holds)
 #define H3_ROW_RT1 6   // stride 1: 6 rows (120 pixels of 128)
+#define H3_ROW_TC40 40 // stride 1's wider row tiles: 40 columns (16-byte pieces; see conv_halo_rows)
+#define H3_ROW_RT40 3  // and 3 rows (120 pixels of 128)
+// h3_rows(TC): whether a halo kernel of TC columns takes row tiles (the column tiles are 16 or 32 wide)
+__host__ __device__ constexpr bool h3_rows(int tc) { return tc == H3_ROW_TC || tc == H3_ROW_TC40; }
 template <int VW> struct H3Piece {   // VW consecutive halves of one row of one channel
     typedef typename std::conditional<VW == 8, uint4, uint2>::type V;
     union {
@@ -851,19 +855,21 @@ struct H3Halo {
 // every piece at a multiple of 128 bytes: 46-64 KB, within the 64 KB a block may have on sm_75 (the
 // forward's A, 64 x 16 values a tap, swizzled by h3_a: padded to 48-byte rows it would take 71-82 KB).
 template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
-    static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD, ROWS = TC == H3_ROW_TC;
-    static constexpr int BNK = S2 ? 64 : H3_BN, RT = S2 ? H3_ROW_RT : H3_ROW_RT1;
+    static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD, ROWS = h3_rows(TC);
+    static constexpr int BNK = S2 ? 64 : H3_BN, RT = S2 ? H3_ROW_RT : TC == H3_ROW_TC40 ? H3_ROW_RT40 : H3_ROW_RT1;
     // the halo padded to 48 bytes a position (8 ldmatrix rows in 8 bank groups; the stride-2 forward
     // has no 32-column tiles, whose 65-wide window would fit 64 KB only at 32 bytes, swizzled).
     // Row tiles stage 3 output rows, the forward's a 7 x 41 window (60 pixels'; the tile computes 64,
     // the last 4 discarded), PS2's a 5 x 22 halo of dz. (The forward's at 24 columns, 7 x 49, fitted
     // only swizzled, and the swizzle's address math took the loop from 11.3 to 16.8 PTX instructions
     // per mma, sm_80.)
-    // Stride 1's row tiles stage 6 rows, an 8 x 22 halo of 8-byte pieces (QUAD: a 20-wide row is 5 of
-    // them; of 16 bytes it would be 2.5).
+    // Stride 1's row tiles stage 6 rows of 20 columns, an 8 x 22 halo of 8-byte pieces (QUAD: a 20-wide
+    // row is 5 of them; of 16 bytes it would be 2.5), or 3 rows of 40, a 5 x 42 halo of 16-byte pieces (5
+    // a row, numbered in pairs that may span two rows, as the stride-2 forward's window).
     static_assert(!(FS2 && TC == 32), "the stride-2 forward takes 16-column or row tiles (conv_halo_grid)");
-    static_assert(!ROWS || S2 || VW == 4, "stride 1's row tiles load 8-byte pieces");
-    typedef H3Halo<TC, VW, FS2, ROWS ? RT * H3_ROW_TC : BNK, H3_KC + 8> Halo;
+    static_assert(!ROWS || S2 || VW == (TC == H3_ROW_TC ? 4 : 8), "stride 1's row tiles load 8- or 16-byte pieces");
+    static_assert(!(S2 && TC == H3_ROW_TC40), "40-column row tiles are stride 1's");
+    typedef H3Halo<TC, VW, FS2, ROWS ? RT * TC : BNK, H3_KC + 8> Halo;
     static constexpr int A_HALVES = DGRAD ? 9 * H3_KC * (H3_BM + 8) : 9 * H3_BM * H3_KC;
     static constexpr int STAGE = A_HALVES + (Halo::HR * Halo::HC * Halo::PITCH + 63) / 64 * 64;   // halves
     static constexpr size_t BYTES = 2 * (size_t)STAGE * sizeof(__half);
@@ -911,12 +917,14 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
     typedef H3Shape<DGRAD, S2, TC, VW> Shape;
     typedef typename Shape::Halo Halo;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = FS2 ? 2 : 1;
-    // ROWS (TC H3_ROW_TC): a tile is RT whole output rows (PS2: rows of pixel pairs) of a map at most 20
-    // wide, H3_ROW_RT at stride 2 (a 20-wide map: 60 of the tile's 64 pixels computed, where 16-column
-    // tiles of 4 rows computed 640 a 400-pixel image), H3_ROW_RT1 at stride 1 (120 of 128, where
-    // 32-column tiles of 4 rows computed 640 a 20 x 20 image, row tiles 448: a warp whose 32 pixels lie
-    // past the last tile's 2 rows skips its products); its window (2 RT + 1 rows of x, or RT + 2 of x or
-    // dz, the input's whole width) is staged as a 20-column tile's (the columns past the image zero)
+    // ROWS (TC H3_ROW_TC, or at stride 1 H3_ROW_TC40): a tile is RT whole output rows (PS2: rows of pixel
+    // pairs) of a map at most TC wide, H3_ROW_RT at stride 2 (a 20-wide map: 60 of the tile's 64 pixels
+    // computed, where 16-column tiles of 4 rows computed 640 a 400-pixel image), H3_ROW_RT1 at stride 1
+    // (120 of 128, where 32-column tiles of 4 rows computed 640 a 20 x 20 image, row tiles 448: a warp
+    // whose 32 pixels lie past the last tile's 2 rows skips its products), H3_ROW_RT40 on 40 columns (a
+    // 40 x 40 image 14 tiles, 1728 pixels computed where 16-column tiles computed 1920); its window (2 RT
+    // + 1 rows of x, or RT + 2 of x or dz, the input's whole width) is staged as a TC-column tile's (the
+    // columns past the image zero)
     constexpr bool ROWS = Shape::ROWS;
     // A per tap: the forward's row-major (m, k), the 16 input channels of an output channel contiguous;
     // DGRAD's col-major (m, k), 64 output channels contiguous per dz channel; 16-byte pieces copied from
@@ -1239,21 +1247,25 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
     long c16 = (long)cdiv(W, 16) * 16 * cdiv(H, bn / 16) * (bn / 16), c32 = (long)cdiv(W, 32) * 32 * cdiv(H, bn / 32) * (bn / 32);
     return c32 < c16 ? 32 : 16;
 }
-// conv_halo_rows: the rows of a row tile on an OW x OH map (stride 2: H3_ROW_RT; 1: H3_ROW_RT1) where
-// they make fewer tiles a map than the column tiles' ctiles, else 0; only on maps at most the 20 columns
-// they stage wide, their rows a multiple of 4 (whole pixel pairs and 8-byte pieces of dz or x a row; the
-// stride-2 forward's 16-byte pieces of x give that too). The one choice of conv_halo_grid and
-// conv_wgrad_cuda
-static int conv_halo_rows(int OW, int OH, long ctiles, int stride) {
-    const bool fits = OW >= 1 && OW <= H3_ROW_TC && OW % 4 == 0;
-    const int rt = stride == 2 ? H3_ROW_RT : H3_ROW_RT1;
+// conv_halo_rows: the rows of a row tile on an OW x OH map where they make fewer tiles a map than the
+// column tiles' ctiles, else 0, and in *tc its columns: stride 2, H3_ROW_RT rows of H3_ROW_TC; stride 1
+// with 8-byte pieces (vw 4), H3_ROW_RT1 rows of H3_ROW_TC, with 16-byte ones (vw 8), H3_ROW_RT40 rows of
+// H3_ROW_TC40; only on maps at most the columns they stage wide, their rows whole pieces (stride 2: a
+// multiple of 4, whole pixel pairs and 8-byte pieces of dz; the forward's 16-byte pieces of x give that
+// too). vw: the pieces the kernel would load (stride 2: of dz for the input and weight gradients, of x
+// for the forward). The one choice of conv_halo_grid and conv_wgrad_cuda
+static int conv_halo_rows(int OW, int OH, long ctiles, int stride, int vw, int *tc) {
+    const bool wide = stride == 1 && vw == 8;
+    *tc = wide ? H3_ROW_TC40 : H3_ROW_TC;
+    const bool fits = OW >= 1 && OW <= *tc && OW % (wide ? 8 : 4) == 0 && (stride == 2 || vw == 4 || wide);
+    const int rt = stride == 2 ? H3_ROW_RT : wide ? H3_ROW_RT40 : H3_ROW_RT1;
     return fits && cdiv(OH, rt) < ctiles ? rt : 0;
 }
-// conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or H3_ROW_TC for row tiles,
-// taken where they compute the fewest pixels: at stride 2 the forward with 16-byte pieces of x (vw 8),
-// the input gradient with 8-byte ones of dz (vw 4: its 20-wide rows) on rows of pairs a multiple of 4;
-// at stride 1 with 8-byte pieces (vw 4), which takes them on 20-wide maps (on narrower ones 16-column
-// tiles of 8 rows are as few or fewer))
+// conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or a row tile's H3_ROW_TC or
+// H3_ROW_TC40, taken where they compute the fewest pixels: at stride 2 the forward with 16-byte pieces
+// of x (vw 8), the input gradient with 8-byte ones of dz (vw 4: its 20-wide rows) on rows of pairs a
+// multiple of 4; at stride 1 20 columns with 8-byte pieces (vw 4), 40 with 16-byte ones, which take
+// them on 20- and 40-wide maps (on narrower ones 16- or 32-column tiles are as few or fewer))
 static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     bool s2 = g.S == 2;   // dgrad: the two row parities of the input pixels, grid.z, pixel pairs; forward: Ho x Wo
     int OW = s2 ? dgrad ? (g.W + 1) / 2 : g.Wo : g.W, OH = s2 ? dgrad ? (g.H + 1) / 2 : g.Ho : g.H;
@@ -1265,8 +1277,9 @@ static dim3 conv_halo_grid(const ConvGeo &g, bool dgrad, int vw, int *tc) {
     // cost less than that)
     *tc = s2 && !dgrad ? 16 : conv_halo_tc(OW, OH, bn);
     tr = bn / *tc;
-    if (const int rt = vw == (s2 && !dgrad ? 8 : 4) ? conv_halo_rows(OW, OH, (long)cdiv(OW, *tc) * cdiv(OH, tr), g.S) : 0) {
-        *tc = H3_ROW_TC;
+    int rtc = 0;
+    if (const int rt = !s2 || vw == (dgrad ? 4 : 8) ? conv_halo_rows(OW, OH, (long)cdiv(OW, *tc) * cdiv(OH, tr), g.S, vw, &rtc) : 0) {
+        *tc = rtc;
         return dim3(g.B * cdiv(OH, rt), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
     }
     return dim3(g.B * cdiv(OW, *tc) * cdiv(OH, tr), cdiv(dgrad ? g.Cin : g.Cout, H3_BM), s2 && dgrad ? 2 : 1);
@@ -1293,7 +1306,14 @@ static void conv_halo_launch(const ConvGeo &g, int vw, bool act, bool dgrad, con
     int tc;
     dim3 grid = conv_halo_grid(g, dgrad, vw, &tc);
     bool s2 = g.S == 2;
-    static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
+    static_assert(H3_ROW_TC == 20 && H3_ROW_TC40 == 40, "the row tiles' launches below name their TC");
+    if (tc == H3_ROW_TC40) {   // stride 1's 40-column row tiles (16-byte pieces)
+        if (dgrad) conv_halo_kernel<false, true, false, 40, 8><<<grid, 256, h3_smem<false, true, false, 40, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        else if (act) conv_halo_kernel<true, false, false, 40, 8><<<grid, 256, h3_smem<true, false, false, 40, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        else conv_halo_kernel<false, false, false, 40, 8><<<grid, 256, h3_smem<false, false, false, 40, 8>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     if (tc == H3_ROW_TC && !s2) {   // stride 1's row tiles (8-byte pieces)
         if (dgrad) conv_halo_kernel<false, true, false, 20, 4><<<grid, 256, h3_smem<false, true, false, 20, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
         else if (act) conv_halo_kernel<true, false, false, 20, 4><<<grid, 256, h3_smem<true, false, false, 20, 4>(), s>>>(g, in, a, wt, bias, of, oh, accumulate, part);
@@ -2293,11 +2313,14 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // consecutive pixels of dz, the 4 past them zero-filled, their 7 x 41 window staged as a 20-column
     // tile's, x's rows in 16-byte pieces, VW 8: x's own width, whatever dz's; stride 1, H3_ROW_RT1 rows,
     // 128 pixels, 120 of them a 20-wide map's, the window 8 x 22 in 8-byte pieces, VW 4)
-    constexpr bool ROWS = TC == H3_ROW_TC;
-    static_assert(!ROWS || VW == (S2 ? 8 : 4), "row tiles load x 16 bytes at a time at stride 2, 8 at stride 1");
+    // (or stride 1's 40-column tiles: H3_ROW_RT40 rows, their 5 x 42 window in 16-byte pieces, VW 8)
+    constexpr bool ROWS = h3_rows(TC);
+    static_assert(!ROWS || VW == (S2 || TC == H3_ROW_TC40 ? 8 : 4), "row tiles load x 16 bytes at a time (stride 1's 20-column ones 8)");
+    static_assert(!(S2 && TC == H3_ROW_TC40), "40-column row tiles are stride 1's");
     // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
     // fit 48 KB), at stride 1 32 bytes and swizzled (padded they would not)
-    typedef H3Halo<TC, VW, S2, ROWS ? (S2 ? H3_ROW_RT : H3_ROW_RT1) * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
+    typedef H3Halo<TC, VW, S2, ROWS ? (S2 ? H3_ROW_RT : TC == H3_ROW_TC40 ? H3_ROW_RT40 : H3_ROW_RT1) * TC : BNW,
+                   S2 ? H3_KC + 8 : H3_KC> Halo;
     constexpr int KP = Halo::PITCH;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
@@ -2319,7 +2342,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int tid = threadIdx.x & 127, warp = tid / 32, lane = tid % 32;
     const int Cout = g.Cout, Cin = g.Cin, H = g.H, W = g.W, HW = H * W, N = Cin * 9;
     const int OH = g.Ho, OW = g.Wo, OHW = OH * OW;   // dz's map (S2: every other input pixel's)
-    constexpr int RT = TR;   // rows a tile (ROWS: H3_ROW_RT or H3_ROW_RT1)
+    constexpr int RT = TR;   // rows a tile (ROWS: H3_ROW_RT, H3_ROW_RT1 or H3_ROW_RT40)
     const int tilesX = ROWS ? 1 : (OW + TC - 1) / TC, per_img = tilesX * ((OH + RT - 1) / RT), ntiles = g.B * per_img;
     const int c0 = blockIdx.x * H3_KC, m0 = blockIdx.y * H3_BM, z = blockIdx.z;
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
@@ -2654,15 +2677,20 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
         // row tiles (dz's rows a multiple of 4, 8-byte copies; x's rows 16-byte pieces at stride 2, 8-byte
         // ones at stride 1) where they are fewer
-        if (const int rt = vw == 4 && vwx == (g.S == 2 ? 8 : 4) ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr), g.S) : 0)
-            tc = H3_ROW_TC, ntiles = (long)g.B * cdiv(g.Ho, rt);
+        int rtc = 0;
+        if (const int rt = g.S == 2 ? vw == 4 && vwx == 8 ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr), 2, 4, &rtc) : 0
+                                    : vw == vwx ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr), 1, vw, &rtc) : 0)
+            tc = rtc, ntiles = (long)g.B * cdiv(g.Ho, rt);
         const int cols = cdiv(g.Cin, H3_KC) * cdiv(g.Cout, H3_BM);
         const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count());
         grid.z = (unsigned)ns;   // (wgrad_end: the slices to add)
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;
-        static_assert(H3_ROW_TC == 20, "the row tiles' launches below name their TC");
-        if (tc == H3_ROW_TC && g.S == 1) {
+        static_assert(H3_ROW_TC == 20 && H3_ROW_TC40 == 40, "the row tiles' launches below name their TC");
+        if (tc == H3_ROW_TC40) {
+            if (act) conv_halo_wgrad_kernel<true, false, 40, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+            else conv_halo_wgrad_kernel<false, false, 40, 8><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
+        } else if (tc == H3_ROW_TC && g.S == 1) {
             if (act) conv_halo_wgrad_kernel<true, false, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
             else conv_halo_wgrad_kernel<false, false, 20, 4><<<hg, 256, 0, s>>>(g, dzh, xh, a, dw, ws, accumulate, ns);
         } else if (tc == H3_ROW_TC) {

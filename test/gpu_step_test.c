@@ -219,20 +219,24 @@ static int launched(const char *pre, const char *suf) {
 }
 
 // 10. a rectangular batch, 2 x 96 x 160, where the 3x3 convs take the row tiles (conv_halo_kernel,
-// conv_halo_wgrad_kernel with TC H3_ROW_TC: whole output rows of a map at most 20 wide a tile, 3 at
-// stride 2, 6 at stride 1), which the 64 x 64 step's maps never do: model.3 (32 -> 64 channels, stride
-// 8) outputs 12 x 20 (4 of its 3-row tiles against 6 of 4 x 16's in 16-column tiles), and its input
-// gradient is 12 rows of 20 pixel pairs a parity; the stride-1 3x3 convs of the 12 x 20 map (model.4's
-// and the neck's model.15's Bottlenecks, Detect's first level) take 2 tiles of 6 rows against 3 of
-// 4 x 32. The device step against the FP32 CPU step, bounded as C bounds the 64 x 64 step's: by 2x the
-// CPU's FP16 twin's own distance from FP32, or the same floors, whichever is larger
+// conv_halo_wgrad_kernel with TC H3_ROW_TC or H3_ROW_TC40: whole output rows of a map at most 20 wide a
+// tile, 3 at stride 2, 6 at stride 1; at stride 1 3 rows of a map at most 40 wide), which the 64 x 64
+// step's maps never do: model.3 (32 -> 64 channels, stride 8) outputs 12 x 20 (4 of its 3-row tiles against
+// 6 of 4 x 16's in 16-column tiles), and its input gradient is 12 rows of 20 pixel pairs a parity; the
+// stride-1 3x3 convs of the 12 x 20 map (model.4's and the neck's model.15's Bottlenecks, Detect's first
+// level) take 2 tiles of 6 rows against 3 of 4 x 32, and those of the 24 x 40 map (model.2's Bottleneck) 8
+// tiles of 3 rows of 40 against 9 of 8 x 16. The device step against the FP32 CPU step, bounded as C bounds
+// the 64 x 64 step's: by 2x the CPU's FP16 twin's own distance from FP32, or the same floors, whichever is
+// larger
 static void test_rect_step(void) {
-    enum { RB = 2, RH = 96, RW = 160, NR = 6 };
+    enum { RB = 2, RH = 96, RW = 160, NR = 9 };
     // the launch log names each kernel once, when first launched: the row tiles must not be in it yet
-    // (stride 2: forward, input gradient, weight gradient; then stride 1's)
+    // (stride 2: forward, input gradient, weight gradient; then stride 1's 20 and 40 columns)
     const char *rpre[NR] = {"conv_halo_kernel<", "conv_halo_kernel<false, true, true, 20, ", "conv_halo_wgrad_kernel<",
-                            "conv_halo_kernel<", "conv_halo_kernel<false, true, false, 20, ", "conv_halo_wgrad_kernel<"},
-               *rsuf[NR] = {", false, true, 20, 8>", ">", ", true, 20, 8>", ", false, false, 20, 4>", "4>", ", false, 20, 4>"};
+                            "conv_halo_kernel<", "conv_halo_kernel<false, true, false, 20, ", "conv_halo_wgrad_kernel<",
+                            "conv_halo_kernel<", "conv_halo_kernel<false, true, false, 40, ", "conv_halo_wgrad_kernel<"},
+               *rsuf[NR] = {", false, true, 20, 8>", ">", ", true, 20, 8>", ", false, false, 20, 4>", "4>", ", false, 20, 4>",
+                            ", false, false, 40, 8>", "8>", ", false, 40, 8>"};
     int before = 0;
     for (int i = 0; i < NR; i++) before += launched(rpre[i], rsuf[i]) > 0;
     Model *m = xcalloc(1, sizeof(Model));
@@ -299,10 +303,12 @@ static void test_rect_step(void) {
     for (int i = 0; i < NR; i++) got[i] = launched(rpre[i], rsuf[i]);
     if (got[0] < 0) printf("(no EMU_LAUNCH_LOG: which conv kernels the rectangular step launched is not checked)\n");
     else
-        check(!before && got[0] > 0 && got[1] > 0 && got[2] > 0 && got[3] > 0 && got[4] > 0 && got[5] > 0,
+        check(!before && got[0] > 0 && got[1] > 0 && got[2] > 0 && got[3] > 0 && got[4] > 0 && got[5] > 0 && got[6] > 0 &&
+                      got[7] > 0 && got[8] > 0,
               "%dx%d batch %d: the row tiles launched by this step (the emulator's launch log; %d of them before "
-              "it): stride 2 forward %d, input gradient %d, weight gradient %d; stride 1 %d, %d, %d", RH, RW, RB,
-              before, got[0], got[1], got[2], got[3], got[4], got[5]);
+              "it): stride 2 forward %d, input gradient %d, weight gradient %d; stride 1, 20 columns %d, %d, %d, "
+              "40 columns %d, %d, %d", RH, RW, RB, before, got[0], got[1], got[2], got[3], got[4], got[5], got[6],
+              got[7], got[8]);
     gpu_close(g);
     free(gg); free(g32); free(buf0); free(img); free(x); free(scratch); free(opt.m);
     free(a->base);

@@ -2233,11 +2233,11 @@ int main(void) {
     test_conv(1, 8, 6, 5, 9, 3, 2, 0, 0, s);      // forward: 16-byte w rows, gathered 3x3 stride-2 taps
     test_conv(1, 2, 7, 7, 3, 3, 3, 0, 0, s);      // stride 3: dgrad's any-stride test
     // 3x3 stride 1 by halo tiles (conv_halo_kernel): 16-byte rows, 16-column tiles (W 40: the last one
-    // half out, H 12: the second row of tiles partly out), Cin 24 (the second K step half empty),
-    // Cout 70 over a tile, on channel slices; then 8-byte rows (W 36: 16-column tiles, H 8), and the
-    // 32-column tiles (4 rows), taken where they pad fewer rows than 16-column ones (8 rows): 8-byte
-    // rows (W 28, H 4) and 16-byte ones (W 24, H 4)
-    test_conv(2, 24, 12, 40, 70, 3, 1, 8, 3, s);
+    // half out, H 7: the row of tiles partly out; 3 tiles, as many as 40-column row tiles would take),
+    // Cin 24 (the second K step half empty), Cout 70 over a tile, on channel slices; then 8-byte rows
+    // (W 36: 16-column tiles, H 8), and the 32-column tiles (4 rows), taken where they pad fewer rows
+    // than 16-column ones (8 rows): 8-byte rows (W 28, H 4) and 16-byte ones (W 24, H 4)
+    test_conv(2, 24, 7, 40, 70, 3, 1, 8, 3, s);
     test_conv(1, 16, 8, 36, 24, 3, 1, 0, 0, s);
     test_conv(1, 16, 4, 28, 24, 3, 1, 0, 0, s);
     test_conv(2, 24, 4, 24, 16, 3, 1, 0, 0, s);
@@ -2249,6 +2249,12 @@ int main(void) {
     test_conv(1, 16, 12, 20, 24, 3, 1, 0, 0, s);
     test_conv(2, 24, 20, 20, 70, 3, 1, 8, 3, s);
     test_conv(1, 72, 13, 20, 16, 3, 1, 0, 0, s);
+    // the 40-column row tiles (3 whole rows of a 40-wide map, 16-byte pieces, a pair of them may span two
+    // rows): H 12 (4 tiles where 16-column tiles take 6), Cin 24, Cout 70 on channel slices; H 13 (5, the
+    // last one row: 40 pixels, two warps idle); H 14 (5, the last 2 rows), Cin 72 over a block
+    test_conv(2, 24, 12, 40, 70, 3, 1, 8, 3, s);
+    test_conv(1, 16, 13, 40, 24, 3, 1, 0, 0, s);
+    test_conv(1, 72, 14, 40, 16, 3, 1, 0, 0, s);
     // stride-2 3x3 input gradient by halo tiles, one parity of the input pixels per block: H odd (the
     // parities' grids differ), dz rows of 16 and 8; Cin 72 over a block, Cout 20 (a 4-channel K step)
     test_conv(2, 16, 15, 32, 24, 3, 2, 8, 3, s);
@@ -2432,6 +2438,7 @@ int main(void) {
         test_conv_act(f32, 1, 24, 8, 16, 4, 28, 20, 3, 1, s);    // 3x3 stride 1, rows of 28, H 4: 8-byte halo, 32-column tiles
         test_conv_act(f32, 1, 24, 8, 16, 12, 20, 20, 3, 1, s);   // rows of 20, H 12: stride 1's row tiles (2)
         test_conv_act(f32, 2, 40, 8, 24, 20, 20, 70, 3, 1, s);   // the same, H 20 (4 tiles), Cout over a tile
+        test_conv_act(f32, 1, 24, 8, 16, 13, 40, 70, 3, 1, s);   // rows of 40, H 13: the 40-column row tiles (5)
     }
     test_bn_f32(2, 3, 45, 0, 0, NULL);
     test_bn_f32(2, 5, 300, 2, 3, s);
