@@ -617,10 +617,11 @@ template <int VW> struct H3Piece {   // VW consecutive halves of one row of one 
 // (q >> 1) & 15 (lanes pair neighbouring pieces of a row, 16 channels per warp half; with an odd
 // number of pieces a row, PR, neighbouring pieces of the channel's window, so that a pair may span two
 // rows), so all of a thread's pieces are one channel, pc; its single halves are all on one side, tid & 1.
-// QUAD (the stride-1 halo of 8-byte pieces with an odd PR: the row tiles' dz at stride 2, their x or dz
-// at stride 1): 4 lanes take 4 neighbouring pieces of a channel's window (32 bytes, where a pair's 16
-// used half of each sector), 8 channels a warp: pc is bits 2-4 and 6 of tid, bit 5 the quad's place
-// among the channel's two a row of 128 threads, bits 1 and 5 a single half's row (chan, init).
+// QUAD (the stride-1 halo of 8-byte pieces with an odd PR: the 20-column row tiles' dz at stride 2, their x
+// or dz at stride 1; the 40-column ones, 16-byte pieces, are numbered in pairs): 4 lanes take 4
+// neighbouring pieces of a channel's window (32 bytes, where a pair's 16 used half of each sector), 8
+// channels a warp: pc is bits 2-4 and 6 of tid, bit 5 the quad's place among the channel's two a row of 128
+// threads, bits 1 and 5 a single half's row (chan, init).
 // fetch loads them (global -> registers), zero past the image or past Cr channels; store writes them
 // into shared memory, ACT's BN+SiLU applied to the values inside the image (the padding stays 0).
 // S2: the input window of a stride-2 tile of BN output pixels, HR = 2 TR + 1 rows by HC = 2 TC + 1
@@ -681,10 +682,11 @@ struct H3Halo {
     __device__ __forceinline__ static int tile_y(int t, int tilesX) { return t / tilesX * TR; }
     __device__ __forceinline__ static int tile_x(int t, int tilesX) { return (t - t / tilesX * tilesX) * TC; }
     // sh (odd PR): numbers the channel's pieces from -sh, so that each pair (QUAD: quad) starts sh pieces
-    // earlier. A row tile's window is whole rows, a channel's pieces one run of memory, and pair_shift's
-    // sh puts its pairs (quads) at multiples of their size, 32 bytes (the forward's 16-byte pieces) or
-    // 16 (a pair of 8-byte ones) or 32 (a quad of them): none across two 32-byte sectors (the forward's
-    // 32-byte pairs, on 80-byte rows starting 16 bytes into a sector, took two sectors each)
+    // earlier. A row tile's window is whole rows, a channel's pieces one run of memory, and pair_shift's sh
+    // puts its pairs (quads) at multiples of their size, 32 bytes (16-byte pieces: the stride-2 forward's,
+    // stride 1's 40-column tiles') or 16 (a pair of 8-byte ones) or 32 (a quad of them): none across two
+    // 32-byte sectors (the forward's 32-byte pairs, on 80-byte rows starting 16 bytes into a sector, took
+    // two sectors each)
     __device__ __forceinline__ void init(int tid, int sh = 0) {
         pc = chan(tid); side = tid & 1;
 #pragma unroll
@@ -2348,9 +2350,9 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     const int kt0 = (int)((long)ntiles * z / nslices), kt1 = (int)((long)ntiles * (z + 1) / nslices);
     // the block's 16 input channels: the thread's is cc (row tiles: its pairs of pieces aligned for the
     // slice's first tile, whose later ones' windows lie a multiple of 32 bytes on where x's rows, planes
-    // and images are; others' or not, the same values. At stride 1 a tile's window lies 6 rows on, 240
-    // bytes at 20 columns: every other tile's quads span two sectors, a cost left as it is: renumbering
-    // the pieces each K step would take the producers' loop more instructions)
+    // and images are; others' or not, the same values. At stride 1 a tile's window lies 240 bytes on (6
+    // rows of 20, or 3 of 40): every other tile's quads (pairs) span two sectors, a cost left as it is:
+    // renumbering the pieces each K step would take the producers' loop more instructions)
     const int cc = c0 + Halo::chan(tid), kb0 = kt0 / per_img;
     Halo halo;
     halo.init(tid, Halo::pair_shift(x + kb0 * g.xs + (long)cc * HW, SH * (kt0 - kb0 * per_img) * RT, 0, W));
@@ -2675,8 +2677,8 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
         ConvAct a = act ? *act : ConvAct();
         int tc = g.S == 2 ? 16 : conv_halo_tc(g.W, g.H), tr = (g.S == 2 ? 64 : H3_BN) / tc;
         long ntiles = (long)g.B * cdiv(g.Wo, tc) * cdiv(g.Ho, tr);
-        // row tiles (dz's rows a multiple of 4, 8-byte copies; x's rows 16-byte pieces at stride 2, 8-byte
-        // ones at stride 1) where they are fewer
+        // row tiles (dz's rows a multiple of 4, 8-byte copies; x's rows 16-byte pieces at stride 2; at
+        // stride 1 8-byte ones on 20 columns, 16-byte ones, rows a multiple of 8, on 40) where they are fewer
         int rtc = 0;
         if (const int rt = g.S == 2 ? vw == 4 && vwx == 8 ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr), 2, 4, &rtc) : 0
                                     : vw == vwx ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr), 1, vw, &rtc) : 0)
