@@ -2366,15 +2366,17 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     auto fetch_dz = [&](int st) {   // the tile's dz by cp.async into stage st
         const __half *zb = dz + tb * g.zs;
         __half(*A)[LDA] = As(st);
-        if constexpr (ROWS) {   // copy i of a thread: pixels 4 (tid % TPR) .. of channel row tid / TPR + RPI i
-            constexpr int TPR = BNW / 4, RPI = 128 / TPR;   // threads a channel row, rows a copy
-            const int px = 4 * (tid % TPR), mt = tid / TPR;
+        if constexpr (ROWS) {   // copy i of a thread: pixels CW (tid % TPR) .. of channel row tid / TPR + RPI i
+            // CW halves a copy: 8 (16 bytes) on 40 columns, whose dz rows, map and tiles are multiples of
+            // 8 halves (conv_halo_rows' vw 8), else 4; TPR threads a channel row, RPI rows a copy
+            constexpr int CW = TC == H3_ROW_TC40 ? 8 : 4, TPR = BNW / CW, RPI = 128 / TPR;
+            const int px = CW * (tid % TPR), mt = tid / TPR;
             const bool in_map = px < min(RT, OH - ty0) * OW;
             const long off = (long)(m0 + mt) * OHW + ty0 * OW + px;
 #pragma unroll
             for (int i = 0; i < H3_BM / RPI; i++) {
                 const bool ok = in_map && m0 + mt + RPI * i < Cout;
-                cp_asyncz<8>(&A[mt + RPI * i][px], ok ? zb + off + (long)RPI * i * OHW : dz, ok);
+                cp_asyncz<2 * CW>(&A[mt + RPI * i][px], ok ? zb + off + (long)RPI * i * OHW : dz, ok);
             }
         } else {
             // copy q = tid + 128 i: column q % CPR of tile row q / CPR % TR of channel row q / RPC; 128 being
