@@ -602,8 +602,12 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #define H3_ROW_RT1 6   // stride 1: 6 rows (120 pixels of 128)
 #define H3_ROW_TC40 40 // stride 1's wider row tiles: 40 columns (16-byte pieces; see conv_halo_rows)
 #define H3_ROW_RT40 3  // and 3 rows (120 pixels of 128)
-// h3_rows(TC): whether a halo kernel of TC columns takes row tiles (the column tiles are 16 or 32 wide)
+// h3_rows(TC): whether a halo kernel of TC columns takes row tiles (the column tiles are 16 or 32 wide);
+// h3_row_rt: a row tile's rows at stride 2 (s2) or 1 and TC columns
 __host__ __device__ constexpr bool h3_rows(int tc) { return tc == H3_ROW_TC || tc == H3_ROW_TC40; }
+__host__ __device__ constexpr int h3_row_rt(bool s2, int tc) {
+    return s2 ? H3_ROW_RT : tc == H3_ROW_TC40 ? H3_ROW_RT40 : H3_ROW_RT1;
+}
 template <int VW> struct H3Piece {   // VW consecutive halves of one row of one channel
     typedef typename std::conditional<VW == 8, uint4, uint2>::type V;
     union {
@@ -858,7 +862,7 @@ struct H3Halo {
 // forward's A, 64 x 16 values a tap, swizzled by h3_a: padded to 48-byte rows it would take 71-82 KB).
 template <bool DGRAD, bool S2, int TC, int VW> struct H3Shape {
     static constexpr bool PS2 = S2 && DGRAD, FS2 = S2 && !DGRAD, ROWS = h3_rows(TC);
-    static constexpr int BNK = S2 ? 64 : H3_BN, RT = S2 ? H3_ROW_RT : TC == H3_ROW_TC40 ? H3_ROW_RT40 : H3_ROW_RT1;
+    static constexpr int BNK = S2 ? 64 : H3_BN, RT = h3_row_rt(S2, TC);
     // the halo padded to 48 bytes a position (8 ldmatrix rows in 8 bank groups; the stride-2 forward
     // has no 32-column tiles, whose 65-wide window would fit 64 KB only at 32 bytes, swizzled).
     // Row tiles stage 3 output rows, the forward's a 7 x 41 window (60 pixels'; the tile computes 64,
@@ -1259,8 +1263,8 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
 static int conv_halo_rows(int OW, int OH, long ctiles, int stride, int vw, int *tc) {
     const bool wide = stride == 1 && vw == 8;
     *tc = wide ? H3_ROW_TC40 : H3_ROW_TC;
-    const bool fits = OW >= 1 && OW <= *tc && OW % (wide ? 8 : 4) == 0 && (stride == 2 || vw == 4 || wide);
-    const int rt = stride == 2 ? H3_ROW_RT : wide ? H3_ROW_RT40 : H3_ROW_RT1;
+    const bool fits = OW >= 1 && OW <= *tc && OW % (wide ? 8 : 4) == 0;
+    const int rt = h3_row_rt(stride == 2, *tc);
     return fits && cdiv(OH, rt) < ctiles ? rt : 0;
 }
 // conv_halo_grid: conv_halo_launch's grid and tile columns (*tc: 16 or 32, or a row tile's H3_ROW_TC or
@@ -2321,8 +2325,7 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     static_assert(!(S2 && TC == H3_ROW_TC40), "40-column row tiles are stride 1's");
     // the halo: at stride 2 padded to 48 bytes a position (two stages of its 9 x 33 window and dz's tile
     // fit 48 KB), at stride 1 32 bytes and swizzled (padded they would not)
-    typedef H3Halo<TC, VW, S2, ROWS ? (S2 ? H3_ROW_RT : TC == H3_ROW_TC40 ? H3_ROW_RT40 : H3_ROW_RT1) * TC : BNW,
-                   S2 ? H3_KC + 8 : H3_KC> Halo;
+    typedef H3Halo<TC, VW, S2, ROWS ? h3_row_rt(S2, TC) * TC : BNW, S2 ? H3_KC + 8 : H3_KC> Halo;
     constexpr int KP = Halo::PITCH;
     constexpr int TR = Halo::TR, HC = Halo::HC, FPR = TC / 16, SH = S2 ? 2 : 1;
     constexpr int LDA = BNW + 8, A_BYTES = H3_BM * LDA * 2, B_BYTES = (Halo::HR * HC * KP * 2 + 127) / 128 * 128;
