@@ -1685,6 +1685,8 @@ typedef struct {
                             // take every image at once), which halves of dA's channels hold a gradient yet
                             // (bit 0: [0, Cout/2), bit 1: [Cout/2, Cout)); else NULL: all of it
     unsigned char dA_held_batch;   // the device's dA_held (its dA lies in device memory)
+    float *bsum;            // the device: the BN backward's sums of dA and z (gpu_bn_sums), from the kernel
+    long bsum_k;            // that wrote dA, bsum_k per channel (0: none made; bsum NULL: none planned)
 } Conv;
 
 // a row of the `yolo info` table, one per yaml layer
@@ -9907,6 +9909,8 @@ static void gpu_unreachable(int unused, ...) {
 }
 #define conv_forward_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_dgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
+#define conv_dgrad_bn_cuda(...) (gpu_unreachable(0, __VA_ARGS__), 0L)
+#define bn_silu_backward_apply_h_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_w_tapmajor_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_wgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_stats_cuda(...) gpu_unreachable(0, __VA_ARGS__)
@@ -10029,6 +10033,7 @@ typedef struct Gpu {
     LossGt *gts_h;            // (B, max_boxes) the boxes of each image, gathered for upload
     int *nbox_h;              // (B) boxes per image
     int copy_heads;           // tests: gpu_loss also copies the head maps of a training step to head_h
+    long bn_sums_taken;       // BN backwards that ran their second pass alone (gpu_bn_sums), since gpu_open
     // data parallel (ddp_grads_done): called by the backward when conv c's gradients are final, and
     // with c NULL when the step's backward is enqueued (or skipped for a non-finite loss)
     void (*grads_done)(struct Gpu *g, const Conv *c);
@@ -10461,11 +10466,22 @@ static void *gpu_bn_backward(Exec *e, Conv *c) {
     long zs = (long)c->zstride;
     void *dz = c->level < 0 ? (void *)c->dA : gact(g, g->B * zs, G_BACKWARD);   // (B, Cout, Ho, Wo), stride zs
     float *scratch = gf32(g, (long)bn_scratch_floats(g->B, c->cout, HWo), G_SCRATCH);
-    if (!arena_dry(g->a))
+    if (!arena_dry(g->a) && c->bsum_k > 0) {   // the first pass's sums came with dA (gpu_bn_sums)
+        g->bn_sums_taken++;
+        prof_begin(g);
+        bn_silu_backward_apply_h_cuda((const uint16_t *)c->z, (const uint16_t *)c->dA, zs, c->mean, c->invstd,
+                                      e->params + c->g_off, e->params + c->b_off, e->grads + c->g_off,
+                                      e->grads + c->b_off, dz, c->bsum, c->bsum_k, g->B, c->cout, HWo, g->m->train,
+                                      g->stream);
+        prof_end(g, "bn+silu backward", 0);
+    } else if (!arena_dry(g->a))
         k_bn_silu_backward(g, c->bn ? c->z : NULL, c->dA, c->level < 0, zs, c->mean, c->bn ? c->invstd : NULL,
                            c->bn ? e->params + c->g_off : NULL, e->params + c->b_off,
                            c->bn ? e->grads + c->g_off : NULL, e->grads + c->b_off, dz, scratch, c->cout, HWo);
     arena_free(g->a, scratch);
+    arena_free(g->a, c->bsum);
+    c->bsum = NULL;
+    c->bsum_k = 0;
     return dz;
 }
 // cat_act_run: the parts [i, j) of concatenation v that are one run of a BN conv's output channels (a
@@ -10534,6 +10550,31 @@ static int gpu_wgrad_cat(Exec *e, Conv *c, void *dz) {
     }
     return 1;
 }
+// gpu_bn_sums: whether conv c's input gradient, into BN conv p's dA, comes with the sums of p's BN
+// backward (conv_dgrad_bn_cuda; gpu_bn_backward then runs only its second pass): training with AMP, c
+// reads p's whole output and no other value reads it (so c's is the only gradient that reaches p's dA,
+// written in one launch), p's z is there (recompute=1: p in c's recompute block, or its output), and
+// p's BN backward would otherwise read dA and z twice: a channel of more than gpu_bn_sums_min values
+// (bn_silu_backward_h_cuda does one in a single pass up to 32768; below that the sums would cost a read
+// of z where they save none). The same answer in the dry run and the step, so both allocate the sums.
+static long gpu_bn_sums_min = 32768;   // (tests lower it to take the sums on small maps)
+static int gpu_bn_sums(const Exec *e, const Conv *c, const Conv *p) {
+    const Gpu *g = e->ctx;
+    const Model *m = e->m;
+    const Value *in = &m->val[c->in];
+    if (g->f32 || !m->train || !p->bn || p->level >= 0 || !p->z || in->kind != V_CONV || c->cin != p->cout ||
+        (long)g->B * p->Ho * p->Wo <= gpu_bn_sums_min)
+        return 0;
+    int readers = 0;
+    for (int j = 0; j < m->nconv; j++) readers += m->conv[j].in == c->in;
+    for (int v = 0; v < m->nvalue; v++) {
+        const Value *u = &m->val[v];
+        if (u->kind == V_SLICE && u->conv == in->conv) return 0;
+        if (u->kind >= V_ADD)
+            for (int i = 0; i < u->n; i++) readers += u->src[i] == c->in;
+    }
+    return readers == 1;
+}
 // gpu_conv_grads: the weight gradient (accumulated) and the input gradient: straight into the
 // producer's dA when the input is a conv output or a slice of one (written if it is the first
 // gradient to reach those channels, dA_held, else added), else through a scratch buffer and
@@ -10557,8 +10598,21 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
         Conv *p = &m->conv[in->conv];
         int c0 = in->kind == V_SLICE ? in->c0 : 0;
         float *d = grad_at(e, walk_dA(e, p), (long)c0 * c->H * c->W);
-        if (!dry)   // written where no gradient reached those channels yet (lazy_dA), else added
-            k_conv_dgrad(g, gpu_conv_dims(g, c, (long)p->zstride, zs), dz, w, gpu_wt(g, c), d, dA_held(e, p, 0, c0, c->cin));
+        ConvDims dd = gpu_conv_dims(g, c, (long)p->zstride, zs);
+        if (gpu_bn_sums(e, c, p)) {   // the only gradient p's dA gets: its BN backward's sums beside it
+            long kmax = conv_dgrad_bn_tiles(dd);
+            p->bsum = gf32(g, 2 * (long)p->cout * kmax, G_BACKWARD);
+            p->bsum_k = 0;
+            if (!dry && !dA_held(e, p, 0, 0, p->cout)) {
+                ConvAct bn = conv_act(e, p, 0);
+                prof_begin(g);
+                p->bsum_k = conv_dgrad_bn_cuda(dd, dz, w, gpu_wt(g, c), (uint16_t *)d, (const uint16_t *)p->z, &bn,
+                                               p->bsum, kmax, g->stream);
+                prof_end_conv(g, dd, "dgrad");
+            } else if (!dry)   // (a gradient there already: not the only one after all; the two passes)
+                k_conv_dgrad(g, dd, dz, w, gpu_wt(g, c), d, 1);
+        } else if (!dry)   // written where no gradient reached those channels yet (lazy_dA), else added
+            k_conv_dgrad(g, dd, dz, w, gpu_wt(g, c), d, dA_held(e, p, 0, c0, c->cin));
     } else if (in->kind == V_CAT) {
         // per source of the concat: its input gradient from its columns of the weights, read in place
         // (the rows of the conv's Cin*K*K: wstride), straight into the producer's dA when it is a

@@ -134,6 +134,28 @@ void conv_forward_f32_cuda(ConvDims d, const float *x, const ConvAct *act, const
 // where w is strided (wstride: the tap-major copy holds every column).
 void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const uint16_t *wt, float *dx, uint16_t *dxh,
                      int accumulate, void *stream);
+// conv_dgrad_bn_cuda: conv_dgrad_cuda's FP16 dxh (written, not added to) where dxh is the whole dA of a
+// BN+SiLU conv (bn: its batch statistics and BN parameters, z its FP16 pre-BN output in dxh's layout):
+// from the same kernel's epilogue, per channel and pixel tile, the sums of gy = dA silu'(y) and gy xhat
+// over the dA values it stores (rounded to FP16, as stored) into part (C = d.Cin channels of K tiles:
+// part[c K + k], then part[C K + c K + k]), what bn_silu_backward_h_cuda's first pass would read dA and z
+// again for. Returns K, or 0 where the kernel it takes has no such epilogue (the 1x1 and 3x3 ones whose
+// operands do not allow 16-byte loads) or its tiles are more than kmax: dxh is written all the same.
+long conv_dgrad_bn_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const uint16_t *wt, uint16_t *dxh,
+                        const uint16_t *z, const ConvAct *bn, float *part, long kmax, void *stream);
+// conv_dgrad_bn_tiles: a bound on the K of conv_dgrad_bn_cuda (part: 2 d.Cin K floats): pixel tiles of
+// 64 of B*H*W (the 1x1 kernel), or the 3x3 kernel's tiles of 16 or 32 columns of 128 pixels (stride 2:
+// 64 pixel pairs of one row parity, the two parities' grids each as large as the first's), whichever
+// count is the largest (its tiles of whole rows are taken only where they are fewer)
+static inline long conv_dgrad_bn_tiles(ConvDims d) {
+    long t = ((long)d.B * d.H * d.W + 63) / 64, OW = d.S == 2 ? (d.W + 1) / 2 : d.W, OH = d.S == 2 ? (d.H + 1) / 2 : d.H,
+         bn = d.S == 2 ? 64 : 128;
+    for (long tc = 16; tc <= 32; tc *= 2) {
+        long h = (long)d.B * ((OW + tc - 1) / tc) * ((OH + bn / tc - 1) / (bn / tc)) * (d.S == 2 ? 2 : 1);
+        if (h > t) t = h;
+    }
+    return t > 0 ? t : 1;
+}
 // conv_w_tapmajor_cuda: for each of n jobs, wt (cout, 9, cin) = w (cout, cin, 3, 3), FP16, bit for bit
 typedef struct { const uint16_t *w; uint16_t *wt; int cout, cin; } ConvWtJob;
 void conv_w_tapmajor_cuda(const ConvWtJob *jobs, int n, void *stream);
@@ -231,6 +253,12 @@ void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const fl
 void bn_silu_backward_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean, const float *invstd,
                              const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                              float *scratch, int B, int C, int HW, int train, void *stream);
+// bn_silu_backward_apply_h_cuda: bn_silu_backward_h_cuda's second pass alone, from the K sums a channel
+// that conv_dgrad_bn_cuda left in part (added in a fixed order: the same bits on every run)
+void bn_silu_backward_apply_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean,
+                                   const float *invstd, const float *gamma, const float *beta, float *dgamma,
+                                   float *dbeta, uint16_t *dz, const float *part, long K, int B, int C, int HW,
+                                   int train, void *stream);
 // bn_silu_backward_f32_cuda: the same with z and dz in FP32; dz may be dA itself (in place).
 void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean, const float *invstd,
                                const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,
@@ -468,6 +496,7 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(bn_stats_finish_cuda, bn_stats_cpu, test_conv) \
     X(conv_forward_f32_cuda, conv_forward, test_conv_f32) \
     X(conv_dgrad_cuda, conv_backward, test_conv) \
+    X(conv_dgrad_bn_cuda, bn_silu_backward_cpu, test_dgrad_bn) \
     X(conv_dgrad_f32_cuda, conv_backward, test_conv_f32) \
     X(conv_wgrad_cuda, conv_backward, test_conv) \
     X(conv_wgrad_f32_cuda, conv_backward, test_conv_f32) \
@@ -479,6 +508,7 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(bn_silu_sum_f32_cuda, bn_silu_forward_cpu, test_bn_silu_sum) \
     X(bn_silu_backward_cuda, bn_silu_backward_cpu, test_bn_backward) \
     X(bn_silu_backward_h_cuda, bn_silu_backward_cpu, test_bn_backward) \
+    X(bn_silu_backward_apply_h_cuda, bn_silu_backward_cpu, test_dgrad_bn) \
     X(bn_silu_backward_f32_cuda, bn_silu_backward_cpu, test_bn_backward_f32) \
     X(upsample2_backward_cuda, upsample2_backward, test_pool_up_backward) \
     X(maxpool5_backward_cuda, maxpool5_backward, test_pool_up_backward) \

@@ -344,7 +344,7 @@ int main(void) {
     // GPU_STEP_QUICK (run_emu.sh under the sanitizers, where a device step takes minutes): one step,
     // without the recompute=1 twin and the extra optimizer steps
     int quick = getenv("GPU_STEP_QUICK") != NULL;
-    Gpu *gr = NULL, *gf = NULL;
+    Gpu *gr = NULL, *gf = NULL, *gs = NULL;
     if (!quick) {
         m->recompute = 1;   // a second device, recompute=1, from the same weights and running stats
         gr = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
@@ -354,6 +354,11 @@ int main(void) {
         gpu_stem_u8_off = 1;
         gf = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
         gpu_stem_u8_off = 0;
+        // a fourth: the BN backward's sums from the input gradient's epilogue (gpu_bn_sums) on every layer
+        // whose dA one input gradient writes, its threshold lowered: no channel of this step is large enough
+        gpu_bn_sums_min = 0;
+        gs = gpu_open(m, 0, 1, 1, &shp, &opt, NULL, NULL, &lc);
+        gpu_bn_sums_min = 32768;
         printf("device arenas: recompute=0 %.2f MiB, recompute=1 %.2f MiB\n", g->plan / 1048576.0,
                gr->plan / 1048576.0);
     }
@@ -395,6 +400,21 @@ int main(void) {
               "(high-water mark == plan) < %.2f MiB", gr->plan / 1048576.0, g->plan / 1048576.0);
         free(rg); free(rb); free(b0);
         gpu_close(gr);
+    }
+    float *sgr = NULL;   // gs's gradients (checked in B as gf's)
+    LossOut lo_s = {0};
+    int s_plan = 0;
+    long s_taken = 0;
+    if (gs) {
+        gs->scaler.scale = g->scaler.scale;
+        gpu_bn_sums_min = 0;
+        lo_s = gpu_forward_backward(gs, img, &tg, &lc);
+        gpu_bn_sums_min = 32768;
+        sgr = dev_floats(gs->grads, m->nparams);
+        for (size_t i = 0; i < m->nparams; i++) sgr[i] /= gs->scaler.scale;
+        s_plan = gs->a->high == gs->plan;
+        s_taken = gs->bn_sums_taken;
+        gpu_close(gs);
     }
     float *fg = NULL;   // gf's gradients (checked in B against the reference's sensitivity)
     LossOut lo_f = {0};
@@ -451,6 +471,17 @@ int main(void) {
               "gradients' worst tensor difference %.3g (%s) within 2x the sensitivity %.3g, not the bits of the "
               "uint8 read's (other kernels), high-water mark == plan %d", fw, fname, sens, f_plan);
         free(fg);
+    }
+    if (sgr) {   // the BN backward's sums from the input gradients: sums in another order (not the same bits)
+        double sw, swh;
+        char sname2[80] = "";
+        grad_compare(m, sgr, g32, 1, &sw, &swh, sname2, sizeof sname2, &ntens);
+        check(sw <= 2 * sens && s_taken >= 10 && s_plan && lo_s.box == lo_g.box && lo_s.cls == lo_g.cls &&
+                      lo_s.dfl == lo_g.dfl,
+              "the BN backward's sums from the input gradients' epilogues (conv_dgrad_bn_cuda, %ld layers): "
+              "gradients' worst tensor difference %.3g (%s) within 2x the sensitivity %.3g, the loss the bits of "
+              "the step's, high-water mark == plan %d", s_taken, sw, sname2, sens, s_plan);
+        free(sgr);
     }
 
     // C. the CPU step's FP16 twin (twin_backend: the CPU rounds every tensor the device stores in FP16, at

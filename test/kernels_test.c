@@ -234,6 +234,85 @@ static void test_stem_u8_bits(void *stream) {
 // (v / 255 as FP16, what u8_to_f16_cuda stores), and the calls the stem's kernels serve (the forward
 // into FP16 z, with and without its statistics, and the weight gradient) read it as uploaded
 // (ConvDims.x8); the FP32 z and the gather kernel's forward read its FP16 copy.
+// test_dgrad_bn: the input gradient of d (FP16, written) with the BN backward's sums of the conv whose dA
+// it is (conv_dgrad_bn_cuda: random z, statistics and BN parameters), then that backward's second pass
+// from them (bn_silu_backward_apply_h_cuda): dA the bits of the plain call's (dxh, host), outside the
+// slices untouched; dz, dgamma and dbeta as bn_silu_backward_cpu makes them of that dA. The sums' slots
+// start NaN (one a kernel left unwritten would show). Returns K (0: the kernel taken has no sums)
+static long test_dgrad_bn(ConvDims d, const void *ddz, const void *dwh, const uint16_t *dwt, const uint16_t *dxh,
+                          void *stream) {
+    const int B = d.B, C = d.Cin, HW = d.H * d.W;
+    const long xs = d.xs ? d.xs : (long)C * HW, nx = B * xs, kmax = conv_dgrad_bn_tiles(d);
+    float *zf = xmalloc(4 * nx), *mean = rand_host(C, -0.5f, 0.5f), *invstd = rand_host(C, 0.5f, 2),
+          *gamma = rand_host(C, 0.5f, 2), *beta = rand_host(C, -1, 1), *dgam = rand_host(C, -1, 1),
+          *dbet = rand_host(C, -1, 1), *dA = f16_host_to_f32(dxh, nx);
+    uint16_t *zh = rand_f16(nx, -3, 3, zf);
+    for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < xs; i++) zh[b * xs + i] = 0x7e00;   // NaN
+    float *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C),
+          *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *part = poisoned_dev(2 * C * kmax);
+    void *dzz = to_dev(zh, 2 * nx);
+    uint16_t *ddA;
+    CK(cudaMalloc((void **)&ddA, 2 * nx));
+    CK(cudaMemset(ddA, 0xff, 2 * nx));
+    ConvAct bn = {dm, di, dg, db};
+    long K = conv_dgrad_bn_cuda(d, ddz, dwh, dwt, ddA, dzz, &bn, part, kmax, stream);
+    uint16_t *gA = (uint16_t *)from_dev(ddA, 2 * nx);
+    long bad = 0, outside = 0;
+    for (int b = 0; b < B; b++)
+        for (long i = 0; i < xs; i++) {
+            if (i < (long)C * HW) bad += gA[b * xs + i] != dxh[b * xs + i];
+            else outside += gA[b * xs + i] != 0xffff;
+        }
+    check(!bad && !outside && K >= 0 && K <= kmax,
+          "conv_dgrad_bn_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d xs %ld: dA the bits of conv_dgrad_cuda's (%ld "
+          "differ), %ld values outside the slice written; %ld sums a channel (at most %ld)",
+          B, C, d.H, d.W, d.Cout, d.K, d.S, xs, bad, outside, K, kmax);
+    if (K > 0) {   // the second pass from the sums, in place, as the step runs it
+        bn_silu_backward_apply_h_cuda(dzz, ddA, xs, dm, di, dg, db, ddg, ddb, ddA, part, K, B, C, HW, 1, stream);
+        float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nx);
+        memcpy(ref, dA, 4 * nx);
+        for (int c = 0; c < C; c++) {
+            double s1 = fabs(dbet[c]), s2 = fabs(dgam[c]);
+            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
+                long o = b * xs + (long)c * HW + i;
+                float xh = (zf[o] - mean[c]) * invstd[c], y = gamma[c] * xh + beta[c], sy = 1.f / (1.f + expf(-y));
+                float gy = dA[o] * sy * (1.f + y * (1.f - sy));
+                s1 += fabs(gy); s2 += fabs(gy * xh);
+            }
+            sg[c] = (float)s1; sgx[c] = (float)s2;
+        }
+        bn_silu_backward_cpu(zf, ref, xs, mean, invstd, gamma, beta, dgam, dbet, B, C, HW, 1);
+        float *gdg = from_dev(ddg, 4 * C), *gdb = from_dev(ddb, 4 * C);
+        uint16_t *gz = (uint16_t *)from_dev(ddA, 2 * nx);
+        float *gzf = f16_host_to_f32(gz, nx);
+        long untouched = 0;
+        for (int b = 0; b < B; b++)
+            for (long i = (long)C * HW; i < xs; i++) {
+                untouched += gz[b * xs + i] == 0xffff;
+                gzf[b * xs + i] = ref[b * xs + i] = 0;
+            }
+        char what[200];
+        snprintf(what, sizeof what, "bn_silu_backward_apply_h_cuda after conv_dgrad_bn_cuda B=%d C=%d %dx%d K=%d S=%d "
+                 "(%ld tiles): dz vs bn_silu_backward_cpu", B, C, d.H, d.W, d.K, d.S, K);
+        check_f16tol(what, gzf, ref, nx);
+        snprintf(what, sizeof what, "conv_dgrad_bn_cuda's sums B=%d C=%d %dx%d K=%d S=%d: dbeta (+=)", B, C, d.H, d.W,
+                 d.K, d.S);
+        check_rel(what, gdb, dbet, sg, C, 1e-5);
+        snprintf(what, sizeof what, "conv_dgrad_bn_cuda's sums B=%d C=%d %dx%d K=%d S=%d: dgamma (+=)", B, C, d.H,
+                 d.W, d.K, d.S);
+        check_rel(what, gdg, dgam, sgx, C, 1e-5);
+        check(untouched == (long)B * (xs - (long)C * HW), "bn_silu_backward_apply_h_cuda: values outside the slice "
+              "untouched");
+        free(sg); free(sgx); free(ref); free(gdg); free(gdb); free(gz); free(gzf);
+        twin_compared(conv_dgrad_bn_cuda);
+        twin_compared(bn_silu_backward_apply_h_cuda);
+    }
+    cudaFree(dm); cudaFree(di); cudaFree(dg); cudaFree(db); cudaFree(ddg); cudaFree(ddb); cudaFree(part);
+    cudaFree(dzz); cudaFree(ddA);
+    free(zf); free(mean); free(invstd); free(gamma); free(beta); free(dgam); free(dbet); free(dA); free(zh); free(gA);
+    return K;
+}
+static long test_dgrad_bn_taken, test_dgrad_bn_calls;   // the calls, and those whose kernel made sums
 static int test_conv_no_dgrad, test_conv_x8;
 static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int xextra, int zextra, void *stream) {
     const int dg = !test_conv_no_dgrad;
@@ -344,6 +423,10 @@ static void test_conv(int B, int Cin, int H, int W, int Cout, int K, int S, int 
         snprintf(what, sizeof what, "conv_dgrad_cuda B=%d Cin=%d %dx%d Cout=%d K=%d S=%d, FP16 overwrite", B, Cin, H,
                  W, Cout, K, S);
         check_f16tol(what, dxhf, dxref, nx);
+    }
+    if (dg) {
+        test_dgrad_bn_calls++;
+        test_dgrad_bn_taken += test_dgrad_bn(d, ddz, dwh, dwt, dxh, stream) > 0;
     }
     {   // the forward with its BN statistics from the epilogue (no bias): the same FP16 z bits as
         // conv_forward_cuda's, and the statistics bn_stats_cpu takes of that z; twice: the same bits
@@ -2168,7 +2251,8 @@ static void test_twin_table(void) {
     };
 #undef TWIN_ROW
     int nrow = (int)(sizeof rows / sizeof rows[0]), missing = 0, unmarked = 0, declared = 0;
-    // the launchers yolo.h declares: lines "void NAME_cuda(" or "int NAME_cuda(" (yolo.h sits beside this file's folder)
+    // the launchers yolo.h declares: lines "void NAME_cuda(", "int NAME_cuda(" or "long NAME_cuda(" (yolo.h sits
+    // beside this file's folder)
     char path[512];
     const char *slash = strrchr(__FILE__, '/');
     snprintf(path, sizeof path, "%.*s../yolo.h", slash ? (int)(slash - __FILE__ + 1) : 0, __FILE__);
@@ -2176,7 +2260,9 @@ static void test_twin_table(void) {
     if (!f) snprintf(path, sizeof path, "yolo.h"), f = fopen(path, "r");
     char line[1024], name[128];
     while (f && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "void %127[a-z0-9_](", name) != 1 && sscanf(line, "int %127[a-z0-9_](", name) != 1) continue;
+        if (sscanf(line, "void %127[a-z0-9_](", name) != 1 && sscanf(line, "int %127[a-z0-9_](", name) != 1 &&
+            sscanf(line, "long %127[a-z0-9_](", name) != 1)
+            continue;
         size_t L = strlen(name);
         if (L < 5 || strcmp(name + L - 5, "_cuda")) continue;
         declared++;
@@ -2471,6 +2557,8 @@ int main(void) {
     }
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
+    check(test_dgrad_bn_taken >= 1, "conv_dgrad_bn_cuda: %ld of the %ld input gradients above came with the BN "
+          "backward's sums (the others' kernels have none)", test_dgrad_bn_taken, test_dgrad_bn_calls);
     test_twin_table();
     return test_summary();
 }
