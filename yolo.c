@@ -10601,7 +10601,7 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
         ConvDims dd = gpu_conv_dims(g, c, (long)p->zstride, zs);
         if (gpu_bn_sums(e, c, p)) {   // the only gradient p's dA gets: its BN backward's sums beside it
             long kmax = conv_dgrad_bn_tiles(dd);
-            p->bsum = gf32(g, 2 * (long)p->cout * kmax, G_BACKWARD);
+            p->bsum = gf32(g, 2 * (long)p->cout * (kmax + 1), G_BACKWARD);   // (+ 1: the channels' sums)
             p->bsum_k = 0;
             if (!dry && !dA_held(e, p, 0, 0, p->cout)) {
                 ConvAct bn = conv_act(e, p, 0);

@@ -143,7 +143,8 @@ void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const ui
 // operands do not allow 16-byte loads) or its tiles are more than kmax: dxh is written all the same.
 long conv_dgrad_bn_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const uint16_t *wt, uint16_t *dxh,
                         const uint16_t *z, const ConvAct *bn, float *part, long kmax, void *stream);
-// conv_dgrad_bn_tiles: a bound on the K of conv_dgrad_bn_cuda (part: 2 d.Cin K floats): pixel tiles of
+// conv_dgrad_bn_tiles: a bound on the K of conv_dgrad_bn_cuda (its part: 2 d.Cin K floats; 2 d.Cin (K + 1)
+// for bn_silu_backward_apply_h_cuda, which adds them up after them): pixel tiles of
 // 64 of B*H*W (the 1x1 kernel), or the 3x3 kernel's tiles of 16 or 32 columns of 128 pixels (stride 2:
 // 64 pixel pairs of one row parity, the two parities' grids each as large as the first's), whichever
 // count is the largest (its tiles of whole rows are taken only where they are fewer)
@@ -254,11 +255,12 @@ void bn_silu_backward_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, con
                              const float *gamma, const float *beta, float *dgamma, float *dbeta, uint16_t *dz,
                              float *scratch, int B, int C, int HW, int train, void *stream);
 // bn_silu_backward_apply_h_cuda: bn_silu_backward_h_cuda's second pass alone, from the K sums a channel
-// that conv_dgrad_bn_cuda left in part (added in a fixed order: the same bits on every run)
+// that conv_dgrad_bn_cuda left in part, which holds 2 C (K + 1) floats: the channels' sums are added in a
+// fixed order (the same bits on every run) into its last 2 C
 void bn_silu_backward_apply_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean,
                                    const float *invstd, const float *gamma, const float *beta, float *dgamma,
-                                   float *dbeta, uint16_t *dz, const float *part, long K, int B, int C, int HW,
-                                   int train, void *stream);
+                                   float *dbeta, uint16_t *dz, float *part, long K, int B, int C, int HW, int train,
+                                   void *stream);
 // bn_silu_backward_f32_cuda: the same with z and dz in FP32; dz may be dA itself (in place).
 void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const float *mean, const float *invstd,
                                const float *gamma, const float *beta, float *dgamma, float *dbeta, float *dz,

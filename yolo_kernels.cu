@@ -513,13 +513,16 @@ __device__ __forceinline__ float bn_silu_gy(float dA, float xh, float gamma, flo
 // tile, gy and gy * xhat over the values it stores (as stored: rounded to FP16), z read beside them,
 // and writes the two sums to part[c K + k] and part[C K + c K + k] (k: the block's pixel tile, K of
 // them): what bn_bwd_partial_kernel writes per chunk, so that bn_bwd_apply_kernel goes on from there and
-// dA is not read a second time. BnbSums: a lane's two sums. bnb_add8: the first n (0 .. 8) of v (FP32,
-// before rounding) added in, stored at o in the layout of z (16-byte reads of z where aligned).
+// dA is not read a second time. BnbSums: a lane's two sums. bnb_par: channel c's mean, invstd, gamma and
+// beta. bnb_add8: the first n (0 .. 8) of v (FP32, before rounding) added in, stored at o in the layout of
+// z (16-byte reads of z where aligned), p their channel's bnb_par.
 struct BnbSums { float g, gx; };
-__device__ __forceinline__ void bnb_add8(BnbSums &s, const __half *z, long o, const float *v, int n, const ConvAct &a,
-                                         int c) {
+__device__ __forceinline__ float4 bnb_par(const ConvAct &a, int c) {
+    return make_float4(a.mean[c], a.invstd[c], a.gamma[c], a.beta[c]);
+}
+__device__ __forceinline__ void bnb_add8(BnbSums &s, const __half *z, long o, const float *v, int n, float4 p) {
     if (n <= 0) return;
-    const float mu = a.mean[c], is = a.invstd[c], ga = a.gamma[c], be = a.beta[c];
+    const float mu = p.x, is = p.y, ga = p.z, be = p.w;
     float zv[8];
     if (n == 8 && ((uintptr_t)(z + o) & 15) == 0) {
         union { uint4 u; __half2 h[4]; } q;
@@ -1233,6 +1236,8 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
         BnTile cur = {0.0f, 0.0f, 0.0f};
         BnbSums bs = {0.0f, 0.0f};
         if (m0 + (wa + i) * 16 >= M) break;   // warp-uniform
+        const int mi = m0 + (wa + i) * 16 + er;   // the lane's channel
+        const float4 bp = bsums && live && mi < M ? bnb_par(a, mi) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int j = 0; j < 2; j++) {
 #pragma unroll
@@ -1264,7 +1269,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                                      u1 = *(const float4 *)&Cs[warp][1][er][cs(er, p0)];
                         float v[8] = {u0.x, u1.x, u0.y, u1.y, u0.z, u1.z, u0.w, u1.w};
                         conv_store_row8(of, oh, v, m, b, iy * W, c0, W, N, HW, g.fHW, os, accumulate);
-                        if (bsums) bnb_add8(bs, zb, b * os + (long)m * HW + iy * W + c0, v, min(W - c0, 8), a, m);
+                        if (bsums) bnb_add8(bs, zb, b * os + (long)m * HW + iy * W + c0, v, min(W - c0, 8), bp);
                     }
                 }
             } else {
@@ -1280,7 +1285,7 @@ void conv_halo_kernel(ConvGeo g, const __half *in, ConvAct a, const __half *wt, 
                     v[4] = q1.x + bm; v[5] = q1.y + bm; v[6] = q1.z + bm; v[7] = q1.w + bm;
                     conv_store_row8(of, oh, v, m, b, rb, xs, wl, N, OHW, FS2 ? g.fHWo : g.fHW, os, accumulate);   // OW % 8 == 4: a row's last 4
                     if (stats) cur = bn_tile_merge(cur, bn_tile8(v, min(wl - xs, 8)));
-                    if (bsums) bnb_add8(bs, zb, b * os + (long)m * OHW + rb + xs, v, min(wl - xs, 8), a, m);
+                    if (bsums) bnb_add8(bs, zb, b * os + (long)m * OHW + rb + xs, v, min(wl - xs, 8), bp);
                 }
             }
             __syncwarp();
@@ -2058,15 +2063,18 @@ extern "C" void conv_forward_cuda(ConvDims d, const void *x, const ConvAct *act,
 // "this output pixel read input pixel n through tap k" (1: a bounds test; 2: parity and shifts;
 // 0: any stride, by division). VEC1 (1x1, stride 1, Cin, H*W and the image strides multiples of 8):
 // w^T is staged column-major (its rows along Cin are contiguous) and both operands move as 16-byte
-// cp.async. Two stages, one barrier per K step; conv_store8 epilogue. part (VEC1 alone: its 8 values of
-// a lane lie in one image): the BN backward's sums of what it stores (bnb_add8; bn: that BN's statistics
-// and parameters, zb its z in dx's layout), per lane over its row's two 16-column tiles, then with lane ^
-// 16, then the two warps of the block's row half in order (bsm), a tile blockIdx.x of gridDim.x.
+// cp.async. Two stages, one barrier per K step; conv_store8 epilogue. SUMS (VEC1 alone: a lane's 8
+// values lie in one image): the BN backward's sums of what it stores into part (bnb_add8; bn: that BN's
+// statistics and parameters, zb its z in dx's layout), per lane over its row's two 16-column tiles, then
+// with lane ^ 16, then the two warps of the block's row half in order (bsm), a tile blockIdx.x of
+// gridDim.x. (A variant of its own: with that epilogue in the one kernel, NVVM kept fewer of the K
+// loop's shared addresses out of it, 4.4 -> 4.7 PTX instructions per HMMA, sm_80.)
 // (128, 1): with the default minimum, ptxas for sm_80 caps this kernel's registers and spills
-template <bool VEC1, int SS>
+template <bool VEC1, int SS, bool SUMS = false>
 __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __half *dz, const __half *w, float *dx,
                                                          __half *dxh, int accumulate, ConvAct bn, const __half *zb,
                                                          float *part) {
+    static_assert(!SUMS || VEC1, "the sums take a lane's 8 values in one image");
     using namespace nvcuda;
     typedef typename std::conditional<VEC1, wmma::col_major, wmma::row_major>::type ALayout;
     // A: VEC1 (stage, 32 of Kd, 64 of Cin) column-major, else (stage, 64 of Cin, 32 of Kd)
@@ -2162,7 +2170,7 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
                 VEC1 ? IG_BM + 8 : IG_BK + 8, [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; },
                 IG_BN + 8);
     });
-    if (!VEC1 || !part) {
+    if constexpr (!SUMS) {
         conv_warp_store(acc, Cs[warp], row0 + wy * 32, col0 + wx * 32, [&](int m, int n, const float *c) {
             if (m < M && n < N) conv_store8(dx, dxh, c, m, n, N, HW, g.fHW, g.xs, accumulate);
         });
@@ -2171,13 +2179,16 @@ __global__ __launch_bounds__(128, 1) void conv_dgrad_kernel(ConvGeo g, const __h
     __shared__ BnbSums bsm[2][64];   // [wx][row of the block]
     const int lane = tid % 32;
     BnbSums bs = {0.0f, 0.0f};
+    float4 bp = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int bpm = -1;   // bp's channel
     conv_warp_store(
             acc, Cs[warp], row0 + wy * 32, col0 + wx * 32,
             [&](int m, int n, const float *c) {
                 if (m < M && n < N) {
                     conv_store8(dx, dxh, c, m, n, N, HW, g.fHW, g.xs, accumulate);
                     const int b = div_fast(n, g.fHW);
-                    bnb_add8(bs, zb, b * g.xs + (long)m * HW + (n - b * HW), c, 8, bn, m);
+                    if (m != bpm) bp = bnb_par(bn, m), bpm = m;
+                    bnb_add8(bs, zb, b * g.xs + (long)m * HW + (n - b * HW), c, 8, bp);
                 }
             },
             [&](int i) {   // row i's two 16-column tiles done: the row's sums to bsm
@@ -2222,7 +2233,8 @@ static long conv_dgrad_run(ConvDims d, const uint16_t *dz, const uint16_t *w, co
     bool vec1 = g.K == 1 && g.S == 1 && g.Cin % 8 == 0 && (g.H * g.W) % 8 == 0 && g.zs % 8 == 0 && wrow16 &&
             (uintptr_t)dz % 16 == 0 && (uintptr_t)w % 16 == 0;
     if (!vec1 || (long)grid.x > kmax) part = nullptr;
-    if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, part);
+    if (vec1 && part) conv_dgrad_kernel<true, 1, true><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, part);
+    else if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
     else if (g.S == 1) conv_dgrad_kernel<false, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
     else if (g.S == 2) conv_dgrad_kernel<false, 2><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
     else conv_dgrad_kernel<false, 0><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
@@ -3670,17 +3682,33 @@ extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long z
     bn_silu_backward_launch((const __half *)z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, (__half *)dz, scratch,
                             B, C, HW, train, stream);
 }
+// bn_bwd_sums_kernel: a channel's K sums of gy and of gy*xhat in part (conv_dgrad_bn_cuda's: one a pixel
+// tile, thousands in the early layers, where bn_bwd_partial_kernel's chunks are at most 256) added in a
+// fixed order (thread t the sums t, t + 256, ... in turn, then block_sum), into out[c] and out[C + c]:
+// bn_bwd_apply_kernel's blocks then each read one sum of each kind, not K. Grid C, 256 threads.
+__global__ void bn_bwd_sums_kernel(const float *part, long K, int C, float *out) {
+    const int c = blockIdx.x;
+    float sg = 0.0f, sgx = 0.0f;
+    for (long k = threadIdx.x; k < K; k += blockDim.x) sg += part[c * K + k], sgx += part[C * K + c * K + k];
+    sg = block_sum(sg);
+    sgx = block_sum(sgx);
+    if (threadIdx.x == 0) out[c] = sg, out[C + c] = sgx;
+}
 extern "C" void bn_silu_backward_apply_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean,
                                               const float *invstd, const float *gamma, const float *beta,
-                                              float *dgamma, float *dbeta, uint16_t *dz, const float *part, long K,
-                                              int B, int C, int HW, int train, void *stream) {
+                                              float *dgamma, float *dbeta, uint16_t *dz, float *part, long K, int B,
+                                              int C, int HW, int train, void *stream) {
     if (C == 0 || (long)B * HW == 0) return;
-    if (K < 1 || K > INT_MAX) {
+    if (K < 1) {
         fprintf(stderr, "bn_silu_backward_apply_h_cuda: %ld partial sums a channel\n", K);
         exit(1);
     }
+    cudaStream_t s = (cudaStream_t)stream;
+    float *sums = part + 2 * (long)C * K;
+    bn_bwd_sums_kernel<<<C, 256, 0, s>>>(part, K, C, sums);
+    CUDA_CHECK(cudaGetLastError());
     bn_bwd_apply_launch((const __half *)z, (const __half *)dA, zs ? zs : (long)C * HW, mean, invstd, gamma, beta,
-                        dgamma, dbeta, (__half *)dz, part, (int)K, B, C, HW, train, (cudaStream_t)stream);
+                        dgamma, dbeta, (__half *)dz, sums, 1, B, C, HW, train, s);
 }
 extern "C" void bn_silu_backward_h_cuda(const uint16_t *z, const uint16_t *dA, long zs, const float *mean,
                                         const float *invstd, const float *gamma, const float *beta, float *dgamma,

@@ -249,7 +249,7 @@ static long test_dgrad_bn(ConvDims d, const void *ddz, const void *dwh, const ui
     uint16_t *zh = rand_f16(nx, -3, 3, zf);
     for (int b = 0; b < B; b++) for (long i = (long)C * HW; i < xs; i++) zh[b * xs + i] = 0x7e00;   // NaN
     float *dm = to_dev(mean, 4 * C), *di = to_dev(invstd, 4 * C), *dg = to_dev(gamma, 4 * C), *db = to_dev(beta, 4 * C),
-          *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *part = poisoned_dev(2 * C * kmax);
+          *ddg = to_dev(dgam, 4 * C), *ddb = to_dev(dbet, 4 * C), *part = poisoned_dev(2 * C * (kmax + 1));
     void *dzz = to_dev(zh, 2 * nx);
     uint16_t *ddA;
     CK(cudaMalloc((void **)&ddA, 2 * nx));
@@ -2316,6 +2316,7 @@ int main(void) {
     test_conv(2, 16, 4, 6, 24, 1, 1, 0, 0, s);    // forward: 16-byte w rows and x rows (1x1, H*W % 8 == 0)
     test_conv(2, 8, 4, 4, 70, 1, 1, 8, 3, s);     // the same on channel slices, Cout over a tile
     test_conv(2, 72, 8, 10, 70, 1, 1, 0, 0, s);   // the same, 3 K steps (the last partial), 3 pixel tiles
+    test_conv(1, 8, 136, 136, 8, 1, 1, 0, 0, s);  // 289 pixel tiles: the BN backward's sums over 256 a channel
     test_conv(1, 8, 6, 5, 9, 3, 2, 0, 0, s);      // forward: 16-byte w rows, gathered 3x3 stride-2 taps
     test_conv(1, 2, 7, 7, 3, 3, 3, 0, 0, s);      // stride 3: dgrad's any-stride test
     // 3x3 stride 1 by halo tiles (conv_halo_kernel): 16-byte rows, 16-column tiles (W 40: the last one
@@ -2557,8 +2558,10 @@ int main(void) {
     }
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamDestroy(s));
-    check(test_dgrad_bn_taken >= 1, "conv_dgrad_bn_cuda: %ld of the %ld input gradients above came with the BN "
-          "backward's sums (the others' kernels have none)", test_dgrad_bn_taken, test_dgrad_bn_calls);
+    // (the halo kernels' and the 1x1 16-byte one's: a kernel that stopped making them would lower the count)
+    check(test_dgrad_bn_taken == 28, "conv_dgrad_bn_cuda: %ld of the %ld input gradients above came with the BN "
+          "backward's sums, as the 28 of them whose kernels make them (the others' have none)", test_dgrad_bn_taken,
+          test_dgrad_bn_calls);
     test_twin_table();
     return test_summary();
 }
