@@ -2234,7 +2234,7 @@ static long conv_dgrad_run(ConvDims d, const uint16_t *dz, const uint16_t *w, co
             (uintptr_t)dz % 16 == 0 && (uintptr_t)w % 16 == 0;
     if (!vec1 || (long)grid.x > kmax) part = nullptr;
     if (vec1 && part) conv_dgrad_kernel<true, 1, true><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, part);
-    else if (vec1) conv_dgrad_kernel<true, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
+    else if (vec1) conv_dgrad_kernel<true, 1, false><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
     else if (g.S == 1) conv_dgrad_kernel<false, 1><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
     else if (g.S == 2) conv_dgrad_kernel<false, 2><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
     else conv_dgrad_kernel<false, 0><<<grid, 128, 0, s>>>(g, dzh, wh, dx, xo, accumulate, a, zb, nullptr);
