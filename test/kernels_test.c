@@ -234,6 +234,53 @@ static void test_stem_u8_bits(void *stream) {
 // (v / 255 as FP16, what u8_to_f16_cuda stores), and the calls the stem's kernels serve (the forward
 // into FP16 z, with and without its statistics, and the weight gradient) read it as uploaded
 // (ConvDims.x8); the FP32 z and the gather kernel's forward read its FP16 copy.
+// bn_backward_compare: a BN+SiLU backward's results on the device (dz FP16 in ddz, dgamma and dbeta in ddg,
+// ddb) against bn_silu_backward_cpu's of the same z, dA (host FP32, the values the device read), statistics
+// and parameters (gamma NULL: a plain conv's bias), dgam and dbet as they were before (the sums are added
+// to them); dz's values outside the slices (image stride zs) must still be 0xffff: the count of those that
+// are is returned. Tolerances: dz as any FP16 tensor, dbeta and dgamma 1e-5 of the sums of |gy| and |gy
+// xhat|. who: the call's name and shape in the checks' lines
+static long bn_backward_compare(const char *who, const float *zf, const float *dA, long zs, int B, int C, int HW,
+                                const float *mean, const float *invstd, const float *gamma, const float *beta,
+                                float *dgam, float *dbet, int train, const void *ddz, const float *ddg,
+                                const float *ddb) {
+    const long nz = B * zs;
+    // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
+    float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz);
+    memcpy(ref, dA, 4 * nz);
+    for (int c = 0; c < C; c++) {
+        double a = fabs(dbet[c]), ax = fabs(dgam[c]);
+        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
+            long o = b * zs + (long)c * HW + i;
+            float xh = (zf[o] - mean[c]) * invstd[c], y = gamma ? gamma[c] * xh + beta[c] : 0.f,
+                  s1 = 1.f / (1.f + expf(-y));
+            float gy = gamma ? dA[o] * s1 * (1.f + y * (1.f - s1)) : dA[o];
+            a += fabs(gy); ax += fabs(gy * xh);
+        }
+        sg[c] = (float)a; sgx[c] = (float)ax;
+    }
+    bn_silu_backward_cpu(zf, ref, zs, mean, invstd, gamma, beta, dgam, dbet, B, C, HW, train);
+    float *gdg = from_dev(ddg, 4 * C), *gdb = from_dev(ddb, 4 * C);
+    uint16_t *gz = (uint16_t *)from_dev(ddz, 2 * nz);
+    float *gzf = f16_host_to_f32(gz, nz);
+    long untouched = 0;
+    for (int b = 0; b < B; b++)
+        for (long i = (long)C * HW; i < zs; i++) {
+            untouched += gz[b * zs + i] == 0xffff;
+            gzf[b * zs + i] = ref[b * zs + i] = 0;
+        }
+    char what[300];
+    snprintf(what, sizeof what, "%s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)", who);
+    check_f16tol(what, gzf, ref, nz);
+    snprintf(what, sizeof what, "%s: dbeta (+=)", who);
+    check_rel(what, gdb, dbet, sg, C, 1e-5);
+    if (gamma) {
+        snprintf(what, sizeof what, "%s: dgamma (+=)", who);
+        check_rel(what, gdg, dgam, sgx, C, 1e-5);
+    }
+    free(sg); free(sgx); free(ref); free(gdg); free(gdb); free(gz); free(gzf);
+    return untouched;
+}
 // test_dgrad_bn: the input gradient of d (FP16, written) with the BN backward's sums of the conv whose dA
 // it is (conv_dgrad_bn_cuda: random z, statistics and BN parameters), then that backward's second pass
 // from them (bn_silu_backward_apply_h_cuda): dA the bits of the plain call's (dxh, host), outside the
@@ -269,41 +316,13 @@ static long test_dgrad_bn(ConvDims d, const void *ddz, const void *dwh, const ui
           B, C, d.H, d.W, d.Cout, d.K, d.S, xs, bad, outside, K, kmax);
     if (K > 0) {   // the second pass from the sums, in place, as the step runs it
         bn_silu_backward_apply_h_cuda(dzz, ddA, xs, dm, di, dg, db, ddg, ddb, ddA, part, K, B, C, HW, 1, stream);
-        float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nx);
-        memcpy(ref, dA, 4 * nx);
-        for (int c = 0; c < C; c++) {
-            double s1 = fabs(dbet[c]), s2 = fabs(dgam[c]);
-            for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
-                long o = b * xs + (long)c * HW + i;
-                float xh = (zf[o] - mean[c]) * invstd[c], y = gamma[c] * xh + beta[c], sy = 1.f / (1.f + expf(-y));
-                float gy = dA[o] * sy * (1.f + y * (1.f - sy));
-                s1 += fabs(gy); s2 += fabs(gy * xh);
-            }
-            sg[c] = (float)s1; sgx[c] = (float)s2;
-        }
-        bn_silu_backward_cpu(zf, ref, xs, mean, invstd, gamma, beta, dgam, dbet, B, C, HW, 1);
-        float *gdg = from_dev(ddg, 4 * C), *gdb = from_dev(ddb, 4 * C);
-        uint16_t *gz = (uint16_t *)from_dev(ddA, 2 * nx);
-        float *gzf = f16_host_to_f32(gz, nx);
-        long untouched = 0;
-        for (int b = 0; b < B; b++)
-            for (long i = (long)C * HW; i < xs; i++) {
-                untouched += gz[b * xs + i] == 0xffff;
-                gzf[b * xs + i] = ref[b * xs + i] = 0;
-            }
-        char what[200];
-        snprintf(what, sizeof what, "bn_silu_backward_apply_h_cuda after conv_dgrad_bn_cuda B=%d C=%d %dx%d K=%d S=%d "
-                 "(%ld tiles): dz vs bn_silu_backward_cpu", B, C, d.H, d.W, d.K, d.S, K);
-        check_f16tol(what, gzf, ref, nx);
-        snprintf(what, sizeof what, "conv_dgrad_bn_cuda's sums B=%d C=%d %dx%d K=%d S=%d: dbeta (+=)", B, C, d.H, d.W,
-                 d.K, d.S);
-        check_rel(what, gdb, dbet, sg, C, 1e-5);
-        snprintf(what, sizeof what, "conv_dgrad_bn_cuda's sums B=%d C=%d %dx%d K=%d S=%d: dgamma (+=)", B, C, d.H,
-                 d.W, d.K, d.S);
-        check_rel(what, gdg, dgam, sgx, C, 1e-5);
+        char who[200];
+        snprintf(who, sizeof who, "bn_silu_backward_apply_h_cuda after conv_dgrad_bn_cuda B=%d C=%d %dx%d K=%d S=%d "
+                 "(%ld tiles)", B, C, d.H, d.W, d.K, d.S, K);
+        long untouched = bn_backward_compare(who, zf, dA, xs, B, C, HW, mean, invstd, gamma, beta, dgam, dbet, 1, ddA,
+                                             ddg, ddb);
         check(untouched == (long)B * (xs - (long)C * HW), "bn_silu_backward_apply_h_cuda: values outside the slice "
               "untouched");
-        free(sg); free(sgx); free(ref); free(gdg); free(gdb); free(gz); free(gzf);
         twin_compared(conv_dgrad_bn_cuda);
         twin_compared(bn_silu_backward_apply_h_cuda);
     }
@@ -1118,40 +1137,12 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     else
         bn_silu_backward_cuda(bn ? dz16 : NULL, dAd, zextra ? zs : 0, dm, di, bn ? dg : NULL, db, ddg, ddb, ddz,
                               scratch, B, C, HW, train, stream);
-    // scales of the sums: sum |gy| and sum |gy * xhat| (the CPU pass leaves gy in place first)
-    float *sg = xmalloc(4 * C), *sgx = xmalloc(4 * C), *ref = xmalloc(4 * nz);
-    memcpy(ref, dA, 4 * nz);
-    for (int c = 0; c < C; c++) {
-        double a = fabs(dbet[c]), ax = fabs(dgam[c]);
-        for (int b = 0; b < B; b++) for (int i = 0; i < HW; i++) {
-            long o = b * zs + (long)c * HW + i;
-            float xh = (zf[o] - mean[c]) * invstd[c], y = gamma[c] * xh + beta[c], s1 = 1.f / (1.f + expf(-y));
-            float gy = bn ? dA[o] * s1 * (1.f + y * (1.f - s1)) : dA[o];
-            a += fabs(gy); ax += fabs(gy * xh);
-        }
-        sg[c] = (float)a; sgx[c] = (float)ax;
-    }
-    bn_silu_backward_cpu(zf, ref, zs, mean, invstd, bn ? gamma : NULL, beta, dgam, dbet, B, C, HW, train);
-    float *gdg = from_dev(ddg, 4 * C), *gdb = from_dev(ddb, 4 * C);
-    uint16_t *gz = (uint16_t *)from_dev(ddz, 2 * nz);
-    float *gzf = f16_host_to_f32(gz, nz);
-    long untouched = 0;
-    for (int b = 0; b < B; b++)
-        for (long i = (long)C * HW; i < zs; i++) {
-            untouched += gz[b * zs + i] == 0xffff;
-            gzf[b * zs + i] = ref[b * zs + i] = 0;
-        }
-    char what[200];
     const char *fn = h == 2 ? "bn_silu_backward_h_cuda in place" : h ? "bn_silu_backward_h_cuda" : "bn_silu_backward_cuda";
-    snprintf(what, sizeof what, "%s B=%d C=%d HW=%d zs+%d %s %s: dz (FP16) vs conv_backward's (bn_silu_backward_cpu)",
-             fn, B, C, HW, zextra, bn ? "BN" : "bias", train ? "train" : "eval");
-    check_f16tol(what, gzf, ref, nz);
-    snprintf(what, sizeof what, "%s B=%d C=%d HW=%d %s: dbeta (+=)", fn, B, C, HW, bn ? "BN" : "bias");
-    check_rel(what, gdb, dbet, sg, C, 1e-5);
-    if (bn) {
-        snprintf(what, sizeof what, "%s B=%d C=%d HW=%d: dgamma (+=)", fn, B, C, HW);
-        check_rel(what, gdg, dgam, sgx, C, 1e-5);
-    }
+    char who[200];
+    snprintf(who, sizeof who, "%s B=%d C=%d HW=%d zs+%d %s %s", fn, B, C, HW, zextra, bn ? "BN" : "bias",
+             train ? "train" : "eval");
+    long untouched = bn_backward_compare(who, zf, dA, zs, B, C, HW, mean, invstd, bn ? gamma : NULL, beta, dgam, dbet,
+                                         train, ddz, ddg, ddb);
     check(untouched == (long)B * zextra * HW, "%s: values outside the dz slice untouched", fn);
     cudaFree(dAhd);
     free(dAh);
@@ -1174,10 +1165,6 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     free(dgam);
     free(dbet);
     free(zh);
-    free(sg);
-    free(sgx);
-    free(ref);
-    free(gdg); free(gdb); free(gz); free(gzf);
     if (h) twin_compared(bn_silu_backward_h_cuda);
     else twin_compared(bn_silu_backward_cuda);
 }
