@@ -110,18 +110,23 @@ int conv_forward_stats_cuda(ConvDims d, const void *x, const ConvAct *act, const
 // its own chunks.
 void bn_stats_finish_cuda(const float *part, int K, int C, float *mean, float *invstd, float *rm, float *rv,
                           float eps, float momentum, void *stream);
-// conv_stats_floats: a bound on conv_forward_stats_cuda's partials, 4 floats per output channel and pixel
-// tile: tiles of 64 pixels of B*Ho*Wo (the gather kernel), or of the 3x3 kernel's 128 (stride 2: 64)
-// pixels as 16- or 32-column blocks of rows of one image, whichever count is the largest (the 3x3
-// kernel's tiles of whole rows, at either stride, are taken only where they are fewer than these)
-static inline size_t conv_stats_floats(ConvDims d) {
-    long Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S), bn = d.S == 2 ? 64 : 128;
-    long t = ((long)d.B * Ho * Wo + 63) / 64;
+// conv_tiles_bound: a bound on the pixel tiles of a conv kernel's output map of npix pixels (over the
+// batch): tiles of 64 of them (the gather kernels), or the 3x3 kernel's tiles of bn pixels as 16- or
+// 32-column blocks of rows of an OW x OH grid, B images, nz grids an image, whichever count is the
+// largest (the 3x3 kernel's tiles of whole rows, at either stride, are taken only where they are fewer)
+static inline long conv_tiles_bound(long npix, long B, long OW, long OH, long bn, long nz) {
+    long t = (npix + 63) / 64;
     for (long tc = 16; tc <= 32; tc *= 2) {
-        long h = (long)d.B * ((Wo + tc - 1) / tc) * ((Ho + bn / tc - 1) / (bn / tc));
+        long h = B * ((OW + tc - 1) / tc) * ((OH + bn / tc - 1) / (bn / tc)) * nz;
         if (h > t) t = h;
     }
-    return (size_t)4 * d.Cout * (t > 0 ? t : 1);
+    return t > 0 ? t : 1;
+}
+// conv_stats_floats: a bound on conv_forward_stats_cuda's partials, 4 floats per output channel and pixel
+// tile (conv_tiles_bound of the output map; the 3x3 kernel's tiles 128 pixels, 64 at stride 2)
+static inline size_t conv_stats_floats(ConvDims d) {
+    long Ho = conv_out(d.H, d.K, d.S), Wo = conv_out(d.W, d.K, d.S);
+    return (size_t)4 * d.Cout * conv_tiles_bound((long)d.B * Ho * Wo, d.B, Wo, Ho, d.S == 2 ? 64 : 128, 1);
 }
 // conv_forward_f32_cuda: z = conv(x, w) (+ bias[co] when bias != NULL), FP32 in and out, FP32 accumulation
 // (SIMT implicit GEMM, one fmaf chain per output in a fixed order: deterministic); xs, zs as above.
@@ -144,18 +149,13 @@ void conv_dgrad_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const ui
 long conv_dgrad_bn_cuda(ConvDims d, const uint16_t *dz, const uint16_t *w, const uint16_t *wt, uint16_t *dxh,
                         const uint16_t *z, const ConvAct *bn, float *part, long kmax, void *stream);
 // conv_dgrad_bn_tiles: a bound on the K of conv_dgrad_bn_cuda (its part: 2 d.Cin K floats; 2 d.Cin (K + 1)
-// for bn_silu_backward_apply_h_cuda, which adds them up after them): pixel tiles of
-// 64 of B*H*W (the 1x1 kernel), or the 3x3 kernel's tiles of 16 or 32 columns of 128 pixels (stride 2:
-// 64 pixel pairs of one row parity, the two parities' grids each as large as the first's), whichever
-// count is the largest (its tiles of whole rows are taken only where they are fewer)
+// for bn_silu_backward_apply_h_cuda, which adds them up after them): conv_tiles_bound of the input map
+// (the 1x1 kernel's tiles of 64 pixels; the 3x3 kernel's of 128, at stride 2 64 pixel pairs of one row
+// parity, the two parities' grids each as large as the first's)
 static inline long conv_dgrad_bn_tiles(ConvDims d) {
-    long t = ((long)d.B * d.H * d.W + 63) / 64, OW = d.S == 2 ? (d.W + 1) / 2 : d.W, OH = d.S == 2 ? (d.H + 1) / 2 : d.H,
-         bn = d.S == 2 ? 64 : 128;
-    for (long tc = 16; tc <= 32; tc *= 2) {
-        long h = (long)d.B * ((OW + tc - 1) / tc) * ((OH + bn / tc - 1) / (bn / tc)) * (d.S == 2 ? 2 : 1);
-        if (h > t) t = h;
-    }
-    return t > 0 ? t : 1;
+    const int s2 = d.S == 2;
+    return conv_tiles_bound((long)d.B * d.H * d.W, d.B, s2 ? (d.W + 1) / 2 : d.W, s2 ? (d.H + 1) / 2 : d.H,
+                            s2 ? 64 : 128, s2 ? 2 : 1);
 }
 // conv_w_tapmajor_cuda: for each of n jobs, wt (cout, 9, cin) = w (cout, cin, 3, 3), FP16, bit for bit
 typedef struct { const uint16_t *w; uint16_t *wt; int cout, cin; } ConvWtJob;

@@ -499,6 +499,28 @@ __device__ __forceinline__ void conv_store_row8(float *of, __half *oh, const flo
         if (x + e < W) conv_store(of, oh, b * istride + (long)m * HWn + r + x + e, v[e], accumulate);
 }
 
+// load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
+// (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
+__device__ __forceinline__ void load8(const __half *p, float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+    q.u = *(const uint4 *)p;
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[2 * e] = __low2float(q.h[e]), v[2 * e + 1] = __high2float(q.h[e]);
+}
+__device__ __forceinline__ void load8(const float *p, float *v) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void store8(__half *p, const float *v) {
+    union { uint4 u; __half2 h[4]; } q;
+#pragma unroll
+    for (int e = 0; e < 4; e++) q.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+    *(uint4 *)p = q.u;
+}
+__device__ __forceinline__ void store8(float *p, const float *v) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
 // gy = dA * silu'(y) at y = gamma*xhat + beta, xhat = (z - mean)*invstd (bn_silu_backward_cpu's first loop);
 // the sigmoid by the fast exp and division, as the forward's bn_silu_folded (each within a few ulp; with
 // expf and IEEE division each value took 11 more PTX instructions in either pass, sm_90, of 45-55)
@@ -525,10 +547,7 @@ __device__ __forceinline__ void bnb_add8(BnbSums &s, const __half *z, long o, co
     const float mu = p.x, is = p.y, ga = p.z, be = p.w;
     float zv[8];
     if (n == 8 && ((uintptr_t)(z + o) & 15) == 0) {
-        union { uint4 u; __half2 h[4]; } q;
-        q.u = *(const uint4 *)(z + o);
-#pragma unroll
-        for (int e = 0; e < 4; e++) zv[2 * e] = __low2float(q.h[e]), zv[2 * e + 1] = __high2float(q.h[e]);
+        load8(z + o, zv);
     } else {
 #pragma unroll
         for (int e = 0; e < 8; e++) zv[e] = e < n ? __half2float(z[o + e]) : 0.0f;
@@ -3067,28 +3086,6 @@ __device__ V block_sum(V v) {
     return t;
 }
 
-// load8 / store8: 8 consecutive activations as FP32, one 16-byte access for FP16 and two for FP32
-// (p 16-byte aligned); the conversions are act_f's and act_from's, so the values are the scalar ones
-__device__ __forceinline__ void load8(const __half *p, float *v) {
-    union { uint4 u; __half2 h[4]; } q;
-    q.u = *(const uint4 *)p;
-#pragma unroll
-    for (int e = 0; e < 4; e++) v[2 * e] = __low2float(q.h[e]), v[2 * e + 1] = __high2float(q.h[e]);
-}
-__device__ __forceinline__ void load8(const float *p, float *v) {
-    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-__device__ __forceinline__ void store8(__half *p, const float *v) {
-    union { uint4 u; __half2 h[4]; } q;
-#pragma unroll
-    for (int e = 0; e < 4; e++) q.h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
-    *(uint4 *)p = q.u;
-}
-__device__ __forceinline__ void store8(float *p, const float *v) {
-    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
-    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
-}
 // load4 / store4: 4 consecutive activations as FP32 in one 8- (FP16) or 16-byte (FP32) access
 __device__ __forceinline__ void load4(const __half *p, float *v) {
     union { uint2 u; __half2 h[2]; } q;
