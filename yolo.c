@@ -9915,6 +9915,7 @@ static void gpu_unreachable(int unused, ...) {
 #define conv_wgrad_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_stats_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define conv_forward_stats_cuda(...) (gpu_unreachable(0, __VA_ARGS__), 0)
+#define conv_forward_parts_cuda(...) (gpu_unreachable(0, __VA_ARGS__), 0)
 #define bn_stats_finish_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_forward_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
 #define bn_silu_sum_f16_cuda(...) gpu_unreachable(0, __VA_ARGS__)
@@ -10411,11 +10412,87 @@ static GpuIn gpu_conv_input(Exec *e, const Conv *c) {
     return in;
 }
 static void gpu_input_free(Gpu *g, GpuIn *in) { if (in->owned) arena_free(g->a, in->x); }
+// GpuParts: a 1x1 conv's input, a concatenation, as conv_forward_parts_cuda reads it in place (ConvParts),
+// and the scratch buffers it owns (the runs of parts other than a BN conv's output, materialised)
+typedef struct {
+    ConvParts p;
+    void *own[CONV_PARTS_MAX];
+    int nown;
+} GpuParts;
+// gpu_fwd_parts: whether BN conv c's forward reads its input, a concatenation, part by part (into *gp:
+// conv_forward_parts_cuda), not from the concatenation materialised into a scratch buffer: AMP, a 1x1
+// stride-1 conv, maps of a multiple of 8 pixels, runs of multiples of 32 channels (the last of 16), at most
+// CONV_PARTS_MAX of them, no max-pool among the parts. Each run of one BN conv's channels (cat_act_run: a C2f's two
+// halves of cv1, a Bottleneck's cv2) is then read as that conv's z, its BN+SiLU applied in the gather: the
+// pass that read z and wrote the values, and the conv's read of those, are saved (4 bytes a value for 2).
+// Each run of other parts (residual sums, upsamples) is materialised as before, into a buffer of its own
+// channels. (SPPF's max-pools are taken from the activation they follow, written into the concatenation:
+// read in place, that activation would be made twice.) The same answer in the dry run and the step.
+static int cat_act_run(const Model *m, const Value *v, int i, const Conv **p, int *c0, int *C);
+static int gpu_fwd_parts(Exec *e, const Conv *c, GpuParts *gp) {
+    Gpu *g = e->ctx;
+    const Model *m = e->m;
+    const Value *in = &m->val[c->in];
+    long HW = (long)c->H * c->W;
+    if (g->f32 || !c->bn || c->k != 1 || c->s != 1 || in->kind != V_CAT || HW % 8 || c->cin > CONV_PARTS_MAX_CIN ||
+        c->w_off % 8)   // (the weights' rows copied 16 bytes at a time)
+        return 0;
+    const Conv *p, *q;
+    int c0, C, q0, qC, n = 0, bn_runs = 0;
+    for (int i = 0; i < in->n; n++) {   // the runs: none a pool; BN ones 16-byte aligned (the same offsets in
+        int j = cat_act_run(m, in, i, &p, &c0, &C);   // the dry run); 32 channels a multiple, 16 the last
+        if (j > i) {
+            if (p->zstride % 8 || (uintptr_t)GOFF(g, p->z, (long)c0 * HW) % 16) return 0;
+            bn_runs++;
+        } else
+            for (C = 0, j = i; j < in->n && cat_act_run(m, in, j, &q, &q0, &qC) == j; j++) {
+                if (m->val[in->src[j]].kind == V_POOL) return 0;
+                C += m->val[in->src[j]].C;
+            }
+        if (C % (j < in->n ? 32 : 16)) return 0;
+        i = j;
+    }
+    if (n > CONV_PARTS_MAX || !bn_runs) return 0;   // (no BN run: nothing saved)
+    memset(gp, 0, sizeof *gp);
+    for (int i = 0; i < in->n;) {
+        int j = cat_act_run(m, in, i, &p, &c0, &C), k = gp->p.n++;
+        if (j > i) {
+            gp->p.x[k] = p->z ? (const uint16_t *)GOFF(g, p->z, (long)c0 * HW) : NULL;
+            gp->p.xs[k] = (long)p->zstride;
+            gp->p.act[k] = 1;
+            gp->p.acts[k] = conv_act(e, p, c0);
+        } else {
+            for (C = 0, j = i; j < in->n && cat_act_run(m, in, j, &q, &q0, &qC) == j; j++) C += m->val[in->src[j]].C;
+            void *t = gact(g, g->B * C * HW, G_SCRATCH);   // (B, C, H, W): these parts
+            cat_materialize(e, in, 0, i, j, t, C * HW);
+            gp->own[gp->nown++] = t;
+            gp->p.x[k] = (const uint16_t *)t;
+            gp->p.xs[k] = C * HW;
+        }
+        gp->p.C[k] = C;
+        i = j;
+    }
+    return 1;
+}
+static void gpu_parts_free(Gpu *g, GpuParts *gp) {
+    while (gp->nown > 0) arena_free(g->a, gp->own[--gp->nown]);
+}
 
 // gpu_conv: z = conv(input) on tensor cores. Detect output convs write FP32 with their bias into
 // their channels of the head map (c->z points there).
 static void gpu_conv(Exec *e, Conv *c) {
     Gpu *g = e->ctx;
+    GpuParts parts;
+    if (gpu_fwd_parts(e, c, &parts)) {   // (a BN conv: no bias, z FP16)
+        if (!arena_dry(g->a)) {
+            ConvDims d = gpu_conv_dims(g, c, 0, (long)c->zstride);
+            prof_begin(g);
+            conv_forward_parts_cuda(d, &parts.p, gpu_w(g, c), (uint16_t *)c->z, NULL, g->stream);
+            prof_end_conv(g, d, "fwd");
+        }
+        gpu_parts_free(g, &parts);
+        return;
+    }
     GpuIn in = gpu_conv_input(e, c);
     if (!arena_dry(g->a)) {
         const void *w = gpu_w(g, c);                                    // (Cout, Cin, K, K)
@@ -10440,22 +10517,27 @@ static void gpu_conv_stats(Exec *e, Conv *c) {
         gpu_bn_stats(e, c);
         return;
     }
-    GpuIn in = gpu_conv_input(e, c);
+    GpuParts parts;
+    const int by_parts = gpu_fwd_parts(e, c, &parts);
+    GpuIn in = {0};
+    if (!by_parts) in = gpu_conv_input(e, c);
     ConvDims d = gpu_conv_dims(g, c, in.xs, (long)c->zstride);
     d.x8 = in.x8;
     float *part = gf32(g, (long)conv_stats_floats(d), G_SCRATCH);
     if (!arena_dry(g->a)) {
         float *rm = e->buffers + c->rs_off;
         prof_begin(g);
-        int K = conv_forward_stats_cuda(d, in.x, in.fused ? &in.act : NULL, gpu_w(g, c), gpu_wt(g, c),
-                                        (uint16_t *)c->z, part, g->stream);
+        int K = by_parts ? conv_forward_parts_cuda(d, &parts.p, gpu_w(g, c), (uint16_t *)c->z, part, g->stream)
+                         : conv_forward_stats_cuda(d, in.x, in.fused ? &in.act : NULL, gpu_w(g, c), gpu_wt(g, c),
+                                                   (uint16_t *)c->z, part, g->stream);
         prof_end_conv(g, d, "fwd");
         prof_begin(g);
         bn_stats_finish_cuda(part, K, c->cout, c->mean, c->invstd, rm, rm + c->cout, BN_EPS, BN_MOMENTUM, g->stream);
         prof_end(g, "bn stats", 0);
     }
     arena_free(g->a, part);
-    gpu_input_free(g, &in);
+    if (by_parts) gpu_parts_free(g, &parts);
+    else gpu_input_free(g, &in);
 }
 // gpu_bn_backward: BN+SiLU backward (dgamma, dbeta or the Detect bias) into dz, in the step's
 // precision: in place of dA, which is of that type and stride and read by no one after (each value

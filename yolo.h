@@ -104,6 +104,25 @@ void conv_forward_cuda(ConvDims d, const void *x, const ConvAct *act, const uint
 // the pixel tiles K of each channel there. z is not read again: bn_stats_finish_cuda(part, K, ..) ends it.
 int conv_forward_stats_cuda(ConvDims d, const void *x, const ConvAct *act, const uint16_t *w,
                             const uint16_t *wt, uint16_t *zh, float *part, void *stream);
+// ConvParts: the input of a 1x1 conv that is a concatenation, read in place part by part: n parts in
+// channel order, part i C[i] channels (a multiple of 32, the last of 16) of FP16 x[i], (B, C[i], H, W) at
+// image stride xs[i] (a multiple of 8; x[i] 16-byte aligned); act[i] set: x[i] is a BN conv's pre-BN z
+// (its channel slice) and the gather applies acts[i] as ConvAct does, else x[i] is the part's values.
+#define CONV_PARTS_MAX 8
+typedef struct {
+    int n, C[CONV_PARTS_MAX], act[CONV_PARTS_MAX];
+    const uint16_t *x[CONV_PARTS_MAX];
+    long xs[CONV_PARTS_MAX];
+    ConvAct acts[CONV_PARTS_MAX];
+} ConvParts;
+// conv_forward_parts_cuda: conv_forward_stats_cuda (part NULL: conv_forward_cuda's FP16 zh, no bias) of a
+// 1x1 stride-1 conv whose Cin channels are p's parts, the same bits as over the concatenation
+// materialised (each value as bn_silu_forward_f16_cuda writes it, the products in the same order), which
+// is then never written: for H*W a multiple of 8 and Cin at most CONV_PARTS_MAX_CIN. Returns the pixel
+// tiles K, as conv_forward_stats_cuda.
+int conv_forward_parts_cuda(ConvDims d, const ConvParts *p, const uint16_t *w, uint16_t *zh, float *part,
+                            void *stream);
+#define CONV_PARTS_MAX_CIN 2048
 // bn_stats_finish_cuda: the K tiles of each of the C channels in part (count, mean, squared deviations
 // and a 0: 16 bytes a tile) merged in a fixed order (Chan et al.'s update; the same bits on every run)
 // into mean, invstd and the running stats (rm, rv; NULL to skip), as bn_stats_cuda (train) does with
@@ -495,6 +514,7 @@ static inline int grad_scaler_update(GradScaler *s, int found_inf) {
     X(gemm_f16_cuda, gemm_cpu, test_gemm_f16) \
     X(conv_forward_cuda, conv_forward, test_conv) \
     X(conv_forward_stats_cuda, conv_forward, test_conv) \
+    X(conv_forward_parts_cuda, conv_forward, test_conv_parts) \
     X(bn_stats_finish_cuda, bn_stats_cpu, test_conv) \
     X(conv_forward_f32_cuda, conv_forward, test_conv_f32) \
     X(conv_dgrad_cuda, conv_backward, test_conv) \

@@ -1490,11 +1490,18 @@ struct __align__(16) ConvTap { int off, ky, kx, pad_; };   // one 16-byte shared
 #define IG_ACT_WGRAD_BLOCKS 0
 #endif
 #define IG_FOLD_MAX 2048   // conv_fwd_kernel's BN table: 16 KB at most, beside its 24 KB of static shared memory
-template <bool ACT, bool BVEC, bool AVEC>
+// PARTS (with ACT, BVEC, AVEC: conv_forward_parts_cuda): x is a concatenation read in place, ConvParts pp,
+// every part but the last a multiple of 32 channels (IG_BK: a K step lies in one part), the last of 16.
+// The K loop runs once a part, from a running source as BVEC's (the pipeline drained between parts: n
+// at most CONV_PARTS_MAX), with BN+SiLU (ACT's path, ig_fold holding each channel's scale and shift
+// from its part's BN) or without (cp.async, as the plain kernel): each loop is that of a kernel without
+// PARTS. The weights' running source goes on across the parts, which follow each other in Kd.
+template <bool ACT, bool BVEC, bool AVEC, bool PARTS = false>
 __global__ __launch_bounds__(128, BVEC && ACT ? IG_ACT_FWD_BLOCKS : 0)
 void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, const float *bias, float *z, __half *zh,
-                     float *part) {
+                     float *part, ConvParts pp) {
     using namespace nvcuda;
+    static_assert(!PARTS || (ACT && BVEC && AVEC), "a concatenation's parts are read as BVEC with ACT");
     __shared__ __align__(128) __half As[2][IG_BM][IG_BK + 8];   // (stage, 64 rows of Cout, 32 of Kd)
     __shared__ __align__(128) __half Bs[2][IG_BK][IG_BN + 8];   // (stage, 32 of Kd, 64 of B*Ho*Wo)
     __shared__ ConvTap tap[2][IG_BK];                           // the taps of a K step
@@ -1508,7 +1515,13 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     // BVEC and ACT (1x1: tap k is channel k, and only its BN is read): the table of every channel's BN
     // before the K loop (whose first barrier is behind it), (0, 0) past Kd, so that no K step decodes
     // taps or tests its rows (see fetch_b)
-    if (BVEC && ACT)
+    if (PARTS) {
+        for (int k = tid; k < nsteps * IG_BK; k += 128) {
+            int i = 0, c0 = 0;
+            while (i + 1 < pp.n && c0 + pp.C[i] <= k) c0 += pp.C[i++];
+            ig_fold[k] = k < Kd && pp.act[i] ? bn_fold(pp.acts[i], k - c0) : make_float2(0.0f, 0.0f);
+        }
+    } else if (BVEC && ACT)
         for (int k = tid; k < nsteps * IG_BK; k += 128) ig_fold[k] = k < Kd ? bn_fold(a, k) : make_float2(0.0f, 0.0f);
     // the tap table of step s into slot s & 1 (threads 0..31); a tap past Kd gets ky out of every image
     auto taps = [&](int s) {
@@ -1521,6 +1534,7 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
             if (ACT) tbn[s & 1][tid] = k < Kd ? bn_fold(a, ci) : make_float2(0.0f, 0.0f);
         }
     };
+    int sbase = 0;   // PARTS: the K step (of all Kd) of the part's first
     // A (w, Cout x Kd row-major): AVEC 2 x 16 bytes per thread by cp.async, else element by element
     const int ar = ig_row4(tid), ac = (tid % 4) * 8;
     // AVEC: the thread's two rows (row0 + ar, + 32) tested once; with BVEC their source a running pointer,
@@ -1529,7 +1543,7 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     const bool am[2] = {row0 + ar < M, row0 + ar + 32 < M};
     const __half *asrc = w + ((long)(am[0] ? row0 + ar : 0) * Kd + ac);
     auto load_a = [&](int s) {
-        int k0 = s * IG_BK;
+        int k0 = ((PARTS ? sbase : 0) + s) * IG_BK;
         if (AVEC) {
             const bool kok = k0 + ac < Kd;
 #pragma unroll
@@ -1552,6 +1566,7 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     const __half *bsrc = x;   // BVEC: row br of the thread's 8 pixels (rows past Kd are never read)
     const __half *bact = x;   // BVEC and ACT: row Kd - 1 of them, what a row past Kd reads
     bool bvok = false;
+    long pimg = 0, ppix = 0;   // PARTS: the image and pixel of the thread's 8 (0, 0 past N)
     // B, gathered: thread t owns column gc and rows gr + 2j, j < 16
     const int gc = tid % IG_BN, gr = tid / IG_BN;
     const __half *xb = x;   // x at the (possibly padded) top-left input pixel of the thread's output pixel
@@ -1559,6 +1574,7 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     {
         int n = col0 + (BVEC ? bc : gc), b = div_fast(n, g.fHWo), p = n - b * HWo;
         if (BVEC && n < N) bvok = true, bsrc = x + (b * g.xs + p + (long)br * HW);
+        if (PARTS && n < N) pimg = b, ppix = p;
         if (BVEC && ACT) bact = (bvok ? bsrc - (long)br * HW : x) + (long)(Kd - 1) * HW;
         if (!BVEC) {
             int oy = div_fast(p, g.fWo), ox = p - oy * g.Wo;
@@ -1567,28 +1583,33 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
         }
     }
     union { uint4 u[2]; __half h[16]; } gv;   // gathered (or ACT vector) values of the next step, stored after the mma
-    auto fetch_b = [&](int s) {   // global -> registers (gathered, or ACT vectors), or cp.async (BVEC, no ACT)
-        int k0 = s * IG_BK;
-        if (BVEC) {
-            // rows k0 + br and k0 + br + 16 of x, from a running source moved 32 rows a step (fetch_b takes
-            // the steps in order, each once)
+    // fetch_bv: BVEC's rows k0 + br and k0 + br + 16 of x, from a running source moved 32 rows a step
+    // (fetch_b takes the steps in order, each once); A: through registers, BN+SiLU applied (ACT, or a
+    // BN part of PARTS), else by cp.async
+    auto fetch_bv = [&](int s, auto a_c) {
+        constexpr bool A = decltype(a_c)::value;
+        int k0 = ((PARTS ? sbase : 0) + s) * IG_BK;
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int r = br + 16 * i, k = k0 + r;
-                bool ok = bvok && k < Kd;
-                const __half *src = i ? bsrc + 16L * HW : bsrc;
-                if (!ACT) {
-                    cp_async16z(&Bs[s & 1][r][bc], ok ? src : x, ok);
-                } else {
-                    // no test: a row past Kd reads row Kd - 1 of the same pixels (bact) with the scale and
-                    // shift (0, 0), so 0 (x 0 + 0; an x that is not finite gives NaN, in columns whose products
-                    // read it anyway: the same outputs are not finite as before, NaN where one may have been
-                    // inf); pixels past N (not bvok) read image 0's first, columns the epilogue drops
-                    const float2 bn = ig_fold[k];
-                    gv.u[i] = bn_silu8(*(const uint4 *)(k < Kd ? src : bact), bn.x, bn.y);
-                }
+        for (int i = 0; i < 2; i++) {
+            int r = br + 16 * i, k = k0 + r;
+            bool ok = bvok && k < Kd;
+            const __half *src = i ? bsrc + 16L * HW : bsrc;
+            if (!A) {
+                cp_async16z(&Bs[s & 1][r][bc], ok ? src : x, ok);
+            } else {
+                // no test: a row past Kd reads row Kd - 1 of the same pixels (bact) with the scale and
+                // shift (0, 0), so 0 (x 0 + 0; an x that is not finite gives NaN, in columns whose products
+                // read it anyway: the same outputs are not finite as before, NaN where one may have been
+                // inf); pixels past N (not bvok) read image 0's first, columns the epilogue drops
+                const float2 bn = ig_fold[k];
+                gv.u[i] = bn_silu8(*(const uint4 *)(k < Kd ? src : bact), bn.x, bn.y);
             }
-            bsrc += (long)IG_BK * HW;
+        }
+        bsrc += (long)IG_BK * HW;
+    };
+    auto fetch_b = [&](int s) {   // global -> registers (gathered, or ACT vectors), or cp.async (BVEC, no ACT)
+        if (BVEC) {
+            fetch_bv(s, std::integral_constant<bool, ACT>());
         } else {
 #pragma unroll
             for (int j = 0; j < 16; j++) {
@@ -1609,7 +1630,7 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
     };
     auto store_b = [&](int s) {   // registers -> shared stage s & 1
         if (BVEC) {
-            if (ACT) {
+            if (ACT) {   // (PARTS: a BN part's loop; the others store nothing, their copies cp.async)
 #pragma unroll
                 for (int i = 0; i < 2; i++) *(uint4 *)&Bs[s & 1][br + 16 * i][bc] = gv.u[i];
             }
@@ -1621,11 +1642,25 @@ void conv_fwd_kernel(ConvGeo g, const __half *x, ConvAct a, const __half *w, con
 
     ConvAcc acc[2][2];
     conv_warp_zero(acc);
-    conv_k_loop<BVEC ? 2 : 1>(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, [&](int s) {
+    auto mma = [&](int s) {
         conv_warp_step<wmma::row_major, wmma::row_major>(
             acc, [&](int i, int kk) { return &As[s & 1][wy * 32 + i * 16][kk]; }, IG_BK + 8,
             [&](int j, int kk) { return &Bs[s & 1][kk][wx * 32 + j * 16]; }, IG_BN + 8);
-    });
+    };
+    if constexpr (PARTS) {
+        for (int i = 0, c0 = 0; i < pp.n; c0 += pp.C[i++]) {   // part i: channels c0 .. of Kd, steps from sbase
+            const __half *px = x + ((const __half *)pp.x[i] - x);   // (x + an offset: a global address)
+            const long o = bvok ? pimg * pp.xs[i] + ppix : 0;
+            bsrc = px + o + (long)br * HW;
+            bact = px + o + (long)(pp.C[i] - 1) * HW;
+            sbase = c0 / IG_BK;
+            const int steps = (pp.C[i] + IG_BK - 1) / IG_BK;
+            if (pp.act[i])
+                conv_k_loop<2>(steps, taps, [&](int s) { load_a(s); fetch_bv(s, std::true_type()); }, store_b, mma);
+            else
+                conv_k_loop<2>(steps, taps, [&](int s) { load_a(s); fetch_bv(s, std::false_type()); }, [](int) {}, mma);
+        }
+    } else conv_k_loop<BVEC ? 2 : 1>(nsteps, taps, [&](int s) { load_a(s); fetch_b(s); }, store_b, mma);
     // part: the statistics of what each lane stores, merged over its row's two 16-column tiles, then with
     // lane ^ 16's, into the warp's column half (pixel group wx) of bst (in As: the K loop's last barrier is
     // behind it); the block's after a barrier
@@ -2058,15 +2093,47 @@ static int conv_forward_launch(ConvDims d, const void *x, const ConvAct *act, co
     }
     if (part) conv_stats_fit(d, grid.x);
     switch ((act ? 4 : 0) | (bvec ? 2 : 0) | (avec ? 1 : 0)) {
-    case 0: conv_fwd_kernel<false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    case 1: conv_fwd_kernel<false, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    case 2: conv_fwd_kernel<false, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    case 3: conv_fwd_kernel<false, true, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    case 4: conv_fwd_kernel<true, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    case 5: conv_fwd_kernel<true, false, true><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    case 6: conv_fwd_kernel<true, true, false><<<grid, 128, fold, s>>>(g, xh, a, wh, bias, z, zo, part); break;
-    default: conv_fwd_kernel<true, true, true><<<grid, 128, fold, s>>>(g, xh, a, wh, bias, z, zo, part); break;
+    case 0: conv_fwd_kernel<false, false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
+    case 1: conv_fwd_kernel<false, false, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
+    case 2: conv_fwd_kernel<false, true, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
+    case 3: conv_fwd_kernel<false, true, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
+    case 4: conv_fwd_kernel<true, false, false, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
+    case 5: conv_fwd_kernel<true, false, true, false><<<grid, 128, 0, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
+    case 6: conv_fwd_kernel<true, true, false, false><<<grid, 128, fold, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
+    default: conv_fwd_kernel<true, true, true, false><<<grid, 128, fold, s>>>(g, xh, a, wh, bias, z, zo, part, ConvParts()); break;
     }
+    CUDA_CHECK(cudaGetLastError());
+    return (int)grid.x;
+}
+// conv_forward_parts_cuda: conv_fwd_kernel<true, true, true, true> over p's parts. What it takes (a 1x1
+// stride-1 conv, H*W and every image stride a multiple of 8, the parts' channels multiples of 16 adding
+// up to Cin, at most CONV_PARTS_MAX_CIN, 16-byte aligned sources and weights) the caller has checked: a
+// call that breaks it is a programming error, reported and stopped.
+extern "C" int conv_forward_parts_cuda(ConvDims d, const ConvParts *p, const uint16_t *w, uint16_t *zh, float *part,
+                                       void *stream) {
+    static_assert(IG_FOLD_MAX == CONV_PARTS_MAX_CIN, "the parts' BN table is ig_fold");
+    ConvGeo g = conv_geo(d);
+    long N = (long)g.B * g.Ho * g.Wo;
+    int cin = 0;
+    bool ok = g.K == 1 && g.S == 1 && g.pad == 0 && (g.H * g.W) % 8 == 0 && p->n >= 1 && p->n <= CONV_PARTS_MAX &&
+              g.Cin <= CONV_PARTS_MAX_CIN && (uintptr_t)w % 16 == 0 && zh;
+    for (int i = 0; ok && i < p->n; i++) {
+        ok = p->C[i] > 0 && p->C[i] % (i + 1 < p->n ? IG_BK : 16) == 0 && p->xs[i] % 8 == 0 &&
+             (uintptr_t)p->x[i] % 16 == 0;
+        cin += p->C[i];
+    }
+    if (!ok || cin != g.Cin) {
+        fprintf(stderr, "conv_forward_parts_cuda: a call it does not take (K %d, S %d, %dx%d, Cin %d, %d parts of %d "
+                "channels)\n", g.K, g.S, g.H, g.W, g.Cin, p->n, cin);
+        abort();
+    }
+    if (N == 0 || g.Cout == 0) return 0;
+    dim3 grid(cdiv(N, IG_BN), cdiv(g.Cout, IG_BM));
+    const int nsteps = cdiv(g.Cin, IG_BK);
+    const size_t smem = (size_t)nsteps * IG_BK * sizeof(float2);
+    if (part) conv_stats_fit(d, grid.x);
+    conv_fwd_kernel<true, true, true, true><<<grid, 128, smem, (cudaStream_t)stream>>>(
+        g, (const __half *)p->x[0], ConvAct(), (const __half *)w, nullptr, nullptr, (__half *)zh, part, *p);
     CUDA_CHECK(cudaGetLastError());
     return (int)grid.x;
 }

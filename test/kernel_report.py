@@ -130,12 +130,15 @@ INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.]*)")
 def dynamic_smem(name):
     """the dynamic shared memory a kernel is launched with (ptxas reports only the static), in bytes:
     conv_fwd_kernel's BN table with BN+SiLU on 16-byte rows (yolo_kernels.cu ig_fold: taken at 256 input
-    channels, 2 KB; it grows 8 bytes a channel);
+    channels, 2 KB; it grows 8 bytes a channel; with PARTS over all of its input, a concatenation: taken at
+    384 channels, 3 KB, yolov8n's widest, the neck's first C2f);
     conv_halo_kernel<ACT, DGRAD, S2, TC, VW>'s two stages (yolo_kernels.cu H3Shape: A's 9 taps of 64 x 16
     values (DGRAD: 16 rows padded to 72), and the halo of 48-byte positions (32 for the stride-2
     forward's TC 32) rounded up to 128 bytes, TR + 2 by TC + 2, or 2 TR + 1 by 2 TC + 1 for the
     stride-2 forward's window, TR = 128 / TC (S2: 64 / TC))"""
-    if re.match(r"conv_fwd_kernel<true, true, (true|false)>$", name):
+    if re.match(r"conv_fwd_kernel<true, true, (true|false), true>$", name):
+        return 384 * 8   # PARTS: the table over the concatenation's channels, 384 at yolov8n's widest
+    if re.match(r"conv_fwd_kernel<true, true, (true|false), (true|false)>$", name):
         return 256 * 8   # the 1x1 BN+SiLU forward's table (ig_fold), 8 bytes a channel: 256, yolov8n's widest
     m = re.match(r"conv_halo_kernel<(true|false), (true|false), (true|false), (\d+), (\d+)>$", name)
     if not m:
@@ -245,26 +248,32 @@ def line_figures(l, w, fma=False):
     return f
 
 
-def loop_mix(lines, fma=False):
+def loop_mix(lines, fma=False, worst=False):
     """instruction mix of one K step of the main loop, or None when no loop holds an mma (fma: an FP32
     kernel's, whose unit is fma.rn.f32, its products' FFMA and the few of its staging alike). The K step
     is the longest path (in weighted instructions) from the loop's label to its back edge: of two
     alternatives (a specialised and a general staging path, an edge check) the costlier one counts
-    (for the global bytes and their 16-byte share, the one that loads more).
+    (for the global bytes and their 16-byte share, the one that loads more). The main loop is the
+    smallest loop holding an mma; worst (a kernel that runs its K loop once a part of its input, a loop
+    for each kind of part: conv_fwd_kernel with PARTS), the innermost one of most instructions per mma.
     A warp-specialised kernel stages its operands in a loop of other warps, which hand each K step
     over by bar.arrive: that loop (the smallest one outside the main loop holding a bar.arrive and no
     mma) is one more trip per K step, and its figures are added to the main loop's (barriers: the
     larger of the two, as each warp executes only its own loop's)."""
     ls = loops(lines)
     is_mma = lambda l: re.search(r"\b(wmma\.mma|mma)\.sync" + (r"|\bfma\.rn\.f32\b" if fma else ""), l) is not None
-    main = None
-    for lo, hi in ls:
-        if any(is_mma(lines[i]) for i in range(lo, hi + 1)):
-            if main is None or hi - lo < main[1] - main[0]:
-                main = (lo, hi)
-    if not main:
+    mloops = [(lo, hi) for lo, hi in ls if any(is_mma(lines[i]) for i in range(lo, hi + 1))]
+    if not mloops:
         return None
-    f = loop_figs(lines, ls, *main, fma)
+    if worst:
+        inner = [(lo, hi) for lo, hi in mloops if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in mloops)]
+    else:
+        inner = [min(mloops, key=lambda x: x[1] - x[0])]
+    main, f = None, None
+    for lo, hi in inner:
+        g = loop_figs(lines, ls, lo, hi, fma)
+        if f is None or (g["mma"] and g["instr"] / g["mma"] > f["instr"] / max(f["mma"], 1e-9)):
+            main, f = (lo, hi), g
     prod = None
     for lo, hi in ls:
         if (hi < main[0] or lo > main[1]) and not any(is_mma(lines[i]) for i in range(lo, hi + 1)) and \
@@ -373,7 +382,8 @@ def report_arch(arch, src, nvcc, tmp):
         v = dict(v, smem=v["smem"] + dynamic_smem(name))
         occ, blocks = occupancy(arch, v["regs"], v["smem"], threads) if threads else (None, None)
         f32 = "_f32_kernel" in name   # the FP32 (amp=0) convs: SIMT, per FFMA
-        mix = loop_mix(lines, f32) if name.startswith("conv_") else None
+        parts = re.match(r"conv_fwd_kernel<\w+, \w+, \w+, true>$", name) is not None   # (its loop per part)
+        mix = loop_mix(lines, f32, parts) if name.startswith("conv_") else None
         rows.append(dict(v, name=name, threads=threads, launch=src_threads, occ=occ, blocks=blocks, mix=mix,
                          unit="fma" if f32 else "mma"))
     rows.sort(key=lambda x: x["name"])

@@ -2205,6 +2205,81 @@ static void test_conv_act(int f32, int B, int Cp, int c0, int Cin, int H, int W,
     free(v2);
 }
 
+// conv_forward_parts_cuda: a 1x1 conv over a concatenation read in place, part by part (spec: n parts,
+// part i C[i] channels, Cp[i] > 0 a BN part, channels c0[i].. of a Cp[i]-channel z with zx[i] extra values
+// an image, Cp[i] 0 a part as it is, its own buffer with zx[i] extra), against bn_silu_forward_f16_cuda
+// and copies into the concatenation materialised and conv_forward_stats_cuda / conv_forward_cuda on it:
+// z, the statistics and the tile count the same bits (the same values and products in the same order)
+typedef struct { int n, C[CONV_PARTS_MAX], Cp[CONV_PARTS_MAX], c0[CONV_PARTS_MAX], zx[CONV_PARTS_MAX]; } PartsSpec;
+static void test_conv_parts(int B, int H, int W, int Cout, PartsSpec ps, void *stream) {
+    int HW = H * W, Cin = 0;
+    for (int i = 0; i < ps.n; i++) Cin += ps.C[i];
+    long nx = (long)B * Cin * HW, nw = (long)Cout * Cin, nz = (long)B * Cout * HW;
+    uint16_t *hw = rand_f16(nw, -1, 1, NULL), *hcat = rand_f16(nx, -3, 3, NULL);   // (its BN parts' channels written below)
+    uint16_t *dcat = (uint16_t *)to_dev(hcat, 2 * nx), *dwt = (uint16_t *)to_dev(hw, 2 * nw);
+    ConvParts pp = {0};
+    void *bufs[4 * CONV_PARTS_MAX];
+    int nb = 0;
+    char what[200];
+    int wn = snprintf(what, sizeof what, "B=%d %dx%d Cout=%d parts", B, H, W, Cout);
+    for (int i = 0, off = 0; i < ps.n; off += ps.C[i++]) {
+        int Cp = ps.Cp[i] ? ps.Cp[i] : ps.C[i], c0 = ps.Cp[i] ? ps.c0[i] : 0;
+        long xs = (long)Cp * HW + ps.zx[i];
+        uint16_t *hz = rand_f16(B * xs, -3, 3, NULL);
+        if (!ps.Cp[i])   // a part as it is: its values, the same in the concatenation
+            for (int b = 0; b < B; b++) memcpy(hcat + ((long)b * Cin + off) * HW, hz + b * xs, 2L * ps.C[i] * HW);
+        uint16_t *dz = (uint16_t *)to_dev(hz, 2 * B * xs);
+        bufs[nb++] = dz;
+        free(hz);
+        pp.C[i] = ps.C[i];
+        pp.x[i] = dz + (long)c0 * HW;
+        pp.xs[i] = xs;
+        if (ps.Cp[i]) {
+            float *st[4] = {rand_host(Cp, -0.5f, 0.5f), rand_host(Cp, 0.5f, 2), rand_host(Cp, 0.5f, 2), rand_host(Cp, -1, 1)};
+            float *d[4];
+            for (int k = 0; k < 4; k++) d[k] = to_dev(st[k], 4 * Cp), bufs[nb++] = d[k], free(st[k]);
+            pp.act[i] = 1;
+            pp.acts[i] = (ConvAct){d[0] + c0, d[1] + c0, d[2] + c0, d[3] + c0};
+        }
+        wn += snprintf(what + wn, sizeof what - wn, " %s%d", ps.Cp[i] ? "bn" : "", ps.C[i]);
+    }
+    pp.n = ps.n;
+    CK(cudaMemcpy(dcat, hcat, 2 * nx, cudaMemcpyHostToDevice));
+    for (int i = 0, off = 0; i < ps.n; off += ps.C[i++])   // the BN parts' values, as the step materialised them
+        if (pp.act[i])
+            bn_silu_forward_f16_cuda(pp.x[i], pp.xs[i], pp.acts[i].mean, pp.acts[i].invstd, pp.acts[i].gamma,
+                                     pp.acts[i].beta, dcat + (long)off * HW, (long)Cin * HW, B, ps.C[i], HW, 0, stream);
+    ConvDims d = {B, Cin, H, W, Cout, 1, 1, 0, 0, 0, 0};
+    long np = (long)conv_stats_floats(d);
+    uint16_t *z[3];
+    for (int k = 0; k < 3; k++) {   // (NaN: a value never written shows)
+        CK(cudaMalloc((void **)&z[k], 2 * nz));
+        CK(cudaMemset(z[k], 0xFF, 2 * nz));
+    }
+    float *p1 = poisoned_dev(np), *p2 = poisoned_dev(np), *st1 = poisoned_dev(2 * Cout), *st2 = poisoned_dev(2 * Cout);
+    int k1 = conv_forward_stats_cuda(d, dcat, NULL, dwt, NULL, z[0], p1, stream);
+    int k2 = conv_forward_parts_cuda(d, &pp, dwt, z[1], p2, stream);
+    int k3 = conv_forward_parts_cuda(d, &pp, dwt, z[2], NULL, stream);
+    bn_stats_finish_cuda(p1, k1, Cout, st1, st1 + Cout, NULL, NULL, BN_EPS, BN_MOMENTUM, stream);
+    bn_stats_finish_cuda(p2, k2, Cout, st2, st2 + Cout, NULL, NULL, BN_EPS, BN_MOMENTUM, stream);
+    uint16_t *a[3];
+    for (int k = 0; k < 3; k++) a[k] = (uint16_t *)from_dev(z[k], 2 * nz);
+    float *s1 = from_dev(st1, 8 * Cout), *s2 = from_dev(st2, 8 * Cout);
+    long zd = 0, zd3 = 0, sd = 0, sn = 0, zn = 0;
+    for (long i = 0; i < nz; i++) zd += a[0][i] != a[1][i], zd3 += a[0][i] != a[2][i], zn += (a[0][i] & 0x7C00) == 0x7C00;
+    for (int i = 0; i < 2 * Cout; i++) sd += memcmp(&s1[i], &s2[i], 4) != 0, sn += !isfinite(s1[i]);
+    check(!zd && !zd3 && !sd && !sn && !zn && k1 == k2 && k1 == k3,
+          "conv_forward_parts_cuda (%s): z (with and without the statistics) and the statistics bit-identical to "
+          "conv_forward_stats_cuda's on the concatenation materialised (%ld / %ld of %ld z, %ld of %d statistics "
+          "differ, %ld / %ld not finite; %d / %d / %d tiles)",
+          what, zd, zd3, nz, sd, 2 * Cout, zn, sn, k1, k2, k3);
+    twin_compared(conv_forward_parts_cuda);
+    for (int k = 0; k < 3; k++) cudaFree(z[k]), free(a[k]);
+    while (nb > 0) cudaFree(bufs[--nb]);
+    cudaFree(dcat); cudaFree(dwt); cudaFree(p1); cudaFree(p2); cudaFree(st1); cudaFree(st2);
+    free(hw); free(hcat); free(s1); free(s2);
+}
+
 // fast_div / fdiv (yolo.h), the conv kernels' index division: every divisor 1..4096 and random ones up
 // to 2^30, each against dividends at and around its multiples, random ones and 2^31 - 1
 static void test_fast_div(void) {
@@ -2491,6 +2566,15 @@ int main(void) {
     test_conv_f32(2, 8, 11, 13, 66, 3, 1, 1, 2, 1,
                   s);   // 2x5 tiles, Kd=72 (4.5 k-steps); wgrad 2x2 tiles, Kd=286 in 3 slices
     test_conv_f32(2, 3, 24, 20, 4, 3, 1, 0, 0, 1, s);     // wgrad Kd=960 in 8 slices, the last one ragged
+    // a concatenation read in place: BN parts (slices of a wider z, image strides with extra values) and
+    // parts as they are, 16-channel parts straddling the 32-channel K steps, pixels past the last tile
+    test_conv_parts(2, 8, 8, 32, (PartsSpec){2, {32, 16}, {64, 0}, {16, 0}, {0, 8}}, s);                  // C2f: cv1, a sum
+    test_conv_parts(2, 10, 12, 72, (PartsSpec){4, {32, 32, 64, 16}, {32, 96, 0, 32}, {0, 64, 0, 16}, {8, 24, 0, 0}}, s);
+    test_conv_parts(3, 4, 4, 20, (PartsSpec){1, {64}, {64}, {0}, {0}}, s);                                // one part
+    test_conv_parts(1, 6, 4, 64, (PartsSpec){8, {32, 32, 32, 64, 32, 32, 96, 48}, {32, 0, 64, 64, 0, 128, 96, 0},
+                                             {0, 0, 32, 0, 0, 96, 0, 0}, {0, 0, 0, 8, 16, 0, 0, 0}}, s);    // eight
+    test_conv_parts(2, 20, 20, 128, (PartsSpec){2, {128, 64}, {128, 0}, {0, 0}, {0, 0}}, s);              // the neck's
+    test_conv_parts(2, 4, 6, 40, (PartsSpec){3, {32, 64, 32}, {0, 64, 0}, {0, 0, 0}, {0, 8, 0}}, s);       // raw first, last
     for (int f32 = 0; f32 < 2; f32++) {
         test_conv_act(f32, 2, 8, 0, 8, 9, 7, 5, 3, 1, s);        // the whole z, 3x3
         test_conv_act(f32, 2, 12, 4, 6, 10, 11, 70, 3, 2,
