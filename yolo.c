@@ -10487,7 +10487,7 @@ static void gpu_conv(Exec *e, Conv *c) {
         if (!arena_dry(g->a)) {
             ConvDims d = gpu_conv_dims(g, c, 0, (long)c->zstride);
             prof_begin(g);
-            conv_forward_parts_cuda(d, &parts.p, gpu_w(g, c), (uint16_t *)c->z, NULL, g->stream);
+            (void)conv_forward_parts_cuda(d, &parts.p, gpu_w(g, c), (uint16_t *)c->z, NULL, g->stream);
             prof_end_conv(g, d, "fwd");
         }
         gpu_parts_free(g, &parts);
