@@ -10429,6 +10429,7 @@ typedef struct {
 // channels. (SPPF's max-pools are taken from the activation they follow, written into the concatenation:
 // read in place, that activation would be made twice.) The same answer in the dry run and the step.
 static int cat_act_run(const Model *m, const Value *v, int i, const Conv **p, int *c0, int *C);
+static int cat_other_run(const Model *m, const Value *v, int i, int *C);
 static int gpu_fwd_parts(Exec *e, const Conv *c, GpuParts *gp) {
     Gpu *g = e->ctx;
     const Model *m = e->m;
@@ -10437,18 +10438,18 @@ static int gpu_fwd_parts(Exec *e, const Conv *c, GpuParts *gp) {
     if (g->f32 || !c->bn || c->k != 1 || c->s != 1 || in->kind != V_CAT || HW % 8 || c->cin > CONV_PARTS_MAX_CIN ||
         c->w_off % 8)   // (the weights' rows copied 16 bytes at a time)
         return 0;
-    const Conv *p, *q;
-    int c0, C, q0, qC, n = 0, bn_runs = 0;
+    const Conv *p;
+    int c0, C, n = 0, bn_runs = 0;
     for (int i = 0; i < in->n; n++) {   // the runs: none a pool; BN ones 16-byte aligned (the same offsets in
         int j = cat_act_run(m, in, i, &p, &c0, &C);   // the dry run); 32 channels a multiple, 16 the last
         if (j > i) {
             if (p->zstride % 8 || (uintptr_t)GOFF(g, p->z, (long)c0 * HW) % 16) return 0;
             bn_runs++;
-        } else
-            for (C = 0, j = i; j < in->n && cat_act_run(m, in, j, &q, &q0, &qC) == j; j++) {
-                if (m->val[in->src[j]].kind == V_POOL) return 0;
-                C += m->val[in->src[j]].C;
-            }
+        } else {
+            j = cat_other_run(m, in, i, &C);
+            for (int k = i; k < j; k++)
+                if (m->val[in->src[k]].kind == V_POOL) return 0;
+        }
         if (C % (j < in->n ? 32 : 16)) return 0;
         i = j;
     }
@@ -10462,7 +10463,7 @@ static int gpu_fwd_parts(Exec *e, const Conv *c, GpuParts *gp) {
             gp->p.act[k] = 1;
             gp->p.acts[k] = conv_act(e, p, c0);
         } else {
-            for (C = 0, j = i; j < in->n && cat_act_run(m, in, j, &q, &q0, &qC) == j; j++) C += m->val[in->src[j]].C;
+            j = cat_other_run(m, in, i, &C);
             void *t = gact(g, g->B * C * HW, G_SCRATCH);   // (B, C, H, W): these parts
             cat_materialize(e, in, 0, i, j, t, C * HW);
             gp->own[gp->nown++] = t;
@@ -10576,6 +10577,15 @@ static int cat_act_run(const Model *m, const Value *v, int i, const Conv **p, in
     *c0 = s->kind == V_SLICE ? s->c0 : 0;
     return slice_run_end(m, v, i, v->n, C);
 }
+// cat_other_run: the end of the run of parts from part i of concatenation v that are not a BN conv's
+// channels (those cat_act_run leaves where they are: residual sums, pools, upsamples), and in *C their
+// channels; i itself when part i is a BN conv's
+static int cat_other_run(const Model *m, const Value *v, int i, int *C) {
+    const Conv *q;
+    int q0, qC, j = i;
+    for (*C = 0; j < v->n && cat_act_run(m, v, j, &q, &q0, &qC) == j; j++) *C += m->val[v->src[j]].C;
+    return j;
+}
 // gpu_wgrad_cat: the weight gradient of a 1x1 FP16 conv whose input is a concatenation, part by part
 // (0: not such a conv, nothing done). The 1x1 conv's weight columns of a part are the product of dz
 // and that part alone, so each run of one BN conv's channels (cat_act_run: a C2f's two halves of cv1,
@@ -10601,7 +10611,7 @@ static int gpu_wgrad_cat(Exec *e, Conv *c, void *dz) {
             act_ch += C;
             i = j;
         } else
-            while (i < in->n && cat_act_run(m, in, i, &p, &c0, &C) == i) i++;
+            i = cat_other_run(m, in, i, &C);
     }
     if (2L * act_ch <= (long)(runs - 1) * c->cout) return 0;
     long HW = (long)c->H * c->W, zs = (long)c->zstride;
@@ -10615,10 +10625,7 @@ static int gpu_wgrad_cat(Exec *e, Conv *c, void *dz) {
             d.wstride = c->cin;
             k_conv_wgrad(g, d, dz, p->z ? GOFF(g, p->z, (long)c0 * HW) : NULL, &act, e->grads + c->w_off + off);
         } else {
-            const Conv *q;
-            int q0, qC;
-            for (C = 0, j = i; j < in->n && cat_act_run(m, in, j, &q, &q0, &qC) == j; j++)
-                C += m->val[in->src[j]].C;
+            j = cat_other_run(m, in, i, &C);
             void *t = gact(g, g->B * C * HW, G_SCRATCH);   // (B, C, H, W): these parts
             cat_materialize(e, in, 0, i, j, t, C * HW);
             d = gpu_conv_dims(g, c, 0, zs);

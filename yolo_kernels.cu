@@ -2106,9 +2106,9 @@ static int conv_forward_launch(ConvDims d, const void *x, const ConvAct *act, co
     return (int)grid.x;
 }
 // conv_forward_parts_cuda: conv_fwd_kernel<true, true, true, true> over p's parts. What it takes (a 1x1
-// stride-1 conv, H*W and every image stride a multiple of 8, the parts' channels multiples of 16 adding
-// up to Cin, at most CONV_PARTS_MAX_CIN, 16-byte aligned sources and weights) the caller has checked: a
-// call that breaks it is a programming error, reported and stopped.
+// stride-1 conv, H*W and every image stride a multiple of 8, the parts' channels multiples of 32, the
+// last's of 16, adding up to Cin, at most CONV_PARTS_MAX_CIN, 16-byte aligned sources and weights) the
+// caller has checked: a call that breaks it is a programming error, reported and stopped.
 extern "C" int conv_forward_parts_cuda(ConvDims d, const ConvParts *p, const uint16_t *w, uint16_t *zh, float *part,
                                        void *stream) {
     static_assert(IG_FOLD_MAX == CONV_PARTS_MAX_CIN, "the parts' BN table is ig_fold");
