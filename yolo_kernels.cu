@@ -3523,10 +3523,13 @@ __device__ __forceinline__ float bn_bwd_dz(float dA, float z, float mu, float is
     return gs * (gy - mg - xh * mgx);
 }
 // bn_bwd_partial: per chunk (as bn_stats_partial) the sums of gy and of gy*xhat (of dA without BN)
-// into part[c*K + k] and part[C*K + c*K + k]
+// into part[c*K + k] and part[C*K + c*K + k]. Without BN (a Detect output's bias) dz is dA whatever the
+// sums: with dz given, each value is also stored there (as T, by the thread that read it) in this pass,
+// and the second pass only adds the sums into dbeta.
 template <class T, class TD, bool V8>
 __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, const float *mean,
-                                      const float *invstd, const float *gamma, const float *beta, float *part) {
+                                      const float *invstd, const float *gamma, const float *beta, float *part,
+                                      T *dz) {
     int k = blockIdx.x, c = blockIdx.y;
     long j1 = min(q.n, (k + 1) * q.len);
     float sg = 0.0f, sgx = 0.0f;
@@ -3536,8 +3539,15 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
         constexpr int N = decltype(n)::value;
         const BnVals<N, TD> d(dA, o, o2);
         if (!gamma) {
+            float v[N];
 #pragma unroll
-            for (int e = 0; e < N; e++) sg += d[e];
+            for (int e = 0; e < N; e++) sg += v[e] = d[e];
+            if (!dz) return;
+            if constexpr (N == 1) dz[o] = act_from<T>(v[0]);
+            else {
+                store8(dz + o, v);
+                if constexpr (N == 16) store8(dz + o2, v + 8);
+            }
             return;
         }
         const BnVals<N, T> x(z, o, o2);
@@ -3733,10 +3743,21 @@ static void bn_silu_backward_launch(const T *z, const TD *dA, long zs, const flo
     const BnGeo q = bn_geo(B, C, HW, zs);
     float *part = scratch;
     dim3 grid((unsigned)q.K, (unsigned)C);
-    if (bn_vec8(HW, zs, zs, z, dA, dA))
-        bn_bwd_partial_kernel<T, TD, true><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
-    else bn_bwd_partial_kernel<T, TD, false><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part);
+    // without BN the first pass writes dz too (bn_bwd_partial), its 16-byte stores where dz is aligned
+    T *dz1 = gamma ? nullptr : dz;
+    if (bn_vec8(HW, zs, zs, z, dA, gamma ? (const void *)dA : dz))
+        bn_bwd_partial_kernel<T, TD, true><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part, dz1);
+    else bn_bwd_partial_kernel<T, TD, false><<<grid, 256, 0, s>>>(z, dA, q, C, mean, invstd, gamma, beta, part, dz1);
     CUDA_CHECK(cudaGetLastError());
+    if (!gamma) {   // dz is written: of the apply pass, the block that adds the partials into dbeta alone
+        BnFlat f0 = f;
+        f0.ng = 0;
+        bn_bwd_apply_kernel<T, TD, false><<<dim3(1, (unsigned)C), 32, 0, s>>>(z, dA, zs, mean, invstd, gamma, beta,
+                                                                              part, q.K, cnt, train, dgamma, dbeta,
+                                                                              dz, C, HW, f0);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     bn_bwd_apply_launch(z, dA, zs, mean, invstd, gamma, beta, dgamma, dbeta, dz, part, q.K, B, C, HW, train, s);
 }
 extern "C" void bn_silu_backward_cuda(const uint16_t *z, const float *dA, long zs, const float *mean,

@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
         model_input(m, x, B, S, S);
         Exec e = exec_cpu(m, a);
         walk_forward(&e);
-        walk_head_grad(&e);
+        walk_head_grad(&e, 0);
         LossOut lo = e.be->loss(&e, &tg, &lcfg);
         double t1 = now_sec();
         walk_backward(&e);

@@ -63,7 +63,7 @@ int main(void) {
     gpu_input_begin(g, img);
     Exec ex = exec_gpu(g);
     walk_forward(&ex);
-    walk_head_grad(&ex);
+    walk_head_grad(&ex, 0);
     ex.be->loss(&ex, &tg, &lc);
     walk_backward(&ex);
     gpu_input_end(g);

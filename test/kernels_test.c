@@ -2526,6 +2526,7 @@ int main(void) {
     test_bn_backward(3, 2, 7000, 0, 1, 0, 0, s);    // FP32 dA, 2625 groups: the two passes
     test_bn_backward(1, 2, 32776, 0, 1, 1, 2, s);   // the two passes, 8 a thread: in place, and without BN
     test_bn_backward(1, 2, 32776, 0, 0, 1, 1, s);
+    test_bn_backward(1, 2, 33001, 1, 0, 1, 0, s);   // FP32 dA, no BN, the two passes one value a thread
     test_pool_up_backward(2, 3, 19, 35, NULL);
     test_pool_up_backward(1, 2, 1, 1, s);
     test_pool_up_backward(1, 2, 16, 17, s);
@@ -2611,6 +2612,7 @@ int main(void) {
     test_bn_backward_f32(3, 2, 2504, 1, 0, 1, s);
     test_bn_backward_f32(2, 2, 8000, 1, 1, 1, s);   // one pass, G 2; then past it (2625 groups): two
     test_bn_backward_f32(3, 2, 7000, 0, 1, 1, s);
+    test_bn_backward_f32(3, 2, 7000, 1, 0, 1, s);   // without BN: dz from the first pass
     test_views_f32(2, 3, 7, 9, NULL);
     test_views_f32(1, 2, 20, 17, s);
     test_views_f32(1, 2, 66, 66, s);

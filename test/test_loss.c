@@ -467,8 +467,15 @@ static void test_gradient(void) {
     LossTargets tg = {4, bi, cl, &bx[0][0]};
     LossConfig cfg = loss_config_default();
     cfg.max_boxes = 16;
+    // dhead is overwritten, not added to (the step does not zero the head maps' gradients first)
+    for (int l = 0; l < 3; l++) for (size_t i = 0; i < c.n[l]; i++) c.dhead[l][i] = 777.0f;
     LossOut o = loss_forward_backward(&cfg, c.B, c.NC, c.imgH, c.imgW, (const float *const *)c.head, c.dhead, &tg,
                                       1.0f, c.scratch, c.scratch_bytes, 0);
+    long left = 0, total = 0;
+    for (int l = 0; l < 3; l++)
+        for (size_t i = 0; i < c.n[l]; i++, total++) left += c.dhead[l][i] == 777.0f;
+    check(left == 0 && o.n_fg > 0, "gradient case (%d foreground anchors): every value of dhead written (%ld of %ld "
+          "left as filled)", o.n_fg, left, total);
     printf("  gradient case: n_fg %d target_scores_sum %.4f box %.4f cls %.4f dfl %.4f\n", o.n_fg,
            o.target_scores_sum, o.box, o.cls, o.dfl);
     // values checked: every class logit, the 64 box logits of every foreground anchor, 300 other box logits
