@@ -3573,9 +3573,11 @@ __global__ void bn_bwd_partial_kernel(const T *z, const TD *dA, BnGeo q, int C, 
 // launches at under a third of the larger maps' bytes per second). Each block adds its channel's K
 // partials in a fixed order (lane l of the first warp adds partials l, l + 32, ... in turn, then the
 // lanes' sums in a fixed xor tree: the same bits on every run, without the block waiting on K dependent
-// loads), and the channel's first block adds the sums into dbeta (+ dgamma with BN).
+// loads), and the channel's first block adds the sums into dbeta (+ dgamma with BN). Without BN the
+// first pass writes dz, and this kernel runs over no values (ng 0): the sums into dbeta alone.
 // V8: 32-40 registers with FP16 dA (sm_90: 40, 6 blocks an SM where it ran 8: the values held over the
-// partials' wait, as raw halves), 40-48 with FP32 dA (a Detect output's); capped at 32, those spill.
+// partials' wait, as raw halves), 40-48 with FP32 dA (bn_silu_backward_cuda with BN); capped at 32, those
+// spill.
 template <class T, class TD, bool V8>
 __global__ void bn_bwd_apply_kernel(const T *z, const TD *dA, long zs, const float *mean, const float *invstd,
                                     const float *gamma, const float *beta, const float *part, int K, float cnt,
