@@ -10144,18 +10144,23 @@ static const uint16_t *gpu_wt(const Gpu *g, const Conv *c) {
     return g->wt16 && o != SIZE_MAX ? g->wt16 + o : NULL;
 }
 #ifdef YOLO_CUDA   // (its callers, the device setup, EMA swap and optimizer step below, are device-only)
-// gpu_w16_refresh: the FP16 copies of the weights (w16, wt16) from params (AMP)
-static void gpu_w16_refresh(Gpu *g) {
-    if (g->f32) return;
+// gpu_wt_refresh: the tap-major FP16 copies (wt16) from w16
+static void gpu_wt_refresh(Gpu *g) {
+    if (g->f32 || !g->wt16) return;
     Model *m = g->m;
-    f32_to_f16_cuda(g->params, g->w16, (long)m->nparams, g->stream);
-    if (!g->wt16) return;
     ConvWtJob jobs[MAX_CONVS];
     int n = 0;
     for (int i = 0; i < m->nconv; i++)
         if (g->wt_off[i] != SIZE_MAX)
             jobs[n++] = (ConvWtJob){g->w16 + m->conv[i].w_off, g->wt16 + g->wt_off[i], m->conv[i].cout, m->conv[i].cin};
     conv_w_tapmajor_cuda(jobs, n, g->stream);
+}
+// gpu_w16_refresh: the FP16 copies of the weights (w16, wt16) from params (AMP; after a step,
+// optim_step_cuda writes w16 itself)
+static void gpu_w16_refresh(Gpu *g) {
+    if (g->f32) return;
+    f32_to_f16_cuda(g->params, g->w16, (long)g->m->nparams, g->stream);
+    gpu_wt_refresh(g);
 }
 #endif
 static void k_conv_forward(Gpu *g, ConvDims d, const void *x, const ConvAct *act, const void *w, const uint16_t *wt,
@@ -11304,32 +11309,34 @@ static OptimHyper gpu_optim_hyper(const Optimizer *o, float inv_scale, float max
 
 // gpu_optimize: unscale, finite check, clip to norm 10, SGD/AdamW (fused kernels), then the
 // GradScaler update, the EMA and, when the step was taken, the FP16 weight copy. Returns 1 when the
-// step was taken; *norm_out (optional) gets the unscaled norm (inf when skipped).
+// step was taken; *norm_out (optional) gets the unscaled norm (inf when skipped). The parameters' EMA
+// and FP16 copy are made by the update's own kernel (the EMA with the decay of the next update count,
+// counted here once the host knows the step's fate: the same rule as the kernel's).
 static int gpu_optimize(Gpu *g, double *norm_out) {
     Model *m = g->m;
     cudaStream_t s = (cudaStream_t)g->stream;
     long n = (long)m->nparams;
     float inv = 1.0f / g->scaler.scale, norm;
     OptimHyper h = gpu_optim_hyper(&g->opt, inv, (float)GRAD_CLIP_NORM);
+    // the EMA follows every optimizer_step call, also one the GradScaler skipped (Ultralytics:
+    // scaler.step, scaler.update, zero_grad, then ema.update); amp=0 skips a non-finite step whole
+    float d = ema_decay(g->ema_updates + 1);
     prof_begin(g);
     optim_norm_cuda(g->grads, g->group, n, inv, g->partials, s);
-    optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm, s);
+    optim_step_cuda(g->params, g->grads, g->opt_m, g->opt_v, g->group, n, g->partials, h, g->norm,
+                    g->f32 ? NULL : g->w16, g->ema_p, d, !g->f32, s);
     GPU_CHECK(cudaMemcpyAsync(&norm, g->norm, sizeof norm, cudaMemcpyDeviceToHost, s));
     GPU_CHECK(cudaStreamSynchronize(s));
     if (norm_out) *norm_out = norm;
     int taken = g->f32 ? isfinite(norm) : grad_scaler_update(&g->scaler, !isfinite(norm));   // amp=0: no scaling
     if (taken) g->opt.step++;
-    // the EMA follows every optimizer_step call, also one the GradScaler skipped (Ultralytics:
-    // scaler.step, scaler.update, zero_grad, then ema.update); amp=0 skips a non-finite step whole
     if (!taken && g->f32) {
         prof_end(g, "optimizer + EMA", 0);
         return 0;
     }
     g->ema_updates++;
-    float d = ema_decay(g->ema_updates);
-    ema_update_cuda(g->ema_p, g->params, n, d, s);
     ema_update_cuda(g->ema_b, g->buffers, (long)m->nbuffers, d, s);
-    if (taken) gpu_w16_refresh(g);
+    if (taken) gpu_wt_refresh(g);
     prof_end(g, "optimizer + EMA", 0);
     return taken;
 }

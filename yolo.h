@@ -467,7 +467,10 @@ void loss_cuda(int B, int NC, int imgH, int imgW, const float *const head[3], fl
 // order (deterministic), writes the norm (inf when a gradient is inf/NaN) to norm_out[0] and, only
 // when every gradient is finite, updates p, m, v with g*inv_scale*clip, clip = min(1, max_norm /
 // (norm + 1e-6)) (max_norm <= 0: no clipping). Gradients are not modified. Host: a non-finite norm
-// means the step was skipped (do not advance the step count).
+// means the step was skipped (do not advance the step count). In the same pass (either may be NULL):
+// w16[i] = p[i] rounded to FP16 (f32_to_f16_cuda's bits) for every i when the step is taken, and
+// ema[i] = ema_d*ema[i] + (1-ema_d)*p[i] (ema_update_cuda's) on the parameters as the step leaves them,
+// also when it is skipped if ema_skipped (AMP: Ultralytics updates the EMA after a skipped step).
 #define OPT_NO_GROUP 255
 #define OPT_NORM_BLOCKS 256
 typedef struct {
@@ -484,7 +487,8 @@ typedef struct {
 } OptimHyper;
 void optim_norm_cuda(const float *g, const uint8_t *group, long n, float inv_scale, float *partials, void *stream);
 void optim_step_cuda(float *p, const float *g, float *m, float *v, const uint8_t *group, long n, const float *partials,
-                     OptimHyper h, float *norm_out, void *stream);
+                     OptimHyper h, float *norm_out, uint16_t *w16, float *ema, float ema_d, int ema_skipped,
+                     void *stream);
 
 // GradScaler (torch.cuda.amp.GradScaler defaults): scale 65536, x2 after 2000 consecutive finite
 // steps, x0.5 and skip the step on an inf/NaN gradient. Host-side; found_inf comes from the norm

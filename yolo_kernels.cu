@@ -4908,46 +4908,62 @@ extern "C" void optim_norm_cuda(const float *g, const uint8_t *group, long n, fl
 
 // optim_step: block size OPT_NORM_BLOCKS; every block reduces the partials the same way (so all
 // agree on the norm bit for bit), then strides over the parameters. No update at all when a
-// gradient or the norm is not finite.
+// gradient or the norm is not finite. In the same pass, each value as it leaves the step (updated or
+// not) goes into w16 (its FP16 copy: f32_to_f16's rounding) and into the EMA (ema = d*ema + (1-d)*p:
+// ema_update's expression), so that neither reads the parameters again; with the update skipped, w16 is
+// left as it is and the EMA follows the unchanged parameters only where ema_skipped says so.
 __global__ void optim_step_kernel(float *p, const float *g, float *m, float *v, const uint8_t *group, long n,
-                                  const float *partials, OptimHyper h, float *norm_out) {
+                                  const float *partials, OptimHyper h, float *norm_out, __half *w16, float *ema,
+                                  float ema_d, int ema_skipped) {
     float ss = block_sum(partials[2 * threadIdx.x]), bad = block_sum(partials[2 * threadIdx.x + 1]);
     float norm = bad > 0 ? INFINITY : sqrtf(ss);   // finite gradients whose squares overflow FP32: inf too
     if (blockIdx.x == 0 && threadIdx.x == 0) norm_out[0] = norm;
-    if (!isfinite(norm)) return;   // the host sees the same inf and counts the step as skipped
+    const long i0 = (long)blockIdx.x * blockDim.x + threadIdx.x, di = (long)gridDim.x * blockDim.x;
+    if (!isfinite(norm)) {   // the host sees the same inf and counts the step as skipped
+        if (ema && ema_skipped)
+            for (long i = i0; i < n; i += di) ema[i] = ema_d * ema[i] + (1 - ema_d) * p[i];
+        return;
+    }
     float coef = h.max_norm / (norm + 1e-6f);
     bool clip = h.max_norm > 0 && coef < 1.0f;   // grad_clip_norm: g *= coef after unscaling
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    for (long i = i0; i < n; i += di) {
         int gr = group[i];
-        if (gr == OPT_NO_GROUP) continue;
-        float gv = g[i] * h.inv_scale;
-        if (clip) gv *= coef;
-        // constant indices only: a dynamic index would put the parameter struct on the stack
-        float lr = gr == 0 ? h.lr[0]
-                : gr == 1  ? h.lr[1]
-                           : h.lr[2],
-              wd = gr == 0 ? h.wd[0]
-                : gr == 1  ? h.wd[1]
-                           : h.wd[2];
-        float astep = gr == 0 ? h.adam_step[0] : gr == 1 ? h.adam_step[1] : h.adam_step[2], mom = h.momentum;
-        if (!h.adamw) {
-            float gi = gv + wd * p[i];
-            float mb = h.first ? gi : mom * m[i] + gi;
-            m[i] = mb;
-            p[i] -= lr * (gi + mom * mb);
-        } else {
-            float pi = p[i] * (1 - lr * wd);
-            float mb = mom * m[i] + (1 - mom) * gv, vb = h.beta2 * v[i] + (1 - h.beta2) * gv * gv;
-            m[i] = mb; v[i] = vb;
-            p[i] = pi - astep * mb / (sqrtf(vb) / h.bc2_sqrt + h.eps);
+        float pv = p[i];
+        if (gr != OPT_NO_GROUP) {
+            float gv = g[i] * h.inv_scale;
+            if (clip) gv *= coef;
+            // constant indices only: a dynamic index would put the parameter struct on the stack
+            float lr = gr == 0 ? h.lr[0]
+                    : gr == 1  ? h.lr[1]
+                               : h.lr[2],
+                  wd = gr == 0 ? h.wd[0]
+                    : gr == 1  ? h.wd[1]
+                               : h.wd[2];
+            float astep = gr == 0 ? h.adam_step[0] : gr == 1 ? h.adam_step[1] : h.adam_step[2], mom = h.momentum;
+            if (!h.adamw) {
+                float gi = gv + wd * pv;
+                float mb = h.first ? gi : mom * m[i] + gi;
+                m[i] = mb;
+                pv -= lr * (gi + mom * mb);
+            } else {
+                float pi = pv * (1 - lr * wd);
+                float mb = mom * m[i] + (1 - mom) * gv, vb = h.beta2 * v[i] + (1 - h.beta2) * gv * gv;
+                m[i] = mb; v[i] = vb;
+                pv = pi - astep * mb / (sqrtf(vb) / h.bc2_sqrt + h.eps);
+            }
+            p[i] = pv;
         }
+        if (w16) w16[i] = __float2half(pv);
+        if (ema) ema[i] = ema_d * ema[i] + (1 - ema_d) * pv;
     }
 }
 extern "C" void optim_step_cuda(float *p, const float *g, float *m, float *v, const uint8_t *group, long n,
-                                const float *partials, OptimHyper h, float *norm_out, void *stream) {
+                                const float *partials, OptimHyper h, float *norm_out, uint16_t *w16, float *ema,
+                                float ema_d, int ema_skipped, void *stream) {
     unsigned blocks = n ? cdiv(n, OPT_NORM_BLOCKS) : 1;
     if (blocks > 4096) blocks = 4096;
     optim_step_kernel<<<blocks, OPT_NORM_BLOCKS, 0, (cudaStream_t)stream>>>(p, g, m, v, group, n, partials, h,
-                                                                            norm_out);
+                                                                            norm_out, (__half *)w16, ema, ema_d,
+                                                                            ema_skipped);
     CUDA_CHECK(cudaGetLastError());
 }

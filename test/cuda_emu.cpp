@@ -1607,4 +1607,7 @@ static void count_launch_end() {}
 #endif
 #ifdef EMU_COUNTERS
 extern "C" void emu_count_dump_now(void) { emu::drain(); emu::count_dump(); }
+// emu_count_clear: the launches counted so far dropped, once they have run (test/gpu_count.c: the
+// setup's, which are not the step's)
+extern "C" void emu_count_clear(void) { emu::drain(); emu::crecs.clear(); }
 #endif

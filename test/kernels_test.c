@@ -1973,8 +1973,10 @@ static Model *optim_model(void) {
 }
 // optim_norm_cuda + optim_step_cuda (loss scale 1024, gradients given scaled) against grad_clip_norm +
 // optim_step on the unscaled gradients, three steps; then a forced overflow skips the step and
-// halves the GradScaler.
-static void test_optim(int kind, float gmag, float max_norm, void *stream) {
+// halves the GradScaler. fused: optim_step_cuda also writes the FP16 copy (bit for bit the host's
+// rounding of the updated parameters, every value) and the EMA (against the host's d*ema + (1-d)*p);
+// a skipped step leaves the copy as it was and updates the EMA only when asked to (ema_skipped).
+static void test_optim(int kind, float gmag, float max_norm, int fused, void *stream) {
     Model *m = optim_model();
     long n = (long)m->nparams;
     uint8_t *group = xmalloc(n);
@@ -1996,6 +1998,11 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
     CK(cudaMalloc((void **)&dg, 4 * n));
     CK(cudaMalloc((void **)&partials, 8 * OPT_NORM_BLOCKS));
     CK(cudaMalloc((void **)&dnorm, 4));
+    // the EMA and the FP16 copy: poisoned (0x7e01, a NaN no rounding gives) where the step must write
+    float *ema = rand_host(n, -1, 1), *dema = fused ? to_dev(ema, 4 * n) : NULL;
+    uint16_t *w16h = xmalloc(2 * n), *dw16 = NULL;
+    for (long i = 0; i < n; i++) w16h[i] = 0x7e01;
+    if (fused) dw16 = (uint16_t *)to_dev(w16h, 2 * n);
     const float S = 1024.f;
     float *gs = xmalloc(4 * n), *p0 = xmalloc(4 * n);
     char what[200];
@@ -2005,8 +2012,9 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         memcpy(p0, m->params, 4 * n);
         CK(cudaMemcpy(dg, gs, 4 * n, cudaMemcpyHostToDevice));
         OptimHyper h = gpu_optim_hyper(&o, 1.f / S, max_norm);
+        const float ed = 0.3f + 0.25f * (float)step;   // an EMA decay a step
         optim_norm_cuda(dg, dgroup, n, 1.f / S, partials, stream);
-        optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
+        optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, dw16, dema, ed, 1, stream);
         double norm = max_norm > 0 ? grad_clip_norm(m, max_norm) : 0;
         if (max_norm <= 0) {
             double ss = 0;
@@ -2039,6 +2047,24 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         long dfl_bad = 0;
         for (int k = 0; k < REG_MAX; k++) dfl_bad += memcmp(&gp[m->dfl_off + k], &p0[m->dfl_off + k], 4) != 0;
         check(!dfl_bad, "optim_step_cuda %s: the frozen DFL values (OPT_NO_GROUP) are not updated", name);
+        if (fused) {
+            uint16_t *gw = (uint16_t *)from_dev(dw16, 2 * n);
+            float *ge = from_dev(dema, 4 * n);
+            long wbad = 0;
+            for (long i = 0; i < n; i++) {
+                wbad += gw[i] != float_to_half(gp[i]);
+                ema[i] = ed * ema[i] + (1 - ed) * m->params[i];
+                sc[i] = fabsf(ema[i]) + fabsf(m->params[i]);
+            }
+            check(!wbad, "optim_step_cuda %s step %d: the FP16 copy is the updated parameters rounded, every value "
+                  "(%ld differ)", name, step + 1, wbad);
+            snprintf(what, sizeof what, "optim_step_cuda %s step %d: the EMA (d %g) of the updated parameters", name,
+                     step + 1, ed);
+            check_rel(what, ge, ema, sc, n, 1e-5);
+            CK(cudaMemcpy(dema, ema, 4 * n, cudaMemcpyHostToDevice));
+            free(gw);
+            free(ge);
+        }
         // keep CPU and GPU on the same state for the next step
         CK(cudaMemcpy(dp, m->params, 4 * n, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dm, o.m, 4 * n, cudaMemcpyHostToDevice));
@@ -2053,9 +2079,29 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         gs[n / 2] = t == 0 ? INFINITY : NAN;
         CK(cudaMemcpy(dg, gs, 4 * n, cudaMemcpyHostToDevice));
         OptimHyper h = gpu_optim_hyper(&o, 1.f / gsc.scale, max_norm);
+        uint16_t *w0 = fused ? (uint16_t *)from_dev(dw16, 2 * n) : NULL;
         optim_norm_cuda(dg, dgroup, n, 1.f / gsc.scale, partials, stream);
-        optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, stream);
+        // the inf: AMP's skip (the EMA follows the unchanged parameters); the NaN: amp=0's (no EMA)
+        optim_step_cuda(dp, dg, dm, dv, dgroup, n, partials, h, dnorm, dw16, dema, 0.5f, t == 0, stream);
         float *gp = from_dev(dp, 4 * n), *gm = from_dev(dm, 4 * n), *gn = from_dev(dnorm, 4);
+        if (fused) {
+            uint16_t *gw = (uint16_t *)from_dev(dw16, 2 * n);
+            float *ge = from_dev(dema, 4 * n), *sce = xmalloc(4 * n);
+            for (long i = 0; i < n; i++) {
+                if (t == 0) ema[i] = 0.5f * ema[i] + 0.5f * m->params[i];
+                sce[i] = fabsf(ema[i]) + fabsf(m->params[i]);
+            }
+            check(!memcmp(gw, w0, 2 * n), "optim_step_cuda %s, %s gradient: the FP16 copy left as it was", name,
+                  t == 0 ? "inf" : "NaN");
+            if (t == 0)
+                check_rel("optim_step_cuda, inf gradient: the EMA of the unchanged parameters (ema_skipped)", ge, ema,
+                          sce, n, 1e-5);
+            else check(!memcmp(ge, ema, 4 * n), "optim_step_cuda %s, NaN gradient: the EMA left as it was", name);
+            free(gw);
+            free(ge);
+            free(sce);
+        }
+        free(w0);
         int taken = grad_scaler_update(&gsc, !isfinite(gn[0]));
         check(!isfinite(gn[0]) && !taken && !memcmp(gp, m->params, 4 * n) && !memcmp(gm, o.m, 4 * n) &&
                       gsc.scale == (t == 0 ? 32768.f : 16384.f),
@@ -2073,6 +2119,7 @@ static void test_optim(int kind, float gmag, float max_norm, void *stream) {
         check(ok, "GradScaler: init 65536, x2 after 2000 good steps, x0.5 and tracker reset on overflow");
     }
     cudaFree(dp); cudaFree(dm); cudaFree(dv); cudaFree(dg); cudaFree(partials); cudaFree(dnorm); cudaFree(dgroup);
+    cudaFree(dema); cudaFree(dw16); free(ema); free(w16h);
     free(group); free(o.m); free(o.v); free(gs); free(p0); free(m->params); free(m->grads); free(m);
     twin_compared(optim_norm_cuda);
     twin_compared(optim_step_cuda);
@@ -2553,10 +2600,10 @@ int main(void) {
                             {33, 1, 40, 9, 1, 0},   {70, 40, 94, 63, 1, 79}};
         test_loss(2, 80, 64, 96, 16, bx, (int)(sizeof bx / sizeof bx[0]), 0, 5, 0, NULL);
     }
-    test_optim(OPT_SGD, 1.f, 10.f, s);
-    test_optim(OPT_SGD, 0.01f, 10.f, NULL);
-    test_optim(OPT_ADAMW, 1.f, 10.f, s);
-    test_optim(OPT_ADAMW, 0.01f, 0.f, s);
+    test_optim(OPT_SGD, 1.f, 10.f, 1, s);
+    test_optim(OPT_SGD, 0.01f, 10.f, 0, NULL);   // (no FP16 copy, no EMA: NULL)
+    test_optim(OPT_ADAMW, 1.f, 10.f, 1, s);
+    test_optim(OPT_ADAMW, 0.01f, 0.f, 1, s);
     test_ema(s);
     // the FP32 twins (amp=0), last so that the tests above see the random values they always had
     test_conv_f32(2, 5, 9, 7, 7, 3, 1, 0, 0, 1, NULL);     // K=3 S=1, odd sizes, Kd=45
