@@ -2073,7 +2073,8 @@ struct Backend {
     // the activation of BN conv c's channels c0..c0+C upsampled x2 into out, in one pass (NULL: act
     // into a temporary, then upsample)
     void (*act_upsample)(Exec *e, const Conv *c, int c0, int C, void *out, long os);
-    void (*maxpool)(Exec *e, const void *x, void *y, long ys, int C, int H, int W);      // 5x5, stride 1
+    // 5x5, stride 1: x (image stride xs: a part of a concatenation, SPPF's) into y
+    void (*maxpool)(Exec *e, const void *x, long xs, void *y, long ys, int C, int H, int W);
     void (*grad_add)(Exec *e, const float *g, long gs, float *d, long ds, long n);       // d += g
     void (*grad_copy)(Exec *e, const float *g, long gs, float *d, long ds, long n);      // d = g (lazy_dA)
     // d.p[j] += g (= where bit j of d.set) for j < d.k, g read once: a residual sum's gradient into
@@ -2081,7 +2082,7 @@ struct Backend {
     void (*grad_add_n)(Exec *e, const float *g, long gs, AddDst d, long n);
     void (*upsample_back)(Exec *e, const float *g, long gs, float *gx, int C, int H, int W);   // gx (C, H, W) dense
     // called in dry runs too (their temporaries come from e->a): they compute only when it is real
-    void (*maxpool_back)(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W);
+    void (*maxpool_back)(Exec *e, const void *x, long xs, const float *g, long gs, float *gx, int C, int H, int W);
     void (*conv)(Exec *e, Conv *c);            // c->z = conv(input); Detect outputs: + bias, into the head map
     void (*bn_stats)(Exec *e, Conv *c);        // c->mean, c->invstd: batch (m->train, running stats updated) or running
     void (*conv_stats)(Exec *e, Conv *c);      // conv, then bn_stats, in one (NULL: the two hooks above)
@@ -2164,14 +2165,15 @@ static size_t walk_head_bytes(const Model *m, int i) {
 }
 
 // cat_pool_chain: whether part i of concatenation v is the max-pool of part i - 1 (SPPF's cat of
-// x, m(x), m(m(x)), m(m(m(x)))) and is made from it: with one image per op (the CPU), where a
-// part's input lies dense in the concatenation. Then the cat materialises in one pool per part
-// (recursing into each part's sources took 6 pools for SPPF's 3), and its backward runs down the
+// x, m(x), m(m(x)), m(m(m(x)))) and is made from it. Then the cat materialises in one pool per
+// part, each reading the part before it where it was just written (recursing into each part's
+// sources took 6 pools and 4 activations of x for SPPF's 3 pools), and its backward runs down the
 // chain once: dx = g0 + back1(g1 + back2(g2 + back3(g3))), 3 pool backwards instead of 6. (The
-// device's ops take the whole batch, whose input must be dense: it recurses as before.)
+// pools take their input with an image stride: the device's ops take the whole batch, whose parts
+// lie strided in the concatenation.)
 static int cat_pool_chain(const Exec *e, const Value *v, int i) {
     const Value *s = &e->m->val[v->src[i]];
-    return e->nb == 1 && i > 0 && s->kind == V_POOL && s->src[0] == v->src[i - 1];
+    return i > 0 && s->kind == V_POOL && s->src[0] == v->src[i - 1];
 }
 
 static void value_materialize(Exec *e, int vi, int b, void *out, long os);
@@ -2199,7 +2201,7 @@ static void cat_materialize(Exec *e, const Value *v, int b, int i0, int i1, void
         void *o = (char *)out + off * e->esz;
         int C = s->C, j = s->kind == V_SLICE ? slice_run_end(m, v, i, i1, &C) : i + 1;
         if (i > i0 && cat_pool_chain(e, v, i)) {   // (SPPF)
-            if (!arena_dry(e->a)) e->be->maxpool(e, (char *)out + prev * e->esz, o, os, s->C, s->H, s->W);
+            if (!arena_dry(e->a)) e->be->maxpool(e, (char *)out + prev * e->esz, os, o, os, s->C, s->H, s->W);
         } else if (j > i + 1) {
             if (!arena_dry(e->a)) e->be->act(e, &m->conv[s->conv], s->c0, C, b, o, os, 0);
             i = j - 1;   // (prev: the run's last part, which a pool after it would read)
@@ -2262,7 +2264,7 @@ static void value_materialize(Exec *e, int vi, int b, void *out, long os) {
         value_materialize(e, v->src[0], b, t, ns);
         if (!dry) {
             if (v->kind == V_UP) e->be->upsample(e, t, out, os, s->C, s->H, s->W);
-            else e->be->maxpool(e, t, out, os, s->C, s->H, s->W);
+            else e->be->maxpool(e, t, ns, out, os, s->C, s->H, s->W);
         }
         arena_free(e->a, t);
         break;
@@ -2295,6 +2297,36 @@ static void add_dsts(Exec *e, int vi, int b, AddDst *d) {
     d->p[d->k] = grad_at(e, walk_dA(e, c), (long)b * c->zstride + c0 * v->H * v->W);
     if (!arena_dry(e->a) && !dA_held(e, c, b, (int)c0, v->C)) d->set |= 1u << d->k;
     d->s[d->k++] = (long)c->zstride;
+}
+
+static void value_backprop(Exec *e, int vi, int b, const float *g, long gs);
+// cat_chain_backprop: the gradient of a chain of pools in concatenation v (cat_pool_chain: x = part k,
+// its pools parts k+1..n-1; SPPF's) into x's sources. g1: the gradients of parts k+1..n-1 (part
+// k+1's first, each x's size, images gs apart); g0: x's own part's (same stride), or NULL where x
+// has had it already. The pools' inputs (parts k..n-2) are made once, then the gradient carried
+// down: acc = g[n-1]; for each pool from the last, acc = g[i-1] + back_i(acc); x gets acc. (nb
+// images: the inputs image by image, np parts each; acc dense.)
+static void cat_chain_backprop(Exec *e, const Value *v, int b, int k, const float *g1, long gs, const float *g0) {
+    const Model *m = e->m;
+    const Value *x = &m->val[v->src[k]];
+    int dry = arena_dry(e->a), np = v->n - 1 - k;              // pools
+    long ns = (long)x->C * x->H * x->W;
+    char *xin = walk_act(e, e->nb * np * ns, G_SCRATCH);       // parts k..n-2, (nb, np * ns)
+    float *acc[2] = {walk_grad(e, e->nb * ns, G_SCRATCH), walk_grad(e, e->nb * ns, G_SCRATCH)};
+    cat_materialize(e, v, b, k, v->n - 1, xin, np * ns);
+    const float *gi = grad_at(e, g1, (long)(np - 1) * ns);    // the last part's gradient
+    long gis = gs;
+    for (int i = np; i > 0; i--) {                               // pool i: input part k+i-1, output part k+i
+        float *d = acc[i & 1];
+        const float *gp = i > 1 ? grad_at(e, g1, (long)(i - 2) * ns) : g0;   // part k+i-1's gradient
+        e->be->maxpool_back(e, xin + (i - 1) * ns * e->esz, np * ns, gi, gis, d, x->C, x->H, x->W);
+        if (!dry && gp) e->be->grad_add(e, gp, gs, d, ns, ns);
+        gi = d, gis = ns;
+    }
+    value_backprop(e, v->src[k], b, gi, gis);
+    arena_free(e->a, acc[1]);
+    arena_free(e->a, acc[0]);
+    arena_free(e->a, xin);
 }
 
 // value_backprop: adds g, the gradient w.r.t. value vi of nb images from image b ((C, H, W) each,
@@ -2336,27 +2368,8 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
             off += (long)m->val[v->src[i]].C * HW;
         }
         if (k == v->n) break;
-        // the chain x = part k, its pools parts k+1..n-1: their inputs (parts k..n-2) made once, then
-        // the gradient carried down: acc = g[n-1]; for each pool from the last, acc = g[i-1] +
-        // back_i(acc); x gets acc
-        const Value *x = &m->val[v->src[k]];
-        long ns = (long)x->C * HW;
-        int np = v->n - 1 - k;                                   // pools
-        char *xin = walk_act(e, np * ns, G_SCRATCH);           // parts k..n-2
-        float *acc[2] = {walk_grad(e, ns, G_SCRATCH), walk_grad(e, ns, G_SCRATCH)};
-        cat_materialize(e, v, b, k, v->n - 1, xin, ns);
-        const float *gi = grad_at(e, g, off + (long)np * ns);   // the last part's gradient
-        long gis = gs;
-        for (int i = np; i > 0; i--) {                           // pool i: input part k+i-1, output part k+i
-            float *d = acc[i & 1];
-            e->be->maxpool_back(e, xin + (i - 1) * ns * e->esz, gi, gis, d, x->C, x->H, x->W);
-            if (!dry) e->be->grad_add(e, grad_at(e, g, off + (long)(i - 1) * ns), gs, d, ns, ns);
-            gi = d, gis = ns;
-        }
-        value_backprop(e, v->src[k], b, gi, gis);
-        arena_free(e->a, acc[1]);
-        arena_free(e->a, acc[0]);
-        arena_free(e->a, xin);
+        long ns = (long)m->val[v->src[k]].C * HW;
+        cat_chain_backprop(e, v, b, k, grad_at(e, g, off + ns), gs, grad_at(e, g, off));
         break;
     }
     case V_UP:
@@ -2369,7 +2382,7 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         } else {   // the window argmax, found again from the input as the forward saw it
             void *x = walk_act(e, e->nb * ns, G_SCRATCH);
             value_materialize(e, v->src[0], b, x, ns);
-            e->be->maxpool_back(e, x, g, gs, gx, s->C, s->H, s->W);
+            e->be->maxpool_back(e, x, ns, g, gs, gx, s->C, s->H, s->W);
             arena_free(e->a, x);
         }
         value_backprop(e, v->src[0], b, gx, ns);
@@ -2601,8 +2614,8 @@ static void cpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H,
     (void)e, (void)ys;
     upsample2_forward_cpu(x, y, 1, C, H, W);
 }
-static void cpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
-    (void)e, (void)ys;
+static void cpu_maxpool(Exec *e, const void *x, long xs, void *y, long ys, int C, int H, int W) {
+    (void)e, (void)xs, (void)ys;
     maxpool5_forward_cpu(x, y, 1, C, H, W);
 }
 static void cpu_zero(Exec *e, void *p, size_t bytes) { (void)e, par_zero(p, bytes); }
@@ -2619,8 +2632,9 @@ static void cpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C
     (void)e, (void)gs;
     upsample2_backward(g, gx, 1, C, H, W);
 }
-static void cpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
-    (void)gs;
+static void cpu_maxpool_back(Exec *e, const void *x, long xs, const float *g, long gs, float *gx, int C, int H,
+                             int W) {
+    (void)xs, (void)gs;
     if (!arena_dry(e->a)) maxpool5_backward(x, g, gx, 1, C, H, W);
 }
 
@@ -10249,10 +10263,10 @@ static void k_upsample(Gpu *g, const void *x, void *y, long ys, int C, int H, in
     else upsample2_forward_f16_cuda(x, y, ys, g->B, C, H, W, g->stream);
     prof_end(g, "upsample", 0);
 }
-static void k_maxpool(Gpu *g, const void *x, void *y, long ys, int C, int H, int W) {
+static void k_maxpool(Gpu *g, const void *x, long xs, void *y, long ys, int C, int H, int W) {
     prof_begin(g);
-    if (g->f32) maxpool5_forward_f32_cuda(x, y, ys, g->B, C, H, W, g->stream);
-    else maxpool5_forward_f16_cuda(x, y, ys, g->B, C, H, W, g->stream);
+    if (g->f32) maxpool5_forward_f32_cuda(x, xs, y, ys, g->B, C, H, W, g->stream);
+    else maxpool5_forward_f16_cuda(x, xs, y, ys, g->B, C, H, W, g->stream);
     prof_end(g, "maxpool", 0);
 }
 
@@ -10347,8 +10361,8 @@ static void gpu_act_upsample(Exec *e, const Conv *c, int c0, int C, void *out, l
 static void gpu_upsample(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
     k_upsample(e->ctx, x, y, ys, C, H, W);
 }
-static void gpu_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
-    k_maxpool(e->ctx, x, y, ys, C, H, W);
+static void gpu_maxpool(Exec *e, const void *x, long xs, void *y, long ys, int C, int H, int W) {
+    k_maxpool(e->ctx, x, xs, y, ys, C, H, W);
 }
 // the gradients of the views, in the step's gradient type (FP16 with AMP: sums in FP32, rounded once)
 static void gpu_grad_add(Exec *e, const float *g, long gs, float *d, long ds, long n) {
@@ -10376,12 +10390,13 @@ static void gpu_upsample_back(Exec *e, const float *g, long gs, float *gx, int C
     else upsample2_backward_f16_cuda((const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
     prof_end(gp, "upsample backward", 0);
 }
-static void gpu_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
+static void gpu_maxpool_back(Exec *e, const void *x, long xs, const float *g, long gs, float *gx, int C, int H,
+                             int W) {
     Gpu *gp = e->ctx;
     if (arena_dry(gp->a)) return;
     prof_begin(gp);
-    if (gp->f32) maxpool5_backward_cuda(x, g, gs, gx, gp->B, C, H, W, gp->stream);
-    else maxpool5_backward_f16_cuda(x, (const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
+    if (gp->f32) maxpool5_backward_cuda(x, xs, g, gs, gx, gp->B, C, H, W, gp->stream);
+    else maxpool5_backward_f16_cuda(x, xs, (const uint16_t *)g, gs, (uint16_t *)gx, gp->B, C, H, W, gp->stream);
     prof_end(gp, "maxpool backward", 0);
 }
 
@@ -10713,8 +10728,14 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
     } else if (in->kind == V_CAT) {
         // per source of the concat: its input gradient from its columns of the weights, read in place
         // (the rows of the conv's Cin*K*K: wstride), straight into the producer's dA when it is a
-        // conv output or a slice of one, else through a scratch buffer of its own channels only
+        // conv output or a slice of one, else through a scratch buffer of its own channels only. A
+        // chain of pools (SPPF's, cat_pool_chain: x = part kc, its pools the parts after it): the pools'
+        // gradients in one launch into one buffer, carried down the chain once (cat_chain_backprop)
+        // into x, whose own part's gradient reaches it as any part's
         long KK = (long)c->k * c->k, off = 0;
+        int kc = in->n;
+        while (kc > 1 && cat_pool_chain(e, in, kc - 1)) kc--;
+        if (kc < in->n) kc--;
         for (int i = 0; i < in->n; i++) {
             const Value *v = &m->val[in->src[i]];
             const void *ws = NULL;   // (Cout, C_i of Cin, K, K): w from column off
@@ -10723,6 +10744,15 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
             ConvDims d = gpu_conv_dims(g, c, 0, zs);
             d.Cin = v->C;
             d.wstride = (long)c->cin * KK;
+            if (i == kc + 1) {   // the pools of the chain, parts i..n-1, (B, their channels, H, W)
+                d.Cin = c->cin - (int)off;
+                long n = (long)d.Cin * c->H * c->W;
+                float *gx = walk_grad(e, g->B * n, G_SCRATCH);
+                if (!dry) k_conv_dgrad(g, d, dz, ws, NULL, gx, 0);
+                cat_chain_backprop(e, in, 0, kc, gx, n, NULL);
+                arena_free(g->a, gx);
+                break;
+            }
             if (v->kind == V_CONV || v->kind == V_SLICE) {
                 Conv *p = &m->conv[v->conv];
                 int c0 = v->kind == V_SLICE ? v->c0 : 0;

@@ -289,15 +289,15 @@ void bn_silu_backward_f32_cuda(const float *z, const float *dA, long zs, const f
 // images gs apart (0: dense), dx dense.
 void upsample2_backward_cuda(const float *dy, long gs, float *dx, int B, int C, int H, int W, void *stream);
 // maxpool5_backward_cuda: dx (overwritten) from dy, argmax of each 5x5 window recomputed from x, ties
-// to the first maximum in row-major window order; sums in output order (bit-exact with the CPU); dy's
-// images gs apart (0: dense), x and dx dense.
-void maxpool5_backward_cuda(const float *x, const float *dy, long gs, float *dx, int B, int C, int H, int W,
+// to the first maximum in row-major window order; sums in output order (bit-exact with the CPU); x's
+// images xs apart and dy's gs (0: dense), dx dense.
+void maxpool5_backward_cuda(const float *x, long xs, const float *dy, long gs, float *dx, int B, int C, int H, int W,
                             void *stream);
 // upsample2_backward_f16_cuda / maxpool5_backward_f16_cuda: the same in FP16 (sums in FP32, each dx rounded
 // once).
 void upsample2_backward_f16_cuda(const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H, int W, void *stream);
-void maxpool5_backward_f16_cuda(const uint16_t *x, const uint16_t *dy, long gs, uint16_t *dx, int B, int C, int H,
-                                int W, void *stream);
+void maxpool5_backward_f16_cuda(const uint16_t *x, long xs, const uint16_t *dy, long gs, uint16_t *dx, int B, int C,
+                                int H, int W, void *stream);
 // copy_f16_cuda: B blocks of n FP16 values, src block b at src + b*ss -> dst + b*ds (concat by offset).
 void copy_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
 // copy_f32_cuda: the same for floats (bit-exact).
@@ -321,9 +321,12 @@ void bn_silu_upsample2_f16_cuda(const uint16_t *z, long zs, const float *mean, c
 // bn_silu_upsample2_f32_cuda: the same in FP32.
 void bn_silu_upsample2_f32_cuda(const float *z, long zs, const float *mean, const float *invstd, const float *gamma,
                                 const float *beta, float *y, long ys, int B, int C, int H, int W, void *stream);
-// maxpool5_forward_f16_cuda: x dense (B, C, H, W) -> y, 5x5 stride 1 pad 2 max (bit-exact with _cpu).
-void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W, void *stream);
-void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream);
+// maxpool5_forward_f16_cuda: x (B, C, H, W), image stride xs -> y, image stride ys (0: C*H*W, dense),
+// 5x5 stride 1 pad 2 max (bit-exact with _cpu). x and y must not overlap (SPPF's chain: each pool reads
+// the part before it in the concatenation and writes the next).
+void maxpool5_forward_f16_cuda(const uint16_t *x, long xs, uint16_t *y, long ys, int B, int C, int H, int W,
+                               void *stream);
+void maxpool5_forward_f32_cuda(const float *x, long xs, float *y, long ys, int B, int C, int H, int W, void *stream);
 // add_f16_cuda: B blocks of n FP16: dst + b*ds += src + b*ss (FP32 sum rounded once; V_ADD).
 void add_f16_cuda(const uint16_t *src, long ss, uint16_t *dst, long ds, int B, long n, void *stream);
 // add_f32_cuda: B blocks of n floats: dst + b*ds += src + b*ss (gradients into a conv's dA slice; add_f16_cuda

@@ -3863,17 +3863,18 @@ extern "C" void upsample2_backward_f16_cuda(const uint16_t *dy, long gs, uint16_
 // order, padding skipped, as the CPU), then every input pixel gathers the dy of the outputs whose
 // argmax it is, in output row-major order (the CPU's summation order), in FP32 (an FP16 gradient is
 // rounded once, when stored; FP16 inputs are compared as the exact floats they are).
-// grid (ceil(W/16), ceil(H/16), B*C); x and dx dense, dy's images gs apart
+// grid (ceil(W/16), ceil(H/16), B*C); dx dense, x's images xs apart, dy's gs
 template <class T>
-__global__ void maxpool5_backward_kernel(const T *x, const T *dy, long gs, T *dx, int C, int H, int W) {
+__global__ void maxpool5_backward_kernel(const T *x, long xs, const T *dy, long gs, T *dx, int C, int H, int W) {
     __shared__ float xt[MP_T + 8][MP_T + 9];
     __shared__ int arg[MP_S][MP_S];
     __shared__ float g[MP_S][MP_S];
-    const long base = (long)blockIdx.z * H * W, b = blockIdx.z / C, gbase = b * gs + (blockIdx.z - b * C) * (long)H * W;
+    const long base = (long)blockIdx.z * H * W, b = blockIdx.z / C, cn = (blockIdx.z - b * C) * (long)H * W,
+               gbase = b * gs + cn, xbase = b * xs + cn;
     int tx0 = blockIdx.x * MP_T, ty0 = blockIdx.y * MP_T, tid = threadIdx.y * MP_T + threadIdx.x;
     for (int t = tid; t < (MP_T + 8) * (MP_T + 8); t += MP_T * MP_T) {
         int r = t / (MP_T + 8), c = t % (MP_T + 8), iy = ty0 - 4 + r, ix = tx0 - 4 + c;
-        xt[r][c] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? act_f(x[base + (long)iy * W + ix]) : 0.0f;
+        xt[r][c] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? act_f(x[xbase + (long)iy * W + ix]) : 0.0f;
     }
     __syncthreads();
     for (int t = tid; t < MP_S * MP_S; t += MP_T * MP_T) {
@@ -3916,13 +3917,14 @@ __global__ void maxpool5_backward_kernel(const T *x, const T *dy, long gs, T *dx
 // Shared memory: mp_bwd_smem(H, W) bytes, sized to the plane (5.0 KB for SPPF's 20x20 planes, so that
 // an SM holds 8 blocks; the 68x68 maximum needs 44 KB).
 template <class T>
-__global__ void maxpool5_backward_plane_kernel(const T *x, const T *dy, long gs, T *dx, int C, int H, int W) {
+__global__ void maxpool5_backward_plane_kernel(const T *x, long xs, const T *dy, long gs, T *dx, int C, int H,
+                                               int W) {
     extern __shared__ float mp_smem[];
     const int c = blockIdx.x, b = blockIdx.y, PW = W + 4, PH = H + 4, n = H * W;
     float *t = mp_smem, *rm = t + PH * PW;
     signed char *rc = (signed char *)(rm + PH * W), *code = rc + PH * W;
     const long base = ((long)b * C + c) * n, gbase = b * gs + (long)c * n;
-    maxpool5_plane_stage(x + base, t, H, W);
+    maxpool5_plane_stage(x + b * xs + (long)c * n, t, H, W);
     for (int i = threadIdx.x; i < PH * W; i += blockDim.x) {   // rows: rm, rc (PH, W)
         int py = i / W, ox = i - py * W;
         const float *q = t + py * PW + ox;
@@ -3959,26 +3961,27 @@ __global__ void maxpool5_backward_plane_kernel(const T *x, const T *dy, long gs,
     }
 }
 template <class T>
-static void maxpool5_backward_launch(const T *x, const T *dy, long gs, T *dx, int B, int C, int H, int W,
+static void maxpool5_backward_launch(const T *x, long xs, const T *dy, long gs, T *dx, int B, int C, int H, int W,
                                       void *stream) {
     if ((long)B * C * H * W == 0) return;
+    if (!xs) xs = (long)C * H * W;
     if (!gs) gs = (long)C * H * W;
     cudaStream_t s = (cudaStream_t)stream;
     dim3 grid(cdiv(W, MP_T), cdiv(H, MP_T), (unsigned)(B * C)), block(MP_T, MP_T);
     if ((H + 4) * (W + 4) <= MP_PLANE && B <= 65535)   // B is grid.y
-        maxpool5_backward_plane_kernel<T><<<dim3((unsigned)C, (unsigned)B), 256, mp_bwd_smem(H, W), s>>>(x, dy, gs, dx,
-                                                                                                      C, H, W);
+        maxpool5_backward_plane_kernel<T><<<dim3((unsigned)C, (unsigned)B), 256, mp_bwd_smem(H, W), s>>>(x, xs, dy, gs,
+                                                                                                      dx, C, H, W);
     else
-        maxpool5_backward_kernel<T><<<grid, block, 0, s>>>(x, dy, gs, dx, C, H, W);
+        maxpool5_backward_kernel<T><<<grid, block, 0, s>>>(x, xs, dy, gs, dx, C, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void maxpool5_backward_cuda(const float *x, const float *dy, long gs, float *dx, int B, int C, int H,
-                                       int W, void *stream) {
-    maxpool5_backward_launch(x, dy, gs, dx, B, C, H, W, stream);
+extern "C" void maxpool5_backward_cuda(const float *x, long xs, const float *dy, long gs, float *dx, int B, int C,
+                                       int H, int W, void *stream) {
+    maxpool5_backward_launch(x, xs, dy, gs, dx, B, C, H, W, stream);
 }
-extern "C" void maxpool5_backward_f16_cuda(const uint16_t *x, const uint16_t *dy, long gs, uint16_t *dx, int B, int C,
-                                           int H, int W, void *stream) {
-    maxpool5_backward_launch((const __half *)x, (const __half *)dy, gs, (__half *)dx, B, C, H, W, stream);
+extern "C" void maxpool5_backward_f16_cuda(const uint16_t *x, long xs, const uint16_t *dy, long gs, uint16_t *dx,
+                                           int B, int C, int H, int W, void *stream) {
+    maxpool5_backward_launch((const __half *)x, xs, (const __half *)dy, gs, (__half *)dx, B, C, H, W, stream);
 }
 
 // copy_act: B blocks of n values of T (__half or float). V16: each thread moves 16 bytes (8 halves or 4
@@ -4185,13 +4188,13 @@ extern "C" void bn_silu_upsample2_f32_cuda(const float *z, long zs, const float 
 
 // maxpool5_forward_act: 5x5, stride 1, pad 2 (-inf) of T (__half or float), one thread per output
 // reading its window (max is exact, so the FP16 result equals the FP32 pool of the same values); grid
-// (ceil(HW/256), C, B). x dense (B, C, H, W) -> y with image stride ys.
+// (ceil(HW/256), C, B). x (B, C, H, W) with image stride xs -> y with image stride ys.
 template <class T>
-__global__ void maxpool5_forward_act_kernel(const T *x, T *y, long ys, int C, int H, int W) {
+__global__ void maxpool5_forward_act_kernel(const T *x, long xs, T *y, long ys, int H, int W) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, b = blockIdx.z;
     if (i >= H * W) return;
     int ox = i % W, oy = i / W;
-    const T *p = x + ((long)b * C + c) * H * W;
+    const T *p = x + b * xs + (long)c * H * W;
     float m = -INFINITY;
     for (int dy = -2; dy <= 2; dy++)
         for (int dx = -2; dx <= 2; dx++) {
@@ -4207,11 +4210,11 @@ __global__ void maxpool5_forward_act_kernel(const T *x, T *y, long ys, int C, in
 // maxpool5_forward_act's threads load 25 each. grid (C, B)
 // Shared memory: mp_fwd_smem(H, W) bytes, sized to the plane.
 template <class T>
-__global__ void maxpool5_plane_kernel(const T *x, T *y, long ys, int C, int H, int W) {
+__global__ void maxpool5_plane_kernel(const T *x, long xs, T *y, long ys, int H, int W) {
     extern __shared__ float mp_smem[];
     const int c = blockIdx.x, b = blockIdx.y, PW = W + 4, PH = H + 4, n = H * W;
     float *t = mp_smem, *r = t + PH * PW;
-    maxpool5_plane_stage(x + ((long)b * C + c) * n, t, H, W);
+    maxpool5_plane_stage(x + b * xs + (long)c * n, t, H, W);
     for (int i = threadIdx.x; i < PH * W; i += blockDim.x) {   // rows: r (PH, W)
         int py = i / W, ox = i - py * W;
         const float *q = t + py * PW + ox;
@@ -4225,23 +4228,26 @@ __global__ void maxpool5_plane_kernel(const T *x, T *y, long ys, int C, int H, i
     }
 }
 template <class T>
-static void maxpool5_forward_act_launch(const T *x, T *y, long ys, int B, int C, int H, int W, void *stream) {
+static void maxpool5_forward_act_launch(const T *x, long xs, T *y, long ys, int B, int C, int H, int W,
+                                        void *stream) {
     if ((long)B * C * H * W == 0) return;
+    if (!xs) xs = (long)C * H * W;
     if (!ys) ys = (long)C * H * W;
     cudaStream_t s = (cudaStream_t)stream;
     dim3 planes((unsigned)C, (unsigned)B), grid(cdiv((long)H * W, 256), (unsigned)C, (unsigned)B);
     if ((H + 4) * (W + 4) <= MP_PLANE && B <= 65535)   // B is grid.y
-        maxpool5_plane_kernel<T><<<planes, 256, mp_fwd_smem(H, W), s>>>(x, y, ys, C, H, W);
+        maxpool5_plane_kernel<T><<<planes, 256, mp_fwd_smem(H, W), s>>>(x, xs, y, ys, H, W);
     else
-        maxpool5_forward_act_kernel<T><<<grid, 256, 0, s>>>(x, y, ys, C, H, W);
+        maxpool5_forward_act_kernel<T><<<grid, 256, 0, s>>>(x, xs, y, ys, H, W);
     CUDA_CHECK(cudaGetLastError());
 }
-extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, uint16_t *y, long ys, int B, int C, int H, int W,
-                                          void *stream) {
-    maxpool5_forward_act_launch((const __half *)x, (__half *)y, ys, B, C, H, W, stream);
+extern "C" void maxpool5_forward_f16_cuda(const uint16_t *x, long xs, uint16_t *y, long ys, int B, int C, int H,
+                                          int W, void *stream) {
+    maxpool5_forward_act_launch((const __half *)x, xs, (__half *)y, ys, B, C, H, W, stream);
 }
-extern "C" void maxpool5_forward_f32_cuda(const float *x, float *y, long ys, int B, int C, int H, int W, void *stream) {
-    maxpool5_forward_act_launch(x, y, ys, B, C, H, W, stream);
+extern "C" void maxpool5_forward_f32_cuda(const float *x, long xs, float *y, long ys, int B, int C, int H, int W,
+                                          void *stream) {
+    maxpool5_forward_act_launch(x, xs, y, ys, B, C, H, W, stream);
 }
 
 // add_f16: dst[b*ds + i] += src[b*ss + i] (FP32 sum, rounded once); grid (ceil(n/256), B), or with

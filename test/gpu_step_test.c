@@ -77,8 +77,9 @@ static void twin_upsample_back(Exec *e, const float *g, long gs, float *gx, int 
     cpu_backend.upsample_back(e, g, gs, gx, C, H, W);
     half_store(gx, (size_t)C * H * W, twin_scale);
 }
-static void twin_maxpool_back(Exec *e, const void *x, const float *g, long gs, float *gx, int C, int H, int W) {
-    cpu_backend.maxpool_back(e, x, g, gs, gx, C, H, W);
+static void twin_maxpool_back(Exec *e, const void *x, long xs, const float *g, long gs, float *gx, int C, int H,
+                              int W) {
+    cpu_backend.maxpool_back(e, x, xs, g, gs, gx, C, H, W);
     if (!arena_dry(e->a)) half_store(gx, (size_t)C * H * W, twin_scale);
 }
 static void *twin_bn_backward(Exec *e, Conv *c) {

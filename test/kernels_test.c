@@ -1169,18 +1169,25 @@ static void test_bn_backward(int B, int C, int HW, int zextra, int bn, int train
     else twin_compared(bn_silu_backward_cuda);
 }
 
+// the pools' x from a channel slice (xs: C + 2 channels an image, the two others +inf / 65504, which would
+// win every window they were read into), as SPPF's chain reads its parts
 static void test_pool_up_backward(int B, int C, int H, int W, void *stream) {
-    long n = (long)B * C * H * W;
+    long n = (long)B * C * H * W, HW = (long)H * W, xs = (long)(C + 2) * HW;
     float *x = xmalloc(4 * n), *dy = rand_host(n, -1, 1), *dy4 = rand_host(4 * n, -1, 1), *ref = xmalloc(4 * n);
     for (long i = 0; i < n; i++) x[i] = (float)(int)rng_range(&rng, 0, 4);   // few distinct values: many ties
     if (n > 3) x[3] = -INFINITY;
-    float *dx_ = to_dev(x, 4 * n), *ddy = to_dev(dy, 4 * n), *ddy4 = to_dev(dy4, 16 * n), *ddx;
+    float *xp = xmalloc(4 * (size_t)B * xs);
+    for (long i = 0; i < (long)B * xs; i++) xp[i] = INFINITY;
+    for (int b = 0; b < B; b++) memcpy(xp + b * xs + HW, x + b * (n / B), 4 * (size_t)(n / B));
+    float *dx_ = to_dev(xp, 4 * (size_t)B * xs), *ddy = to_dev(dy, 4 * n), *ddy4 = to_dev(dy4, 16 * n), *ddx;
+    free(xp);
     CK(cudaMalloc((void **)&ddx, 4 * n));
-    maxpool5_backward_cuda(dx_, ddy, 0, ddx, B, C, H, W, stream);
+    maxpool5_backward_cuda(dx_ + HW, xs, ddy, 0, ddx, B, C, H, W, stream);
     float *got = from_dev(ddx, 4 * n);
     maxpool5_backward(x, dy, ref, B, C, H, W);
     char what[160];
-    snprintf(what, sizeof what, "maxpool5_backward_cuda B=%d C=%d %dx%d (ties) vs maxpool5_backward", B, C, H, W);
+    snprintf(what, sizeof what, "maxpool5_backward_cuda B=%d C=%d %dx%d (ties, x from a channel slice) vs "
+             "maxpool5_backward", B, C, H, W);
     check_bits(what, got, ref, n);
     upsample2_backward_cuda(ddy4, 0, ddx, B, C, H, W, stream);
     free(got); got = from_dev(ddx, 4 * n);
@@ -1194,22 +1201,26 @@ static void test_pool_up_backward(int B, int C, int H, int W, void *stream) {
         long ng = (long)B * (2 * C + 1) * H * W;
         float *dyf = xmalloc(4 * ng), *dy4f = xmalloc(16 * ng), *reff = xmalloc(4 * n), *gd = xmalloc(4 * n),
               *g4 = xmalloc(16 * n);
-        uint16_t *dyh = rand_f16(ng, -1, 1, dyf), *dy4h = rand_f16(4 * ng, -1, 1, dy4f), *xh = xmalloc(2 * n);
-        for (long i = 0; i < n; i++) xh[i] = float_to_half(x[i]);
+        uint16_t *dyh = rand_f16(ng, -1, 1, dyf), *dy4h = rand_f16(4 * ng, -1, 1, dy4f),
+                 *xh = xmalloc(2 * (size_t)B * xs);
+        for (long i = 0; i < (long)B * xs; i++) xh[i] = 0x7bff;
+        for (int b = 0; b < B; b++)
+            for (long i = 0; i < n / B; i++) xh[b * xs + HW + i] = float_to_half(x[b * (n / B) + i]);
         long gs = (long)(2 * C + 1) * H * W;
         for (int b = 0; b < B; b++) {   // the slices, dense, for the FP32 references
             memcpy(gd + (long)b * C * H * W, dyf + b * gs + (long)H * W, 4 * (size_t)C * H * W);
             memcpy(g4 + 4L * b * C * H * W, dy4f + 4 * (b * gs + (long)H * W), 16 * (size_t)C * H * W);
         }
-        void *dxh = to_dev(xh, 2 * n), *ddyh = to_dev(dyh, 2 * ng), *ddy4h = to_dev(dy4h, 8 * ng);
+        void *dxh = to_dev(xh, 2 * (size_t)B * xs), *ddyh = to_dev(dyh, 2 * ng), *ddy4h = to_dev(dy4h, 8 * ng);
         uint16_t *dout;
         CK(cudaMalloc((void **)&dout, 2 * n));
-        maxpool5_backward_f16_cuda(dxh, (uint16_t *)ddyh + H * W, gs, dout, B, C, H, W, stream);
+        maxpool5_backward_f16_cuda((uint16_t *)dxh + HW, xs, (uint16_t *)ddyh + H * W, gs, dout, B, C, H, W, stream);
         uint16_t *gh = (uint16_t *)from_dev(dout, 2 * n);
         maxpool5_backward(x, gd, reff, B, C, H, W);
         long bad = 0;
         for (long i = 0; i < n; i++) bad += gh[i] != float_to_half(reff[i]);
-        check(!bad, "maxpool5_backward_f16_cuda B=%d C=%d %dx%d (ties, strided dy) vs maxpool5_backward rounded: %ld differ",
+        check(!bad, "maxpool5_backward_f16_cuda B=%d C=%d %dx%d (ties, strided x and dy) vs maxpool5_backward rounded: "
+              "%ld differ",
               B, C, H, W, bad);
         free(gh);
         upsample2_backward_f16_cuda((uint16_t *)ddy4h + 4 * H * W, 4 * gs, dout, B, C, H, W, stream);
@@ -1296,8 +1307,9 @@ static void test_convert_copy(long n, void *stream) {
 }
 
 // the view kernels of the device step (the GPU section of yolo.c): FP16 upsample and max-pool into a channel slice
-// (extra channels per image, NaN-poisoned, must stay untouched), FP16 and FP32 strided adds, FP16 ->
-// FP32. All are data movement or one rounding of an exact FP32 sum: bit-exact.
+// (extra channels per image, NaN-poisoned, must stay untouched; the pool reads its input from a channel
+// slice too, a channel of 65504s on either side, as SPPF's chain reads the part before it), FP16 and FP32
+// strided adds, FP16 -> FP32. All are data movement or one rounding of an exact FP32 sum: bit-exact.
 static void test_views_f16(int B, int C, int H, int W, void *stream) {
     long n = (long)B * C * H * W, HW = (long)H * W, extra = 2 * HW;   // two channels of slack per image
     float *xr = xmalloc(4 * n), *ref = xmalloc(16 * n);
@@ -1309,7 +1321,16 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
         CK(cudaMalloc((void **)&dy, 2 * (size_t)B * ys));
         CK(cudaMemset(dy, 0xff, 2 * (size_t)B * ys));
         if (up) upsample2_forward_f16_cuda(dx, dy + (up ? 4 : 1) * extra / 2, ys, B, C, H, W, stream);
-        else maxpool5_forward_f16_cuda(dx, dy + extra / 2, ys, B, C, H, W, stream);
+        else {
+            long xs = n / B + 2 * HW;   // (B, 1 + C + 1 channels)
+            uint16_t *xp = xmalloc(2 * (size_t)B * xs), *dxp;
+            for (long i = 0; i < (long)B * xs; i++) xp[i] = 0x7bff;
+            for (int b = 0; b < B; b++) memcpy(xp + b * xs + HW, x + b * (n / B), 2 * (size_t)(n / B));
+            dxp = (uint16_t *)to_dev(xp, 2 * (size_t)B * xs);
+            maxpool5_forward_f16_cuda(dxp + HW, xs, dy + extra / 2, ys, B, C, H, W, stream);
+            cudaFree(dxp);
+            free(xp);
+        }
         if (up) upsample2_forward_cpu(xr, ref, B, C, H, W);
         else maxpool5_forward_cpu(xr, ref, B, C, H, W);
         uint16_t *got = (uint16_t *)from_dev(dy, 2 * (size_t)B * ys);
@@ -1321,9 +1342,10 @@ static void test_views_f16(int B, int C, int H, int W, void *stream) {
                 else bad += g != 0xffff;
             }
         check(!bad,
-              "%s B=%d C=%d %dx%d into a channel slice: bit-exact with %s on the fp16 values, nothing else written "
+              "%s B=%d C=%d %dx%d %sinto a channel slice: bit-exact with %s on the fp16 values, nothing else written "
               "(%ld differ)",
               up ? "upsample2_forward_f16_cuda" : "maxpool5_forward_f16_cuda", B, C, H, W,
+              up ? "" : "from a channel slice ",
               up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu", bad);
         cudaFree(dy); free(got);
     }
@@ -1676,7 +1698,8 @@ static void test_bn_backward_f32(int B, int C, int HW, int zextra, int bn, int t
 }
 
 // The FP32 views, all data movement: upsample2_forward_f32_cuda and maxpool5_forward_f32_cuda into a channel
-// slice (ties, -inf, a NaN that the pool skips as the CPU does), copy_f32_cuda by offset, u8_to_f32_cuda
+// slice (ties, -inf, a NaN that the pool skips as the CPU does; the pool from a channel slice, +inf on
+// either side), copy_f32_cuda by offset, u8_to_f32_cuda
 // against input_from_batch over all 256 byte values: bit-exact, and nothing written outside.
 static void test_views_f32(int B, int C, int H, int W, void *stream) {
     long n = (long)B * C * H * W, extra = 2L * H * W;   // two channels of slack per image
@@ -1692,14 +1715,22 @@ static void test_views_f32(int B, int C, int H, int W, void *stream) {
             upsample2_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream);
             upsample2_forward_cpu(x, ref, B, C, H, W);
         } else {
-            maxpool5_forward_f32_cuda(dx, dy + off, ys, B, C, H, W, stream);
+            long HW = (long)H * W, xs = n / B + 2 * HW;   // (B, 1 + C + 1 channels)
+            float *xp = xmalloc(4 * (size_t)B * xs), *dxp;
+            for (long i = 0; i < (long)B * xs; i++) xp[i] = INFINITY;
+            for (int b = 0; b < B; b++) memcpy(xp + b * xs + HW, x + b * (n / B), 4 * (size_t)(n / B));
+            dxp = to_dev(xp, 4 * (size_t)B * xs);
+            maxpool5_forward_f32_cuda(dxp + HW, xs, dy + off, ys, B, C, H, W, stream);
+            cudaFree(dxp);
+            free(xp);
             maxpool5_forward_cpu(x, ref, B, C, H, W);
         }
         float *got = from_dev(dy, 4 * (size_t)B * ys);
         memset(yref, 0xff, 4 * (size_t)B * ys);
         for (int b = 0; b < B; b++) memcpy(yref + b * ys + off, ref + b * img, 4 * img);
-        snprintf(what, sizeof what, "%s B=%d C=%d %dx%d into a channel slice vs %s (incl. the untouched rest)",
+        snprintf(what, sizeof what, "%s B=%d C=%d %dx%d %sinto a channel slice vs %s (incl. the untouched rest)",
                  up ? "upsample2_forward_f32_cuda" : "maxpool5_forward_f32_cuda", B, C, H, W,
+                 up ? "" : "from a channel slice ",
                  up ? "upsample2_forward_cpu" : "maxpool5_forward_cpu");
         check_bits(what, got, yref, (long)B * ys);
         cudaFree(dy); free(yref); free(got);
@@ -2582,8 +2613,8 @@ int main(void) {
     test_convert_copy(1000, s);
     test_convert_copy(1003, s);   // u8 to FP16: 8 a thread and a tail of 3
     test_views_f16(2, 3, 7, 9, NULL);
-    test_views_f16(1, 2, 20, 17, s);
-    test_views_f16(1, 2, 66, 66, s);   // past maxpool5_plane's 68 x 68 floats: the per-output kernel
+    test_views_f16(2, 2, 20, 17, s);
+    test_views_f16(2, 2, 66, 66, s);   // past maxpool5_plane's 68 x 68 floats: the per-output kernel
     {   // image 0: overlapping boxes, boxes of class 0 (align 0 but at anchors 0-2); image 1 none; image 2: two over
         // M = 6, an invalid box, and box 8 with tied aligns
         LossTestBox bx[] = {{8, 8, 40, 40, 0, 1}, {10, 12, 44, 42, 0, 2}, {30, 20, 60, 62, 0, 1}, {1, 1, 40, 15, 0, 0},
@@ -2661,8 +2692,8 @@ int main(void) {
     test_bn_backward_f32(3, 2, 7000, 0, 1, 1, s);
     test_bn_backward_f32(3, 2, 7000, 1, 0, 1, s);   // without BN: dz from the first pass
     test_views_f32(2, 3, 7, 9, NULL);
-    test_views_f32(1, 2, 20, 17, s);
-    test_views_f32(1, 2, 66, 66, s);
+    test_views_f32(2, 2, 20, 17, s);
+    test_views_f32(2, 2, 66, 66, s);
     // deep weight-gradient splits (one weight or four: 113 slices in FP16, 254 in FP32), so that each of
     // wgrad_reduce_kernel's 16 lanes adds several slices and its 8-load loop runs, scalar and 16-byte
     test_conv(1, 1, 180, 180, 1, 1, 1, 0, 0, s);

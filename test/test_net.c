@@ -109,9 +109,9 @@ static void maxpool5_hold(const float *x, float *y, int C, int H, int W) {
                 y[o] = x[(size_t)c * H * W + idx[o]];
             }
 }
-static void hold_maxpool(Exec *e, const void *x, void *y, long ys, int C, int H, int W) {
+static void hold_maxpool(Exec *e, const void *x, long xs, void *y, long ys, int C, int H, int W) {
     if (pool_hold.mode) maxpool5_hold(x, y, C, H, W);
-    else cpu_backend.maxpool(e, x, y, ys, C, H, W);
+    else cpu_backend.maxpool(e, x, xs, y, ys, C, H, W);
 }
 static Backend hold_backend;
 
