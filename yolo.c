@@ -11337,11 +11337,12 @@ static OptimHyper gpu_optim_hyper(const Optimizer *o, float inv_scale, float max
     return h;
 }
 
-// gpu_optimize: unscale, finite check, clip to norm 10, SGD/AdamW (fused kernels), then the
-// GradScaler update, the EMA and, when the step was taken, the FP16 weight copy. Returns 1 when the
-// step was taken; *norm_out (optional) gets the unscaled norm (inf when skipped). The parameters' EMA
-// and FP16 copy are made by the update's own kernel (the EMA with the decay of the next update count,
-// counted here once the host knows the step's fate: the same rule as the kernel's).
+// gpu_optimize: unscale, finite check, clip to norm 10, SGD/AdamW, the parameters' EMA and (a step
+// taken) their FP16 copy, all in the update's kernels (the EMA with the decay of the next update count,
+// counted here once the host knows the step's fate: the same rule as the kernel's); then the GradScaler
+// update, the running statistics' EMA and the tap-major FP16 copies. Returns 1 when the step was
+// taken; *norm_out (optional) gets the unscaled norm (inf when skipped). Not with the EMA's weights in
+// place (gpu_use_ema): the update would be made to them.
 static int gpu_optimize(Gpu *g, double *norm_out) {
     Model *m = g->m;
     cudaStream_t s = (cudaStream_t)g->stream;
