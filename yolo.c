@@ -2175,6 +2175,13 @@ static int cat_pool_chain(const Exec *e, const Value *v, int i) {
     const Value *s = &e->m->val[v->src[i]];
     return i > 0 && s->kind == V_POOL && s->src[0] == v->src[i - 1];
 }
+// cat_chain_start: the part k of concatenation v that begins its chain of pools (parts k+1..n-1 each
+// the pool of the one before), or v->n where its last part is not such a pool
+static int cat_chain_start(const Exec *e, const Value *v) {
+    int k = v->n;
+    while (k > 1 && cat_pool_chain(e, v, k - 1)) k--;
+    return k < v->n ? k - 1 : k;
+}
 
 static void value_materialize(Exec *e, int vi, int b, void *out, long os);
 // slice_run_end: the end j of the run of parts [i, j) < i1 of concatenation v that continue part i's
@@ -2359,9 +2366,7 @@ static void value_backprop(Exec *e, int vi, int b, const float *g, long gs) {
         break;
     }
     case V_CAT: {
-        int k = v->n;   // parts k..n-1: a chain of pools from part k - 1 (cat_pool_chain), else k = n
-        while (k > 1 && cat_pool_chain(e, v, k - 1)) k--;
-        if (k < v->n) k--;
+        int k = cat_chain_start(e, v);   // parts k+1..n-1: a chain of pools from part k, else k = n
         long off = 0;
         for (int i = 0; i < k; i++) {
             value_backprop(e, v->src[i], b, grad_at(e, g, off), gs);
@@ -10733,9 +10738,7 @@ static void gpu_conv_grads(Exec *e, Conv *c, void *dz) {
         // gradients in one launch into one buffer, carried down the chain once (cat_chain_backprop)
         // into x, whose own part's gradient reaches it as any part's
         long KK = (long)c->k * c->k, off = 0;
-        int kc = in->n;
-        while (kc > 1 && cat_pool_chain(e, in, kc - 1)) kc--;
-        if (kc < in->n) kc--;
+        int kc = cat_chain_start(e, in);
         for (int i = 0; i < in->n; i++) {
             const Value *v = &m->val[in->src[i]];
             const void *ws = NULL;   // (Cout, C_i of Cin, K, K): w from column off
