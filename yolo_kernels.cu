@@ -4882,9 +4882,12 @@ extern "C" void loss_cuda(int B, int NC, int imgH, int imgW, const float *const 
 // optimizer, gradient clipping, EMA
 // ------------------------------------------------------------------------------------------
 
+// ema_mix: an EMA value moved towards p by decay d (ModelEMA: d*ema + (1-d)*p), ema_update_kernel's and
+// optim_step_kernel's
+__device__ __forceinline__ float ema_mix(float e, float p, float d) { return d * e + (1 - d) * p; }
 __global__ void ema_update_kernel(float *ema, const float *p, long n, float d) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) ema[i] = d * ema[i] + (1 - d) * p[i];
+    if (i < n) ema[i] = ema_mix(ema[i], p[i], d);
 }
 extern "C" void ema_update_cuda(float *ema, const float *p, long n, float d, void *stream) {
     if (n == 0) return;
@@ -4927,7 +4930,7 @@ __global__ void optim_step_kernel(float *p, const float *g, float *m, float *v, 
     const long i0 = (long)blockIdx.x * blockDim.x + threadIdx.x, di = (long)gridDim.x * blockDim.x;
     if (!isfinite(norm)) {   // the host sees the same inf and counts the step as skipped
         if (ema && ema_skipped)
-            for (long i = i0; i < n; i += di) ema[i] = ema_d * ema[i] + (1 - ema_d) * p[i];
+            for (long i = i0; i < n; i += di) ema[i] = ema_mix(ema[i], p[i], ema_d);
         return;
     }
     float coef = h.max_norm / (norm + 1e-6f);
@@ -4960,7 +4963,7 @@ __global__ void optim_step_kernel(float *p, const float *g, float *m, float *v, 
             p[i] = pv;
         }
         if (w16) w16[i] = __float2half(pv);
-        if (ema) ema[i] = ema_d * ema[i] + (1 - ema_d) * pv;
+        if (ema) ema[i] = ema_mix(ema[i], pv, ema_d);
     }
 }
 extern "C" void optim_step_cuda(float *p, const float *g, float *m, float *v, const uint8_t *group, long n,
