@@ -974,9 +974,10 @@ template <bool DGRAD> __device__ __forceinline__ __half *h3_a(__half *A, int t, 
 // Two blocks an SM where shared memory allows (16 warps; 128 registers a thread: with A copied by
 // cp.async the producers hold only the halo, 96-128 registers on sm_80 without spills, where loading and
 // transposing A through registers had needed 134-210 and one block an SM).
-// H3_MIN_BLOCKS: the blocks an SM conv_halo_kernel asks registers for: 1 on sm_75 (64 KB of shared memory
-// an SM hold one block; at 128 registers ptxas spilled there), else 2. (The stride-2 forward's 32-column
-// tiles, since dropped, asked for 1 until their A copies took their source and test once a K step.)
+// H3_MIN_BLOCKS: the blocks an SM conv_halo_kernel and conv_halo_wgrad_kernel ask registers for: 1 on
+// sm_75 (64 KB of shared memory an SM hold one block; at 128 registers ptxas spilled there), else 2. (The
+// stride-2 forward's 32-column tiles, since dropped, asked for 1 until their A copies took their source
+// and test once a K step.)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define H3_MIN_BLOCKS 1
 #else
@@ -1352,11 +1353,13 @@ static int conv_halo_tc(int W, int H, int bn = H3_BN) {
 // H3_ROW_TC40; only on maps at most the columns they stage wide, their rows whole pieces (stride 2: a
 // multiple of 4, whole pixel pairs and 8-byte pieces of dz; the forward's 16-byte pieces of x give that
 // too). vw: the pieces the kernel would load (stride 2: of dz for the input and weight gradients, of x
-// for the forward). The one choice of conv_halo_grid and conv_wgrad_cuda
+// for the forward). Maps at least 16 wide (on narrower ones a column tile's more rows make no more
+// tiles; conv_halo_wgrad_kernel steps 16 pixels at most one row on). The one choice of conv_halo_grid
+// and conv_wgrad_cuda
 static int conv_halo_rows(int OW, int OH, long ctiles, int stride, int vw, int *tc) {
     const bool wide = stride == 1 && vw == 8;
     *tc = wide ? H3_ROW_TC40 : H3_ROW_TC;
-    const bool fits = OW >= 1 && OW <= *tc && OW % (wide ? 8 : 4) == 0;
+    const bool fits = OW >= 16 && OW <= *tc && OW % (wide ? 8 : 4) == 0;
     const int rt = h3_row_rt(stride == 2, *tc);
     return fits && cdiv(OH, rt) < ctiles ? rt : 0;
 }
@@ -2527,8 +2530,9 @@ void conv_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, 
 // every other halo column (consecutive positions of H3Halo's de-interleaved rows); dz's rows are Wo
 // wide, x's W.
 template <bool ACT, bool S2, int TC, int VW>
-__global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a,
-                                                              float *dw, float *ws, int accumulate, int nslices) {
+__global__ __launch_bounds__(256, H3_MIN_BLOCKS)
+void conv_halo_wgrad_kernel(ConvGeo g, const __half *dz, const __half *x, ConvAct a, float *dw, float *ws, int accumulate,
+                            int nslices) {
     constexpr int BNW = S2 ? 64 : H3_BN;   // pixels per tile: a stride-2 halo is 4x the input of its tile
     // ROWS (TC H3_ROW_TC, dz rows a multiple of 4 copied 8 bytes at a time): tiles of RT whole rows of
     // dz's map (as conv_halo_kernel's: stride 2, H3_ROW_RT rows, 64 pixels; a 20-wide map's 60
@@ -2637,12 +2641,6 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // this lane's ldmatrix rows: row lane % 16 of an A tile, its columns 8 (lane / 16) ..; position
     // lane % 16 of a B tile, its channels 8 (lane / 16) .. (H3Halo::at: the halves swapped where they are)
     const int lr = lane & 15, lh = lane >> 4;
-    // ROWS: where this lane's ldmatrix pixel of B tile f, 16 f + lr of the tile's RT x OW, lies in the
-    // window, for tap (0, 0) (a pixel past the tile's reads its last one, by a zero of dz)
-    int pb[BNW / 16] = {};
-    if constexpr (ROWS)
-#pragma unroll
-        for (int f = 0; f < BNW / 16; f++) pb[f] = Halo::row_pos(16 * f + lr, OW);
     if (producer) {   // step s + 1's halo loads are in flight while the consumers may still hold its stage
         if (nsteps > 0) { tile(kt0); fetch_halo(); }
         for (int s = 0; s < nsteps; s++) {
@@ -2661,39 +2659,63 @@ __global__ __launch_bounds__(256) void conv_halo_wgrad_kernel(ConvGeo g, const _
     // tile of a 20-row map is 2 rows, 40 of its 128 pixels: 3 B tiles of 8), the rest being dz's zeros
     // (block-uniform; the products kept are the same, in the same order)
     int rt_img = ROWS && !S2 ? (kt0 - kt0 / per_img * per_img) * RT : 0;   // the step's tile's first row
+    // a K step's NB B tiles, FU unrolled a trip: at stride 2 all 4 in one; at stride 1 two trips of 4 (all
+    // 8 unrolled, ptxas kept each tile's shared addresses live across the K loop: 149-152 registers, one
+    // block an SM, 4 warps multiplying; two trips: 119-128 (sm_80) and two blocks, 8 warps, at 2.1-2.8 more
+    // PTX instructions per HMMA, 7.0-9.9)
+    constexpr int NB = BNW / 16, FU = S2 ? NB : 4;
+    static_assert(FU % FPR == 0 && NB % FU == 0, "B tiles a trip");
     for (int s = 0; s < nsteps; s++) {
         const int st = s & 1;
+        kstep_mark();
         bar_sync_n(1 + st, 256);
         __half(*A)[LDA] = As(st);
         __half(*B)[KP] = Bs(st);
-        int nf = BNW / 16;
+        int nf = NB;
         if constexpr (ROWS && !S2) {
             nf = (min(RT, OH - rt_img) * OW + 15) / 16;
             rt_img = rt_img + RT < OH ? rt_img + RT : 0;
         }
+        // ROWS: where this lane's ldmatrix pixel of B tile f, 16 f + lr of the tile's RT x OW, lies in
+        // the window, for tap (0, 0): row qr, column qc of the tile, 16 pixels on from tile to tile (at
+        // most one row: such maps are at least 16 wide, conv_halo_rows); a pixel past the tile's reads
+        // its last one, by a zero of dz
+        int qr = 0, qc = lr;
+#pragma unroll 1
+        for (int f0 = 0; f0 < NB; f0 += FU) {
+            if (!wlive || (!S2 && ROWS && f0 >= nf)) break;
 #pragma unroll
-        for (int f = 0; f < BNW / 16 && wlive; f++) {
-            if (!S2 && ROWS && f >= nf) break;
-            const int r = f / FPR, sg = f - r * FPR;
-            uint32_t fa[2][4];
+            for (int fi = 0; fi < FU; fi++) {
+                const int f = f0 + fi;
+                if (!S2 && ROWS && f >= nf) break;
+                const int r = f0 / FPR + fi / FPR, sg = fi % FPR;
+                int pb = 0;
+                if constexpr (ROWS) {
+                    pb = qr < RT ? SH * qr * HC + qc : SH * (RT - 1) * HC + OW - 1;
+                    qc += 16;
+                    if (qc >= OW) qc -= OW, qr++;
+                }
+                uint32_t fa[2][4];
 #pragma unroll
-            for (int i = 0; i < 2; i++) ldsm_x4(fa[i], &A[wy * 32 + i * 16 + lr][f * 16 + 8 * lh]);
+                for (int i = 0; i < 2; i++) ldsm_x4(fa[i], &A[wy * 32 + i * 16 + lr][f * 16 + 8 * lh]);
 #pragma unroll
-            for (int u = 0; u < 5; u++) {
-                const int t = 5 * wx + u;
-                if (t < 9) {   // warp-uniform
-                    // S2: the tile's pixels are every other halo column, consecutive positions of the
-                    // de-interleaved row
-                    const int p = ROWS ? pb[f] + t / 3 * HC + Halo::col(t % 3) : (SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16 + lr;
-                    uint32_t fb[4];
-                    ldsm_x4_t(fb, Halo::at(B, p, 8 * lh));
+                for (int u = 0; u < 5; u++) {
+                    const int t = 5 * wx + u;
+                    if (t < 9) {   // warp-uniform
+                        // S2: the tile's pixels are every other halo column, consecutive positions of
+                        // the de-interleaved row
+                        const int p = ROWS ? pb + t / 3 * HC + Halo::col(t % 3)
+                                           : (SH * r + t / 3) * HC + Halo::col(t % 3) + sg * 16 + lr;
+                        uint32_t fb[4];
+                        ldsm_x4_t(fb, Halo::at(B, p, 8 * lh));
 #pragma unroll
-                    for (int i = 0; i < 2; i++)
+                        for (int i = 0; i < 2; i++)
 #pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            const uint32_t bj[2] = {fb[2 * j], fb[2 * j + 1]};
-                            mma_16816(acc[i][u][j], fa[i], bj);
-                        }
+                            for (int j = 0; j < 2; j++) {
+                                const uint32_t bj[2] = {fb[2 * j], fb[2 * j + 1]};
+                                mma_16816(acc[i][u][j], fa[i], bj);
+                            }
+                    }
                 }
             }
         }
@@ -2847,10 +2869,25 @@ static int sm_count() {
     if (dev >= 0 && dev < 64) sms[dev] = n;
     return n;
 }
+// halo_wgrad_resident: the blocks of conv_halo_wgrad_kernel an SM holds: two where its shared memory
+// holds two (at most 48 KB a block, and the 1 KB the system keeps for each), their registers asked for
+// two (H3_MIN_BLOCKS): sm_80-sm_90 (100-228 KB an SM); sm_75's 64 KB hold one
+static int halo_wgrad_resident() {
+    static int held[64];
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < 64 && held[dev]) return held[dev];
+    int smem = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    const int n = smem >= 2 * (48 + 1) * 1024 ? 2 : 1;
+    if (dev >= 0 && dev < 64) held[dev] = n;
+    return n;
+}
 // halo_wgrad_slices: how many slices conv_halo_wgrad_kernel splits a weight gradient's ntiles pixel
 // tiles into, given its cols blocks a slice (input-channel groups x output-channel groups), at most
-// maxs (the gather kernel's split, whose workspace the plan holds), on sms SMs. Its blocks run one an
-// SM (8 warps; the stride-2 ones two), each a 64 x 144 tile, 2.25 of the gather kernel's 64 x 64: the
+// maxs (the gather kernel's split, whose workspace the plan holds), with sms blocks running at once
+// (halo_wgrad_resident's an SM: two, 16 warps, where one was sized for before stride 1's ran two), each
+// a 64 x 144 tile, 2.25 of the gather kernel's 64 x 64: the
 // gather kernel's split (about 1024 of its blocks, slices of at least 8 of its 32-pixel k-steps) gave
 // them 400-480 blocks of 2-7 halo K steps (128 pixels), 3-4 waves on an H200's 132 SMs with the last
 // nearly idle, each block's pipeline fill and epilogue (36 KB of FP32 partials) paid once per wave, and
@@ -2905,7 +2942,7 @@ extern "C" void conv_wgrad_cuda(ConvDims d, const uint16_t *dz, const void *x, c
                                     : vw == vwx ? conv_halo_rows(g.Wo, g.Ho, (long)cdiv(g.Wo, tc) * cdiv(g.Ho, tr), 1, vw, &rtc) : 0)
             tc = rtc, ntiles = (long)g.B * cdiv(g.Ho, rt);
         const int cols = cdiv(g.Cin, H3_KC) * cdiv(g.Cout, H3_BM);
-        const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count());
+        const int ns = halo_wgrad_slices(cols, ntiles, (int)grid.z, sm_count() * halo_wgrad_resident());
         grid.z = (unsigned)ns;   // (wgrad_end: the slices to add)
         dim3 hg(cdiv(g.Cin, H3_KC), cdiv(g.Cout, H3_BM), grid.z);
         const __half *dzh = (const __half *)dz, *xh = (const __half *)x;

@@ -1016,6 +1016,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int) {
     case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *v = 48 << 10; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 232448; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = 167936; break;   // (an A100's 164 KB)
     case cudaDevAttrMultiProcessorCount: *v = emu_sms(); break;
     case cudaDevAttrComputeCapabilityMajor: *v = 8; break;
     case cudaDevAttrComputeCapabilityMinor: *v = 0; break;

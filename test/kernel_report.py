@@ -9,12 +9,15 @@
 #     (a literal or a named constant);
 #   - theoretical occupancy, computed here from the per-architecture limits in LIMITS below;
 #   - for each convolution kernel (conv_*), the main loop's instruction mix, read from the PTX: the
-#     main loop is the innermost loop (a label and a backward branch to it) whose body holds an mma;
-#     loops nested inside it (operand staging) are weighted by their trip count, read from the
-#     loop's own `add r, r, STRIDE` / `setp.lt r, BOUND` pair (a loop whose count is not a constant
-#     counts once and is marked '?'). Figures per K step: a trip of the main loop is one K step, or as
-#     many as the `// K step` marks on its path (conv_k_loop marks each step by an empty inline asm,
-#     and takes two a trip in some variants); the figures of a trip are divided by that number:
+#     main loop is the innermost loop (a label and a backward branch to it) whose body holds an mma
+#     (or, where a `// K step` mark lies in a loop holding an mma, the innermost such: a K step that
+#     loops over its tiles); loops nested inside it (operand staging, such tiles) are weighted by
+#     their trip count, read from the loop's own `add r, r, STRIDE` / `setp.lt r, BOUND` pair (where
+#     the back edge also needs a break's test, and.pred, the constant bound's count; a loop whose
+#     count is not a constant counts once and is marked '?'). Figures per K step: a trip of the main
+#     loop is one K step, or as many as the `// K step` marks on its path (conv_k_loop marks each step
+#     by an empty inline asm, and takes two a trip in some variants); the figures of a trip are
+#     divided by that number:
 #       instr/mma  PTX instructions per mma, counted in HMMA.16816 (m16n8k16) units: a wmma
 #                  m16n16k16 counts as two, as the hardware issues it
 #       gld_bytes  global bytes loaded, on the path through the step that loads the most
@@ -197,9 +200,17 @@ def trip_count(lines, lo, hi):
     br = re.search(r"@(%p\d+)\s+bra", lines[hi])
     if not br:
         return None
-    p = br.group(1)
+    ps = [br.group(1)]
     for j in range(hi - 1, max(lo, hi - 12) - 1, -1):
-        m = re.search(r"setp\.(lt|le|ne)\.[su]32\s+" + re.escape(p) + r",\s*(%r\d+),\s*(-?\d+);", lines[j])
+        # a back edge taken while two tests hold (and.pred: a constant bound and a break's test): the
+        # constant one bounds the trips, and the longest path takes them all
+        a = re.search(r"and\.pred\s+" + re.escape(ps[0]) + r",\s*(%p\d+),\s*(%p\d+);", lines[j])
+        if a:
+            ps = [a.group(1), a.group(2)]
+            continue
+        m = None
+        for p in ps:
+            m = m or re.search(r"setp\.(lt|le|ne)\.[su]32\s+" + re.escape(p) + r",\s*(%r\d+),\s*(-?\d+);", lines[j])
         if not m:
             continue
         op, reg, bound = m.group(1), m.group(2), int(m.group(3))
@@ -208,7 +219,8 @@ def trip_count(lines, lo, hi):
             if not a or int(a.group(3)) <= 0 or reg not in (a.group(1), a.group(2)):
                 continue
             stride = int(a.group(3))
-            if a.group(2) == reg:   # the test reads the value before the increment
+            # the test reads the value before the increment (an increment in place: where it comes after)
+            if a.group(2) == reg and (a.group(1) != reg or k > j):
                 return bound // stride + 1 + (op == "le" and bound % stride == 0)
             if a.group(1) == reg:
                 return max(1, (bound + stride - 1) // stride)
@@ -254,8 +266,11 @@ def loop_mix(lines, fma=False, worst=False):
     is the longest path (in weighted instructions) from the loop's label to its back edge: of two
     alternatives (a specialised and a general staging path, an edge check) the costlier one counts
     (for the global bytes and their 16-byte share, the one that loads more). The main loop is the
-    smallest loop holding an mma; worst (a kernel that runs its K loop once a part of its input, a loop
-    for each kind of part: conv_fwd_kernel with PARTS), the innermost one of most instructions per mma.
+    smallest loop holding an mma and a K step mark where one does (a K step that runs a loop of its own
+    over its tiles: conv_halo_wgrad_kernel's at stride 1, two trips of 4 B tiles, weighted by that
+    count), else the smallest loop holding an mma; worst (a kernel that runs its K loop once a part of
+    its input, a loop for each kind of part: conv_fwd_kernel with PARTS), the innermost one of most
+    instructions per mma.
     A warp-specialised kernel stages its operands in a loop of other warps, which hand each K step
     over by bar.arrive: that loop (the smallest one outside the main loop holding a bar.arrive and no
     mma) is one more trip per K step, and its figures are added to the main loop's (barriers: the
@@ -268,7 +283,9 @@ def loop_mix(lines, fma=False, worst=False):
     if worst:
         inner = [(lo, hi) for lo, hi in mloops if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in mloops)]
     else:
-        inner = [min(mloops, key=lambda x: x[1] - x[0])]
+        kstep = lambda lo, hi: any(re.match(r"^\s*// K step\s*$", lines[i]) for i in range(lo, hi + 1))
+        marked = [(lo, hi) for lo, hi in mloops if kstep(lo, hi)]
+        inner = [min(marked or mloops, key=lambda x: x[1] - x[0])]
     main, f = None, None
     for lo, hi in inner:
         g = loop_figs(lines, ls, lo, hi, fma)
