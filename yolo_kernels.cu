@@ -2857,31 +2857,29 @@ static void wgrad_end(const ConvGeo &g, dim3 grid, const float *ws, float *dw, i
         wgrad_reduce_kernel<float><<<cdiv(n, WRED_COLS), blk, 0, s>>>(ws, n, (int)grid.z, dw, accumulate, N, g.wst);
     CUDA_CHECK(cudaGetLastError());
 }
-// sm_count: the current device's SMs (asked once per device)
-static int sm_count() {
-    static int sms[64];
+// device_attr: attribute attr of the current device, asked once per device (cache: one slot a device,
+// 0 not asked yet; a value under 1 is read as 1)
+static int device_attr(cudaDeviceAttr attr, int (&cache)[64]) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < 64 && sms[dev]) return sms[dev];
+    if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
     int n = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, dev));
     if (n < 1) n = 1;
-    if (dev >= 0 && dev < 64) sms[dev] = n;
+    if (dev >= 0 && dev < 64) cache[dev] = n;
     return n;
+}
+// sm_count: the current device's SMs
+static int sm_count() {
+    static int sms[64];
+    return device_attr(cudaDevAttrMultiProcessorCount, sms);
 }
 // halo_wgrad_resident: the blocks of conv_halo_wgrad_kernel an SM holds: two where its shared memory
 // holds two (at most 48 KB a block, and the 1 KB the system keeps for each), their registers asked for
 // two (H3_MIN_BLOCKS): sm_80-sm_90 (100-228 KB an SM); sm_75's 64 KB hold one
 static int halo_wgrad_resident() {
-    static int held[64];
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < 64 && held[dev]) return held[dev];
-    int smem = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    const int n = smem >= 2 * (48 + 1) * 1024 ? 2 : 1;
-    if (dev >= 0 && dev < 64) held[dev] = n;
-    return n;
+    static int smem[64];
+    return device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, smem) >= 2 * (48 + 1) * 1024 ? 2 : 1;
 }
 // halo_wgrad_slices: how many slices conv_halo_wgrad_kernel splits a weight gradient's ntiles pixel
 // tiles into, given its cols blocks a slice (input-channel groups x output-channel groups), at most
