@@ -99,6 +99,15 @@ if command -v ncu >/dev/null && [ -n "${GPU_CHECK_LOGS:-}" ]; then
         test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_convs.csv" 2>"$GPU_CHECK_LOGS/ncu_convs.err"
     echo "ncu: exit $?"
     python3 test/ncu_kinds.py --why "$GPU_CHECK_LOGS/ncu_convs.csv" || true
+    # the same for the step's 3x3 weight gradients (38 launches of conv_halo_wgrad_kernel, all after the
+    # 60 above): two blocks an SM, at more instructions and in twice the slices, against the one before
+    echo "== the 3x3 weight-gradient launches of that step: the same sections ($GPU_CHECK_LOGS/ncu_wgrad.csv)"
+    GPU_BENCH_PROFILE_LAST=1 timeout 240 ncu --clock-control none --profile-from-start off -k regex:conv_halo_wgrad --launch-count 38 \
+        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --metrics 'gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' --csv \
+        test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_wgrad.csv" 2>"$GPU_CHECK_LOGS/ncu_wgrad.err"
+    echo "ncu: exit $?"
+    python3 test/ncu_kinds.py --why "$GPU_CHECK_LOGS/ncu_wgrad.csv" || true
 fi
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$ngpu" -ge 2 ]; then
