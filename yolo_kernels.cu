@@ -2892,7 +2892,8 @@ static int halo_wgrad_resident() {
 // ~15 MB of partials written and read back per conv. Instead the split with the least modeled time,
 // waves x (F + K steps a slice), F = 2 K steps' worth for the fill and the epilogue (an assumption);
 // the fewer slices on a tie (less workspace traffic). An H200, 64 -> 64 channels on 40 x 40, batch
-// 16: 30 slices, 120 blocks of 8 K steps (was 100 slices, 400 blocks of 2-3).
+// 16, when the waves were counted at one block an SM and before the row tiles: 30 slices, 120 blocks
+// of 8 K steps (was 100 slices, 400 blocks of 2-3).
 static int halo_wgrad_slices(int cols, long ntiles, int maxs, int sms) {
     int best = 1;
     long bt = -1;
