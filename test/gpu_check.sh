@@ -90,24 +90,23 @@ if command -v ncu >/dev/null && [ -n "${GPU_CHECK_LOGS:-}" ]; then
     GPU_BENCH_PROFILE_LAST=1 timeout 200 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
         --csv test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_step.csv" 2>"$GPU_CHECK_LOGS/ncu_step.err"
     echo "ncu: exit $?; $(grep -c gpu__time_duration "$GPU_CHECK_LOGS/ncu_step.csv") launches timed"
-    # why the convs take the time they take: the first 60 conv launches of the same step with
-    # achieved occupancy, tensor-pipe activity and the warps' stall reasons (ncu_kinds.py --why reads it)
+    # why the convs take the time they take: ncu_why NAME REGEX N, the first N launches of the same step
+    # whose kernel matches REGEX, with achieved occupancy, tensor-pipe activity and the warps' stall
+    # reasons, into $GPU_CHECK_LOGS/NAME.csv, which ncu_kinds.py --why reads
+    ncu_why() {
+        GPU_BENCH_PROFILE_LAST=1 timeout 240 ncu --clock-control none --profile-from-start off -k "regex:$2" --launch-count "$3" \
+            --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+            --metrics 'gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' --csv \
+            test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/$1.csv" 2>"$GPU_CHECK_LOGS/$1.err"
+        echo "ncu: exit $?"
+        python3 test/ncu_kinds.py --why "$GPU_CHECK_LOGS/$1.csv" || true
+    }
     echo "== the first 60 conv launches of that step: occupancy, tensor pipe, stall reasons ($GPU_CHECK_LOGS/ncu_convs.csv)"
-    GPU_BENCH_PROFILE_LAST=1 timeout 240 ncu --clock-control none --profile-from-start off -k regex:conv_ --launch-count 60 \
-        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --metrics 'gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' --csv \
-        test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_convs.csv" 2>"$GPU_CHECK_LOGS/ncu_convs.err"
-    echo "ncu: exit $?"
-    python3 test/ncu_kinds.py --why "$GPU_CHECK_LOGS/ncu_convs.csv" || true
-    # the same for the step's 3x3 weight gradients (38 launches of conv_halo_wgrad_kernel, all after the
-    # 60 above): two blocks an SM, at more instructions and in twice the slices, against the one before
+    ncu_why ncu_convs conv_ 60
+    # the step's 3x3 weight gradients (its 38 launches of conv_halo_wgrad_kernel, all after the 60
+    # above): two blocks an SM, at more instructions and in twice the slices, against the one before
     echo "== the 3x3 weight-gradient launches of that step: the same sections ($GPU_CHECK_LOGS/ncu_wgrad.csv)"
-    GPU_BENCH_PROFILE_LAST=1 timeout 240 ncu --clock-control none --profile-from-start off -k regex:conv_halo_wgrad --launch-count 38 \
-        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-        --metrics 'gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' --csv \
-        test/bin/gpu/gpu_bench n 16 640 1 1 >"$GPU_CHECK_LOGS/ncu_wgrad.csv" 2>"$GPU_CHECK_LOGS/ncu_wgrad.err"
-    echo "ncu: exit $?"
-    python3 test/ncu_kinds.py --why "$GPU_CHECK_LOGS/ncu_wgrad.csv" || true
+    ncu_why ncu_wgrad conv_halo_wgrad 38
 fi
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$ngpu" -ge 2 ]; then
