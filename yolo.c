@@ -3226,16 +3226,25 @@ static void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(
 static int weights_describe(const char *path, int *nc, char *scale, char *err, size_t errlen);   // .pt or .safetensors
 static const char *model_args_keys[] = {"model", "nc", "imgsz", "batch", NULL};
 
-// model_from_args: model=yolov8n nc=80 from the command line.
-static void model_from_args(Model *m, int argc, char **argv) {
+// model_arg: the scale and class count that model= names: yolov8n .. yolov8x (nc=, 80 by default), or a
+// weights file, whose tensors give both
+static void model_arg(int argc, char **argv, char *scale, int *nc) {
     const char *name = arg_get(argc, argv, "model", "yolov8n");
     const Scale *sc = scale_find(name);
-    char err[1024], fs;
-    int fnc;
-    if (!sc && weights_describe(name, &fnc, &fs, err, sizeof err))   // a weights file gives scale and nc
+    char err[1024];
+    if (sc) {
+        *scale = sc->name;
+        *nc = (int)arg_int(argc, argv, "nc", 80);
+    } else if (weights_describe(name, nc, scale, err, sizeof err))
         die("model=%s: %s%s", name,
             access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
-    model_build(m, sc ? sc->name : fs, sc ? (int)arg_int(argc, argv, "nc", 80) : fnc);
+}
+// model_from_args: model=yolov8n nc=80 from the command line.
+static void model_from_args(Model *m, int argc, char **argv) {
+    char scale;
+    int nc;
+    model_arg(argc, argv, &scale, &nc);
+    model_build(m, scale, nc);
 }
 
 // cmd_info: `yolo info model=yolov8n nc=80 imgsz=640`: the layer table and totals, counted as
@@ -13411,15 +13420,11 @@ static int cmd_plan(int argc, char **argv) {
     static const char *keys[] = {"model",     "nc",  "imgsz",   "batch",  "max_boxes", "optimizer",
                                  "recompute", "amp", "gpu_mem", "device", NULL};
     arg_check(argc, argv, keys);
-    const char *name = arg_get(argc, argv, "model", "yolov8n");
-    const Scale *sc = scale_find(name);
-    char err[1024], fs;
-    int fnc;
-    if (!sc && weights_describe(name, &fnc, &fs, err, sizeof err))   // a weights file gives scale and nc
-        die("model=%s: %s%s", name,
-            access(name, F_OK) ? "expected yolov8n, yolov8s, yolov8m, yolov8l, yolov8x or a weights file: " : "", err);
-    PlanOpts o = {.scale = sc ? sc->name : fs,
-                  .nc = sc ? (int)arg_int(argc, argv, "nc", 80) : fnc,
+    char scale;
+    int nc;
+    model_arg(argc, argv, &scale, &nc);
+    PlanOpts o = {.scale = scale,
+                  .nc = nc,
                   .S = (int)arg_int(argc, argv, "imgsz", 640),
                   .max_boxes = (int)arg_int(argc, argv, "max_boxes", 400),
                   .recompute = (int)arg_int(argc, argv, "recompute", 0)};
