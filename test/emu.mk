@@ -87,12 +87,20 @@ emu-asan: emu-asan-bins
 # `make` links ./yolo (test/bin/gpu/yolo): what the emulated build checks against the emulator's
 # headers, checked against NVIDIA's. Without NCCL the data-parallel path is compiled only by the
 # emulated build (make test), and cuda-check says so. It first prints what it found.
+# Its object is the one make would link ./yolo from where make uses the same nvcc and architectures
+# (CUDA_ARCH is EMU_ARCHS: no GPU on the machine; the PTX of the last one added as make adds it): the
+# warning flags change no code, only the options the fatbinary records. There it becomes yolo_kernels.o,
+# so that a make test after it (CI's next stage) does not compile the kernels a second time.
+EMU_PTX        = -gencode arch=compute_$(lastword $(EMU_ARCHS)),code=compute_$(lastword $(EMU_ARCHS))
+EMU_SAME_BUILD = $(and $(filter 1,$(CUDA)),$(NVCC),$(filter $(realpath $(NVCC)),$(realpath $(EMU_NVCC))),\
+                       $(findstring $(strip $(CUDA_ARCH)),$(strip $(EMU_ARCHS))),$(findstring $(strip $(EMU_ARCHS)),$(strip $(CUDA_ARCH))))
 GPU_CHECK_CFLAGS = -std=c11 -O1 -fopenmp -Wall -Wextra -Werror -Wno-error=format-truncation -DYOLO_CUDA -I$(EMU_CUDA)/include
 cuda-check:
 	$(EMU_NEED_NVCC)
 	@echo "cuda-check: nvcc $(EMU_NVCC); NCCL $(if $(filter 1,$(NCCL)),$(NCCL_LIB)/libnccl.so + $(NCCL_H),off (NCCL=$(NCCL); found nccl.h: '$(NCCL_H)', libnccl.so in: '$(NCCL_LIB)')); MPI $(if $(filter 1,$(MPI)),$(MPI_CC),no)"
 	@mkdir -p test/bin/gpu
-	$(EMU_NVCC) $(EMU_NVFLAGS) -c yolo_kernels.cu -o test/bin/gpu/check_kernels.o
+	$(EMU_NVCC) $(EMU_NVFLAGS) $(EMU_PTX) -c yolo_kernels.cu -o test/bin/gpu/check_kernels.o
+	$(if $(EMU_SAME_BUILD),cp test/bin/gpu/check_kernels.o yolo_kernels.o)
 	$(CC) $(GPU_CHECK_CFLAGS) -o test/bin/gpu/yolo yolo.c test/bin/gpu/check_kernels.o $(NCCL_FLAGS) $(EMU_LDLIBS) \
 	    -L$(EMU_CUDA)/lib64 -lcudart_static -lrt -ldl -lpthread -lstdc++
 	@echo "cuda-check: test/bin/gpu/yolo built against the real cuda_runtime_api.h$(if $(filter 1,$(NCCL)), and nccl.h$(comma) linked with libnccl,) and the static cudart, as make links ./yolo"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test binary in test/bin (and the emulated CUDA suite when present), sums their
-# "N passed, N failed" lines and ends with the total. Exit status is non-zero on any failure.
+# "N passed, N failed" lines and ends with the total. Exit status is non-zero on any failure. Each
+# binary's wall time follows its output, "  (NAME: N s)", to keep the suite's length in view.
 # The sanitizer targets of the Makefile (make asan, make tsan) run it on their own builds with:
 #   TEST_BIN     folder of the test binaries (test/bin)      TEST_GLOB  which ones ('test_*')
 #   YOLO_BIN     the ./yolo for check-ref and test_train      EMU_BIN    the emulated build (run_emu.sh)
@@ -33,7 +34,9 @@ for g in ${TEST_GLOB:-test_*}; do
     for t in "$bin"/$g; do
         [ -f "$t" ] && [ -x "$t" ] || continue
         echo "== $t"
+        t0=$SECONDS
         run_one ${TEST_EXEC:-} "$t"
+        echo "  ($t: $((SECONDS - t0)) s)"
     done
 done
 for f in test/fixtures/*.safetensors; do
@@ -43,8 +46,10 @@ for f in test/fixtures/*.safetensors; do
 done
 if [ -f test/run_emu.sh ] && [ -z "${SKIP_EMU:-}" ]; then
     echo "== test/run_emu.sh (CUDA kernels under the CPU emulation)"
+    t0=$SECONDS
     out=$(bash test/run_emu.sh 2>&1); rc=$?
     printf '%s\n' "$out"
+    echo "  (test/run_emu.sh: $((SECONDS - t0)) s)"
     while IFS= read -r line; do
         pass=$((pass + $(echo "$line" | awk '{print $1}')))
         fail=$((fail + $(echo "$line" | awk '{print $3}')))
