@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # gpu_model.sh: a MODEL of the device training step's time on named GPUs, built without a GPU (issue 14).
-#   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] [--tsv] [--host-us N]     (make gpu-model)
+#   bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] [--tsv] [--host-us N] [--launches RE]
+#   (make gpu-model)
 # --tsv (with --gpu): only "kind<TAB>launches<TAB>modeled ms" lines, for test/gpu_check.sh
+# --launches RE: after the table (the A100's, or --gpu's), each launch whose kind matches the awk regex RE
+# ("^conv wgrad 3x3"), in step order: its kernel, blocks, each term's time and the one that sets it
 # COUNTS.tsv: one launch per line from the emulator's counter mode (make emu-count: one yolov8n 640
 # batch-16 step, test/gpu_count.c; GPU_COUNT="B S scale" counts another, which its "# step:" line names
 # for the labels and the images/s here), each launch named after its YOLO_PROFILE row ("conv fwd 3x3 s1").
@@ -51,13 +54,14 @@ cd "$(dirname "$0")/.." || exit 1
 counts=${1:-}
 [ -n "$counts" ] && [ -f "$counts" ] || { echo "usage: bash test/gpu_model.sh COUNTS.tsv [--gpu NAME] [--report FILE] (make gpu-model makes the counts)"; exit 2; }
 shift
-only=""; report=test/kernel_report.baseline; tsv=0; host_us=3
+only=""; report=test/kernel_report.baseline; tsv=0; host_us=3; launches=""
 while [ $# -gt 0 ]; do
     case $1 in
         --host-us) host_us=$2; shift 2 ;;
         --gpu) only=$2; shift 2 ;;
         --report) report=$2; shift 2 ;;
         --tsv) tsv=1; shift ;;
+        --launches) launches=$2; shift 2 ;;
         *) echo "gpu_model.sh: unknown argument $1"; exit 2 ;;
     esac
 done
@@ -68,7 +72,7 @@ gpus='RTX3060 86 28 1.777 25.4 12.7 360 1.0
 RTX4090 89 128 2.52 165.2 82.6 1008 1.0
 A100 80 108 1.41 312 19.5 1555 1.0
 H100 90 132 1.83 989.4 66.9 3352 0.67'
-awk -v only="$only" -v tsv="$tsv" -v host_us="$host_us" -v gpus="$gpus" -v counts="$counts" -v report="$report" -F'\t' '
+awk -v launches="$launches" -v only="$only" -v tsv="$tsv" -v host_us="$host_us" -v gpus="$gpus" -v counts="$counts" -v report="$report" -F'\t' '
 function max(a, b) { return a > b ? a : b }
 BEGIN {
     SNAME = "yolov8n"; SIMG = 640; SB = 16   # the step counted, unless the counts say otherwise ("# step:")
@@ -93,7 +97,7 @@ FILENAME != counts {
 {
     nl++
     TAG[nl] = $1; K[nl] = $2
-    for (j = 6; j <= 27; j++) V[nl, j] = $j
+    for (j = 3; j <= 27; j++) V[nl, j] = $j
 }
 END {
     if (tsv) {
@@ -120,6 +124,7 @@ END {
         gt = 0; gf = 0; gb = 0; gk = ""; LN = 0; LF = 0; LN12 = 0; LF12 = 0
         delete T; delete FL; delete UF; delete NL; delete DR; delete L2B; delete SQ; delete SS; delete BY; delete B16; delete SW; delete SP; delete SR
         delete BN; delete BT
+        LL = ""
         nk = 0; tot = 0; miss = ""
         for (l = 1; l <= nl; l++) {
             k = TAG[l]
@@ -142,6 +147,10 @@ END {
                 t_tc = flop / (TC[i] * 1e12 * eff)
             }
             t = max(max(max(t_tc, t_mem), max(t_l2, t_sh)), 2e-6)
+            if (launches != "" && TAG[l] ~ launches)
+                LL = LL sprintf("MODEL    %-20s %-44s %6d %7.1f %7.1f %7.1f %7.1f %7.1f  %s\n", substr(TAG[l], 1, 20), substr(K[l], 1, 44), V[l, 3],
+                                t_tc * 1e6, t_mem * 1e6, t_l2 * 1e6, t_sh * 1e6, t * 1e6,
+                                t == t_tc ? "tensor" : t == t_mem ? "DRAM" : t == t_l2 ? "L2" : t == t_sh ? "shared" : "floor")
             # the term that sets a conv launch its time (the first of equal ones in this order)
             if (TAG[l] ~ /^conv /) {
                 b = t == t_tc ? "tensor" : t == t_mem ? "DRAM" : t == t_l2 ? "L2" : t == t_sh ? "shared" : "floor"
@@ -216,5 +225,10 @@ END {
                                          100 * DU[DO[a]] / (DT[DO[a]] * TC[i] * 1e12)
         if (LN > 0) printf "counts: %d of the %d conv launches of the step with mma, %.1f%% of their mma FLOP, run loops of at most 12 PTX\ncounts: instructions per HMMA (%s, the kernel report)\n", LN12, LN, 100 * LF12 / LF, "sm_" ARCH[i]
         if (miss != "") printf "MODEL  (no kernel-report loop figures for:%s; their mma issue taken as ideal)\n", miss
+        if (LL != "") {
+            printf "MODEL  the launches of kinds matching /%s/, in step order (times in us; the largest is the modeled one):\n", launches
+            printf "MODEL    %-20s %-44s %6s %7s %7s %7s %7s %7s  %s\n", "kind", "kernel", "blocks", "tensor", "DRAM", "L2", "shared", "model", "set by"
+            printf "%s", LL
+        }
     }
 }' "$report" "$counts"
