@@ -147,15 +147,12 @@ END {
                 t_tc = flop / (TC[i] * 1e12 * eff)
             }
             t = max(max(max(t_tc, t_mem), max(t_l2, t_sh)), 2e-6)
+            # the term that sets the launch its time (the first of equal ones in this order)
+            b = t == t_tc ? "tensor" : t == t_mem ? "DRAM" : t == t_l2 ? "L2" : t == t_sh ? "shared" : "floor"
             if (launches != "" && TAG[l] ~ launches)
                 LL = LL sprintf("MODEL    %-20s %-44s %6d %7.1f %7.1f %7.1f %7.1f %7.1f  %s\n", substr(TAG[l], 1, 20), substr(K[l], 1, 44), V[l, 3],
-                                t_tc * 1e6, t_mem * 1e6, t_l2 * 1e6, t_sh * 1e6, t * 1e6,
-                                t == t_tc ? "tensor" : t == t_mem ? "DRAM" : t == t_l2 ? "L2" : t == t_sh ? "shared" : "floor")
-            # the term that sets a conv launch its time (the first of equal ones in this order)
-            if (TAG[l] ~ /^conv /) {
-                b = t == t_tc ? "tensor" : t == t_mem ? "DRAM" : t == t_l2 ? "L2" : t == t_sh ? "shared" : "floor"
-                BN[b]++; BT[b] += t
-            }
+                                t_tc * 1e6, t_mem * 1e6, t_l2 * 1e6, t_sh * 1e6, t * 1e6, b)
+            if (TAG[l] ~ /^conv /) { BN[b]++; BT[b] += t }
             # a conv: its launches (kernel, then a split-K reduction) up to the one carrying the useful FLOP
             # gb: the bound of the group, each launch at its compulsory bytes (2 us at least), the useful FLOP at
             # the tensor peak (mma.sync ceiling) where that is longer
